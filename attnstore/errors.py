@@ -1,0 +1,57 @@
+"""Every error AttnStore raises on purpose.
+
+Each class also inherits the built-in exception a caller would naturally catch
+(``KeyError`` for a missing entry, ``ValueError`` for bad input), so code that
+does not know AttnStore still handles them sensibly. Backend errors (lmdb, faiss,
+grpc) are translated into these where they enter our code.
+"""
+
+from __future__ import annotations
+
+
+class AttnStoreError(Exception):
+    """Base class of every AttnStore error."""
+
+
+class ConfigError(AttnStoreError, ValueError):
+    """A setting, alias or option is not one of the supported choices."""
+
+
+class UnsupportedModelError(AttnStoreError, ValueError):
+    """The model's architecture has no adapter."""
+
+
+class MapShapeError(AttnStoreError, ValueError):
+    """Attention maps do not match the model or namespace (shape, length, heads, dtype)."""
+
+
+class NamespaceNotFoundError(AttnStoreError, KeyError):
+    """No namespace of that name exists in the store."""
+
+
+class NamespaceExistsError(AttnStoreError, FileExistsError):
+    """A namespace of that name already exists with a different fingerprint or layout."""
+
+
+class FingerprintMismatchError(AttnStoreError, ValueError):
+    """A request's model fingerprint or layout differs from the namespace's."""
+
+
+class EntryNotFoundError(AttnStoreError, KeyError):
+    """No live entry has that id."""
+
+
+class ChecksumError(AttnStoreError, IOError):
+    """Stored bytes do not match their checksum: the entry is corrupt and is never served."""
+
+
+class FormatVersionError(AttnStoreError, ValueError):
+    """The store on disk was written in a format version this code does not read."""
+
+
+class StoreFullError(AttnStoreError, OSError):
+    """The store's map size or disk is full; nothing of the failed write is visible."""
+
+
+class CorpusError(AttnStoreError, ValueError):
+    """A build corpus is empty, unreadable or too small to train on."""

@@ -1,0 +1,1 @@
+"""AttnStore inference-node library: model adapters, capture and replay, store connection."""

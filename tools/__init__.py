@@ -1,0 +1,1 @@
+"""AttnStore admin and evaluation tools behind the `attnstore` command."""

@@ -1,0 +1,71 @@
+"""The ``attnstore`` command: one entry point, one subcommand per working tool.
+
+Each tool module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` to a callable ``(args) -> int``. Grouped tools (``bench replay``,
+``eval oracle``) register under their group's subparsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Top-level subcommands, by module.
+_COMMANDS: tuple[str, ...] = ()
+
+# Grouped subcommands: group name -> (help, modules).
+_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "bench": ("benchmarks: print a table and write JSON", ()),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full ``attnstore`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="attnstore",
+        description="AttnStore: attention-map database for transformer prefill.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: WARNING)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _COMMANDS:
+        importlib.import_module(f"attnstore_tools.{module}").register(sub)
+    for group, (help_text, modules) in _GROUPS.items():
+        if not modules:
+            continue
+        group_parser = sub.add_parser(group, help=help_text)
+        group_sub = group_parser.add_subparsers(dest=f"{group}_command", metavar="COMMAND", required=True)
+        for module in modules:
+            importlib.import_module(f"attnstore_tools.{module}").register(group_sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``attnstore`` command; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from attnstore.errors import AttnStoreError
+
+    try:
+        return int(args.func(args) or 0)
+    except AttnStoreError as exc:
+        print(f"attnstore: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnstore: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
