@@ -1,0 +1,359 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MatchKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MATCH_KIND_UNSPECIFIED: _ClassVar[MatchKind]
+    MATCH_KIND_MISS: _ClassVar[MatchKind]
+    MATCH_KIND_EXACT: _ClassVar[MatchKind]
+    MATCH_KIND_MAP: _ClassVar[MatchKind]
+MATCH_KIND_UNSPECIFIED: MatchKind
+MATCH_KIND_MISS: MatchKind
+MATCH_KIND_EXACT: MatchKind
+MATCH_KIND_MAP: MatchKind
+
+class Layout(_message.Message):
+    __slots__ = ("layers", "heads", "causal", "hidden", "feature_dim", "dtype", "codec")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    CAUSAL_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    layers: int
+    heads: int
+    causal: bool
+    hidden: int
+    feature_dim: int
+    dtype: str
+    codec: str
+    def __init__(self, layers: _Optional[int] = ..., heads: _Optional[int] = ..., causal: _Optional[bool] = ..., hidden: _Optional[int] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
+
+class Namespace(_message.Message):
+    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    fingerprint: str
+    layout: Layout
+    format_version: int
+    created: float
+    projector: bytes
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ...) -> None: ...
+
+class CreateNamespaceRequest(_message.Message):
+    __slots__ = ("name", "model", "fingerprint", "layout", "projector")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    fingerprint: str
+    layout: Layout
+    projector: bytes
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ...) -> None: ...
+
+class GetNamespaceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListNamespacesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNamespacesResponse(_message.Message):
+    __slots__ = ("namespaces",)
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    namespaces: _containers.RepeatedCompositeFieldContainer[Namespace]
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ...) -> None: ...
+
+class Query(_message.Message):
+    __slots__ = ("feature", "length", "token_hash")
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_HASH_FIELD_NUMBER: _ClassVar[int]
+    feature: _containers.RepeatedScalarFieldContainer[float]
+    length: int
+    token_hash: bytes
+    def __init__(self, feature: _Optional[_Iterable[float]] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    WANT_MAPS_FIELD_NUMBER: _ClassVar[int]
+    WANT_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    queries: _containers.RepeatedCompositeFieldContainer[Query]
+    max_distance: float
+    want_maps: bool
+    want_outputs: bool
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ...) -> None: ...
+
+class Match(_message.Message):
+    __slots__ = ("query_index", "kind", "entry_id", "distance", "stored_length")
+    QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    STORED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    query_index: int
+    kind: MatchKind
+    entry_id: int
+    distance: float
+    stored_length: int
+    def __init__(self, query_index: _Optional[int] = ..., kind: _Optional[_Union[MatchKind, str]] = ..., entry_id: _Optional[int] = ..., distance: _Optional[float] = ..., stored_length: _Optional[int] = ...) -> None: ...
+
+class Matches(_message.Message):
+    __slots__ = ("matches",)
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    matches: _containers.RepeatedCompositeFieldContainer[Match]
+    def __init__(self, matches: _Optional[_Iterable[_Union[Match, _Mapping]]] = ...) -> None: ...
+
+class MapChunk(_message.Message):
+    __slots__ = ("query_index", "entry_id", "layer", "dtype", "shape", "codec", "data", "crc32c", "offset", "total_bytes")
+    QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    query_index: int
+    entry_id: int
+    layer: int
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    codec: str
+    data: bytes
+    crc32c: int
+    offset: int
+    total_bytes: int
+    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., layer: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[str] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class OutputChunk(_message.Message):
+    __slots__ = ("query_index", "entry_id", "dtype", "shape", "data", "crc32c", "offset", "total_bytes")
+    QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    query_index: int
+    entry_id: int
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    crc32c: int
+    offset: int
+    total_bytes: int
+    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("matches", "chunk", "outputs")
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    matches: Matches
+    chunk: MapChunk
+    outputs: OutputChunk
+    def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ...) -> None: ...
+
+class SearchRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    queries: _containers.RepeatedCompositeFieldContainer[Query]
+    max_distance: float
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ...) -> None: ...
+
+class SearchResponse(_message.Message):
+    __slots__ = ("matches",)
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    matches: _containers.RepeatedCompositeFieldContainer[Match]
+    def __init__(self, matches: _Optional[_Iterable[_Union[Match, _Mapping]]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("namespace", "entry_ids", "length")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    length: int
+    def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ..., length: _Optional[int] = ...) -> None: ...
+
+class PrefetchRequest(_message.Message):
+    __slots__ = ("namespace", "entry_ids")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ("queued",)
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    queued: int
+    def __init__(self, queued: _Optional[int] = ...) -> None: ...
+
+class IngestRequest(_message.Message):
+    __slots__ = ("begin", "entry", "chunk", "outputs", "commit")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    begin: IngestBegin
+    entry: EntryBegin
+    chunk: MapChunk
+    outputs: OutputChunk
+    commit: IngestCommit
+    def __init__(self, begin: _Optional[_Union[IngestBegin, _Mapping]] = ..., entry: _Optional[_Union[EntryBegin, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., commit: _Optional[_Union[IngestCommit, _Mapping]] = ...) -> None: ...
+
+class IngestBegin(_message.Message):
+    __slots__ = ("namespace", "fingerprint")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class EntryBegin(_message.Message):
+    __slots__ = ("length", "token_hash", "feature")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_HASH_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    token_hash: bytes
+    feature: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., feature: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class IngestCommit(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class IngestSummary(_message.Message):
+    __slots__ = ("entry_ids", "entries", "duplicates", "bytes")
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    entries: int
+    duplicates: int
+    bytes: int
+    def __init__(self, entry_ids: _Optional[_Iterable[int]] = ..., entries: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("namespace", "entry_ids")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class CompactRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CompactResponse(_message.Message):
+    __slots__ = ("entries", "bytes_before", "bytes_after")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    entries: int
+    bytes_before: int
+    bytes_after: int
+    def __init__(self, entries: _Optional[int] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("entries_checked", "corrupt_entry_ids", "problems")
+    ENTRIES_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    entries_checked: int
+    corrupt_entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries_checked: _Optional[int] = ..., corrupt_entry_ids: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BucketStats(_message.Message):
+    __slots__ = ("namespace", "length", "codec", "entries", "stored_bytes", "raw_bytes")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    length: int
+    codec: str
+    entries: int
+    stored_bytes: int
+    raw_bytes: int
+    def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    DRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_HITS_FIELD_NUMBER: _ClassVar[int]
+    DRAM_MISSES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    STORE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    entries: int
+    stored_bytes: int
+    buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
+    dram_bytes: int
+    dram_capacity_bytes: int
+    dram_hits: int
+    dram_misses: int
+    dram_evictions: int
+    store_evictions: int
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ...) -> None: ...
