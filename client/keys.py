@@ -1,0 +1,62 @@
+"""Keys that tie a client to a namespace: the model fingerprint and token hashes.
+
+The fingerprint decides whether stored maps are valid for a model at all, so it
+covers everything that changes attention: the architecture config, the
+tokenizer's vocabulary and the weights. The token hash is the exact-tier key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# Config keys that describe how a model was loaded, not what it computes.
+_VOLATILE_CONFIG_KEYS = frozenset(
+    {"_attn_implementation", "_attn_implementation_internal", "attn_implementation",
+     "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
+     "use_cache", "output_attentions", "output_hidden_states", "return_dict"}
+)
+
+
+def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> str:
+    """Return the namespace fingerprint of a model and its tokenizer.
+
+    sha256 over the canonical config JSON (load-time settings removed), the
+    tokenizer vocabulary and a digest of every weight tensor in name order.
+
+    Args:
+        model: the loaded model (any dtype; weights are digested as fp32).
+        tokenizer: its tokenizer.
+
+    Returns:
+        64 hex characters.
+    """
+    digest = hashlib.sha256()
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
+    digest.update(json.dumps(config, sort_keys=True, separators=(",", ":"), default=str).encode())
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    digest.update(json.dumps(vocab, ensure_ascii=False, separators=(",", ":")).encode())
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def token_hash(token_ids: Sequence[int] | torch.Tensor | np.ndarray) -> bytes:
+    """Return the exact-tier key of one row's token ids (no padding): 32 bytes of sha256.
+
+    Ids are hashed as little-endian int64 so the key does not depend on the
+    container type the ids came in.
+    """
+    if isinstance(token_ids, torch.Tensor):
+        token_ids = token_ids.detach().cpu().numpy()
+    ids = np.asarray(token_ids, dtype="<i8")
+    if ids.ndim != 1:
+        raise ValueError(f"token_hash(): expected one row of token ids, got shape {ids.shape}")
+    return hashlib.sha256(ids.tobytes()).digest()
