@@ -55,3 +55,15 @@ class StoreFullError(AttnStoreError, OSError):
 
 class CorpusError(AttnStoreError, ValueError):
     """A build corpus is empty, unreadable or too small to train on."""
+
+
+class VectorIndexError(AttnStoreError, ValueError):
+    """Vectors, ids or serialised bytes handed to a vector index are invalid."""
+
+
+class FeatureSourceError(AttnStoreError, ValueError):
+    """A feature source (input embedding) handed to the projector has the wrong shape or holds NaN/Inf."""
+
+
+class WireFormatError(AttnStoreError, ValueError):
+    """A message on the wire is malformed: bad shape, dtype, offsets or sizes."""
