@@ -1,0 +1,73 @@
+"""The map store: attention maps per namespace in a zarr v3 layout on LMDB.
+
+Value types (``NamespaceLayout``, ``NewEntry``...) and reports import nothing
+heavy. ``MapStore`` (lmdb), ``MemoryMapStore`` and ``LMDBZarrStore`` (zarr) are
+loaded on first use, so importing this package stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from attnstore.store.layout import (
+    CODECS,
+    FORMAT_VERSION,
+    Codec,
+    EntryInfo,
+    NamespaceInfo,
+    NamespaceLayout,
+    NewEntry,
+)
+from attnstore.store.reports import (
+    BucketStats,
+    CompactReport,
+    CorruptEntry,
+    DramStats,
+    NamespaceStats,
+    StoreStats,
+    VerifyReport,
+)
+
+if TYPE_CHECKING:
+    from attnstore.store.base import MapStoreBase
+    from attnstore.store.mapstore import MapStore, StoreSettings
+    from attnstore.store.memory import MemoryMapStore
+    from attnstore.store.zarr_lmdb import LMDBZarrStore
+
+_LAZY = {
+    "MapStoreBase": "attnstore.store.base",
+    "MapStore": "attnstore.store.mapstore",
+    "StoreSettings": "attnstore.store.mapstore",
+    "MemoryMapStore": "attnstore.store.memory",
+    "LMDBZarrStore": "attnstore.store.zarr_lmdb",
+}
+
+__all__ = [
+    "CODECS",
+    "FORMAT_VERSION",
+    "BucketStats",
+    "Codec",
+    "CompactReport",
+    "CorruptEntry",
+    "DramStats",
+    "EntryInfo",
+    "LMDBZarrStore",
+    "MapStore",
+    "MapStoreBase",
+    "MemoryMapStore",
+    "NamespaceInfo",
+    "NamespaceLayout",
+    "NamespaceStats",
+    "NewEntry",
+    "StoreSettings",
+    "StoreStats",
+    "VerifyReport",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attnstore.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

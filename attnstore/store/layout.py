@@ -1,0 +1,189 @@
+"""Value objects of the map store: namespace layout and info, new entries, entry info.
+
+These are the types other components code against; they import neither lmdb nor
+zarr, so any module may use them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import numpy as np
+
+from attnstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+Codec = Literal["fp16", "zstd", "q8", "q8+zstd"]
+MapDtype = Literal["float16"]
+
+CODECS: tuple[str, ...] = get_args(Codec)
+MAP_DTYPES: tuple[str, ...] = get_args(MapDtype)
+
+# Version of the on-disk format (records, keys, zarr layout). Bumped on any
+# incompatible change; stores of another version are refused, never guessed at.
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({1})
+
+# sha256 of the token ids: the exact-tier key.
+TOKEN_HASH_BYTES = 32
+
+# Namespace names become zarr paths and LMDB key prefixes: no "/" and no NUL.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_namespace_name(name: str) -> str:
+    """Return ``name`` if it is a valid namespace name.
+
+    Raises:
+        ConfigError: ``name`` is empty, too long or has characters other than
+            letters, digits, ``_``, ``.`` and ``-`` (first character alphanumeric).
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(
+            f"namespace name {name!r} is invalid: use 1-128 letters, digits, '_', '.' or '-',"
+            " starting with a letter or digit"
+        )
+    return name
+
+
+def _positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{owner}.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceLayout:
+    """Shape and encoding of every entry of one namespace.
+
+    Raises:
+        ConfigError: a count is not a positive int, or ``dtype``/``codec`` is not
+            one of the supported choices.
+    """
+
+    layers: int  # transformer layers whose maps are stored
+    heads: int  # query heads per layer (GQA: maps are per query head)
+    causal: bool  # causal maps are lower-triangular; longer entries can be cropped
+    hidden: int  # width of the stored final outputs (exact tier)
+    feature_dim: int = 128  # projector output dimension
+    dtype: MapDtype = "float16"  # stored map dtype; maps are computed in fp32
+    codec: Codec = "fp16"  # chunk encoding; q8 variants are lossy and opt-in
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "heads", "hidden", "feature_dim"):
+            _positive_int("NamespaceLayout", name, getattr(self, name))
+        if not isinstance(self.causal, bool):
+            raise ConfigError(f"NamespaceLayout.causal must be a bool, got {self.causal!r}")
+        if self.dtype not in MAP_DTYPES:
+            raise ConfigError(f"NamespaceLayout.dtype {self.dtype!r} is not supported; choose one of {MAP_DTYPES}")
+        if self.codec not in CODECS:
+            raise ConfigError(f"NamespaceLayout.codec {self.codec!r} is not supported; choose one of {CODECS}")
+
+    def map_shape(self, length: int) -> tuple[int, int, int, int]:
+        """Shape ``(layers, heads, L, L)`` of one entry's maps of token length ``length``."""
+        return (self.layers, self.heads, length, length)
+
+    def map_nbytes(self, length: int) -> int:
+        """Decoded (fp16) size in bytes of one entry's maps of token length ``length``."""
+        return 2 * math.prod(self.map_shape(length))
+
+    def outputs_nbytes(self, length: int) -> int:
+        """Size in bytes of one entry's fp16 final outputs ``(L, hidden)``."""
+        return 2 * length * self.hidden
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON (catalog records, zarr attributes, the wire)."""
+        return {
+            "layers": self.layers,
+            "heads": self.heads,
+            "causal": self.causal,
+            "hidden": self.hidden,
+            "feature_dim": self.feature_dim,
+            "dtype": self.dtype,
+            "codec": self.codec,
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> NamespaceLayout:
+        """Inverse of :meth:`to_json_dict`.
+
+        Raises:
+            ConfigError: a field is missing or invalid.
+        """
+        try:
+            return cls(
+                layers=data["layers"],
+                heads=data["heads"],
+                causal=data["causal"],
+                hidden=data["hidden"],
+                feature_dim=data["feature_dim"],
+                dtype=data["dtype"],
+                codec=data["codec"],
+            )
+        except KeyError as exc:
+            raise ConfigError(f"namespace layout is missing field {exc.args[0]!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """One namespace: a model, its fingerprint, its layout and its projector."""
+
+    name: str
+    model: str  # model id, informational (e.g. "HuggingFaceTB/SmolLM2-135M-Instruct")
+    fingerprint: str  # sha256 hex over config, vocabulary and weights digest
+    layout: NamespaceLayout
+    format_version: int  # store format version the namespace was written in
+    created: float  # unix time
+    projector: bytes | None = field(default=None, repr=False)  # safetensors blob
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON, without the projector blob (stored apart as raw bytes)."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "layout": self.layout.to_json_dict(),
+            "format_version": self.format_version,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any], projector: bytes | None) -> NamespaceInfo:
+        """Inverse of :meth:`to_json_dict`, with the projector blob added back."""
+        return cls(
+            name=data["name"],
+            model=data["model"],
+            fingerprint=data["fingerprint"],
+            layout=NamespaceLayout.from_json_dict(data["layout"]),
+            format_version=int(data["format_version"]),
+            created=float(data["created"]),
+            projector=projector,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """One input to ingest: its maps, exact-tier key, final outputs and feature vector."""
+
+    maps: np.ndarray | torch.Tensor  # (layers, heads, L, L) fp32 or fp16
+    token_hash: bytes  # sha256 of the token ids (32 bytes): exact-tier key
+    outputs: np.ndarray | torch.Tensor | None = None  # (L, hidden) last hidden states, stored fp16
+    feature: np.ndarray | torch.Tensor | None = None  # (feature_dim,) projector output, stored fp32
+
+
+@dataclass(frozen=True, slots=True)
+class EntryInfo:
+    """Metadata of one live entry (no maps)."""
+
+    id: int
+    length: int  # token length L
+    token_hash: bytes
+    created: float  # unix time of ingest
+    hits: int  # times served, including hits not yet flushed to disk
+    last_hit: float  # unix time of the last hit; 0.0 if never hit
+    feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
+    nbytes: int  # stored bytes of the entry's chunks (maps and outputs)

@@ -1,0 +1,276 @@
+"""Store directory, generations and their LMDB environments.
+
+A store is a directory::
+
+    PATH/CURRENT          name of the live generation ("gen-000001"), replaced atomically
+    PATH/writer.lock      flock held by the one process that may write
+    PATH/gen-NNNNNN/      one LMDB environment (data.mdb, lock.mdb) + holders.lock
+
+Compaction writes ``gen-N+1`` and swaps ``CURRENT`` with ``os.replace``. Every
+process that opens a generation holds a shared flock on its ``holders.lock``; a
+generation other than the live one is removed only once an exclusive flock can be
+had, i.e. when no process holds it any more. Within a process a generation is
+reference counted, so a read that started on it finishes on it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from attnstore.errors import StoreNotFoundError, StoreOpenError
+
+logger = logging.getLogger(__name__)
+
+CURRENT_FILE = "CURRENT"
+WRITER_LOCK_FILE = "writer.lock"
+HOLDERS_LOCK_FILE = "holders.lock"
+DATA_FILE = "data.mdb"
+# Sub-database names; "index" is reserved for the vector index (raw bytes).
+DB_NAMES: tuple[str, ...] = ("meta", "catalog", "projectors", "entries", "lengths", "hashes", "hits", "buckets", "zarr")
+RESERVED_DB_NAMES: tuple[str, ...] = ("index",)
+_MAX_DBS = 16
+_MAX_READERS = 512
+_GEN_RE = re.compile(r"^gen-(\d{6,})$")
+
+
+def generation_name(number: int) -> str:
+    """Directory name of generation ``number``."""
+    return f"gen-{number:06d}"
+
+
+def list_generations(root: Path) -> list[str]:
+    """Generation directory names under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    names = [p.name for p in root.iterdir() if p.is_dir() and _GEN_RE.match(p.name)]
+    return sorted(names, key=lambda n: int(_GEN_RE.match(n)[1]))  # type: ignore[index]
+
+
+def next_generation_name(root: Path) -> str:
+    """Name for a new generation, above every existing one."""
+    names = list_generations(root)
+    last = int(_GEN_RE.match(names[-1])[1]) if names else 0  # type: ignore[index]
+    return generation_name(last + 1)
+
+
+def read_current(root: Path) -> str:
+    """Name of the live generation.
+
+    Raises:
+        StoreNotFoundError: ``root`` has no ``CURRENT`` file.
+    """
+    try:
+        name = (root / CURRENT_FILE).read_text().strip()
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"no map store at {root} (no {CURRENT_FILE} file)") from None
+    if not _GEN_RE.match(name):
+        raise StoreOpenError(f"{root / CURRENT_FILE} names {name!r}, not a generation directory")
+    return name
+
+
+def current_signature(root: Path) -> tuple[int, int]:
+    """Identity of the ``CURRENT`` file; it changes whenever a generation is swapped in."""
+    st = os.stat(root / CURRENT_FILE)
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_current(root: Path, name: str) -> None:
+    """Make ``name`` the live generation, atomically and durably."""
+    tmp = root / (CURRENT_FILE + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(name + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, root / CURRENT_FILE)
+    _fsync_dir(root)
+
+
+def acquire_writer_lock(root: Path) -> int:
+    """Take the store's writer lock; returns the fd that holds it.
+
+    Raises:
+        StoreOpenError: another process (or another MapStore here) writes to the store.
+    """
+    fd = os.open(root / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreOpenError(
+            f"map store {root} is open for writing elsewhere; open it with readonly=True or close the other"
+        ) from None
+    return fd
+
+
+def release_lock(fd: int) -> None:
+    """Release a lock taken with flock and close its fd."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def remove_unused_generations(root: Path, keep: str) -> list[str]:
+    """Delete every generation but ``keep`` that no process holds; returns their names."""
+    removed = []
+    for name in list_generations(root):
+        if name == keep:
+            continue
+        path = root / name
+        try:
+            fd = os.open(path / HOLDERS_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            logger.info("generation %s of %s is still held by a reader; kept for now", name, root)
+            continue
+        try:
+            shutil.rmtree(path)
+            removed.append(name)
+            logger.info("removed old generation %s of %s", name, root)
+        finally:
+            release_lock(fd)
+    return removed
+
+
+@dataclass(frozen=True, slots=True)
+class Databases:
+    """Handles of one environment's sub-databases."""
+
+    meta: object  # format version, id counter, eviction counters
+    catalog: object  # namespace name -> NamespaceInfo JSON
+    projectors: object  # namespace name -> safetensors blob
+    entries: object  # ns NUL id -> EntryRecord
+    lengths: object  # ns NUL L id -> b"" (entries by length)
+    hashes: object  # ns NUL token hash -> id (exact tier)
+    hits: object  # ns NUL id -> HitRecord
+    buckets: object  # ns NUL L -> BucketRecord
+    zarr: object  # zarr key -> zarr.json or chunk bytes
+
+
+def is_disk_full(exc: lmdb.Error) -> bool:
+    """True for LMDB errors that mean the map or the disk is full."""
+    return isinstance(exc, lmdb.MapFullError) or "No space left" in str(exc) or f"errno {errno.ENOSPC}" in str(exc)
+
+
+class Generation:
+    """One generation: an LMDB environment and its sub-databases, reference counted.
+
+    The opener holds the first reference; :meth:`acquire`/:meth:`release` bracket
+    each use. The environment closes when the last reference is released.
+
+    Raises:
+        StoreOpenError: the environment cannot be opened (missing, being removed,
+            already open in this process, or missing sub-databases).
+    """
+
+    def __init__(self, root: Path, name: str, *, map_size: int, readonly: bool, create: bool) -> None:
+        self.name = name
+        self.path = root / name
+        if create:
+            self.path.mkdir(parents=True, exist_ok=False)
+        try:
+            self._holder_fd = os.open(self.path / HOLDERS_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            raise StoreOpenError(f"generation {self.path} does not exist (removed meanwhile?)") from None
+        try:
+            fcntl.flock(self._holder_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._holder_fd)
+            raise StoreOpenError(f"generation {self.path} is being removed") from None
+        try:
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=_MAX_DBS,
+                max_readers=_MAX_READERS,
+                readonly=readonly,
+                create=create,
+                subdir=True,
+                meminit=False,
+                lock=True,
+            )
+            self.db = Databases(**{n: self.env.open_db(n.encode(), create=not readonly) for n in DB_NAMES})
+        except lmdb.Error as exc:
+            release_lock(self._holder_fd)
+            if getattr(self, "env", None) is not None:
+                self.env.close()
+            raise StoreOpenError(f"cannot open LMDB environment {self.path}: {exc}") from None
+        self.readonly = readonly
+        # Called once after the environment closed (the writer removes retired generations then).
+        self.on_closed: Callable[[], None] | None = None
+        self._refs = 1
+        self._lock = threading.Lock()
+
+    @property
+    def data_path(self) -> Path:
+        """The environment's data file."""
+        return self.path / DATA_FILE
+
+    def file_bytes(self) -> int:
+        """Size of the data file in bytes."""
+        try:
+            return self.data_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def acquire(self) -> Generation:
+        """Take a reference; returns self.
+
+        Raises:
+            StoreOpenError: the generation was closed already.
+        """
+        with self._lock:
+            if self._refs <= 0:
+                raise StoreOpenError(f"generation {self.path} is closed")
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        """Drop a reference; the last one closes the environment and its hold."""
+        with self._lock:
+            self._refs -= 1
+            last = self._refs == 0
+        if last:
+            self.env.close()
+            release_lock(self._holder_fd)
+            logger.debug("closed generation %s", self.path)
+            if self.on_closed is not None:
+                self.on_closed()
+
+
+def items_with_prefix(cursor, prefix: bytes, *, start: bytes | None = None) -> Iterator[tuple[bytes, object]]:
+    """``(key, value)`` pairs of a cursor's database whose key starts with ``prefix``, in key order.
+
+    Args:
+        cursor: an LMDB cursor (its transaction must stay open while iterating).
+        prefix: key prefix.
+        start: first key to consider (for resuming a paged scan); defaults to ``prefix``.
+    """
+    if not cursor.set_range(start if start is not None else prefix):
+        return
+    for key, value in cursor.iternext():
+        key = bytes(key)
+        if not key.startswith(prefix):
+            return
+        yield key, value

@@ -1,0 +1,377 @@
+"""MemoryMapStore: the map store interface in memory, for tests of other components.
+
+Same behaviour as MapStore where callers can see it: validation, codecs (q8 is
+lossy here too), exact-duplicate handling, ids from 1 never reused, checksums,
+byte cap. No persistence, no DRAM tier (everything is in memory already).
+Imports neither lmdb nor zarr.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import crc32c
+import numpy as np
+import torch
+
+from attnstore.errors import (
+    ChecksumError,
+    ConfigError,
+    EntryNotFoundError,
+    MapShapeError,
+    NamespaceExistsError,
+    NamespaceNotFoundError,
+)
+from attnstore.store.base import MapStoreBase
+from attnstore.store.catalog import NamespaceState
+from attnstore.store.layout import (
+    FORMAT_VERSION,
+    TOKEN_HASH_BYTES,
+    EntryInfo,
+    NamespaceInfo,
+    NamespaceLayout,
+    NewEntry,
+    check_namespace_name,
+)
+from attnstore.store.reports import (
+    BucketStats,
+    CompactReport,
+    CorruptEntry,
+    DramStats,
+    NamespaceStats,
+    StoreStats,
+    VerifyReport,
+)
+from attnstore.store.validate import prepare_entry
+
+
+@dataclass
+class _Entry:
+    id: int
+    length: int
+    created: float
+    token_hash: bytes
+    feature: np.ndarray | None
+    chunks: list[tuple[bytes, ...]]  # per layer, one per codec array
+    crcs: list[tuple[int, ...]]
+    outputs: bytes | None
+    outputs_crc: int | None
+    nbytes: int
+    raw_bytes: int
+    hits: int = 0
+    last_hit: float = 0.0
+
+
+@dataclass
+class _Namespace:
+    info: NamespaceInfo
+    state: NamespaceState
+    entries: dict[int, _Entry] = field(default_factory=dict)
+    hashes: dict[bytes, int] = field(default_factory=dict)
+
+
+class MemoryMapStore(MapStoreBase):
+    """In-memory map store.
+
+    Args:
+        max_bytes: cap on live entries' stored bytes; past it, the least recently
+            hit entries are evicted down to 90% of the cap.
+    """
+
+    def __init__(self, *, max_bytes: int | None = None) -> None:
+        if max_bytes is not None and max_bytes < 1:
+            raise ConfigError(f"max_bytes must be positive or None, got {max_bytes}")
+        self._max_bytes = max_bytes
+        self._namespaces: dict[str, _Namespace] = {}
+        self._next_id = 1
+        self._evicted_entries = 0
+        self._evicted_bytes = 0
+        self._lock = threading.RLock()
+
+    def _ns(self, name: str) -> _Namespace:
+        ns = self._namespaces.get(name)
+        if ns is None:
+            raise NamespaceNotFoundError(f"no namespace {name!r}; existing: {sorted(self._namespaces)}")
+        return ns
+
+    def _get(self, namespace: str, entry_id: int) -> tuple[_Namespace, _Entry]:
+        ns = self._ns(namespace)
+        entry = ns.entries.get(entry_id)
+        if entry is None:
+            raise EntryNotFoundError(f"no entry {entry_id} in namespace {namespace!r}")
+        return ns, entry
+
+    def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+        """See :meth:`MapStoreBase.create_namespace`."""
+        check_namespace_name(name)
+        if not isinstance(layout, NamespaceLayout):
+            raise ConfigError(f"layout must be a NamespaceLayout, got {type(layout).__name__}")
+        with self._lock:
+            existing = self._namespaces.get(name)
+            if existing is not None:
+                info = existing.info
+                if (info.model, info.fingerprint, info.layout) == (model, fingerprint, layout):
+                    return info
+                raise NamespaceExistsError(f"namespace {name!r} exists with another model, fingerprint or layout")
+            info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
+            self._namespaces[name] = _Namespace(info, NamespaceState.of(info))
+            return info
+
+    def get_namespace(self, name: str) -> NamespaceInfo:
+        """See :meth:`MapStoreBase.get_namespace`."""
+        return self._ns(name).info
+
+    def list_namespaces(self) -> list[NamespaceInfo]:
+        """See :meth:`MapStoreBase.list_namespaces`."""
+        return [self._namespaces[n].info for n in sorted(self._namespaces)]
+
+    def set_projector(self, name: str, blob: bytes) -> None:
+        """See :meth:`MapStoreBase.set_projector`."""
+        with self._lock:
+            ns = self._ns(name)
+            info = ns.info
+            ns.info = NamespaceInfo(
+                info.name, info.model, info.fingerprint, info.layout, info.format_version, info.created, bytes(blob)
+            )
+
+    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> list[int]:
+        """See :meth:`MapStoreBase.ingest`."""
+        ns = self._ns(namespace)
+        state = ns.state
+        prepared = [prepare_entry(entry, state.layout, i) for i, entry in enumerate(entries)]
+        now = time.time()
+        ids = []
+        new = set()
+        with self._lock:
+            for p in prepared:
+                existing = ns.hashes.get(p.token_hash)
+                if existing is not None:
+                    ids.append(existing)
+                    continue
+                chunks = [
+                    tuple(bytes(c) for c in state.codec.encode_layer(p.maps[layer]))
+                    for layer in range(state.layout.layers)
+                ]
+                outputs = None if p.outputs is None else p.outputs.tobytes()
+                nbytes = sum(len(c) for layer in chunks for c in layer) + (len(outputs) if outputs else 0)
+                raw = state.layout.map_nbytes(p.length) + (state.layout.outputs_nbytes(p.length) if outputs else 0)
+                entry = _Entry(
+                    id=self._next_id,
+                    length=p.length,
+                    created=now,
+                    token_hash=p.token_hash,
+                    feature=p.feature,
+                    chunks=chunks,
+                    crcs=[tuple(crc32c.crc32c(c) for c in layer) for layer in chunks],
+                    outputs=outputs,
+                    outputs_crc=None if outputs is None else crc32c.crc32c(outputs),
+                    nbytes=nbytes,
+                    raw_bytes=raw,
+                )
+                ns.entries[entry.id] = entry
+                ns.hashes[p.token_hash] = entry.id
+                new.add((namespace, entry.id))
+                ids.append(entry.id)
+                self._next_id += 1
+            self._evict(new)
+        return ids
+
+    def _evict(self, protect: set[tuple[str, int]]) -> None:
+        if self._max_bytes is None:
+            return
+        total = sum(e.nbytes for ns in self._namespaces.values() for e in ns.entries.values())
+        if total <= self._max_bytes:
+            return
+        candidates = sorted(
+            (max(e.last_hit, e.created), name, e.id)
+            for name, ns in self._namespaces.items()
+            for e in ns.entries.values()
+            if (name, e.id) not in protect
+        )
+        target = int(self._max_bytes * 0.9)
+        for _, name, entry_id in candidates:
+            if total <= target:
+                break
+            nbytes = self._namespaces[name].entries[entry_id].nbytes
+            self._delete_one(self._namespaces[name], entry_id)
+            total -= nbytes
+            self._evicted_entries += 1
+            self._evicted_bytes += nbytes
+
+    def _decode(self, ns: _Namespace, entry: _Entry, layers: Iterable[int], out: np.ndarray) -> None:
+        per_layer = []
+        for layer in layers:
+            chunks = entry.chunks[layer]
+            if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
+                raise ChecksumError(
+                    f"entry {entry.id} of namespace {ns.info.name!r}: layer {layer} fails its crc32c check"
+                )
+            per_layer.append(chunks)
+        ns.state.codec.decode_into(per_layer, out)
+
+    def read_maps(self, namespace: str, entry_id: int) -> torch.Tensor:
+        """See :meth:`MapStoreBase.read_maps`."""
+        ns, entry = self._get(namespace, entry_id)
+        layout = ns.state.layout
+        out = np.empty(layout.map_shape(entry.length), dtype=np.float16)  # (layers, heads, L, L)
+        self._decode(ns, entry, range(layout.layers), out)
+        return torch.from_numpy(out)
+
+    def read_layer(self, namespace: str, entry_id: int, layer: int) -> torch.Tensor:
+        """See :meth:`MapStoreBase.read_layer`."""
+        ns, entry = self._get(namespace, entry_id)
+        layout = ns.state.layout
+        if not 0 <= layer < layout.layers:
+            raise MapShapeError(f"layer {layer} is out of range: namespace {namespace!r} has {layout.layers} layers")
+        out = np.empty((1, layout.heads, entry.length, entry.length), dtype=np.float16)
+        self._decode(ns, entry, [layer], out)
+        return torch.from_numpy(out[0])  # (heads, L, L)
+
+    def read_outputs(self, namespace: str, entry_id: int) -> torch.Tensor | None:
+        """See :meth:`MapStoreBase.read_outputs`."""
+        ns, entry = self._get(namespace, entry_id)
+        if entry.outputs is None:
+            return None
+        if crc32c.crc32c(entry.outputs) != entry.outputs_crc:
+            raise ChecksumError(f"entry {entry_id} of namespace {namespace!r}: outputs fail their crc32c check")
+        outputs = np.frombuffer(entry.outputs, dtype="<f2").reshape(entry.length, ns.state.layout.hidden)
+        return torch.from_numpy(outputs.astype(np.float16))  # (L, hidden)
+
+    def find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
+        """See :meth:`MapStoreBase.find_by_hash`."""
+        if len(token_hash) != TOKEN_HASH_BYTES:
+            raise MapShapeError(f"token_hash must be {TOKEN_HASH_BYTES} bytes, got {len(token_hash)}")
+        return self._ns(namespace).hashes.get(bytes(token_hash))
+
+    @staticmethod
+    def _info(entry: _Entry) -> EntryInfo:
+        return EntryInfo(
+            id=entry.id,
+            length=entry.length,
+            token_hash=entry.token_hash,
+            created=entry.created,
+            hits=entry.hits,
+            last_hit=entry.last_hit,
+            feature=entry.feature,
+            nbytes=entry.nbytes,
+        )
+
+    def entry(self, namespace: str, entry_id: int) -> EntryInfo:
+        """See :meth:`MapStoreBase.entry`."""
+        return self._info(self._get(namespace, entry_id)[1])
+
+    def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
+        """See :meth:`MapStoreBase.entries`."""
+        ns = self._ns(namespace)
+        with self._lock:
+            selected = [e for _, e in sorted(ns.entries.items()) if length is None or e.length == length]
+        return iter([self._info(e) for e in selected])
+
+    def lengths(self, namespace: str) -> list[int]:
+        """See :meth:`MapStoreBase.lengths`."""
+        return sorted({e.length for e in self._ns(namespace).entries.values()})
+
+    def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
+        """See :meth:`MapStoreBase.record_hits`; counts are updated at once."""
+        ns = self._ns(namespace)
+        now = time.time()
+        with self._lock:
+            for entry_id in ids:
+                entry = ns.entries.get(int(entry_id))
+                if entry is not None:
+                    entry.hits += 1
+                    entry.last_hit = now
+
+    def _delete_one(self, ns: _Namespace, entry_id: int) -> bool:
+        entry = ns.entries.pop(entry_id, None)
+        if entry is None:
+            return False
+        if ns.hashes.get(entry.token_hash) == entry_id:
+            del ns.hashes[entry.token_hash]
+        return True
+
+    def delete(self, namespace: str, ids: Iterable[int]) -> int:
+        """See :meth:`MapStoreBase.delete`."""
+        ns = self._ns(namespace)
+        with self._lock:
+            return sum(self._delete_one(ns, int(i)) for i in ids)
+
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
+        """Nothing to do: every entry is in memory."""
+        self._ns(namespace)
+
+    def wait_prefetch(self, timeout: float | None = None) -> bool:
+        """Always done."""
+        return True
+
+    def compact(self) -> CompactReport:
+        """Nothing to rewrite; reports the live entries."""
+        entries = sum(len(ns.entries) for ns in self._namespaces.values())
+        return CompactReport("memory", "memory", entries, 0, 0, 0, 0.0)
+
+    def verify(self) -> VerifyReport:
+        """Check every chunk's crc32c."""
+        start = time.perf_counter()
+        corrupt = []
+        checked = entries = 0
+        with self._lock:
+            for name, ns in sorted(self._namespaces.items()):
+                for entry in ns.entries.values():
+                    entries += 1
+                    for layer, chunks in enumerate(entry.chunks):
+                        checked += len(chunks)
+                        if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
+                            corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} chunk: crc32c mismatch"))
+                            break
+        return VerifyReport(entries, checked, tuple(corrupt), 0, time.perf_counter() - start)
+
+    def stats(self) -> StoreStats:
+        """See :meth:`MapStoreBase.stats`."""
+        namespaces = []
+        with self._lock:
+            for name, ns in sorted(self._namespaces.items()):
+                by_length: dict[int, list[_Entry]] = {}
+                for entry in ns.entries.values():
+                    by_length.setdefault(entry.length, []).append(entry)
+                buckets = tuple(
+                    BucketStats(
+                        length,
+                        len(group),
+                        sum(e.nbytes for e in group),
+                        sum(e.raw_bytes for e in group),
+                        len(group),
+                    )
+                    for length, group in sorted(by_length.items())
+                )
+                namespaces.append(
+                    NamespaceStats(
+                        name,
+                        ns.info.layout.codec,
+                        sum(b.entries for b in buckets),
+                        sum(b.stored_bytes for b in buckets),
+                        sum(b.raw_bytes for b in buckets),
+                        buckets,
+                    )
+                )
+        return StoreStats(
+            path="memory",
+            generation="memory",
+            format_version=FORMAT_VERSION,
+            entries=sum(n.entries for n in namespaces),
+            stored_bytes=sum(n.stored_bytes for n in namespaces),
+            raw_bytes=sum(n.raw_bytes for n in namespaces),
+            file_bytes=0,
+            map_size=0,
+            max_bytes=self._max_bytes,
+            evicted_entries=self._evicted_entries,
+            evicted_bytes=self._evicted_bytes,
+            pending_hits=0,
+            namespaces=tuple(namespaces),
+            dram=DramStats(0, 0, 0, 0, 0, 0, 0),
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,200 @@
+"""Binary records and keys of the LMDB sub-databases (struct-packed, never pickled).
+
+Keys start with ``namespace + NUL`` so one namespace's keys form one contiguous
+range; integers in keys are big-endian so key order is numeric order.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import crc32c
+import numpy as np
+
+from attnstore.errors import ChecksumError
+
+_SEP = b"\x00"
+
+
+def ns_prefix(namespace: str) -> bytes:
+    """Key prefix shared by every record of ``namespace``."""
+    return namespace.encode() + _SEP
+
+
+def entry_key(namespace: str, entry_id: int) -> bytes:
+    """Key of an entry record (``entries`` db) and its hit counters (``hits`` db)."""
+    return ns_prefix(namespace) + entry_id.to_bytes(8, "big")
+
+
+def split_entry_key(key: bytes) -> tuple[str, int]:
+    """Inverse of :func:`entry_key`."""
+    raw = bytes(key)
+    return raw[:-9].decode(), int.from_bytes(raw[-8:], "big")
+
+
+def hash_key(namespace: str, token_hash: bytes) -> bytes:
+    """Key of the exact-tier index (``hashes`` db): token hash -> entry id."""
+    return ns_prefix(namespace) + token_hash
+
+
+def bucket_key(namespace: str, length: int) -> bytes:
+    """Key of a length bucket record (``buckets`` db)."""
+    return ns_prefix(namespace) + length.to_bytes(4, "big")
+
+
+def length_key(namespace: str, length: int, entry_id: int) -> bytes:
+    """Key of the by-length index (``lengths`` db), empty value."""
+    return bucket_key(namespace, length) + entry_id.to_bytes(8, "big")
+
+
+def split_length_key(key: bytes) -> tuple[int, int]:
+    """Length and entry id of a by-length index key."""
+    raw = bytes(key)
+    return int.from_bytes(raw[-12:-8], "big"), int.from_bytes(raw[-8:], "big")
+
+
+def encode_u64(value: int) -> bytes:
+    """8-byte big-endian unsigned int (ids, counters)."""
+    return value.to_bytes(8, "big")
+
+
+def decode_u64(raw: bytes | memoryview) -> int:
+    """Inverse of :func:`encode_u64`."""
+    return int.from_bytes(raw, "big")
+
+
+# magic, record version, flags, id, slot, length, n_crcs, feature_dim,
+# outputs_crc, created, nbytes, token_hash
+_ENTRY_HEAD = struct.Struct("<4sHHQQIIIIdQ32s")
+_ENTRY_MAGIC = b"ASE1"
+_ENTRY_VERSION = 1
+_HAS_OUTPUTS = 1
+_HAS_FEATURE = 2
+_CRC_TAIL = struct.Struct("<I")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRecord:
+    """What makes an entry visible: written in the same transaction as its chunks.
+
+    ``crcs`` holds one crc32c per stored chunk, layer-major (for each layer, one
+    per zarr array of the codec). The record carries its own crc32c as a trailer.
+    """
+
+    id: int
+    slot: int  # row of the bucket's zarr arrays
+    length: int
+    created: float
+    token_hash: bytes
+    crcs: tuple[int, ...]
+    nbytes: int  # stored bytes of all chunks (maps and outputs)
+    outputs_crc: int | None
+    feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
+
+    def to_bytes(self) -> bytes:
+        """Pack the record (struct, little-endian) with a crc32c trailer."""
+        flags = (_HAS_OUTPUTS if self.outputs_crc is not None else 0) | (
+            _HAS_FEATURE if self.feature is not None else 0
+        )
+        feature = b"" if self.feature is None else np.ascontiguousarray(self.feature, dtype="<f4").tobytes()
+        body = (
+            _ENTRY_HEAD.pack(
+                _ENTRY_MAGIC,
+                _ENTRY_VERSION,
+                flags,
+                self.id,
+                self.slot,
+                self.length,
+                len(self.crcs),
+                0 if self.feature is None else self.feature.shape[0],
+                self.outputs_crc or 0,
+                self.created,
+                self.nbytes,
+                self.token_hash,
+            )
+            + np.asarray(self.crcs, dtype="<u4").tobytes()
+            + feature
+        )
+        return body + _CRC_TAIL.pack(crc32c.crc32c(body))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | memoryview) -> EntryRecord:
+        """Unpack a record; copies out of ``raw`` so it may be a transaction buffer.
+
+        Raises:
+            ChecksumError: the record is truncated, has a wrong magic or crc32c.
+        """
+        raw = memoryview(raw)
+        if len(raw) < _ENTRY_HEAD.size + _CRC_TAIL.size:
+            raise ChecksumError(f"entry record truncated ({len(raw)} bytes)")
+        (stored_crc,) = _CRC_TAIL.unpack_from(raw, len(raw) - _CRC_TAIL.size)
+        if crc32c.crc32c(raw[: -_CRC_TAIL.size]) != stored_crc:
+            raise ChecksumError("entry record crc32c mismatch")
+        magic, version, flags, entry_id, slot, length, n_crcs, feature_dim, outputs_crc, created, nbytes, th = (
+            _ENTRY_HEAD.unpack_from(raw)
+        )
+        if magic != _ENTRY_MAGIC or version != _ENTRY_VERSION:
+            raise ChecksumError(f"entry record has magic {magic!r} version {version}, expected {_ENTRY_MAGIC!r} 1")
+        offset = _ENTRY_HEAD.size
+        crcs = tuple(np.frombuffer(raw, dtype="<u4", count=n_crcs, offset=offset).tolist())
+        offset += 4 * n_crcs
+        feature = None
+        if flags & _HAS_FEATURE:
+            feature = np.frombuffer(raw, dtype="<f4", count=feature_dim, offset=offset).astype(np.float32)
+        return cls(
+            id=entry_id,
+            slot=slot,
+            length=length,
+            created=created,
+            token_hash=bytes(th),
+            crcs=crcs,
+            nbytes=nbytes,
+            outputs_crc=outputs_crc if flags & _HAS_OUTPUTS else None,
+            feature=feature,
+        )
+
+
+_BUCKET = struct.Struct("<QQQQQ")
+
+
+@dataclass(frozen=True, slots=True)
+class BucketRecord:
+    """One length bucket of a namespace: slot allocation and live totals."""
+
+    next_slot: int  # slots are handed out in order and reused only by compaction
+    capacity: int  # first dimension of the bucket's zarr arrays
+    live: int  # live entries
+    stored_bytes: int
+    raw_bytes: int
+
+    def to_bytes(self) -> bytes:
+        """Pack the record."""
+        return _BUCKET.pack(self.next_slot, self.capacity, self.live, self.stored_bytes, self.raw_bytes)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | memoryview) -> BucketRecord:
+        """Unpack a record."""
+        return cls(*_BUCKET.unpack(bytes(raw)))
+
+
+_HITS = struct.Struct("<Qd")
+
+
+@dataclass(frozen=True, slots=True)
+class HitRecord:
+    """Hit counters of one entry (kept apart so entry records stay immutable)."""
+
+    hits: int
+    last_hit: float
+
+    def to_bytes(self) -> bytes:
+        """Pack the record."""
+        return _HITS.pack(self.hits, self.last_hit)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | memoryview | None) -> HitRecord:
+        """Unpack a record; ``None`` (never hit) gives zero counters."""
+        if raw is None:
+            return cls(0, 0.0)
+        return cls(*_HITS.unpack(bytes(raw)))

@@ -1,0 +1,144 @@
+"""Reports returned by the map store's admin calls: stats, verify, compaction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+def _ratio(stored: int, raw: int) -> float:
+    return stored / raw if raw else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class DramStats:
+    """Usage of the DRAM tier (decoded hot entries)."""
+
+    capacity_bytes: int
+    bytes: int
+    entries: int
+    hits: int
+    misses: int
+    evictions: int  # entries pushed out to stay under capacity
+    rejected: int  # entries larger than the whole capacity, never admitted
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStats:
+    """One length bucket of one namespace."""
+
+    length: int
+    entries: int
+    stored_bytes: int  # encoded chunk bytes (maps and outputs)
+    raw_bytes: int  # the same data as plain fp16
+    capacity: int  # slots of the bucket's zarr arrays
+
+    @property
+    def ratio(self) -> float:
+        """Stored bytes over fp16 bytes (1.0 = no compression)."""
+        return _ratio(self.stored_bytes, self.raw_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    """Entries and bytes of one namespace, per length bucket."""
+
+    name: str
+    codec: str
+    entries: int
+    stored_bytes: int
+    raw_bytes: int
+    buckets: tuple[BucketStats, ...]
+
+    @property
+    def ratio(self) -> float:
+        """Stored bytes over fp16 bytes (1.0 = no compression)."""
+        return _ratio(self.stored_bytes, self.raw_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Whole-store statistics."""
+
+    path: str
+    generation: str  # live generation directory name ("memory" for MemoryMapStore)
+    format_version: int
+    entries: int
+    stored_bytes: int  # live entries' chunk bytes; what max_bytes caps
+    raw_bytes: int
+    file_bytes: int  # size of the live generation's data file (reclaimed by compaction)
+    map_size: int  # LMDB map size (address space reserved)
+    max_bytes: int | None
+    evicted_entries: int  # entries removed by the byte cap since creation
+    evicted_bytes: int
+    pending_hits: int  # hit counts buffered in memory, not yet on disk
+    namespaces: tuple[NamespaceStats, ...]
+    dram: DramStats
+
+    @property
+    def ratio(self) -> float:
+        """Stored bytes over fp16 bytes over all namespaces."""
+        return _ratio(self.stored_bytes, self.raw_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON, with the ratios included."""
+        data = dataclasses.asdict(self)
+        data["ratio"] = self.ratio
+        for ns_dict, ns in zip(data["namespaces"], self.namespaces, strict=True):
+            ns_dict["ratio"] = ns.ratio
+            for bucket_dict, bucket in zip(ns_dict["buckets"], ns.buckets, strict=True):
+                bucket_dict["ratio"] = bucket.ratio
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptEntry:
+    """One entry verify found damaged; it is never served."""
+
+    namespace: str
+    id: int
+    reason: str  # e.g. "layer 3 maps chunk: crc32c mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """Result of walking every entry and chunk of the store."""
+
+    entries_checked: int
+    chunks_checked: int
+    corrupt: tuple[CorruptEntry, ...]
+    orphan_chunks: int  # chunk keys no live entry owns (invisible; compaction drops them)
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """True when no entry is corrupt (orphans are harmless)."""
+        return not self.corrupt
+
+    def corrupt_ids(self, namespace: str) -> list[int]:
+        """Ids of the corrupt entries of ``namespace``."""
+        return [c.id for c in self.corrupt if c.namespace == namespace]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        data = dataclasses.asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class CompactReport:
+    """Result of rewriting the live entries densely into a new generation."""
+
+    old_generation: str
+    new_generation: str
+    entries: int  # live entries copied (ids unchanged)
+    orphan_chunks_dropped: int
+    bytes_before: int  # data file size before
+    bytes_after: int  # data file size after
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,155 @@
+"""Checks a new entry against its namespace and normalises it for storing.
+
+Everything is checked before anything is written, so bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from attnstore.errors import MapShapeError
+from attnstore.store.codecs import to_fp16
+from attnstore.store.layout import TOKEN_HASH_BYTES, NamespaceLayout, NewEntry
+
+# Attention probabilities are in [0, 1]; the slack absorbs fp16 rounding of sums.
+_PROB_MAX = 1.0 + 1e-3
+# Weight above the diagonal tolerated in a causal namespace (masked softmax gives 0).
+_CAUSAL_TOL = 1e-6
+# Largest fp16 bit pattern accepted: the fp16 value just above 1.0 (1 + 2**-10).
+_FP16_PROB_MAX_BITS = np.uint16(0x3C01)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEntry:
+    """A checked entry, in the dtypes it is stored from."""
+
+    maps: np.ndarray  # (layers, heads, L, L) float16 (lossless codecs) or float32 (q8), C-contiguous
+    token_hash: bytes
+    outputs: np.ndarray | None  # (L, hidden) float16
+    feature: np.ndarray | None  # (feature_dim,) float32
+
+    @property
+    def length(self) -> int:
+        """Token length L."""
+        return self.maps.shape[-1]
+
+
+def _to_numpy(value: object, what: str, float_dtypes_only: bool) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if tensor.dtype == torch.bfloat16 and not float_dtypes_only:
+            tensor = tensor.float()
+        if tensor.dtype == torch.bfloat16:
+            raise MapShapeError(f"{what} dtype bfloat16 is not supported; expected float32 or float16")
+        return tensor.cpu().numpy()
+    raise MapShapeError(f"{what} must be a numpy array or a torch tensor, got {type(value).__name__}")
+
+
+@lru_cache(maxsize=64)
+def _above_diagonal(length: int) -> np.ndarray:
+    return ~np.tri(length, dtype=bool)  # (L, L) True strictly above the diagonal
+
+
+def _value_range(maps: np.ndarray) -> tuple[float, float, float]:
+    """(min, max, max strictly above the diagonal) of the maps; NaN propagates.
+
+    fp16 input is checked through its bit patterns: numpy reduces fp16 in scalar
+    code (~15x slower), and for non-negative fp16 values the uint16 order is the
+    value order, while a sign bit, inf or NaN makes the pattern larger than 1.0's.
+    """
+    above = _above_diagonal(maps.shape[-1])
+    if maps.dtype == np.float16:
+        bits = maps.view(np.uint16)
+        hi_bits = np.uint16(bits.max())
+        if hi_bits > _FP16_PROB_MAX_BITS:
+            return float(maps.min()), float(maps.max()), float("nan")
+        upper = np.uint16(bits.max(where=above, initial=0))
+        return 0.0, float(hi_bits.view(np.float16)), float(upper.view(np.float16))
+    return float(maps.min()), float(maps.max()), float(maps.max(where=above, initial=0.0))
+
+
+def _check_maps(maps: np.ndarray, layout: NamespaceLayout, where: str) -> None:
+    if maps.dtype not in (np.float32, np.float16):
+        raise MapShapeError(f"{where}: maps dtype {maps.dtype} is not supported; expected float32 or float16")
+    shape = tuple(maps.shape)
+    if (
+        len(shape) != 4
+        or shape[0] != layout.layers
+        or shape[1] != layout.heads
+        or shape[2] != shape[3]
+        or shape[2] < 1
+    ):
+        raise MapShapeError(
+            f"{where}: maps shape {shape} does not match the namespace layout:"
+            f" expected ({layout.layers}, {layout.heads}, L, L) with L >= 1"
+        )
+    lo, hi, upper = _value_range(maps)
+    # NaN fails both comparisons, inf the second: no separate finiteness pass.
+    if not (lo >= 0.0 and hi <= _PROB_MAX):
+        raise MapShapeError(
+            f"{where}: maps must be attention probabilities in [0, 1], got values in [{lo}, {hi}]"
+            " (logits or NaN/inf?)"
+        )
+    if layout.causal and upper > _CAUSAL_TOL:
+        raise MapShapeError(f"{where}: the namespace is causal but the maps put weight {upper} above the diagonal")
+
+
+def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> PreparedEntry:
+    """Check ``entry`` against ``layout`` and convert it to its stored dtypes.
+
+    Args:
+        entry: the entry to ingest.
+        layout: the namespace's layout.
+        index: position of the entry in its batch, for error messages.
+
+    Returns:
+        The prepared entry (maps fp16 for lossless codecs, fp32 for q8).
+
+    Raises:
+        MapShapeError: wrong type, dtype, shape or length of maps, outputs, feature
+            or token hash; maps outside [0, 1]; weight above the diagonal in a
+            causal namespace; non-finite outputs or feature.
+    """
+    where = f"entry {index}"
+    if not isinstance(entry, NewEntry):
+        raise MapShapeError(f"{where}: expected a NewEntry, got {type(entry).__name__}")
+    maps = _to_numpy(entry.maps, f"{where}: maps", float_dtypes_only=True)
+    _check_maps(maps, layout, where)
+    length = maps.shape[-1]
+    maps = np.ascontiguousarray(maps, dtype=np.float32) if layout.codec.startswith("q8") else to_fp16(maps)
+
+    token_hash = entry.token_hash
+    if not isinstance(token_hash, bytes | bytearray | memoryview) or len(token_hash) != TOKEN_HASH_BYTES:
+        raise MapShapeError(f"{where}: token_hash must be {TOKEN_HASH_BYTES} bytes (sha256), got {token_hash!r:.80}")
+
+    outputs = None
+    if entry.outputs is not None:
+        raw = _to_numpy(entry.outputs, f"{where}: outputs", float_dtypes_only=False)
+        if raw.shape != (length, layout.hidden) or raw.dtype.kind != "f":
+            raise MapShapeError(
+                f"{where}: outputs shape {tuple(raw.shape)} dtype {raw.dtype} does not match:"
+                f" expected float ({length}, {layout.hidden})"
+            )
+        outputs = to_fp16(raw)
+        if not np.isfinite(outputs).all():
+            raise MapShapeError(f"{where}: outputs hold NaN or inf (after conversion to fp16)")
+
+    feature = None
+    if entry.feature is not None:
+        raw = _to_numpy(entry.feature, f"{where}: feature", float_dtypes_only=False)
+        if raw.shape != (layout.feature_dim,) or raw.dtype.kind != "f":
+            raise MapShapeError(
+                f"{where}: feature shape {tuple(raw.shape)} dtype {raw.dtype} does not match:"
+                f" expected float ({layout.feature_dim},)"
+            )
+        feature = np.ascontiguousarray(raw, dtype=np.float32)
+        if not np.isfinite(feature).all():
+            raise MapShapeError(f"{where}: feature holds NaN or inf")
+    return PreparedEntry(maps=maps, token_hash=bytes(token_hash), outputs=outputs, feature=feature)

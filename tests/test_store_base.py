@@ -1,0 +1,247 @@
+"""Shared behaviour suite: every map store implementation (LMDB and in-memory) must pass it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from store_helpers import make_entry, small_layout, token_hash
+
+from attnstore.errors import (
+    ConfigError,
+    EntryNotFoundError,
+    MapShapeError,
+    NamespaceExistsError,
+    NamespaceNotFoundError,
+)
+from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
+from attnstore.store.codecs import q8_error_bound
+
+StoreFactory = Callable[..., MapStoreBase]
+
+
+@pytest.fixture(params=["lmdb", "memory"])
+def make_store(request, tmp_path) -> StoreFactory:
+    opened: list[MapStoreBase] = []
+
+    def factory(max_bytes: int | None = None) -> MapStoreBase:
+        if request.param == "lmdb":
+            path = tmp_path / f"store{len(opened)}"
+            store = MapStore.open(path, create=True, dram_bytes=1 << 20, max_bytes=max_bytes)
+        else:
+            store = MemoryMapStore(max_bytes=max_bytes)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store) -> MapStoreBase:
+    return make_store()
+
+
+def _namespace(store: MapStoreBase, codec: str = "fp16", name: str = "ns", causal: bool = True) -> str:
+    store.create_namespace(name, model="tiny", fingerprint="f" * 64, layout=small_layout(codec, causal))
+    return name
+
+
+@pytest.mark.parametrize("codec", ["fp16", "zstd"])
+def test_lossless_codecs_round_trip_maps_outputs_and_feature_exactly(store, codec):
+    ns = _namespace(store, codec)
+    entries = [make_entry(small_layout(codec), length, seed) for seed, length in enumerate([5, 9, 9, 40])]
+    ids = store.ingest(ns, entries)
+    assert ids == [1, 2, 3, 4]
+    for entry_id, entry in zip(ids, entries, strict=True):
+        maps = store.read_maps(ns, entry_id)
+        assert maps.dtype == torch.float16 and maps.is_contiguous()
+        assert np.array_equal(maps.numpy(), entry.maps.astype(np.float16))
+        assert np.array_equal(store.read_outputs(ns, entry_id).numpy(), entry.outputs.astype(np.float16))
+        info = store.entry(ns, entry_id)
+        assert info.length == entry.maps.shape[-1] and info.token_hash == entry.token_hash
+        assert np.array_equal(info.feature, entry.feature)
+
+
+@pytest.mark.parametrize("codec", ["q8", "q8+zstd"])
+def test_q8_codecs_round_trip_within_the_documented_bound(store, codec):
+    ns = _namespace(store, codec)
+    entry = make_entry(small_layout(codec), 33, seed=7)
+    (entry_id,) = store.ingest(ns, [entry])
+    decoded = store.read_maps(ns, entry_id).float().numpy()
+    bound = q8_error_bound(entry.maps.max(axis=-1))[..., None]  # per row
+    assert (np.abs(decoded - entry.maps) <= bound).all()
+    assert np.abs(decoded - entry.maps).max() > 0  # lossy: the test can see the loss
+
+
+def test_fp16_maps_in_give_the_same_bits_out(store):
+    ns = _namespace(store)
+    entry = make_entry(small_layout(), 12, seed=3, dtype=np.float16)
+    (entry_id,) = store.ingest(ns, [entry])
+    assert np.array_equal(store.read_maps(ns, entry_id).numpy().view(np.uint16), entry.maps.view(np.uint16))
+
+
+def test_torch_tensors_are_accepted_as_input(store):
+    ns = _namespace(store)
+    entry = make_entry(small_layout(), 6, seed=1)
+    as_torch = NewEntry(torch.from_numpy(entry.maps), entry.token_hash, torch.from_numpy(entry.outputs), entry.feature)
+    (entry_id,) = store.ingest(ns, [as_torch])
+    assert np.array_equal(store.read_maps(ns, entry_id).numpy(), entry.maps.astype(np.float16))
+
+
+def test_exact_duplicates_are_stored_once(store):
+    ns = _namespace(store)
+    a = make_entry(small_layout(), 6, seed=1)
+    ids = store.ingest(ns, [a, make_entry(small_layout(), 6, seed=2), a])
+    assert ids[0] == ids[2] != ids[1]
+    assert store.ingest(ns, [a]) == [ids[0]]
+    assert store.stats().entries == 2
+    assert store.find_by_hash(ns, a.token_hash) == ids[0]
+    assert store.find_by_hash(ns, token_hash("never stored")) is None
+
+
+def test_ids_are_never_reused_after_delete(store):
+    ns = _namespace(store)
+    ids = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(3)])
+    assert store.delete(ns, [ids[-1], ids[-1], 999]) == 1
+    (new_id,) = store.ingest(ns, [make_entry(small_layout(), 4, seed=10)])
+    assert new_id > max(ids)
+
+
+def test_delete_makes_reads_raise_entry_not_found(store):
+    ns = _namespace(store)
+    entry = make_entry(small_layout(), 4, seed=1)
+    (entry_id,) = store.ingest(ns, [entry])
+    store.read_maps(ns, entry_id)  # may now sit in a DRAM tier
+    assert store.delete(ns, [entry_id]) == 1
+    for read in (store.read_maps, store.read_outputs, store.entry):
+        with pytest.raises(EntryNotFoundError):
+            read(ns, entry_id)
+    assert store.find_by_hash(ns, entry.token_hash) is None
+    assert store.lengths(ns) == []
+
+
+def test_entries_and_lengths_list_live_entries_by_bucket(store):
+    ns = _namespace(store)
+    lengths = [4, 7, 4, 9, 7, 4]
+    ids = store.ingest(ns, [make_entry(small_layout(), n, seed=s) for s, n in enumerate(lengths)])
+    assert store.lengths(ns) == [4, 7, 9]
+    assert [e.id for e in store.entries(ns)] == ids
+    assert [e.id for e in store.entries(ns, length=4)] == [ids[0], ids[2], ids[5]]
+    assert list(store.entries(ns, length=5)) == []
+    store.delete(ns, [ids[3]])
+    assert store.lengths(ns) == [4, 7]
+
+
+def test_record_hits_counts_hits_and_last_hit(store):
+    ns = _namespace(store)
+    a, b = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(2)])
+    store.record_hits(ns, [a, a, b, 12345])
+    store.record_hits(ns, [a])
+    assert store.entry(ns, a).hits == 3
+    assert store.entry(ns, b).hits == 1
+    assert store.entry(ns, a).last_hit >= store.entry(ns, a).created
+
+
+def test_read_layer_matches_read_maps(store):
+    ns = _namespace(store, "q8+zstd")
+    (entry_id,) = store.ingest(ns, [make_entry(small_layout("q8+zstd"), 10, seed=4)])
+    maps = store.read_maps(ns, entry_id)
+    for layer in range(3):
+        assert torch.equal(store.read_layer(ns, entry_id, layer), maps[layer])
+    with pytest.raises(MapShapeError, match="layer 3 is out of range"):
+        store.read_layer(ns, entry_id, 3)
+
+
+def test_returned_tensors_belong_to_the_caller(store):
+    ns = _namespace(store)
+    entry = make_entry(small_layout(), 5, seed=2)
+    (entry_id,) = store.ingest(ns, [entry])
+    for _ in range(2):  # the second read may come from a DRAM tier
+        store.read_maps(ns, entry_id).zero_()
+        store.read_layer(ns, entry_id, 0).zero_()
+    assert np.array_equal(store.read_maps(ns, entry_id).numpy(), entry.maps.astype(np.float16))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda e: NewEntry(e.maps.astype(np.float64), e.token_hash, e.outputs, e.feature), "dtype float64"),
+        (lambda e: NewEntry(e.maps[:2], e.token_hash, e.outputs, e.feature), "shape"),
+        (lambda e: NewEntry(e.maps[..., :5], e.token_hash, e.outputs, e.feature), "shape"),
+        (lambda e: NewEntry(np.log(e.maps + 1e-9), e.token_hash, e.outputs, e.feature), r"\[0, 1\]"),
+        (lambda e: NewEntry(np.transpose(e.maps, (0, 1, 3, 2)).copy(), e.token_hash, e.outputs, e.feature), "diagonal"),
+        (lambda e: NewEntry(e.maps, e.token_hash[:8], e.outputs, e.feature), "32 bytes"),
+        (lambda e: NewEntry(e.maps, e.token_hash, e.outputs[:4], e.feature), "outputs shape"),
+        (lambda e: NewEntry(e.maps, e.token_hash, e.outputs, e.feature[:3]), "feature shape"),
+        (lambda e: NewEntry(e.maps.tolist(), e.token_hash, e.outputs, e.feature), "numpy array or a torch tensor"),
+    ],
+)
+def test_bad_input_raises_a_clear_error_and_writes_nothing(store, change, message):
+    ns = _namespace(store)
+    good = make_entry(small_layout(), 6, seed=1)
+    bad = change(make_entry(small_layout(), 6, seed=2))
+    with pytest.raises(MapShapeError, match=message):
+        store.ingest(ns, [good, bad])
+    assert store.stats().entries == 0
+    assert store.find_by_hash(ns, good.token_hash) is None
+    assert store.ingest(ns, [good]) == [1]  # no id was used up either
+
+
+def test_nan_maps_are_refused(store):
+    ns = _namespace(store)
+    entry = make_entry(small_layout(), 6, seed=1)
+    entry.maps[1, 0, 3, 0] = np.nan
+    with pytest.raises(MapShapeError, match="NaN"):
+        store.ingest(ns, [entry])
+
+
+def test_namespaces_create_get_list_and_projector(store):
+    info = store.create_namespace("a", model="m", fingerprint="fp", layout=small_layout())
+    assert store.create_namespace("a", model="m", fingerprint="fp", layout=small_layout()) == info
+    with pytest.raises(NamespaceExistsError, match="fingerprint"):
+        store.create_namespace("a", model="m", fingerprint="other", layout=small_layout())
+    with pytest.raises(ConfigError, match="namespace name"):
+        store.create_namespace("a/b", model="m", fingerprint="fp", layout=small_layout())
+    store.create_namespace("b", model="m", fingerprint="fp", layout=small_layout("q8"))
+    assert [n.name for n in store.list_namespaces()] == ["a", "b"]
+    assert store.get_namespace("b").layout.codec == "q8"
+    store.set_projector("a", b"safetensors-bytes")
+    assert store.get_namespace("a").projector == b"safetensors-bytes"
+    with pytest.raises(NamespaceNotFoundError):
+        store.get_namespace("zzz")
+    with pytest.raises(NamespaceNotFoundError):
+        store.ingest("zzz", [make_entry(small_layout(), 4, seed=1)])
+
+
+def test_stats_report_entries_bytes_and_ratio_per_bucket_and_codec(store):
+    fp16 = _namespace(store, "fp16", "plain")
+    packed = _namespace(store, "q8+zstd", "packed")
+    for ns in (fp16, packed):
+        store.ingest(ns, [make_entry(small_layout(), n, seed=s, outputs=False) for s, n in enumerate([8, 8, 16])])
+    stats = store.stats()
+    by_name = {n.name: n for n in stats.namespaces}
+    assert stats.entries == 6
+    assert by_name["plain"].ratio == pytest.approx(1.0)
+    assert by_name["packed"].ratio < 0.6
+    assert by_name["packed"].codec == "q8+zstd"
+    assert [(b.length, b.entries) for b in by_name["plain"].buckets] == [(8, 2), (16, 1)]
+    assert by_name["plain"].buckets[0].raw_bytes == 2 * small_layout().map_nbytes(8)
+    assert stats.to_dict()["namespaces"][0]["ratio"] > 0
+
+
+def test_byte_cap_evicts_the_least_recently_hit_entries(make_store):
+    entry_bytes = small_layout().map_nbytes(16)
+    store = make_store(max_bytes=5 * entry_bytes)
+    ns = _namespace(store)
+    first = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(4)])
+    store.record_hits(ns, [first[0]])  # the oldest entry is now the most recently hit
+    more = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(10, 12)])
+    live = {e.id for e in store.entries(ns)}
+    assert first[0] in live and set(more) <= live
+    assert first[1] not in live  # least recently hit goes first
+    stats = store.stats()
+    assert stats.evicted_entries >= 1 and stats.stored_bytes <= 5 * entry_bytes
