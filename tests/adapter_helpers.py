@@ -1,0 +1,92 @@
+"""Tiny random-config models and helpers for the adapter, bench and model tests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoModel,
+    BertConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    RobertaConfig,
+)
+
+from attnstore_client.models import LoadedModel, resolve_model_path
+
+TinyKind = Literal["llama", "mistral", "qwen2", "bert", "roberta"]
+
+VOCAB = 96
+FIRST_REAL_ID = 5  # below: pad/special ids (RoBERTa pads with 1)
+
+_DECODER_SHAPE = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # GQA: 2 query heads per KV head
+    "max_position_embeddings": 256,
+}
+_ENCODER_SHAPE = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 256,
+}
+
+
+def tiny_model(kind: TinyKind, *, attn_implementation: str = "sdpa", seed: int = 0) -> LoadedModel:
+    """A random tiny model of that kind, fp32, eval mode, without a tokenizer."""
+    torch.manual_seed(seed)
+    if kind in ("llama", "mistral", "qwen2"):
+        config_cls, model_cls = {
+            "llama": (LlamaConfig, LlamaForCausalLM),
+            "mistral": (MistralConfig, MistralForCausalLM),
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        }[kind]
+        # A window shorter than the test rows, so capture must honour it.
+        extra = {"sliding_window": 6} if kind == "mistral" else {}
+        config = config_cls(**_DECODER_SHAPE, **extra, attn_implementation=attn_implementation)
+        causal_lm = model_cls(config).eval()
+        return LoadedModel(name=kind, model=causal_lm.get_decoder(), tokenizer=None, lm_head=causal_lm.lm_head)
+    config_cls = BertConfig if kind == "bert" else RobertaConfig
+    extra = {"pad_token_id": 1} if kind == "roberta" else {}
+    config = config_cls(**_ENCODER_SHAPE, **extra, attn_implementation=attn_implementation)
+    return LoadedModel(name=kind, model=AutoModel.from_config(config).eval(), tokenizer=None, lm_head=None)
+
+
+def pad_id(kind: TinyKind) -> int:
+    """The pad id a tiny model of that kind expects."""
+    return 1 if kind == "roberta" else 0
+
+
+def random_rows(lengths: list[int], *, seed: int = 1) -> list[list[int]]:
+    """Random token id rows of the given lengths, avoiding the special ids."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(FIRST_REAL_ID, VOCAB, (length,), generator=generator).tolist() for length in lengths]
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference of two same-shape tensors."""
+    return (a - b).abs().max().item()
+
+
+def save_tiny_decoder(folder: Path) -> Path:
+    """Save a tiny random Llama as a local Hugging Face folder, with MiniLM's tokenizer files."""
+    tiny = tiny_model("llama")
+    causal_lm = LlamaForCausalLM(tiny.model.config)
+    causal_lm.save_pretrained(folder)
+    tokenizer_source = resolve_model_path("minilm")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(tokenizer_source / name, folder / name)
+    return folder

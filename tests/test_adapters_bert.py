@@ -1,0 +1,111 @@
+"""Capture and replay on BERT-like encoders (BERT, RoBERTa): bidirectional, exact length only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
+
+from attnstore.errors import MapShapeError
+from attnstore_client.adapters import BertAdapter, adapter_for
+from attnstore_client.batch import batch_from_ids, tokenize
+
+TOL = 1e-4
+LENGTHS = [9, 3, 6]
+
+
+@pytest.fixture(params=["bert", "roberta"], scope="module")
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def adapter(kind) -> BertAdapter:
+    return adapter_for(tiny_model(kind))
+
+
+@pytest.fixture(scope="module")
+def batch(kind):
+    return batch_from_ids(random_rows(LENGTHS), pad_id=pad_id(kind))
+
+
+def test_adapter_reports_bidirectional_layout(adapter):
+    assert (adapter.family, adapter.causal) == ("bert", False)
+    assert (adapter.num_layers, adapter.num_heads, adapter.num_kv_heads, adapter.head_dim) == (3, 4, 4, 16)
+
+
+def test_padded_batch_rows_equal_unpadded_single_rows(adapter, batch, kind):
+    padded = adapter.forward(batch)
+    for row, length in enumerate(batch.lengths):
+        alone = adapter.forward(batch_from_ids([batch.row_ids(row).tolist()], pad_id=pad_id(kind)))[0]
+        assert max_diff(padded[row, :length], alone) <= TOL
+
+
+def test_capture_gives_full_maps_at_true_length_and_baseline_hidden(adapter, batch):
+    capture = adapter.capture(batch)
+    baseline = adapter.forward(batch)
+    for row, length in enumerate(batch.lengths):
+        maps = capture.maps[row]
+        assert maps.shape == (3, 4, length, length)
+        assert torch.allclose(maps.sum(-1), torch.ones(3, 4, length), atol=1e-5)
+        assert maps.min() > 0  # bidirectional: every real token sees every real token
+        assert max_diff(capture.hidden[row], baseline[row, :length]) <= TOL
+
+
+def test_replaying_own_maps_reproduces_single_row(adapter, kind):
+    single = batch_from_ids(random_rows([7]), pad_id=pad_id(kind))
+    maps = adapter.capture(single).maps[0]
+    assert max_diff(adapter.forward(single, {0: maps}), adapter.forward(single)) <= TOL
+
+
+def test_replaying_own_maps_reproduces_padded_batch(adapter, batch):
+    maps = adapter.capture(batch).maps
+    baseline = adapter.forward(batch)
+    replayed = adapter.forward(batch, dict(enumerate(maps)))
+    for row, length in enumerate(batch.lengths):
+        assert max_diff(replayed[row, :length], baseline[row, :length]) <= TOL
+
+
+def test_mixed_batch_misses_equal_baseline_and_hits_reproduce(adapter, batch):
+    maps = adapter.capture(batch).maps
+    baseline = adapter.forward(batch)
+    mixed = adapter.forward(batch, {1: maps[1]})
+    for row in (0, 2):
+        length = batch.lengths[row]
+        assert torch.equal(mixed[row, :length], baseline[row, :length])
+    assert max_diff(mixed[1, :3], baseline[1, :3]) <= TOL
+
+
+def test_bidirectional_maps_of_another_length_are_refused(adapter, batch):
+    maps = adapter.capture(batch).maps
+    with pytest.raises(MapShapeError, match="exact length"):
+        adapter.forward(batch, {1: maps[0]})  # 9 tokens of maps for a 3-token row
+
+
+def test_feature_source_is_embeddings_output_with_layernorm(adapter, batch):
+    features = adapter.feature_source(batch)
+    expected = adapter.model.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
+    for row, length in enumerate(batch.lengths):
+        assert features[row].shape == (length, 64)
+        assert torch.allclose(features[row], expected[row, :length].detach())
+    assert torch.allclose(features[0].mean(-1), torch.zeros(9), atol=1e-4)  # LayerNorm'd, zero-init bias
+
+
+@pytest.mark.real_model
+def test_minilm_replays_own_maps_single_padded_and_mixed(minilm_model):
+    adapter = adapter_for(minilm_model)
+    texts = ["A man is playing a guitar.", "Hello", "Three dogs run across a snowy field near the old barn."]
+    batch = tokenize(minilm_model.tokenizer, texts)
+    capture = adapter.capture(batch)
+    baseline = adapter.forward(batch)
+    for row, length in enumerate(batch.lengths):
+        single = tokenize(minilm_model.tokenizer, texts[row : row + 1])
+        assert max_diff(adapter.forward(single)[0], baseline[row, :length]) <= TOL
+        assert max_diff(adapter.forward(single, {0: capture.maps[row]})[0], baseline[row, :length]) <= TOL
+        assert max_diff(capture.hidden[row], baseline[row, :length]) <= TOL
+    replayed = adapter.forward(batch, dict(enumerate(capture.maps)))
+    mixed = adapter.forward(batch, {2: capture.maps[2]})
+    for row, length in enumerate(batch.lengths):
+        assert max_diff(replayed[row, :length], baseline[row, :length]) <= TOL
+        assert max_diff(mixed[row, :length], baseline[row, :length]) <= TOL
+    assert torch.equal(mixed[0, : batch.lengths[0]], baseline[0, : batch.lengths[0]])

@@ -1,0 +1,55 @@
+"""Loading models offline: packaged aliases, local folders, clear errors for the rest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from adapter_helpers import save_tiny_decoder
+from transformers import BertModel, GPT2Config, GPT2Model, LlamaModel
+
+from attnstore.errors import ConfigError, UnsupportedModelError
+from attnstore_client.models import MODEL_ALIASES, load_model, resolve_model_path
+
+
+def test_aliases_resolve_to_the_packaged_files():
+    assert set(MODEL_ALIASES) == {"minilm", "smollm2"}
+    assert (resolve_model_path("minilm") / "config.json").is_file()
+    assert resolve_model_path("smollm2").suffix == ".gguf" and resolve_model_path("smollm2").is_file()
+
+
+def test_unknown_alias_names_the_aliases():
+    with pytest.raises(ConfigError, match=r"'nope'.*\['minilm', 'smollm2'\]"):
+        load_model("nope")
+
+
+def test_bad_attention_implementation_names_the_choices():
+    with pytest.raises(ConfigError, match=r"'flash'.*\['sdpa', 'eager'\]"):
+        load_model("minilm", attn_implementation="flash")
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*'bert'.*'llama'.*'mistral'.*'qwen2'.*'roberta'"):
+        load_model(str(tmp_path))
+
+
+def test_local_decoder_folder_loads_base_model_and_head(tmp_path):
+    loaded = load_model(str(save_tiny_decoder(tmp_path)), attn_implementation="eager")
+    assert isinstance(loaded.model, LlamaModel) and not loaded.model.training
+    assert loaded.model.config._attn_implementation == "eager"
+    assert loaded.lm_head is not None and loaded.lm_head.out_features == loaded.model.config.vocab_size
+
+
+@pytest.mark.real_model
+def test_minilm_loads_as_fp32_bert_encoder_without_head(minilm_model):
+    assert isinstance(minilm_model.model, BertModel) and not minilm_model.model.training
+    assert minilm_model.model.dtype == torch.float32 and minilm_model.lm_head is None
+    assert minilm_model.model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.real_model
+def test_smollm2_loads_as_fp32_llama_decoder_with_head_and_pad_token(smollm2_model):
+    config = smollm2_model.model.config
+    assert isinstance(smollm2_model.model, LlamaModel) and smollm2_model.model.dtype == torch.float32
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (30, 9, 3)
+    assert smollm2_model.lm_head is not None and smollm2_model.tokenizer.pad_token_id is not None
