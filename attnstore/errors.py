@@ -67,3 +67,31 @@ class FeatureSourceError(AttnStoreError, ValueError):
 
 class WireFormatError(AttnStoreError, ValueError):
     """A message on the wire is malformed: bad shape, dtype, offsets or sizes."""
+
+
+class StoreNotFoundError(AttnStoreError, FileNotFoundError):
+    """No map store exists at that path (and it was not asked to be created)."""
+
+
+class StoreOpenError(AttnStoreError, OSError):
+    """A map store cannot be opened: another writer holds it, or this process has it open already."""
+
+
+class ReadOnlyStoreError(AttnStoreError, PermissionError):
+    """A write was attempted on a map store opened read-only."""
+
+
+class RequestLimitError(AttnStoreError, ValueError):
+    """A request exceeds a limit of the daemon (queries per call, staged ingest bytes, concurrent streams)."""
+
+
+class AuthError(AttnStoreError, PermissionError):
+    """The daemon refused the request's token: missing, unknown, or not allowed to make that call."""
+
+
+class UnavailableError(AttnStoreError, ConnectionError):
+    """The daemon is not serving right now (loading, draining, unreachable, past the deadline); retry later."""
+
+
+class RemoteError(AttnStoreError, RuntimeError):
+    """The daemon answered with an error status no more specific AttnStore error describes."""

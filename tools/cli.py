@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ()
+_COMMANDS: tuple[str, ...] = ("demo", "serve", "admin")
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "bench": ("benchmarks: print a table and write JSON", ()),
+    "bench": ("benchmarks: print a table and write JSON", ("bench_store", "bench_replay", "bench_search")),
 }
 
 

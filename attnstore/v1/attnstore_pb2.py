@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61ttnstore/v1/attnstore.proto\x12\x0c\x61ttnstore.v1\"z\n\x06Layout\x12\x0e\n\x06layers\x18\x01 \x01(\r\x12\r\n\x05heads\x18\x02 \x01(\r\x12\x0e\n\x06\x63\x61usal\x18\x03 \x01(\x08\x12\x0e\n\x06hidden\x18\x04 \x01(\r\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05\x63odec\x18\x07 \x01(\t\"\x9f\x01\n\tNamespace\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12$\n\x06layout\x18\x04 \x01(\x0b\x32\x14.attnstore.v1.Layout\x12\x16\n\x0e\x66ormat_version\x18\x05 \x01(\r\x12\x0f\n\x07\x63reated\x18\x06 \x01(\x01\x12\x11\n\tprojector\x18\x07 \x01(\x0c\"\x83\x01\n\x16\x43reateNamespaceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12$\n\x06layout\x18\x04 \x01(\x0b\x32\x14.attnstore.v1.Layout\x12\x11\n\tprojector\x18\x05 \x01(\x0c\"#\n\x13GetNamespaceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15ListNamespacesRequest\"E\n\x16ListNamespacesResponse\x12+\n\nnamespaces\x18\x01 \x03(\x0b\x32\x17.attnstore.v1.Namespace\"<\n\x05Query\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x03(\x02\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x12\n\ntoken_hash\x18\x03 \x01(\x0c\"\x9c\x01\n\rLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12$\n\x07queries\x18\x03 \x03(\x0b\x32\x13.attnstore.v1.Query\x12\x14\n\x0cmax_distance\x18\x04 \x01(\x02\x12\x11\n\twant_maps\x18\x05 \x01(\x08\x12\x14\n\x0cwant_outputs\x18\x06 \x01(\x08\"~\n\x05Match\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.attnstore.v1.MatchKind\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x04\x12\x10\n\x08\x64istance\x18\x04 \x01(\x02\x12\x15\n\rstored_length\x18\x05 \x01(\r\"/\n\x07Matches\x12$\n\x07matches\x18\x01 \x03(\x0b\x32\x13.attnstore.v1.Match\"\xb0\x01\n\x08MapChunk\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x04\x12\r\n\x05layer\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\r\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x08 \x01(\r\x12\x0e\n\x06offset\x18\t \x01(\x04\x12\x13\n\x0btotal_bytes\x18\n \x01(\x04\"\x95\x01\n\x0bOutputChunk\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x06 \x01(\r\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x04\"\x99\x01\n\x0eLookupResponse\x12(\n\x07matches\x18\x01 \x01(\x0b\x32\x15.attnstore.v1.MatchesH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.attnstore.v1.MapChunkH\x00\x12,\n\x07outputs\x18\x03 \x01(\x0b\x32\x19.attnstore.v1.OutputChunkH\x00\x42\x06\n\x04\x62ody\"s\n\rSearchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12$\n\x07queries\x18\x03 \x03(\x0b\x32\x13.attnstore.v1.Query\x12\x14\n\x0cmax_distance\x18\x04 \x01(\x02\"6\n\x0eSearchResponse\x12$\n\x07matches\x18\x01 \x03(\x0b\x32\x13.attnstore.v1.Match\"D\n\x0c\x46\x65tchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\r\"7\n\x0fPrefetchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\x04\"\"\n\x10PrefetchResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\xf3\x01\n\rIngestRequest\x12*\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x19.attnstore.v1.IngestBeginH\x00\x12)\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x18.attnstore.v1.EntryBeginH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.attnstore.v1.MapChunkH\x00\x12,\n\x07outputs\x18\x04 \x01(\x0b\x32\x19.attnstore.v1.OutputChunkH\x00\x12,\n\x06\x63ommit\x18\x05 \x01(\x0b\x32\x1a.attnstore.v1.IngestCommitH\x00\x42\x06\n\x04\x62ody\"5\n\x0bIngestBegin\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"A\n\nEntryBegin\x12\x0e\n\x06length\x18\x01 \x01(\r\x12\x12\n\ntoken_hash\x18\x02 \x01(\x0c\x12\x0f\n\x07\x66\x65\x61ture\x18\x03 \x03(\x02\"\x0e\n\x0cIngestCommit\"V\n\rIngestSummary\x12\x11\n\tentry_ids\x18\x01 \x03(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"5\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\x04\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x10\n\x0e\x43ompactRequest\"M\n\x0f\x43ompactResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x14\n\x0c\x62ytes_before\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_after\x18\x03 \x01(\x04\"\x0f\n\rVerifyRequest\"V\n\x0eVerifyResponse\x12\x17\n\x0f\x65ntries_checked\x18\x01 \x01(\x04\x12\x19\n\x11\x63orrupt_entry_ids\x18\x02 \x03(\x04\x12\x10\n\x08problems\x18\x03 \x03(\t\"\x0e\n\x0cStatsRequest\"y\n\x0b\x42ucketStats\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x04 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x05 \x01(\x04\x12\x11\n\traw_bytes\x18\x06 \x01(\x04\"\xec\x01\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x02 \x01(\x04\x12*\n\x07\x62uckets\x18\x03 \x03(\x0b\x32\x19.attnstore.v1.BucketStats\x12\x12\n\ndram_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13\x64ram_capacity_bytes\x18\x05 \x01(\x04\x12\x11\n\tdram_hits\x18\x06 \x01(\x04\x12\x13\n\x0b\x64ram_misses\x18\x07 \x01(\x04\x12\x16\n\x0e\x64ram_evictions\x18\x08 \x01(\x04\x12\x17\n\x0fstore_evictions\x18\t \x01(\x04*f\n\tMatchKind\x12\x1a\n\x16MATCH_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fMATCH_KIND_MISS\x10\x01\x12\x14\n\x10MATCH_KIND_EXACT\x10\x02\x12\x12\n\x0eMATCH_KIND_MAP\x10\x03\x32\xf6\x06\n\tAttnStore\x12P\n\x0f\x43reateNamespace\x12$.attnstore.v1.CreateNamespaceRequest\x1a\x17.attnstore.v1.Namespace\x12J\n\x0cGetNamespace\x12!.attnstore.v1.GetNamespaceRequest\x1a\x17.attnstore.v1.Namespace\x12[\n\x0eListNamespaces\x12#.attnstore.v1.ListNamespacesRequest\x1a$.attnstore.v1.ListNamespacesResponse\x12\x45\n\x06Lookup\x12\x1b.attnstore.v1.LookupRequest\x1a\x1c.attnstore.v1.LookupResponse0\x01\x12\x43\n\x06Search\x12\x1b.attnstore.v1.SearchRequest\x1a\x1c.attnstore.v1.SearchResponse\x12=\n\x05\x46\x65tch\x12\x1a.attnstore.v1.FetchRequest\x1a\x16.attnstore.v1.MapChunk0\x01\x12I\n\x08Prefetch\x12\x1d.attnstore.v1.PrefetchRequest\x1a\x1e.attnstore.v1.PrefetchResponse\x12\x44\n\x06Ingest\x12\x1b.attnstore.v1.IngestRequest\x1a\x1b.attnstore.v1.IngestSummary(\x01\x12\x43\n\x06\x44\x65lete\x12\x1b.attnstore.v1.DeleteRequest\x1a\x1c.attnstore.v1.DeleteResponse\x12\x46\n\x07\x43ompact\x12\x1c.attnstore.v1.CompactRequest\x1a\x1d.attnstore.v1.CompactResponse\x12\x43\n\x06Verify\x12\x1b.attnstore.v1.VerifyRequest\x1a\x1c.attnstore.v1.VerifyResponse\x12@\n\x05Stats\x12\x1a.attnstore.v1.StatsRequest\x1a\x1b.attnstore.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61ttnstore/v1/attnstore.proto\x12\x0c\x61ttnstore.v1\"z\n\x06Layout\x12\x0e\n\x06layers\x18\x01 \x01(\r\x12\r\n\x05heads\x18\x02 \x01(\r\x12\x0e\n\x06\x63\x61usal\x18\x03 \x01(\x08\x12\x0e\n\x06hidden\x18\x04 \x01(\r\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\r\n\x05\x63odec\x18\x07 \x01(\t\"\x9f\x01\n\tNamespace\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12$\n\x06layout\x18\x04 \x01(\x0b\x32\x14.attnstore.v1.Layout\x12\x16\n\x0e\x66ormat_version\x18\x05 \x01(\r\x12\x0f\n\x07\x63reated\x18\x06 \x01(\x01\x12\x11\n\tprojector\x18\x07 \x01(\x0c\"\x83\x01\n\x16\x43reateNamespaceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12$\n\x06layout\x18\x04 \x01(\x0b\x32\x14.attnstore.v1.Layout\x12\x11\n\tprojector\x18\x05 \x01(\x0c\"#\n\x13GetNamespaceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15ListNamespacesRequest\"E\n\x16ListNamespacesResponse\x12+\n\nnamespaces\x18\x01 \x03(\x0b\x32\x17.attnstore.v1.Namespace\"<\n\x05Query\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x03(\x02\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x12\n\ntoken_hash\x18\x03 \x01(\x0c\"\x9c\x01\n\rLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12$\n\x07queries\x18\x03 \x03(\x0b\x32\x13.attnstore.v1.Query\x12\x14\n\x0cmax_distance\x18\x04 \x01(\x02\x12\x11\n\twant_maps\x18\x05 \x01(\x08\x12\x14\n\x0cwant_outputs\x18\x06 \x01(\x08\"~\n\x05Match\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.attnstore.v1.MatchKind\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x04\x12\x10\n\x08\x64istance\x18\x04 \x01(\x02\x12\x15\n\rstored_length\x18\x05 \x01(\r\"/\n\x07Matches\x12$\n\x07matches\x18\x01 \x03(\x0b\x32\x13.attnstore.v1.Match\"\xb0\x01\n\x08MapChunk\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x04\x12\r\n\x05layer\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\r\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x08 \x01(\r\x12\x0e\n\x06offset\x18\t \x01(\x04\x12\x13\n\x0btotal_bytes\x18\n \x01(\x04\"\x95\x01\n\x0bOutputChunk\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x06 \x01(\r\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x04\"P\n\x08RowError\x12\x13\n\x0bquery_index\x18\x01 \x01(\r\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xc2\x01\n\x0eLookupResponse\x12(\n\x07matches\x18\x01 \x01(\x0b\x32\x15.attnstore.v1.MatchesH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.attnstore.v1.MapChunkH\x00\x12,\n\x07outputs\x18\x03 \x01(\x0b\x32\x19.attnstore.v1.OutputChunkH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.attnstore.v1.RowErrorH\x00\x42\x06\n\x04\x62ody\"s\n\rSearchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12$\n\x07queries\x18\x03 \x03(\x0b\x32\x13.attnstore.v1.Query\x12\x14\n\x0cmax_distance\x18\x04 \x01(\x02\"6\n\x0eSearchResponse\x12$\n\x07matches\x18\x01 \x03(\x0b\x32\x13.attnstore.v1.Match\"Y\n\x0c\x46\x65tchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x04 \x01(\t\"7\n\x0fPrefetchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\x04\"\"\n\x10PrefetchResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\xf3\x01\n\rIngestRequest\x12*\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x19.attnstore.v1.IngestBeginH\x00\x12)\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x18.attnstore.v1.EntryBeginH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.attnstore.v1.MapChunkH\x00\x12,\n\x07outputs\x18\x04 \x01(\x0b\x32\x19.attnstore.v1.OutputChunkH\x00\x12,\n\x06\x63ommit\x18\x05 \x01(\x0b\x32\x1a.attnstore.v1.IngestCommitH\x00\x42\x06\n\x04\x62ody\"5\n\x0bIngestBegin\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"A\n\nEntryBegin\x12\x0e\n\x06length\x18\x01 \x01(\r\x12\x12\n\ntoken_hash\x18\x02 \x01(\x0c\x12\x0f\n\x07\x66\x65\x61ture\x18\x03 \x03(\x02\"\x0e\n\x0cIngestCommit\"V\n\rIngestSummary\x12\x11\n\tentry_ids\x18\x01 \x03(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"5\n\rDeleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tentry_ids\x18\x02 \x03(\x04\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x10\n\x0e\x43ompactRequest\"^\n\x0f\x43ompactResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x14\n\x0c\x62ytes_before\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_after\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"\x0f\n\rVerifyRequest\"C\n\x0c\x43orruptEntry\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xc3\x01\n\x0eVerifyResponse\x12\x17\n\x0f\x65ntries_checked\x18\x01 \x01(\x04\x12\x19\n\x11\x63orrupt_entry_ids\x18\x02 \x03(\x04\x12\x10\n\x08problems\x18\x03 \x03(\t\x12+\n\x07\x63orrupt\x18\x04 \x03(\x0b\x32\x1a.attnstore.v1.CorruptEntry\x12\x16\n\x0e\x63hunks_checked\x18\x05 \x01(\x04\x12\x15\n\rorphan_chunks\x18\x06 \x01(\x04\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\"\x0e\n\x0cStatsRequest\"y\n\x0b\x42ucketStats\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x04 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x05 \x01(\x04\x12\x11\n\traw_bytes\x18\x06 \x01(\x04\"\xbc\x02\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x02 \x01(\x04\x12*\n\x07\x62uckets\x18\x03 \x03(\x0b\x32\x19.attnstore.v1.BucketStats\x12\x12\n\ndram_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13\x64ram_capacity_bytes\x18\x05 \x01(\x04\x12\x11\n\tdram_hits\x18\x06 \x01(\x04\x12\x13\n\x0b\x64ram_misses\x18\x07 \x01(\x04\x12\x16\n\x0e\x64ram_evictions\x18\x08 \x01(\x04\x12\x17\n\x0fstore_evictions\x18\t \x01(\x04\x12\x11\n\traw_bytes\x18\n \x01(\x04\x12\x12\n\nfile_bytes\x18\x0b \x01(\x04\x12\x11\n\tmax_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x64ram_entries\x18\r \x01(\x04*f\n\tMatchKind\x12\x1a\n\x16MATCH_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fMATCH_KIND_MISS\x10\x01\x12\x14\n\x10MATCH_KIND_EXACT\x10\x02\x12\x12\n\x0eMATCH_KIND_MAP\x10\x03\x32\xf6\x06\n\tAttnStore\x12P\n\x0f\x43reateNamespace\x12$.attnstore.v1.CreateNamespaceRequest\x1a\x17.attnstore.v1.Namespace\x12J\n\x0cGetNamespace\x12!.attnstore.v1.GetNamespaceRequest\x1a\x17.attnstore.v1.Namespace\x12[\n\x0eListNamespaces\x12#.attnstore.v1.ListNamespacesRequest\x1a$.attnstore.v1.ListNamespacesResponse\x12\x45\n\x06Lookup\x12\x1b.attnstore.v1.LookupRequest\x1a\x1c.attnstore.v1.LookupResponse0\x01\x12\x43\n\x06Search\x12\x1b.attnstore.v1.SearchRequest\x1a\x1c.attnstore.v1.SearchResponse\x12=\n\x05\x46\x65tch\x12\x1a.attnstore.v1.FetchRequest\x1a\x16.attnstore.v1.MapChunk0\x01\x12I\n\x08Prefetch\x12\x1d.attnstore.v1.PrefetchRequest\x1a\x1e.attnstore.v1.PrefetchResponse\x12\x44\n\x06Ingest\x12\x1b.attnstore.v1.IngestRequest\x1a\x1b.attnstore.v1.IngestSummary(\x01\x12\x43\n\x06\x44\x65lete\x12\x1b.attnstore.v1.DeleteRequest\x1a\x1c.attnstore.v1.DeleteResponse\x12\x46\n\x07\x43ompact\x12\x1c.attnstore.v1.CompactRequest\x1a\x1d.attnstore.v1.CompactResponse\x12\x43\n\x06Verify\x12\x1b.attnstore.v1.VerifyRequest\x1a\x1c.attnstore.v1.VerifyResponse\x12@\n\x05Stats\x12\x1a.attnstore.v1.StatsRequest\x1a\x1b.attnstore.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnstore.v1.attnstore_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MATCHKIND']._serialized_start=2962
-  _globals['_MATCHKIND']._serialized_end=3064
+  _globals['_MATCHKIND']._serialized_start=3382
+  _globals['_MATCHKIND']._serialized_end=3484
   _globals['_LAYOUT']._serialized_start=46
   _globals['_LAYOUT']._serialized_end=168
   _globals['_NAMESPACE']._serialized_start=171
@@ -57,46 +57,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MAPCHUNK']._serialized_end=1174
   _globals['_OUTPUTCHUNK']._serialized_start=1177
   _globals['_OUTPUTCHUNK']._serialized_end=1326
-  _globals['_LOOKUPRESPONSE']._serialized_start=1329
-  _globals['_LOOKUPRESPONSE']._serialized_end=1482
-  _globals['_SEARCHREQUEST']._serialized_start=1484
-  _globals['_SEARCHREQUEST']._serialized_end=1599
-  _globals['_SEARCHRESPONSE']._serialized_start=1601
-  _globals['_SEARCHRESPONSE']._serialized_end=1655
-  _globals['_FETCHREQUEST']._serialized_start=1657
-  _globals['_FETCHREQUEST']._serialized_end=1725
-  _globals['_PREFETCHREQUEST']._serialized_start=1727
-  _globals['_PREFETCHREQUEST']._serialized_end=1782
-  _globals['_PREFETCHRESPONSE']._serialized_start=1784
-  _globals['_PREFETCHRESPONSE']._serialized_end=1818
-  _globals['_INGESTREQUEST']._serialized_start=1821
-  _globals['_INGESTREQUEST']._serialized_end=2064
-  _globals['_INGESTBEGIN']._serialized_start=2066
-  _globals['_INGESTBEGIN']._serialized_end=2119
-  _globals['_ENTRYBEGIN']._serialized_start=2121
-  _globals['_ENTRYBEGIN']._serialized_end=2186
-  _globals['_INGESTCOMMIT']._serialized_start=2188
-  _globals['_INGESTCOMMIT']._serialized_end=2202
-  _globals['_INGESTSUMMARY']._serialized_start=2204
-  _globals['_INGESTSUMMARY']._serialized_end=2290
-  _globals['_DELETEREQUEST']._serialized_start=2292
-  _globals['_DELETEREQUEST']._serialized_end=2345
-  _globals['_DELETERESPONSE']._serialized_start=2347
-  _globals['_DELETERESPONSE']._serialized_end=2380
-  _globals['_COMPACTREQUEST']._serialized_start=2382
-  _globals['_COMPACTREQUEST']._serialized_end=2398
-  _globals['_COMPACTRESPONSE']._serialized_start=2400
-  _globals['_COMPACTRESPONSE']._serialized_end=2477
-  _globals['_VERIFYREQUEST']._serialized_start=2479
-  _globals['_VERIFYREQUEST']._serialized_end=2494
-  _globals['_VERIFYRESPONSE']._serialized_start=2496
-  _globals['_VERIFYRESPONSE']._serialized_end=2582
-  _globals['_STATSREQUEST']._serialized_start=2584
-  _globals['_STATSREQUEST']._serialized_end=2598
-  _globals['_BUCKETSTATS']._serialized_start=2600
-  _globals['_BUCKETSTATS']._serialized_end=2721
-  _globals['_STATSRESPONSE']._serialized_start=2724
-  _globals['_STATSRESPONSE']._serialized_end=2960
-  _globals['_ATTNSTORE']._serialized_start=3067
-  _globals['_ATTNSTORE']._serialized_end=3953
+  _globals['_ROWERROR']._serialized_start=1328
+  _globals['_ROWERROR']._serialized_end=1408
+  _globals['_LOOKUPRESPONSE']._serialized_start=1411
+  _globals['_LOOKUPRESPONSE']._serialized_end=1605
+  _globals['_SEARCHREQUEST']._serialized_start=1607
+  _globals['_SEARCHREQUEST']._serialized_end=1722
+  _globals['_SEARCHRESPONSE']._serialized_start=1724
+  _globals['_SEARCHRESPONSE']._serialized_end=1778
+  _globals['_FETCHREQUEST']._serialized_start=1780
+  _globals['_FETCHREQUEST']._serialized_end=1869
+  _globals['_PREFETCHREQUEST']._serialized_start=1871
+  _globals['_PREFETCHREQUEST']._serialized_end=1926
+  _globals['_PREFETCHRESPONSE']._serialized_start=1928
+  _globals['_PREFETCHRESPONSE']._serialized_end=1962
+  _globals['_INGESTREQUEST']._serialized_start=1965
+  _globals['_INGESTREQUEST']._serialized_end=2208
+  _globals['_INGESTBEGIN']._serialized_start=2210
+  _globals['_INGESTBEGIN']._serialized_end=2263
+  _globals['_ENTRYBEGIN']._serialized_start=2265
+  _globals['_ENTRYBEGIN']._serialized_end=2330
+  _globals['_INGESTCOMMIT']._serialized_start=2332
+  _globals['_INGESTCOMMIT']._serialized_end=2346
+  _globals['_INGESTSUMMARY']._serialized_start=2348
+  _globals['_INGESTSUMMARY']._serialized_end=2434
+  _globals['_DELETEREQUEST']._serialized_start=2436
+  _globals['_DELETEREQUEST']._serialized_end=2489
+  _globals['_DELETERESPONSE']._serialized_start=2491
+  _globals['_DELETERESPONSE']._serialized_end=2524
+  _globals['_COMPACTREQUEST']._serialized_start=2526
+  _globals['_COMPACTREQUEST']._serialized_end=2542
+  _globals['_COMPACTRESPONSE']._serialized_start=2544
+  _globals['_COMPACTRESPONSE']._serialized_end=2638
+  _globals['_VERIFYREQUEST']._serialized_start=2640
+  _globals['_VERIFYREQUEST']._serialized_end=2655
+  _globals['_CORRUPTENTRY']._serialized_start=2657
+  _globals['_CORRUPTENTRY']._serialized_end=2724
+  _globals['_VERIFYRESPONSE']._serialized_start=2727
+  _globals['_VERIFYRESPONSE']._serialized_end=2922
+  _globals['_STATSREQUEST']._serialized_start=2924
+  _globals['_STATSREQUEST']._serialized_end=2938
+  _globals['_BUCKETSTATS']._serialized_start=2940
+  _globals['_BUCKETSTATS']._serialized_end=3061
+  _globals['_STATSRESPONSE']._serialized_start=3064
+  _globals['_STATSRESPONSE']._serialized_end=3380
+  _globals['_ATTNSTORE']._serialized_start=3487
+  _globals['_ATTNSTORE']._serialized_end=4373
 # @@protoc_insertion_point(module_scope)

@@ -174,15 +174,29 @@ class OutputChunk(_message.Message):
     total_bytes: int
     def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
+class RowError(_message.Message):
+    __slots__ = ("query_index", "entry_id", "code", "message")
+    QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    query_index: int
+    entry_id: int
+    code: str
+    message: str
+    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class LookupResponse(_message.Message):
-    __slots__ = ("matches", "chunk", "outputs")
+    __slots__ = ("matches", "chunk", "outputs", "error")
     MATCHES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     matches: Matches
     chunk: MapChunk
     outputs: OutputChunk
-    def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ...) -> None: ...
+    error: RowError
+    def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
     __slots__ = ("namespace", "fingerprint", "queries", "max_distance")
@@ -203,14 +217,16 @@ class SearchResponse(_message.Message):
     def __init__(self, matches: _Optional[_Iterable[_Union[Match, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("namespace", "entry_ids", "length")
+    __slots__ = ("namespace", "entry_ids", "length", "fingerprint")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     entry_ids: _containers.RepeatedScalarFieldContainer[int]
     length: int
-    def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ..., length: _Optional[int] = ...) -> None: ...
+    fingerprint: str
+    def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ..., length: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
     __slots__ = ("namespace", "entry_ids")
@@ -293,28 +309,48 @@ class CompactRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CompactResponse(_message.Message):
-    __slots__ = ("entries", "bytes_before", "bytes_after")
+    __slots__ = ("entries", "bytes_before", "bytes_after", "seconds")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
     BYTES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
     entries: int
     bytes_before: int
     bytes_after: int
-    def __init__(self, entries: _Optional[int] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ...) -> None: ...
+    seconds: float
+    def __init__(self, entries: _Optional[int] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class CorruptEntry(_message.Message):
+    __slots__ = ("namespace", "entry_id", "reason")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    entry_id: int
+    reason: str
+    def __init__(self, namespace: _Optional[str] = ..., entry_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class VerifyResponse(_message.Message):
-    __slots__ = ("entries_checked", "corrupt_entry_ids", "problems")
+    __slots__ = ("entries_checked", "corrupt_entry_ids", "problems", "corrupt", "chunks_checked", "orphan_chunks", "seconds")
     ENTRIES_CHECKED_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    ORPHAN_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
     entries_checked: int
     corrupt_entry_ids: _containers.RepeatedScalarFieldContainer[int]
     problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, entries_checked: _Optional[int] = ..., corrupt_entry_ids: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    corrupt: _containers.RepeatedCompositeFieldContainer[CorruptEntry]
+    chunks_checked: int
+    orphan_chunks: int
+    seconds: float
+    def __init__(self, entries_checked: _Optional[int] = ..., corrupt_entry_ids: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ..., corrupt: _Optional[_Iterable[_Union[CorruptEntry, _Mapping]]] = ..., chunks_checked: _Optional[int] = ..., orphan_chunks: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
@@ -337,7 +373,7 @@ class BucketStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions")
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +383,10 @@ class StatsResponse(_message.Message):
     DRAM_MISSES_FIELD_NUMBER: _ClassVar[int]
     DRAM_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     STORE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: int
     stored_bytes: int
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
@@ -356,4 +396,8 @@ class StatsResponse(_message.Message):
     dram_misses: int
     dram_evictions: int
     store_evictions: int
-    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ...) -> None: ...
+    raw_bytes: int
+    file_bytes: int
+    max_bytes: int
+    dram_entries: int
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ...) -> None: ...

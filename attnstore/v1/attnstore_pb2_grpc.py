@@ -101,6 +101,8 @@ class AttnStoreServicer:
 
     def CreateNamespace(self, request, context):
         """Namespaces: one model + tokenizer + attention layout each.
+        CreateNamespace (admin) is idempotent for the same model, fingerprint and
+        layout (ALREADY_EXISTS otherwise); a non-empty projector replaces the stored one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,7 +171,8 @@ class AttnStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Read-only and cheap: a read token suffices (monitoring needs no admin power).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -1,0 +1,234 @@
+"""Prometheus metrics of the daemon, in a registry of its own (no global state).
+
+Counters and histograms are updated by the servicer as calls run; store-wide
+figures (entries, DRAM tier usage, evictions) are read from the store's stats
+at scrape time. Namespace labels are recorded only after the service accepted
+the namespace, so clients cannot grow the label set with made-up names.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from attnstore.store.reports import StoreStats
+
+log = logging.getLogger(__name__)
+
+StatsSource = Callable[[], "StoreStats | None"]
+
+# Search covers the exact tier and the vector search of one call; a fetch is one
+# layer of one entry (or one entry's outputs) read from the store.
+_SEARCH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_FETCH_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25)
+_RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+
+# Every metric name the daemon exports (without _total/_bucket suffixes).
+METRIC_NAMES: tuple[str, ...] = (
+    "attnstore_rpcs",
+    "attnstore_rpc_seconds",
+    "attnstore_rpcs_in_flight",
+    "attnstore_lookups",
+    "attnstore_queries",
+    "attnstore_hits",
+    "attnstore_misses",
+    "attnstore_hit_rate",
+    "attnstore_row_errors",
+    "attnstore_bytes_streamed",
+    "attnstore_search_seconds",
+    "attnstore_fetch_seconds",
+    "attnstore_ingested_entries",
+    "attnstore_ingested_bytes",
+    "attnstore_store_entries",
+    "attnstore_store_stored_bytes",
+    "attnstore_store_evicted_entries",
+    "attnstore_dram_bytes",
+    "attnstore_dram_capacity_bytes",
+    "attnstore_dram_entries",
+    "attnstore_dram_hits",
+    "attnstore_dram_misses",
+    "attnstore_dram_evictions",
+)
+
+
+class _StoreCollector(Collector):
+    """Store-wide figures read from the store's stats at scrape time."""
+
+    def __init__(self, stats: StatsSource) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            stats = self._stats()
+        except Exception as exc:  # a scrape must not fail because the store is busy or closing
+            log.warning("event=metrics_stats_failed error=%r", exc)
+            return
+        if stats is None:
+            return
+        yield GaugeMetricFamily("attnstore_store_entries", "Live entries in the store", value=stats.entries)
+        yield GaugeMetricFamily(
+            "attnstore_store_stored_bytes",
+            "Stored bytes of live entries (what --max-bytes caps)",
+            value=stats.stored_bytes,
+        )
+        yield CounterMetricFamily(
+            "attnstore_store_evicted_entries", "Entries evicted by the store's byte cap", value=stats.evicted_entries
+        )
+        dram = stats.dram
+        yield GaugeMetricFamily("attnstore_dram_bytes", "Bytes of decoded maps in the DRAM tier", value=dram.bytes)
+        yield GaugeMetricFamily(
+            "attnstore_dram_capacity_bytes", "Capacity of the DRAM tier (--dram-bytes)", value=dram.capacity_bytes
+        )
+        yield GaugeMetricFamily("attnstore_dram_entries", "Entries held in the DRAM tier", value=dram.entries)
+        yield CounterMetricFamily("attnstore_dram_hits", "Reads served by the DRAM tier", value=dram.hits)
+        yield CounterMetricFamily("attnstore_dram_misses", "Reads that went to LMDB", value=dram.misses)
+        yield CounterMetricFamily(
+            "attnstore_dram_evictions",
+            "Entries pushed out of the DRAM tier to stay under capacity",
+            value=dram.evictions,
+        )
+
+
+class DaemonMetrics:
+    """The daemon's metrics and the HTTP endpoint that serves them.
+
+    Args:
+        stats: returns the store's stats at scrape time, or None while no store
+            is open (loading, closed).
+    """
+
+    def __init__(self, stats: StatsSource = lambda: None) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self._rpcs = Counter(
+            "attnstore_rpcs", "Finished RPCs by method and status code", ["method", "code"], registry=reg
+        )
+        self._rpc_seconds = Histogram(
+            "attnstore_rpc_seconds", "RPC duration, streams included", ["method"], buckets=_RPC_BUCKETS, registry=reg
+        )
+        self._in_flight = Gauge("attnstore_rpcs_in_flight", "RPCs running now", registry=reg)
+        self._lookups = Counter("attnstore_lookups", "Lookup calls answered", ["namespace"], registry=reg)
+        self._queries = Counter("attnstore_queries", "Queries matched (Lookup and Search)", ["namespace"], registry=reg)
+        self._hits = Counter(
+            "attnstore_hits", "Queries that hit, by kind (exact, map)", ["namespace", "kind"], registry=reg
+        )
+        self._misses = Counter("attnstore_misses", "Queries that missed", ["namespace"], registry=reg)
+        self._hit_rate = Gauge(
+            "attnstore_hit_rate", "Hits over queries since the daemon started", ["namespace"], registry=reg
+        )
+        self._row_errors = Counter(
+            "attnstore_row_errors",
+            "Hit rows dropped mid-stream (entry unreadable)",
+            ["namespace", "code"],
+            registry=reg,
+        )
+        self._bytes = Counter(
+            "attnstore_bytes_streamed", "Array bytes sent to clients, by kind (maps, outputs)", ["kind"], registry=reg
+        )
+        self._search = Histogram(
+            "attnstore_search_seconds",
+            "Exact tier and vector search time per call",
+            buckets=_SEARCH_BUCKETS,
+            registry=reg,
+        )
+        self._fetch = Histogram(
+            "attnstore_fetch_seconds",
+            "Time to read one layer (or one entry's outputs) from the store",
+            buckets=_FETCH_BUCKETS,
+            registry=reg,
+        )
+        self._ingested = Counter(
+            "attnstore_ingested_entries",
+            "Entries committed by Ingest (duplicates included)",
+            ["namespace"],
+            registry=reg,
+        )
+        self._ingested_bytes = Counter(
+            "attnstore_ingested_bytes", "Array bytes received by committed Ingest streams", ["namespace"], registry=reg
+        )
+        reg.register(_StoreCollector(stats))
+        self._lock = threading.Lock()
+        self._totals: dict[str, tuple[int, int]] = {}  # namespace -> (queries, hits), for the hit rate
+        self._http: WSGIServer | None = None
+
+    # ---- updates ------------------------------------------------------------
+
+    def rpc_started(self) -> None:
+        """One more call running."""
+        self._in_flight.inc()
+
+    def rpc_finished(self, method: str, code: str, seconds: float) -> None:
+        """A call ended with status ``code`` (a grpc.StatusCode name) after ``seconds``."""
+        self._in_flight.dec()
+        self._rpcs.labels(method, code).inc()
+        self._rpc_seconds.labels(method).observe(seconds)
+
+    def matched(
+        self, namespace: str, kinds: Sequence[Literal["miss", "exact", "map"]], seconds: float, *, lookup: bool
+    ) -> None:
+        """A Lookup (``lookup=True``) or Search matched queries of these kinds in ``seconds``."""
+        self._search.observe(seconds)
+        if lookup:
+            self._lookups.labels(namespace).inc()
+        self._queries.labels(namespace).inc(len(kinds))
+        hits = 0
+        for kind in ("exact", "map"):
+            count = sum(k == kind for k in kinds)
+            if count:
+                self._hits.labels(namespace, kind).inc(count)
+                hits += count
+        if len(kinds) > hits:
+            self._misses.labels(namespace).inc(len(kinds) - hits)
+        with self._lock:
+            queries, total_hits = self._totals.get(namespace, (0, 0))
+            queries, total_hits = queries + len(kinds), total_hits + hits
+            self._totals[namespace] = (queries, total_hits)
+        if queries:
+            self._hit_rate.labels(namespace).set(total_hits / queries)
+
+    def fetched(self, seconds: float) -> None:
+        """One layer (or one entry's outputs) was read from the store in ``seconds``."""
+        self._fetch.observe(seconds)
+
+    def streamed(self, kind: Literal["maps", "outputs"], nbytes: int) -> None:
+        """``nbytes`` of array data went out to a client."""
+        self._bytes.labels(kind).inc(nbytes)
+
+    def row_error(self, namespace: str, code: str) -> None:
+        """A hit row was dropped mid-stream with status ``code``."""
+        self._row_errors.labels(namespace, code).inc()
+
+    def ingested(self, namespace: str, entries: int, nbytes: int) -> None:
+        """An Ingest stream committed ``entries`` entries of ``nbytes`` array bytes."""
+        self._ingested.labels(namespace).inc(entries)
+        self._ingested_bytes.labels(namespace).inc(nbytes)
+
+    # ---- export -------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The metrics in Prometheus text format."""
+        return generate_latest(self.registry)
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` over HTTP on ``host:port`` (0 = any free port); returns the port.
+
+        Raises:
+            OSError: the port cannot be bound.
+        """
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http = server
+        return int(server.server_address[1])
+
+    def stop(self) -> None:
+        """Stop the HTTP endpoint, if serving. Idempotent."""
+        server, self._http = self._http, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,44 @@
+"""Shared pieces of the server tests: a tiny synthetic namespace and an in-process server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from attnstore.auth import TokenTable
+from attnstore.daemon_config import ServerLimits
+from attnstore.index import ExactIndex
+from attnstore.remote import RemoteStore
+from attnstore.server import AttnStoreServer, create_server
+from attnstore.service import AttnStoreService
+from attnstore.store import MemoryMapStore, NamespaceLayout
+
+FP = "c0ffee" * 10 + "beef"  # 64 hex characters
+# Causal, so shorter queries may reuse longer entries (cropped).
+LAYOUT = NamespaceLayout(layers=3, heads=2, causal=True, hidden=8, feature_dim=16)
+
+
+def memory_service() -> AttnStoreService:
+    """A service over an in-memory store with one namespace "ns" of ``LAYOUT``."""
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    service.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    return service
+
+
+@contextmanager
+def served(
+    service: AttnStoreService | None,
+    *,
+    limits: ServerLimits = ServerLimits(),
+    tokens: TokenTable | None = None,
+    client_token: str | None = None,
+) -> Iterator[tuple[AttnStoreServer, RemoteStore]]:
+    """An in-process server on a free port and a client of it; stopped on exit."""
+    server, port = create_server(service, "127.0.0.1:0", limits=limits, tokens=tokens)
+    server.start()
+    remote = RemoteStore(f"127.0.0.1:{port}", token=client_token, timeout=30.0)
+    try:
+        yield server, remote
+    finally:
+        remote.close()
+        server.stop(0)

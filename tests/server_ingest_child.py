@@ -1,0 +1,31 @@
+"""A second client process for the daemon tests: ingests synthetic entries over gRPC.
+
+Usage: python server_ingest_child.py TARGET TOKEN NAMESPACE FINGERPRINT LENGTH SEED...
+Creates the namespace (idempotent) with ``server_fixtures.LAYOUT`` and ingests
+``make_entry(LAYOUT, LENGTH, seed)`` for each seed in one stream; prints the
+IngestSummary as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from server_fixtures import LAYOUT
+from store_helpers import make_entry
+
+from attnstore.remote import RemoteStore
+
+
+def main(argv: list[str]) -> int:
+    target, token, namespace, fingerprint, length, *seeds = argv
+    entries = [make_entry(LAYOUT, int(length), int(seed)) for seed in seeds]
+    with RemoteStore(target, token=token) as remote:
+        remote.create_namespace(namespace, model="tiny-synthetic", fingerprint=fingerprint, layout=LAYOUT)
+        summary = remote.ingest(namespace, fingerprint, entries)
+    print(json.dumps({"entry_ids": list(summary.entry_ids), "entries": summary.entries}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

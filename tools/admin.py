@@ -1,0 +1,242 @@
+"""``attnstore admin``: commands against a running daemon.
+
+``namespaces``, ``stats`` (a read token suffices), ``verify``, ``compact``,
+``delete`` and ``ingest`` (admin token). ``ingest`` copies one namespace of a
+local map store (built offline by ``attnstore build``) into the daemon, in
+streams of ``--batch-entries`` entries, each committed on its own. Every command
+prints a table; ``--json PATH`` also writes the answer as JSON ('-' for stdout).
+The token comes from ``--token``, ``--token-file`` or ``$ATTNSTORE_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from attnstore.errors import ConfigError
+from attnstore.remote import DEFAULT_TARGET, RemoteStore
+from attnstore.store.layout import NamespaceLayout, NewEntry
+
+TOKEN_ENV = "ATTNSTORE_TOKEN"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``admin`` and its subcommands."""
+    admin = subparsers.add_parser("admin", help="commands against a running daemon", description=__doc__)
+    sub = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+
+    def add(name: str, help_text: str, func: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p.add_argument("--target", default=DEFAULT_TARGET, help="daemon HOST:PORT")
+        p.add_argument("--token", help=f"bearer token (prefer --token-file or ${TOKEN_ENV}: argv is visible to ps)")
+        p.add_argument("--token-file", type=Path, help="file with the token, or the daemon's 'role token' file")
+        p.add_argument("--tls-ca", type=Path, help="CA certificate of the daemon (PEM); enables TLS")
+        p.add_argument("--tls-cert", type=Path, help="client certificate (mTLS)")
+        p.add_argument("--tls-key", type=Path, help="client key (mTLS)")
+        p.add_argument("--timeout", type=float, default=600.0, help="deadline of each call, seconds")
+        p.add_argument("--json", dest="json_path", help="also write the answer as JSON to this path ('-': stdout)")
+        p.set_defaults(func=func)
+        return p
+
+    add("namespaces", "list namespaces", _namespaces)
+    add("stats", "entries, bytes per length bucket, DRAM tier", _stats)
+    add("verify", "check every stored chunk (exit 1 when any entry is corrupt)", _verify)
+    add("compact", "rewrite the store densely and rebuild the indexes", _compact)
+    delete = add("delete", "delete entries by id", _delete)
+    delete.add_argument("--namespace", required=True)
+    delete.add_argument("ids", type=int, nargs="+", help="entry ids")
+    ingest = add("ingest", "copy a namespace of a local store into the daemon", _ingest)
+    ingest.add_argument("--from-store", type=Path, required=True, help="local map store directory")
+    ingest.add_argument("--namespace", required=True, help="namespace to copy")
+    ingest.add_argument("--as", dest="target_namespace", help="name on the daemon (default: the same)")
+    ingest.add_argument("--batch-entries", type=int, default=64, help="entries per Ingest stream (one commit each)")
+
+
+def read_token(args: argparse.Namespace) -> str | None:
+    """The token from --token, --token-file (an admin line preferred) or the environment.
+
+    Raises:
+        ConfigError: the token file cannot be read or holds no token.
+    """
+    if args.token:
+        return args.token
+    if args.token_file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        lines = args.token_file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {args.token_file}: {exc.strerror or exc}") from None
+    tokens: list[tuple[str, str]] = []
+    for line in lines:
+        fields = line.split("#", 1)[0].split()
+        if len(fields) == 1:
+            tokens.append(("", fields[0]))
+        elif len(fields) == 2:
+            tokens.append((fields[0], fields[1]))
+    if not tokens:
+        raise ConfigError(f"token file {args.token_file} holds no token")
+    return next((t for role, t in tokens if role == "admin"), tokens[0][1])
+
+
+def _connect(args: argparse.Namespace) -> RemoteStore:
+    return RemoteStore(
+        args.target,
+        token=read_token(args),
+        timeout=args.timeout,
+        tls_ca=args.tls_ca,
+        client_cert=args.tls_cert,
+        client_key=args.tls_key,
+    )
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if n and c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _write_json(args: argparse.Namespace, data: Any) -> None:
+    if not args.json_path:
+        return
+    text = json.dumps(data, indent=2, sort_keys=True)
+    if args.json_path == "-":
+        print(text)
+    else:
+        Path(args.json_path).write_text(text + "\n", encoding="utf-8")
+
+
+def _as_dict(message: Any) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def _namespaces(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        namespaces = remote.list_namespaces()
+    rows = [
+        (
+            n.name, n.model, n.fingerprint[:12], n.layout.layers, n.layout.heads,
+            "causal" if n.layout.causal else "bidir", n.layout.hidden, n.layout.feature_dim, n.layout.codec,
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(n.created)),
+        )
+        for n in namespaces
+    ]
+    _table(["namespace", "model", "fingerprint", "layers", "heads", "mask", "hidden", "dim", "codec", "created"], rows)
+    _write_json(args, [_as_dict(n) for n in namespaces])
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        stats = remote.stats()
+    rows = [
+        (b.namespace, b.length, b.codec, b.entries, b.stored_bytes, b.raw_bytes,
+         f"{b.stored_bytes / b.raw_bytes:.3f}" if b.raw_bytes else "-")
+        for b in stats.buckets
+    ]
+    _table(["namespace", "length", "codec", "entries", "stored_bytes", "raw_bytes", "ratio"], rows)
+    print()
+    _table(
+        ["entries", "stored_bytes", "file_bytes", "max_bytes", "store_evictions", "dram_bytes", "dram_capacity",
+         "dram_entries", "dram_hits", "dram_misses", "dram_evictions"],
+        [(stats.entries, stats.stored_bytes, stats.file_bytes, stats.max_bytes or "-", stats.store_evictions,
+          stats.dram_bytes, stats.dram_capacity_bytes, stats.dram_entries, stats.dram_hits, stats.dram_misses,
+          stats.dram_evictions)],
+    )
+    _write_json(args, _as_dict(stats))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        report = remote.verify(timeout=args.timeout)
+    _table(
+        ["entries_checked", "chunks_checked", "corrupt", "orphan_chunks", "seconds"],
+        [(report.entries_checked, report.chunks_checked, len(report.corrupt), report.orphan_chunks,
+          f"{report.seconds:.2f}")],
+    )
+    if report.corrupt:
+        print()
+        _table(["namespace", "entry", "reason"], [(c.namespace, c.entry_id, c.reason) for c in report.corrupt])
+    _write_json(args, _as_dict(report))
+    return 1 if report.corrupt else 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        report = remote.compact(timeout=args.timeout)
+    _table(
+        ["entries", "bytes_before", "bytes_after", "seconds"],
+        [(report.entries, report.bytes_before, report.bytes_after, f"{report.seconds:.2f}")],
+    )
+    _write_json(args, _as_dict(report))
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        deleted = remote.delete(args.namespace, args.ids)
+    _table(["namespace", "requested", "deleted"], [(args.namespace, len(args.ids), deleted)])
+    _write_json(args, {"namespace": args.namespace, "requested": len(args.ids), "deleted": deleted})
+    return 0
+
+
+def _local_entries(store: Any, namespace: str) -> Iterator[NewEntry]:
+    for info in store.entries(namespace):
+        yield NewEntry(
+            maps=store.read_maps(namespace, info.id).numpy(),  # (layers, heads, L, L) fp16
+            token_hash=info.token_hash,
+            outputs=None if (outputs := store.read_outputs(namespace, info.id)) is None else outputs.numpy(),
+            feature=info.feature,
+        )
+
+
+def _batches(entries: Iterator[NewEntry], size: int) -> Iterator[list[NewEntry]]:
+    batch: list[NewEntry] = []
+    for entry in entries:
+        batch.append(entry)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from attnstore.store.mapstore import MapStore  # lmdb: only this command reads a local store
+
+    if args.batch_entries < 1:
+        raise ConfigError(f"--batch-entries must be >= 1, got {args.batch_entries}")
+    name = args.target_namespace or args.namespace
+    start = time.perf_counter()
+    totals = {"entries": 0, "duplicates": 0, "bytes": 0, "streams": 0}
+    with MapStore.open(args.from_store, readonly=True, dram_bytes=0) as store, _connect(args) as remote:
+        info = store.get_namespace(args.namespace)
+        layout: NamespaceLayout = info.layout
+        remote.create_namespace(
+            name, model=info.model, fingerprint=info.fingerprint, layout=layout, projector=info.projector
+        )
+        for batch in _batches(_local_entries(store, args.namespace), args.batch_entries):
+            summary = remote.ingest(name, info.fingerprint, batch, timeout=args.timeout)
+            totals["entries"] += summary.entries
+            totals["duplicates"] += summary.duplicates
+            totals["bytes"] += summary.bytes
+            totals["streams"] += 1
+            print(f"ingested {totals['entries']} entries", file=sys.stderr)
+    seconds = time.perf_counter() - start
+    _table(
+        ["namespace", "entries", "duplicates", "bytes", "streams", "seconds"],
+        [(name, totals["entries"], totals["duplicates"], totals["bytes"], totals["streams"], f"{seconds:.2f}")],
+    )
+    _write_json(args, {"namespace": name, **totals, "seconds": seconds})
+    return 0
