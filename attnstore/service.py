@@ -141,6 +141,16 @@ class AttnStoreService:
         """Every namespace, sorted by name."""
         return self._store.list_namespaces()
 
+    def drop_namespace(self, name: str) -> None:
+        """Remove a namespace, its entries and its index.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+        """
+        self._store.drop_namespace(name)
+        with self._index_lock:
+            self._indexes.pop(name, None)
+
     def set_projector(self, name: str, blob: bytes) -> None:
         """Store the namespace's projector weights (safetensors bytes)."""
         self._store.set_projector(name, blob)

@@ -217,6 +217,28 @@ def test_namespaces_create_get_list_and_projector(store):
         store.ingest("zzz", [make_entry(small_layout(), 4, seed=1)])
 
 
+def test_drop_namespace_removes_its_entries_and_leaves_others_intact(store):
+    keep = _namespace(store, name="a")
+    gone = _namespace(store, name="a.b")
+    kept_id, = store.ingest(keep, [make_entry(small_layout(), 5, seed=1)])
+    dropped_ids = store.ingest(gone, [make_entry(small_layout(), 5, seed=2), make_entry(small_layout(), 6, seed=3)])
+    store.set_projector(gone, b"blob")
+    store.drop_namespace(gone)
+    assert [n.name for n in store.list_namespaces()] == ["a"]
+    with pytest.raises(NamespaceNotFoundError):
+        store.read_maps(gone, dropped_ids[0])
+    np.testing.assert_array_equal(
+        store.read_maps(keep, kept_id).numpy(), make_entry(small_layout(), 5, seed=1).maps.astype(np.float16)
+    )
+    assert store.stats().entries == 1
+    # The name is free again, with nothing left over from before.
+    _namespace(store, name="a.b", codec="zstd")
+    assert store.lengths("a.b") == [] and store.get_namespace("a.b").projector is None
+    assert store.find_by_hash("a.b", make_entry(small_layout(), 5, seed=2).token_hash) is None
+    with pytest.raises(NamespaceNotFoundError):
+        store.drop_namespace("zzz")
+
+
 def test_stats_report_entries_bytes_and_ratio_per_bucket_and_codec(store):
     fp16 = _namespace(store, "fp16", "plain")
     packed = _namespace(store, "q8+zstd", "packed")

@@ -44,6 +44,14 @@ class MapStoreBase(ABC):
         """Every namespace, sorted by name."""
 
     @abstractmethod
+    def drop_namespace(self, name: str) -> None:
+        """Remove a namespace and all its entries in one transaction.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+        """
+
+    @abstractmethod
     def set_projector(self, name: str, blob: bytes) -> None:
         """Store the namespace's projector weights (safetensors bytes).
 

@@ -66,6 +66,12 @@ class HitBuffer:
             for entry_id in ids:
                 self._pending.pop((namespace, int(entry_id)), None)
 
+    def drop_namespace(self, namespace: str) -> None:
+        """Forget pending counts of a dropped namespace."""
+        with self._lock:
+            for key in [key for key in self._pending if key[0] == namespace]:
+                del self._pending[key]
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._pending)

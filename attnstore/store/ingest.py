@@ -289,3 +289,25 @@ def evict_over_cap(
             "store holds %s bytes over its cap of %s even after evicting every older entry", total - freed, max_bytes
         )
     return result
+
+
+def drop_namespace_keys(txn, db: Databases, name: str) -> int:
+    """Delete every key of namespace ``name`` in one transaction; returns how many.
+
+    Entry-keyed databases use ``name + NUL`` prefixes and zarr keys ``name + "/"``;
+    neither character is allowed in a name, so no other namespace's keys match.
+    """
+    removed = 0
+    by_prefix = (
+        (ns_prefix(name), (db.entries, db.lengths, db.hashes, db.hits, db.buckets)),
+        (f"{name}/".encode(), (db.zarr,)),
+    )
+    for prefix, handles in by_prefix:
+        for handle in handles:
+            with txn.cursor(db=handle) as cursor:
+                keys = [key for key, _ in items_with_prefix(cursor, prefix)]
+            for key in keys:
+                removed += bool(txn.delete(key, db=handle))
+    for handle in (db.catalog, db.projectors):
+        removed += bool(txn.delete(name.encode(), db=handle))
+    return removed

@@ -48,6 +48,7 @@ from attnstore.store.ingest import (
     write_entries,
 )
 from attnstore.store.ingest import delete_entry as delete_in_txn
+from attnstore.store.ingest import drop_namespace_keys
 from attnstore.store.layout import (
     FORMAT_VERSION,
     TOKEN_HASH_BYTES,
@@ -310,6 +311,17 @@ class MapStore(MapStoreBase):
         """See :meth:`MapStoreBase.list_namespaces`."""
         with self._read_txn() as (gen, txn):
             return [load_namespace(txn, gen.db, name) for name in namespace_names(txn, gen.db)]  # type: ignore[misc]
+
+    def drop_namespace(self, name: str) -> None:
+        """See :meth:`MapStoreBase.drop_namespace`; also raises ReadOnlyStoreError."""
+        self._check_writable()
+        with self._write_txn() as (gen, txn):
+            self._state_in(txn, gen, name)
+            drop_namespace_keys(txn, gen.db, name)
+        self._states.pop(name, None)
+        self._dram.clear()  # rare admin work: simpler than tracking the namespace's keys
+        self._hits.drop_namespace(name)
+        logger.info("dropped namespace %r", name)
 
     def set_projector(self, name: str, blob: bytes) -> None:
         """See :meth:`MapStoreBase.set_projector`."""

@@ -128,6 +128,12 @@ class MemoryMapStore(MapStoreBase):
         """See :meth:`MapStoreBase.list_namespaces`."""
         return [self._namespaces[n].info for n in sorted(self._namespaces)]
 
+    def drop_namespace(self, name: str) -> None:
+        """See :meth:`MapStoreBase.drop_namespace`."""
+        with self._lock:
+            self._ns(name)
+            del self._namespaces[name]
+
     def set_projector(self, name: str, blob: bytes) -> None:
         """See :meth:`MapStoreBase.set_projector`."""
         with self._lock:
