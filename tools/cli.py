@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ("demo", "serve", "admin")
+_COMMANDS: tuple[str, ...] = ("demo", "build", "serve", "admin")
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
