@@ -13,6 +13,7 @@ from store_helpers import make_entry, small_layout
 from attnstore.errors import ChecksumError
 from attnstore.store import MapStore
 from attnstore.store.codecs import ZSTD_LEVEL
+from attnstore.store.layout import NamespaceLayout
 from attnstore.store.lmdb_env import DATA_FILE, read_current
 
 
@@ -56,6 +57,22 @@ def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(t
         assert "layer 1 maps chunk: crc32c mismatch" in report.corrupt[0].reason
         assert store.delete("ns", [ids[1]]) == 1
         assert store.verify().ok
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_path, layer):
+    # 4 layers x 8 heads x 128^2 fp16 = 1 MiB: read by two threads, layers 0-1 and 2-3.
+    layout = NamespaceLayout(layers=4, heads=8, causal=True, hidden=8, feature_dim=16)
+    entry = make_entry(layout, 128, seed=5)
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
+        [entry_id] = store.ingest("ns", [entry])
+        np.testing.assert_array_equal(store.read_maps("ns", entry_id).numpy(), entry.maps.astype(np.float16))
+    chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
+    _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
+    with MapStore.open(tmp_path / "s", dram_bytes=0) as store:
+        with pytest.raises(ChecksumError, match=f"layer {layer} maps chunk fails its crc32c"):
+            store.read_maps("ns", entry_id)
 
 
 def test_a_flipped_byte_in_an_entry_record_is_detected(tmp_path):

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,6 +118,7 @@ class MapStore(MapStoreBase):
         self._dram = DramTier(settings.dram_bytes)
         self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
         self._prefetcher = Prefetcher(self._prefetch_one, max_queue=settings.prefetch_queue)
+        self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
         self._current_sig = current_signature(root)
         self._closed = False
 
@@ -379,7 +381,7 @@ class MapStore(MapStoreBase):
         with self._read_txn() as (gen, txn):
             record = load_record(txn, gen.db, namespace, entry_id)
             out = np.empty(state.layout.map_shape(record.length), dtype=np.float16)  # (layers, heads, L, L)
-            decode_layers(txn, gen.db, state, record, range(state.layout.layers), out)
+            decode_layers(txn, gen.db, state, record, range(state.layout.layers), out, self._read_helper)
         return out
 
     def read_maps(self, namespace: str, entry_id: int, *, cache: bool = True) -> torch.Tensor:
@@ -527,6 +529,10 @@ class MapStore(MapStoreBase):
         """See :meth:`MapStoreBase.wait_prefetch`."""
         return self._prefetcher.wait(timeout)
 
+    def dead_threads(self) -> list[str]:
+        """See :meth:`MapStoreBase.dead_threads`: the prefetch worker, the only long-lived one."""
+        return [] if self._prefetcher.alive else ["attnstore-prefetch"]
+
     # --------------------------------------------------------------------- admin
 
     def compact(self) -> CompactReport:
@@ -636,6 +642,7 @@ class MapStore(MapStoreBase):
             if self._closed:
                 return
         self._prefetcher.close()
+        self._read_helper.shutdown(wait=True)
         if not self._settings.readonly:
             try:
                 self.flush_hits()
