@@ -5,7 +5,9 @@ store is opened and its indexes are built, so orchestrators see "loading", not
 "down". On SIGTERM or SIGINT health turns NOT_SERVING, the server stops taking
 calls and lets those in flight finish for ``grace_seconds``, and only when no
 call is left in the servicer is the store closed, so no LMDB transaction ever
-outlives its environment. SIGHUP reloads the token file (rotation).
+outlives its environment. SIGHUP reloads the token file (rotation). A watchdog
+turns health NOT_SERVING when a background thread of the store dies, so the
+orchestrator restarts the daemon instead of leaving it running degraded.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Daemon:
         self._reload = threading.Event()
         self._service: AttnStoreService | None = None
         self._server: AttnStoreServer | None = None
+        self._degraded = False  # a background thread died: health stays NOT_SERVING until restart
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (safe from a signal handler or another thread)."""
@@ -185,6 +188,26 @@ class Daemon:
             if self._reload.is_set():
                 self._reload.clear()
                 self._reload_tokens()
+            self._watch_threads()
+
+    def _watch_threads(self) -> None:
+        """Report NOT_SERVING, once, when a background thread of the store has died.
+
+        Calls are still answered (a dead prefetch worker only costs speed), but
+        health says NOT_SERVING so that an orchestrator drains and restarts the daemon.
+        """
+        service, server = self._service, self._server
+        if self._degraded or service is None or server is None:
+            return
+        dead = service.dead_threads()
+        if dead:
+            self._degraded = True
+            server.set_serving(False)
+            log.error(
+                "event=background_thread_died threads=%s health=NOT_SERVING detail='restart the daemon;"
+                " calls are still answered meanwhile'",
+                ",".join(dead),
+            )
 
     def _reload_tokens(self) -> None:
         config, server = self._config, self._server

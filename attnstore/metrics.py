@@ -32,6 +32,7 @@ _RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 # Every metric name the daemon exports (without _total/_bucket suffixes).
 METRIC_NAMES: tuple[str, ...] = (
+    "attnstore_serving",
     "attnstore_rpcs",
     "attnstore_rpc_seconds",
     "attnstore_rpcs_in_flight",
@@ -114,6 +115,9 @@ class DaemonMetrics:
             "attnstore_rpc_seconds", "RPC duration, streams included", ["method"], buckets=_RPC_BUCKETS, registry=reg
         )
         self._in_flight = Gauge("attnstore_rpcs_in_flight", "RPCs running now", registry=reg)
+        self._serving = Gauge(
+            "attnstore_serving", "1 while health says SERVING; 0 while loading, draining or degraded", registry=reg
+        )
         self._lookups = Counter("attnstore_lookups", "Lookup calls answered", ["namespace"], registry=reg)
         self._queries = Counter("attnstore_queries", "Queries matched (Lookup and Search)", ["namespace"], registry=reg)
         self._hits = Counter(
@@ -159,6 +163,10 @@ class DaemonMetrics:
         self._http: WSGIServer | None = None
 
     # ---- updates ------------------------------------------------------------
+
+    def set_serving(self, serving: bool) -> None:
+        """Mirror the health status (a scrape sees what a health check would)."""
+        self._serving.set(1 if serving else 0)
 
     def rpc_started(self) -> None:
         """One more call running."""

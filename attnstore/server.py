@@ -47,11 +47,13 @@ class AttnStoreServer:
         servicer: AttnStoreServicer,
         health_servicer: health.HealthServicer,
         interceptor: BearerTokenInterceptor | None,
+        metrics: DaemonMetrics,
     ) -> None:
         self.grpc_server = grpc_server
         self.servicer = servicer
         self.health = health_servicer
         self._interceptor = interceptor
+        self._metrics = metrics
 
     def start(self) -> None:
         """Start serving calls (AttnStore calls are UNAVAILABLE until a service is attached)."""
@@ -67,6 +69,7 @@ class AttnStoreServer:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             self.health.set(name, status)
+        self._metrics.set_serving(serving)
 
     def replace_tokens(self, tokens: TokenTable) -> None:
         """Swap the accepted tokens (rotation).
@@ -86,6 +89,7 @@ class AttnStoreServer:
         the service may be closed safely.
         """
         self.health.enter_graceful_shutdown()
+        self._metrics.set_serving(False)
         self.grpc_server.stop(grace).wait()
         idle = self.servicer.wait_idle(idle_timeout)
         self.servicer.attach(None)
@@ -130,7 +134,8 @@ def create_server(
         ],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
-    servicer = AttnStoreServicer(service, limits=limits, metrics=metrics or DaemonMetrics())
+    metrics = metrics or DaemonMetrics()
+    servicer = AttnStoreServicer(service, limits=limits, metrics=metrics)
     pb_grpc.add_AttnStoreServicer_to_server(servicer, grpc_server)
     health_servicer = health.HealthServicer(
         experimental_non_blocking=True, experimental_thread_pool=futures.ThreadPoolExecutor(max_workers=1)
@@ -151,6 +156,6 @@ def create_server(
         raise ConfigError(f"cannot listen on {address}: {exc} (port in use, or not an address of this host?)") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {address} (port in use, or not an address of this host?)")
-    server = AttnStoreServer(grpc_server, servicer, health_servicer, interceptor)
+    server = AttnStoreServer(grpc_server, servicer, health_servicer, interceptor, metrics)
     server.attach(service)
     return server, port

@@ -312,6 +312,10 @@ class AttnStoreService:
         with self._index_lock:
             self._indexes = fresh
 
+    def dead_threads(self) -> list[str]:
+        """Names of the store's background threads that have died (see ``MapStoreBase.dead_threads``)."""
+        return self._store.dead_threads()
+
     def verify(self) -> VerifyReport:
         """Check every stored chunk against its checksum."""
         return self._store.verify()

@@ -108,11 +108,13 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def CreateNamespace(self, request: pb.CreateNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
         with self._call("CreateNamespace", context) as service:
             layout = layout_from_pb(request.layout)
+            # Checked before anything is written: a refused call must leave no namespace behind.
+            if request.projector:
+                check_safetensors(request.projector)
             service.create_namespace(
                 request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
             )
             if request.projector:
-                check_safetensors(request.projector)
                 service.set_projector(request.name, request.projector)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
             return namespace_to_pb(service.get_namespace(request.name), projector=True)

@@ -37,14 +37,24 @@ class DaemonProcess:
         workdir: where the ready file and the log go.
         tokens: serve with the test token file (admin and read tokens above).
         extra_args: more ``serve`` arguments.
+        client_options: RemoteStore options every client of it needs (TLS roots, client certificate).
     """
 
-    def __init__(self, store: Path, workdir: Path, *, tokens: bool = True, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        store: Path,
+        workdir: Path,
+        *,
+        tokens: bool = True,
+        extra_args: tuple[str, ...] = (),
+        client_options: dict[str, object] | None = None,
+    ) -> None:
         self.store = store
         self.ready_file = workdir / "daemon-ready.json"
         self.log_path = workdir / "daemon.log"
         self.token_file = write_token_file(workdir / "tokens.txt") if tokens else None
         self._args = extra_args
+        self._client_options = client_options or {}
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -88,14 +98,14 @@ class DaemonProcess:
 
     def _serving(self) -> bool:
         try:
-            with RemoteStore(self.target) as remote:
+            with RemoteStore(self.target, **self._client_options) as remote:  # type: ignore[arg-type]
                 return remote.health(timeout=2.0) == "SERVING"
         except UnavailableError:
             return False
 
     def client(self, token: str | None = ADMIN_TOKEN, **options: object) -> RemoteStore:
         """A RemoteStore on the daemon (admin token by default)."""
-        return RemoteStore(self.target, token=token, **options)  # type: ignore[arg-type]
+        return RemoteStore(self.target, token=token, **{**self._client_options, **options})  # type: ignore[arg-type]
 
     def log(self) -> str:
         """The daemon's log so far."""

@@ -136,6 +136,10 @@ class MapStoreBase(ABC):
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """Block until queued prefetches are done; False on timeout."""
 
+    def dead_threads(self) -> list[str]:
+        """Names of background threads that have died (the store then needs a restart); none by default."""
+        return []
+
     @abstractmethod
     def compact(self) -> CompactReport:
         """Rewrite live entries densely and drop deleted space; ids are kept."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from attnstore.errors import FormatVersionError
 from attnstore.store.codecs import MapCodec, codec_for
-from attnstore.store.layout import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout
+from attnstore.store.layout import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout, is_namespace_name
 from attnstore.store.zarr_layout import ChunkedArray, group_metadata, node_key, outputs_array
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ def check_format_version(info: NamespaceInfo) -> NamespaceInfo:
 
 def load_namespace(txn, db: Databases, name: str) -> NamespaceInfo | None:
     """The namespace called ``name`` (with its projector), or None."""
+    if not is_namespace_name(name):
+        # Never stored; and LMDB refuses empty or over-long keys with an error of its own.
+        return None
     raw = txn.get(name.encode(), db=db.catalog)
     if raw is None:
         return None

@@ -36,6 +36,11 @@ TOKEN_HASH_BYTES = 32
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
+def is_namespace_name(name: object) -> bool:
+    """True if ``name`` is a valid namespace name (see :func:`check_namespace_name`)."""
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
 def check_namespace_name(name: str) -> str:
     """Return ``name`` if it is a valid namespace name.
 
@@ -43,7 +48,7 @@ def check_namespace_name(name: str) -> str:
         ConfigError: ``name`` is empty, too long or has characters other than
             letters, digits, ``_``, ``.`` and ``-`` (first character alphanumeric).
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not is_namespace_name(name):
         raise ConfigError(
             f"namespace name {name!r} is invalid: use 1-128 letters, digits, '_', '.' or '-',"
             " starting with a letter or digit"

@@ -249,7 +249,8 @@ class MapStore(MapStoreBase):
     def _full_error(self, exc: Exception) -> StoreFullError:
         return StoreFullError(
             f"map store {self._root} is full (map_size {self._settings.map_size} bytes): {exc}; nothing of the"
-            " failed write is visible. Delete entries and compact, or reopen with a larger map_size"
+            " failed write is visible. Reopen with a larger map_size, or compact first (a full map has no free"
+            " page even for a delete), then delete entries and compact again"
         )
 
     def _check_writable(self) -> None:

@@ -54,6 +54,12 @@ class Prefetcher:
             self._cond.notify_all()
         return queued
 
+    @property
+    def alive(self) -> bool:
+        """False when the worker was started and has died (closing is not dying)."""
+        with self._cond:
+            return self._closed or self._thread is None or self._thread.is_alive()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the queue is empty and the worker idle; False on timeout."""
         with self._cond:
