@@ -95,3 +95,20 @@ class UnavailableError(AttnStoreError, ConnectionError):
 
 class RemoteError(AttnStoreError, RuntimeError):
     """The daemon answered with an error status no more specific AttnStore error describes."""
+
+
+class NamespaceNotReadyError(AttnStoreError, LookupError):
+    """A namespace exists but cannot serve clients yet: it has no projector (a build is running or was killed)."""
+
+
+class MapsUnavailableError(AttnStoreError, LookupError):
+    """A hit row's maps or outputs could not be delivered (row error, checksum, outage mid-stream).
+
+    Raised inside the client while it replays; the row is computed instead.
+    ``row`` is the batch row, ``cause`` the fallback cause (see ``attnstore_client.resilience``).
+    """
+
+    def __init__(self, message: str, *, row: int, cause: str) -> None:
+        super().__init__(message)
+        self.row = row
+        self.cause = cause

@@ -1,15 +1,18 @@
-"""``attnstore demo``: replay of a real model's own maps, and where it finds its data."""
+"""``attnstore demo``: where it finds its data, what it reads, and a real run end to end."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
 from attnstore_tools.cli import main
-from attnstore_tools.demo import data_dir, held_out_sentences
+from attnstore_tools.demo import data_dir, spearman, stsb_pairs, train_sentences
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def test_data_dir_prefers_flag_then_environment(tmp_path, monkeypatch):
@@ -24,20 +27,39 @@ def test_data_dir_prefers_flag_then_environment(tmp_path, monkeypatch):
         data_dir(None)
 
 
-def test_held_out_sentences_reads_sentence1_and_refuses_too_few(tmp_path):
-    (tmp_path / "stsb_test.tsv").write_text('score\tsentence1\tsentence2\n1.0\tA "quoted" cat.\tB\n')
-    assert held_out_sentences(tmp_path, 1) == ['A "quoted" cat.']
-    with pytest.raises(ConfigError, match="has 1 sentences"):
-        held_out_sentences(tmp_path, 2)
+def test_stsb_pairs_keep_quotes_and_refuse_too_few(tmp_path):
+    (tmp_path / "stsb_dev.tsv").write_text('score\tsentence1\tsentence2\n1.5\tA "quoted" cat.\tB\n')
+    assert stsb_pairs(tmp_path, "dev", 1) == [('A "quoted" cat.', "B", 1.5)]
+    with pytest.raises(ConfigError, match="has 1 pairs"):
+        stsb_pairs(tmp_path, "dev", 2)
+    with pytest.raises(ConfigError, match="stsb_train.tsv"):
+        stsb_pairs(tmp_path, "train")
+
+
+def test_train_sentences_are_distinct_in_file_order(tmp_path):
+    (tmp_path / "stsb_train.tsv").write_text("score\tsentence1\tsentence2\n1\ta\tb\n2\tb\tc\n3\td\ta\n")
+    assert train_sentences(tmp_path, 3) == ["a", "b", "c"]
+
+
+def test_spearman_averages_tied_ranks():
+    assert spearman(np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0, 30.0])) == pytest.approx(1.0)
+    assert spearman(np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(0.8660254)
 
 
 @pytest.mark.real_model
-def test_demo_reproduces_minilm_outputs_on_held_out_sentences(tmp_path, capsys):
-    default = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-    if not (default / "stsb_test.tsv").is_file():
-        pytest.skip(f"no evaluation data at {default}")
-    assert main(["demo", "--sentences", "8", "--repeats", "1", "--data-dir", str(default)]) == 0
+def test_demo_builds_a_store_and_the_cache_keeps_minilm_embeddings(tmp_path, capsys):
+    if not (DATA / "stsb_dev.tsv").is_file():
+        pytest.skip(f"no evaluation data at {DATA}")
+    argv = ["demo", "--data", str(DATA), "--store", str(tmp_path / "store"), "--train", "100", "--pairs", "20",
+            "--epochs", "1", "--no-progress"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    max_diff = float(re.search(r"max abs diff of last hidden states \(real tokens\): (\S+)", out).group(1))
-    cosine = float(re.search(r"cosine of mean-pooled embeddings: min (\S+),", out).group(1))
-    assert max_diff <= 1e-4 and cosine >= 0.99999
+    hits = re.search(r"(\d+) exact hits .* (\d+) map hits .* (\d+) misses, (\d+) fallbacks", out)
+    exact, _, _, fallbacks = (int(g) for g in hits.groups())
+    assert exact > 0 and fallbacks == 0  # dev sentences repeated from the first train sentences
+    assert float(re.search(r"cosine to the plain model min \S+, mean (\S+),", out).group(1)) > 0.99
+    rho = re.search(r"Spearman: plain (\S+), with the cache (\S+)", out)
+    assert abs(float(rho.group(1)) - float(rho.group(2))) < 0.02
+    assert re.search(r"speedup \S+x including retrieval", out)
+    assert main(argv) == 0  # a second run reuses the namespace
+    assert "reusing namespace 'demo'" in capsys.readouterr().out

@@ -14,11 +14,15 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ("demo", "build", "serve", "admin")
+_COMMANDS: tuple[str, ...] = ("demo", "build", "serve", "admin", "backup", "encode")
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "bench": ("benchmarks: print a table and write JSON", ("bench_store", "bench_replay", "bench_search")),
+    "bench": (
+        "benchmarks: print a table and write JSON",
+        ("bench_store", "bench_replay", "bench_search", "bench_load", "bench_service"),
+    ),
+    "eval": ("evaluation: the oracle comparison and its corpora", ("eval_oracle", "eval_corpora")),
 }
 
 

@@ -1,0 +1,147 @@
+"""Embedded mode: the store and its indexes in this process (``local:PATH``).
+
+Imports the service (faiss, lmdb, zarr) only when a connection is made, so a
+client that talks to a daemon never loads them. Maps are read from LMDB one
+layer at a time when the forward asks for them: nothing streams, nothing is
+copied ahead of use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore_client.connection import Match, NamespaceHandle, Retrieval, StoreConnection
+from attnstore_client.resilience import cause_of
+
+if TYPE_CHECKING:
+    from attnstore.service import AttnStoreService, MatchResult
+
+
+class LocalConnection(StoreConnection):
+    """A store opened in this process.
+
+    Args:
+        url: the ``local:PATH`` URL, for messages.
+        store: the store folder (opened read-only: any number of processes may
+            share it, and a build may add to it meanwhile), or an already open
+            service (not closed by this connection).
+
+    Raises:
+        StoreNotFoundError: no store at the path.
+    """
+
+    def __init__(self, url: str, store: Path | AttnStoreService) -> None:
+        self.url = url
+        if isinstance(store, Path):
+            from attnstore.service import AttnStoreService
+
+            self._service = AttnStoreService.open(store, readonly=True)
+            self._owned = True
+        else:
+            self._service, self._owned = store, False
+
+    def namespace(self, name: str) -> NamespaceHandle:
+        """See :meth:`StoreConnection.namespace`."""
+        info = self._service.get_namespace(name)
+        layout = info.layout
+        return NamespaceHandle(
+            name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
+            heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
+            projector=info.projector,
+        )
+
+    def lookup(
+        self,
+        namespace: str,
+        fingerprint: str,
+        features: np.ndarray,
+        lengths: Sequence[int],
+        token_hashes: Sequence[bytes | None],
+        *,
+        max_distance: float,
+        exact: bool,
+        timeout: float | None,
+    ) -> Retrieval:
+        """See :meth:`StoreConnection.lookup` (in-process: ``timeout`` does not apply)."""
+        from attnstore.service import Query
+
+        queries = [
+            Query(feature=feature, length=int(length), token_hash=token_hash if exact else None)
+            for feature, length, token_hash in zip(features, lengths, token_hashes, strict=True)
+        ]
+        results = self._service.lookup(namespace, fingerprint, queries, max_distance=max_distance, exact=exact)
+        return _LocalRetrieval(self._service, namespace, results, lengths)
+
+    def health(self) -> str:
+        """``"SERVING"`` while the store's background threads live."""
+        return "NOT_SERVING" if self._service.dead_threads() else "SERVING"
+
+    def close(self) -> None:
+        """Close the store if this connection opened it."""
+        if self._owned:
+            self._service.close()
+
+
+class _LocalRetrieval(Retrieval):
+    """Exact rows' outputs read at once; map rows' layers read from the store on demand."""
+
+    def __init__(
+        self, service: AttnStoreService, namespace: str, results: list[MatchResult], lengths: Sequence[int]
+    ) -> None:
+        start = time.perf_counter()
+        matches: list[Match] = []
+        outputs: dict[int, np.ndarray] = {}
+        self._failed: dict[int, str] = {}
+        for row, result in enumerate(results):
+            match = Match(result.kind, result.entry_id, result.distance, result.stored_length)
+            if result.kind == "exact" and result.entry_id is not None:
+                # As the daemon does: an exact entry stored without outputs still has the row's
+                # own maps (a map hit at distance 0); one whose outputs are unreadable is a miss.
+                try:
+                    array = service.read_outputs(namespace, result.entry_id)  # (L, hidden)
+                except AttnStoreError:
+                    match = Match("miss", None, float("inf"), None)
+                else:
+                    if array is None:
+                        match = Match("map", result.entry_id, 0.0, result.stored_length)
+                    else:
+                        outputs[row] = array
+            matches.append(match)
+        super().__init__(matches, outputs)
+        self._service = service
+        self._namespace = namespace
+        self._lengths = lengths
+        self.bytes_fetched = sum(array.nbytes for array in outputs.values())
+        self.fetch_seconds = time.perf_counter() - start
+
+    def layer(self, row: int, layer: int) -> np.ndarray:
+        """See :meth:`Retrieval.layer`."""
+        match = self.matches[row]
+        if match.kind != "map" or match.entry_id is None:
+            raise MapsUnavailableError(f"row {row} is not a map hit", row=row, cause="bad_data")
+        if row in self._failed:
+            raise MapsUnavailableError(f"row {row}: entry {match.entry_id} failed earlier", row=row,
+                                       cause=self._failed[row])
+        start = time.perf_counter()
+        try:
+            maps = self._service.read_layer(self._namespace, match.entry_id, layer, self._lengths[row])  # (H, L, L)
+        except AttnStoreError as exc:
+            self._failed[row] = cause = "checksum" if cause_of(exc) == "checksum" else "row_error"
+            raise MapsUnavailableError(f"row {row}: entry {match.entry_id} layer {layer}: {exc}", row=row,
+                                       cause=cause) from exc
+        self.bytes_fetched += maps.nbytes
+        self.fetch_seconds += time.perf_counter() - start
+        return maps
+
+    def failed(self) -> dict[int, str]:
+        """See :meth:`Retrieval.failed`."""
+        return dict(self._failed)
+
+    def wait(self) -> None:
+        """Nothing to wait for: layers are read when asked for."""

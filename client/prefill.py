@@ -1,0 +1,216 @@
+"""One batch through the cache: projection, one lookup, one forward with replay, fallbacks.
+
+Rows the exact tier answers skip the forward (their stored outputs are the
+result). The other rows go through one forward in which map hits replay the
+store's maps, layer by layer as they arrive, and misses compute normally. If a
+hit row's maps cannot be delivered after the forward has started (a row error,
+a bad checksum, the daemon going away, the deadline), the forward is run again
+with that row computed: outputs stay those of the plain model, within the
+fidelity of the hits that did arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore_client.adapters import Adapter
+from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.connection import Retrieval, StoreConnection
+from attnstore_client.keys import token_hash
+from attnstore_client.projector import Projector
+from attnstore_client.resilience import CircuitBreaker, RetryPolicy, call_with_retries, cause_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSettings:
+    """How batches use the store (see ``AttnCache`` for the user-facing defaults)."""
+
+    namespace: str
+    max_distance: float  # threshold on the predicted map distance
+    exact: bool  # use the exact tier (stored outputs)
+    stream: bool  # start replay while maps still arrive
+    timeout: float | None  # deadline of one batch's lookup, arrays included
+    retry: RetryPolicy
+
+
+@dataclass(slots=True)
+class BatchCounts:
+    """Mutable tallies of one call, turned into a ``CacheStats`` at its end."""
+
+    rows: int = 0
+    exact_hits: int = 0
+    map_hits: int = 0
+    misses: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    bytes_fetched: int = 0
+    projection_s: float = 0.0
+    lookup_s: float = 0.0
+    fetch_s: float = 0.0
+    forward_s: float = 0.0
+
+    def fallback(self, cause: str, rows: int) -> None:
+        """Count ``rows`` computed because of ``cause``."""
+        if rows:
+            self.fallbacks[cause] = self.fallbacks.get(cause, 0) + rows
+
+
+class _StreamedLayers(Sequence[torch.Tensor]):
+    """One hit row's maps for the adapter: layer ``i`` is fetched (and waited for) when the forward reaches it."""
+
+    def __init__(self, retrieval: Retrieval, row: int, layers: int) -> None:
+        self._retrieval = retrieval
+        self._row = row
+        self._layers = layers
+
+    def __len__(self) -> int:
+        return self._layers
+
+    def __getitem__(self, layer):  # type: ignore[override]
+        return torch.from_numpy(self._retrieval.layer(self._row, layer))  # (heads, L', L')
+
+
+class CachedPrefill:
+    """Runs batches of one model against one namespace of a store.
+
+    Args:
+        adapter: the model's adapter.
+        connection: the store.
+        fingerprint: the model's fingerprint (equal to the namespace's; checked by the caller).
+        projector: the namespace's projector.
+        settings: thresholds, deadlines, retries.
+        breaker: shared by every batch of this client.
+        seed: seed of the retry jitter.
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        connection: StoreConnection,
+        *,
+        fingerprint: str,
+        projector: Projector,
+        settings: PrefillSettings,
+        breaker: CircuitBreaker,
+        seed: int = 0,
+    ) -> None:
+        self.adapter = adapter
+        self.connection = connection
+        self.fingerprint = fingerprint
+        self.projector = projector
+        self.settings = settings
+        self.breaker = breaker
+        self._rng = random.Random(seed)
+
+    def hidden_states(self, batch: Batch, counts: BatchCounts) -> list[torch.Tensor]:
+        """Each row's last hidden states ``(L, hidden)`` fp32, served from the store where it can.
+
+        Args:
+            batch: right-padded token rows.
+            counts: tallies of the current call, updated in place.
+
+        Returns:
+            One tensor per row, in batch order.
+        """
+        counts.rows += batch.size
+        retrieval = self._retrieve(batch, counts)
+        try:
+            return self._assemble(batch, retrieval, counts)
+        finally:
+            if retrieval is not None:
+                retrieval.close()
+                counts.bytes_fetched += retrieval.bytes_fetched
+                counts.fetch_s += retrieval.fetch_seconds
+
+    def _retrieve(self, batch: Batch, counts: BatchCounts) -> Retrieval | None:
+        """Project and look the batch up; None when every row must be computed (counted)."""
+        if not self.breaker.allow():
+            counts.fallback("circuit_open", batch.size)
+            return None
+        start = time.perf_counter()
+        features = self.projector.project(self.adapter.feature_source(batch))  # (B, d)
+        hashes = [token_hash(batch.row_ids(row)) for row in range(batch.size)]
+        looked_up = time.perf_counter()
+        counts.projection_s += looked_up - start
+        settings = self.settings
+        try:
+            retrieval = call_with_retries(
+                lambda remaining: self.connection.lookup(
+                    settings.namespace, self.fingerprint, features, batch.lengths, hashes,
+                    max_distance=settings.max_distance, exact=settings.exact, timeout=remaining,
+                ),
+                settings.retry,
+                timeout=settings.timeout,
+                rng=self._rng,
+            )
+        except AttnStoreError as exc:
+            log.warning("store lookup failed, computing %d rows: %s", batch.size, exc)
+            self.breaker.record_failure()
+            counts.fallback(cause_of(exc), batch.size)
+            return None
+        finally:
+            counts.lookup_s += time.perf_counter() - looked_up
+        self.breaker.record_success()
+        return retrieval
+
+    def _assemble(self, batch: Batch, retrieval: Retrieval | None, counts: BatchCounts) -> list[torch.Tensor]:
+        hidden: list[torch.Tensor | None] = [None] * batch.size
+        if retrieval is not None:
+            for row, outputs in retrieval.outputs.items():
+                hidden[row] = torch.from_numpy(np.asarray(outputs, dtype=np.float32))  # (L, hidden)
+            counts.exact_hits += len(retrieval.outputs)
+        rest = [row for row in range(batch.size) if hidden[row] is None]
+        if not rest:
+            return hidden  # type: ignore[return-value]
+        failed: dict[int, str] = {}
+        hits: list[int] = []
+        if retrieval is not None:
+            if not self.settings.stream:
+                retrieval.wait()
+            hits = [row for row in retrieval.map_rows if row in rest]
+            # Exact rows whose outputs did not arrive (the stream broke before them).
+            lost = "bad_data" if retrieval.outage is None else cause_of(retrieval.outage)
+            failed.update({row: lost for row in rest if retrieval.matches[row].kind == "exact"})
+        sub = batch if len(rest) == batch.size else batch_from_ids(
+            [batch.row_ids(row).tolist() for row in rest], self.adapter.loaded.tokenizer.pad_token_id
+        )
+        position = {row: i for i, row in enumerate(rest)}
+        start = time.perf_counter()
+        while True:
+            if retrieval is not None:
+                failed.update({row: cause for row, cause in retrieval.failed().items() if row in position})
+            replay = {
+                position[row]: _StreamedLayers(retrieval, row, self.adapter.num_layers)
+                for row in hits
+                if row not in failed and retrieval is not None
+            }
+            try:
+                out = self.adapter.forward(sub, replay)  # (B_rest, P, hidden)
+                break
+            except MapsUnavailableError as exc:
+                # A hit row's maps stopped coming mid-forward: let the stream settle, then run
+                # again with every failed row computed (each pass drops at least one row).
+                log.warning("replay of row %d interrupted (%s); running the batch again", exc.row, exc.cause)
+                failed.setdefault(exc.row, exc.cause)
+                if retrieval is not None:
+                    retrieval.wait()
+        counts.forward_s += time.perf_counter() - start
+        for cause in failed.values():
+            counts.fallback(cause, 1)
+        if retrieval is not None:
+            counts.map_hits += sum(row not in failed for row in hits)
+            counts.misses += sum(retrieval.matches[row].kind == "miss" and row not in failed for row in rest)
+            if retrieval.outage is not None:
+                self.breaker.record_failure()
+        for i, row in enumerate(rest):
+            hidden[row] = out[i, : batch.lengths[row]]  # (L, hidden)
+        return hidden  # type: ignore[return-value]
