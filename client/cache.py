@@ -12,6 +12,7 @@ computes the affected rows with the plain model (counted in the stats).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, FingerprintMismatchError, NamespaceNotReadyError, UnsupportedModelError
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
@@ -137,6 +138,8 @@ class AttnCache:
         )
         self.last_stats = CacheStats()
         self.stats = CacheStats()
+        # Per row of the last call, in input order: "exact", "map", "miss" or "fallback".
+        self.last_row_kinds: tuple[str, ...] = ()
 
     def _projector(self, namespace: str, fingerprint: str) -> Projector:
         handle = self.connection.namespace(namespace)
@@ -153,6 +156,17 @@ class AttnCache:
                 " running or was interrupted"
             )
         return Projector.from_safetensors_bytes(handle.projector)
+
+    @property
+    def max_distance(self) -> float:
+        """Threshold on the predicted map distance for a map hit; settable between calls."""
+        return self._prefill.settings.max_distance
+
+    @max_distance.setter
+    def max_distance(self, value: float) -> None:
+        if not value >= 0:
+            raise ConfigError(f"AttnCache: max_distance must be >= 0, got {value}")
+        self._prefill.settings = dataclasses.replace(self._prefill.settings, max_distance=float(value))
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -295,6 +309,34 @@ class AttnCache:
 
     # ---- batching -------------------------------------------------------------
 
+    def run_batch(self, batch: Batch) -> list[torch.Tensor]:
+        """Each row's last hidden states ``(L, hidden)`` fp32 for one prepared batch; sets ``last_stats``.
+
+        The building block of ``encode`` for callers that batch themselves (the
+        evaluation harness runs the same batches through several methods).
+
+        Args:
+            batch: right-padded token rows (``attnstore_client.batch.batch_from_ids``).
+
+        Returns:
+            One tensor per row, in batch order.
+        """
+        start = time.perf_counter()
+        counts = BatchCounts()
+        hidden = self._prefill.hidden_states(batch, counts)
+        self._record(counts, time.perf_counter() - start)
+        self.last_row_kinds = tuple(counts.row_kinds)
+        return hidden
+
+    def _record(self, counts: BatchCounts, total_s: float) -> None:
+        self.last_stats = CacheStats(
+            rows=counts.rows, exact_hits=counts.exact_hits, map_hits=counts.map_hits, misses=counts.misses,
+            fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
+            projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
+            forward_s=counts.forward_s, total_s=total_s,
+        )
+        self.stats = self.stats + self.last_stats
+
     def _run(
         self,
         texts: list[str],
@@ -316,16 +358,14 @@ class AttnCache:
         order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
         out = torch.empty((len(texts), self.adapter.hidden_size))  # (n, hidden)
         counts = BatchCounts()
+        kinds = [""] * len(texts)
         for begin in tqdm(range(0, len(order), batch_size), desc="batches", disable=not show_progress_bar):
             chosen = order[begin : begin + batch_size]
             batch = batch_from_ids([ids[i] for i in chosen], tokenizer.pad_token_id)
             for i, hidden in zip(chosen, self._prefill.hidden_states(batch, counts), strict=True):
                 out[i] = reduce(hidden)
-        self.last_stats = CacheStats(
-            rows=counts.rows, exact_hits=counts.exact_hits, map_hits=counts.map_hits, misses=counts.misses,
-            fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
-            projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
-            forward_s=counts.forward_s, total_s=time.perf_counter() - start,
-        )
-        self.stats = self.stats + self.last_stats
+            for i, kind in zip(chosen, counts.row_kinds[begin:], strict=True):
+                kinds[i] = kind
+        self._record(counts, time.perf_counter() - start)
+        self.last_row_kinds = tuple(kinds)
         return out

@@ -57,6 +57,8 @@ class BatchCounts:
     lookup_s: float = 0.0
     fetch_s: float = 0.0
     forward_s: float = 0.0
+    # Per row of every batch, in batch order: "exact", "map", "miss" or "fallback".
+    row_kinds: list[str] = field(default_factory=list)
 
     def fallback(self, cause: str, rows: int) -> None:
         """Count ``rows`` computed because of ``cause``."""
@@ -164,12 +166,15 @@ class CachedPrefill:
 
     def _assemble(self, batch: Batch, retrieval: Retrieval | None, counts: BatchCounts) -> list[torch.Tensor]:
         hidden: list[torch.Tensor | None] = [None] * batch.size
+        kinds = ["fallback"] * batch.size
         if retrieval is not None:
             for row, outputs in retrieval.outputs.items():
                 hidden[row] = torch.from_numpy(np.asarray(outputs, dtype=np.float32))  # (L, hidden)
+                kinds[row] = "exact"
             counts.exact_hits += len(retrieval.outputs)
         rest = [row for row in range(batch.size) if hidden[row] is None]
         if not rest:
+            counts.row_kinds.extend(kinds)
             return hidden  # type: ignore[return-value]
         failed: dict[int, str] = {}
         hits: list[int] = []
@@ -207,10 +212,14 @@ class CachedPrefill:
         for cause in failed.values():
             counts.fallback(cause, 1)
         if retrieval is not None:
+            for row in rest:
+                if row not in failed:
+                    kinds[row] = "map" if row in hits else "miss" if retrieval.matches[row].kind == "miss" else kinds[row]
             counts.map_hits += sum(row not in failed for row in hits)
             counts.misses += sum(retrieval.matches[row].kind == "miss" and row not in failed for row in rest)
             if retrieval.outage is not None:
                 self.breaker.record_failure()
+        counts.row_kinds.extend(kinds)
         for i, row in enumerate(rest):
             hidden[row] = out[i, : batch.lengths[row]]  # (L, hidden)
         return hidden  # type: ignore[return-value]

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ("demo", "build", "serve", "admin", "backup", "encode")
+_COMMANDS: tuple[str, ...] = ("demo", "build", "serve", "admin", "backup", "encode", "report")
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -22,7 +22,10 @@ _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "benchmarks: print a table and write JSON",
         ("bench_store", "bench_replay", "bench_search", "bench_load", "bench_service"),
     ),
-    "eval": ("evaluation: the oracle comparison and its corpora", ("eval_oracle", "eval_corpora")),
+    "eval": (
+        "evaluation: tasks against the full model, the oracle comparison and its corpora",
+        ("eval_task", "eval_oracle", "eval_corpora"),
+    ),
 }
 
 

@@ -17,6 +17,11 @@ Inside a patched call, each attention layer splits the batch:
 Capture runs the whole batch through the hit path with maps it computes itself
 in fp32 from the module's own q/k projections, one row at a time at the row's
 true length, and keeps those maps.
+
+A planned forward (``forward_planned``) asks a ``LayerPlan`` at every layer which
+rows replay which maps, and whether the computing rows' maps must be kept: kept
+maps are computed as capture computes them and applied through the hit path, so
+the layer's output is the one the kept maps give.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from attnstore.errors import MapShapeError
 from attnstore_client.batch import Batch
+from attnstore_client.layer_plan import LayerPlan
 from attnstore_client.models import LoadedModel
-from attnstore_client.replay import ReplayMaps, apply_maps, check_replay, layer_maps
+from attnstore_client.replay import ReplayMaps, apply_maps, check_layer_maps, check_replay, layer_maps
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class _Call:
     hit_index: torch.Tensor | None = None  # (B_hit,) long, only when some rows miss
     miss_index: torch.Tensor | None = None  # (B_miss,) long, only when some rows miss
     captured: list[torch.Tensor] | None = None  # per row (layers, H, L, L), filled when capturing
+    plan: LayerPlan | None = None  # consulted at every layer by a planned forward
 
 
 class Adapter(ABC):
@@ -192,6 +200,29 @@ class Adapter(ABC):
             with self._patched(call):
                 return self._run(batch)
 
+    def forward_planned(self, batch: Batch, plan: LayerPlan) -> torch.Tensor:
+        """One forward of the whole batch in which ``plan`` decides, layer by layer, which rows replay.
+
+        At each layer the plan sees the attention input and names the rows that
+        replay and their maps; the other rows compute. If the plan keeps the
+        layer, the computing rows' maps are computed in fp32 at each row's true
+        length (as ``capture`` does), handed to ``plan.keep`` and applied through
+        the hit path; otherwise those rows go through the module's own forward.
+
+        Args:
+            batch: the right-padded batch.
+            plan: the per-layer decisions, for this call only.
+
+        Returns:
+            ``(B, P, hidden)`` last hidden states; pad positions hold no meaning.
+
+        Raises:
+            MapShapeError: the plan named a row outside the batch, or gave maps of
+                the wrong type, dtype, heads or length.
+        """
+        with torch.inference_mode(), self._patched(_Call(lengths=batch.lengths, plan=plan)):
+            return self._run(batch)
+
     # --- patching -------------------------------------------------------------------
 
     @contextmanager
@@ -225,6 +256,8 @@ class Adapter(ABC):
                 call.captured[row][layer].copy_(probs)
                 maps.append(call.captured[row][layer])  # (H, L, L)
             return self._replay_rows(module, hidden, maps, call.lengths), None
+        if call.plan is not None:
+            return self._attend_planned(layer, module, original, call.plan, call.lengths, hidden, args, kwargs)
 
         missed = None
         if call.miss_index is not None:
@@ -241,10 +274,64 @@ class Adapter(ABC):
         if missed is None:
             return self._replay_rows(module, hidden, maps, lengths), None
         replayed = self._replay_rows(module, hidden.index_select(0, call.hit_index), maps, lengths)  # (B_hit, P, out)
-        out = replayed.new_empty((batch_size, *replayed.shape[1:]))  # (B, P, out)
-        out.index_copy_(0, call.hit_index, replayed)
-        out.index_copy_(0, call.miss_index, missed)
-        return out, None
+        return _merge(batch_size, call.hit_index, replayed, call.miss_index, missed), None
+
+    def _attend_planned(
+        self,
+        layer: int,
+        module: nn.Module,
+        original: Any,
+        plan: LayerPlan,
+        lengths: Sequence[int],
+        hidden: torch.Tensor,
+        args: tuple,
+        kwargs: dict,
+    ) -> tuple:
+        """One layer of a planned forward: the plan's rows replay, the others compute (and maybe keep)."""
+        batch_size = hidden.shape[0]
+        replay = {
+            row: self._plan_maps(maps, row, layer, lengths, hidden.dtype)
+            for row, maps in plan.replay(layer, hidden, lengths).items()
+        }  # hit row -> (H, L, L)
+        computing = [row for row in range(batch_size) if row not in replay]
+        if computing and plan.keeps(layer):
+            index = torch.tensor(computing)
+            own = len(computing) == batch_size
+            probs = self._attention_probs(
+                module,
+                hidden if own else hidden.index_select(0, index),  # (B_comp, P, hidden)
+                [lengths[row] for row in computing],
+                args if own else _rows(args, index, batch_size),
+                kwargs if own else _rows(kwargs, index, batch_size),
+            )
+            kept = dict(zip(computing, probs))  # row -> (H, L, L) fp32
+            plan.keep(layer, kept)
+            replay.update({row: probs.to(hidden.dtype) for row, probs in kept.items()})
+            computing = []
+        if not replay:
+            return original(*args, **kwargs)
+        hits = sorted(replay)
+        maps = [replay[row] for row in hits]  # per hit row (H, L, L)
+        if not computing:
+            return self._replay_rows(module, hidden, maps, lengths), None
+        hit_index, miss_index = torch.tensor(hits), torch.tensor(computing)
+        missed = original(*_rows(args, miss_index, batch_size), **_rows(kwargs, miss_index, batch_size))
+        missed = missed[0]  # (B_miss, P, out)
+        hit_lengths = [lengths[row] for row in hits]
+        replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, hit_lengths)  # (B_hit, P, out)
+        return _merge(batch_size, hit_index, replayed, miss_index, missed), None
+
+    def _plan_maps(
+        self, maps: torch.Tensor, row: int, layer: int, lengths: Sequence[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Check a plan's maps for one row and layer; return them cropped to ``(H, L, L)`` in ``dtype``."""
+        if not isinstance(row, int) or not 0 <= row < len(lengths):
+            raise MapShapeError(
+                f"layer {layer}: the plan replays row {row!r}, not a row of this batch (0..{len(lengths) - 1})"
+            )
+        length = lengths[row]
+        one = check_layer_maps(maps, row, layer, length, heads=self.num_heads, causal=self.causal)  # (H, L', L')
+        return one[:, :length, :length].to(dtype)  # (H, L, L)
 
     def _replay_rows(
         self, module: nn.Module, hidden: torch.Tensor, maps: Sequence[torch.Tensor], lengths: Sequence[int]
@@ -257,6 +344,16 @@ class Adapter(ABC):
         context = values.new_empty(shape) if min(lengths) == padded else values.new_zeros(shape)  # (B', P, H*d)
         apply_maps(maps, values, lengths, out=context, causal=self.causal)
         return self._project_out(module, context)
+
+
+def _merge(
+    batch_size: int, hit_index: torch.Tensor, replayed: torch.Tensor, miss_index: torch.Tensor, missed: torch.Tensor
+) -> torch.Tensor:
+    """Interleave replayed ``(B_hit, P, out)`` and computed ``(B_miss, P, out)`` rows into ``(B, P, out)``."""
+    out = replayed.new_empty((batch_size, *replayed.shape[1:]))  # (B, P, out)
+    out.index_copy_(0, hit_index, replayed)
+    out.index_copy_(0, miss_index, missed)
+    return out
 
 
 def _rows(value: Any, index: torch.Tensor, batch_size: int) -> Any:

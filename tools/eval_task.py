@@ -1,0 +1,532 @@
+"""``attnstore eval logs|sts|sst2|mmlu``: the full model against AttnStore and the baselines on one task.
+
+For a task (see ``eval_data``) and a model it:
+
+1. opens the store given by ``--store`` (``local:PATH`` or ``grpc://HOST:PORT``),
+   or builds one from the task's train split (or ``--build-from FILE``) under
+   ``--work-dir`` and reuses it on the next run;
+2. runs the held-out queries through the full model (``sdpa``), the exact tier
+   alone (a plain output cache keyed by the exact input), AttnStore at every
+   threshold, and the baselines (LazyFormer, SAN, AttnCache-f);
+3. scores each with the task metric, overall, per group and split into queries
+   whose exact tokens are stored and the rest, with the cosine of every query's
+   pooled output to the full model's;
+4. times every variant on a seeded subset of the queries (median of rounds) and
+   reports end-to-end and attention-only speedups, each excluding and including
+   retrieval (projection + lookup + fetch), and the speedup-degradation ratio
+   gamma = (end-to-end speedup including retrieval - 1) / max(metric loss in points, 0.1);
+5. prints a table and writes the JSON that ``attnstore report`` turns into docs/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnstore.errors import ConfigError, NamespaceNotFoundError
+from attnstore_tools.eval_data import STEM_SUBJECTS, TASKS, Task, load_task
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+_DEFAULT_WORK = Path("runs/eval")
+# Thresholds on the predicted map distance swept by default, and the default one
+# (the client's DEFAULT_MAX_DISTANCE; see docs/RESULTS.md for how it was chosen).
+DEFAULT_THRESHOLDS = (0.002, 0.004, 0.008, 0.012, 0.02)
+_SAN_CALIBRATION = 64  # build inputs SAN's divergences are measured on
+GAMMA_FLOOR = 0.1  # metric loss (points) below which gamma's denominator is floored
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Default sizes per task and model family: the whole harness stays under 30 minutes on 2 cores."""
+
+    limit: int | None  # queries (pairs for sts; per system for logs)
+    store_limit: int | None  # train inputs stored (sts, sst2)
+    per_subject: int | None = None  # mmlu: first test questions per subject
+    timing_queries: int = 256
+
+
+_SIZES: dict[tuple[str, bool], Sizes] = {
+    ("logs", False): Sizes(limit=None, store_limit=None),
+    ("logs", True): Sizes(limit=100, store_limit=None, timing_queries=64),
+    ("sts", False): Sizes(limit=None, store_limit=None),
+    ("sts", True): Sizes(limit=300, store_limit=3000, timing_queries=64),
+    ("sst2", False): Sizes(limit=None, store_limit=10000),
+    ("sst2", True): Sizes(limit=None, store_limit=2000, timing_queries=64),
+    ("mmlu", True): Sizes(limit=None, store_limit=None, per_subject=40, timing_queries=32),
+}
+_MMLU_5SHOT = Sizes(limit=None, store_limit=None, per_subject=10, timing_queries=16)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings of one evaluation run (the command line's options)."""
+
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    default_threshold: float = 0.008
+    batch_size: int = 32
+    timing_queries: int = 256
+    timing_rounds: int = 5
+    baselines: bool = True
+    # SAN: shares of adjacent layer pairs that share maps (the most alike by mean JS divergence).
+    san_shares: tuple[float, ...] = (0.25, 0.5)
+    attncache_f: tuple[float, ...] = (0.05, 0.2)  # per-layer distance quantiles (see eval_baselines)
+    seed: int = 0
+    progress: bool = True
+    extra: dict[str, object] = field(default_factory=dict)  # task options, recorded in the JSON
+
+    def __post_init__(self) -> None:
+        if not self.thresholds or min(self.thresholds) < 0:
+            raise ConfigError(f"--thresholds must be >= 0, got {list(self.thresholds)}")
+        if self.default_threshold not in self.thresholds:
+            raise ConfigError(f"--default-threshold {self.default_threshold} is not among --thresholds")
+        for name in ("batch_size", "timing_queries", "timing_rounds"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+def evaluate(
+    task: Task,
+    loaded,
+    store_url: str,
+    namespace: str,
+    config: EvalConfig,
+    *,
+    token: str | None = None,
+    tls_ca: str | None = None,
+) -> dict[str, object]:
+    """Run every variant on the task's queries and return the report (the JSON's content).
+
+    Args:
+        task: the loaded task.
+        loaded: the model (``attnstore_client.models.LoadedModel``).
+        store_url: the store, ``local:PATH`` or ``grpc[s]://HOST:PORT``.
+        namespace: the namespace built for this model and task.
+        config: settings.
+        token, tls_ca: for a daemon.
+
+    Raises:
+        ConfigError: a query longer than the model's context.
+        NamespaceNotFoundError, FingerprintMismatchError: the namespace does not fit the model.
+    """
+    from attnstore_client.adapters import adapter_for
+    from attnstore.service import AttnStoreService
+    from attnstore_client.cache import AttnCache
+    from attnstore_client.local_connection import LocalConnection
+    from attnstore_tools.eval_fidelity import letter_ids
+    from attnstore_tools.eval_runner import chunks, run_pass, time_variants
+    from attnstore_tools.eval_variants import CacheVariant, PlainVariant
+
+    adapter = adapter_for(loaded)
+    tokenizer = loaded.tokenizer
+    ids = _tokenize(loaded, task.queries)
+    context = max(len(row) for row in ids)
+    with ExitStack() as stack:
+        service = None
+        store: str | LocalConnection = store_url
+        if store_url.startswith("local:"):
+            # One LMDB environment per process: the cache and AttnCache-f share this service.
+            service = stack.enter_context(AttnStoreService.open(store_url[len("local:"):], readonly=True))
+            store = LocalConnection(store_url, service)
+        cache = stack.enter_context(
+            AttnCache(loaded, store, namespace=namespace, max_length=context)
+            if service is not None
+            else AttnCache(loaded, store, namespace=namespace, token=token, tls_ca=tls_ca, max_length=context)
+        )
+        batches = chunks(ids, range(len(ids)), config.batch_size, tokenizer.pad_token_id)
+        plain = PlainVariant(adapter)
+        variants = [plain, CacheVariant(cache, 0.0, maps=False)]
+        variants += [CacheVariant(cache, t) for t in config.thresholds]
+        if config.baselines:
+            variants += _baselines(adapter, task, service, namespace, config)
+        choice_ids = letter_ids(adapter) if task.answers_by_logits else None
+
+        reference = np.empty((0, adapter.hidden_size), dtype=np.float32)
+        if task.references:
+            reference_ids = _tokenize(loaded, task.references)
+            reference_batches = chunks(reference_ids, range(len(reference_ids)), config.batch_size, tokenizer.pad_token_id)
+            reference = run_pass(adapter, plain, reference_batches, len(reference_ids), progress=config.progress).outputs
+        task.fit(reference)
+
+        passes = [
+            run_pass(adapter, v, batches, len(ids), choice_ids=choice_ids, progress=config.progress)
+            for v in variants
+        ]
+        duplicate = np.array([kind == "exact" for kind in passes[1].kinds])
+        subset = np.random.default_rng(config.seed).permutation(len(ids))[: config.timing_queries]
+        timing_batches = chunks(ids, subset.tolist(), config.batch_size, tokenizer.pad_token_id)
+        timings = time_variants(adapter, variants, timing_batches, rounds=config.timing_rounds,
+                                progress=config.progress)
+    return _report(task, loaded, store_url, namespace, config, variants, passes, timings, duplicate,
+                   len(subset), context)
+
+
+def _tokenize(loaded, texts: Sequence[str]) -> list[list[int]]:
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    ids = loaded.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+    too_long = [i for i, row in enumerate(ids) if limit is not None and len(row) > limit]
+    if too_long:
+        raise ConfigError(
+            f"{len(too_long)} inputs are longer than the model's context of {limit} tokens (the first is input "
+            f"{too_long[0]}, {len(ids[too_long[0]])} tokens); lower --per-subject/--shots or pick shorter inputs"
+        )
+    return ids
+
+
+def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig) -> list:
+    """LazyFormer, SAN at each threshold (calibrated on build inputs) and AttnCache-f at each quantile.
+
+    AttnCache-f reads maps in process, from ``service``: without one (a daemon) it is skipped.
+    """
+    from attnstore_tools.eval_baselines import (
+        AttnCacheFVariant, LayerKeys, LazyFormerVariant, SanVariant, calibrate_san,
+    )
+    from attnstore_tools.eval_runner import chunks
+
+    pad = adapter.loaded.tokenizer.pad_token_id
+    build_ids = _tokenize(adapter.loaded, task.build)
+    sample = np.random.default_rng(config.seed).permutation(len(build_ids))[:_SAN_CALIBRATION].tolist()
+    calibration = calibrate_san(adapter, [batch for _, batch in chunks(build_ids, sample, config.batch_size, pad)])
+    variants: list = [LazyFormerVariant(adapter)]
+    thresholds = [calibration.threshold_for(share) for share in config.san_shares]
+    config.extra["san"] = {
+        "divergences": [round(d, 5) for d in calibration.divergences], "calibration_inputs": calibration.inputs,
+        "shares": list(config.san_shares), "thresholds": [round(t, 5) for t in thresholds],
+    }
+    variants += [SanVariant(adapter, calibration, threshold) for threshold in thresholds]
+    if service is None:
+        log.warning("AttnCache-f reads maps in process: it runs on local: stores only; skipped")
+        return variants
+    keys = LayerKeys.build(adapter, service, namespace, build_ids, batch_size=config.batch_size)
+    return variants + [AttnCacheFVariant(adapter, service, namespace, keys, q) for q in config.attncache_f]
+
+
+# ---- the report -------------------------------------------------------------------
+
+
+def _cosines(outputs: np.ndarray, full: np.ndarray) -> np.ndarray:
+    a = outputs / np.maximum(np.linalg.norm(outputs, axis=1, keepdims=True), 1e-12)
+    b = full / np.maximum(np.linalg.norm(full, axis=1, keepdims=True), 1e-12)
+    return np.sum(a * b, axis=1)  # (n,)
+
+
+def _metric_input(task: Task, run) -> np.ndarray:
+    return run.logits if task.answers_by_logits else run.outputs
+
+
+def _nan_to_none(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) else round(float(value), 6)
+
+
+def _report(task, loaded, store_url, namespace, config, variants, passes, timings, duplicate, timed, context):
+    full_pass, full_timing = passes[0], timings[0]
+    full_metric, full_groups = task.score(_metric_input(task, full_pass))
+    part_masks = {"exact_dup": duplicate, "rest": ~duplicate}
+    full_parts = {}
+    for part, mask in part_masks.items():
+        pair_mask = task.query_mask(mask)
+        metric = task.score(_metric_input(task, full_pass), pair_mask)[0] if pair_mask.any() else None
+        full_parts[part] = {"queries": int(pair_mask.sum()), "metric": _nan_to_none(metric)}
+    rows = []
+    for variant, run, timing in zip(variants[1:], passes[1:], timings[1:], strict=True):
+        metric, groups = task.score(_metric_input(task, run))
+        cosine = _cosines(run.outputs, full_pass.outputs)
+        served = np.array([kind in ("exact", "map") for kind in run.kinds])
+        parts = {}
+        for part, mask in part_masks.items():
+            pair_mask = task.query_mask(mask)
+            if not pair_mask.any():
+                parts[part] = {"queries": 0, "metric": None, "full": None, "hit_rate": None, "cosine_mean": None}
+                continue
+            parts[part] = {
+                "queries": int(pair_mask.sum()),
+                "metric": _nan_to_none(task.score(_metric_input(task, run), pair_mask)[0]),
+                "full": full_parts[part]["metric"],
+                "hit_rate": _nan_to_none(served[mask].mean()),
+                "cosine_mean": _nan_to_none(cosine[mask].mean()),
+            }
+        group_rows = {}
+        if task.groups is not None:
+            group_array = np.array(task.groups)
+            for group, value in groups.items():
+                members = group_array == group
+                group_rows[group] = {
+                    "queries": int(members.sum()), "metric": _nan_to_none(value),
+                    "full": _nan_to_none(full_groups.get(group)), "hit_rate": _nan_to_none(served[members].mean()),
+                }
+        delta = metric - full_metric
+        e2e_incl = full_timing.total_s / timing.total_s
+        rows.append({
+            "method": variant.name,
+            "setting": variant.setting,
+            "default": variant.name == "attncache" and variant.setting == config.default_threshold,
+            "metric": _nan_to_none(metric),
+            "delta": _nan_to_none(delta),
+            "hit_rate": _nan_to_none((run.exact_hits + run.map_hits) / len(run.kinds)),
+            "exact_hits": run.exact_hits,
+            "map_hits": run.map_hits,
+            "misses": run.misses,
+            "fallbacks": run.fallbacks,
+            "layer_replays": run.layer_replays,
+            "cosine": {
+                "mean": _nan_to_none(cosine.mean()), "min": _nan_to_none(cosine.min()),
+                "share_099": _nan_to_none(np.mean(cosine >= 0.99)),
+            },
+            "groups": group_rows,
+            "parts": parts,
+            "speedup": {
+                "e2e_excl": _nan_to_none(full_timing.total_s / max(timing.compute_s, 1e-9)),
+                "e2e_incl": _nan_to_none(e2e_incl),
+                "attn_excl": _nan_to_none(full_timing.attention_s / max(timing.attention_compute_s, 1e-9)),
+                "attn_incl": _nan_to_none(
+                    full_timing.attention_s / max(timing.attention_compute_s + timing.retrieval_s, 1e-9)
+                ),
+            },
+            "gamma": _nan_to_none((e2e_incl - 1) / max(-delta, GAMMA_FLOOR)),
+            "time_s": {
+                "total": round(timing.total_s, 4), "retrieval": round(timing.retrieval_s, 4),
+                "attention": round(timing.attention_s, 4), "full_total": round(full_timing.total_s, 4),
+                "full_attention": round(full_timing.attention_s, 4), "pass": round(run.seconds, 2),
+            },
+        })
+    stats = _store_stats(store_url, namespace)
+    return {
+        "kind": "attnstore.eval/1",
+        "task": task.name,
+        "shots": config.extra.get("shots"),
+        "model": loaded.name,
+        "command": "attnstore " + shlex.join(sys.argv[1:]) if Path(sys.argv[0]).name == "attnstore" else None,
+        "metric": {"name": task.metric, "unit": task.unit},
+        "machine": {
+            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu": _cpu_name(), "date": datetime.date.today().isoformat(),
+        },
+        "store": {"url": store_url, "namespace": namespace, **stats},
+        "queries": len(full_pass.kinds),
+        "pairs": task.pairs,
+        "longest_tokens": context,
+        "batch_size": config.batch_size,
+        "timing": {"queries": timed, "rounds": config.timing_rounds, "warmup_rounds": 1},
+        "default_threshold": config.default_threshold,
+        "options": {**config.extra,
+                    "attncache_f": list(config.attncache_f), "seed": config.seed},
+        "full": {
+            "metric": _nan_to_none(full_metric),
+            "groups": {g: _nan_to_none(v) for g, v in full_groups.items()},
+            "parts": full_parts,
+            "time_s": {"total": round(full_timing.total_s, 4), "attention": round(full_timing.attention_s, 4),
+                       "pass": round(full_pass.seconds, 2)},
+        },
+        "rows": rows,
+    }
+
+
+def _store_stats(store_url: str, namespace: str) -> dict[str, object]:
+    """Entries and bytes of the namespace, for an embedded store (a daemon's are not read here)."""
+    if not store_url.startswith("local:"):
+        return {}
+    from attnstore.service import AttnStoreService
+
+    with AttnStoreService.open(store_url[len("local:"):], readonly=True) as service:
+        stats = service.stats()
+    for ns in stats.namespaces:
+        if ns.name == namespace:
+            return {"entries": ns.entries, "bytes": ns.stored_bytes}
+    return {}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---- the command ------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``attnstore eval logs|sts|sst2|mmlu``."""
+    helps = {
+        "logs": "Loghub template classification (the headline workload)",
+        "sts": "STS-B Spearman of sentence embeddings",
+        "sst2": "SST-2 accuracy of a fixed classifier on sentence embeddings",
+        "mmlu": "MMLU multiple choice, next-token letter (decoders)",
+    }
+    for name in TASKS:
+        parser = subparsers.add_parser(
+            name, help=f"{helps[name]}: full model vs AttnStore and baselines", description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument("--store", help="an existing store: local:PATH or grpc://HOST:PORT (with --namespace)")
+        source.add_argument("--build-from", type=Path, metavar="FILE",
+                            help="build the store from this corpus (.txt, .tsv with --column, .jsonl), in model input "
+                                 "form (default: the task's train split, see the module help)")
+        parser.add_argument("--column", help="text column of a .tsv --build-from corpus, or field of a .jsonl one")
+        parser.add_argument("--namespace", help=f"namespace (default: {name}, with the shots for mmlu)")
+        parser.add_argument("--json", required=True, type=Path, help="write the report here")
+        parser.add_argument("--data", type=Path, default=_DEFAULT_DATA, help=f"evaluation data (default {_DEFAULT_DATA})")
+        parser.add_argument("--work-dir", type=Path, default=_DEFAULT_WORK,
+                            help="where built stores go, reused by later runs (default runs/eval)")
+        parser.add_argument("--thresholds", type=_floats, default=DEFAULT_THRESHOLDS,
+                            help="map-hit thresholds swept, comma-separated (default "
+                                 f"{','.join(map(str, DEFAULT_THRESHOLDS))})")
+        parser.add_argument("--default-threshold", type=float, default=0.008,
+                            help="the threshold reported as the default (default 0.008, the client's)")
+        parser.add_argument("--limit", type=int, help="evaluate the first N queries (sts: pairs; logs: per system)")
+        parser.add_argument("--store-limit", type=int, help="store only the first N train inputs (sts, sst2)")
+        parser.add_argument("--batch-size", type=int, default=32, help="rows per forward (default 32)")
+        parser.add_argument("--timing-queries", type=int, help="queries in the timing subset (default per task)")
+        parser.add_argument("--timing-rounds", type=int, default=5, help="timed rounds after a warm-up (default 5)")
+        parser.add_argument("--no-baselines", action="store_true", help="skip LazyFormer, SAN and AttnCache-f")
+        parser.add_argument("--san-shares", type=_floats, default=(0.25, 0.5),
+                            help="SAN: shares of adjacent layer pairs that share maps, the most alike by JS "
+                                 "divergence on build inputs (default 0.25,0.5)")
+        parser.add_argument("--attncache-f", type=_floats, default=(0.05, 0.2),
+                            help="AttnCache-f: per-layer distance quantiles (default 0.05,0.2)")
+        parser.add_argument("--codec", default="fp16", choices=["fp16", "zstd", "q8", "q8+zstd"],
+                            help="codec of a store this command builds (default fp16)")
+        parser.add_argument("--token-file", type=Path, help="file holding the daemon's bearer token")
+        parser.add_argument("--tls-ca", help="CA certificate of a grpcs:// daemon")
+        parser.add_argument("--seed", type=int, default=0, help="seed of the timing subset (default 0)")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+        if name == "logs":
+            parser.add_argument("--k", type=int, default=5, help="neighbours in the template vote (default 5)")
+        if name == "mmlu":
+            parser.add_argument("--shots", type=int, default=0, choices=[0, 5], help="exemplars per prompt")
+            parser.add_argument("--subjects", nargs="+", default=list(STEM_SUBJECTS),
+                                help="MMLU subjects (default: the 19 STEM subjects)")
+            parser.add_argument("--per-subject", type=int,
+                                help="first test questions per subject, half stored (default 40 0-shot, 10 5-shot)")
+        parser.set_defaults(func=run, task=name)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one evaluation; returns the exit code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from attnstore_client.adapters import adapter_for
+    from attnstore_client.models import load_model
+
+    loaded = load_model(args.model)
+    decoder = adapter_for(loaded).causal
+    shots = getattr(args, "shots", 0)
+    sizes = _MMLU_5SHOT if args.task == "mmlu" and shots == 5 else _SIZES.get((args.task, decoder))
+    if sizes is None:
+        raise ConfigError(f"{args.task} needs a decoder (its answer is a next-token logit); use --model smollm2")
+    extra: dict[str, object] = {"shots": shots if args.task == "mmlu" else None}
+    options = {
+        "limit": args.limit if args.limit is not None else sizes.limit,
+        "store_limit": args.store_limit if args.store_limit is not None else sizes.store_limit,
+    }
+    if args.task == "mmlu":
+        options.update(shots=shots, subjects=args.subjects,
+                       per_subject=args.per_subject if args.per_subject is not None else sizes.per_subject)
+        extra.update(subjects=len(args.subjects), per_subject=options["per_subject"])
+    if args.task == "logs":
+        options["k"] = args.k
+        extra["k"] = args.k
+    extra.update(limit=options["limit"], store_limit=options["store_limit"])
+    task = load_task(args.task, args.data, decoder=decoder, **options)
+    config = EvalConfig(
+        thresholds=tuple(args.thresholds), default_threshold=args.default_threshold, batch_size=args.batch_size,
+        timing_queries=args.timing_queries or sizes.timing_queries, timing_rounds=args.timing_rounds,
+        baselines=not args.no_baselines, san_shares=tuple(args.san_shares),
+        attncache_f=tuple(args.attncache_f), seed=args.seed, progress=not args.no_progress, extra=extra,
+    )
+    namespace = args.namespace or (f"mmlu-{shots}shot" if args.task == "mmlu" else args.task)
+    store_url = args.store or _build_store(loaded, task, args, namespace, decoder)
+    token = args.token_file.read_text().strip() if args.token_file else os.environ.get("ATTNSTORE_TOKEN")
+    started = time.perf_counter()
+    report = evaluate(task, loaded, store_url, namespace, config, token=token, tls_ca=args.tls_ca)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(format_report(report))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, decoder: bool) -> str:
+    """Build (or reuse) the task's store under ``--work-dir``; returns its ``local:`` URL."""
+    from attnstore.service import AttnStoreService
+    from attnstore_tools.build import BuildConfig, build_namespace, format_report as format_build
+    from attnstore_tools.corpus import read_texts
+
+    suffix = f"-{task.name}" if args.build_from is None else f"-{args.build_from.stem}"
+    path = args.work_dir / "stores" / f"{Path(loaded.name).name}{suffix}"
+    corpus = task.build if args.build_from is None else read_texts(args.build_from, column=args.column)
+    with AttnStoreService.open(path, create=True) as service:
+        try:
+            service.get_namespace(namespace)
+            print(f"store {path}: reusing namespace {namespace!r}")
+            return f"local:{path}"
+        except NamespaceNotFoundError:
+            pass
+        longest = max(len(row) for row in loaded.tokenizer(corpus[:2000], add_special_tokens=True)["input_ids"])
+        config = BuildConfig(namespace=namespace, codec=args.codec, max_length=max(256, longest))
+        print(f"building namespace {namespace!r} in {path} from {len(corpus)} inputs")
+        report = build_namespace(loaded, corpus, service, config, progress=not args.no_progress)
+    print(format_build(report))
+    return f"local:{path}"
+
+
+def format_report(report: dict[str, object]) -> str:
+    """The printed table: one line per variant."""
+    full = report["full"]
+    unit = report["metric"]["unit"]
+    lines = [
+        f"{report['task']} / {report['model']}: {report['queries']} queries, metric {report['metric']['name']} "
+        f"({unit}); timing: {report['timing']['queries']} queries, median of {report['timing']['rounds']} rounds",
+        f"{'method':<13} {'setting':>8} {'metric':>8} {'delta':>7} {'hit':>7} {'exact':>6} {'map':>6} "
+        f"{'cos>=.99':>8} {'e2e ex':>7} {'e2e in':>7} {'att ex':>7} {'att in':>7} {'gamma':>7}",
+        f"{'full':<13} {'':>8} {full['metric']:>8.2f} {'':>7} {'':>7} {'':>6} {'':>6} {'':>8} "
+        f"{'1.00':>7} {'1.00':>7} {'1.00':>7} {'1.00':>7} {'':>7}",
+    ]
+    for row in report["rows"]:
+        setting = "" if row["setting"] is None else f"{row['setting']:g}"
+        speed = row["speedup"]
+        gamma = "-" if row["gamma"] is None else f"{row['gamma']:.2f}"
+        mark = "*" if row["default"] else ""
+        lines.append(
+            f"{row['method'] + mark:<13} {setting:>8} {_num(row['metric']):>8} {_num(row['delta']):>7} "
+            f"{_pct(row['hit_rate']):>7} {row['exact_hits']:>6} {row['map_hits']:>6} "
+            f"{_pct(row['cosine']['share_099']):>8} {_num(speed['e2e_excl']):>7} {_num(speed['e2e_incl']):>7} "
+            f"{_num(speed['attn_excl']):>7} {_num(speed['attn_incl']):>7} {gamma:>7}"
+        )
+    lines.append("* the default threshold; speedups vs the full model, excluding (ex) and including (in) retrieval")
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
