@@ -44,13 +44,26 @@ _CONVERT_CHOICES = ("numpy", "torch", None)
 # PromptEOL (Jiang et al. 2023): a decoder's last token then summarises the sentence in "one word".
 PROMPT_EOL = 'This sentence: "{text}" means in one word:"'
 
-# Predicted map distance (the projector's target: 0.2 x mean per-row total variation of
-# the maps) under which a stored entry is replayed. Measured on the demo's store
-# (all-MiniLM-L6-v2, 3,000 STS-B train sentences, 8-epoch projector), 737 held-out dev
-# sentences that are not exact duplicates: at 0.008, 11 map hits, 8 of them at cosine
-# >= 0.99 to the plain model, the worst 0.977; at 0.01, 35 hits, 21 faithful, the worst
-# 0.885. Tighter is more faithful and hits less; calibrate it per namespace.
+# Threshold on the predicted map distance for namespaces whose projector carries no
+# calibration (built before calibration existed, or with --no-calibration). Measured on
+# the demo's store (all-MiniLM-L6-v2, 3,000 STS-B train sentences, 8-epoch projector),
+# 737 held-out dev sentences that are not exact duplicates: at 0.008, 11 map hits, 8 of
+# them at cosine >= 0.99 to the plain model, the worst 0.977; at 0.01, 35 hits, 21
+# faithful, the worst 0.885. A calibrated namespace recommends its own threshold.
 DEFAULT_MAX_DISTANCE = 0.008
+
+
+def _threshold(max_distance: float | None, projector: Projector) -> float:
+    """The threshold in use: the caller's, else the namespace's calibrated one, else the default."""
+    if max_distance is not None:
+        return float(max_distance)
+    calibration = projector.calibration
+    if calibration is None:
+        return DEFAULT_MAX_DISTANCE
+    if calibration.max_distance is None:
+        log.info("the namespace's calibration found no threshold with precise enough map hits: exact hits only")
+        return 0.0
+    return calibration.max_distance
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +82,10 @@ class AttnCache:
         store: ``grpc://HOST:PORT`` (a daemon), ``grpcs://HOST:PORT`` (with TLS),
             ``local:PATH`` (embedded: the store opened in this process), or an open connection.
         namespace: the namespace built for this model.
-        max_distance: threshold on the predicted map distance for a map hit.
+        max_distance: threshold on the predicted map distance for a map hit; None takes the
+            namespace's calibrated recommendation (``Projector.calibration``), 0 (exact hits
+            only) if its calibration found no threshold precise enough, and
+            ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.
         token: bearer token of the daemon (a read token suffices).
         tls_ca: CA certificate (PEM file) of a ``grpcs://`` daemon.
         client_cert, client_key: this node's certificate and key (PEM files) for a daemon requiring mTLS.
@@ -95,7 +111,7 @@ class AttnCache:
         store: str | StoreConnection,
         *,
         namespace: str = "default",
-        max_distance: float = DEFAULT_MAX_DISTANCE,
+        max_distance: float | None = None,
         token: str | None = None,
         tls_ca: str | Path | None = None,
         client_cert: str | Path | None = None,
@@ -107,7 +123,7 @@ class AttnCache:
         retry: RetryPolicy = RetryPolicy(),
         breaker: BreakerPolicy = BreakerPolicy(),
     ) -> None:
-        if not max_distance >= 0:
+        if max_distance is not None and not max_distance >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {max_distance}")
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"AttnCache: timeout must be > 0 seconds or None, got {timeout}")
@@ -133,7 +149,9 @@ class AttnCache:
             self.connection,
             fingerprint=fingerprint,
             projector=projector,
-            settings=PrefillSettings(namespace, max_distance, exact, stream, timeout, retry),
+            settings=PrefillSettings(
+                namespace, _threshold(max_distance, projector), exact, stream, timeout, retry
+            ),
             breaker=CircuitBreaker(breaker),
         )
         self.last_stats = CacheStats()

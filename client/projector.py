@@ -11,8 +11,16 @@ vector. The L2 distance between two vectors predicts the map term of the
 training target (see ``attnstore_tools.projector_training``); the length term is
 exact and added by the index.
 
-The weights travel as safetensors bytes (the config in its metadata as JSON),
-so every client of a namespace uses the same projector.
+A calibrated projector (``attnstore build`` calibrates by default, see
+``attnstore_tools.projector_calibration``) also scales its output by
+``(L / reference_length) ** -length_exponent``: whether a replay keeps the output
+faithful depends on the distance *and* on the length (one differing token moves a
+7-token log line far more than a 40-token one), so the threshold that keeps hits
+faithful grows with the length, and scaling the vectors turns that length-aware
+threshold into one number, the calibration's ``max_distance``.
+
+The weights travel as safetensors bytes (the config and the calibration in its
+metadata as JSON), so every client of a namespace uses the same projector.
 """
 
 from __future__ import annotations
@@ -72,6 +80,24 @@ class ProjectorConfig:
         return self.slots * self.hidden + _LENGTH_FEATURES
 
 
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """How a projector's distances map to replay fidelity, measured when the namespace was built."""
+
+    length_exponent: float  # outputs are scaled by (L / reference_length) ** -length_exponent
+    reference_length: int  # the length whose distances the scaling leaves unchanged
+    max_distance: float | None  # recommended threshold: its build-time hits reached ``precision``; None if none did
+    fidelity: float  # cosine of the pooled output to the full model's that counts as faithful
+    precision: float  # share of faithful hits the threshold was chosen for
+    pairs: int  # pseudo-queries it was measured on
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.length_exponent <= 4.0:
+            raise ConfigError(f"Calibration: length_exponent must be in [0, 4], got {self.length_exponent!r}")
+        if self.reference_length < 1:
+            raise ConfigError(f"Calibration: reference_length must be >= 1, got {self.reference_length!r}")
+
+
 class Projector(nn.Module):
     """Fixed-size positional pooling, input standardisation, then a two-layer MLP.
 
@@ -95,6 +121,7 @@ class Projector(nn.Module):
         self.slot = nn.Linear(config.hidden, config.width)
         self.dropout = nn.Dropout(config.dropout)
         self.out = nn.Linear(config.slots * config.width + _LENGTH_FEATURES, config.dim)
+        self.calibration: Calibration | None = None
 
     def pool(self, sources: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pool variable-length feature sources to fixed-size rows.
@@ -130,11 +157,16 @@ class Projector(nn.Module):
         return out
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Map pooled features (n, features) to feature vectors (n, dim)."""
+        """Map pooled features (n, features) to feature vectors (n, dim), length-scaled if calibrated."""
         z = (features - self.feature_mean) / self.feature_scale  # (n, features)
         slots = z[:, :-_LENGTH_FEATURES].unflatten(1, (self.config.slots, self.config.hidden))  # (n, slots, hidden)
         h = F.gelu(self.slot(slots)).flatten(1)  # (n, slots * width)
-        return self.out(self.dropout(torch.cat([h, z[:, -_LENGTH_FEATURES:]], dim=1)))  # (n, dim)
+        out = self.out(self.dropout(torch.cat([h, z[:, -_LENGTH_FEATURES:]], dim=1)))  # (n, dim)
+        if self.calibration is None or self.calibration.length_exponent == 0:
+            return out
+        lengths = features[:, -_LENGTH_FEATURES] * self.config.max_length  # (n,) the first length feature is L / max
+        scale = (lengths / self.calibration.reference_length) ** -self.calibration.length_exponent  # (n,)
+        return out * scale[:, None]
 
     @torch.no_grad()
     def project(self, sources: Sequence[torch.Tensor]) -> np.ndarray:
@@ -171,7 +203,10 @@ class Projector(nn.Module):
     def to_safetensors_bytes(self) -> bytes:
         """Weights and standardisation as safetensors bytes, the config as JSON metadata."""
         tensors = {name: tensor.detach().contiguous().clone() for name, tensor in self.state_dict().items()}
-        metadata = {_METADATA_KEY: json.dumps({"format": FORMAT, "config": dataclasses.asdict(self.config)})}
+        record = {"format": FORMAT, "config": dataclasses.asdict(self.config)}
+        if self.calibration is not None:
+            record["calibration"] = dataclasses.asdict(self.calibration)
+        metadata = {_METADATA_KEY: json.dumps(record)}
         return safetensors.torch.save(tensors, metadata=metadata)
 
     @classmethod
@@ -193,6 +228,11 @@ class Projector(nn.Module):
             )
         projector = cls(ProjectorConfig(**record["config"]))
         projector.load_state_dict(safetensors.torch.load(bytes(blob)), strict=True)
+        if record.get("calibration") is not None:
+            try:
+                projector.calibration = Calibration(**record["calibration"])
+            except (TypeError, ConfigError) as exc:
+                raise FormatVersionError(f"Projector.from_safetensors_bytes(): malformed calibration: {exc}") from None
         return projector.eval()
 
 

@@ -85,9 +85,11 @@ def test_evaluate_scores_and_times_every_variant_and_splits_exact_duplicates(min
     assert "output_cache" in format_report(report)
 
 
-def test_eval_config_refuses_a_default_threshold_outside_the_sweep():
-    with pytest.raises(ConfigError, match="not among --thresholds"):
-        EvalConfig(thresholds=(0.002, 0.004), default_threshold=0.008)
+def test_eval_config_refuses_negative_thresholds_naming_the_option():
+    with pytest.raises(ConfigError, match="--thresholds"):
+        EvalConfig(thresholds=(0.002, -0.004))
+    with pytest.raises(ConfigError, match="--default-threshold"):
+        EvalConfig(default_threshold=-1.0)
 
 
 def test_eval_mmlu_refuses_an_encoder_naming_the_fix(tmp_path, capsys):

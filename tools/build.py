@@ -3,7 +3,8 @@
 corpus → tokenize (lines over ``--max-length`` tokens are skipped and counted,
 never truncated; exact duplicates are captured once) → capture maps, final
 outputs and feature sources, spilling maps to a scratch folder so corpora larger
-than memory work → train the feature projector (new namespaces) → ingest maps,
+than memory work → train the feature projector and calibrate its distances to
+replay fidelity (new namespaces; see ``projector_calibration``) → ingest maps,
 outputs, token hashes and feature vectors in bounded transactions → store the
 projector.
 
@@ -36,6 +37,7 @@ from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
 from attnstore_tools.corpus import read_texts
+from attnstore_tools.projector_calibration import CalibrationConfig, CalibrationReport, calibrate_projector
 from attnstore_tools.projector_training import MIN_CORPUS, TrainConfig, TrainReport, train_projector
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ class BuildConfig:
     train_limit: int = 8000  # inputs the projector trains on (a seeded sample)
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)  # ``causal`` and ``seed`` are set from the model and ``seed``
+    # Calibration of a new projector's distances to replay fidelity; None leaves it uncalibrated.
+    calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class BuildReport:
     stored_bytes: int  # bytes the namespace grew by
     seconds: float
     train: TrainReport | None  # None when an existing namespace's projector was reused
+    calibration: CalibrationReport | None = None  # None when reused or not calibrated
 
 
 @dataclass(frozen=True)
@@ -144,10 +149,16 @@ def build_namespace(
     before = _namespace_bytes(service, config.namespace)
     with tempfile.TemporaryDirectory(prefix="attnstore-build-") as scratch:
         captured = _capture(adapter, unique, Path(scratch), config, progress)
-        train_report = None
+        train_report = calibration = None
         projector = existing
         if projector is None:
             projector, train_report = _train(captured, adapter.causal, config, progress)
+            if config.calibration is not None:
+                calibration = calibrate_projector(
+                    adapter, projector, [c.row.ids for c in captured], [c.source for c in captured],
+                    _SpilledMaps(captured), _SpilledOutputs(captured),
+                    replace(config.calibration, seed=config.seed, progress=progress),
+                )
         created = existing is None and bool(captured)
         if created:
             service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
@@ -170,6 +181,7 @@ def build_namespace(
         stored_bytes=_namespace_bytes(service, config.namespace) - before,
         seconds=time.perf_counter() - started,
         train=train_report,
+        calibration=calibration,
     )
 
 
@@ -307,6 +319,15 @@ def _ingest(
     bar.close()
 
 
+class _SpilledOutputs(_SpilledMaps):
+    """Captured last hidden states read back from the scratch folder on access (for calibration)."""
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return torch.from_numpy(np.load(self._captured[index].outputs_path))
+
+
 def _undo(service: AttnStoreService, namespace: str, created: bool, added: list[int]) -> None:
     log.warning("build failed: removing what it wrote to namespace %r", namespace)
     if created:
@@ -339,6 +360,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="rows per capture forward (default 32)")
     parser.add_argument("--train-limit", type=int, default=8000, help="inputs the projector trains on (default 8000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sampling and training (default 0)")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="skip calibrating the projector's distances to replay fidelity (see the docs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
 
@@ -356,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         train_limit=args.train_limit,
         seed=args.seed,
+        calibration=None if args.no_calibration else CalibrationConfig(),
     )
     with AttnStoreService.open(args.store, create=True) as service:
         report = build_namespace(loaded, texts, service, config, progress=not args.no_progress)
@@ -377,4 +401,16 @@ def format_report(report: BuildReport) -> str:
             f"projector: {t.train_items} train / {t.val_items} val inputs, best epoch {t.best_epoch} of {t.epochs},"
             f" val Spearman {t.val_spearman:.3f} (mean-pooled key {t.val_spearman_mean_pooled:.3f})"
         )
+    c = report.calibration
+    if c is not None and c.calibration is not None:
+        cal = c.calibration
+        threshold = "none reached the target" if cal.max_distance is None else f"{cal.max_distance:.4g}"
+        within = "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
+        lines.append(
+            f"calibration: {c.pairs} pseudo-queries, {c.faithful:.1%} faithful at cosine >= {cal.fidelity};"
+            f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"
+            f" (precision {cal.precision:.0%}{within})"
+        )
+    elif c is not None:
+        lines.append(f"calibration: skipped ({c.pairs} pseudo-queries)")
     return "\n".join(lines)

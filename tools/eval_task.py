@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 _DEFAULT_WORK = Path("runs/eval")
-# Thresholds on the predicted map distance swept by default, and the default one
-# (the client's DEFAULT_MAX_DISTANCE; see docs/RESULTS.md for how it was chosen).
-DEFAULT_THRESHOLDS = (0.002, 0.004, 0.008, 0.012, 0.02)
+# The sweep, as multiples of the namespace's recommended threshold (its calibration's
+# max_distance, or the client's default for an uncalibrated namespace).
+SWEEP = (0.25, 0.5, 1.0, 1.5, 2.5)
 _SAN_CALIBRATION = 64  # build inputs SAN's divergences are measured on
 GAMMA_FLOOR = 0.1  # metric loss (points) below which gamma's denominator is floored
 
@@ -77,8 +77,8 @@ _MMLU_5SHOT = Sizes(limit=None, store_limit=None, per_subject=10, timing_queries
 class EvalConfig:
     """Settings of one evaluation run (the command line's options)."""
 
-    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
-    default_threshold: float = 0.008
+    thresholds: tuple[float, ...] | None = None  # None: SWEEP times the default threshold
+    default_threshold: float | None = None  # None: the namespace's recommendation (what AttnCache uses)
     batch_size: int = 32
     timing_queries: int = 256
     timing_rounds: int = 5
@@ -91,10 +91,10 @@ class EvalConfig:
     extra: dict[str, object] = field(default_factory=dict)  # task options, recorded in the JSON
 
     def __post_init__(self) -> None:
-        if not self.thresholds or min(self.thresholds) < 0:
+        if self.thresholds is not None and (not self.thresholds or min(self.thresholds) < 0):
             raise ConfigError(f"--thresholds must be >= 0, got {list(self.thresholds)}")
-        if self.default_threshold not in self.thresholds:
-            raise ConfigError(f"--default-threshold {self.default_threshold} is not among --thresholds")
+        if self.default_threshold is not None and not self.default_threshold >= 0:
+            raise ConfigError(f"--default-threshold must be >= 0, got {self.default_threshold}")
         for name in ("batch_size", "timing_queries", "timing_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -121,12 +121,11 @@ def evaluate(
         token, tls_ca: for a daemon.
 
     Raises:
-        ConfigError: a query longer than the model's context.
         NamespaceNotFoundError, FingerprintMismatchError: the namespace does not fit the model.
     """
     from attnstore_client.adapters import adapter_for
     from attnstore.service import AttnStoreService
-    from attnstore_client.cache import AttnCache
+    from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
     from attnstore_client.local_connection import LocalConnection
     from attnstore_tools.eval_fidelity import letter_ids
     from attnstore_tools.eval_runner import chunks, run_pass, time_variants
@@ -148,10 +147,15 @@ def evaluate(
             if service is not None
             else AttnCache(loaded, store, namespace=namespace, token=token, tls_ca=tls_ca, max_length=context)
         )
+        default = cache.max_distance if config.default_threshold is None else config.default_threshold
+        # A calibration that found no precise threshold recommends 0 (exact hits only): sweep
+        # around the uncalibrated default to show what looser thresholds would cost.
+        base = default or DEFAULT_MAX_DISTANCE
+        thresholds = sorted(set(config.thresholds or (round(f * base, 6) for f in SWEEP)) | {round(default, 6)})
         batches = chunks(ids, range(len(ids)), config.batch_size, tokenizer.pad_token_id)
         plain = PlainVariant(adapter)
         variants = [plain, CacheVariant(cache, 0.0, maps=False)]
-        variants += [CacheVariant(cache, t) for t in config.thresholds]
+        variants += [CacheVariant(cache, t) for t in thresholds]
         if config.baselines:
             variants += _baselines(adapter, task, service, namespace, config)
         choice_ids = letter_ids(adapter) if task.answers_by_logits else None
@@ -172,20 +176,25 @@ def evaluate(
         timing_batches = chunks(ids, subset.tolist(), config.batch_size, tokenizer.pad_token_id)
         timings = time_variants(adapter, variants, timing_batches, rounds=config.timing_rounds,
                                 progress=config.progress)
-    return _report(task, loaded, store_url, namespace, config, variants, passes, timings, duplicate,
-                   len(subset), context)
+    return _report(task, loaded, store_url, namespace, config, round(default, 6), variants, passes, timings,
+                   duplicate, len(subset), context)
 
 
 def _tokenize(loaded, texts: Sequence[str]) -> list[list[int]]:
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    ids = loaded.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
-    too_long = [i for i, row in enumerate(ids) if limit is not None and len(row) > limit]
-    if too_long:
-        raise ConfigError(
-            f"{len(too_long)} inputs are longer than the model's context of {limit} tokens (the first is input "
-            f"{too_long[0]}, {len(ids[too_long[0]])} tokens); lower --per-subject/--shots or pick shorter inputs"
-        )
+    """Token ids, truncated to the model's context as ``encode()`` truncates (counted in the log)."""
+    context = _context(loaded)
+    ids = loaded.tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=context)["input_ids"]
+    truncated = sum(len(row) == context for row in ids)
+    if truncated:
+        log.warning("%d of %d inputs reach the model's context of %d tokens and are truncated to it",
+                    truncated, len(ids), context)
     return ids
+
+
+def _context(loaded) -> int:
+    """The model's context (position embeddings), capped by the tokenizer's own limit."""
+    limit = getattr(loaded.model.config, "max_position_embeddings", None) or 512
+    return int(min(limit, loaded.tokenizer.model_max_length))
 
 
 def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig) -> list:
@@ -233,7 +242,7 @@ def _nan_to_none(value: float | None) -> float | None:
     return None if value is None or not np.isfinite(value) else round(float(value), 6)
 
 
-def _report(task, loaded, store_url, namespace, config, variants, passes, timings, duplicate, timed, context):
+def _report(task, loaded, store_url, namespace, config, default, variants, passes, timings, duplicate, timed, context):
     full_pass, full_timing = passes[0], timings[0]
     full_metric, full_groups = task.score(_metric_input(task, full_pass))
     part_masks = {"exact_dup": duplicate, "rest": ~duplicate}
@@ -274,7 +283,7 @@ def _report(task, loaded, store_url, namespace, config, variants, passes, timing
         rows.append({
             "method": variant.name,
             "setting": variant.setting,
-            "default": variant.name == "attncache" and variant.setting == config.default_threshold,
+            "default": variant.name == "attncache" and variant.setting == default,
             "metric": _nan_to_none(metric),
             "delta": _nan_to_none(delta),
             "hit_rate": _nan_to_none((run.exact_hits + run.map_hits) / len(run.kinds)),
@@ -322,7 +331,7 @@ def _report(task, loaded, store_url, namespace, config, variants, passes, timing
         "longest_tokens": context,
         "batch_size": config.batch_size,
         "timing": {"queries": timed, "rounds": config.timing_rounds, "warmup_rounds": 1},
-        "default_threshold": config.default_threshold,
+        "default_threshold": default,
         "options": {**config.extra,
                     "attncache_f": list(config.attncache_f), "seed": config.seed},
         "full": {
@@ -388,11 +397,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--data", type=Path, default=_DEFAULT_DATA, help=f"evaluation data (default {_DEFAULT_DATA})")
         parser.add_argument("--work-dir", type=Path, default=_DEFAULT_WORK,
                             help="where built stores go, reused by later runs (default runs/eval)")
-        parser.add_argument("--thresholds", type=_floats, default=DEFAULT_THRESHOLDS,
-                            help="map-hit thresholds swept, comma-separated (default "
-                                 f"{','.join(map(str, DEFAULT_THRESHOLDS))})")
-        parser.add_argument("--default-threshold", type=float, default=0.008,
-                            help="the threshold reported as the default (default 0.008, the client's)")
+        parser.add_argument("--thresholds", type=_floats,
+                            help="map-hit thresholds swept, comma-separated (default: "
+                                 f"{', '.join(map(str, SWEEP))} times the default threshold)")
+        parser.add_argument("--default-threshold", type=float,
+                            help="the threshold reported as the default (default: the namespace's calibrated "
+                                 "recommendation, which AttnCache uses when given none)")
         parser.add_argument("--limit", type=int, help="evaluate the first N queries (sts: pairs; logs: per system)")
         parser.add_argument("--store-limit", type=int, help="store only the first N train inputs (sts, sst2)")
         parser.add_argument("--batch-size", type=int, default=32, help="rows per forward (default 32)")
@@ -455,7 +465,8 @@ def run(args: argparse.Namespace) -> int:
     extra.update(limit=options["limit"], store_limit=options["store_limit"])
     task = load_task(args.task, args.data, decoder=decoder, **options)
     config = EvalConfig(
-        thresholds=tuple(args.thresholds), default_threshold=args.default_threshold, batch_size=args.batch_size,
+        thresholds=None if args.thresholds is None else tuple(args.thresholds),
+        default_threshold=args.default_threshold, batch_size=args.batch_size,
         timing_queries=args.timing_queries or sizes.timing_queries, timing_rounds=args.timing_rounds,
         baselines=not args.no_baselines, san_shares=tuple(args.san_shares),
         attncache_f=tuple(args.attncache_f), seed=args.seed, progress=not args.no_progress, extra=extra,
@@ -489,8 +500,8 @@ def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, d
             return f"local:{path}"
         except NamespaceNotFoundError:
             pass
-        longest = max(len(row) for row in loaded.tokenizer(corpus[:2000], add_special_tokens=True)["input_ids"])
-        config = BuildConfig(namespace=namespace, codec=args.codec, max_length=max(256, longest))
+        # Rows over the model's context are skipped and counted by the build (queries are truncated).
+        config = BuildConfig(namespace=namespace, codec=args.codec, max_length=_context(loaded))
         print(f"building namespace {namespace!r} in {path} from {len(corpus)} inputs")
         report = build_namespace(loaded, corpus, service, config, progress=not args.no_progress)
     print(format_build(report))

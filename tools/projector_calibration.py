@@ -1,0 +1,208 @@
+"""Calibrating a trained projector's distances to replay fidelity, at build time.
+
+The projector learns to predict the map distance, but a map hit is only worth
+having if replaying the stored maps keeps the output faithful (cosine of the
+pooled output to the full model's >= 0.99), and that depends on the length as
+well as the distance: one differing token moves a 7-token log line's output far
+more than a 40-token one's. A single threshold on the distance is then too
+loose for short inputs and too tight for long ones.
+
+So after training, the build measures it on *pseudo-queries* from the corpus
+itself (no query data): for a seeded sample of inputs, the nearest other input of
+the same length under the projector, its maps replayed on the input, and the
+pooled output compared with the input's own. A logistic fit of
+``P(faithful) = sigmoid(a + b log d + c log L)`` gives a decision boundary
+``d <= t (L / L_ref) ** gamma`` with ``gamma = -c / b``; the projector scales its
+output by ``(L / L_ref) ** -gamma`` (``Calibration.length_exponent``), which
+turns that boundary into one threshold on its distance, and the largest
+threshold whose pseudo-query hits reach the target precision becomes the
+namespace's recommended ``max_distance``.
+
+Pseudo-queries are neighbours inside the store, which are closer than held-out
+queries tend to be; measured on Loghub, the threshold chosen for 95% precision on
+them gave 99% precision on held-out lines (see docs/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from attnstore_client.adapters import Adapter
+from attnstore_client.batch import batch_from_ids
+from attnstore_client.projector import Calibration, Projector
+
+log = logging.getLogger(__name__)
+
+# Bounds of the fitted exponent: 0 is the plain threshold; past 2 a fit on a few
+# pairs is more likely noise than a real length effect.
+_MAX_EXPONENT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationConfig:
+    """Settings of ``calibrate_projector``; every default is what ``attnstore build`` uses."""
+
+    queries: int = 2000  # pseudo-queries sampled (inputs with another input of their length)
+    fidelity: float = 0.99  # cosine of the pooled output to the full model's that counts as faithful
+    precision: float = 0.95  # the recommended threshold's hits reach this share of faithful ones
+    batch_size: int = 32  # pseudo-queries per replay forward
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationReport:
+    """What the calibration measured."""
+
+    pairs: int  # pseudo-queries replayed
+    faithful: float  # share of them whose replay was faithful (no threshold)
+    calibration: Calibration | None  # None when too few pseudo-queries
+    hit_rate: float  # share of pseudo-queries within the recommended threshold
+    hit_precision: float | None  # faithful share of those
+
+
+def calibrate_projector(
+    adapter: Adapter,
+    projector: Projector,
+    ids: Sequence[Sequence[int]],
+    sources: Sequence[torch.Tensor],
+    maps: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    config: CalibrationConfig = CalibrationConfig(),
+) -> CalibrationReport:
+    """Measure replay fidelity on pseudo-queries and install the calibration on ``projector``.
+
+    Args:
+        adapter: the model.
+        projector: the trained projector (its calibration is replaced).
+        ids: per input, its token ids.
+        sources: per input, its ``(L, hidden)`` feature source.
+        maps: per input, its ``(layers, heads, L, L)`` maps (may be a lazy sequence).
+        outputs: per input, its ``(L, hidden)`` last hidden states (may be lazy).
+        config: settings.
+
+    Returns:
+        The measurement; ``projector.calibration`` is set unless there were too few pseudo-queries.
+    """
+    projector.calibration = None
+    lengths = np.array([len(row) for row in ids])
+    pairs = _pseudo_queries(projector.project(sources), lengths, config)
+    if len(pairs) < 16:
+        log.warning("calibration skipped: %d pseudo-queries (inputs sharing a length with another)", len(pairs))
+        return CalibrationReport(pairs=len(pairs), faithful=float("nan"), calibration=None, hit_rate=0.0,
+                                 hit_precision=None)
+    cosine = _replay_cosines(adapter, ids, maps, outputs, pairs, config)
+    faithful = cosine >= config.fidelity
+    distance = np.array([d for _, _, d in pairs])
+    length = lengths[[i for i, _, _ in pairs]]
+    exponent = _length_exponent(distance, length, faithful)
+    reference = int(np.median(length))
+    scaled = distance * (length / reference) ** -exponent
+    threshold = _threshold(scaled, faithful, config.precision)
+    hits = scaled <= threshold if threshold is not None else np.zeros(len(pairs), dtype=bool)
+    projector.calibration = Calibration(
+        length_exponent=exponent, reference_length=reference, max_distance=threshold,
+        fidelity=config.fidelity, precision=config.precision, pairs=len(pairs),
+    )
+    return CalibrationReport(
+        pairs=len(pairs),
+        faithful=float(faithful.mean()),
+        calibration=projector.calibration,
+        hit_rate=float(hits.mean()),
+        hit_precision=float(faithful[hits].mean()) if hits.any() else None,
+    )
+
+
+def _pseudo_queries(vectors: np.ndarray, lengths: np.ndarray, config: CalibrationConfig) -> list[tuple[int, int, float]]:
+    """``(input, nearest other input of its length, distance)`` for a seeded sample of inputs.
+
+    Inputs with identical vectors (the same tokens) are not each other's neighbours.
+    """
+    candidates = [i for i in range(len(lengths)) if (lengths == lengths[i]).sum() > 1]
+    rng = np.random.default_rng(config.seed)
+    chosen = rng.permutation(candidates)[: config.queries] if candidates else []
+    pairs = []
+    for i in chosen:
+        same = np.flatnonzero(lengths == lengths[i])
+        same = same[same != i]
+        distance = np.linalg.norm(vectors[same] - vectors[i], axis=1)  # (m,)
+        distance[distance == 0] = np.inf  # a second copy of the same tokens says nothing
+        j = int(np.argmin(distance))
+        if np.isfinite(distance[j]):
+            pairs.append((int(i), int(same[j]), float(distance[j])))
+    return pairs
+
+
+def _replay_cosines(
+    adapter: Adapter,
+    ids: Sequence[Sequence[int]],
+    maps: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    pairs: list[tuple[int, int, float]],
+    config: CalibrationConfig,
+) -> np.ndarray:
+    """Cosine of each pseudo-query's pooled output under its neighbour's maps to its own output."""
+    pad = adapter.loaded.tokenizer.pad_token_id
+    cosines = np.empty(len(pairs))
+    order = sorted(range(len(pairs)), key=lambda k: len(ids[pairs[k][0]]))  # batches of similar length
+    bar = tqdm(total=len(pairs), desc="calibrate", unit="query", disable=not config.progress)
+    for start in range(0, len(order), config.batch_size):
+        chunk = order[start : start + config.batch_size]
+        batch = batch_from_ids([ids[pairs[k][0]] for k in chunk], pad)
+        replay = {row: maps[pairs[k][1]] for row, k in enumerate(chunk)}  # (layers, heads, L, L) each
+        hidden = adapter.forward(batch, replay)  # (B, P, hidden)
+        for row, k in enumerate(chunk):
+            length = batch.lengths[row]
+            own = outputs[pairs[k][0]].float()  # (L, hidden)
+            mine = hidden[row, :length]  # (L, hidden)
+            pooled = (mine[-1], own[-1]) if adapter.causal else (mine.mean(dim=0), own.mean(dim=0))
+            cosines[k] = float(F.cosine_similarity(pooled[0], pooled[1], dim=0))
+        bar.update(len(chunk))
+    bar.close()
+    return cosines
+
+
+def _length_exponent(distance: np.ndarray, length: np.ndarray, faithful: np.ndarray) -> float:
+    """``gamma`` of the boundary ``d ~ L ** gamma`` of a logistic fit; 0 when the fit says nothing."""
+    if faithful.all() or not faithful.any() or len(set(length.tolist())) < 2:
+        return 0.0
+    x = torch.tensor(np.stack([np.log(np.maximum(distance, 1e-9)), np.log(length)], axis=1), dtype=torch.float64)
+    x = (x - x.mean(dim=0)) / x.std(dim=0).clamp_min(1e-9)  # standardised: LBFGS converges in a few steps
+    y = torch.tensor(faithful, dtype=torch.float64)
+    weights = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    optimiser = torch.optim.LBFGS([weights], max_iter=200, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        optimiser.zero_grad()
+        logits = weights[0] + x @ weights[1:]  # (n,)
+        value = F.binary_cross_entropy_with_logits(logits, y) + 1e-4 * weights[1:].pow(2).sum()
+        value.backward()
+        return value
+
+    optimiser.step(loss)
+    b, c = weights[1].item(), weights[2].item()
+    # Back to unstandardised log units: b' = b / sd(log d), c' = c / sd(log L); gamma = -c' / b'.
+    sd_d = np.log(np.maximum(distance, 1e-9)).std()
+    sd_l = np.log(length).std()
+    if b >= 0 or sd_l == 0:
+        return 0.0  # larger distances are not less faithful here: no length rule to learn
+    gamma = -(c / sd_l) / (b / sd_d)
+    return float(min(max(gamma, 0.0), _MAX_EXPONENT)) if math.isfinite(gamma) else 0.0
+
+
+def _threshold(distance: np.ndarray, faithful: np.ndarray, precision: float) -> float | None:
+    """The largest threshold whose hits (distance <= it) are at least ``precision`` faithful."""
+    order = np.argsort(distance, kind="stable")
+    d, f = distance[order], faithful[order]
+    share = np.cumsum(f) / np.arange(1, d.size + 1)
+    ends = np.r_[d[1:] != d[:-1], True]  # a threshold takes every pick at its distance
+    ok = np.flatnonzero((share >= precision) & ends)
+    return float(d[ok[-1]]) if ok.size else None
