@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from adapter_helpers import save_tiny_decoder
 
 from attnstore_tools.cli import main

@@ -193,6 +193,17 @@ def test_corpus_without_three_inputs_of_one_length_is_refused() -> None:
         train_projector(sources, maps, config=FAST)
 
 
+def test_causal_corpus_of_all_distinct_lengths_trains_and_validates_on_crop_pairs() -> None:
+    # Long prompts (5-shot MMLU) rarely share a length: a causal model still trains on crop pairs.
+    torch.manual_seed(0)
+    sources = [torch.randn(length, 8) for length in range(4, 28)]
+    maps = [torch.tril(torch.rand(1, 2, length, length)) for length in range(4, 28)]
+    maps = [m / m.sum(dim=-1, keepdim=True) for m in maps]
+    projector, report = train_projector(sources, maps, config=dataclasses.replace(FAST, causal=True))
+    assert report.train_pairs > 0 and report.val_pairs > 0 and report.val_items >= 1
+    assert projector.config.hidden == 8
+
+
 def test_maps_that_do_not_match_their_source_are_refused(bert_corpus) -> None:
     sources, maps = bert_corpus
     bad = list(maps)

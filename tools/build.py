@@ -56,7 +56,7 @@ class BuildConfig:
     train_limit: int = 8000  # inputs the projector trains on (a seeded sample)
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)  # ``causal`` and ``seed`` are set from the model and ``seed``
-    # Calibration of a new projector's distances to replay fidelity; None leaves it uncalibrated.
+    # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
 
 
@@ -405,7 +405,9 @@ def format_report(report: BuildReport) -> str:
     if c is not None and c.calibration is not None:
         cal = c.calibration
         threshold = "none reached the target" if cal.max_distance is None else f"{cal.max_distance:.4g}"
-        within = "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
+        within = (
+            "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
+        )
         lines.append(
             f"calibration: {c.pairs} pseudo-queries, {c.faithful:.1%} faithful at cosine >= {cal.fidelity};"
             f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"

@@ -89,7 +89,8 @@ class OracleReport:
     skipped: SkippedQueries
     calibrated_on: int  # calibration queries the thresholds were fitted on
     thresholds: dict[str, float | None]  # method -> threshold in use
-    calibrated_threshold: float | None  # the projector's calibrated threshold (even when fixed)
+    calibrated_threshold: float | None  # the projector's threshold calibrated on the split (even when not used)
+    threshold_source: str  # where the projector's threshold in use came from: "namespace", "calibration split", "fixed"
     oracle: str  # the oracle method the targets compare with
     parts: dict[str, dict[str, object]]  # part -> figures, over the evaluation split
     groups: dict[str, dict[str, dict[str, object]]]  # group -> part -> figures
@@ -106,6 +107,7 @@ class OracleReport:
             "projector_precision": overall.get("projector_precision"),
             "threshold": self.thresholds["projector"],
             "calibrated_threshold": self.calibrated_threshold,
+            "threshold_source": self.threshold_source,
             "key_thresholds": {k: v for k, v in self.thresholds.items() if k != "projector"},
             "model": self.model,
             "namespace": self.namespace,
@@ -182,8 +184,14 @@ def evaluate_oracle(
     oracle = "oracle_crop" if causal and config.crop else "oracle_same_length"
     thresholds, calibrated_on = calibrate_all(results, thresholded, config.target_precision, config.fidelity)
     calibrated = thresholds["projector"]
+    recommended = _recommended_threshold(info.projector)
     if config.max_distance is not None:
-        thresholds["projector"] = config.max_distance
+        thresholds["projector"], source = config.max_distance, "fixed"
+    elif recommended is not None:
+        # What clients use by default: the namespace's build-time calibration, no query data.
+        thresholds["projector"], source = recommended, "namespace"
+    else:
+        source = "calibration split"
     parts = report_parts(results, thresholds, oracle=oracle, budget=config.fidelity)
     by_group = {}
     for group in sorted({q.group for q in queries if q.group is not None}):
@@ -200,6 +208,7 @@ def evaluate_oracle(
         calibrated_on=calibrated_on,
         thresholds=thresholds,
         calibrated_threshold=calibrated,
+        threshold_source=source,
         oracle=oracle,
         parts=parts,
         groups=by_group,
@@ -207,6 +216,12 @@ def evaluate_oracle(
         results=results,
         seconds=time.perf_counter() - started,
     )
+
+
+def _recommended_threshold(blob: bytes) -> float | None:
+    """The namespace's calibrated threshold (its projector's ``calibration.max_distance``), if any."""
+    calibration = Projector.from_safetensors_bytes(blob).calibration
+    return None if calibration is None else calibration.max_distance
 
 
 def _sample(count: int, limit: int | None, seed: int) -> list[int]:
@@ -289,7 +304,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--corpus", type=Path, help="the build corpus: enables the simple keys")
     parser.add_argument("--corpus-column", help="text column (.tsv) or field (.jsonl) of the corpus")
     parser.add_argument("--namespace", default="default", help="namespace to evaluate (default: default)")
-    parser.add_argument("--max-distance", type=float, help="fixed projector threshold (default: calibrated)")
+    parser.add_argument("--max-distance", type=float,
+                        help="fixed projector threshold (default: the namespace's calibrated one, else one "
+                             "calibrated on the calibration split)")
     parser.add_argument("--target-precision", type=float, default=0.95, help="calibration target (default 0.95)")
     parser.add_argument("--fidelity", type=float, default=0.99, help="cosine budget of a faithful hit (default 0.99)")
     parser.add_argument("--crop", action=argparse.BooleanOptionalAction, default=True,
@@ -338,7 +355,8 @@ def format_report(report: OracleReport) -> str:
         f" calibration {report.config.calibration_fraction:.0%} (seed {report.config.seed}),"
         f" fitted on {report.calibrated_on}, figures on the rest",
         f"fidelity cosine >= {report.config.fidelity}, target precision {report.config.target_precision};"
-        f" oracle = {report.oracle}; thresholds: {thresholds}",
+        f" oracle = {report.oracle}; thresholds: {thresholds} (projector's from the {report.threshold_source};"
+        f" calibrated on the split: {_threshold(report.calibrated_threshold)})",
         "targets: hit rate >= 90% of oracle / precision >= 95% / not below the best simple key (Y n -)",
     ]
     sections = {"overall": report.parts} | report.groups

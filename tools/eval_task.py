@@ -21,13 +21,9 @@ For a task (see ``eval_data``) and a model it:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import os
-import platform
-import shlex
-import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -35,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from attnstore.errors import ConfigError, NamespaceNotFoundError
 from attnstore_tools.eval_data import STEM_SUBJECTS, TASKS, Task, load_task
+from attnstore_tools.eval_scores import build_report, format_report
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +44,6 @@ _DEFAULT_WORK = Path("runs/eval")
 # max_distance, or the client's default for an uncalibrated namespace).
 SWEEP = (0.25, 0.5, 1.0, 1.5, 2.5)
 _SAN_CALIBRATION = 64  # build inputs SAN's divergences are measured on
-GAMMA_FLOOR = 0.1  # metric loss (points) below which gamma's denominator is floored
 
 
 @dataclass(frozen=True)
@@ -59,6 +54,7 @@ class Sizes:
     store_limit: int | None  # train inputs stored (sts, sst2)
     per_subject: int | None = None  # mmlu: first test questions per subject
     timing_queries: int = 256
+    sweep: tuple[float, ...] = SWEEP  # thresholds, as multiples of the default one
 
 
 _SIZES: dict[tuple[str, bool], Sizes] = {
@@ -68,16 +64,19 @@ _SIZES: dict[tuple[str, bool], Sizes] = {
     ("sts", True): Sizes(limit=300, store_limit=3000, timing_queries=64),
     ("sst2", False): Sizes(limit=None, store_limit=10000),
     ("sst2", True): Sizes(limit=None, store_limit=2000, timing_queries=64),
-    ("mmlu", True): Sizes(limit=None, store_limit=None, per_subject=40, timing_queries=32),
+    ("mmlu", True): Sizes(limit=None, store_limit=None, per_subject=20, timing_queries=16),
 }
-_MMLU_5SHOT = Sizes(limit=None, store_limit=None, per_subject=10, timing_queries=16)
+# 5-shot prompts are ~650 tokens: 228 MB of fp16 maps each, and a minute per pass of 38
+# prompts on 2 cores; two thresholds keep the run under 30 minutes.
+_MMLU_5SHOT = Sizes(limit=None, store_limit=None, per_subject=4, timing_queries=4, sweep=(1.0, 2.5))
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     """Settings of one evaluation run (the command line's options)."""
 
-    thresholds: tuple[float, ...] | None = None  # None: SWEEP times the default threshold
+    thresholds: tuple[float, ...] | None = None  # None: ``sweep`` times the default threshold
+    sweep: tuple[float, ...] = SWEEP
     default_threshold: float | None = None  # None: the namespace's recommendation (what AttnCache uses)
     batch_size: int = 32
     timing_queries: int = 256
@@ -123,8 +122,8 @@ def evaluate(
     Raises:
         NamespaceNotFoundError, FingerprintMismatchError: the namespace does not fit the model.
     """
-    from attnstore_client.adapters import adapter_for
     from attnstore.service import AttnStoreService
+    from attnstore_client.adapters import adapter_for
     from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
     from attnstore_client.local_connection import LocalConnection
     from attnstore_tools.eval_fidelity import letter_ids
@@ -151,7 +150,7 @@ def evaluate(
         # A calibration that found no precise threshold recommends 0 (exact hits only): sweep
         # around the uncalibrated default to show what looser thresholds would cost.
         base = default or DEFAULT_MAX_DISTANCE
-        thresholds = sorted(set(config.thresholds or (round(f * base, 6) for f in SWEEP)) | {round(default, 6)})
+        thresholds = sorted(set(config.thresholds or (round(f * base, 6) for f in config.sweep)) | {round(default, 6)})
         batches = chunks(ids, range(len(ids)), config.batch_size, tokenizer.pad_token_id)
         plain = PlainVariant(adapter)
         variants = [plain, CacheVariant(cache, 0.0, maps=False)]
@@ -163,8 +162,10 @@ def evaluate(
         reference = np.empty((0, adapter.hidden_size), dtype=np.float32)
         if task.references:
             reference_ids = _tokenize(loaded, task.references)
-            reference_batches = chunks(reference_ids, range(len(reference_ids)), config.batch_size, tokenizer.pad_token_id)
-            reference = run_pass(adapter, plain, reference_batches, len(reference_ids), progress=config.progress).outputs
+            reference_batches = chunks(reference_ids, range(len(reference_ids)), config.batch_size,
+                                       tokenizer.pad_token_id)
+            reference = run_pass(adapter, plain, reference_batches, len(reference_ids),
+                                 progress=config.progress).outputs
         task.fit(reference)
 
         passes = [
@@ -176,8 +177,8 @@ def evaluate(
         timing_batches = chunks(ids, subset.tolist(), config.batch_size, tokenizer.pad_token_id)
         timings = time_variants(adapter, variants, timing_batches, rounds=config.timing_rounds,
                                 progress=config.progress)
-    return _report(task, loaded, store_url, namespace, config, round(default, 6), variants, passes, timings,
-                   duplicate, len(subset), context)
+    return build_report(task, loaded, store_url, namespace, config, round(default, 6), variants, passes, timings,
+                        duplicate, len(subset), context)
 
 
 def _tokenize(loaded, texts: Sequence[str]) -> list[list[int]]:
@@ -225,150 +226,6 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
     return variants + [AttnCacheFVariant(adapter, service, namespace, keys, q) for q in config.attncache_f]
 
 
-# ---- the report -------------------------------------------------------------------
-
-
-def _cosines(outputs: np.ndarray, full: np.ndarray) -> np.ndarray:
-    a = outputs / np.maximum(np.linalg.norm(outputs, axis=1, keepdims=True), 1e-12)
-    b = full / np.maximum(np.linalg.norm(full, axis=1, keepdims=True), 1e-12)
-    return np.sum(a * b, axis=1)  # (n,)
-
-
-def _metric_input(task: Task, run) -> np.ndarray:
-    return run.logits if task.answers_by_logits else run.outputs
-
-
-def _nan_to_none(value: float | None) -> float | None:
-    return None if value is None or not np.isfinite(value) else round(float(value), 6)
-
-
-def _report(task, loaded, store_url, namespace, config, default, variants, passes, timings, duplicate, timed, context):
-    full_pass, full_timing = passes[0], timings[0]
-    full_metric, full_groups = task.score(_metric_input(task, full_pass))
-    part_masks = {"exact_dup": duplicate, "rest": ~duplicate}
-    full_parts = {}
-    for part, mask in part_masks.items():
-        pair_mask = task.query_mask(mask)
-        metric = task.score(_metric_input(task, full_pass), pair_mask)[0] if pair_mask.any() else None
-        full_parts[part] = {"queries": int(pair_mask.sum()), "metric": _nan_to_none(metric)}
-    rows = []
-    for variant, run, timing in zip(variants[1:], passes[1:], timings[1:], strict=True):
-        metric, groups = task.score(_metric_input(task, run))
-        cosine = _cosines(run.outputs, full_pass.outputs)
-        served = np.array([kind in ("exact", "map") for kind in run.kinds])
-        parts = {}
-        for part, mask in part_masks.items():
-            pair_mask = task.query_mask(mask)
-            if not pair_mask.any():
-                parts[part] = {"queries": 0, "metric": None, "full": None, "hit_rate": None, "cosine_mean": None}
-                continue
-            parts[part] = {
-                "queries": int(pair_mask.sum()),
-                "metric": _nan_to_none(task.score(_metric_input(task, run), pair_mask)[0]),
-                "full": full_parts[part]["metric"],
-                "hit_rate": _nan_to_none(served[mask].mean()),
-                "cosine_mean": _nan_to_none(cosine[mask].mean()),
-            }
-        group_rows = {}
-        if task.groups is not None:
-            group_array = np.array(task.groups)
-            for group, value in groups.items():
-                members = group_array == group
-                group_rows[group] = {
-                    "queries": int(members.sum()), "metric": _nan_to_none(value),
-                    "full": _nan_to_none(full_groups.get(group)), "hit_rate": _nan_to_none(served[members].mean()),
-                }
-        delta = metric - full_metric
-        e2e_incl = full_timing.total_s / timing.total_s
-        rows.append({
-            "method": variant.name,
-            "setting": variant.setting,
-            "default": variant.name == "attncache" and variant.setting == default,
-            "metric": _nan_to_none(metric),
-            "delta": _nan_to_none(delta),
-            "hit_rate": _nan_to_none((run.exact_hits + run.map_hits) / len(run.kinds)),
-            "exact_hits": run.exact_hits,
-            "map_hits": run.map_hits,
-            "misses": run.misses,
-            "fallbacks": run.fallbacks,
-            "layer_replays": run.layer_replays,
-            "cosine": {
-                "mean": _nan_to_none(cosine.mean()), "min": _nan_to_none(cosine.min()),
-                "share_099": _nan_to_none(np.mean(cosine >= 0.99)),
-            },
-            "groups": group_rows,
-            "parts": parts,
-            "speedup": {
-                "e2e_excl": _nan_to_none(full_timing.total_s / max(timing.compute_s, 1e-9)),
-                "e2e_incl": _nan_to_none(e2e_incl),
-                "attn_excl": _nan_to_none(full_timing.attention_s / max(timing.attention_compute_s, 1e-9)),
-                "attn_incl": _nan_to_none(
-                    full_timing.attention_s / max(timing.attention_compute_s + timing.retrieval_s, 1e-9)
-                ),
-            },
-            "gamma": _nan_to_none((e2e_incl - 1) / max(-delta, GAMMA_FLOOR)),
-            "time_s": {
-                "total": round(timing.total_s, 4), "retrieval": round(timing.retrieval_s, 4),
-                "attention": round(timing.attention_s, 4), "full_total": round(full_timing.total_s, 4),
-                "full_attention": round(full_timing.attention_s, 4), "pass": round(run.seconds, 2),
-            },
-        })
-    stats = _store_stats(store_url, namespace)
-    return {
-        "kind": "attnstore.eval/1",
-        "task": task.name,
-        "shots": config.extra.get("shots"),
-        "model": loaded.name,
-        "command": "attnstore " + shlex.join(sys.argv[1:]) if Path(sys.argv[0]).name == "attnstore" else None,
-        "metric": {"name": task.metric, "unit": task.unit},
-        "machine": {
-            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cpu": _cpu_name(), "date": datetime.date.today().isoformat(),
-        },
-        "store": {"url": store_url, "namespace": namespace, **stats},
-        "queries": len(full_pass.kinds),
-        "pairs": task.pairs,
-        "longest_tokens": context,
-        "batch_size": config.batch_size,
-        "timing": {"queries": timed, "rounds": config.timing_rounds, "warmup_rounds": 1},
-        "default_threshold": default,
-        "options": {**config.extra,
-                    "attncache_f": list(config.attncache_f), "seed": config.seed},
-        "full": {
-            "metric": _nan_to_none(full_metric),
-            "groups": {g: _nan_to_none(v) for g, v in full_groups.items()},
-            "parts": full_parts,
-            "time_s": {"total": round(full_timing.total_s, 4), "attention": round(full_timing.attention_s, 4),
-                       "pass": round(full_pass.seconds, 2)},
-        },
-        "rows": rows,
-    }
-
-
-def _store_stats(store_url: str, namespace: str) -> dict[str, object]:
-    """Entries and bytes of the namespace, for an embedded store (a daemon's are not read here)."""
-    if not store_url.startswith("local:"):
-        return {}
-    from attnstore.service import AttnStoreService
-
-    with AttnStoreService.open(store_url[len("local:"):], readonly=True) as service:
-        stats = service.stats()
-    for ns in stats.namespaces:
-        if ns.name == namespace:
-            return {"entries": ns.entries, "bytes": ns.stored_bytes}
-    return {}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # ---- the command ------------------------------------------------------------------
 
 
@@ -399,7 +256,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="where built stores go, reused by later runs (default runs/eval)")
         parser.add_argument("--thresholds", type=_floats,
                             help="map-hit thresholds swept, comma-separated (default: "
-                                 f"{', '.join(map(str, SWEEP))} times the default threshold)")
+                                 f"{', '.join(map(str, SWEEP))} times the default threshold; 1, 2.5 for 5-shot mmlu)")
         parser.add_argument("--default-threshold", type=float,
                             help="the threshold reported as the default (default: the namespace's calibrated "
                                  "recommendation, which AttnCache uses when given none)")
@@ -414,8 +271,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "divergence on build inputs (default 0.25,0.5)")
         parser.add_argument("--attncache-f", type=_floats, default=(0.05, 0.2),
                             help="AttnCache-f: per-layer distance quantiles (default 0.05,0.2)")
-        parser.add_argument("--codec", default="fp16", choices=["fp16", "zstd", "q8", "q8+zstd"],
-                            help="codec of a store this command builds (default fp16)")
+        parser.add_argument("--codec", choices=["fp16", "zstd", "q8", "q8+zstd"],
+                            help="codec of a store this command builds (default fp16; zstd for 5-shot mmlu)")
         parser.add_argument("--token-file", type=Path, help="file holding the daemon's bearer token")
         parser.add_argument("--tls-ca", help="CA certificate of a grpcs:// daemon")
         parser.add_argument("--seed", type=int, default=0, help="seed of the timing subset (default 0)")
@@ -427,7 +284,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             parser.add_argument("--subjects", nargs="+", default=list(STEM_SUBJECTS),
                                 help="MMLU subjects (default: the 19 STEM subjects)")
             parser.add_argument("--per-subject", type=int,
-                                help="first test questions per subject, half stored (default 40 0-shot, 10 5-shot)")
+                                help="first test questions per subject, half stored (default 20 0-shot, 4 5-shot)")
         parser.set_defaults(func=run, task=name)
 
 
@@ -467,12 +324,13 @@ def run(args: argparse.Namespace) -> int:
     config = EvalConfig(
         thresholds=None if args.thresholds is None else tuple(args.thresholds),
         default_threshold=args.default_threshold, batch_size=args.batch_size,
-        timing_queries=args.timing_queries or sizes.timing_queries, timing_rounds=args.timing_rounds,
+        timing_queries=args.timing_queries or sizes.timing_queries, timing_rounds=args.timing_rounds, sweep=sizes.sweep,
         baselines=not args.no_baselines, san_shares=tuple(args.san_shares),
         attncache_f=tuple(args.attncache_f), seed=args.seed, progress=not args.no_progress, extra=extra,
     )
     namespace = args.namespace or (f"mmlu-{shots}shot" if args.task == "mmlu" else args.task)
-    store_url = args.store or _build_store(loaded, task, args, namespace, decoder)
+    stored = options["per_subject"] if args.task == "mmlu" else options["store_limit"]
+    store_url = args.store or _build_store(loaded, task, args, namespace, stored)
     token = args.token_file.read_text().strip() if args.token_file else os.environ.get("ATTNSTORE_TOKEN")
     started = time.perf_counter()
     report = evaluate(task, loaded, store_url, namespace, config, token=token, tls_ca=args.tls_ca)
@@ -484,13 +342,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, decoder: bool) -> str:
-    """Build (or reuse) the task's store under ``--work-dir``; returns its ``local:`` URL."""
+def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, stored: int | None) -> str:
+    """Build (or reuse) the task's store under ``--work-dir``; returns its ``local:`` URL.
+
+    ``stored`` is the size option that decides what is stored (``--store-limit``,
+    or ``--per-subject`` for mmlu); it is part of the folder's name.
+    """
     from attnstore.service import AttnStoreService
     from attnstore_tools.build import BuildConfig, build_namespace, format_report as format_build
     from attnstore_tools.corpus import read_texts
 
-    suffix = f"-{task.name}" if args.build_from is None else f"-{args.build_from.stem}"
+    if args.build_from is not None:
+        suffix = f"-{args.build_from.stem}"
+    else:
+        # Every size that changes what is stored is in the name: a store is reused only for the same corpus.
+        shots = f"-{args.shots}shot" if task.name == "mmlu" else ""
+        suffix = f"-{task.name}{shots}" + ("" if stored is None else f"-n{stored}")
     path = args.work_dir / "stores" / f"{Path(loaded.name).name}{suffix}"
     corpus = task.build if args.build_from is None else read_texts(args.build_from, column=args.column)
     with AttnStoreService.open(path, create=True) as service:
@@ -501,43 +368,9 @@ def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, d
         except NamespaceNotFoundError:
             pass
         # Rows over the model's context are skipped and counted by the build (queries are truncated).
-        config = BuildConfig(namespace=namespace, codec=args.codec, max_length=_context(loaded))
+        codec = args.codec or ("zstd" if task.name == "mmlu" and task.queries and args.shots == 5 else "fp16")
+        config = BuildConfig(namespace=namespace, codec=codec, max_length=_context(loaded))
         print(f"building namespace {namespace!r} in {path} from {len(corpus)} inputs")
         report = build_namespace(loaded, corpus, service, config, progress=not args.no_progress)
     print(format_build(report))
     return f"local:{path}"
-
-
-def format_report(report: dict[str, object]) -> str:
-    """The printed table: one line per variant."""
-    full = report["full"]
-    unit = report["metric"]["unit"]
-    lines = [
-        f"{report['task']} / {report['model']}: {report['queries']} queries, metric {report['metric']['name']} "
-        f"({unit}); timing: {report['timing']['queries']} queries, median of {report['timing']['rounds']} rounds",
-        f"{'method':<13} {'setting':>8} {'metric':>8} {'delta':>7} {'hit':>7} {'exact':>6} {'map':>6} "
-        f"{'cos>=.99':>8} {'e2e ex':>7} {'e2e in':>7} {'att ex':>7} {'att in':>7} {'gamma':>7}",
-        f"{'full':<13} {'':>8} {full['metric']:>8.2f} {'':>7} {'':>7} {'':>6} {'':>6} {'':>8} "
-        f"{'1.00':>7} {'1.00':>7} {'1.00':>7} {'1.00':>7} {'':>7}",
-    ]
-    for row in report["rows"]:
-        setting = "" if row["setting"] is None else f"{row['setting']:g}"
-        speed = row["speedup"]
-        gamma = "-" if row["gamma"] is None else f"{row['gamma']:.2f}"
-        mark = "*" if row["default"] else ""
-        lines.append(
-            f"{row['method'] + mark:<13} {setting:>8} {_num(row['metric']):>8} {_num(row['delta']):>7} "
-            f"{_pct(row['hit_rate']):>7} {row['exact_hits']:>6} {row['map_hits']:>6} "
-            f"{_pct(row['cosine']['share_099']):>8} {_num(speed['e2e_excl']):>7} {_num(speed['e2e_incl']):>7} "
-            f"{_num(speed['attn_excl']):>7} {_num(speed['attn_incl']):>7} {gamma:>7}"
-        )
-    lines.append("* the default threshold; speedups vs the full model, excluding (ex) and including (in) retrieval")
-    return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"

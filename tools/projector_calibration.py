@@ -121,7 +121,9 @@ def calibrate_projector(
     )
 
 
-def _pseudo_queries(vectors: np.ndarray, lengths: np.ndarray, config: CalibrationConfig) -> list[tuple[int, int, float]]:
+def _pseudo_queries(
+    vectors: np.ndarray, lengths: np.ndarray, config: CalibrationConfig
+) -> list[tuple[int, int, float]]:
     """``(input, nearest other input of its length, distance)`` for a seeded sample of inputs.
 
     Inputs with identical vectors (the same tokens) are not each other's neighbours.

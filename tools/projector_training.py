@@ -190,7 +190,7 @@ def train_projector(
         FeatureSourceError: a source of the wrong shape or holding NaN/Inf.
     """
     started = time.perf_counter()
-    lengths = _check_corpus(sources, maps)
+    lengths = _check_corpus(sources, maps, causal=config.causal)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         rng = np.random.default_rng(config.seed)
@@ -201,7 +201,7 @@ def train_projector(
         projector = Projector(shape)
         with torch.no_grad():
             pooled = projector.pool(sources)  # (n, features)
-        train_idx, val_idx = _split(lengths, config.val_fraction, rng)
+        train_idx, val_idx = _split(lengths, config.val_fraction, rng, causal=config.causal)
         mean = pooled[train_idx].mean(dim=0)
         std = pooled[train_idx].std(dim=0)
         # Constant features (e.g. length in a one-length corpus) must not divide by ~0.
@@ -247,8 +247,12 @@ def train_projector(
     return projector, report
 
 
-def _check_corpus(sources: Sequence[torch.Tensor], maps: Sequence[torch.Tensor]) -> np.ndarray:
-    """Token lengths of the corpus after checking sizes and shapes."""
+def _check_corpus(sources: Sequence[torch.Tensor], maps: Sequence[torch.Tensor], *, causal: bool) -> np.ndarray:
+    """Token lengths of the corpus after checking sizes and shapes.
+
+    Causal models also train on crop pairs (an input against a longer one), so
+    they need no length shared by three inputs: long prompts rarely share one.
+    """
     if len(sources) != len(maps):
         raise MapShapeError(f"train_projector(): {len(sources)} sources but {len(maps)} maps")
     if len(sources) < MIN_CORPUS:
@@ -262,7 +266,7 @@ def _check_corpus(sources: Sequence[torch.Tensor], maps: Sequence[torch.Tensor])
             expected = layout + (int(length), int(length))
             raise MapShapeError(f"train_projector(): maps {i} have shape {tuple(m.shape)}, expected {expected}")
     _, counts = np.unique(lengths, return_counts=True)
-    if counts.max() < 3:
+    if counts.max() < 3 and not causal:
         raise CorpusError(
             "train_projector(): training needs at least 3 inputs of one token length "
             f"(a train pair and a held-out query); the most of any length here is {counts.max()}"
@@ -270,17 +274,26 @@ def _check_corpus(sources: Sequence[torch.Tensor], maps: Sequence[torch.Tensor])
     return lengths
 
 
-def _split(lengths: np.ndarray, val_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Hold out inputs for validation, leaving each held-out length at least two training inputs."""
+def _split(
+    lengths: np.ndarray, val_fraction: float, rng: np.random.Generator, *, causal: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out inputs for validation, leaving each held-out length at least two training inputs.
+
+    Causal corpora may also hold out an input with a longer one left in training
+    (its crop pairs validate it), which is what corpora of long, rarely
+    same-length prompts rely on.
+    """
     values, counts = np.unique(lengths, return_counts=True)
     left_in_train = dict(zip(values.tolist(), counts.tolist()))
     target = max(1, int(round(val_fraction * lengths.size)))
+    longest = int(lengths.max())
     val = []
     for i in rng.permutation(lengths.size):
         if len(val) == target:
             break
-        if left_in_train[int(lengths[i])] > 2:
-            left_in_train[int(lengths[i])] -= 1
+        length = int(lengths[i])
+        if left_in_train[length] > 2 or (causal and length < longest):
+            left_in_train[length] -= 1
             val.append(int(i))
     is_val = np.zeros(lengths.size, dtype=bool)
     is_val[val] = True
