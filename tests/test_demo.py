@@ -5,12 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
 from attnstore_tools.cli import main
-from attnstore_tools.demo import data_dir, spearman, stsb_pairs, train_sentences
+from attnstore_tools.demo import data_dir, stsb_pairs, train_sentences
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
@@ -39,11 +38,6 @@ def test_stsb_pairs_keep_quotes_and_refuse_too_few(tmp_path):
 def test_train_sentences_are_distinct_in_file_order(tmp_path):
     (tmp_path / "stsb_train.tsv").write_text("score\tsentence1\tsentence2\n1\ta\tb\n2\tb\tc\n3\td\ta\n")
     assert train_sentences(tmp_path, 3) == ["a", "b", "c"]
-
-
-def test_spearman_averages_tied_ranks():
-    assert spearman(np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0, 30.0])) == pytest.approx(1.0)
-    assert spearman(np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(0.8660254)
 
 
 @pytest.mark.real_model

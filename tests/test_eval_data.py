@@ -9,7 +9,7 @@ import pytest
 
 from attnstore.errors import ConfigError
 from attnstore_client.cache import PROMPT_EOL
-from attnstore_tools.eval_data import STEM_SUBJECTS, load_task, spearman
+from attnstore_tools.eval_data import STEM_SUBJECTS, load_task
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data beside the repository")
@@ -65,7 +65,6 @@ def test_sts_pairs_queries_and_scores_spearman_of_cosines_times_100():
     # A pair is in a part only when both its sentences are.
     both = np.array([True] * 5 + [False] * 5 + [True] * 4 + [False] * 6)
     assert task.query_mask(both).tolist() == [True] * 4 + [False] * 6
-    assert spearman(np.array([1, 2, 3.0]), np.array([10, 20, 30.0])) == pytest.approx(1.0)
 
 
 def test_mmlu_five_shot_prompts_have_one_header_five_answered_exemplars_then_the_question():

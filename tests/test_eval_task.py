@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from daemon import READ_TOKEN, DaemonProcess
 
 from attnstore.errors import ConfigError
 from attnstore.service import AttnStoreService
@@ -83,6 +84,23 @@ def test_evaluate_scores_and_times_every_variant_and_splits_exact_duplicates(min
     assert report["options"]["san"]["calibration_inputs"] == 30
     json.dumps(report)  # JSON-ready: no NaN, no numpy scalars
     assert "output_cache" in format_report(report)
+
+
+def test_evaluate_against_a_daemon_serves_the_same_exact_hits_and_skips_only_attncache_f(
+    minilm_model, store, tmp_path
+):
+    task = _animal_task(_corpus()[:6] + [f"one grey {a} slept under the old mat." for a in _ANIMALS])
+    config = EvalConfig(thresholds=(0.0,), default_threshold=0.0, batch_size=8, timing_queries=4, timing_rounds=1,
+                        san_shares=(0.5,), progress=False)
+    daemon = DaemonProcess(store, tmp_path).start()
+    try:
+        report = evaluate(task, minilm_model, f"grpc://{daemon.target}", "ns", config, token=READ_TOKEN)
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    methods = [row["method"] for row in report["rows"]]
+    assert methods == ["output_cache", "attncache", "lazyformer", "san"]  # AttnCache-f reads maps in process only
+    assert report["rows"][0]["exact_hits"] == 6 and report["rows"][0]["fallbacks"] == 0
+    assert report["store"] == {"url": f"grpc://{daemon.target}", "namespace": "ns"}
 
 
 def test_eval_config_refuses_negative_thresholds_naming_the_option():

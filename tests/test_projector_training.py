@@ -134,6 +134,7 @@ def test_rank_correlation_handles_order_reversal_and_ties() -> None:
     assert rank_correlation(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == pytest.approx(1.0)
     assert rank_correlation(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == pytest.approx(-1.0)
     assert rank_correlation(np.array([0, 0, 1, 2]), np.array([0, 0, 5, 9])) == pytest.approx(1.0)
+    assert rank_correlation(np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == pytest.approx(0.8660254)
     assert np.isnan(rank_correlation(np.array([1, 1, 1]), np.array([1, 2, 3])))
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore_tools.machine import cpu_model
 
 logger = logging.getLogger(__name__)
 
@@ -201,20 +202,10 @@ def _machine() -> dict[str, object]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "platform": platform.platform(),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 _COLUMNS: Sequence[tuple[str, str, int]] = (

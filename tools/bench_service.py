@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore_tools.machine import cpu_model
 
 _VARIANTS = ("baseline", "replay_memory", "hit", "hit_wait_all", "miss", "exact")
 
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         "load_average_before": load_before,
         "load_average_after": load_after,
         "machine": platform.machine(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "torch": torch.__version__,
         "variants": [asdict(t) for t in timings],
         "targets": _targets(timings),
@@ -142,17 +143,6 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
-
-
-def _cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTiming]:

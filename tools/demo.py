@@ -97,17 +97,6 @@ def train_sentences(folder: Path, count: int) -> list[str]:
     return list(distinct)[:count]
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation (ties get their average rank)."""
-    return float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    starts = np.cumsum(counts) - counts
-    return (starts + (counts - 1) / 2.0)[inverse]
-
-
 @contextmanager
 def _store_folder(explicit: Path | None) -> Iterator[Path]:
     if explicit is not None:
@@ -156,6 +145,7 @@ def _build(loaded, corpus: list[str], store: Path, args: argparse.Namespace) -> 
 
 def _compare(loaded, store: Path, queries: list[str], scores: np.ndarray, args: argparse.Namespace) -> None:
     from attnstore_client.cache import AttnCache
+    from attnstore_tools.projector_training import rank_correlation
 
     options = {} if args.max_distance is None else {"max_distance": args.max_distance}
     show = not args.no_progress
@@ -172,8 +162,8 @@ def _compare(loaded, store: Path, queries: list[str], scores: np.ndarray, args: 
     plain_s, stats = min(plain_times), min(runs, key=lambda run: run.total_s)
     cosine = np.sum(_unit(plain) * _unit(cached), axis=1)  # (n,)
     n = len(queries) // 2
-    plain_rho = spearman(np.sum(_unit(plain[:n]) * _unit(plain[n:]), axis=1), scores)
-    cached_rho = spearman(np.sum(_unit(cached[:n]) * _unit(cached[n:]), axis=1), scores)
+    plain_rho = rank_correlation(np.sum(_unit(plain[:n]) * _unit(plain[n:]), axis=1), scores)
+    cached_rho = rank_correlation(np.sum(_unit(cached[:n]) * _unit(cached[n:]), axis=1), scores)
     retrieval = stats.projection_s + stats.lookup_s + stats.fetch_s
     print(f"\n{len(queries)} held-out STS-B dev sentences ({n} pairs), batch size {args.batch_size}")
     print(f"hit rate {stats.hit_rate:.1%}: {stats.exact_hits} exact hits (stored outputs, no forward), "

@@ -33,6 +33,7 @@ import numpy as np
 from attnstore.errors import ConfigError, CorpusError
 from attnstore_client.cache import PROMPT_EOL
 from attnstore_tools.eval_corpora import LETTERS, LOGHUB_SYSTEMS, mmlu_prompt
+from attnstore_tools.projector_training import rank_correlation
 
 TaskName = Literal["logs", "sts", "sst2", "mmlu"]
 TASKS: tuple[TaskName, ...] = ("logs", "sts", "sst2", "mmlu")
@@ -159,17 +160,6 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation (ties get their average rank)."""
-    return float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    starts = np.cumsum(counts) - counts
-    return (starts + (counts - 1) / 2.0)[inverse]
-
-
 def _per_group(correct: np.ndarray, groups: np.ndarray, mask: np.ndarray) -> dict[str, float]:
     return {
         str(g): float(correct[mask & (groups == g)].mean() * 100)
@@ -251,7 +241,7 @@ def _sts(data: Path, decoder: bool, limit: int | None, store_limit: int | None) 
             mask = np.ones(n, dtype=bool) if mask is None else mask
             if mask.sum() < 3:
                 return float("nan"), {}
-            return spearman(cosine[mask], gold[mask]) * 100, {}
+            return rank_correlation(cosine[mask], gold[mask]) * 100, {}
 
         return score
 

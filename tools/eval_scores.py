@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import shlex
 import sys
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ import torch
 from attnstore_tools.eval_data import Task
 from attnstore_tools.eval_runner import Pass, Timing
 from attnstore_tools.eval_variants import Variant
+from attnstore_tools.machine import cpu_model
 
 GAMMA_FLOOR = 0.1  # metric loss (points) below which gamma's denominator is floored
 
@@ -152,7 +152,7 @@ def build_report(
         "metric": {"name": task.metric, "unit": task.unit},
         "machine": {
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cpu": _cpu_name(), "date": datetime.date.today().isoformat(),
+            "cpu": cpu_model(), "date": datetime.date.today().isoformat(),
         },
         "store": {"url": store_url, "namespace": namespace, **stats},
         "queries": len(full_pass.kinds),
@@ -186,16 +186,6 @@ def _store_stats(store_url: str, namespace: str) -> dict[str, object]:
         if ns.name == namespace:
             return {"entries": ns.entries, "bytes": ns.stored_bytes}
     return {}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def format_report(report: dict[str, object]) -> str:
