@@ -67,7 +67,12 @@ def write_corpora(config: CorporaConfig) -> dict[str, int]:
     return written
 
 
-def _tsv_rows(path: Path) -> list[dict[str, str]]:
+def tsv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a data file (TSV with a header line, no quoting) as dicts.
+
+    Raises:
+        CorpusError: the file cannot be read.
+    """
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -76,7 +81,7 @@ def _tsv_rows(path: Path) -> list[dict[str, str]]:
 
 
 def _write_stsb(config: CorporaConfig) -> int:
-    rows = _tsv_rows(config.data / "stsb_train.tsv")
+    rows = tsv_rows(config.data / "stsb_train.tsv")
     sentences = dict.fromkeys(s for row in rows for s in (row["sentence1"], row["sentence2"]))
     (config.out / "stsb_train_sentences.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
     return len(sentences)
@@ -86,7 +91,7 @@ def _write_loghub(config: CorporaConfig) -> dict[str, int]:
     rng = np.random.default_rng(config.seed)
     build, queries = [], []
     for system in LOGHUB_SYSTEMS:
-        lines = [row["content"] for row in _tsv_rows(config.data / "loghub" / f"{system}.tsv")]
+        lines = [row["content"] for row in tsv_rows(config.data / "loghub" / f"{system}.tsv")]
         head, tail = lines[: config.loghub_store_lines], lines[config.loghub_store_lines :]
         if len(tail) < config.loghub_queries:
             raise CorpusError(f"loghub {system}: {len(tail)} lines after the store's, need {config.loghub_queries}")

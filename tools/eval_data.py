@@ -21,7 +21,6 @@ form: decoders see sentences inside the PromptEOL prompt, as the client's
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ import numpy as np
 
 from attnstore.errors import ConfigError, CorpusError
 from attnstore_client.cache import PROMPT_EOL
-from attnstore_tools.eval_corpora import LETTERS, LOGHUB_SYSTEMS, mmlu_prompt
+from attnstore_tools.eval_corpora import LETTERS, LOGHUB_SYSTEMS, mmlu_prompt, tsv_rows
 from attnstore_tools.projector_training import rank_correlation
 
 TaskName = Literal["logs", "sts", "sst2", "mmlu"]
@@ -144,14 +143,6 @@ def load_task(
     raise ConfigError(f"unknown task {name!r}; choose from {list(TASKS)}")
 
 
-def _tsv(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    except OSError as exc:
-        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
 def _prompt(texts: Sequence[str], decoder: bool) -> list[str]:
     return [PROMPT_EOL.format(text=text) for text in texts] if decoder else list(texts)
 
@@ -177,7 +168,7 @@ def _logs(data: Path, decoder: bool, limit: int | None, k: int) -> Task:
     build, build_labels, build_systems = [], [], []
     queries, labels, systems = [], [], []
     for system in LOGHUB_SYSTEMS:
-        rows = _tsv(data / "loghub" / f"{system}.tsv")
+        rows = tsv_rows(data / "loghub" / f"{system}.tsv")
         if len(rows) < 2000:
             raise CorpusError(f"loghub {system}: {len(rows)} lines, expected 2,000")
         for row in rows[:1000]:
@@ -227,9 +218,9 @@ def _logs(data: Path, decoder: bool, limit: int | None, k: int) -> Task:
 
 
 def _sts(data: Path, decoder: bool, limit: int | None, store_limit: int | None) -> Task:
-    train = _tsv(data / "stsb_train.tsv")
+    train = tsv_rows(data / "stsb_train.tsv")
     stored = list(dict.fromkeys(s for row in train for s in (row["sentence1"], row["sentence2"])))[:store_limit]
-    test = _tsv(data / "stsb_test.tsv")[:limit]
+    test = tsv_rows(data / "stsb_test.tsv")[:limit]
     gold = np.array([float(row["score"]) for row in test])
     n = len(test)
     queries = [row["sentence1"] for row in test] + [row["sentence2"] for row in test]
@@ -257,8 +248,8 @@ def _sts(data: Path, decoder: bool, limit: int | None, store_limit: int | None) 
 def _sst2(data: Path, decoder: bool, limit: int | None, store_limit: int | None) -> Task:
     from sklearn.linear_model import LogisticRegression
 
-    train = [row for row in _tsv(data / "sst2_train.tsv") if row["sentence"].strip()][:store_limit]
-    dev = _tsv(data / "sst2_dev.tsv")[:limit]
+    train = [row for row in tsv_rows(data / "sst2_train.tsv") if row["sentence"].strip()][:store_limit]
+    dev = tsv_rows(data / "sst2_dev.tsv")[:limit]
     train_labels = np.array([int(row["label"]) for row in train])
     gold = np.array([int(row["label"]) for row in dev])
     build = _prompt([row["sentence"] for row in train], decoder)
