@@ -172,6 +172,7 @@ class SanVariant(_SharingVariant):
         if not threshold >= 0:
             raise ConfigError(f"SanVariant: threshold must be >= 0, got {threshold!r}")
         super().__init__(adapter, calibration.sources(threshold))
+        self.calibration = calibration
         self.setting = threshold
 
 

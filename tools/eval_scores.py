@@ -161,7 +161,7 @@ def build_report(
         "batch_size": config.batch_size,
         "timing": {"queries": timed, "rounds": config.timing_rounds, "warmup_rounds": 1},
         "default_threshold": default,
-        "options": {**config.extra,
+        "options": {**config.extra, **_san_options(variants, config.san_shares),
                     "attncache_f": list(config.attncache_f), "seed": config.seed},
         "full": {
             "metric": _nan_to_none(full_metric),
@@ -172,6 +172,18 @@ def build_report(
         },
         "rows": rows,
     }
+
+
+def _san_options(variants: Sequence[Variant], shares: Sequence[float]) -> dict[str, object]:
+    """SAN's calibration as the JSON records it: divergences per adjacent pair, shares and thresholds."""
+    san = [v for v in variants if v.name == "san"]
+    if not san:
+        return {}
+    calibration = san[0].calibration
+    return {"san": {
+        "divergences": [round(d, 5) for d in calibration.divergences], "calibration_inputs": calibration.inputs,
+        "shares": list(shares), "thresholds": [round(v.setting, 5) for v in san],
+    }}
 
 
 def _store_stats(store_url: str, namespace: str) -> dict[str, object]:

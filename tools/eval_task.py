@@ -213,12 +213,7 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
     sample = np.random.default_rng(config.seed).permutation(len(build_ids))[:_SAN_CALIBRATION].tolist()
     calibration = calibrate_san(adapter, [batch for _, batch in chunks(build_ids, sample, config.batch_size, pad)])
     variants: list = [LazyFormerVariant(adapter)]
-    thresholds = [calibration.threshold_for(share) for share in config.san_shares]
-    config.extra["san"] = {
-        "divergences": [round(d, 5) for d in calibration.divergences], "calibration_inputs": calibration.inputs,
-        "shares": list(config.san_shares), "thresholds": [round(t, 5) for t in thresholds],
-    }
-    variants += [SanVariant(adapter, calibration, threshold) for threshold in thresholds]
+    variants += [SanVariant(adapter, calibration, calibration.threshold_for(share)) for share in config.san_shares]
     if service is None:
         log.warning("AttnCache-f reads maps in process: it runs on local: stores only; skipped")
         return variants
