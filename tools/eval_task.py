@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from attnstore.errors import ConfigError, NamespaceNotFoundError
+from attnstore_tools.admin import TOKEN_ENV, read_token
 from attnstore_tools.eval_data import STEM_SUBJECTS, TASKS, Task, load_task
 from attnstore_tools.eval_scores import build_report, format_report
 
@@ -246,7 +247,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--column", help="text column of a .tsv --build-from corpus, or field of a .jsonl one")
         parser.add_argument("--namespace", help=f"namespace (default: {name}, with the shots for mmlu)")
         parser.add_argument("--json", required=True, type=Path, help="write the report here")
-        parser.add_argument("--data", type=Path, default=_DEFAULT_DATA, help=f"evaluation data (default {_DEFAULT_DATA})")
+        parser.add_argument("--data", type=Path, default=_DEFAULT_DATA,
+                            help=f"evaluation data (default {_DEFAULT_DATA})")
         parser.add_argument("--work-dir", type=Path, default=_DEFAULT_WORK,
                             help="where built stores go, reused by later runs (default runs/eval)")
         parser.add_argument("--thresholds", type=_floats,
@@ -269,6 +271,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--codec", choices=["fp16", "zstd", "q8", "q8+zstd"],
                             help="codec of a store this command builds (default fp16; zstd for 5-shot mmlu)")
         parser.add_argument("--token-file", type=Path, help="file holding the daemon's bearer token")
+        parser.add_argument("--token",
+                            help=f"bearer token (prefer --token-file or ${TOKEN_ENV}: argv is visible to ps)")
         parser.add_argument("--tls-ca", help="CA certificate of a grpcs:// daemon")
         parser.add_argument("--seed", type=int, default=0, help="seed of the timing subset (default 0)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -326,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     namespace = args.namespace or (f"mmlu-{shots}shot" if args.task == "mmlu" else args.task)
     stored = options["per_subject"] if args.task == "mmlu" else options["store_limit"]
     store_url = args.store or _build_store(loaded, task, args, namespace, stored)
-    token = args.token_file.read_text().strip() if args.token_file else os.environ.get("ATTNSTORE_TOKEN")
+    token = read_token(args)
     started = time.perf_counter()
     report = evaluate(task, loaded, store_url, namespace, config, token=token, tls_ca=args.tls_ca)
     report["seconds"] = round(time.perf_counter() - started, 1)
