@@ -176,6 +176,15 @@ def test_summary_counts_faithful_hits_within_the_threshold_and_judges_the_target
     assert summarise(results, {"projector": None}, oracle="oracle_same_length", budget=0.99)["projector_hits"] == 0
 
 
+def test_summary_reports_the_projector_at_the_split_threshold_apart_from_its_targets():
+    results = [_result(0.1, 1.0), _result(0.2, 0.9), _result(0.9, 1.0)]
+    summary = summarise(results, {"projector": 0.15}, oracle="oracle_same_length", budget=0.99, split_threshold=1.0)
+    assert (summary["projector_hits"], summary["projector_faithful_hits"]) == (1, 1)
+    assert (summary["projector_split_hits"], summary["projector_split_faithful_hits"]) == (3, 2)
+    assert summary["projector_split_precision"] == pytest.approx(2 / 3)
+    assert summary["targets"]["precision"] is True  # judged at the projector's own threshold
+
+
 def test_figures_are_split_into_exact_duplicates_and_the_rest_on_the_held_out_split(minilm_model, service):
     config = OracleConfig(namespace="ns", calibration_fraction=0.4)
     report = evaluate_oracle(minilm_model, service, QUERIES, config, corpus=CORPUS, progress=False)

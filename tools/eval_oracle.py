@@ -46,6 +46,8 @@ from attnstore_tools.oracle_report import (
 from attnstore_tools.oracle_search import SIMPLE_KEYS, Pick, entry_sources, key_picks, oracle_picks, projector_picks
 
 log = logging.getLogger(__name__)
+# The "kind" of the JSON file, which `attnstore report` reads.
+KIND = "attnstore.oracle/1"
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,10 @@ class OracleReport:
     seconds: float
 
     def to_json_dict(self) -> dict[str, object]:
-        """The report as JSON-ready data, headline keys first."""
+        """The report as JSON-ready data, headline keys first (after ``kind``)."""
         overall = self.parts["all"]
         return {
+            "kind": KIND,
             "oracle_hit_rate": overall["oracle_hit_rate"],
             "projector_hit_rate": overall.get("projector_hit_rate"),
             "projector_precision": overall.get("projector_precision"),
@@ -192,11 +195,13 @@ def evaluate_oracle(
         thresholds["projector"], source = recommended, "namespace"
     else:
         source = "calibration split"
-    parts = report_parts(results, thresholds, oracle=oracle, budget=config.fidelity)
+    split = calibrated if source != "calibration split" else None
+    parts = report_parts(results, thresholds, oracle=oracle, budget=config.fidelity, split_threshold=split)
     by_group = {}
     for group in sorted({q.group for q in queries if q.group is not None}):
         members = [r for r in results if r.group == group]
-        by_group[group] = report_parts(members, thresholds, oracle=oracle, budget=config.fidelity)
+        by_group[group] = report_parts(members, thresholds, oracle=oracle, budget=config.fidelity,
+                                       split_threshold=split)
     return OracleReport(
         model=loaded.name,
         namespace=config.namespace,

@@ -103,6 +103,7 @@ def summarise(
     *,
     oracle: str,
     budget: float,
+    split_threshold: float | None = None,
 ) -> dict[str, object]:
     """Figures of one part of the evaluation split (see the module docstring).
 
@@ -111,6 +112,9 @@ def summarise(
         thresholds: per thresholded method (``projector`` and the simple keys present).
         oracle: the oracle method the targets compare with.
         budget: the fidelity budget (cosine).
+        split_threshold: the projector's threshold calibrated on the split, when the
+            projector uses another (its namespace's): reported apart as ``projector_split_*``,
+            the like-for-like comparison with the simple keys, which are calibrated that way.
     """
     n = len(results)
     rate = (lambda k: k / n) if n else (lambda k: None)
@@ -124,15 +128,18 @@ def summarise(
     with_oracle = [r for r in results if r.methods[oracle].entry_id is not None]
     same = sum(r.methods["projector"].entry_id == r.methods[oracle].entry_id for r in with_oracle)
     summary["projector_top1_is_oracle"] = same / len(with_oracle) if with_oracle else None
-    for method, threshold in thresholds.items():
-        prefix = "projector" if method == "projector" else f"key_{method}"
+    rows = [(m, "projector" if m == "projector" else f"key_{m}", t) for m, t in thresholds.items()]
+    if split_threshold is not None:
+        rows.append(("projector", "projector_split", split_threshold))
+    for method, prefix, threshold in rows:
         hits = [r for r in results if _hit(r.methods[method].distance, threshold)]
         faithful = sum(r.methods[method].faithful(budget) for r in hits)
         summary[f"{prefix}_hits"], summary[f"{prefix}_faithful_hits"] = len(hits), faithful
         summary[f"{prefix}_hit_rate"] = rate(faithful)
         summary[f"{prefix}_precision"] = faithful / len(hits) if hits else None
         # Without any threshold: how often the method's top-1 alone is faithful (its ranking quality).
-        summary[f"{prefix}_top1_faithful_rate"] = rate(sum(r.methods[method].faithful(budget) for r in results))
+        if prefix != "projector_split":  # the same top-1 as the projector's
+            summary[f"{prefix}_top1_faithful_rate"] = rate(sum(r.methods[method].faithful(budget) for r in results))
     summary.update(_answers(results, thresholds.get("projector"), oracle))
     summary["targets"] = _targets(summary, [m for m in thresholds if m != "projector"])
     return summary
@@ -178,7 +185,12 @@ def _targets(summary: dict[str, object], keys: Sequence[str]) -> dict[str, objec
 
 
 def report_parts(
-    results: Sequence[QueryResult], thresholds: dict[str, float | None], *, oracle: str, budget: float
+    results: Sequence[QueryResult],
+    thresholds: dict[str, float | None],
+    *,
+    oracle: str,
+    budget: float,
+    split_threshold: float | None = None,
 ) -> dict[str, dict[str, object]]:
     """``summarise`` of the evaluation split: all queries, those with an exact duplicate, the rest."""
     held_out = [r for r in results if not r.calibration]
@@ -187,17 +199,25 @@ def report_parts(
         "exact_dup": [r for r in held_out if r.duplicate],
         "rest": [r for r in held_out if not r.duplicate],
     }
-    return {name: summarise(rows, thresholds, oracle=oracle, budget=budget) for name, rows in parts.items()}
+    return {
+        name: summarise(rows, thresholds, oracle=oracle, budget=budget, split_threshold=split_threshold)
+        for name, rows in parts.items()
+    }
 
 
 def format_table(sections: dict[str, dict[str, dict[str, object]]], keys: Sequence[str]) -> str:
     """A text table: one row per (section, part); rates in %, counts in brackets.
 
     ``top1`` is a method's top-1 faithful rate with no threshold; ``hit`` its
-    faithful hits at its calibrated threshold; ``prec`` the share of its hits that are faithful.
+    faithful hits at its threshold; ``prec`` the share of its hits that are faithful.
+    ``split`` is the projector at the threshold calibrated on the split, shown when
+    it used another one.
     """
     labels = {"mean_pooled": "mean", "positionwise": "pos"}
+    split = any("projector_split_hits" in parts[part] for parts in sections.values() for part in PARTS)
     columns = ["n", "oracle", "top1=oracle", "proj top1", "proj hit", "proj prec"]
+    if split:
+        columns += ["split hit", "split prec"]
     for key in keys:
         columns += [f"{labels.get(key, key)} top1", f"{labels.get(key, key)} hit"]
     columns.append("targets")
@@ -209,6 +229,9 @@ def format_table(sections: dict[str, dict[str, dict[str, object]]], keys: Sequen
                  _pct(s["projector_top1_is_oracle"]), _pct(s.get("projector_top1_faithful_rate")),
                  _pct(s.get("projector_hit_rate"), s.get("projector_faithful_hits")),
                  _pct(s.get("projector_precision"), s.get("projector_hits"), of=True)]
+        if split:
+            cells += [_pct(s.get("projector_split_hit_rate"), s.get("projector_split_faithful_hits")),
+                      _pct(s.get("projector_split_precision"), s.get("projector_split_hits"), of=True)]
         for key in keys:
             cells += [_pct(s.get(f"key_{key}_top1_faithful_rate")),
                       _pct(s.get(f"key_{key}_hit_rate"), s.get(f"key_{key}_faithful_hits"))]

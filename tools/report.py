@@ -1,9 +1,9 @@
 """``attnstore report``: the tables of docs/RESULTS.md and the plots, from the eval harness's JSON files.
 
 Reads every ``attnstore.eval/1`` file under ``--runs`` (one per ``attnstore eval
-logs|sts|sst2|mmlu`` run; other JSON files, such as those of ``eval oracle``,
-are skipped), writes two PNG plots per run and rewrites the generated blocks of
-the results file: the lines between ``<!-- report:NAME -->`` and
+logs|sts|sst2|mmlu`` run; other JSON files are skipped) and the ``attnstore eval
+oracle`` files named by ``--oracle``, writes two PNG plots per eval run and
+rewrites the generated blocks of the results file: the lines between ``<!-- report:NAME -->`` and
 ``<!-- /report:NAME -->``. Prose outside the markers is kept byte for byte. A
 block whose markers are missing is appended at the end under a heading, with
 its markers, so the first run creates them.
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from attnstore.errors import ConfigError
+from attnstore_tools.report_oracle import oracle_blocks
 from attnstore_tools.report_plots import write_plots
 from attnstore_tools.report_tables import Block, run_block, splice_blocks, summary_block
 
@@ -326,6 +327,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"),
                         help="folder searched for the eval runs' JSON files (default: runs/eval)")
+    parser.add_argument("--oracle", type=Path, nargs="*", default=[], metavar="JSON",
+                        help="attnstore eval oracle files, one block oracle-NAMESPACE each (default: none)")
     parser.add_argument("--results", type=Path, default=Path("docs/RESULTS.md"),
                         help="results file whose generated blocks are rewritten (default: docs/RESULTS.md)")
     parser.add_argument("--plots", type=Path, default=Path("docs/plots"),
@@ -337,14 +340,18 @@ def run(args: argparse.Namespace) -> int:
     """Write the plots and the results file's blocks; print what was written; returns 0.
 
     Raises:
-        ConfigError: no eval run file under ``--runs``, an invalid one, or broken markers in the results file.
+        ConfigError: neither an eval run file under ``--runs`` nor an ``--oracle`` file, an invalid one,
+            or broken markers in the results file.
     """
     runs = load_runs(args.runs)
-    if not runs:
-        raise ConfigError(f"no {KIND} files under {args.runs}: run attnstore eval logs|sts|sst2|mmlu --json first")
+    oracles = oracle_blocks(args.oracle)
+    if not runs and not oracles:
+        raise ConfigError(f"no {KIND} files under {args.runs} and no --oracle file:"
+                          " run attnstore eval logs|sts|sst2|mmlu --json first")
     plots = write_plots(runs, args.plots)
-    blocks = [Block("summary", "Summary", summary_block(runs))]
+    blocks = [Block("summary", "Summary", summary_block(runs))] if runs else []
     blocks += [Block(r.name, r.title, run_block(r, plots[r.name], args.results.parent)) for r in runs]
+    blocks += oracles
     text = args.results.read_bytes().decode("utf-8") if args.results.exists() else ""
     spliced = splice_blocks(text, blocks, args.results)
     args.results.parent.mkdir(parents=True, exist_ok=True)
