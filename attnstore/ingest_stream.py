@@ -25,6 +25,7 @@ class _Pending:
     length: int
     token_hash: bytes
     feature: np.ndarray | None  # (feature_dim,) float32
+    token_ids: np.ndarray | None  # (length,) uint32
     maps_dtype: str | None = None  # wire dtype of the first map chunk; every layer must share it
     maps: np.ndarray | None = None  # (layers, heads, L, L), allocated when the first layer is complete
     layers_done: set[int] = field(default_factory=set)
@@ -88,7 +89,10 @@ class IngestStaging:
         if begin.length < 1:
             raise WireFormatError(f"Ingest entry {len(self._done)}: length must be >= 1, got {begin.length}")
         feature = np.fromiter(begin.feature, dtype=np.float32, count=len(begin.feature)) if begin.feature else None
-        self._pending = _Pending(len(self._done), int(begin.length), bytes(begin.token_hash), feature)
+        token_ids = (
+            np.fromiter(begin.token_ids, dtype=np.uint32, count=len(begin.token_ids)) if begin.token_ids else None
+        )
+        self._pending = _Pending(len(self._done), int(begin.length), bytes(begin.token_hash), feature, token_ids)
 
     def _entry(self, what: str) -> _Pending:
         if self._pending is None:
@@ -173,5 +177,6 @@ class IngestStaging:
                 f" or {self._assembler.incomplete} arrays with parts missing"
             )
         self._done.append(
-            NewEntry(maps=entry.maps, token_hash=entry.token_hash, outputs=entry.outputs, feature=entry.feature)
+            NewEntry(maps=entry.maps, token_hash=entry.token_hash, outputs=entry.outputs, feature=entry.feature,
+                     token_ids=entry.token_ids)
         )

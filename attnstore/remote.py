@@ -98,27 +98,31 @@ def lookup_request(
     lengths: Sequence[int],
     *,
     token_hashes: Sequence[bytes | None] | None = None,
+    token_ids: Sequence[Sequence[int]] | None = None,
     max_distance: float,
     want_maps: bool = True,
     want_outputs: bool = True,
+    gate: bool = False,
 ) -> pb.LookupRequest:
-    """A LookupRequest for a batch: ``features`` ``(B, feature_dim)``, one length (and hash) per row."""
+    """A LookupRequest for a batch: ``features`` ``(B, feature_dim)``, one length (and hash, token ids) per row."""
     features = np.asarray(features, dtype=np.float32)  # (B, d)
     if features.ndim != 2 or len(features) != len(lengths):
         raise ConfigError(
             f"features must be (B, d) with one length per row; got {features.shape} and {len(lengths)} lengths"
         )
     hashes = token_hashes if token_hashes is not None else [None] * len(lengths)
+    ids = token_ids if token_ids is not None else [()] * len(lengths)
     return pb.LookupRequest(
         namespace=namespace,
         fingerprint=fingerprint,
         queries=[
-            pb.Query(feature=row.tolist(), length=int(length), token_hash=token_hash or b"")
-            for row, length, token_hash in zip(features, lengths, hashes, strict=True)
+            pb.Query(feature=row.tolist(), length=int(length), token_hash=token_hash or b"", token_ids=list(row_ids))
+            for row, length, token_hash, row_ids in zip(features, lengths, hashes, ids, strict=True)
         ],
         max_distance=max_distance,
         want_maps=want_maps,
         want_outputs=want_outputs,
+        gate=gate,
     )
 
 
@@ -133,8 +137,10 @@ def ingest_requests(
     for index, entry in enumerate(entries):
         maps = np.asarray(entry.maps)  # (layers, heads, L, L)
         feature = [] if entry.feature is None else np.asarray(entry.feature, dtype=np.float32).tolist()
+        token_ids = [] if entry.token_ids is None else np.asarray(entry.token_ids).tolist()
         yield pb.IngestRequest(
-            entry=pb.EntryBegin(length=maps.shape[-1], token_hash=bytes(entry.token_hash), feature=feature)
+            entry=pb.EntryBegin(length=maps.shape[-1], token_hash=bytes(entry.token_hash), feature=feature,
+                                token_ids=token_ids)
         )
         for layer in range(maps.shape[0]):
             for chunk in map_chunks(maps[layer], query_index=index, entry_id=0, layer=layer):

@@ -11,6 +11,7 @@ the entry records when a store is opened, so nothing but the store is persisted.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ from typing import Literal
 
 import numpy as np
 
-from attnstore.errors import FingerprintMismatchError, MapShapeError
-from attnstore.index import BucketedIndex, FaissIndex, VectorIndex
+from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotReadyError
+from attnstore.gate import FidelityGate, differing_positions, gate_features
+from attnstore.index import BucketedIndex, Candidate, FaissIndex, VectorIndex
+from attnstore.projector_blob import gate_from_projector
 from attnstore.store import (
     CompactReport,
     EntryInfo,
@@ -45,6 +48,7 @@ class Query:
     feature: np.ndarray  # (feature_dim,) float32 projector output
     length: int  # token length L
     token_hash: bytes | None = None  # exact-tier key; None skips the exact tier
+    token_ids: np.ndarray | None = None  # (L,) the row's token ids: what the fidelity gate compares
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,7 @@ class MatchResult:
     entry_id: int | None  # None on a miss
     distance: float  # predicted map distance (0 for exact hits, nearest candidate's on a miss)
     stored_length: int | None  # >= the query length for causal crops; None on a miss
+    probability: float | None = None  # gated lookups: the fidelity gate's P(faithful) of the best candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,7 @@ class AttnStoreService:
         *,
         max_distance: float,
         exact: bool = True,
+        gate: bool = False,
     ) -> list[MatchResult]:
         """Match each query: exact tier first, then the nearest entry within ``max_distance``.
 
@@ -188,18 +194,23 @@ class AttnStoreService:
             namespace: namespace name.
             fingerprint: the caller's model fingerprint; must equal the namespace's.
             queries: one per batch row.
-            max_distance: threshold on the predicted map distance.
+            max_distance: threshold on the predicted map distance (ignored when gated).
             exact: consult the exact tier (token hash) first.
+            gate: decide map hits with the namespace's fidelity gate (``attnstore.gate``)
+                instead of ``max_distance``; every query needs its token ids.
 
         Returns:
             One ``MatchResult`` per query, in order.
 
         Raises:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
-            MapShapeError: a feature of the wrong dimension, or a bad length.
+            NamespaceNotReadyError: ``gate`` on a namespace without one.
+            MapShapeError: a feature of the wrong dimension, a bad length, or a gated
+                query without token ids (or with as many as its length).
             VectorIndexError: NaN/Inf features or a bad threshold.
         """
         info = self.check_fingerprint(namespace, fingerprint)
+        fidelity_gate = self._gate(info) if gate else None
         results: list[MatchResult | None] = [None] * len(queries)
         if exact:
             for i, query in enumerate(queries):
@@ -208,7 +219,16 @@ class AttnStoreService:
                     if entry_id is not None:
                         results[i] = MatchResult("exact", entry_id, 0.0, query.length)
         pending = [i for i, result in enumerate(results) if result is None]
-        if pending:
+        if pending and fidelity_gate is not None:
+            picks = self._gate_picks(namespace, info, fidelity_gate, [queries[i] for i in pending], pending)
+            for i, (pick, probability) in zip(pending, picks, strict=True):
+                if pick is None:
+                    results[i] = MatchResult("miss", None, math.inf, None)
+                elif probability >= fidelity_gate.min_probability:
+                    results[i] = MatchResult("map", pick.entry_id, pick.distance, pick.stored_length, probability)
+                else:
+                    results[i] = MatchResult("miss", None, pick.distance, None, probability)
+        elif pending:
             dim = info.layout.feature_dim
             features = np.stack([_feature(queries[i].feature, dim) for i in pending])
             lengths = np.array([_length(queries[i].length) for i in pending], dtype=np.int64)
@@ -230,6 +250,75 @@ class AttnStoreService:
         if hit_ids:
             self._store.record_hits(namespace, hit_ids)
         return [r for r in results if r is not None]
+
+    def gate(self, namespace: str) -> FidelityGate | None:
+        """The namespace's fidelity gate, from its projector blob; None when it has none.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+            FormatVersionError: the projector blob is not safetensors, or its gate is malformed.
+        """
+        info = self.get_namespace(namespace)
+        return None if info.projector is None else gate_from_projector(info.projector)
+
+    def _gate(self, info: NamespaceInfo) -> FidelityGate:
+        gate = None if info.projector is None else gate_from_projector(info.projector)
+        if gate is None:
+            raise NamespaceNotReadyError(
+                f"namespace {info.name!r} has no fidelity gate (built without calibration, or before gates):"
+                " look up with a max distance instead"
+            )
+        return gate
+
+    def gate_picks(
+        self, namespace: str, fingerprint: str, queries: Sequence[Query], gate: FidelityGate
+    ) -> list[tuple[Candidate | None, float]]:
+        """Each query's most probable candidate under ``gate`` and its probability, hit or not.
+
+        What a gated lookup decides on (it serves the pick when the probability reaches
+        ``gate.min_probability``); for evaluations, which need the pick of a miss too.
+
+        Raises:
+            as ``lookup``.
+        """
+        info = self.check_fingerprint(namespace, fingerprint)
+        return self._gate_picks(namespace, info, gate, queries, range(len(queries)))
+
+    def _gate_picks(
+        self,
+        namespace: str,
+        info: NamespaceInfo,
+        gate: FidelityGate,
+        queries: Sequence[Query],
+        rows: Iterable[int],
+    ) -> list[tuple[Candidate | None, float]]:
+        """``gate_picks`` for ``queries``; ``rows`` are their positions in the caller's batch (for messages)."""
+        token_ids = [_token_ids(query, row) for query, row in zip(queries, rows, strict=True)]
+        features = np.stack([_feature(q.feature, info.layout.feature_dim) for q in queries])
+        lengths = np.array([_length(q.length) for q in queries], dtype=np.int64)
+        with self._index_lock:
+            candidates = self._index(namespace).candidates(
+                features, lengths, causal=info.layout.causal, k=gate.candidates, length_penalty=self._length_penalty
+            )
+        return [self._gate_pick(namespace, gate, ids, found) for ids, found in zip(token_ids, candidates, strict=True)]
+
+    def _gate_pick(
+        self, namespace: str, gate: FidelityGate, token_ids: np.ndarray, candidates: Sequence[Candidate]
+    ) -> tuple[Candidate | None, float]:
+        """The most probable of one query's candidates (entries without token ids cannot be picked)."""
+        stored = [self._store.entry(namespace, c.entry_id).token_ids for c in candidates]
+        usable = [k for k, ids in enumerate(stored) if ids is not None]
+        if not usable:
+            return None, 0.0
+        features = gate_features(
+            np.array([candidates[k].distance for k in usable]),
+            len(token_ids),
+            np.array([differing_positions(token_ids, stored[k]) for k in usable]),
+            np.array(usable),
+        )
+        probabilities = gate.probabilities(features)
+        best = int(np.argmax(probabilities))
+        return candidates[usable[best]], float(probabilities[best])
 
     def read_layer(self, namespace: str, entry_id: int, layer: int, length: int | None = None) -> np.ndarray:
         """One layer of an entry's maps ``(heads, length, length)`` fp16, cropped for causal reuse.
@@ -385,6 +474,16 @@ def _feature(feature: np.ndarray, dim: int) -> np.ndarray:
     if vector.shape != (dim,):
         raise MapShapeError(f"feature vectors of this namespace have {dim} values, got shape {vector.shape}")
     return vector
+
+
+def _token_ids(query: Query, row: int) -> np.ndarray:
+    """A gated query's token ids as ``(L,)`` int64."""
+    if query.token_ids is None:
+        raise MapShapeError(f"query {row}: a gated lookup needs the row's token ids")
+    ids = np.asarray(query.token_ids)
+    if ids.shape != (query.length,) or ids.dtype.kind not in "iu":
+        raise MapShapeError(f"query {row}: {ids.shape} token ids of dtype {ids.dtype} for length {query.length}")
+    return ids.astype(np.int64)
 
 
 def _length(length: int) -> int:

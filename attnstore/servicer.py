@@ -143,6 +143,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 self._queries(request.queries),
                 max_distance=request.max_distance,
                 exact=request.want_outputs,
+                gate=request.gate,
             )
             seconds = time.perf_counter() - start
             results, outputs = self._read_exact_outputs(service, namespace, results)
@@ -174,6 +175,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.fingerprint,
                 self._queries(request.queries),
                 max_distance=request.max_distance,
+                gate=request.gate,
             )
             seconds = time.perf_counter() - start
             self._metrics.matched(request.namespace, [r.kind for r in results], seconds, lookup=False)
@@ -291,6 +293,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 feature=np.fromiter(q.feature, dtype=np.float32, count=len(q.feature)),
                 length=int(q.length),
                 token_hash=bytes(q.token_hash) or None,
+                token_ids=np.fromiter(q.token_ids, dtype=np.int64, count=len(q.token_ids)) if q.token_ids else None,
             )
             for q in queries
         ]

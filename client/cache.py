@@ -82,8 +82,10 @@ class AttnCache:
         store: ``grpc://HOST:PORT`` (a daemon), ``grpcs://HOST:PORT`` (with TLS),
             ``local:PATH`` (embedded: the store opened in this process), or an open connection.
         namespace: the namespace built for this model.
-        max_distance: threshold on the predicted map distance for a map hit; None takes the
-            namespace's calibrated recommendation (``Projector.calibration``), 0 (exact hits
+        max_distance: threshold on the predicted map distance for a map hit. None (the
+            default) lets the namespace's fidelity gate decide when it has one (``attnstore.gate``:
+            the best of the nearest entries by distance and differing tokens); else takes the
+            namespace's calibrated threshold (``Projector.calibration``), 0 (exact hits
             only) if its calibration found no threshold precise enough, and
             ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.
         token: bearer token of the daemon (a read token suffices).
@@ -150,7 +152,8 @@ class AttnCache:
             fingerprint=fingerprint,
             projector=projector,
             settings=PrefillSettings(
-                namespace, _threshold(max_distance, projector), exact, stream, timeout, retry
+                namespace, _threshold(max_distance, projector), exact, stream, timeout, retry,
+                gate=max_distance is None and projector.gate is not None,
             ),
             breaker=CircuitBreaker(breaker),
         )
@@ -177,14 +180,19 @@ class AttnCache:
 
     @property
     def max_distance(self) -> float:
-        """Threshold on the predicted map distance for a map hit; settable between calls."""
+        """Threshold on the predicted map distance for a map hit when not gated; setting it turns the gate off."""
         return self._prefill.settings.max_distance
 
     @max_distance.setter
     def max_distance(self, value: float) -> None:
         if not value >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {value}")
-        self._prefill.settings = dataclasses.replace(self._prefill.settings, max_distance=float(value))
+        self._prefill.settings = dataclasses.replace(self._prefill.settings, max_distance=float(value), gate=False)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the namespace's fidelity gate decides map hits (instead of ``max_distance``)."""
+        return self._prefill.settings.gate
 
     @property
     def breaker(self) -> CircuitBreaker:

@@ -118,6 +118,8 @@ class StoreConnection(ABC):
         max_distance: float,
         exact: bool,
         timeout: float | None,
+        token_ids: Sequence[Sequence[int]] | None = None,
+        gate: bool = False,
     ) -> Retrieval:
         """Match a batch and start delivering its hit rows' arrays.
 
@@ -126,9 +128,11 @@ class StoreConnection(ABC):
             features: ``(B, feature_dim)`` projector outputs.
             lengths: each row's token length.
             token_hashes: each row's exact-tier key (None skips the exact tier for that row).
-            max_distance: threshold on the predicted map distance.
+            max_distance: threshold on the predicted map distance (ignored when gated).
             exact: consult the exact tier and deliver stored outputs.
             timeout: deadline in seconds of the whole call, arrays included (None: none).
+            token_ids: each row's token ids; needed when ``gate`` is set.
+            gate: decide map hits with the namespace's fidelity gate (``attnstore.gate``).
 
         Returns:
             The retrieval; its matches are there when this returns.

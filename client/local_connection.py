@@ -67,15 +67,21 @@ class LocalConnection(StoreConnection):
         max_distance: float,
         exact: bool,
         timeout: float | None,
+        token_ids: Sequence[Sequence[int]] | None = None,
+        gate: bool = False,
     ) -> Retrieval:
         """See :meth:`StoreConnection.lookup` (in-process: ``timeout`` does not apply)."""
         from attnstore.service import Query
 
+        ids = token_ids if token_ids is not None else [None] * len(lengths)
         queries = [
-            Query(feature=feature, length=int(length), token_hash=token_hash if exact else None)
-            for feature, length, token_hash in zip(features, lengths, token_hashes, strict=True)
+            Query(feature=feature, length=int(length), token_hash=token_hash if exact else None,
+                  token_ids=None if row_ids is None else np.asarray(row_ids))
+            for feature, length, token_hash, row_ids in zip(features, lengths, token_hashes, ids, strict=True)
         ]
-        results = self._service.lookup(namespace, fingerprint, queries, max_distance=max_distance, exact=exact)
+        results = self._service.lookup(
+            namespace, fingerprint, queries, max_distance=max_distance, exact=exact, gate=gate
+        )
         return _LocalRetrieval(self._service, namespace, results, lengths)
 
     def health(self) -> str:

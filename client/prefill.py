@@ -36,11 +36,12 @@ class PrefillSettings:
     """How batches use the store (see ``AttnCache`` for the user-facing defaults)."""
 
     namespace: str
-    max_distance: float  # threshold on the predicted map distance
+    max_distance: float  # threshold on the predicted map distance (when not gated)
     exact: bool  # use the exact tier (stored outputs)
     stream: bool  # start replay while maps still arrive
     timeout: float | None  # deadline of one batch's lookup, arrays included
     retry: RetryPolicy
+    gate: bool = False  # decide map hits with the namespace's fidelity gate instead of max_distance
 
 
 @dataclass(slots=True)
@@ -149,6 +150,8 @@ class CachedPrefill:
                 lambda remaining: self.connection.lookup(
                     settings.namespace, self.fingerprint, features, batch.lengths, hashes,
                     max_distance=settings.max_distance, exact=settings.exact, timeout=remaining,
+                    token_ids=[batch.row_ids(row) for row in range(batch.size)] if settings.gate else None,
+                    gate=settings.gate,
                 ),
                 settings.retry,
                 timeout=settings.timeout,

@@ -19,8 +19,12 @@ faithful depends on the distance *and* on the length (one differing token moves 
 faithful grows with the length, and scaling the vectors turns that length-aware
 threshold into one number, the calibration's ``max_distance``.
 
-The weights travel as safetensors bytes (the config and the calibration in its
-metadata as JSON), so every client of a namespace uses the same projector.
+The calibration also fits the namespace's fidelity gate (``attnstore.gate``),
+which decides hits from the distance *and* the tokens that differ; the service
+applies it when a client asks (the default when the namespace has one).
+
+The weights travel as safetensors bytes (the config, the calibration and the
+gate in its metadata as JSON), so every client of a namespace uses the same projector.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnstore.errors import ConfigError, FeatureSourceError, FormatVersionError
+from attnstore.gate import FidelityGate
+from attnstore.projector_blob import GATE_METADATA_KEY, gate_from_projector, safetensors_metadata
 
 FORMAT = "attnstore.projector/1"
 _METADATA_KEY = "attnstore.projector"
@@ -122,6 +127,7 @@ class Projector(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.out = nn.Linear(config.slots * config.width + _LENGTH_FEATURES, config.dim)
         self.calibration: Calibration | None = None
+        self.gate: FidelityGate | None = None
 
     def pool(self, sources: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pool variable-length feature sources to fixed-size rows.
@@ -201,12 +207,14 @@ class Projector(nn.Module):
         self.feature_scale.copy_(scale)
 
     def to_safetensors_bytes(self) -> bytes:
-        """Weights and standardisation as safetensors bytes, the config as JSON metadata."""
+        """Weights and standardisation as safetensors bytes; config, calibration and gate as JSON metadata."""
         tensors = {name: tensor.detach().contiguous().clone() for name, tensor in self.state_dict().items()}
         record = {"format": FORMAT, "config": dataclasses.asdict(self.config)}
         if self.calibration is not None:
             record["calibration"] = dataclasses.asdict(self.calibration)
         metadata = {_METADATA_KEY: json.dumps(record)}
+        if self.gate is not None:
+            metadata[GATE_METADATA_KEY] = self.gate.to_json()
         return safetensors.torch.save(tensors, metadata=metadata)
 
     @classmethod
@@ -216,7 +224,7 @@ class Projector(nn.Module):
         Raises:
             FormatVersionError: not projector safetensors bytes, or an unknown format.
         """
-        metadata = _safetensors_metadata(blob)
+        metadata = _metadata(blob)
         if _METADATA_KEY not in metadata:
             raise FormatVersionError(
                 "Projector.from_safetensors_bytes(): no projector metadata in the safetensors header"
@@ -233,16 +241,12 @@ class Projector(nn.Module):
                 projector.calibration = Calibration(**record["calibration"])
             except (TypeError, ConfigError) as exc:
                 raise FormatVersionError(f"Projector.from_safetensors_bytes(): malformed calibration: {exc}") from None
+        projector.gate = gate_from_projector(blob)
         return projector.eval()
 
 
-def _safetensors_metadata(blob: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors header (8-byte length, then JSON)."""
+def _metadata(blob: bytes) -> dict[str, str]:
     try:
-        (size,) = struct.unpack("<Q", bytes(blob[:8]))
-        header = json.loads(bytes(blob[8 : 8 + size]))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise FormatVersionError("Projector.from_safetensors_bytes(): not safetensors bytes") from exc
-    if not isinstance(header, dict):
-        raise FormatVersionError("Projector.from_safetensors_bytes(): not safetensors bytes")
-    return header.get("__metadata__") or {}
+        return safetensors_metadata(blob)
+    except FormatVersionError:
+        raise FormatVersionError("Projector.from_safetensors_bytes(): not safetensors bytes") from None

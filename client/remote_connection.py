@@ -87,11 +87,13 @@ class RemoteConnection(StoreConnection):
         max_distance: float,
         exact: bool,
         timeout: float | None,
+        token_ids: Sequence[Sequence[int]] | None = None,
+        gate: bool = False,
     ) -> Retrieval:
         """See :meth:`StoreConnection.lookup`."""
         request = lookup_request(
             namespace, fingerprint, features, lengths, token_hashes=token_hashes if exact else None,
-            max_distance=max_distance, want_maps=True, want_outputs=exact,
+            token_ids=token_ids, max_distance=max_distance, want_maps=True, want_outputs=exact, gate=gate,
         )
         # The raw call, not RemoteStore.iter_lookup: the reader thread must be able to cancel it.
         call = self._remote.stub.Lookup(request, metadata=self._remote.metadata, timeout=timeout)

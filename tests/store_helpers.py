@@ -39,6 +39,7 @@ def make_entry(
     *,
     outputs: bool = True,
     feature: bool = True,
+    tokens: bool = True,
     dtype: type = np.float32,
 ) -> NewEntry:
     """A valid entry for ``layout``; everything derives from ``seed``."""
@@ -49,4 +50,5 @@ def make_entry(
         token_hash=token_hash(seed, length),
         outputs=rng.normal(size=(length, layout.hidden)).astype(dtype) if outputs else None,
         feature=rng.normal(size=layout.feature_dim).astype(np.float32) if feature else None,
+        token_ids=rng.integers(0, 50_000, size=length) if tokens else None,
     )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import FormatVersionError, VectorIndexError
-from attnstore.index import BucketedIndex, ExactIndex, FaissIndex, FaissIndexConfig, Match, VectorIndex
+from attnstore.index import BucketedIndex, Candidate, ExactIndex, FaissIndex, FaissIndexConfig, Match, VectorIndex
 
 DIM = 16
 
@@ -239,6 +239,18 @@ def test_causal_search_adds_the_length_penalty_and_never_uses_shorter_entries() 
     steep = index.search(queries, np.array([5]), causal=True, max_distance=10.0, length_penalty=2.0)
     assert steep[0] == Match(1, 3.0, 5)
     assert index.search(queries, np.array([8]), causal=True, max_distance=10.0)[0].entry_id is None
+
+
+def test_candidates_merge_buckets_nearest_first_and_keep_k() -> None:
+    index = _bucketed({5: np.array([[3.0, 0.0], [1.0, 0.0]]), 7: np.array([[0.5, 0.0], [9.0, 0.0]])})
+    queries = np.zeros((1, 2), np.float32)
+    (found,) = index.candidates(queries, np.array([5]), causal=True, k=3)
+    # 1.0 (same length), 0.5 + 2 tokens longer = 2.5, 3.0; the fourth (9.0 + 2) is dropped.
+    assert found == [Candidate(1, 1.0, 5), Candidate(2, 2.5, 7), Candidate(0, 3.0, 5)]
+    (exact_length,) = index.candidates(queries, np.array([5]), causal=False, k=5)
+    assert [c.entry_id for c in exact_length] == [1, 0]
+    with pytest.raises(VectorIndexError, match="k must be"):
+        index.candidates(queries, np.array([5]), causal=False, k=0)
 
 
 def test_threshold_decides_hit_and_a_miss_keeps_the_nearest_distance() -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnstore.errors import FormatVersionError
+from attnstore.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
 from attnstore_client.projector import Calibration, Projector, ProjectorConfig
@@ -85,6 +86,48 @@ def test_build_calibrates_a_new_projector_and_the_cache_defaults_to_its_threshol
         assert cache.max_distance == pytest.approx(expected)
     with AttnCache(minilm_model, f"local:{tmp_path / 'store'}", namespace="ns", max_distance=0.5) as cache:
         assert cache.max_distance == 0.5
+
+
+def test_build_fits_a_fidelity_gate_and_stores_it_with_the_projector(minilm_model, tmp_path):
+    # Long lines differing in one or two words replay faithfully; two-word lines mostly do not.
+    texts = [f"the nightly backup job of service {s} on node {n} finished without errors and the archive was"
+             " verified by the scheduler" for s in ("alpha", "beta", "gamma", "delta") for n in ("one", "two", "three")]
+    texts += [f"{a} {b}." for a in ("red", "green", "blue", "black") for b in ("cat", "dog", "owl")]
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        report = build_namespace(minilm_model, texts, service,
+                                 BuildConfig(namespace="ns", train=TrainConfig(max_epochs=2, patience=1)),
+                                 progress=False)
+        stored = Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
+        assert service.gate("ns") == stored.gate
+        entry = next(iter(service.store.entries("ns")))
+    gate = report.calibration.gate
+    assert gate is not None and stored.gate == gate and gate.candidates == 4
+    assert report.calibration.gate_hit_rate > 0 and report.calibration.gate_hit_precision >= 0.95
+    assert entry.token_ids is not None and len(entry.token_ids) == entry.length
+
+
+def test_the_cache_lets_the_namespaces_gate_decide_unless_given_a_max_distance(minilm_model, tmp_path):
+    texts = [f"the {c} {a} sat on the mat." for c in ("red", "green", "blue", "black") for a in ("cat", "dog", "owl")]
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        build_namespace(minilm_model, texts + [t.replace("sat on", "slept by") for t in texts], service,
+                        BuildConfig(namespace="ns", train=TrainConfig(max_epochs=1, patience=1), calibration=None),
+                        progress=False)
+        projector = Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
+        # A gate that trusts any candidate: whatever the distance, the nearest same-length entry is served.
+        projector.gate = FidelityGate(weights=(0.0,) * 6, bias=10.0, min_probability=0.5, candidates=4,
+                                      fidelity=0.99, precision=0.95)
+        service.set_projector("ns", projector.to_safetensors_bytes())
+    edited = "the pink cat sat on the mat."  # not stored; same length as the stored lines
+    with AttnCache(minilm_model, f"local:{tmp_path / 'store'}", namespace="ns") as cache:
+        assert cache.gated
+        cache.encode([edited, texts[0]])
+        assert cache.last_row_kinds == ("map", "exact")
+        cache.max_distance = 0.0  # an explicit threshold turns the gate off
+        assert not cache.gated
+        cache.encode([edited])
+        assert cache.last_row_kinds == ("miss",)
+    with AttnCache(minilm_model, f"local:{tmp_path / 'store'}", namespace="ns", max_distance=0.0) as cache:
+        assert not cache.gated
 
 
 def test_an_uncalibrated_namespace_keeps_the_clients_default_threshold(minilm_model, tmp_path):

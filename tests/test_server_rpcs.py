@@ -9,20 +9,24 @@ import threading
 import grpc
 import numpy as np
 import pytest
+import safetensors.numpy
 from server_fixtures import FP, LAYOUT, memory_service, served
 from store_helpers import make_entry
 
 from attnstore.daemon_config import ServerLimits
+from attnstore.gate import FidelityGate
 from attnstore.errors import (
     ChecksumError,
     EntryNotFoundError,
     FingerprintMismatchError,
     MapShapeError,
     NamespaceNotFoundError,
+    NamespaceNotReadyError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
 )
+from attnstore.projector_blob import GATE_METADATA_KEY
 from attnstore.remote import ingest_requests, lookup_request
 from attnstore.service import AttnStoreService
 from attnstore.store import NewEntry
@@ -178,6 +182,33 @@ def test_ingest_counts_duplicates_and_delete_removes_entries_from_lookups() -> N
         result = remote.lookup(_request(entries))
         assert remote.stats().entries == 1 and remote.prefetch("ns", [first.entry_ids[1]]) == 1
     assert [m.kind for m in result.matches] == [pb.MATCH_KIND_MISS, pb.MATCH_KIND_MAP]
+
+
+def test_ingested_token_ids_reach_the_store_and_gated_lookups_use_them() -> None:
+    service = memory_service()
+    gate = FidelityGate(weights=(0.0, 0.0, 0.0, 0.0, -5.0, 0.0), bias=3.0, min_probability=0.9, candidates=2,
+                        fidelity=0.99, precision=0.95)
+    service.set_projector("ns", safetensors.numpy.save({"w": np.zeros(1, np.float32)},
+                                                      metadata={GATE_METADATA_KEY: gate.to_json()}))
+    entries = _entries(1, 2)
+    with served(service) as (_, remote):
+        ids = remote.ingest("ns", FP, entries).entry_ids
+        tokens = [entries[1].token_ids, np.zeros(L, dtype=np.int64)]  # row 0 has entry 1's tokens, row 1 no match
+        request = _request([entries[0], entries[0]], token_ids=tokens, gate=True)
+        result = remote.lookup(request)
+        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT: query 0: a gated lookup needs the row's token ids"):
+            remote.lookup(_request(entries, gate=True))
+    np.testing.assert_array_equal(service.store.entry("ns", ids[1]).token_ids, entries[1].token_ids)
+    assert [(m.kind, m.entry_id) for m in result.matches] == [(pb.MATCH_KIND_MAP, ids[1]), (pb.MATCH_KIND_MISS, 0)]
+    np.testing.assert_array_equal(result.maps[0], entries[1].maps.astype(np.float16))
+
+
+def test_a_gated_lookup_on_a_namespace_without_a_gate_is_failed_precondition() -> None:
+    entries = _entries(1)
+    with served(memory_service()) as (_, remote):
+        remote.ingest("ns", FP, entries)
+        with pytest.raises(NamespaceNotReadyError, match="FAILED_PRECONDITION: namespace 'ns' has no fidelity gate"):
+            remote.lookup(_request(entries, token_ids=[entries[0].token_ids], gate=True))
 
 
 def _stream(entry: NewEntry, *, drop: str = "", extra: list[pb.IngestRequest] | None = None) -> list[pb.IngestRequest]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import safetensors.numpy
 
-from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotFoundError
+from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotFoundError, NamespaceNotReadyError
+from attnstore.gate import FidelityGate
 from attnstore.index import ExactIndex
+from attnstore.projector_blob import GATE_METADATA_KEY
 from attnstore.service import AttnStoreService, Query
 from attnstore.store import MapStore, MemoryMapStore, NamespaceLayout, NewEntry
 
@@ -125,3 +130,68 @@ def test_reopened_lmdb_store_rebuilds_its_index_from_stored_features(tmp_path) -
         assert compacted is not None
         (match,) = reopened.lookup("ns", FP, [Query(np.zeros(DIM, np.float32), 5)], max_distance=1.0)
         assert match.entry_id == entry_id
+
+
+def _gated_service(store=None) -> AttnStoreService:
+    """A namespace whose projector blob carries a gate that trusts entries with the query's tokens."""
+    service = _service(store=store)
+    gate = FidelityGate(weights=(-1.0, 0.0, 0.0, 0.0, -5.0, 0.0), bias=3.0, min_probability=0.9, candidates=2,
+                        fidelity=0.99, precision=0.95)
+    blob = safetensors.numpy.save({"weight": np.zeros(1, np.float32)}, metadata={GATE_METADATA_KEY: gate.to_json()})
+    service.set_projector("ns", blob)
+    return service
+
+
+def _with_tokens(entry: NewEntry, tokens: list[int]) -> NewEntry:
+    return dataclasses.replace(entry, token_ids=np.array(tokens))
+
+
+def test_a_gated_lookup_serves_the_candidate_whose_tokens_match_over_the_nearer_one() -> None:
+    service = _gated_service()
+    near, same = service.ingest("ns", FP, [_with_tokens(_entry(5, 1, [0, 0, 0, 0]), [1, 2, 3, 4, 5]),
+                                          _with_tokens(_entry(5, 2, [1, 0, 0, 0]), [1, 2, 3, 4, 9])]).entry_ids
+    feature = np.array([0.1, 0, 0, 0], dtype=np.float32)
+    hit, miss = service.lookup("ns", FP, [Query(feature, 5, token_ids=np.array([1, 2, 3, 4, 9])),
+                                          Query(feature, 5, token_ids=np.array([7, 7, 7, 7, 7]))],
+                               max_distance=0.0, gate=True)
+    assert (hit.kind, hit.entry_id) == ("map", same) and hit.distance == pytest.approx(0.9, abs=1e-6)
+    assert hit.probability > 0.9
+    assert miss.kind == "miss" and miss.entry_id is None and miss.probability < 0.9
+    (plain,) = service.lookup("ns", FP, [Query(feature, 5)], max_distance=0.5)
+    assert plain.entry_id == near  # the distance rule alone takes the nearer entry
+
+
+def test_entries_stored_without_token_ids_are_never_gated_hits() -> None:
+    service = _gated_service()
+    service.ingest("ns", FP, [_entry(5, 1, [0, 0, 0, 0])])
+    (match,) = service.lookup("ns", FP, [Query(np.zeros(DIM, np.float32), 5, token_ids=np.arange(5))],
+                              max_distance=1.0, gate=True)
+    assert match.kind == "miss"
+
+
+def test_a_gated_lookup_needs_a_gate_and_token_ids_of_the_query_length() -> None:
+    service = _service()
+    with pytest.raises(NamespaceNotReadyError, match="no fidelity gate"):
+        service.lookup("ns", FP, [Query(np.zeros(DIM, np.float32), 5, token_ids=np.arange(5))],
+                       max_distance=0.1, gate=True)
+    gated = _gated_service()
+    with pytest.raises(MapShapeError, match="needs the row's token ids"):
+        gated.lookup("ns", FP, [Query(np.zeros(DIM, np.float32), 5)], max_distance=0.1, gate=True)
+    with pytest.raises(MapShapeError, match="for length 5"):
+        gated.lookup("ns", FP, [Query(np.zeros(DIM, np.float32), 5, token_ids=np.arange(4))],
+                     max_distance=0.1, gate=True)
+
+
+def test_token_ids_are_stored_with_the_entry_and_survive_a_reopen(tmp_path) -> None:
+    with MapStore.open(tmp_path / "store", create=True) as store:
+        service = _service(store=store)
+        (entry_id,) = service.ingest("ns", FP, [_with_tokens(_entry(5, 1, [0, 0, 0, 0]), [5, 4, 3, 2, 1])]).entry_ids
+    with MapStore.open(tmp_path / "store") as store:
+        np.testing.assert_array_equal(store.entry("ns", entry_id).token_ids, [5, 4, 3, 2, 1])
+
+
+def test_token_ids_of_the_wrong_length_are_refused_and_nothing_is_stored() -> None:
+    service = _service()
+    with pytest.raises(MapShapeError, match="token_ids shape"):
+        service.ingest("ns", FP, [_with_tokens(_entry(5, 1, [0, 0, 0, 0]), [1, 2, 3])])
+    assert list(service.store.entries("ns")) == []

@@ -47,6 +47,7 @@ def test_compaction_keeps_every_live_entry_and_id(store):
     for key, maps in before.items():
         assert np.array_equal(store.read_maps(*key).numpy(), maps)
         assert store.entry(*key) == infos[key]
+        np.testing.assert_array_equal(store.entry(*key).token_ids, live[key].token_ids)
         assert store.find_by_hash(key[0], infos[key].token_hash) == key[1]
     for name, entry_id in doomed:
         with pytest.raises(KeyError):

@@ -33,14 +33,19 @@ def _record(**changes) -> EntryRecord:
     return EntryRecord(**fields)
 
 
-@pytest.mark.parametrize("changes", [{}, {"outputs_crc": None}, {"feature": None}, {"outputs_crc": 0}])
+@pytest.mark.parametrize("changes", [
+    {}, {"outputs_crc": None}, {"feature": None}, {"outputs_crc": 0},
+    {"token_ids": np.arange(128, dtype=np.uint32) * 1000}, {"token_ids": np.arange(128), "feature": None},
+])
 def test_entry_records_round_trip(changes):
     record = _record(**changes)
     back = EntryRecord.from_bytes(record.to_bytes())
     assert back == record
-    assert (back.feature is None) == (record.feature is None)
-    if record.feature is not None:
-        assert np.array_equal(back.feature, record.feature)
+    for name in ("feature", "token_ids"):
+        mine, theirs = getattr(record, name), getattr(back, name)
+        assert (theirs is None) == (mine is None)
+        if mine is not None:
+            assert np.array_equal(theirs, mine)
 
 
 def test_a_flipped_bit_in_an_entry_record_raises_checksum_error():

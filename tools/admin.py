@@ -198,6 +198,7 @@ def _local_entries(store: Any, namespace: str) -> Iterator[NewEntry]:
             token_hash=info.token_hash,
             outputs=None if (outputs := store.read_outputs(namespace, info.id)) is None else outputs.numpy(),
             feature=info.feature,
+            token_ids=info.token_ids,
         )
 
 

@@ -310,6 +310,7 @@ def _ingest(
                 token_hash=c.row.token_hash,
                 outputs=np.load(c.outputs_path),
                 feature=feature,
+                token_ids=c.row.ids,
             )
             for c, feature in zip(items, features, strict=True)
         ]
@@ -413,6 +414,14 @@ def format_report(report: BuildReport) -> str:
             f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"
             f" (precision {cal.precision:.0%}{within})"
         )
+        if c.gate is not None:
+            precision = "" if c.gate_hit_precision is None else f", {c.gate_hit_precision:.1%} faithful"
+            lines.append(
+                f"fidelity gate: {c.gate.candidates} candidates per query, min probability"
+                f" {c.gate.min_probability:.3f}; serves {c.gate_hit_rate:.1%} of the pseudo-queries{precision}"
+            )
+        else:
+            lines.append("fidelity gate: none (no rule reached the target precision on the pseudo-queries)")
     elif c is not None:
         lines.append(f"calibration: skipped ({c.pairs} pseudo-queries)")
     return "\n".join(lines)

@@ -92,7 +92,9 @@ class OracleReport:
     calibrated_on: int  # calibration queries the thresholds were fitted on
     thresholds: dict[str, float | None]  # method -> threshold in use
     calibrated_threshold: float | None  # the projector's threshold calibrated on the split (even when not used)
-    threshold_source: str  # where the projector's threshold in use came from: "namespace", "calibration split", "fixed"
+    # Where the projector's threshold in use came from: "namespace gate" (then the projector's
+    # distances are the gate's 1 - P(faithful)), "namespace", "calibration split", "fixed".
+    threshold_source: str
     oracle: str  # the oracle method the targets compare with
     parts: dict[str, dict[str, object]]  # part -> figures, over the evaluation split
     groups: dict[str, dict[str, dict[str, object]]]  # group -> part -> figures
@@ -187,9 +189,13 @@ def evaluate_oracle(
     oracle = "oracle_crop" if causal and config.crop else "oracle_same_length"
     thresholds, calibrated_on = calibrate_all(results, thresholded, config.target_precision, config.fidelity)
     calibrated = thresholds["projector"]
-    recommended = _recommended_threshold(info.projector)
+    gate = service.gate(config.namespace) if config.max_distance is None else None
+    recommended = _recommended_threshold(info.projector) if gate is None else 1.0 - gate.min_probability
     if config.max_distance is not None:
         thresholds["projector"], source = config.max_distance, "fixed"
+    elif gate is not None:
+        # The gate's own decision: its pick's 1 - P(faithful) within 1 - min_probability.
+        thresholds["projector"], source = recommended, "namespace gate"
     elif recommended is not None:
         # What clients use by default: the namespace's build-time calibration, no query data.
         thresholds["projector"], source = recommended, "namespace"
@@ -251,7 +257,8 @@ def _picks(
     picks = {"oracle_same_length": oracle.same_length}
     if causal:
         picks["oracle_crop"] = oracle.crop
-    picks["projector"] = projector_picks(service, namespace, projector, queries, crop=config.crop)
+    gate = service.gate(namespace) if config.max_distance is None else None
+    picks["projector"] = projector_picks(service, namespace, projector, queries, crop=config.crop, gate=gate)
     if corpus is None:
         return picks, None
     sources = entry_sources(adapter, service, namespace, corpus, progress=progress)

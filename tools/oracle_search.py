@@ -8,7 +8,10 @@
 - The **projector** pick is the service's answer: the namespace's projector on
   the query's feature source, searched in the service's index with no threshold
   (the threshold is applied afterwards, when calibrated). Without crop, causal
-  queries search their own length's stored feature vectors exactly.
+  queries search their own length's stored feature vectors exactly. When the
+  namespace has a fidelity gate, the pick is the gate's (the most probable of the
+  nearest candidates) and its "distance" is ``1 - P(faithful)``, so a threshold of
+  ``1 - min_probability`` is the gate's own decision.
 - The **simple keys** need each entry's feature source, recomputed from the
   build corpus: L2 between mean-pooled input embeddings, and position-wise L2
   between the input embeddings (defined for equal lengths; for a crop, over the
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from attnstore.gate import FidelityGate
 from attnstore.service import AttnStoreService, Query
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import batch_from_ids
@@ -129,15 +133,24 @@ def projector_picks(
     queries: Sequence[EvalQuery],
     *,
     crop: bool,
+    gate: FidelityGate | None = None,
 ) -> list[Pick]:
     """The projector's top-1 for each query, without a threshold.
 
     Args:
         crop: for causal namespaces, let the index match longer entries (as the
             service does); False searches the query's own length only.
+        gate: the namespace's fidelity gate, to pick as a gated lookup does
+            (distance ``1 - P(faithful)``); None picks the nearest entry.
     """
     info = service.get_namespace(namespace)
     features = projector.project([q.source for q in queries])  # (q, dim)
+    if gate is not None and (crop or not info.layout.causal):
+        rows = [Query(f, q.length, token_ids=np.asarray(q.ids)) for f, q in zip(features, queries, strict=True)]
+        return [
+            _NONE if pick is None else Pick(pick.entry_id, 1.0 - probability, pick.stored_length)
+            for pick, probability in service.gate_picks(namespace, info.fingerprint, rows, gate)
+        ]
     if crop or not info.layout.causal:
         matches = service.lookup(
             namespace,

@@ -18,6 +18,14 @@ turns that boundary into one threshold on its distance, and the largest
 threshold whose pseudo-query hits reach the target precision becomes the
 namespace's recommended ``max_distance``.
 
+Then the fidelity gate (``attnstore.gate``): for each pseudo-query, its
+``gate_candidates`` nearest other inputs of its length under the calibrated
+projector are replayed too; a logistic fit over the gate's features (distance,
+length, differing tokens, rank) gives P(faithful), and the lowest probability at
+which the most probable candidate per pseudo-query is still ``precision``
+faithful becomes the gate's ``min_probability``. The gate is stored with the
+projector and decides hits when clients leave ``max_distance`` unset.
+
 Pseudo-queries are neighbours inside the store, which are closer than held-out
 queries tend to be; measured on Loghub, the threshold chosen for 95% precision on
 them gave 99% precision on held-out lines (see docs/RESULTS.md).
@@ -25,6 +33,7 @@ them gave 99% precision on held-out lines (see docs/RESULTS.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -35,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from attnstore.gate import FEATURES, FidelityGate, differing_positions, gate_features
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import batch_from_ids
 from attnstore_client.projector import Calibration, Projector
@@ -54,6 +64,7 @@ class CalibrationConfig:
     fidelity: float = 0.99  # cosine of the pooled output to the full model's that counts as faithful
     precision: float = 0.95  # the recommended threshold's hits reach this share of faithful ones
     batch_size: int = 32  # pseudo-queries per replay forward
+    gate_candidates: int = 4  # nearest inputs scored per pseudo-query for the fidelity gate; 0: no gate
     seed: int = 0
     progress: bool = True
 
@@ -67,6 +78,9 @@ class CalibrationReport:
     calibration: Calibration | None  # None when too few pseudo-queries
     hit_rate: float  # share of pseudo-queries within the recommended threshold
     hit_precision: float | None  # faithful share of those
+    gate: FidelityGate | None = None  # None: not fitted (disabled, too few pairs, or no precise enough rule)
+    gate_hit_rate: float = 0.0  # share of pseudo-queries the gate serves
+    gate_hit_precision: float | None = None  # faithful share of those
 
 
 def calibrate_projector(
@@ -78,7 +92,7 @@ def calibrate_projector(
     outputs: Sequence[torch.Tensor],
     config: CalibrationConfig = CalibrationConfig(),
 ) -> CalibrationReport:
-    """Measure replay fidelity on pseudo-queries and install the calibration on ``projector``.
+    """Measure replay fidelity on pseudo-queries; install the calibration and the gate on ``projector``.
 
     Args:
         adapter: the model.
@@ -90,9 +104,11 @@ def calibrate_projector(
         config: settings.
 
     Returns:
-        The measurement; ``projector.calibration`` is set unless there were too few pseudo-queries.
+        The measurement; ``projector.calibration`` is set unless there were too few pseudo-queries,
+        ``projector.gate`` when a gate reached the target precision on them.
     """
     projector.calibration = None
+    projector.gate = None
     lengths = np.array([len(row) for row in ids])
     pairs = _pseudo_queries(projector.project(sources), lengths, config)
     if len(pairs) < 16:
@@ -112,13 +128,100 @@ def calibrate_projector(
         length_exponent=exponent, reference_length=reference, max_distance=threshold,
         fidelity=config.fidelity, precision=config.precision, pairs=len(pairs),
     )
-    return CalibrationReport(
+    report = CalibrationReport(
         pairs=len(pairs),
         faithful=float(faithful.mean()),
         calibration=projector.calibration,
         hit_rate=float(hits.mean()),
         hit_precision=float(faithful[hits].mean()) if hits.any() else None,
     )
+    if config.gate_candidates < 1:
+        return report
+    queries = sorted({i for i, _, _ in pairs})
+    gate, served, precision = _fit_gate(adapter, projector, ids, sources, maps, outputs, queries, config)
+    projector.gate = gate
+    return dataclasses.replace(report, gate=gate, gate_hit_rate=served, gate_hit_precision=precision)
+
+
+def _fit_gate(
+    adapter: Adapter,
+    projector: Projector,
+    ids: Sequence[Sequence[int]],
+    sources: Sequence[torch.Tensor],
+    maps: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    queries: list[int],
+    config: CalibrationConfig,
+) -> tuple[FidelityGate | None, float, float | None]:
+    """Fit the fidelity gate on ``queries``' nearest inputs under the calibrated projector.
+
+    Returns:
+        The gate (None if no probability reaches the target precision), the share of
+        the queries it serves, and the faithful share of those.
+    """
+    vectors = projector.project(sources)  # (n, dim), length-scaled like the stored features
+    lengths = np.array([len(row) for row in ids])
+    token_ids = [np.asarray(row) for row in ids]
+    pairs, ranks = [], []
+    for i in queries:
+        same = np.flatnonzero(lengths == lengths[i])
+        same = same[[not np.array_equal(token_ids[j], token_ids[i]) for j in same]]  # exact tier's rows
+        distance = np.linalg.norm(vectors[same] - vectors[i], axis=1)  # (m,)
+        for rank, k in enumerate(np.argsort(distance, kind="stable")[: config.gate_candidates]):
+            pairs.append((i, int(same[k]), float(distance[k])))
+            ranks.append(rank)
+    if not pairs:
+        return None, 0.0, None
+    faithful = _replay_cosines(adapter, ids, maps, outputs, pairs, config) >= config.fidelity
+    features = np.concatenate([
+        gate_features(np.array([d]), len(ids[i]), np.array([differing_positions(token_ids[i], token_ids[j])]),
+                      np.array([rank]))
+        for (i, j, d), rank in zip(pairs, ranks, strict=True)
+    ])  # (pairs, features)
+    weights, bias = _logistic(features, faithful)
+    if weights is None:
+        return None, 0.0, None
+    probability = 1.0 / (1.0 + np.exp(-np.clip(features @ weights + bias, -60.0, 60.0)))  # (pairs,)
+    owner = np.array([i for i, _, _ in pairs])
+    best = [max(np.flatnonzero(owner == i), key=lambda k: probability[k]) for i in np.unique(owner)]
+    threshold = _threshold(1.0 - probability[best], faithful[best], config.precision)
+    if threshold is None:
+        return None, 0.0, None
+    gate = FidelityGate(
+        weights=tuple(float(w) for w in weights), bias=float(bias), min_probability=max(1.0 - threshold, 1e-6),
+        candidates=config.gate_candidates, fidelity=config.fidelity, precision=config.precision,
+    )
+    served = probability[best] >= gate.min_probability
+    return gate, float(served.mean()), float(faithful[best][served].mean()) if served.any() else None
+
+
+def _logistic(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray | None, float]:
+    """Weights and bias (in the features' own units) of a logistic fit; None if one class only.
+
+    The L2 term keeps a fit on a few, perfectly separable pairs from running off to huge weights.
+    """
+    if labels.all() or not labels.any():
+        return None, 0.0
+    mean, scale = features.mean(axis=0), features.std(axis=0)
+    constant = scale < 1e-6  # e.g. every pair differs in one token: such a feature gets weight 0
+    scale[constant] = 1.0
+    standard = (features - mean) / scale  # standardised: LBFGS converges fast
+    standard[:, constant] = 0.0
+    x = torch.tensor(standard, dtype=torch.float64)
+    y = torch.tensor(labels, dtype=torch.float64)
+    params = torch.zeros(len(FEATURES) + 1, dtype=torch.float64, requires_grad=True)
+    optimiser = torch.optim.LBFGS([params], max_iter=500, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        optimiser.zero_grad()
+        value = F.binary_cross_entropy_with_logits(params[0] + x @ params[1:], y) + 1e-3 * params[1:].pow(2).sum()
+        value.backward()
+        return value
+
+    optimiser.step(loss)
+    standardised = params.detach().numpy()
+    weights = standardised[1:] / scale
+    return weights, float(standardised[0] - (weights * mean).sum())
 
 
 def _pseudo_queries(

@@ -9,8 +9,8 @@ never by the client.
 from __future__ import annotations
 
 from attnstore.index.base import VectorIndex
-from attnstore.index.bucketed import BucketedIndex, Match
+from attnstore.index.bucketed import BucketedIndex, Candidate, Match
 from attnstore.index.exact import ExactIndex
 from attnstore.index.faiss_index import FaissIndex, FaissIndexConfig
 
-__all__ = ["BucketedIndex", "ExactIndex", "FaissIndex", "FaissIndexConfig", "Match", "VectorIndex"]
+__all__ = ["BucketedIndex", "Candidate", "ExactIndex", "FaissIndex", "FaissIndexConfig", "Match", "VectorIndex"]

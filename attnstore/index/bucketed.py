@@ -39,6 +39,15 @@ class Match:
         return 1.0 - self.distance
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One of a query's nearest allowed entries."""
+
+    entry_id: int
+    distance: float  # predicted map distance, length term included
+    stored_length: int  # > the query's length for a causal crop
+
+
 class BucketedIndex:
     """One ``VectorIndex`` per token length, searched under the causal/bidirectional rule."""
 
@@ -124,36 +133,56 @@ class BucketedIndex:
         Raises:
             VectorIndexError: bad shapes, NaN/Inf, bad lengths or a negative/NaN threshold.
         """
-        queries = check_vectors("BucketedIndex.search()", queries, self.dim)
-        lengths = _check_lengths("BucketedIndex.search()", lengths, queries.shape[0])
         if math.isnan(max_distance) or max_distance < 0:
             raise VectorIndexError(f"BucketedIndex.search(): max_distance must be >= 0, got {max_distance!r}")
+        nearest = self.candidates(queries, lengths, causal=causal, k=1, length_penalty=length_penalty)
+        return [
+            Match(c[0].entry_id, c[0].distance, c[0].stored_length)
+            if c and c[0].distance <= max_distance
+            else Match(None, c[0].distance if c else math.inf, None)
+            for c in nearest
+        ]
+
+    def candidates(
+        self,
+        queries: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        causal: bool,
+        k: int,
+        length_penalty: float = 1.0,
+    ) -> list[list[Candidate]]:
+        """The ``k`` nearest allowed entries of each query, nearest first (fewer if fewer are stored).
+
+        Args: as ``search``, and ``k`` >= 1, the candidates kept per query.
+        Raises:
+            VectorIndexError: bad shapes, NaN/Inf, bad lengths, ``k`` < 1 or a negative penalty.
+        """
+        queries = check_vectors("BucketedIndex.search()", queries, self.dim)
+        lengths = _check_lengths("BucketedIndex.search()", lengths, queries.shape[0])
         if math.isnan(length_penalty) or length_penalty < 0:
             raise VectorIndexError(f"BucketedIndex.search(): length_penalty must be >= 0, got {length_penalty!r}")
-        best = np.full(queries.shape[0], np.inf)
-        best_id = np.full(queries.shape[0], -1, dtype=np.int64)
-        best_len = np.zeros(queries.shape[0], dtype=np.int64)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise VectorIndexError(f"BucketedIndex.candidates(): k must be an int >= 1, got {k!r}")
+        found: list[list[Candidate]] = [[] for _ in range(queries.shape[0])]
         stored = self.lengths
         for length in np.unique(lengths):
             rows = np.flatnonzero(lengths == length)
             allowed = [s for s in stored if s >= length] if causal else [int(length)] if length in self._buckets else []
             for stored_length in allowed:
                 gap = length_penalty * (stored_length - int(length))
-                # Buckets are ascending: once the gap alone exceeds every current best, stop.
-                if gap > best[rows].max():
+                # Buckets are ascending: once the gap alone exceeds every row's k-th best, stop.
+                if all(len(found[r]) == k and gap > found[r][-1].distance for r in rows):
                     break
-                distances, ids = self._buckets[stored_length].search(queries[rows], k=1)
-                total = distances[:, 0].astype(np.float64) + gap
-                better = (ids[:, 0] >= 0) & (total < best[rows])
-                best[rows[better]] = total[better]
-                best_id[rows[better]] = ids[better, 0]
-                best_len[rows[better]] = stored_length
-        return [
-            Match(int(best_id[i]), float(best[i]), int(best_len[i]))
-            if best_id[i] >= 0 and best[i] <= max_distance
-            else Match(None, float(best[i]), None)
-            for i in range(queries.shape[0])
-        ]
+                distances, ids = self._buckets[stored_length].search(queries[rows], k=k)
+                for row, row_distances, row_ids in zip(rows, distances, ids, strict=True):
+                    merged = found[row] + [
+                        Candidate(int(i), float(d) + gap, stored_length)
+                        for d, i in zip(row_distances, row_ids, strict=True)
+                        if i >= 0
+                    ]
+                    found[row] = sorted(merged, key=lambda c: c.distance)[:k]
+        return found
 
 
 def _check_length(where: str, length: int) -> int:

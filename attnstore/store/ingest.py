@@ -116,6 +116,7 @@ def write_entry(
         nbytes=nbytes,
         outputs_crc=outputs_crc,
         feature=entry.feature,
+        token_ids=entry.token_ids,
     )
     txn.put(entry_key(name, entry_id), record.to_bytes(), db=db.entries)
     txn.put(hash_key(name, entry.token_hash), encode_u64(entry_id), db=db.hashes)

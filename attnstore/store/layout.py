@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -172,12 +173,14 @@ class NamespaceInfo:
 
 @dataclass(frozen=True, slots=True)
 class NewEntry:
-    """One input to ingest: its maps, exact-tier key, final outputs and feature vector."""
+    """One input to ingest: its maps, exact-tier key, final outputs, feature vector and token ids."""
 
     maps: np.ndarray | torch.Tensor  # (layers, heads, L, L) fp32 or fp16
     token_hash: bytes  # sha256 of the token ids (32 bytes): exact-tier key
     outputs: np.ndarray | torch.Tensor | None = None  # (L, hidden) last hidden states, stored fp16
     feature: np.ndarray | torch.Tensor | None = None  # (feature_dim,) projector output, stored fp32
+    # (L,) the input's token ids, stored uint32: what the fidelity gate compares queries with
+    token_ids: Sequence[int] | np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,3 +195,4 @@ class EntryInfo:
     last_hit: float  # unix time of the last hit; 0.0 if never hit
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
     nbytes: int  # stored bytes of the entry's chunks (maps and outputs)
+    token_ids: np.ndarray | None = field(default=None, compare=False)  # (L,) uint32; None if not stored

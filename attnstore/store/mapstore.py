@@ -445,6 +445,7 @@ class MapStore(MapStoreBase):
             last_hit=max(last_hit, pending_last),
             feature=record.feature,
             nbytes=record.nbytes,
+            token_ids=record.token_ids,
         )
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:

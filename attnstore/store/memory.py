@@ -55,6 +55,7 @@ class _Entry:
     created: float
     token_hash: bytes
     feature: np.ndarray | None
+    token_ids: np.ndarray | None
     chunks: list[tuple[bytes, ...]]  # per layer, one per codec array
     crcs: list[tuple[int, ...]]
     outputs: bytes | None
@@ -170,6 +171,7 @@ class MemoryMapStore(MapStoreBase):
                     created=now,
                     token_hash=p.token_hash,
                     feature=p.feature,
+                    token_ids=p.token_ids,
                     chunks=chunks,
                     crcs=[tuple(crc32c.crc32c(c) for c in layer) for layer in chunks],
                     outputs=outputs,
@@ -263,6 +265,7 @@ class MemoryMapStore(MapStoreBase):
             last_hit=entry.last_hit,
             feature=entry.feature,
             nbytes=entry.nbytes,
+            token_ids=entry.token_ids,
         )
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:

@@ -71,6 +71,7 @@ _ENTRY_MAGIC = b"ASE1"
 _ENTRY_VERSION = 1
 _HAS_OUTPUTS = 1
 _HAS_FEATURE = 2
+_HAS_TOKENS = 4  # the token ids follow the feature: ``length`` little-endian uint32
 _CRC_TAIL = struct.Struct("<I")
 
 
@@ -91,13 +92,17 @@ class EntryRecord:
     nbytes: int  # stored bytes of all chunks (maps and outputs)
     outputs_crc: int | None
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
+    token_ids: np.ndarray | None = field(default=None, compare=False)  # (length,) uint32
 
     def to_bytes(self) -> bytes:
         """Pack the record (struct, little-endian) with a crc32c trailer."""
-        flags = (_HAS_OUTPUTS if self.outputs_crc is not None else 0) | (
-            _HAS_FEATURE if self.feature is not None else 0
+        flags = (
+            (_HAS_OUTPUTS if self.outputs_crc is not None else 0)
+            | (_HAS_FEATURE if self.feature is not None else 0)
+            | (_HAS_TOKENS if self.token_ids is not None else 0)
         )
         feature = b"" if self.feature is None else np.ascontiguousarray(self.feature, dtype="<f4").tobytes()
+        tokens = b"" if self.token_ids is None else np.ascontiguousarray(self.token_ids, dtype="<u4").tobytes()
         body = (
             _ENTRY_HEAD.pack(
                 _ENTRY_MAGIC,
@@ -115,6 +120,7 @@ class EntryRecord:
             )
             + np.asarray(self.crcs, dtype="<u4").tobytes()
             + feature
+            + tokens
         )
         return body + _CRC_TAIL.pack(crc32c.crc32c(body))
 
@@ -142,6 +148,10 @@ class EntryRecord:
         feature = None
         if flags & _HAS_FEATURE:
             feature = np.frombuffer(raw, dtype="<f4", count=feature_dim, offset=offset).astype(np.float32)
+            offset += 4 * feature_dim
+        token_ids = None
+        if flags & _HAS_TOKENS:
+            token_ids = np.frombuffer(raw, dtype="<u4", count=length, offset=offset).astype(np.uint32)
         return cls(
             id=entry_id,
             slot=slot,
@@ -152,6 +162,7 @@ class EntryRecord:
             nbytes=nbytes,
             outputs_crc=outputs_crc if flags & _HAS_OUTPUTS else None,
             feature=feature,
+            token_ids=token_ids,
         )
 
 

@@ -31,6 +31,7 @@ class PreparedEntry:
     token_hash: bytes
     outputs: np.ndarray | None  # (L, hidden) float16
     feature: np.ndarray | None  # (feature_dim,) float32
+    token_ids: np.ndarray | None  # (L,) uint32
 
     @property
     def length(self) -> int:
@@ -113,8 +114,8 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
         The prepared entry (maps fp16 for lossless codecs, fp32 for q8).
 
     Raises:
-        MapShapeError: wrong type, dtype, shape or length of maps, outputs, feature
-            or token hash; maps outside [0, 1]; weight above the diagonal in a
+        MapShapeError: wrong type, dtype, shape or length of maps, outputs, feature,
+            token hash or token ids; maps outside [0, 1]; weight above the diagonal in a
             causal namespace; non-finite outputs or feature.
     """
     where = f"entry {index}"
@@ -152,4 +153,18 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
         feature = np.ascontiguousarray(raw, dtype=np.float32)
         if not np.isfinite(feature).all():
             raise MapShapeError(f"{where}: feature holds NaN or inf")
-    return PreparedEntry(maps=maps, token_hash=bytes(token_hash), outputs=outputs, feature=feature)
+    token_ids = None if entry.token_ids is None else _token_ids(entry.token_ids, length, where)
+    return PreparedEntry(maps=maps, token_hash=bytes(token_hash), outputs=outputs, feature=feature,
+                         token_ids=token_ids)
+
+
+def _token_ids(value: object, length: int, where: str) -> np.ndarray:
+    """``value`` as ``(length,)`` uint32 token ids."""
+    raw = np.asarray(value)
+    if raw.shape != (length,) or raw.dtype.kind not in "iu":
+        raise MapShapeError(
+            f"{where}: token_ids shape {tuple(raw.shape)} dtype {raw.dtype} does not match: expected ({length},) ints"
+        )
+    if raw.size and (raw.min() < 0 or raw.max() > np.iinfo(np.uint32).max):
+        raise MapShapeError(f"{where}: token_ids must be in [0, 2**32), got {raw.min()}..{raw.max()}")
+    return np.ascontiguousarray(raw, dtype=np.uint32)

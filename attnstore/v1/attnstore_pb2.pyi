@@ -85,30 +85,34 @@ class ListNamespacesResponse(_message.Message):
     def __init__(self, namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ...) -> None: ...
 
 class Query(_message.Message):
-    __slots__ = ("feature", "length", "token_hash")
+    __slots__ = ("feature", "length", "token_hash", "token_ids")
     FEATURE_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     feature: _containers.RepeatedScalarFieldContainer[float]
     length: int
     token_hash: bytes
-    def __init__(self, feature: _Optional[_Iterable[float]] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, feature: _Optional[_Iterable[float]] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs")
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs", "gate")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
     WANT_MAPS_FIELD_NUMBER: _ClassVar[int]
     WANT_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     fingerprint: str
     queries: _containers.RepeatedCompositeFieldContainer[Query]
     max_distance: float
     want_maps: bool
     want_outputs: bool
-    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ...) -> None: ...
+    gate: bool
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ..., gate: _Optional[bool] = ...) -> None: ...
 
 class Match(_message.Message):
     __slots__ = ("query_index", "kind", "entry_id", "distance", "stored_length")
@@ -199,16 +203,18 @@ class LookupResponse(_message.Message):
     def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("namespace", "fingerprint", "queries", "max_distance")
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "gate")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     fingerprint: str
     queries: _containers.RepeatedCompositeFieldContainer[Query]
     max_distance: float
-    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ...) -> None: ...
+    gate: bool
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., gate: _Optional[bool] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("matches",)
@@ -265,14 +271,16 @@ class IngestBegin(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class EntryBegin(_message.Message):
-    __slots__ = ("length", "token_hash", "feature")
+    __slots__ = ("length", "token_hash", "feature", "token_ids")
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_HASH_FIELD_NUMBER: _ClassVar[int]
     FEATURE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     length: int
     token_hash: bytes
     feature: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., feature: _Optional[_Iterable[float]] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., feature: _Optional[_Iterable[float]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class IngestCommit(_message.Message):
     __slots__ = ()
