@@ -3,7 +3,8 @@
 This is what the daemon serves over gRPC and what embedded mode (``local:PATH``)
 runs in-process. It answers lookups exact tier first (same token ids: stored
 outputs, no forward at all), then by nearest feature vector under a predicted
-map-distance threshold, and keeps the indexes in step with ingest, delete,
+map-distance threshold, or, when asked, by the namespace's fidelity gate over the
+nearest few (``attnstore.gate``: distance, length and differing tokens), and keeps the indexes in step with ingest, delete,
 eviction and compaction. Indexes are rebuilt from the feature vectors kept in
 the entry records when a store is opened, so nothing but the store is persisted.
 """
@@ -206,11 +207,16 @@ class AttnStoreService:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
             NamespaceNotReadyError: ``gate`` on a namespace without one.
             MapShapeError: a feature of the wrong dimension, a bad length, or a gated
-                query without token ids (or with as many as its length).
+                query without token ids (or not as many as its length).
             VectorIndexError: NaN/Inf features or a bad threshold.
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        fidelity_gate = self._gate(info) if gate else None
+        fidelity_gate = _gate_of(info) if gate else None
+        if gate and fidelity_gate is None:
+            raise NamespaceNotReadyError(
+                f"namespace {namespace!r} has no fidelity gate (built without calibration, or before gates):"
+                " look up with a max distance instead"
+            )
         results: list[MatchResult | None] = [None] * len(queries)
         if exact:
             for i, query in enumerate(queries):
@@ -258,17 +264,7 @@ class AttnStoreService:
             NamespaceNotFoundError: no such namespace.
             FormatVersionError: the projector blob is not safetensors, or its gate is malformed.
         """
-        info = self.get_namespace(namespace)
-        return None if info.projector is None else gate_from_projector(info.projector)
-
-    def _gate(self, info: NamespaceInfo) -> FidelityGate:
-        gate = None if info.projector is None else gate_from_projector(info.projector)
-        if gate is None:
-            raise NamespaceNotReadyError(
-                f"namespace {info.name!r} has no fidelity gate (built without calibration, or before gates):"
-                " look up with a max distance instead"
-            )
-        return gate
+        return _gate_of(self.get_namespace(namespace))
 
     def gate_picks(
         self, namespace: str, fingerprint: str, queries: Sequence[Query], gate: FidelityGate
@@ -474,6 +470,11 @@ def _feature(feature: np.ndarray, dim: int) -> np.ndarray:
     if vector.shape != (dim,):
         raise MapShapeError(f"feature vectors of this namespace have {dim} values, got shape {vector.shape}")
     return vector
+
+
+def _gate_of(info: NamespaceInfo) -> FidelityGate | None:
+    """The fidelity gate in a namespace's projector blob, if any."""
+    return None if info.projector is None else gate_from_projector(info.projector)
 
 
 def _token_ids(query: Query, row: int) -> np.ndarray:

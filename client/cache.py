@@ -191,8 +191,14 @@ class AttnCache:
 
     @property
     def gated(self) -> bool:
-        """Whether the namespace's fidelity gate decides map hits (instead of ``max_distance``)."""
+        """Whether the namespace's fidelity gate decides map hits (instead of ``max_distance``); settable."""
         return self._prefill.settings.gate
+
+    @gated.setter
+    def gated(self, value: bool) -> None:
+        if value and self._prefill.projector.gate is None:
+            raise ConfigError("AttnCache: this namespace has no fidelity gate (built without calibration)")
+        self._prefill.settings = dataclasses.replace(self._prefill.settings, gate=bool(value))
 
     @property
     def breaker(self) -> CircuitBreaker:

@@ -9,7 +9,9 @@ import pytest
 from daemon import READ_TOKEN, DaemonProcess
 
 from attnstore.errors import ConfigError
+from attnstore.gate import FidelityGate
 from attnstore.service import AttnStoreService
+from attnstore_client.projector import Projector
 from attnstore_tools.build import BuildConfig, build_namespace
 from attnstore_tools.cli import main
 from attnstore_tools.eval_data import Task
@@ -114,3 +116,30 @@ def test_eval_mmlu_refuses_an_encoder_naming_the_fix(tmp_path, capsys):
     code = main(["eval", "mmlu", "--model", "minilm", "--json", str(tmp_path / "x.json")])
     assert code == 2
     assert "decoder" in capsys.readouterr().err
+
+
+def test_a_gated_namespace_is_evaluated_under_its_gate_by_default_also_through_a_daemon(minilm_model, tmp_path):
+    path = tmp_path / "store"
+    with AttnStoreService.open(path, create=True) as service:
+        build_namespace(minilm_model, _corpus(), service,
+                        BuildConfig(namespace="ns", train=TrainConfig(max_epochs=1, patience=1), calibration=None),
+                        progress=False)
+        projector = Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
+        # Trusts a candidate only when no token differs: the gate serves exactly the stored sentences.
+        projector.gate = FidelityGate(weights=(0.0, 0.0, 0.0, 0.0, -20.0, 0.0), bias=10.0, min_probability=0.5,
+                                      candidates=4, fidelity=0.99, precision=0.95)
+        service.set_projector("ns", projector.to_safetensors_bytes())
+    task = _animal_task(_corpus()[:4] + [f"one grey {a} slept under the old mat." for a in _ANIMALS])
+    config = EvalConfig(thresholds=(0.0,), batch_size=8, timing_queries=4, timing_rounds=1, baselines=False,
+                        progress=False)
+    daemon = DaemonProcess(path, tmp_path).start()
+    try:
+        report = evaluate(task, minilm_model, f"grpc://{daemon.target}", "ns", config, token=READ_TOKEN)
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    rows = {(row["method"], row["setting"]): row for row in report["rows"]}
+    assert list(rows)[:2] == [("output_cache", None), ("attncache", None)]
+    gated = rows[("attncache", None)]
+    assert gated["default"] and report["default_rule"] == "gate"
+    assert (gated["exact_hits"], gated["map_hits"], gated["fallbacks"]) == (4, 0, 0)
+    assert "attncache" in format_report(report)

@@ -48,7 +48,7 @@ def build_report(
     store_url: str,
     namespace: str,
     config,
-    default: float,
+    default: float | None,
     variants: Sequence[Variant],
     passes: Sequence[Pass],
     timings: Sequence[Timing],
@@ -63,7 +63,8 @@ def build_report(
         loaded: the model.
         store_url, namespace: where the store is.
         config: the run's ``EvalConfig``.
-        default: the default threshold.
+        default: the default threshold; None when the namespace's fidelity gate is the default
+            (the attncache row without a threshold).
         variants, passes, timings: per variant, the full model first.
         duplicate: per query, whether its exact tokens are stored.
         timed: queries in the timing subset.
@@ -161,6 +162,7 @@ def build_report(
         "batch_size": config.batch_size,
         "timing": {"queries": timed, "rounds": config.timing_rounds, "warmup_rounds": 1},
         "default_threshold": default,
+        "default_rule": "threshold" if default is not None else "gate",
         "options": {**config.extra, **_san_options(variants, config.san_shares),
                     "attncache_f": list(config.attncache_f), "seed": config.seed},
         "full": {

@@ -147,6 +147,7 @@ def evaluate(
             if service is not None
             else AttnCache(loaded, store, namespace=namespace, token=token, tls_ca=tls_ca, max_length=context)
         )
+        gated = cache.gated and config.default_threshold is None
         default = cache.max_distance if config.default_threshold is None else config.default_threshold
         # A calibration that found no precise threshold recommends 0 (exact hits only): sweep
         # around the uncalibrated default to show what looser thresholds would cost.
@@ -155,6 +156,7 @@ def evaluate(
         batches = chunks(ids, range(len(ids)), config.batch_size, tokenizer.pad_token_id)
         plain = PlainVariant(adapter)
         variants = [plain, CacheVariant(cache, 0.0, maps=False)]
+        variants += [CacheVariant(cache, None)] if gated else []
         variants += [CacheVariant(cache, t) for t in thresholds]
         if config.baselines:
             variants += _baselines(adapter, task, service, namespace, config)
@@ -178,8 +180,8 @@ def evaluate(
         timing_batches = chunks(ids, subset.tolist(), config.batch_size, tokenizer.pad_token_id)
         timings = time_variants(adapter, variants, timing_batches, rounds=config.timing_rounds,
                                 progress=config.progress)
-    return build_report(task, loaded, store_url, namespace, config, round(default, 6), variants, passes, timings,
-                        duplicate, len(subset), context)
+    return build_report(task, loaded, store_url, namespace, config, None if gated else round(default, 6), variants,
+                        passes, timings, duplicate, len(subset), context)
 
 
 def _tokenize(loaded, texts: Sequence[str]) -> list[list[int]]:

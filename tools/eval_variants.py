@@ -77,9 +77,12 @@ class PlainVariant(Variant):
 
 
 class CacheVariant(Variant):
-    """AttnStore's client at one threshold; ``maps=False`` makes it a plain output cache (exact tier only)."""
+    """AttnStore's client at one threshold, or under the namespace's fidelity gate (``threshold`` None).
 
-    def __init__(self, cache: AttnCache, threshold: float, *, maps: bool = True) -> None:
+    ``maps=False`` makes it a plain output cache (exact tier only).
+    """
+
+    def __init__(self, cache: AttnCache, threshold: float | None, *, maps: bool = True) -> None:
         self.cache = cache
         self.name = "attncache" if maps else "output_cache"
         # An exact-only cache: distance 0 admits only a feature vector equal to a stored one,
@@ -88,7 +91,10 @@ class CacheVariant(Variant):
         self._threshold = threshold if maps else 0.0
 
     def run(self, batch: Batch) -> BatchRun:
-        self.cache.max_distance = self._threshold
+        if self._threshold is None:
+            self.cache.gated = True
+        else:
+            self.cache.max_distance = self._threshold
         hidden = self.cache.run_batch(batch)
         stats = self.cache.last_stats
         return BatchRun(

@@ -48,8 +48,11 @@ class Spliced:
 
 
 def method_label(row: Row) -> str:
-    """A row's name in tables and plots: the method, its setting, ``(default)`` for the default row."""
-    setting = "" if row.setting is None else f" {row.setting:g}"
+    """A row's name in tables and plots: the method, its setting, ``(default)`` for the default row.
+
+    An attncache row without a setting is the namespace's fidelity gate.
+    """
+    setting = f" {row.setting:g}" if row.setting is not None else " gate" if row.method == "attncache" else ""
     return f"{row.method}{setting}{' (default)' if row.default else ''}"
 
 
@@ -181,7 +184,14 @@ def _setup(run: EvalRun) -> str:
     machine = ", ".join(f for f in facts if f) or DASH
     return (f"Machine: {machine}. Queries: {_count(run.queries)}, batch size {_count(run.batch_size)}."
             f" Timing: {_count(run.timing_queries)} queries, {_count(run.timing_rounds)} rounds per method."
-            f" Default threshold: {_setting(run.default_threshold)}. Metric: {metric_label(run)}.")
+            f" Default: {_default_rule(run)}. Metric: {metric_label(run)}.")
+
+
+def _default_rule(run: EvalRun) -> str:
+    default = run.default_row
+    if default is not None and default.setting is None:
+        return "the namespace's fidelity gate"
+    return f"threshold {_setting(run.default_threshold)}"
 
 
 def _groups_table(run: EvalRun, default: Row) -> str:
@@ -200,11 +210,11 @@ def _sweep_table(run: EvalRun) -> str:
               "cosine ≥ 0.99", "e2e excl", "e2e incl", "attn excl", "attn incl"]
     rows = []
     for r in sorted((r for r in run.rows if r.method == "attncache"), key=_setting_key):
-        cells = [_setting(r.setting), _num(r.metric), _delta(r.delta), _pct(r.hit_rate), _count(r.exact_hits),
+        cells = ["gate" if r.setting is None else _setting(r.setting), _num(r.metric), _delta(r.delta), _pct(r.hit_rate), _count(r.exact_hits),
                  _count(r.map_hits), _num(r.cosine.mean, 4), _num(r.cosine.min, 4), _pct(r.cosine.share_099),
                  _x(r.speedup.e2e_excl), _x(r.speedup.e2e_incl), _x(r.speedup.attn_excl), _x(r.speedup.attn_incl)]
         rows.append([f"**{c}**" for c in cells] if r.default else cells)
-    return ("**Threshold sweep** (attncache; default in bold). Speedups over the full model, excluding or"
+    return ("**Threshold sweep** (attncache; default in bold; \"gate\": the namespace's fidelity gate decides). Speedups over the full model, excluding or"
             " including the retrieval time.\n\n" + _table(header, rows))
 
 
