@@ -302,7 +302,7 @@ class AttnStoreService:
         self, namespace: str, gate: FidelityGate, token_ids: np.ndarray, candidates: Sequence[Candidate]
     ) -> tuple[Candidate | None, float]:
         """The most probable of one query's candidates (entries without token ids cannot be picked)."""
-        stored = [self._store.entry(namespace, c.entry_id).token_ids for c in candidates]
+        stored = self._store.token_ids(namespace, [c.entry_id for c in candidates])
         usable = [k for k, ids in enumerate(stored) if ids is not None]
         if not usable:
             return None, 0.0

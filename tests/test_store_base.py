@@ -66,6 +66,17 @@ def test_lossless_codecs_round_trip_maps_outputs_and_feature_exactly(store, code
         assert np.array_equal(info.feature, entry.feature)
 
 
+def test_token_ids_are_read_back_in_one_call_none_where_absent_or_deleted(store):
+    ns = _namespace(store)
+    with_ids, without = make_entry(small_layout(), 5, seed=1), make_entry(small_layout(), 6, seed=2, tokens=False)
+    first, second = store.ingest(ns, [with_ids, without])
+    store.delete(ns, [second])
+    found = store.token_ids(ns, [first, second, 999])
+    assert found[0].dtype == np.uint32 and np.array_equal(found[0], with_ids.token_ids)
+    assert found[1:] == [None, None]
+    assert np.array_equal(store.entry(ns, first).token_ids, with_ids.token_ids)
+
+
 @pytest.mark.parametrize("codec", ["q8", "q8+zstd"])
 def test_q8_codecs_round_trip_within_the_documented_bound(store, codec):
     ns = _namespace(store, codec)

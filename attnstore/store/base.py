@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
@@ -11,6 +11,7 @@ from attnstore.store.layout import EntryInfo, NamespaceInfo, NamespaceLayout, Ne
 from attnstore.store.reports import CompactReport, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -110,6 +111,12 @@ class MapStoreBase(ABC):
 
         Raises:
             EntryNotFoundError: no live entry has that id.
+        """
+
+    @abstractmethod
+    def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
+        """Each entry's stored ``(L,)`` uint32 token ids, in order; None for an entry stored
+        without them, or no longer live (one read for the lot: the fidelity gate's hot path).
         """
 
     @abstractmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from attnstore.errors import (
+    ChecksumError,
     ConfigError,
+    EntryNotFoundError,
     MapShapeError,
     NamespaceExistsError,
     NamespaceNotFoundError,
@@ -455,6 +457,18 @@ class MapStore(MapStoreBase):
             record = load_record(txn, gen.db, namespace, entry_id)
             hits = load_hits(txn, gen.db, namespace, entry_id)
         return self._info(namespace, record, hits.hits, hits.last_hit)
+
+    def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
+        """See :meth:`MapStoreBase.token_ids`."""
+        self._state(namespace)
+        found: list[np.ndarray | None] = []
+        with self._read_txn() as (gen, txn):
+            for entry_id in entry_ids:
+                try:
+                    found.append(load_record(txn, gen.db, namespace, entry_id).token_ids)
+                except (EntryNotFoundError, ChecksumError):
+                    found.append(None)  # deleted meanwhile, or corrupt (verify reports it)
+        return found
 
     def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
         """See :meth:`MapStoreBase.entries`. Corrupt records are skipped (verify lists them).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import crc32c
@@ -271,6 +271,12 @@ class MemoryMapStore(MapStoreBase):
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
         """See :meth:`MapStoreBase.entry`."""
         return self._info(self._get(namespace, entry_id)[1])
+
+    def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
+        """See :meth:`MapStoreBase.token_ids`."""
+        ns = self._ns(namespace)
+        with self._lock:
+            return [None if (e := ns.entries.get(i)) is None else e.token_ids for i in entry_ids]
 
     def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
         """See :meth:`MapStoreBase.entries`."""
