@@ -3,10 +3,10 @@
 corpus → tokenize (lines over ``--max-length`` tokens are skipped and counted,
 never truncated; exact duplicates are captured once) → capture maps, final
 outputs and feature sources, spilling maps to a scratch folder so corpora larger
-than memory work → train the feature projector and calibrate its distances to
-replay fidelity (new namespaces; see ``projector_calibration``) → ingest maps,
-outputs, token hashes and feature vectors in bounded transactions → store the
-projector.
+than memory work → train the feature projector, calibrate its distances to
+replay fidelity and fit the fidelity gate (new namespaces; see
+``projector_calibration``) → ingest maps, outputs, token ids and hashes, and
+feature vectors in bounded transactions → store the projector (with the gate).
 
 The projector is written last: a namespace is usable by clients only once it
 has one. Any failure, Ctrl-C included, removes what the run wrote (the new
@@ -362,7 +362,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--train-limit", type=int, default=8000, help="inputs the projector trains on (default 8000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sampling and training (default 0)")
     parser.add_argument("--no-calibration", action="store_true",
-                        help="skip calibrating the projector's distances to replay fidelity (see the docs)")
+                        help="skip calibrating the projector's distances to replay fidelity and fitting"
+                             " the fidelity gate (see the docs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
 

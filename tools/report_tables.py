@@ -88,7 +88,8 @@ def summary_block(runs: Sequence[EvalRun]) -> str:
             cells += [_num(row.metric), _delta(row.delta), _pct(row.hit_rate), _x(row.speedup.e2e_incl),
                       _num(row.gamma)]
         rows.append(cells)
-    return ("Each run at its default threshold; the speedup counts the retrieval time.\n\n"
+    return ("Each run at its default (the namespace's fidelity gate, or its threshold); the speedup counts"
+            " the retrieval time.\n\n"
             + _table(header, rows, labels=3))
 
 
@@ -202,7 +203,7 @@ def _groups_table(run: EvalRun, default: Row) -> str:
     for name, g in default.groups.items():
         rows.append([name, _count(g.queries), _num(g.full), _num(g.metric), _delta(_minus(g.metric, g.full)),
                      _pct(g.hit_rate), _count(g.exact_hits), _count(g.map_hits)])
-    return f"**Per {label}**, attncache at the default threshold.\n\n" + _table(header, rows)
+    return f"**Per {label}**, attncache at its default (gate or threshold).\n\n" + _table(header, rows)
 
 
 def _sweep_table(run: EvalRun) -> str:
@@ -225,7 +226,7 @@ def _parts_table(run: EvalRun, default: Row) -> str:
     for name, p in default.parts.items():
         rows.append([name.replace("_", " "), _count(p.queries), _num(p.full), _num(p.metric),
                      _delta(_minus(p.metric, p.full)), _pct(p.hit_rate), _num(p.cosine_mean, 4)])
-    return "**Exact duplicates and the rest**, attncache at the default threshold.\n\n" + _table(header, rows)
+    return "**Exact duplicates and the rest**, attncache at its default (gate or threshold).\n\n" + _table(header, rows)
 
 
 def _methods_table(run: EvalRun) -> str:
