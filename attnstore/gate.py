@@ -85,23 +85,26 @@ def differing_positions(query_ids: np.ndarray, entry_ids: np.ndarray) -> int:
     return int(np.count_nonzero(np.asarray(query_ids) != np.asarray(entry_ids)[:length]))
 
 
-def gate_features(distances: np.ndarray, length: int, differing: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """``(n, len(FEATURES))`` float64 features of ``n`` candidates of one query of ``length`` tokens.
+def gate_features(
+    distances: np.ndarray, lengths: int | np.ndarray, differing: np.ndarray, ranks: np.ndarray
+) -> np.ndarray:
+    """``(n, len(FEATURES))`` float64 features of ``n`` (query, candidate) pairs.
 
     Args:
         distances: (n,) the projector's distances to the candidates.
-        length: the query's token length L.
+        lengths: (n,) or one: the queries' token lengths L.
         differing: (n,) token positions that differ (``differing_positions``).
-        ranks: (n,) the candidates' ranks by distance, 0 = nearest.
+        ranks: (n,) the candidates' ranks by distance among their query's, 0 = nearest.
     """
     distances = np.asarray(distances, dtype=np.float64)
+    lengths = np.broadcast_to(np.asarray(lengths, dtype=np.float64), distances.shape)
     differing = np.asarray(differing, dtype=np.float64)
     return np.stack(
         [
             np.log(distances + 1e-6),
-            np.full_like(distances, math.log(length)),
+            np.log(lengths),
             np.log(differing + 0.5),
-            differing / length,
+            differing / lengths,
             differing,
             np.asarray(ranks, dtype=np.float64),
         ],

@@ -296,25 +296,23 @@ class AttnStoreService:
             candidates = self._index(namespace).candidates(
                 features, lengths, causal=info.layout.causal, k=gate.candidates, length_penalty=self._length_penalty
             )
-        return [self._gate_pick(namespace, gate, ids, found) for ids, found in zip(token_ids, candidates, strict=True)]
-
-    def _gate_pick(
-        self, namespace: str, gate: FidelityGate, token_ids: np.ndarray, candidates: Sequence[Candidate]
-    ) -> tuple[Candidate | None, float]:
-        """The most probable of one query's candidates (entries without token ids cannot be picked)."""
-        stored = self._store.token_ids(namespace, [c.entry_id for c in candidates])
-        usable = [k for k, ids in enumerate(stored) if ids is not None]
+        # Every (query, candidate) pair of the batch in one store read and one scoring.
+        pairs = [(q, rank, c) for q, found in enumerate(candidates) for rank, c in enumerate(found)]
+        stored = self._store.token_ids(namespace, [c.entry_id for _, _, c in pairs])
+        usable = [(pair, ids) for pair, ids in zip(pairs, stored, strict=True) if ids is not None]
+        picks: list[tuple[Candidate | None, float]] = [(None, 0.0)] * len(queries)
         if not usable:
-            return None, 0.0
-        features = gate_features(
-            np.array([candidates[k].distance for k in usable]),
-            len(token_ids),
-            np.array([differing_positions(token_ids, stored[k]) for k in usable]),
-            np.array(usable),
-        )
-        probabilities = gate.probabilities(features)
-        best = int(np.argmax(probabilities))
-        return candidates[usable[best]], float(probabilities[best])
+            return picks
+        probabilities = gate.probabilities(gate_features(
+            np.array([c.distance for (_, _, c), _ in usable]),
+            np.array([len(token_ids[q]) for (q, _, _), _ in usable]),
+            np.array([differing_positions(token_ids[q], ids) for (q, _, _), ids in usable]),
+            np.array([rank for (_, rank, _), _ in usable]),
+        ))
+        for ((q, _, candidate), _), probability in zip(usable, probabilities, strict=True):
+            if picks[q][0] is None or probability > picks[q][1]:  # ties keep the nearer candidate
+                picks[q] = (candidate, float(probability))
+        return picks
 
     def read_layer(self, namespace: str, entry_id: int, layer: int, length: int | None = None) -> np.ndarray:
         """One layer of an entry's maps ``(heads, length, length)`` fp16, cropped for causal reuse.
