@@ -3,9 +3,9 @@
 This is what the daemon serves over gRPC and what embedded mode (``local:PATH``)
 runs in-process. It answers lookups exact tier first (same token ids: stored
 outputs, no forward at all), then by nearest feature vector under a predicted
-map-distance threshold, or, when asked, by the namespace's fidelity gate over the
-nearest few (``attnstore.gate``: distance, length and differing tokens), and keeps the indexes in step with ingest, delete,
-eviction and compaction. Indexes are rebuilt from the feature vectors kept in
+map-distance threshold or, when asked, by the namespace's fidelity gate over the
+nearest few (``attnstore.gate``: distance, length and differing tokens). It keeps
+the indexes in step with ingest, delete, eviction and compaction. Indexes are rebuilt from the feature vectors kept in
 the entry records when a store is opened, so nothing but the store is persisted.
 """
 

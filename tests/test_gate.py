@@ -52,7 +52,8 @@ def test_a_gate_round_trips_through_json_and_bad_ones_are_refused() -> None:
 
 def test_the_service_reads_the_gate_from_the_projector_blobs_metadata() -> None:
     tensor = {"weight": np.zeros(1, np.float32)}
-    assert gate_from_projector(safetensors.numpy.save(tensor, metadata={GATE_METADATA_KEY: _gate().to_json()})) == _gate()
+    blob = safetensors.numpy.save(tensor, metadata={GATE_METADATA_KEY: _gate().to_json()})
+    assert gate_from_projector(blob) == _gate()
     assert gate_from_projector(safetensors.numpy.save(tensor)) is None
     with pytest.raises(FormatVersionError, match="malformed gate"):
         gate_from_projector(safetensors.numpy.save(tensor, metadata={GATE_METADATA_KEY: '{"bias": 1}'}))

@@ -37,7 +37,8 @@ def _oracle_file(folder: Path, namespace: str = "loghub") -> Path:
         "key_thresholds": {"mean_pooled": 0.5}, "config": {"calibration_fraction": 0.5, "seed": 0, "fidelity": 0.99},
         "queries_read": 8, "queries_evaluated": 8, "calibrated_on": 4, "seconds": 12.5,
         "parts": report_parts(results, thresholds, **kwargs),
-        "groups": {g: report_parts([r for r in results if r.group == g], thresholds, **kwargs) for g in ("BGL", "HDFS")},
+        "groups": {g: report_parts([r for r in results if r.group == g], thresholds, **kwargs)
+                   for g in ("BGL", "HDFS")},
     }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{namespace}.json"

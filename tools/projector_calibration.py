@@ -173,24 +173,26 @@ def _fit_gate(
     if not pairs:
         return None, 0.0, None
     faithful = _replay_cosines(adapter, ids, maps, outputs, pairs, config) >= config.fidelity
-    features = np.concatenate([
-        gate_features(np.array([d]), len(ids[i]), np.array([differing_positions(token_ids[i], token_ids[j])]),
-                      np.array([rank]))
-        for (i, j, d), rank in zip(pairs, ranks, strict=True)
-    ])  # (pairs, features)
+    features = gate_features(
+        np.array([d for _, _, d in pairs]),
+        np.array([len(ids[i]) for i, _, _ in pairs]),
+        np.array([differing_positions(token_ids[i], token_ids[j]) for i, j, _ in pairs]),
+        np.array(ranks),
+    )  # (pairs, features)
     weights, bias = _logistic(features, faithful)
     if weights is None:
         return None, 0.0, None
-    probability = 1.0 / (1.0 + np.exp(-np.clip(features @ weights + bias, -60.0, 60.0)))  # (pairs,)
+    fitted = FidelityGate(
+        weights=tuple(float(w) for w in weights), bias=bias, min_probability=1.0,
+        candidates=config.gate_candidates, fidelity=config.fidelity, precision=config.precision,
+    )
+    probability = fitted.probabilities(features)  # (pairs,)
     owner = np.array([i for i, _, _ in pairs])
     best = [max(np.flatnonzero(owner == i), key=lambda k: probability[k]) for i in np.unique(owner)]
     threshold = _threshold(1.0 - probability[best], faithful[best], config.precision)
     if threshold is None:
         return None, 0.0, None
-    gate = FidelityGate(
-        weights=tuple(float(w) for w in weights), bias=float(bias), min_probability=max(1.0 - threshold, 1e-6),
-        candidates=config.gate_candidates, fidelity=config.fidelity, precision=config.precision,
-    )
+    gate = dataclasses.replace(fitted, min_probability=max(1.0 - threshold, 1e-6))
     served = probability[best] >= gate.min_probability
     return gate, float(served.mean()), float(faithful[best][served].mean()) if served.any() else None
 

@@ -211,11 +211,13 @@ def _sweep_table(run: EvalRun) -> str:
               "cosine ≥ 0.99", "e2e excl", "e2e incl", "attn excl", "attn incl"]
     rows = []
     for r in sorted((r for r in run.rows if r.method == "attncache"), key=_setting_key):
-        cells = ["gate" if r.setting is None else _setting(r.setting), _num(r.metric), _delta(r.delta), _pct(r.hit_rate), _count(r.exact_hits),
+        setting = "gate" if r.setting is None else _setting(r.setting)
+        cells = [setting, _num(r.metric), _delta(r.delta), _pct(r.hit_rate), _count(r.exact_hits),
                  _count(r.map_hits), _num(r.cosine.mean, 4), _num(r.cosine.min, 4), _pct(r.cosine.share_099),
                  _x(r.speedup.e2e_excl), _x(r.speedup.e2e_incl), _x(r.speedup.attn_excl), _x(r.speedup.attn_incl)]
         rows.append([f"**{c}**" for c in cells] if r.default else cells)
-    return ("**Threshold sweep** (attncache; default in bold; \"gate\": the namespace's fidelity gate decides). Speedups over the full model, excluding or"
+    return ("**Threshold sweep** (attncache; default in bold; \"gate\": the namespace's fidelity gate decides)."
+            " Speedups over the full model, excluding or"
             " including the retrieval time.\n\n" + _table(header, rows))
 
 
