@@ -14,7 +14,7 @@ from attnstore.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
 from attnstore_client.projector import Calibration, Projector, ProjectorConfig
-from attnstore_tools.build import BuildConfig, build_namespace
+from attnstore_tools.build import BuildConfig, BuildReport, build_namespace
 from attnstore_tools.projector_calibration import _length_exponent, _threshold
 from attnstore_tools.projector_training import TrainConfig
 
@@ -71,14 +71,19 @@ def test_a_malformed_calibration_in_the_blob_is_a_format_error():
         Projector.from_safetensors_bytes(broken)
 
 
+def _build(model, texts: list[str], path) -> tuple[BuildReport, Projector]:
+    """A calibrated namespace "ns" at ``path``: the build's report and the stored projector."""
+    with AttnStoreService.open(path, create=True) as service:
+        report = build_namespace(model, texts, service,
+                                 BuildConfig(namespace="ns", train=TrainConfig(max_epochs=2, patience=1)),
+                                 progress=False)
+        return report, Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
+
+
 def test_build_calibrates_a_new_projector_and_the_cache_defaults_to_its_threshold(minilm_model, tmp_path):
     texts = [f"the {c} {a} sat on the mat." for c in ("red", "green", "blue", "black") for a in ("cat", "dog", "owl")]
     texts += [f"a {c} {a} ran in the park." for c in ("red", "green", "blue", "black") for a in ("cat", "dog", "owl")]
-    with AttnStoreService.open(tmp_path / "store", create=True) as service:
-        report = build_namespace(minilm_model, texts, service,
-                                 BuildConfig(namespace="ns", train=TrainConfig(max_epochs=2, patience=1)),
-                                 progress=False)
-        stored = Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
+    report, stored = _build(minilm_model, texts, tmp_path / "store")
     assert report.calibration is not None and report.calibration.pairs == 24
     assert stored.calibration == report.calibration.calibration
     with AttnCache(minilm_model, f"local:{tmp_path / 'store'}", namespace="ns") as cache:
@@ -93,11 +98,8 @@ def test_build_fits_a_fidelity_gate_and_stores_it_with_the_projector(minilm_mode
     texts = [f"the nightly backup job of service {s} on node {n} finished without errors and the archive was"
              " verified by the scheduler" for s in ("alpha", "beta", "gamma", "delta") for n in ("one", "two", "three")]
     texts += [f"{a} {b}." for a in ("red", "green", "blue", "black") for b in ("cat", "dog", "owl")]
-    with AttnStoreService.open(tmp_path / "store", create=True) as service:
-        report = build_namespace(minilm_model, texts, service,
-                                 BuildConfig(namespace="ns", train=TrainConfig(max_epochs=2, patience=1)),
-                                 progress=False)
-        stored = Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
+    report, stored = _build(minilm_model, texts, tmp_path / "store")
+    with AttnStoreService.open(tmp_path / "store", readonly=True) as service:
         assert service.gate("ns") == stored.gate
         entry = next(iter(service.store.entries("ns")))
     gate = report.calibration.gate
