@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--train", type=int, default=3000, help="distinct STS-B train sentences stored (default 3000)")
     parser.add_argument("--pairs", type=int, default=250, help="STS-B dev pairs encoded (default 250: 500 sentences)")
     parser.add_argument("--batch-size", type=int, default=32, help="rows per forward (default: 32)")
-    parser.add_argument("--max-distance", type=float, default=None, help="map-hit threshold (default: the client's)")
+    parser.add_argument("--max-distance", type=float, default=None, help="map-hit distance threshold, no gate"
+                        " (default: the namespace's fidelity gate, else its calibrated threshold)")
     parser.add_argument("--epochs", type=int, default=8, help="most projector training epochs (default: 8)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)

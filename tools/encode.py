@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM), for a daemon requiring mTLS")
     parser.add_argument("--tls-key", type=Path, help="this node's private key (PEM), for mTLS")
     parser.add_argument("--batch-size", type=int, default=32, help="rows per forward (default: 32)")
-    parser.add_argument("--max-distance", type=float, help="map-hit threshold (default: the client's)")
+    parser.add_argument("--max-distance", type=float, help="map-hit distance threshold, no gate"
+                        " (default: the namespace's fidelity gate, else its calibrated threshold)")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline of one batch's lookup, s (default 30)")
     parser.add_argument("--normalize", action="store_true", help="scale embeddings to unit length")
     parser.add_argument("--stats-json", type=Path, help="also write the stats here as JSON")

@@ -317,8 +317,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--corpus-column", help="text column (.tsv) or field (.jsonl) of the corpus")
     parser.add_argument("--namespace", default="default", help="namespace to evaluate (default: default)")
     parser.add_argument("--max-distance", type=float,
-                        help="fixed projector threshold (default: the namespace's calibrated one, else one "
-                             "calibrated on the calibration split)")
+                        help="fixed projector distance threshold, no gate (default: the namespace's fidelity gate,"
+                             " else its calibrated threshold, else one calibrated on the calibration split)")
     parser.add_argument("--target-precision", type=float, default=0.95, help="calibration target (default 0.95)")
     parser.add_argument("--fidelity", type=float, default=0.99, help="cosine budget of a faithful hit (default 0.99)")
     parser.add_argument("--crop", action=argparse.BooleanOptionalAction, default=True,
