@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from attnstore.gate import FEATURES, FidelityGate, differing_positions, gate_features
+from attnstore.gate import FidelityGate, differing_positions, gate_features
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import batch_from_ids
 from attnstore_client.projector import Calibration, Projector
@@ -197,10 +197,13 @@ def _fit_gate(
     return gate, float(served.mean()), float(faithful[best][served].mean()) if served.any() else None
 
 
-def _logistic(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray | None, float]:
+def _logistic(
+    features: np.ndarray, labels: np.ndarray, *, l2: float = 1e-3, max_iter: int = 500
+) -> tuple[np.ndarray | None, float]:
     """Weights and bias (in the features' own units) of a logistic fit; None if one class only.
 
-    The L2 term keeps a fit on a few, perfectly separable pairs from running off to huge weights.
+    The L2 term (on the standardised weights) keeps a fit on a few, perfectly separable pairs
+    from running off to huge weights.
     """
     if labels.all() or not labels.any():
         return None, 0.0
@@ -211,12 +214,12 @@ def _logistic(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray | No
     standard[:, constant] = 0.0
     x = torch.tensor(standard, dtype=torch.float64)
     y = torch.tensor(labels, dtype=torch.float64)
-    params = torch.zeros(len(FEATURES) + 1, dtype=torch.float64, requires_grad=True)
-    optimiser = torch.optim.LBFGS([params], max_iter=500, line_search_fn="strong_wolfe")
+    params = torch.zeros(features.shape[1] + 1, dtype=torch.float64, requires_grad=True)
+    optimiser = torch.optim.LBFGS([params], max_iter=max_iter, line_search_fn="strong_wolfe")
 
     def loss() -> torch.Tensor:
         optimiser.zero_grad()
-        value = F.binary_cross_entropy_with_logits(params[0] + x @ params[1:], y) + 1e-3 * params[1:].pow(2).sum()
+        value = F.binary_cross_entropy_with_logits(params[0] + x @ params[1:], y) + l2 * params[1:].pow(2).sum()
         value.backward()
         return value
 
@@ -281,27 +284,12 @@ def _length_exponent(distance: np.ndarray, length: np.ndarray, faithful: np.ndar
     """``gamma`` of the boundary ``d ~ L ** gamma`` of a logistic fit; 0 when the fit says nothing."""
     if faithful.all() or not faithful.any() or len(set(length.tolist())) < 2:
         return 0.0
-    x = torch.tensor(np.stack([np.log(np.maximum(distance, 1e-9)), np.log(length)], axis=1), dtype=torch.float64)
-    x = (x - x.mean(dim=0)) / x.std(dim=0).clamp_min(1e-9)  # standardised: LBFGS converges in a few steps
-    y = torch.tensor(faithful, dtype=torch.float64)
-    weights = torch.zeros(3, dtype=torch.float64, requires_grad=True)
-    optimiser = torch.optim.LBFGS([weights], max_iter=200, line_search_fn="strong_wolfe")
-
-    def loss() -> torch.Tensor:
-        optimiser.zero_grad()
-        logits = weights[0] + x @ weights[1:]  # (n,)
-        value = F.binary_cross_entropy_with_logits(logits, y) + 1e-4 * weights[1:].pow(2).sum()
-        value.backward()
-        return value
-
-    optimiser.step(loss)
-    b, c = weights[1].item(), weights[2].item()
-    # Back to unstandardised log units: b' = b / sd(log d), c' = c / sd(log L); gamma = -c' / b'.
-    sd_d = np.log(np.maximum(distance, 1e-9)).std()
-    sd_l = np.log(length).std()
-    if b >= 0 or sd_l == 0:
+    features = np.stack([np.log(np.maximum(distance, 1e-9)), np.log(length)], axis=1)  # (n, 2)
+    weights, _ = _logistic(features, faithful, l2=1e-4, max_iter=200)
+    b, c = weights  # in log units: logit = a + b log d + c log L
+    if b >= 0:
         return 0.0  # larger distances are not less faithful here: no length rule to learn
-    gamma = -(c / sd_l) / (b / sd_d)
+    gamma = -c / b
     return float(min(max(gamma, 0.0), _MAX_EXPONENT)) if math.isfinite(gamma) else 0.0
 
 
