@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, CorpusError, NamespaceNotReadyError
+from attnstore.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.keys import model_fingerprint
@@ -182,14 +183,14 @@ def evaluate_oracle(
         None if groups is None else [groups[i] for i in rows],
         max_length=config.max_length, batch_size=config.batch_size, progress=progress,
     )
-    picks, sources_missing = _picks(adapter, service, config, queries, corpus, progress)
+    gate = service.gate(config.namespace) if config.max_distance is None else None
+    picks, sources_missing = _picks(adapter, service, config, gate, queries, corpus, progress)
     split = calibration_split(len(queries), config.calibration_fraction, config.seed)
     results = _score(adapter, service, config.namespace, queries, picks, split, rows, progress)
     thresholded = ["projector"] + (list(SIMPLE_KEYS) if corpus is not None else [])
     oracle = "oracle_crop" if causal and config.crop else "oracle_same_length"
     thresholds, calibrated_on = calibrate_all(results, thresholded, config.target_precision, config.fidelity)
     calibrated = thresholds["projector"]
-    gate = service.gate(config.namespace) if config.max_distance is None else None
     recommended = _recommended_threshold(info.projector) if gate is None else 1.0 - gate.min_probability
     if config.max_distance is not None:
         thresholds["projector"], source = config.max_distance, "fixed"
@@ -246,18 +247,19 @@ def _picks(
     adapter: Adapter,
     service: AttnStoreService,
     config: OracleConfig,
+    gate: FidelityGate | None,
     queries: list[EvalQuery],
     corpus: Sequence[str] | None,
     progress: bool,
 ) -> tuple[dict[str, list[Pick]], int | None]:
-    """Every method's pick per query, and how many stored entries the corpus did not cover."""
+    """Every method's pick per query (the projector's through ``gate`` when given), and how many
+    stored entries the corpus did not cover."""
     namespace, causal = config.namespace, adapter.causal
     oracle = oracle_picks(service, namespace, queries, causal=causal, progress=progress)
     projector = Projector.from_safetensors_bytes(service.get_namespace(namespace).projector)
     picks = {"oracle_same_length": oracle.same_length}
     if causal:
         picks["oracle_crop"] = oracle.crop
-    gate = service.gate(namespace) if config.max_distance is None else None
     picks["projector"] = projector_picks(service, namespace, projector, queries, crop=config.crop, gate=gate)
     if corpus is None:
         return picks, None

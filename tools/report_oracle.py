@@ -68,10 +68,11 @@ def oracle_block(path: Path, data: Mapping[str, object]) -> Block:
     for key in keys:
         header += [f"{_KEYS[key]} top1", f"{_KEYS[key]} hit", f"{_KEYS[key]} prec"]
     header.append("targets")
-    rows = [_row(f"**{name.replace('_', ' ')}**", parts[name], causal, split, keys) for name in _PARTS]
+    columns = len(header)
+    rows = [_row(f"**{name.replace('_', ' ')}**", parts[name], causal, split, keys, columns) for name in _PARTS]
     for group, figures in groups.items():
         figures = _field(path, groups, group, dict, where="groups")
-        rows += [_row(f"{group} {name}", figures[name], causal, split, keys) for name in _GROUP_PARTS]
+        rows += [_row(f"{group} {name}", figures[name], causal, split, keys, columns) for name in _GROUP_PARTS]
     lines = [
         _setup(data, split),
         "",
@@ -97,10 +98,11 @@ def _setup(data: Mapping[str, object], split: bool) -> str:
     )
 
 
-def _row(label: str, s: Mapping[str, object], causal: bool, split: bool, keys: Sequence[str]) -> list[str]:
+def _row(
+    label: str, s: Mapping[str, object], causal: bool, split: bool, keys: Sequence[str], columns: int
+) -> list[str]:
     if not s.get("queries"):
-        width = 8 + causal + 2 * split + 3 * len(keys)
-        return [label, "0", *["–"] * (width - 3), "- - -"]
+        return [label, "0", *["–"] * (columns - 3), "- - -"]
     cells = [label, str(s["queries"]), _rate(s, "oracle_hit_rate", "oracle_hits")]
     if causal:
         cells.append(_rate(s, "oracle_same_length_hit_rate", "oracle_same_length_hits"))
