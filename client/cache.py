@@ -83,7 +83,7 @@ class AttnCache:
             ``local:PATH`` (embedded: the store opened in this process), or an open connection.
         namespace: the namespace built for this model.
         max_distance: threshold on the predicted map distance for a map hit. None (the
-            default) lets the namespace's fidelity gate decide when it has one (``attnstore.gate``:
+            default) lets the namespace's fidelity gate decide when it has one (``attnstore.protocol.gate``:
             the best of the nearest entries by distance and differing tokens); else takes the
             namespace's calibrated threshold (``Projector.calibration``), 0 (exact hits
             only) if its calibration found no threshold precise enough, and

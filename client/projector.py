@@ -8,18 +8,18 @@ edit of a template moves one bin a little, a different sentence structure moves
 many bins a lot), concatenated with the whole-sequence mean and two length
 features. A two-layer MLP (paper: 2 layers, d = 128) maps that to the feature
 vector. The L2 distance between two vectors predicts the map term of the
-training target (see ``attnstore_tools.projector_training``); the length term is
+training target (see ``attnstore_tools.build.training``); the length term is
 exact and added by the index.
 
 A calibrated projector (``attnstore build`` calibrates by default, see
-``attnstore_tools.projector_calibration``) also scales its output by
+``attnstore_tools.build.calibration``) also scales its output by
 ``(L / reference_length) ** -length_exponent``: whether a replay keeps the output
 faithful depends on the distance *and* on the length (one differing token moves a
 7-token log line far more than a 40-token one), so the threshold that keeps hits
 faithful grows with the length, and scaling the vectors turns that length-aware
 threshold into one number, the calibration's ``max_distance``.
 
-The calibration also fits the namespace's fidelity gate (``attnstore.gate``),
+The calibration also fits the namespace's fidelity gate (``attnstore.protocol.gate``),
 which decides hits from the distance *and* the tokens that differ; the service
 applies it when a client asks (the default when the namespace has one).
 
@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnstore.errors import ConfigError, FeatureSourceError, FormatVersionError
-from attnstore.gate import FidelityGate
-from attnstore.projector_blob import GATE_METADATA_KEY, gate_from_projector, safetensors_metadata
+from attnstore.protocol.gate import FidelityGate
+from attnstore.protocol.projector_blob import GATE_METADATA_KEY, gate_from_projector, safetensors_metadata
 
 FORMAT = "attnstore.projector/1"
 _METADATA_KEY = "attnstore.projector"

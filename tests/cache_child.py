@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded  # noqa: E402
 
-from attnstore.remote import RemoteStore  # noqa: E402
+from attnstore.protocol.remote import RemoteStore  # noqa: E402
 from attnstore_client.cache import AttnCache  # noqa: E402
 
 

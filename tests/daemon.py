@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from attnstore.errors import UnavailableError
-from attnstore.remote import RemoteStore
+from attnstore.protocol.remote import RemoteStore
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from attnstore.auth import TokenTable
-from attnstore.daemon_config import ServerLimits
+import grpc
+
+from attnstore.server.auth import TokenTable
+from attnstore.server.config import ServerLimits
 from attnstore.index import ExactIndex
-from attnstore.remote import RemoteStore
-from attnstore.server import AttnStoreServer, create_server
+from attnstore.protocol.remote import RemoteStore
+from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore, NamespaceLayout
 
@@ -42,3 +45,15 @@ def served(
     finally:
         remote.close()
         server.stop(0)
+
+
+def tls_server(pki: Path, *, mtls: bool) -> tuple[grpc.Server, str]:
+    """An in-process TLS server (mTLS: client certificates required) over ``memory_service()``; started."""
+    tls = ServerTls(
+        cert_chain=(pki / "server.pem").read_bytes(),
+        private_key=(pki / "server.key").read_bytes(),
+        client_ca=(pki / "ca.pem").read_bytes() if mtls else None,
+    )
+    server, port = create_server(memory_service(), "127.0.0.1:0", tls=tls)
+    server.start()
+    return server, f"127.0.0.1:{port}"

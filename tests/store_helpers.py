@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-from attnstore.store.layout import NamespaceLayout, NewEntry
+from attnstore.protocol.records import NamespaceLayout, NewEntry
 
 
 def small_layout(codec: str = "fp16", causal: bool = True) -> NamespaceLayout:

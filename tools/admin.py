@@ -22,8 +22,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from attnstore.errors import ConfigError
-from attnstore.remote import DEFAULT_TARGET, RemoteStore
-from attnstore.store.layout import NamespaceLayout, NewEntry
+from attnstore.protocol.remote import DEFAULT_TARGET, RemoteStore
+from attnstore.protocol.records import NamespaceLayout, NewEntry
 
 TOKEN_ENV = "ATTNSTORE_TOKEN"
 
@@ -214,7 +214,7 @@ def _batches(entries: Iterator[NewEntry], size: int) -> Iterator[list[NewEntry]]
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from attnstore.store.mapstore import MapStore  # lmdb: only this command reads a local store
+    from attnstore.store.lmdb.mapstore import MapStore  # lmdb: only this command reads a local store
 
     if args.batch_entries < 1:
         raise ConfigError(f"--batch-entries must be >= 1, got {args.batch_entries}")

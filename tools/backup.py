@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from attnstore.store.backup import backup_store
+from attnstore.store.lmdb.backup import backup_store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -14,17 +14,17 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ("demo", "build", "serve", "admin", "backup", "encode", "report")
+_COMMANDS: tuple[str, ...] = ("demo", "build.command", "serve", "admin", "backup", "encode", "report.command")
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bench": (
         "benchmarks: print a table and write JSON",
-        ("bench_store", "bench_replay", "bench_search", "bench_load", "bench_service"),
+        ("bench.store", "bench.replay", "bench.search", "bench.load", "bench.service"),
     ),
     "eval": (
         "evaluation: tasks against the full model, the oracle comparison and its corpora",
-        ("eval_task", "eval_oracle", "eval_corpora"),
+        ("eval.command", "eval.oracle.command", "eval.oracle.corpora"),
     ),
 }
 

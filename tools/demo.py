@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
 def _build(loaded, corpus: list[str], store: Path, args: argparse.Namespace) -> None:
     from attnstore.errors import NamespaceNotFoundError
     from attnstore.service import AttnStoreService
-    from attnstore_tools.build import BuildConfig, build_namespace, format_report
-    from attnstore_tools.projector_training import TrainConfig
+    from attnstore_tools.build.command import BuildConfig, build_namespace, format_report
+    from attnstore_tools.build.training import TrainConfig
 
     with AttnStoreService.open(store, create=True) as service:
         try:
@@ -146,7 +146,7 @@ def _build(loaded, corpus: list[str], store: Path, args: argparse.Namespace) -> 
 
 def _compare(loaded, store: Path, queries: list[str], scores: np.ndarray, args: argparse.Namespace) -> None:
     from attnstore_client.cache import AttnCache
-    from attnstore_tools.projector_training import rank_correlation
+    from attnstore_tools.build.training import rank_correlation
 
     options = {} if args.max_distance is None else {"max_distance": args.max_distance}
     show = not args.no_progress

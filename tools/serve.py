@@ -13,8 +13,8 @@ import os
 import re
 from pathlib import Path
 
-from attnstore.daemon_config import DEFAULT_LISTEN, DaemonConfig, ServerLimits
-from attnstore.log_format import use_log_format
+from attnstore.server.config import DEFAULT_LISTEN, DaemonConfig, ServerLimits
+from attnstore.server.log_format import use_log_format
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.INFO)
     use_log_format(args.log_format)
     config = config_from_args(args)
-    from attnstore.daemon import run_daemon  # loads the service (faiss, lmdb) only when serving
+    from attnstore.server.daemon import run_daemon  # loads the service (faiss, lmdb) only when serving
 
     code = run_daemon(config)
     if code != 0:

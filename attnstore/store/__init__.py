@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from attnstore.store.layout import (
+from attnstore.protocol.records import (
     CODECS,
     FORMAT_VERSION,
     Codec,
@@ -31,16 +31,16 @@ from attnstore.store.reports import (
 
 if TYPE_CHECKING:
     from attnstore.store.base import MapStoreBase
-    from attnstore.store.mapstore import MapStore, StoreSettings
+    from attnstore.store.lmdb.mapstore import MapStore, StoreSettings
     from attnstore.store.memory import MemoryMapStore
-    from attnstore.store.zarr_lmdb import LMDBZarrStore
+    from attnstore.store.lmdb.zarr_store import LMDBZarrStore
 
 _LAZY = {
     "MapStoreBase": "attnstore.store.base",
-    "MapStore": "attnstore.store.mapstore",
-    "StoreSettings": "attnstore.store.mapstore",
+    "MapStore": "attnstore.store.lmdb.mapstore",
+    "StoreSettings": "attnstore.store.lmdb.mapstore",
     "MemoryMapStore": "attnstore.store.memory",
-    "LMDBZarrStore": "attnstore.store.zarr_lmdb",
+    "LMDBZarrStore": "attnstore.store.lmdb.zarr_store",
 }
 
 __all__ = [

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from attnstore.store.layout import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
 from attnstore.store.reports import CompactReport, StoreStats, VerifyReport
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import torch
 from numcodecs.zstd import Zstd
 
 from attnstore.errors import ChecksumError, ConfigError
-from attnstore.store.layout import CODECS, NamespaceLayout
+from attnstore.protocol.records import CODECS, NamespaceLayout
 from attnstore.store.zarr_layout import ChunkedArray, bytes_codec, zstd_codec
 
 # zstd level 1: on SmolLM2-shaped softmax maps, fp16 compresses to 46.1% at

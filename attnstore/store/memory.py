@@ -26,8 +26,8 @@ from attnstore.errors import (
     NamespaceNotFoundError,
 )
 from attnstore.store.base import MapStoreBase
-from attnstore.store.catalog import NamespaceState
-from attnstore.store.layout import (
+from attnstore.store.lmdb.catalog import NamespaceState
+from attnstore.protocol.records import (
     FORMAT_VERSION,
     TOKEN_HASH_BYTES,
     EntryInfo,

@@ -13,7 +13,7 @@ import numpy as np
 
 from attnstore.errors import MapShapeError
 from attnstore.store.codecs import to_fp16
-from attnstore.store.layout import TOKEN_HASH_BYTES, NamespaceLayout, NewEntry
+from attnstore.protocol.records import TOKEN_HASH_BYTES, NamespaceLayout, NewEntry
 
 # Attention probabilities are in [0, 1]; the slack absorbs fp16 rounding of sums.
 _PROB_MAX = 1.0 + 1e-3

@@ -1,0 +1,349 @@
+"""A small synchronous client of the daemon, for admin tools, tests and scripts.
+
+Light on purpose: it imports grpc, numpy, the wire stubs and helpers and the
+error types, never faiss, lmdb, zarr or the service, so the inference-node
+client library may build on it. Every failed call raises the AttnStore error
+the daemon's status stands for (see ``status_codes.error_from_rpc``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnstore.errors import ConfigError, WireFormatError
+from attnstore.protocol.status_codes import error_from_rpc
+from attnstore.protocol.records import NamespaceLayout, NewEntry
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
+from attnstore.protocol.wire import ChunkAssembler, map_chunks, output_chunks
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the daemon's default; chunks are at most 4 MiB
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
+
+T = TypeVar("T")
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """gRPC channel options with explicit message sizes (match the daemon's)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+def _pem(value: bytes | str | Path | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    try:
+        return Path(value).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read PEM file {value}: {exc.strerror or exc}") from None
+
+
+def open_channel(
+    target: str,
+    *,
+    tls: bool = False,
+    tls_ca: bytes | str | Path | None = None,
+    client_cert: bytes | str | Path | None = None,
+    client_key: bytes | str | Path | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """A channel to the daemon at ``target`` (``HOST:PORT``).
+
+    Args:
+        target: daemon address.
+        tls: use TLS (implied by any of the PEM arguments); system roots when no ``tls_ca``.
+        tls_ca: CA certificate(s) that signed the daemon's certificate (PEM bytes or path).
+        client_cert: this client's certificate chain, for mTLS.
+        client_key: this client's private key, for mTLS.
+        max_message_bytes: message size limit both ways.
+
+    Raises:
+        ConfigError: a PEM file cannot be read, or only one of client cert and key is given.
+    """
+    options = channel_options(max_message_bytes)
+    if (client_cert is None) != (client_key is None):
+        raise ConfigError("mTLS needs both a client certificate and its key")
+    if not (tls or tls_ca or client_cert):
+        return grpc.insecure_channel(target, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls_ca), private_key=_pem(client_key), certificate_chain=_pem(client_cert)
+    )
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """A Lookup's answer, assembled: matches, and the arrays of the hit rows by query index."""
+
+    matches: list[pb.Match]  # one per query, in order
+    maps: dict[int, np.ndarray] = field(default_factory=dict)  # query -> (layers, heads, L, L) of MAP rows
+    outputs: dict[int, np.ndarray] = field(default_factory=dict)  # query -> (L, hidden) of EXACT rows
+    row_errors: dict[int, pb.RowError] = field(default_factory=dict)  # MAP rows the daemon could not serve
+
+
+def lookup_request(
+    namespace: str,
+    fingerprint: str,
+    features: np.ndarray,
+    lengths: Sequence[int],
+    *,
+    token_hashes: Sequence[bytes | None] | None = None,
+    token_ids: Sequence[Sequence[int]] | None = None,
+    max_distance: float,
+    want_maps: bool = True,
+    want_outputs: bool = True,
+    gate: bool = False,
+) -> pb.LookupRequest:
+    """A LookupRequest for a batch: ``features`` ``(B, feature_dim)``, one length (and hash, token ids) per row."""
+    features = np.asarray(features, dtype=np.float32)  # (B, d)
+    if features.ndim != 2 or len(features) != len(lengths):
+        raise ConfigError(
+            f"features must be (B, d) with one length per row; got {features.shape} and {len(lengths)} lengths"
+        )
+    hashes = token_hashes if token_hashes is not None else [None] * len(lengths)
+    ids = token_ids if token_ids is not None else [()] * len(lengths)
+    return pb.LookupRequest(
+        namespace=namespace,
+        fingerprint=fingerprint,
+        queries=[
+            pb.Query(feature=row.tolist(), length=int(length), token_hash=token_hash or b"", token_ids=list(row_ids))
+            for row, length, token_hash, row_ids in zip(features, lengths, hashes, ids, strict=True)
+        ],
+        max_distance=max_distance,
+        want_maps=want_maps,
+        want_outputs=want_outputs,
+        gate=gate,
+    )
+
+
+def ingest_requests(
+    namespace: str, fingerprint: str, entries: Iterable[NewEntry], *, commit: bool = True
+) -> Iterator[pb.IngestRequest]:
+    """The messages of one Ingest stream for ``entries`` (maps sent in their own dtype, fp16 or fp32).
+
+    ``commit=False`` leaves the commit out (a stream that must write nothing).
+    """
+    yield pb.IngestRequest(begin=pb.IngestBegin(namespace=namespace, fingerprint=fingerprint))
+    for index, entry in enumerate(entries):
+        maps = np.asarray(entry.maps)  # (layers, heads, L, L)
+        feature = [] if entry.feature is None else np.asarray(entry.feature, dtype=np.float32).tolist()
+        token_ids = [] if entry.token_ids is None else np.asarray(entry.token_ids).tolist()
+        yield pb.IngestRequest(
+            entry=pb.EntryBegin(length=maps.shape[-1], token_hash=bytes(entry.token_hash), feature=feature,
+                                token_ids=token_ids)
+        )
+        for layer in range(maps.shape[0]):
+            for chunk in map_chunks(maps[layer], query_index=index, entry_id=0, layer=layer):
+                yield pb.IngestRequest(chunk=chunk)
+        if entry.outputs is not None:
+            for part in output_chunks(np.asarray(entry.outputs), query_index=index, entry_id=0):
+                yield pb.IngestRequest(outputs=part)
+    if commit:
+        yield pb.IngestRequest(commit=pb.IngestCommit())
+
+
+class RemoteStore:
+    """Calls to one daemon over one channel. Use as a context manager, or ``close()``.
+
+    Args:
+        target: ``HOST:PORT`` of the daemon.
+        token: bearer token (read or admin); None sends none.
+        timeout: default deadline per call in seconds (None: no deadline).
+        channel: an open channel to use instead of making one (the TLS arguments are then ignored).
+        tls, tls_ca, client_cert, client_key, max_message_bytes: see :func:`open_channel`.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        timeout: float | None = 60.0,
+        channel: grpc.Channel | None = None,
+        tls: bool = False,
+        tls_ca: bytes | str | Path | None = None,
+        client_cert: bytes | str | Path | None = None,
+        client_key: bytes | str | Path | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.target = target
+        self._channel = channel or open_channel(
+            target, tls=tls, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key,
+            max_message_bytes=max_message_bytes,
+        )
+        self._stub = pb_grpc.AttnStoreStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stub(self) -> pb_grpc.AttnStoreStub:
+        """The raw stub, for calls this class does not wrap."""
+        return self._stub
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata (the bearer token), for calls made on ``stub``."""
+        return self._metadata
+
+    def _unary(self, method: Callable[..., T], request: object, timeout: float | None = None) -> T:
+        try:
+            return method(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    # ---- health -------------------------------------------------------------
+
+    def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """The health status name ("SERVING", "NOT_SERVING", ...) of ``service`` ("" = the server)."""
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    # ---- namespaces ---------------------------------------------------------
+
+    def create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None
+    ) -> pb.Namespace:
+        """Create a namespace (admin); idempotent for the same model, fingerprint and layout."""
+        request = pb.CreateNamespaceRequest(
+            name=name, model=model, fingerprint=fingerprint, layout=pb.Layout(**layout.to_json_dict()),
+            projector=projector or b"",
+        )
+        return self._unary(self._stub.CreateNamespace, request)
+
+    def get_namespace(self, name: str) -> pb.Namespace:
+        """One namespace, with its projector bytes."""
+        return self._unary(self._stub.GetNamespace, pb.GetNamespaceRequest(name=name))
+
+    def list_namespaces(self) -> list[pb.Namespace]:
+        """Every namespace (projector bytes left out)."""
+        return list(self._unary(self._stub.ListNamespaces, pb.ListNamespacesRequest()).namespaces)
+
+    # ---- serving ------------------------------------------------------------
+
+    def iter_lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> Iterator[pb.LookupResponse]:
+        """The raw Lookup stream (matches first, then chunks), for callers that consume it layer by layer."""
+        try:
+            yield from self._stub.Lookup(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> LookupResult:
+        """Run a Lookup and assemble every hit row's maps and outputs.
+
+        Raises:
+            ChecksumError: a chunk arrived damaged.
+            WireFormatError: chunks are inconsistent, or a row's layers are incomplete.
+        """
+        stream = self.iter_lookup(request, timeout)
+        first = next(stream, None)
+        if first is None or first.WhichOneof("body") != "matches":
+            raise WireFormatError("a Lookup stream must start with the matches")
+        result = LookupResult(matches=list(first.matches.matches))
+        layers: dict[int, dict[int, np.ndarray]] = {}
+        assembler = ChunkAssembler(max_array_bytes=1 << 40)
+        for message in stream:
+            kind = message.WhichOneof("body")
+            if kind == "error":
+                result.row_errors[message.error.query_index] = message.error
+                layers.pop(message.error.query_index, None)
+                continue
+            done = assembler.add(message.chunk if kind == "chunk" else message.outputs)
+            if done is None:
+                continue
+            (query_index, what), array = done
+            if what == "outputs":
+                result.outputs[query_index] = array
+            else:
+                layers.setdefault(query_index, {})[int(what)] = array
+        for query_index, by_layer in layers.items():
+            result.maps[query_index] = np.stack([by_layer[i] for i in sorted(by_layer)])  # (layers, heads, L, L)
+        return result
+
+    def search(self, request: pb.SearchRequest, timeout: float | None = None) -> list[pb.Match]:
+        """Matches only, no maps."""
+        return list(self._unary(self._stub.Search, request, timeout).matches)
+
+    def fetch(
+        self,
+        namespace: str,
+        fingerprint: str,
+        entry_ids: Sequence[int],
+        *,
+        length: int = 0,
+        timeout: float | None = None,
+    ) -> list[np.ndarray]:
+        """Maps ``(layers, heads, L, L)`` of each id, cropped to ``length`` (0 = stored length)."""
+        request = pb.FetchRequest(
+            namespace=namespace, fingerprint=fingerprint, entry_ids=list(entry_ids), length=length
+        )
+        assembler = ChunkAssembler(max_array_bytes=1 << 40)
+        layers: dict[int, dict[int, np.ndarray]] = {}
+        try:
+            for chunk in self._stub.Fetch(request, metadata=self._metadata, timeout=timeout or self._timeout):
+                done = assembler.add(chunk)
+                if done is not None:
+                    (index, layer), array = done
+                    layers.setdefault(index, {})[int(layer)] = array
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
+
+    def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> int:
+        """Queue entries for the DRAM tier; returns how many were queued."""
+        request = pb.PrefetchRequest(namespace=namespace, entry_ids=list(entry_ids))
+        return self._unary(self._stub.Prefetch, request).queued
+
+    # ---- admin --------------------------------------------------------------
+
+    def ingest(
+        self, namespace: str, fingerprint: str, entries: Iterable[NewEntry], timeout: float | None = None
+    ) -> pb.IngestSummary:
+        """Ingest ``entries`` in one stream, all-or-nothing (admin)."""
+        try:
+            return self._stub.Ingest(
+                ingest_requests(namespace, fingerprint, entries),
+                metadata=self._metadata,
+                timeout=timeout or self._timeout,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def delete(self, namespace: str, entry_ids: Sequence[int]) -> int:
+        """Delete entries (admin); returns how many existed."""
+        return self._unary(self._stub.Delete, pb.DeleteRequest(namespace=namespace, entry_ids=list(entry_ids))).deleted
+
+    def compact(self, timeout: float | None = None) -> pb.CompactResponse:
+        """Compact the store (admin)."""
+        return self._unary(self._stub.Compact, pb.CompactRequest(), timeout)
+
+    def verify(self, timeout: float | None = None) -> pb.VerifyResponse:
+        """Check every stored chunk (admin)."""
+        return self._unary(self._stub.Verify, pb.VerifyRequest(), timeout)
+
+    def stats(self) -> pb.StatsResponse:
+        """Store statistics (read token suffices)."""
+        return self._unary(self._stub.Stats, pb.StatsRequest())

@@ -1,0 +1,126 @@
+"""Arrays on the wire: split into checksummed chunks, and put back together.
+
+Shared by the daemon and the client, so it imports only numpy, crc32c and the
+generated stubs. Every chunk carries at most ``CHUNK_DATA_BYTES`` of data (the
+design caps messages at 4 MiB) and a crc32c of its data; a layer bigger than
+that travels in parts at byte offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import crc32c
+import numpy as np
+
+from attnstore.errors import ChecksumError, WireFormatError
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+
+# Room for the chunk's other fields under the 4 MiB message cap.
+CHUNK_DATA_BYTES = 4 * 1024 * 1024 - 4096
+
+# Dtypes that may travel; anything else is refused on both ends.
+WIRE_DTYPES: dict[str, np.dtype] = {"float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
+
+
+def _wire_dtype(array: np.ndarray) -> str:
+    for name, dtype in WIRE_DTYPES.items():
+        if array.dtype == dtype:
+            return name
+    raise WireFormatError(f"arrays on the wire must be one of {sorted(WIRE_DTYPES)}, got {array.dtype}")
+
+
+def _parts(array: np.ndarray, max_bytes: int) -> Iterator[tuple[int, memoryview]]:
+    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    for offset in range(0, max(len(data), 1), max_bytes):
+        yield offset, data[offset : offset + max_bytes]
+
+
+def map_chunks(
+    layer_maps: np.ndarray,
+    *,
+    query_index: int,
+    entry_id: int,
+    layer: int,
+    max_bytes: int = CHUNK_DATA_BYTES,
+) -> Iterator[pb.MapChunk]:
+    """Split one layer's maps ``(heads, L, L)`` into MapChunk messages."""
+    dtype = _wire_dtype(layer_maps)
+    for offset, data in _parts(layer_maps, max_bytes):
+        yield pb.MapChunk(
+            query_index=query_index, entry_id=entry_id, layer=layer, dtype=dtype,
+            shape=list(layer_maps.shape), codec="raw", data=bytes(data),
+            crc32c=crc32c.crc32c(data), offset=offset, total_bytes=layer_maps.nbytes,
+        )
+
+
+def output_chunks(
+    outputs: np.ndarray, *, query_index: int, entry_id: int, max_bytes: int = CHUNK_DATA_BYTES
+) -> Iterator[pb.OutputChunk]:
+    """Split one entry's stored outputs ``(L, hidden)`` into OutputChunk messages."""
+    dtype = _wire_dtype(outputs)
+    for offset, data in _parts(outputs, max_bytes):
+        yield pb.OutputChunk(
+            query_index=query_index, entry_id=entry_id, dtype=dtype, shape=list(outputs.shape),
+            data=bytes(data), crc32c=crc32c.crc32c(data), offset=offset, total_bytes=outputs.nbytes,
+        )
+
+
+class ChunkAssembler:
+    """Collects the parts of arrays and hands each one back once it is complete.
+
+    Parts of one array share a key (``(query_index, layer)`` for maps,
+    ``(query_index, "outputs")`` for outputs). Each part's checksum, offset and
+    size are checked on arrival; a bad part raises and never reaches a caller.
+    """
+
+    def __init__(self, max_array_bytes: int) -> None:
+        self._max_array_bytes = max_array_bytes
+        self._pending: dict[tuple[int, int | Literal["outputs"]], tuple[np.ndarray, int, tuple[int, ...], str]] = {}
+
+    def add(self, chunk: pb.MapChunk | pb.OutputChunk) -> tuple[tuple[int, int | Literal["outputs"]], np.ndarray] | None:
+        """Add one part; return ``(key, array)`` when its array is complete, else None.
+
+        Raises:
+            ChecksumError: the part's data does not match its crc32c.
+            WireFormatError: unknown dtype or codec, inconsistent shape, size or offset.
+        """
+        key: tuple[int, int | Literal["outputs"]]
+        if isinstance(chunk, pb.MapChunk):
+            key = (chunk.query_index, chunk.layer)
+            if chunk.codec not in ("raw", ""):
+                raise WireFormatError(f"map chunk codec must be 'raw', got {chunk.codec!r}")
+        else:
+            key = (chunk.query_index, "outputs")
+        if crc32c.crc32c(chunk.data) != chunk.crc32c:
+            raise ChecksumError(f"chunk {key} of entry {chunk.entry_id} failed its crc32c check")
+        dtype = WIRE_DTYPES.get(chunk.dtype)
+        if dtype is None:
+            raise WireFormatError(f"chunk dtype must be one of {sorted(WIRE_DTYPES)}, got {chunk.dtype!r}")
+        shape = tuple(int(n) for n in chunk.shape)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else 0
+        if expected != chunk.total_bytes or expected > self._max_array_bytes:
+            raise WireFormatError(
+                f"chunk {key}: shape {shape} of {chunk.dtype} is {expected} bytes, total_bytes says "
+                f"{chunk.total_bytes} (limit {self._max_array_bytes})"
+            )
+        if chunk.offset + len(chunk.data) > expected:
+            raise WireFormatError(f"chunk {key}: part at offset {chunk.offset} overruns {expected} bytes")
+        if key not in self._pending:
+            self._pending[key] = (np.empty(expected, dtype=np.uint8), 0, shape, chunk.dtype)
+        buffer, received, pending_shape, pending_dtype = self._pending[key]
+        if pending_shape != shape or pending_dtype != chunk.dtype:
+            raise WireFormatError(f"chunk {key}: parts disagree on shape or dtype")
+        buffer[chunk.offset : chunk.offset + len(chunk.data)] = np.frombuffer(chunk.data, dtype=np.uint8)
+        received += len(chunk.data)
+        if received < expected:
+            self._pending[key] = (buffer, received, shape, chunk.dtype)
+            return None
+        del self._pending[key]
+        return key, buffer.view(dtype).reshape(shape)
+
+    @property
+    def incomplete(self) -> int:
+        """Number of arrays with parts still missing."""
+        return len(self._pending)

@@ -1,0 +1,182 @@
+"""Staging of one Ingest stream: entries assembled from chunks, held until commit.
+
+The daemon refuses anything that does not fit the namespace's layout before it
+allocates memory for it, and caps the bytes one stream may stage, so a client
+cannot make the daemon allocate more than ``max_bytes`` per stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnstore.errors import RequestLimitError, WireFormatError
+from attnstore.protocol.records import NamespaceLayout, NewEntry
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.wire import WIRE_DTYPES, ChunkAssembler
+
+
+@dataclass
+class _Pending:
+    """The entry being received."""
+
+    index: int  # position in the stream, for messages
+    length: int
+    token_hash: bytes
+    feature: np.ndarray | None  # (feature_dim,) float32
+    token_ids: np.ndarray | None  # (length,) uint32
+    maps_dtype: str | None = None  # wire dtype of the first map chunk; every layer must share it
+    maps: np.ndarray | None = None  # (layers, heads, L, L), allocated when the first layer is complete
+    layers_done: set[int] = field(default_factory=set)
+    outputs: np.ndarray | None = None  # (L, hidden)
+    opened: set[int | str] = field(default_factory=set)  # arrays whose first part has arrived
+
+
+class IngestStaging:
+    """Assembles the entries of one Ingest stream (the part after its begin).
+
+    Args:
+        layout: the namespace's layout; every array must fit it.
+        max_bytes: most array bytes the stream may hold before its commit.
+    """
+
+    def __init__(self, layout: NamespaceLayout, *, max_bytes: int) -> None:
+        self._layout = layout
+        self._max_bytes = max_bytes
+        self._staged = 0  # bytes allocated for arrays of this stream
+        self._received = 0  # array bytes received
+        self._done: list[NewEntry] = []
+        self._pending: _Pending | None = None
+        self._assembler = ChunkAssembler(max_bytes)
+
+    @property
+    def received_bytes(self) -> int:
+        """Array bytes received so far."""
+        return self._received
+
+    def add(self, message: pb.IngestRequest) -> bool:
+        """Take one message after the begin; True when it is the commit.
+
+        Raises:
+            WireFormatError: a message out of order, an array that does not fit
+                the layout, an incomplete entry, a second begin.
+            ChecksumError: a chunk's data does not match its crc32c.
+            RequestLimitError: the stream would stage more than ``max_bytes``.
+        """
+        kind = message.WhichOneof("body")
+        if kind == "entry":
+            self._finish_entry()
+            self._begin_entry(message.entry)
+        elif kind == "chunk":
+            self._add_layer_part(message.chunk)
+        elif kind == "outputs":
+            self._add_outputs_part(message.outputs)
+        elif kind == "commit":
+            self._finish_entry()
+            return True
+        else:
+            raise WireFormatError(f"Ingest: unexpected {kind or 'empty'} message after the begin")
+        return False
+
+    def entries(self) -> list[NewEntry]:
+        """The complete entries, in stream order (after the commit)."""
+        return list(self._done)
+
+    # ---- internals ----------------------------------------------------------
+
+    def _begin_entry(self, begin: pb.EntryBegin) -> None:
+        if begin.length < 1:
+            raise WireFormatError(f"Ingest entry {len(self._done)}: length must be >= 1, got {begin.length}")
+        feature = np.fromiter(begin.feature, dtype=np.float32, count=len(begin.feature)) if begin.feature else None
+        token_ids = (
+            np.fromiter(begin.token_ids, dtype=np.uint32, count=len(begin.token_ids)) if begin.token_ids else None
+        )
+        self._pending = _Pending(len(self._done), int(begin.length), bytes(begin.token_hash), feature, token_ids)
+
+    def _entry(self, what: str) -> _Pending:
+        if self._pending is None:
+            raise WireFormatError(f"Ingest: {what} before any EntryBegin")
+        return self._pending
+
+    def _open(self, entry: _Pending, key: int | str, nbytes: int) -> None:
+        """Account for a new array of ``nbytes`` before any memory is allocated for it."""
+        if key in entry.opened:
+            return
+        if self._staged + nbytes > self._max_bytes:
+            raise RequestLimitError(
+                f"Ingest entry {entry.index}: staging {nbytes} more bytes would pass this stream's limit of"
+                f" {self._max_bytes} bytes ({self._staged} staged); commit in smaller streams"
+            )
+        entry.opened.add(key)
+        self._staged += nbytes
+
+    def _check_part(
+        self, entry: _Pending, what: str, chunk: pb.MapChunk | pb.OutputChunk, shape: tuple[int, ...]
+    ) -> int:
+        """Check a part's dtype and whole-array shape; returns the array's size in bytes."""
+        dtype = WIRE_DTYPES.get(chunk.dtype)
+        if dtype is None:
+            raise WireFormatError(
+                f"Ingest entry {entry.index} {what}: dtype must be one of {sorted(WIRE_DTYPES)}, got {chunk.dtype!r}"
+            )
+        got = tuple(int(n) for n in chunk.shape)
+        if got != shape:
+            raise WireFormatError(
+                f"Ingest entry {entry.index} {what}: shape {got} does not fit the layout, expected {shape}"
+            )
+        self._received += len(chunk.data)
+        return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+    def _add_layer_part(self, chunk: pb.MapChunk) -> None:
+        entry = self._entry("a map chunk")
+        layout = self._layout
+        if not 0 <= chunk.layer < layout.layers:
+            raise WireFormatError(
+                f"Ingest entry {entry.index}: layer {chunk.layer} is out of range 0..{layout.layers - 1}"
+            )
+        if chunk.layer in entry.layers_done:
+            raise WireFormatError(f"Ingest entry {entry.index}: layer {chunk.layer} sent twice")
+        shape = (layout.heads, entry.length, entry.length)
+        layer_bytes = self._check_part(entry, f"layer {chunk.layer}", chunk, shape)
+        if entry.maps_dtype is None:
+            self._open(entry, "maps", layer_bytes * layout.layers)
+            entry.maps_dtype = chunk.dtype
+        elif chunk.dtype != entry.maps_dtype:
+            raise WireFormatError(
+                f"Ingest entry {entry.index}: layers of one entry must share one dtype,"
+                f" got {chunk.dtype!r} after {entry.maps_dtype!r}"
+            )
+        done = self._assembler.add(chunk)
+        if done is None:
+            return
+        _, layer_maps = done  # (heads, L, L)
+        if entry.maps is None:
+            entry.maps = np.empty((layout.layers, *shape), dtype=layer_maps.dtype)  # (layers, heads, L, L)
+        entry.maps[chunk.layer] = layer_maps
+        entry.layers_done.add(chunk.layer)
+
+    def _add_outputs_part(self, chunk: pb.OutputChunk) -> None:
+        entry = self._entry("an outputs chunk")
+        if entry.outputs is not None:
+            raise WireFormatError(f"Ingest entry {entry.index}: outputs sent twice")
+        nbytes = self._check_part(entry, "outputs", chunk, (entry.length, self._layout.hidden))
+        self._open(entry, "outputs", nbytes)
+        done = self._assembler.add(chunk)
+        if done is not None:
+            entry.outputs = done[1]  # (L, hidden)
+
+    def _finish_entry(self) -> None:
+        entry, self._pending = self._pending, None
+        if entry is None:
+            return
+        missing = sorted(set(range(self._layout.layers)) - entry.layers_done)
+        if missing or self._assembler.incomplete:
+            raise WireFormatError(
+                f"Ingest entry {entry.index} is incomplete: layers {missing} missing"
+                f" or {self._assembler.incomplete} arrays with parts missing"
+            )
+        self._done.append(
+            NewEntry(maps=entry.maps, token_hash=entry.token_hash, outputs=entry.outputs, feature=entry.feature,
+                     token_ids=entry.token_ids)
+        )

@@ -1,0 +1,390 @@
+"""The AttnStore servicer: thin methods over ``AttnStoreService``.
+
+Each method decodes the request, calls the service and builds the reply;
+exceptions become status codes only in ``status_codes`` (through ``_call``).
+Each call runs on one thread of the server's pool, so LMDB read transactions
+never cross threads. See the proto for the stream protocols of Lookup, Fetch
+and Ingest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from attnstore.server.config import ServerLimits
+from attnstore.errors import (
+    AttnStoreError,
+    ChecksumError,
+    EntryNotFoundError,
+    MapShapeError,
+    RequestLimitError,
+    UnavailableError,
+    WireFormatError,
+)
+from attnstore.server.ingest_stream import IngestStaging
+from attnstore.protocol.messages import check_safetensors, layout_from_pb, match_to_pb, namespace_to_pb, stats_to_pb
+from attnstore.server.metrics import DaemonMetrics
+from attnstore.service import AttnStoreService, MatchResult, Query
+from attnstore.protocol.status_codes import abort, status_for
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
+from attnstore.protocol.wire import map_chunks, output_chunks
+
+log = logging.getLogger(__name__)
+
+# Per-row read failures that drop the row from a Lookup stream instead of ending the call.
+_ROW_ERRORS = (ChecksumError, EntryNotFoundError, MapShapeError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One hit row to stream maps for."""
+
+    query_index: int
+    entry_id: int
+    length: int  # crop length (the query's)
+
+
+class AttnStoreServicer(pb_grpc.AttnStoreServicer):
+    """Implements ``attnstore.v1.AttnStore`` over an ``AttnStoreService``.
+
+    The service may be attached after the server starts (the daemon builds its
+    indexes while health says NOT_SERVING); until then every call is UNAVAILABLE.
+    """
+
+    def __init__(self, service: AttnStoreService | None, *, limits: ServerLimits, metrics: DaemonMetrics) -> None:
+        self._service = service
+        self._limits = limits
+        self._metrics = metrics
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self._ingest_slots = threading.BoundedSemaphore(limits.max_ingest_streams)
+
+    def attach(self, service: AttnStoreService | None) -> None:
+        """Serve ``service`` from now on (None: refuse new calls with UNAVAILABLE)."""
+        self._service = service
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Block until no call runs in this servicer; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+    @contextmanager
+    def _call(self, method: str, context: grpc.ServicerContext) -> Iterator[AttnStoreService]:
+        """Run one call: count and time it, and turn what it raises into a status."""
+        start = time.perf_counter()
+        code = "OK"
+        with self._idle:
+            self._in_flight += 1
+        self._metrics.rpc_started()
+        try:
+            service = self._service
+            if service is None:
+                raise UnavailableError("the daemon is not serving (loading its store or shutting down); retry shortly")
+            yield service
+        except GeneratorExit:
+            code = "CANCELLED"  # the client went away, or the drain's grace ran out
+            log.info("event=rpc_cancelled method=%s", method)
+            raise
+        except Exception as exc:
+            code = status_for(exc)[0].name if context.is_active() else "CANCELLED"
+            abort(context, exc, method)
+        finally:
+            self._metrics.rpc_finished(method, code, time.perf_counter() - start)
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    # ---- namespaces ---------------------------------------------------------
+
+    def CreateNamespace(self, request: pb.CreateNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
+        with self._call("CreateNamespace", context) as service:
+            layout = layout_from_pb(request.layout)
+            # Checked before anything is written: a refused call must leave no namespace behind.
+            if request.projector:
+                check_safetensors(request.projector)
+            service.create_namespace(
+                request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
+            )
+            if request.projector:
+                service.set_projector(request.name, request.projector)
+            log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
+            return namespace_to_pb(service.get_namespace(request.name), projector=True)
+
+    def GetNamespace(self, request: pb.GetNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
+        with self._call("GetNamespace", context) as service:
+            return namespace_to_pb(service.get_namespace(request.name), projector=True)
+
+    def ListNamespaces(
+        self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
+    ) -> pb.ListNamespacesResponse:
+        with self._call("ListNamespaces", context) as service:
+            return pb.ListNamespacesResponse(
+                namespaces=[namespace_to_pb(info, projector=False) for info in service.list_namespaces()]
+            )
+
+    # ---- serving ------------------------------------------------------------
+
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> Iterator[pb.LookupResponse]:
+        with self._call("Lookup", context) as service:
+            namespace = request.namespace
+            start = time.perf_counter()
+            results = service.lookup(
+                namespace,
+                request.fingerprint,
+                self._queries(request.queries),
+                max_distance=request.max_distance,
+                exact=request.want_outputs,
+                gate=request.gate,
+            )
+            seconds = time.perf_counter() - start
+            results, outputs = self._read_exact_outputs(service, namespace, results)
+            self._metrics.matched(namespace, [r.kind for r in results], seconds, lookup=True)
+            yield pb.LookupResponse(matches=pb.Matches(matches=[match_to_pb(i, r) for i, r in enumerate(results)]))
+            for query_index, (entry_id, array) in outputs.items():
+                self._metrics.streamed("outputs", array.nbytes)
+                for chunk in output_chunks(array, query_index=query_index, entry_id=entry_id):
+                    yield pb.LookupResponse(outputs=chunk)
+            if not request.want_maps:
+                return
+            rows = [
+                _Row(i, int(r.entry_id), request.queries[i].length)
+                for i, r in enumerate(results)
+                if r.kind == "map" and r.entry_id is not None
+            ]
+            for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
+                if isinstance(chunk_or_error, pb.RowError):
+                    self._metrics.row_error(namespace, chunk_or_error.code)
+                    yield pb.LookupResponse(error=chunk_or_error)
+                else:
+                    yield pb.LookupResponse(chunk=chunk_or_error)
+
+    def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
+        with self._call("Search", context) as service:
+            start = time.perf_counter()
+            results = service.lookup(
+                request.namespace,
+                request.fingerprint,
+                self._queries(request.queries),
+                max_distance=request.max_distance,
+                gate=request.gate,
+            )
+            seconds = time.perf_counter() - start
+            self._metrics.matched(request.namespace, [r.kind for r in results], seconds, lookup=False)
+            # Read-ahead: a Fetch of the map hits usually follows a Search.
+            hits = [r.entry_id for r in results if r.kind == "map" and r.entry_id is not None]
+            if hits:
+                service.prefetch(request.namespace, hits)
+            return pb.SearchResponse(matches=[match_to_pb(i, r) for i, r in enumerate(results)])
+
+    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapChunk]:
+        with self._call("Fetch", context) as service:
+            service.check_fingerprint(request.namespace, request.fingerprint)
+            if len(request.entry_ids) > self._limits.max_queries:
+                raise RequestLimitError(
+                    f"Fetch of {len(request.entry_ids)} entries is over this daemon's limit"
+                    f" of {self._limits.max_queries}"
+                )
+            # Unknown ids end the call before any chunk is sent.
+            stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
+            rows = [
+                _Row(i, int(entry_id), request.length or length)
+                for i, (entry_id, length) in enumerate(zip(request.entry_ids, stored, strict=True))
+            ]
+            for chunk in self._layer_chunks(service, request.namespace, rows, context, drop_failed_rows=False):
+                assert isinstance(chunk, pb.MapChunk)  # without drop_failed_rows a failed read raises instead
+                yield chunk
+
+    def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
+        with self._call("Prefetch", context) as service:
+            service.get_namespace(request.namespace)
+            return pb.PrefetchResponse(queued=service.prefetch(request.namespace, [int(i) for i in request.entry_ids]))
+
+    # ---- admin --------------------------------------------------------------
+
+    def Ingest(self, request_iterator: Iterator[pb.IngestRequest], context: grpc.ServicerContext) -> pb.IngestSummary:
+        with self._call("Ingest", context) as service, self._ingest_slot():
+            first = next(request_iterator, None)
+            if first is None or first.WhichOneof("body") != "begin":
+                raise WireFormatError("an Ingest stream must start with an IngestBegin message")
+            namespace, fingerprint = first.begin.namespace, first.begin.fingerprint
+            info = service.check_fingerprint(namespace, fingerprint)
+            staging = IngestStaging(info.layout, max_bytes=self._limits.max_ingest_bytes)
+            if not any(staging.add(message) for message in request_iterator):
+                raise WireFormatError("the Ingest stream ended without a commit: nothing was written")
+            if next(request_iterator, None) is not None:
+                raise WireFormatError("the Ingest stream went on after its commit: nothing was written")
+            entries = staging.entries()
+            result = service.ingest(namespace, fingerprint, entries)
+            self._metrics.ingested(namespace, len(entries), staging.received_bytes)
+            log.info(
+                "event=ingested namespace=%s entries=%d duplicates=%d bytes=%d",
+                namespace, len(entries), result.duplicates, staging.received_bytes,
+            )
+            return pb.IngestSummary(
+                entry_ids=result.entry_ids,
+                entries=len(entries),
+                duplicates=result.duplicates,
+                bytes=staging.received_bytes,
+            )
+
+    def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
+        with self._call("Delete", context) as service:
+            deleted = service.delete(request.namespace, [int(i) for i in request.entry_ids])
+            log.info(
+                "event=deleted namespace=%s requested=%d deleted=%d",
+                request.namespace, len(request.entry_ids), deleted,
+            )
+            return pb.DeleteResponse(deleted=deleted)
+
+    def Compact(self, request: pb.CompactRequest, context: grpc.ServicerContext) -> pb.CompactResponse:
+        with self._call("Compact", context) as service:
+            report = service.compact()
+            log.info(
+                "event=compacted entries=%d bytes_before=%d bytes_after=%d seconds=%.3f",
+                report.entries, report.bytes_before, report.bytes_after, report.seconds,
+            )
+            return pb.CompactResponse(
+                entries=report.entries,
+                bytes_before=report.bytes_before,
+                bytes_after=report.bytes_after,
+                seconds=report.seconds,
+            )
+
+    def Verify(self, request: pb.VerifyRequest, context: grpc.ServicerContext) -> pb.VerifyResponse:
+        with self._call("Verify", context) as service:
+            report = service.verify()
+            log.info("event=verified entries=%d corrupt=%d", report.entries_checked, len(report.corrupt))
+            return pb.VerifyResponse(
+                entries_checked=report.entries_checked,
+                corrupt_entry_ids=[c.id for c in report.corrupt],
+                problems=[f"{c.namespace}/{c.id}: {c.reason}" for c in report.corrupt],
+                corrupt=[
+                    pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt
+                ],
+                chunks_checked=report.chunks_checked,
+                orphan_chunks=report.orphan_chunks,
+                seconds=report.seconds,
+            )
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        with self._call("Stats", context) as service:
+            return stats_to_pb(service.stats())
+
+    # ---- helpers ------------------------------------------------------------
+
+    def _queries(self, queries: Sequence[pb.Query]) -> list[Query]:
+        """Wire queries as service queries; refuses batches over the limit."""
+        if len(queries) > self._limits.max_queries:
+            raise RequestLimitError(
+                f"{len(queries)} queries in one call is over this daemon's limit of {self._limits.max_queries};"
+                " split the batch"
+            )
+        return [
+            Query(
+                feature=np.fromiter(q.feature, dtype=np.float32, count=len(q.feature)),
+                length=int(q.length),
+                token_hash=bytes(q.token_hash) or None,
+                token_ids=np.fromiter(q.token_ids, dtype=np.int64, count=len(q.token_ids)) if q.token_ids else None,
+            )
+            for q in queries
+        ]
+
+    def _read_exact_outputs(
+        self, service: AttnStoreService, namespace: str, results: list[MatchResult]
+    ) -> tuple[list[MatchResult], dict[int, tuple[int, np.ndarray]]]:
+        """Read the outputs of exact hits up front; demote the rows whose outputs cannot be served.
+
+        An exact hit stored without outputs becomes a map hit at distance 0 (its
+        maps are the query's own); one whose outputs are unreadable becomes a miss.
+        """
+        outputs: dict[int, tuple[int, np.ndarray]] = {}
+        served: list[MatchResult] = []
+        for i, result in enumerate(results):
+            if result.kind == "exact" and result.entry_id is not None:
+                start = time.perf_counter()
+                try:
+                    array = service.read_outputs(namespace, result.entry_id)  # (L, hidden)
+                except _ROW_ERRORS as exc:
+                    log.warning(
+                        "event=exact_hit_unreadable namespace=%s entry=%d error=%r", namespace, result.entry_id, exc
+                    )
+                    result = MatchResult("miss", None, float("inf"), None)
+                else:
+                    if array is None:
+                        result = MatchResult("map", result.entry_id, 0.0, result.stored_length)
+                    else:
+                        outputs[i] = (result.entry_id, array)
+                        self._metrics.fetched(time.perf_counter() - start)
+            served.append(result)
+        return served, outputs
+
+    def _layer_chunks(
+        self,
+        service: AttnStoreService,
+        namespace: str,
+        rows: list[_Row],
+        context: grpc.ServicerContext,
+        *,
+        drop_failed_rows: bool,
+    ) -> Iterator[pb.MapChunk | pb.RowError]:
+        """Map chunks of ``rows`` in layer order: layer 0 of every row, then layer 1, ...
+
+        A row whose entry cannot be read yields one RowError and nothing more when
+        ``drop_failed_rows``; otherwise the error ends the call.
+        """
+        if not rows:
+            return
+        layers = service.get_namespace(namespace).layout.layers
+        live = list(rows)
+        for layer in range(layers):
+            if not context.is_active():
+                return
+            # Rows of one batch often hit the same popular entry: read each (entry, crop) once per layer.
+            read: dict[tuple[int, int], np.ndarray | AttnStoreError] = {}
+            for row in list(live):
+                key = (row.entry_id, row.length)
+                if key not in read:
+                    start = time.perf_counter()
+                    try:
+                        # (heads, L, L), cropped to the query's length
+                        read[key] = service.read_layer(namespace, row.entry_id, layer, length=row.length)
+                    except _ROW_ERRORS as exc:
+                        if not drop_failed_rows:
+                            raise
+                        read[key] = exc
+                        log.warning(
+                            "event=row_dropped namespace=%s entry=%d layer=%d error=%r",
+                            namespace, row.entry_id, layer, exc,
+                        )
+                    else:
+                        self._metrics.fetched(time.perf_counter() - start)
+                maps = read[key]
+                if isinstance(maps, AttnStoreError):
+                    live.remove(row)
+                    code, message = status_for(maps)
+                    yield pb.RowError(
+                        query_index=row.query_index, entry_id=row.entry_id, code=code.name, message=message
+                    )
+                    continue
+                self._metrics.streamed("maps", maps.nbytes)
+                yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
+
+    @contextmanager
+    def _ingest_slot(self) -> Iterator[None]:
+        if not self._ingest_slots.acquire(blocking=False):
+            raise RequestLimitError(
+                f"{self._limits.max_ingest_streams} Ingest streams are running, the most this daemon takes; retry later"
+            )
+        try:
+            yield
+        finally:
+            self._ingest_slots.release()

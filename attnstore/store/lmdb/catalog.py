@@ -1,0 +1,106 @@
+"""Namespace catalog: records in the ``catalog`` and ``projectors`` sub-databases.
+
+Each namespace also gets a zarr group (with its info as attributes) so the
+hierarchy is self-describing when opened with zarr.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from attnstore.errors import FormatVersionError
+from attnstore.store.codecs import MapCodec, codec_for
+from attnstore.protocol.records import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout, is_namespace_name
+from attnstore.store.zarr_layout import ChunkedArray, group_metadata, node_key, outputs_array
+
+if TYPE_CHECKING:
+    # Only a type: MemoryMapStore uses NamespaceState without importing lmdb.
+    from attnstore.store.lmdb.env import Databases
+
+
+@dataclass
+class NamespaceState:
+    """A namespace's immutable layout with its codec and per-length zarr arrays."""
+
+    name: str
+    layout: NamespaceLayout
+    codec: MapCodec
+    _arrays: dict[int, tuple[ChunkedArray, ...]] = field(default_factory=dict)
+    _outputs: dict[int, ChunkedArray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, info: NamespaceInfo) -> NamespaceState:
+        """State for ``info``."""
+        return cls(name=info.name, layout=info.layout, codec=codec_for(info.layout.codec))
+
+    def arrays(self, length: int) -> tuple[ChunkedArray, ...]:
+        """The map arrays of bucket ``length`` (maps first; q8 adds scales)."""
+        arrays = self._arrays.get(length)
+        if arrays is None:
+            arrays = self._arrays[length] = self.codec.arrays(self.layout, length)
+        return arrays
+
+    def outputs(self, length: int) -> ChunkedArray:
+        """The exact-tier outputs array of bucket ``length``."""
+        array = self._outputs.get(length)
+        if array is None:
+            array = self._outputs[length] = outputs_array(length, self.layout.hidden)
+        return array
+
+    def all_arrays(self, length: int) -> tuple[ChunkedArray, ...]:
+        """Map arrays then the outputs array of bucket ``length``."""
+        return self.arrays(length) + (self.outputs(length),)
+
+    def group_names(self) -> tuple[str, ...]:
+        """Names of the groups under the namespace group (one per array kind)."""
+        return tuple(a.name for a in self.all_arrays(1))
+
+
+def check_format_version(info: NamespaceInfo) -> NamespaceInfo:
+    """Return ``info`` if this code reads its format version.
+
+    Raises:
+        FormatVersionError: unknown format version.
+    """
+    if info.format_version not in SUPPORTED_FORMAT_VERSIONS:
+        raise FormatVersionError(
+            f"namespace {info.name!r} is in format version {info.format_version};"
+            f" this code reads versions {sorted(SUPPORTED_FORMAT_VERSIONS)}"
+        )
+    return info
+
+
+def load_namespace(txn, db: Databases, name: str) -> NamespaceInfo | None:
+    """The namespace called ``name`` (with its projector), or None."""
+    if not is_namespace_name(name):
+        # Never stored; and LMDB refuses empty or over-long keys with an error of its own.
+        return None
+    raw = txn.get(name.encode(), db=db.catalog)
+    if raw is None:
+        return None
+    projector = txn.get(name.encode(), db=db.projectors)
+    info = NamespaceInfo.from_json_dict(json.loads(bytes(raw)), None if projector is None else bytes(projector))
+    return check_format_version(info)
+
+
+def namespace_names(txn, db: Databases) -> list[str]:
+    """Names of every namespace, sorted."""
+    with txn.cursor(db=db.catalog) as cursor:
+        return [bytes(key).decode() for key in cursor.iternext(keys=True, values=False)]
+
+
+def put_namespace(txn, db: Databases, info: NamespaceInfo) -> None:
+    """Write a new namespace's catalog record and zarr groups."""
+    txn.put(info.name.encode(), json.dumps(info.to_json_dict()).encode(), db=db.catalog)
+    if info.projector is not None:
+        txn.put(info.name.encode(), info.projector, db=db.projectors)
+    txn.put(node_key(info.name), group_metadata({"attnstore_namespace": info.to_json_dict()}), db=db.zarr)
+    for group in NamespaceState.of(info).group_names():
+        txn.put(node_key(f"{info.name}/{group}"), group_metadata(), db=db.zarr)
+
+
+def put_projector(txn, db: Databases, name: str, blob: bytes) -> None:
+    """Replace a namespace's projector blob."""
+    txn.put(name.encode(), blob, db=db.projectors)

@@ -1,0 +1,314 @@
+"""The write path, inside one write transaction: add, delete, hit flush, byte-cap eviction.
+
+Two-phase ingest: an entry's chunks go in first, its record last, all in one
+LMDB transaction. Readers find entries through their record only, so nothing of
+an entry is visible before the commit, and a crash (even SIGKILL) before the
+commit leaves no trace: LMDB discards the uncommitted pages.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import crc32c
+
+from attnstore.errors import ChecksumError
+from attnstore.store.lmdb.catalog import NamespaceState
+from attnstore.store.lmdb.env import Databases, items_with_prefix
+from attnstore.store.lmdb.records import (
+    BucketRecord,
+    EntryRecord,
+    HitRecord,
+    bucket_key,
+    decode_u64,
+    encode_u64,
+    entry_key,
+    hash_key,
+    length_key,
+    ns_prefix,
+    split_entry_key,
+    split_length_key,
+)
+from attnstore.store.validate import PreparedEntry
+from attnstore.store.zarr_layout import node_key
+
+logger = logging.getLogger(__name__)
+
+# A new bucket gets this many slots; full buckets double.
+MIN_CAPACITY = 64
+
+META_NEXT_ID = b"next_id"
+META_EVICTED_ENTRIES = b"evicted_entries"
+META_EVICTED_BYTES = b"evicted_bytes"
+
+
+def read_counter(txn, db: Databases, key: bytes, default: int = 0) -> int:
+    """A uint64 counter of the ``meta`` db."""
+    raw = txn.get(key, db=db.meta)
+    return default if raw is None else decode_u64(raw)
+
+
+def write_counter(txn, db: Databases, key: bytes, value: int) -> None:
+    """Set a uint64 counter of the ``meta`` db."""
+    txn.put(key, encode_u64(value), db=db.meta)
+
+
+def load_bucket(txn, db: Databases, namespace: str, length: int) -> BucketRecord:
+    """A bucket's record; an empty one if the bucket does not exist yet."""
+    raw = txn.get(bucket_key(namespace, length), db=db.buckets)
+    return BucketRecord(0, 0, 0, 0, 0) if raw is None else BucketRecord.from_bytes(raw)
+
+
+def find_existing(txn, db: Databases, namespace: str, token_hash: bytes) -> int | None:
+    """Id of the live entry with ``token_hash``, or None."""
+    raw = txn.get(hash_key(namespace, token_hash), db=db.hashes)
+    if raw is None:
+        return None
+    entry_id = decode_u64(raw)
+    return entry_id if txn.get(entry_key(namespace, entry_id), db=db.entries) is not None else None
+
+
+def raw_nbytes(state: NamespaceState, length: int, has_outputs: bool) -> int:
+    """fp16 bytes of an entry's maps (and outputs): the basis of compression ratios."""
+    return state.layout.map_nbytes(length) + (state.layout.outputs_nbytes(length) if has_outputs else 0)
+
+
+def write_entry(
+    txn, db: Databases, state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
+) -> EntryRecord:
+    """Write one entry: chunks first, adjacent, then its record and index keys.
+
+    Returns:
+        The entry's record.
+    """
+    name, length, layers = state.name, entry.length, state.layout.layers
+    bucket = load_bucket(txn, db, name, length)
+    slot = bucket.next_slot
+    capacity = bucket.capacity
+    if slot >= capacity:
+        capacity = max(MIN_CAPACITY, 2 * capacity)
+        for array in state.all_arrays(length):
+            txn.put(node_key(array.path(name, length)), array.metadata(capacity, layers), db=db.zarr)
+    crcs: list[int] = []
+    nbytes = 0
+    arrays = state.arrays(length)
+    for layer in range(layers):
+        chunks = state.codec.encode_layer(entry.maps[layer])  # one per array
+        for array, chunk in zip(arrays, chunks, strict=True):
+            txn.put(array.chunk_key(name, length, slot, layer), chunk, db=db.zarr)
+            crcs.append(crc32c.crc32c(chunk))
+            nbytes += len(chunk)
+    outputs_crc = None
+    if entry.outputs is not None:
+        chunk = memoryview(entry.outputs).cast("B")
+        (key,) = state.outputs(length).chunk_keys(name, length, slot, layers)
+        txn.put(key, chunk, db=db.zarr)
+        outputs_crc = crc32c.crc32c(chunk)
+        nbytes += len(chunk)
+    record = EntryRecord(
+        id=entry_id,
+        slot=slot,
+        length=length,
+        created=now,
+        token_hash=entry.token_hash,
+        crcs=tuple(crcs),
+        nbytes=nbytes,
+        outputs_crc=outputs_crc,
+        feature=entry.feature,
+        token_ids=entry.token_ids,
+    )
+    txn.put(entry_key(name, entry_id), record.to_bytes(), db=db.entries)
+    txn.put(hash_key(name, entry.token_hash), encode_u64(entry_id), db=db.hashes)
+    txn.put(length_key(name, length, entry_id), b"", db=db.lengths)
+    bucket = BucketRecord(
+        next_slot=slot + 1,
+        capacity=capacity,
+        live=bucket.live + 1,
+        stored_bytes=bucket.stored_bytes + nbytes,
+        raw_bytes=bucket.raw_bytes + raw_nbytes(state, length, outputs_crc is not None),
+    )
+    txn.put(bucket_key(name, length), bucket.to_bytes(), db=db.buckets)
+    return record
+
+
+def write_entries(
+    txn, db: Databases, state: NamespaceState, entries: list[PreparedEntry], now: float
+) -> tuple[list[int], list[int]]:
+    """Write a batch; an entry whose token hash is stored already (or earlier in the batch) is skipped.
+
+    Returns:
+        The id of every entry in input order (existing ids for duplicates), and the new ids.
+    """
+    next_id = read_counter(txn, db, META_NEXT_ID, 1)
+    ids: list[int] = []
+    new: dict[bytes, int] = {}
+    for entry in entries:
+        existing = new.get(entry.token_hash)
+        if existing is None:
+            existing = find_existing(txn, db, state.name, entry.token_hash)
+        if existing is not None:
+            ids.append(existing)
+            continue
+        write_entry(txn, db, state, entry, next_id, now)
+        new[entry.token_hash] = next_id
+        ids.append(next_id)
+        next_id += 1
+    write_counter(txn, db, META_NEXT_ID, next_id)
+    return ids, list(new.values())
+
+
+def delete_entry(txn, db: Databases, state: NamespaceState, entry_id: int) -> int | None:
+    """Delete one entry (chunks, record, index keys, hits); returns its stored bytes, None if absent."""
+    name = state.name
+    key = entry_key(name, entry_id)
+    raw = txn.get(key, db=db.entries)
+    if raw is None:
+        return None
+    try:
+        record = EntryRecord.from_bytes(raw)
+    except ChecksumError:
+        return _delete_corrupt_record(txn, db, name, entry_id)
+    length = record.length
+    for array in state.all_arrays(length):
+        for chunk_key in array.chunk_keys(name, length, record.slot, state.layout.layers):
+            txn.delete(chunk_key, db=db.zarr)
+    txn.delete(key, db=db.entries)
+    txn.delete(key, db=db.hits)
+    txn.delete(length_key(name, length, entry_id), db=db.lengths)
+    hkey = hash_key(name, record.token_hash)
+    found = txn.get(hkey, db=db.hashes)
+    if found is not None and decode_u64(found) == entry_id:
+        txn.delete(hkey, db=db.hashes)
+    bucket = load_bucket(txn, db, name, length)
+    bucket = replace(
+        bucket,
+        live=bucket.live - 1,
+        stored_bytes=bucket.stored_bytes - record.nbytes,
+        raw_bytes=bucket.raw_bytes - raw_nbytes(state, length, record.outputs_crc is not None),
+    )
+    txn.put(bucket_key(name, length), bucket.to_bytes(), db=db.buckets)
+    return record.nbytes
+
+
+def _delete_corrupt_record(txn, db: Databases, name: str, entry_id: int) -> int:
+    # Without a readable record the slot is unknown: its chunks become orphans
+    # (invisible, dropped by compaction) and bucket totals stay as they were.
+    key = entry_key(name, entry_id)
+    txn.delete(key, db=db.entries)
+    txn.delete(key, db=db.hits)
+    with txn.cursor(db=db.lengths) as cursor:
+        stale = [k for k, _ in items_with_prefix(cursor, ns_prefix(name)) if split_length_key(k)[1] == entry_id]
+    for k in stale:
+        txn.delete(k, db=db.lengths)
+    logger.warning("deleted entry %s of namespace %r whose record was corrupt; its chunks are orphans", entry_id, name)
+    return 0
+
+
+def flush_hits(txn, db: Databases, pending: dict[tuple[str, int], tuple[int, float]]) -> None:
+    """Add buffered hit counts to the ``hits`` db (entries deleted meanwhile are skipped)."""
+    for (name, entry_id), (hits, last) in pending.items():
+        key = entry_key(name, entry_id)
+        if txn.get(key, db=db.entries) is None:
+            continue
+        current = HitRecord.from_bytes(txn.get(key, db=db.hits))
+        txn.put(key, HitRecord(current.hits + hits, max(current.last_hit, last)).to_bytes(), db=db.hits)
+
+
+def stored_bytes(txn, db: Databases) -> int:
+    """Stored bytes of every live entry (sum over buckets)."""
+    with txn.cursor(db=db.buckets) as cursor:
+        return sum(BucketRecord.from_bytes(v).stored_bytes for _, v in cursor.iternext())
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """Entries removed by the byte cap in one transaction."""
+
+    ids: dict[str, list[int]]  # namespace -> ids
+    nbytes: int
+
+    @property
+    def count(self) -> int:
+        """Number of entries evicted."""
+        return sum(len(v) for v in self.ids.values())
+
+
+def evict_over_cap(
+    txn,
+    db: Databases,
+    states: dict[str, NamespaceState],
+    max_bytes: int,
+    low_water: float,
+    protect: set[tuple[str, int]],
+) -> Evicted:
+    """If live bytes exceed ``max_bytes``, delete least recently hit entries down to ``low_water * max_bytes``.
+
+    Args:
+        txn: write transaction.
+        db: sub-databases.
+        states: every namespace by name.
+        max_bytes: the cap.
+        low_water: fraction of the cap to evict down to, so eviction (a full
+            scan of the records) runs once per batch of ingests, not per ingest.
+        protect: ``(namespace, id)`` never evicted (the entries just ingested).
+
+    Returns:
+        What was evicted (nothing when under the cap).
+    """
+    total = stored_bytes(txn, db)
+    if total <= max_bytes:
+        return Evicted({}, 0)
+    target = int(max_bytes * low_water)
+    candidates = []
+    with txn.cursor(db=db.entries) as cursor:
+        for key, raw in cursor.iternext():
+            name, entry_id = split_entry_key(key)
+            if (name, entry_id) in protect:
+                continue
+            try:
+                record = EntryRecord.from_bytes(raw)
+            except ChecksumError:
+                continue
+            last_hit = HitRecord.from_bytes(txn.get(key, db=db.hits)).last_hit
+            candidates.append((max(last_hit, record.created), name, entry_id))
+    candidates.sort()
+    evicted: dict[str, list[int]] = {}
+    freed = 0
+    for _, name, entry_id in candidates:
+        if total - freed <= target:
+            break
+        nbytes = delete_entry(txn, db, states[name], entry_id)
+        if nbytes is not None:
+            freed += nbytes
+            evicted.setdefault(name, []).append(entry_id)
+    result = Evicted(evicted, freed)
+    write_counter(txn, db, META_EVICTED_ENTRIES, read_counter(txn, db, META_EVICTED_ENTRIES) + result.count)
+    write_counter(txn, db, META_EVICTED_BYTES, read_counter(txn, db, META_EVICTED_BYTES) + freed)
+    if total - freed > max_bytes:
+        logger.warning(
+            "store holds %s bytes over its cap of %s even after evicting every older entry", total - freed, max_bytes
+        )
+    return result
+
+
+def drop_namespace_keys(txn, db: Databases, name: str) -> int:
+    """Delete every key of namespace ``name`` in one transaction; returns how many.
+
+    Entry-keyed databases use ``name + NUL`` prefixes and zarr keys ``name + "/"``;
+    neither character is allowed in a name, so no other namespace's keys match.
+    """
+    removed = 0
+    by_prefix = (
+        (ns_prefix(name), (db.entries, db.lengths, db.hashes, db.hits, db.buckets)),
+        (f"{name}/".encode(), (db.zarr,)),
+    )
+    for prefix, handles in by_prefix:
+        for handle in handles:
+            with txn.cursor(db=handle) as cursor:
+                keys = [key for key, _ in items_with_prefix(cursor, prefix)]
+            for key in keys:
+                removed += bool(txn.delete(key, db=handle))
+    for handle in (db.catalog, db.projectors):
+        removed += bool(txn.delete(name.encode(), db=handle))
+    return removed

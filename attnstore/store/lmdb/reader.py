@@ -1,0 +1,209 @@
+"""The hot read path: chunk bytes straight from LMDB into one contiguous buffer.
+
+Everything here runs inside one read transaction opened with ``buffers=True``
+on the calling thread: ``txn.get`` returns a memoryview into LMDB's map (no
+copy), each chunk is checked against its crc32c and decoded straight into its
+slice of the caller's buffer. zarr's async machinery is never involved.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from concurrent.futures import Executor, wait
+
+import crc32c
+import numpy as np
+
+from attnstore.errors import ChecksumError, EntryNotFoundError
+from attnstore.store.lmdb.catalog import NamespaceState
+from attnstore.store.zarr_layout import ChunkedArray
+from attnstore.store.lmdb.env import Databases, items_with_prefix
+from attnstore.store.lmdb.records import (
+    EntryRecord,
+    HitRecord,
+    bucket_key,
+    entry_key,
+    ns_prefix,
+    split_entry_key,
+    split_length_key,
+)
+
+logger = logging.getLogger(__name__)
+
+# Below this many bytes a second thread costs more than it saves.
+_PARALLEL_BYTES = 1 << 20
+
+
+def load_record(txn, db: Databases, namespace: str, entry_id: int) -> EntryRecord:
+    """The record of a live entry.
+
+    Raises:
+        EntryNotFoundError: no live entry has that id.
+        ChecksumError: the record itself is corrupt.
+    """
+    raw = txn.get(entry_key(namespace, entry_id), db=db.entries)
+    if raw is None:
+        raise EntryNotFoundError(f"no entry {entry_id} in namespace {namespace!r}")
+    try:
+        return EntryRecord.from_bytes(raw)
+    except ChecksumError as exc:
+        raise ChecksumError(f"entry {entry_id} of namespace {namespace!r}: {exc}") from None
+
+
+def entry_page(
+    txn, db: Databases, namespace: str, length: int | None, start: bytes | None, limit: int
+) -> tuple[list[tuple[EntryRecord, HitRecord]], bytes | None]:
+    """Up to ``limit`` live entries in id order (one bucket if ``length``), from key ``start``.
+
+    Corrupt records are skipped with a warning (verify lists them).
+
+    Returns:
+        The page and the key to resume from, or None when the scan is done.
+    """
+    index = db.entries if length is None else db.lengths
+    prefix = ns_prefix(namespace) if length is None else bucket_key(namespace, length)
+    with txn.cursor(db=index) as cursor:
+        keys = []
+        for key, _ in items_with_prefix(cursor, prefix, start=start):
+            keys.append(key)
+            if len(keys) == limit:
+                break
+    page = []
+    for key in keys:
+        entry_id = split_entry_key(key)[1] if length is None else split_length_key(key)[1]
+        try:
+            record = load_record(txn, db, namespace, entry_id)
+        except (EntryNotFoundError, ChecksumError) as exc:
+            logger.warning("listing namespace %r: skipping entry %s: %s", namespace, entry_id, exc)
+            continue
+        page.append((record, load_hits(txn, db, namespace, entry_id)))
+    return page, (keys[-1] + b"\x00" if len(keys) == limit else None)
+
+
+def load_hits(txn, db: Databases, namespace: str, entry_id: int) -> HitRecord:
+    """Flushed hit counters of one entry."""
+    return HitRecord.from_bytes(txn.get(entry_key(namespace, entry_id), db=db.hits))
+
+
+def decode_layers(
+    txn,
+    db: Databases,
+    state: NamespaceState,
+    record: EntryRecord,
+    layers: Iterable[int],
+    out: np.ndarray,
+    helper: Executor | None = None,
+) -> None:
+    """Decode the listed layers of one entry into ``out``, checking every chunk's crc32c.
+
+    Args:
+        txn: read transaction opened with ``buffers=True``.
+        db: the generation's sub-databases.
+        state: the entry's namespace.
+        record: the entry's record (slot, crcs).
+        layers: layer indices, in the order of ``out``'s first axis.
+        out: contiguous ``(n_layers, heads, L, L)`` fp16 buffer.
+        helper: a thread that checks and copies half of a large fp16 entry while
+            the calling thread does the other half.
+
+    Raises:
+        ChecksumError: a chunk is missing, fails its crc32c or does not decode.
+    """
+    arrays = state.arrays(record.length)
+    n_arrays = len(arrays)
+    if len(record.crcs) != state.layout.layers * n_arrays:
+        raise ChecksumError(
+            f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} chunk crcs,"
+            f" expected {state.layout.layers * n_arrays}"
+        )
+    codec = state.codec
+    name, length, slot = state.name, record.length, record.slot
+    if codec.raw_fp16:
+        (array,) = arrays
+        chunks = []
+        for i, layer in enumerate(layers):
+            chunk = txn.get(array.chunk_key(name, length, slot, layer), db=db.zarr)
+            if chunk is None:
+                raise _missing_error(state, record, layer, array.name)
+            chunks.append((i, layer, chunk))
+        _check_and_copy(state, record, array, chunks, out, helper)
+        return
+    per_layer = []
+    for layer in layers:
+        chunks = []
+        for k, array in enumerate(arrays):
+            chunk = txn.get(array.chunk_key(name, length, slot, layer), db=db.zarr)
+            if chunk is None:
+                raise _missing_error(state, record, layer, array.name)
+            if crc32c.crc32c(chunk) != record.crcs[layer * n_arrays + k]:
+                raise _crc_error(state, record, layer, array.name)
+            chunks.append(chunk)
+        per_layer.append(chunks)
+    codec.decode_into(per_layer, out)
+
+
+def _check_and_copy(
+    state: NamespaceState,
+    record: EntryRecord,
+    array: ChunkedArray,
+    chunks: list[tuple[int, int, memoryview]],
+    out: np.ndarray,
+    helper: Executor | None,
+) -> None:
+    # The chunk is the fp16 bytes: checked in LMDB's map (which pulls it into
+    # cache), then one copy into the buffer, no codec call. crc32c and numpy's
+    # copy release the GIL, so two threads halve the time of a large entry.
+    dst = out.reshape(-1).view(np.uint8)
+    size = array.chunk_nbytes
+
+    def run(part: list[tuple[int, int, memoryview]]) -> None:
+        for i, layer, chunk in part:
+            if crc32c.crc32c(chunk) != record.crcs[layer]:
+                raise _crc_error(state, record, layer, array.name)
+            if len(chunk) != size:
+                raise ChecksumError(
+                    f"entry {record.id} of namespace {state.name!r}: layer {layer} chunk has {len(chunk)} bytes,"
+                    f" expected {size}"
+                )
+            np.copyto(dst[i * size : (i + 1) * size], np.frombuffer(chunk, dtype=np.uint8))
+
+    if helper is None or len(chunks) < 2 or len(chunks) * size < _PARALLEL_BYTES:
+        run(chunks)
+        return
+    half = len(chunks) // 2
+    future = helper.submit(run, chunks[half:])
+    try:
+        run(chunks[:half])
+    finally:
+        # The memoryviews die with the transaction: never return while the helper reads them.
+        wait([future])
+    future.result()
+
+
+def _missing_error(state: NamespaceState, record: EntryRecord, layer: int, array: str) -> ChecksumError:
+    return ChecksumError(f"entry {record.id} of namespace {state.name!r}: layer {layer} {array} chunk is missing")
+
+
+def _crc_error(state: NamespaceState, record: EntryRecord, layer: int, array: str) -> ChecksumError:
+    return ChecksumError(
+        f"entry {record.id} of namespace {state.name!r}: layer {layer} {array} chunk fails its crc32c check"
+    )
+
+
+def read_outputs(txn, db: Databases, state: NamespaceState, record: EntryRecord) -> np.ndarray | None:
+    """The entry's final outputs ``(L, hidden)`` fp16 (a copy), or None if it has none.
+
+    Raises:
+        ChecksumError: the outputs chunk is missing or fails its crc32c.
+    """
+    if record.outputs_crc is None:
+        return None
+    array = state.outputs(record.length)
+    (key,) = array.chunk_keys(state.name, record.length, record.slot, 1)
+    chunk = txn.get(key, db=db.zarr)
+    if chunk is None or crc32c.crc32c(chunk) != record.outputs_crc or len(chunk) != array.chunk_nbytes:
+        raise ChecksumError(
+            f"entry {record.id} of namespace {state.name!r}: outputs chunk is missing or fails its crc32c check"
+        )
+    return np.frombuffer(chunk, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)

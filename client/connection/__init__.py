@@ -1,0 +1,14 @@
+"""The client's view of a store: ``connect(url)`` gives a daemon (``remote``) or an
+embedded store (``local``) behind one small interface (``base``)."""
+
+from attnstore_client.connection.base import (
+    URL_SCHEMES,
+    Match,
+    MatchKind,
+    NamespaceHandle,
+    Retrieval,
+    StoreConnection,
+    connect,
+)
+
+__all__ = ["URL_SCHEMES", "Match", "MatchKind", "NamespaceHandle", "Retrieval", "StoreConnection", "connect"]

@@ -1,0 +1,205 @@
+"""The client's view of a store: one small interface, a daemon or an embedded store behind it.
+
+``connect("grpc://HOST:PORT")`` talks to a daemon (``attnstore serve``);
+``connect("local:PATH")`` opens the store at PATH in this process (embedded
+mode: the same store and index, no server). Both answer a batch lookup with a
+:class:`Retrieval`: the matches at once, the exact rows' stored outputs, and
+the map rows' maps layer by layer, so a forward may start replaying layer 0
+before the last layer has arrived.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from attnstore.errors import ConfigError
+
+MatchKind = Literal["miss", "exact", "map"]
+URL_SCHEMES: tuple[str, ...] = ("grpc://", "grpcs://", "local:")
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceHandle:
+    """What a client needs of a namespace: its model, layout and projector."""
+
+    name: str
+    model: str  # the model name it was built with
+    fingerprint: str  # model_fingerprint of that model; requests must carry the same
+    layers: int
+    heads: int
+    causal: bool
+    hidden: int
+    feature_dim: int
+    projector: bytes | None  # safetensors bytes; None until a build has finished
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The store's answer for one row."""
+
+    kind: MatchKind
+    entry_id: int | None  # None on a miss
+    distance: float  # predicted map distance (0 for exact hits)
+    stored_length: int | None  # the entry's length (>= the row's for a causal crop); None on a miss
+
+
+class Retrieval(ABC):
+    """One batch lookup's answer: matches, then arrays as they arrive.
+
+    Attributes:
+        matches: one per row, in order.
+        outputs: exact row -> its stored final outputs ``(L, hidden)``.
+        bytes_fetched: array bytes received so far.
+        fetch_seconds: time spent receiving arrays (with streaming, overlapped with the forward).
+        outage: the error that broke the stream for every remaining row, if one did.
+    """
+
+    def __init__(self, matches: list[Match], outputs: dict[int, np.ndarray]) -> None:
+        self.matches = matches
+        self.outputs = outputs
+        self.bytes_fetched = 0
+        self.fetch_seconds = 0.0
+        self.outage: BaseException | None = None
+
+    @property
+    def map_rows(self) -> list[int]:
+        """Rows whose maps come through :meth:`layer`."""
+        return [row for row, match in enumerate(self.matches) if match.kind == "map"]
+
+    @abstractmethod
+    def layer(self, row: int, layer: int) -> np.ndarray:
+        """One map row's maps for one layer, ``(heads, L', L')``, blocking until they arrive.
+
+        Raises:
+            MapsUnavailableError: the row's maps cannot be delivered (its ``cause`` says why).
+        """
+
+    @abstractmethod
+    def failed(self) -> dict[int, str]:
+        """Map rows known not to be deliverable so far, with their fallback causes."""
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until every map row has arrived in full or failed."""
+
+    def close(self) -> None:
+        """Stop receiving (a no-op once everything arrived)."""
+
+
+class StoreConnection(ABC):
+    """A store the client reads from. Use as a context manager, or ``close()``."""
+
+    url: str
+
+    @abstractmethod
+    def namespace(self, name: str) -> NamespaceHandle:
+        """The namespace called ``name``, with its projector.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+            AuthError, UnavailableError: see the daemon.
+        """
+
+    @abstractmethod
+    def lookup(
+        self,
+        namespace: str,
+        fingerprint: str,
+        features: np.ndarray,
+        lengths: Sequence[int],
+        token_hashes: Sequence[bytes | None],
+        *,
+        max_distance: float,
+        exact: bool,
+        timeout: float | None,
+        token_ids: Sequence[Sequence[int]] | None = None,
+        gate: bool = False,
+    ) -> Retrieval:
+        """Match a batch and start delivering its hit rows' arrays.
+
+        Args:
+            namespace, fingerprint: the namespace and the caller's model fingerprint.
+            features: ``(B, feature_dim)`` projector outputs.
+            lengths: each row's token length.
+            token_hashes: each row's exact-tier key (None skips the exact tier for that row).
+            max_distance: threshold on the predicted map distance (ignored when gated).
+            exact: consult the exact tier and deliver stored outputs.
+            timeout: deadline in seconds of the whole call, arrays included (None: none).
+            token_ids: each row's token ids; needed when ``gate`` is set.
+            gate: decide map hits with the namespace's fidelity gate (``attnstore.protocol.gate``).
+
+        Returns:
+            The retrieval; its matches are there when this returns.
+
+        Raises:
+            AttnStoreError: the lookup itself failed (the caller falls back for every row).
+        """
+
+    @abstractmethod
+    def health(self) -> str:
+        """``"SERVING"`` when the store answers lookups, else another health status name."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the channel or the store. Idempotent."""
+
+    def __enter__(self) -> StoreConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(
+    url: str,
+    *,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    client_cert: str | Path | None = None,
+    client_key: str | Path | None = None,
+    max_message_bytes: int | None = None,
+) -> StoreConnection:
+    """Open a connection to the store at ``url``.
+
+    Args:
+        url: ``grpc://HOST:PORT`` (a daemon), ``grpcs://HOST:PORT`` (a daemon with
+            TLS; ``tls_ca`` names its CA, else the system roots), or ``local:PATH``
+            (the store at PATH in this process, opened read-only).
+        token: bearer token for the daemon (a read token suffices).
+        tls_ca: CA certificate (PEM file) of a ``grpcs://`` daemon.
+        client_cert, client_key: this client's certificate chain and key (PEM files), for
+            a ``grpcs://`` daemon that requires client certificates (mTLS).
+        max_message_bytes: gRPC message cap; must match the daemon's (default 8 MiB).
+
+    Raises:
+        ConfigError: a URL of another form, or TLS options on a non-TLS URL.
+        StoreNotFoundError: no store at a ``local:`` path.
+    """
+    if url.startswith(("grpc://", "grpcs://")):
+        tls = url.startswith("grpcs://")
+        target = url.split("://", 1)[1]
+        if not target or ":" not in target:
+            raise ConfigError(f"store URL {url!r} needs HOST:PORT after the scheme, e.g. grpc://127.0.0.1:50051")
+        if (tls_ca, client_cert, client_key) != (None, None, None) and not tls:
+            raise ConfigError(f"TLS files are given but {url!r} is not a grpcs:// URL")
+        from attnstore_client.connection.remote import RemoteConnection
+
+        return RemoteConnection(url, target, token=token, tls=tls, tls_ca=tls_ca, client_cert=client_cert,
+                                client_key=client_key, max_message_bytes=max_message_bytes)
+    if url.startswith("local:"):
+        path = url[len("local:"):]
+        if not path:
+            raise ConfigError(f"store URL {url!r} needs a path after 'local:', e.g. local:./stores/stsb")
+        if (token, tls_ca, client_cert, client_key) != (None, None, None, None):
+            raise ConfigError("token and TLS files apply to grpc:// stores; an embedded (local:) store has none")
+        # Imported here: the embedded store pulls in faiss, lmdb and zarr, which remote clients never need.
+        from attnstore_client.connection.local import LocalConnection
+
+        return LocalConnection(url, Path(path).expanduser())
+    raise ConfigError(f"store URL {url!r} must start with one of {list(URL_SCHEMES)}")

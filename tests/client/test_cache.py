@@ -1,0 +1,240 @@
+"""``AttnCache``: encode and choice scoring equal the plain model, whatever the store does."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
+from server_fixtures import served
+
+from attnstore.errors import (
+    ConfigError,
+    FingerprintMismatchError,
+    NamespaceNotReadyError,
+    UnsupportedModelError,
+)
+from attnstore.index import ExactIndex
+from attnstore.server.server import create_server
+from attnstore.service import AttnStoreService
+from attnstore.store import MemoryMapStore, NamespaceLayout
+from attnstore_client.adapters import adapter_for
+from attnstore_client.batch import tokenize
+from attnstore_client.cache import PROMPT_EOL, AttnCache
+from attnstore_client.keys import model_fingerprint
+from attnstore_client.connection.local import LocalConnection
+from attnstore_client.resilience import BreakerPolicy, RetryPolicy
+from attnstore_client.stats import CacheStats
+
+TEXTS = sentences(10, seed=7)
+STORED = TEXTS[:6]  # the rest are misses
+TOLERANCE = 2e-3  # fp16 maps and outputs
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return tiny_loaded("bert")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_loaded("llama")
+
+
+def _memory_service() -> AttnStoreService:
+    return AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+
+
+@pytest.fixture(scope="module")
+def bert_service(bert) -> AttnStoreService:
+    service = _memory_service()
+    fill_namespace(service, bert, STORED)
+    return service
+
+
+def _mean_pooled(loaded, texts) -> np.ndarray:
+    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("stream", [True, False])
+def test_encode_equals_the_plain_model_on_hits_and_misses(bert, bert_service, exact: bool, stream: bool) -> None:
+    cache = AttnCache(bert, LocalConnection("local:memory", bert_service), exact=exact, stream=stream)
+    embeddings = cache.encode(TEXTS, batch_size=4)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    stats = cache.last_stats
+    assert (stats.exact_hits, stats.map_hits) == ((6, 0) if exact else (0, 6))
+    assert stats.misses == 4 and stats.fallback_rows == 0 and stats.hit_rate == 0.6
+
+
+def test_encode_over_grpc_equals_the_plain_model_and_counts_bytes(bert, bert_service) -> None:
+    with served(bert_service) as (_, remote):
+        with AttnCache(bert, f"grpc://{remote.target}", exact=False) as cache:
+            embeddings = cache.encode(TEXTS, batch_size=4)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    stats = cache.last_stats
+    assert stats.map_hits == 6 and stats.misses == 4
+    maps_bytes = sum(3 * 4 * len(t.split()) ** 2 * 2 for t in STORED)  # layers x heads x L^2 fp16
+    assert stats.bytes_fetched == maps_bytes
+    assert stats.total_s >= stats.forward_s > 0 and stats.lookup_s > 0 and stats.projection_s > 0
+
+
+def test_encode_follows_sentence_transformers_conventions(bert, bert_service) -> None:
+    cache = AttnCache(bert, LocalConnection("local:memory", bert_service))
+    one = cache.encode(TEXTS[0])
+    assert one.shape == (64,) and isinstance(one, np.ndarray)
+    tensor = cache.encode(TEXTS[:3], convert_to="torch", normalize_embeddings=True)
+    assert tensor.shape == (3, 64) and torch.allclose(tensor.norm(dim=1), torch.ones(3))
+    rows = cache.encode(TEXTS[:3], convert_to=None)
+    assert isinstance(rows, list) and len(rows) == 3 and rows[0].shape == (64,)
+    with pytest.raises(ConfigError, match=r"\['numpy', 'torch', None\]"):
+        cache.encode(TEXTS, convert_to="list")
+    with pytest.raises(ConfigError, match="batch_size"):
+        cache.encode(TEXTS, batch_size=0)
+    with pytest.raises(TypeError):
+        cache.encode(TEXTS, convert_to_numpy=True)  # unknown keywords are refused
+
+
+def test_stats_of_calls_add_up_to_the_cumulative_stats(bert, bert_service) -> None:
+    cache = AttnCache(bert, LocalConnection("local:memory", bert_service))
+    cache.encode(TEXTS[:5])
+    first = cache.last_stats
+    cache.encode(TEXTS[5:])
+    assert cache.stats.rows == 10 and cache.stats.exact_hits == 6 and cache.stats.misses == 4
+    assert cache.stats == first + cache.last_stats
+    assert "6 exact hits" in cache.stats.summary() and cache.stats.to_json_dict()["hit_rate"] == 0.6
+    cache.reset_stats()
+    assert cache.stats == CacheStats()
+
+
+def test_decoder_encode_uses_prompteol_and_the_last_token(llama) -> None:
+    service = _memory_service()
+    templated = [PROMPT_EOL.format(text=t) for t in TEXTS]
+    # The template's own words are not in the tiny vocabulary: they become [UNK], which is fine.
+    fill_namespace(service, llama, templated[:6])
+    cache = AttnCache(llama, LocalConnection("local:memory", service), exact=False)
+    embeddings = cache.encode(TEXTS, batch_size=4)
+    expected = torch.stack([h[-1] for h in plain_hidden(llama, templated)]).numpy()
+    np.testing.assert_allclose(embeddings, expected, atol=TOLERANCE)
+    assert cache.last_stats.map_hits == 6 and cache.family == "llama"
+
+
+def test_score_choices_equals_the_plain_models_next_token_choice(llama) -> None:
+    service = _memory_service()
+    fill_namespace(service, llama, TEXTS[:6])
+    cache = AttnCache(llama, LocalConnection("local:memory", service))
+    choices = ("w10", "w11", "w12")
+    scores = cache.score_choices(TEXTS, choices=choices, batch_size=3)
+    ids = [llama.tokenizer.convert_tokens_to_ids(c) for c in choices]
+    with torch.inference_mode():
+        logits = torch.stack([llama.lm_head(h[-1])[ids] for h in plain_hidden(llama, TEXTS)])
+    expected = torch.softmax(logits, dim=-1).numpy()
+    np.testing.assert_allclose(scores.probabilities, expected, atol=TOLERANCE)
+    assert (scores.index == expected.argmax(axis=1)).all()
+    assert cache.last_stats.exact_hits == 6
+    with pytest.raises(ConfigError, match="2 tokens"):
+        cache.score_choices(TEXTS, choices=("w10", "w11 w12"))
+
+
+def test_score_choices_needs_a_decoder(bert, bert_service) -> None:
+    cache = AttnCache(bert, LocalConnection("local:memory", bert_service))
+    with pytest.raises(UnsupportedModelError, match="encoder"):
+        cache.score_choices(TEXTS, choices=("w3", "w4"))
+
+
+def test_a_namespace_of_another_model_is_refused_on_connect_with_a_clear_message(bert_service) -> None:
+    other = tiny_loaded("bert", seed=1)
+    with pytest.raises(FingerprintMismatchError) as caught:
+        AttnCache(other, LocalConnection("local:memory", bert_service))
+    message = str(caught.value)
+    assert "tiny-bert" in message and "different model, tokenizer or weights" in message
+
+
+def test_a_namespace_without_projector_is_not_ready(bert) -> None:
+    service = _memory_service()
+    layout = NamespaceLayout(layers=3, heads=4, causal=False, hidden=64, feature_dim=128)
+    service.create_namespace("default", model="tiny-bert", fingerprint=model_fingerprint(bert.model, bert.tokenizer),
+                             layout=layout)
+    with pytest.raises(NamespaceNotReadyError, match="no projector"):
+        AttnCache(bert, LocalConnection("local:memory", service))
+
+
+def test_bad_options_are_config_errors(bert, bert_service) -> None:
+    connection = LocalConnection("local:memory", bert_service)
+    for options in ({"max_distance": -1.0}, {"timeout": 0}, {"max_length": 0}):
+        with pytest.raises(ConfigError):
+            AttnCache(bert, connection, **options)
+
+
+def test_outage_falls_back_to_compute_and_the_breaker_stops_asking(bert, bert_service) -> None:
+    with served(bert_service) as (server, remote):
+        cache = AttnCache(bert, f"grpc://{remote.target}", timeout=2.0,
+                          retry=RetryPolicy(attempts=2, initial_backoff=0.01),
+                          breaker=BreakerPolicy(failure_threshold=2, reset_after=60.0))
+        server.stop(0)  # the daemon goes away after the client connected
+        expected = _mean_pooled(bert, TEXTS)
+        for _ in range(2):
+            np.testing.assert_allclose(cache.encode(TEXTS, batch_size=10), expected, atol=TOLERANCE)
+            assert cache.last_stats.fallbacks == {"unavailable": 10}
+        assert cache.breaker.state == "open"
+        np.testing.assert_allclose(cache.encode(TEXTS, batch_size=10), expected, atol=TOLERANCE)
+        assert cache.last_stats.fallbacks == {"circuit_open": 10}
+        assert cache.last_stats.lookup_s == 0 and cache.last_stats.projection_s == 0
+        cache.close()
+
+
+def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, bert_service) -> None:
+    server, port = create_server(bert_service, "127.0.0.1:0")
+    server.start()
+    cache = AttnCache(bert, f"grpc://127.0.0.1:{port}", timeout=2.0, retry=RetryPolicy(attempts=1),
+                      breaker=BreakerPolicy(failure_threshold=1, reset_after=0.2))
+    server.stop(0)
+    cache.encode(TEXTS, batch_size=10)
+    assert cache.breaker.state in ("open", "half_open") and cache.last_stats.fallbacks == {"unavailable": 10}
+    server, _ = create_server(bert_service, f"127.0.0.1:{port}")  # back, on the same port
+    server.start()
+    try:
+        time.sleep(0.25)
+        assert cache.breaker.state == "half_open"
+        embeddings = cache.encode(TEXTS, batch_size=10)
+        assert cache.breaker.state == "closed" and cache.last_stats.exact_hits == 6
+        np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    finally:
+        cache.close()
+        server.stop(0)
+
+
+def _flip_layer_bytes(store: Path, layer_maps: np.ndarray) -> None:
+    """Bit rot: flip one byte in the middle of a stored layer, wherever it lies in the LMDB file."""
+    needle = layer_maps.astype(np.float16).tobytes()
+    (data_file,) = store.glob("*/data.mdb")
+    content = data_file.read_bytes()
+    offset = content.find(needle)
+    assert offset >= 0, "the layer is not in the file"
+    with data_file.open("r+b") as handle:
+        while offset >= 0:
+            handle.seek(offset + len(needle) // 2)
+            handle.write(bytes([content[offset + len(needle) // 2] ^ 0x40]))
+            offset = content.find(needle, offset + 1)
+
+
+@pytest.mark.parametrize("over", ["local", "grpc"])
+def test_a_corrupt_stored_layer_is_a_checksum_fallback_with_correct_outputs(bert, tmp_path: Path, over: str) -> None:
+    path = tmp_path / "store"
+    with AttnStoreService.open(path, create=True) as service:
+        fill_namespace(service, bert, STORED)
+    maps = adapter_for(bert).capture(tokenize(bert.tokenizer, [STORED[2]])).maps[0]  # (layers, H, L, L)
+    _flip_layer_bytes(path, maps[1].numpy())
+    expected = _mean_pooled(bert, TEXTS)
+    if over == "local":
+        with AttnCache(bert, f"local:{path}", exact=False) as cache:
+            embeddings = cache.encode(TEXTS, batch_size=10)
+    else:
+        with AttnStoreService.open(path, readonly=True) as service, served(service) as (_, remote):
+            with AttnCache(bert, f"grpc://{remote.target}", exact=False) as cache:
+                embeddings = cache.encode(TEXTS, batch_size=10)
+    np.testing.assert_allclose(embeddings, expected, atol=TOLERANCE)
+    assert cache.last_stats.fallbacks == {"checksum": 1} and cache.last_stats.map_hits == 5

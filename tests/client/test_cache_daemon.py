@@ -1,0 +1,147 @@
+"""``AttnCache`` against the real daemon (a subprocess on a free loopback port, real LMDB)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from adapter_helpers import VOCAB
+from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded, word_tokenizer
+from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from attnstore.errors import AuthError, FingerprintMismatchError
+from attnstore_client.cache import PROMPT_EOL, AttnCache
+from attnstore_client.connection import Retrieval, connect
+from attnstore_client.models import LoadedModel
+from attnstore_client.connection.remote import RemoteConnection
+
+TESTS = Path(__file__).resolve().parents[1]
+SEED, STORED, QUERIED = 11, 12, 16  # the child ingests sentences(12, seed=11); queries add 4 unseen ones
+
+
+def _child(*args: str) -> dict:
+    done = subprocess.run([sys.executable, str(TESTS / "cache_child.py"), *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("cache-daemon")
+    process = DaemonProcess(workdir / "store", workdir).start()
+    summary = _child("ingest", process.target, ADMIN_TOKEN, str(SEED), str(STORED))
+    assert summary["entries"] == STORED
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_what_one_client_process_ingests_another_client_process_hits(daemon: DaemonProcess) -> None:
+    report = _child("encode", f"grpc://{daemon.target}", READ_TOKEN, str(SEED), str(QUERIED))
+    stats = report["stats"]
+    assert (stats["exact_hits"], stats["misses"], stats["fallbacks"]) == (STORED, QUERIED - STORED, {})
+    assert report["max_diff"] < 2e-3
+
+
+def test_this_process_hits_the_same_entries_with_a_read_token(daemon: DaemonProcess) -> None:
+    loaded = tiny_loaded("bert")
+    texts = sentences(QUERIED, seed=SEED)
+    with AttnCache(loaded, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False) as cache:
+        embeddings = cache.encode(texts)
+    expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
+    np.testing.assert_allclose(embeddings, expected, atol=2e-3)
+    assert cache.last_stats.map_hits == STORED and cache.last_stats.bytes_fetched > 0
+
+
+def test_a_wrong_namespace_fingerprint_is_failed_precondition_with_a_clear_message(daemon: DaemonProcess) -> None:
+    other = tiny_loaded("bert", seed=1)
+    with pytest.raises(FingerprintMismatchError) as on_connect:
+        AttnCache(other, f"grpc://{daemon.target}", token=READ_TOKEN)
+    assert "tiny-bert" in str(on_connect.value) and "different model" in str(on_connect.value)
+    with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as connection:
+        with pytest.raises(FingerprintMismatchError) as on_lookup:
+            connection.lookup("default", "0" * 64, np.zeros((1, 128), np.float32), [5], [None],
+                              max_distance=0.01, exact=True, timeout=10.0)
+    assert str(on_lookup.value).startswith("FAILED_PRECONDITION")
+    assert "tiny-bert" in str(on_lookup.value) and "fingerprint" in str(on_lookup.value)
+
+
+@pytest.mark.parametrize("token", [None, "not-a-known-token-at-all"])
+def test_a_missing_or_wrong_token_is_unauthenticated(daemon: DaemonProcess, token: str | None) -> None:
+    with pytest.raises(AuthError, match="UNAUTHENTICATED"):
+        AttnCache(tiny_loaded("bert"), f"grpc://{daemon.target}", token=token)
+
+
+def test_health_reports_serving(daemon: DaemonProcess) -> None:
+    with connect(f"grpc://{daemon.target}") as connection:
+        assert connection.health() == "SERVING"
+
+
+def test_a_stalled_daemon_times_out_and_the_rows_are_computed(daemon: DaemonProcess) -> None:
+    loaded = tiny_loaded("bert")
+    texts = sentences(QUERIED, seed=SEED)
+    cache = AttnCache(loaded, f"grpc://{daemon.target}", token=READ_TOKEN, timeout=1.0)
+    daemon.process.send_signal(signal.SIGSTOP)
+    try:
+        embeddings = cache.encode(texts)
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+    expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
+    np.testing.assert_allclose(embeddings, expected, atol=1e-5)
+    assert cache.last_stats.fallbacks == {"timeout": QUERIED} and cache.last_stats.lookup_s < 3.0
+    cache.close()
+
+
+def _long_llama() -> LoadedModel:
+    """A random decoder whose maps are big: 4 layers x 8 heads, 300 tokens = 5.8 MB of fp16 maps a row."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+    causal_lm = LlamaForCausalLM(config).eval()
+    return LoadedModel("tiny-long-llama", causal_lm.get_decoder(), word_tokenizer(), causal_lm.lm_head)
+
+
+class _TermAfterMatches(RemoteConnection):
+    """A real connection that sends the daemon SIGTERM once a Lookup's matches are in: mid-stream."""
+
+    daemon: DaemonProcess
+
+    def lookup(self, *args, **kwargs) -> Retrieval:
+        retrieval = super().lookup(*args, **kwargs)
+        self.daemon.process.send_signal(signal.SIGTERM)
+        return retrieval
+
+
+def test_sigterm_in_the_middle_of_a_lookup_stream_ends_cleanly_and_outputs_stay_correct(tmp_path: Path) -> None:
+    loaded = _long_llama()
+    text = " ".join(sentences(1, seed=5, min_words=300, max_words=300))
+    prompt = PROMPT_EOL.format(text=text)  # what encode() runs for a decoder
+    captured = capture_entries(loaded, [prompt], outputs=False)
+    # Grace 0: the drain cancels the stream at once (8 rows x 6 MB of maps cannot have gone out by then).
+    daemon = DaemonProcess(tmp_path / "store", tmp_path, extra_args=("--grace", "0")).start()
+    try:
+        with daemon.client() as admin:
+            admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
+                                   layout=captured.layout, projector=captured.projector.to_safetensors_bytes())
+            admin.ingest("default", captured.fingerprint, captured.entries)
+        connection = _TermAfterMatches(f"grpc://{daemon.target}", daemon.target, token=READ_TOKEN, tls=False,
+                                       tls_ca=None, max_message_bytes=None)
+        connection.daemon = daemon
+        with AttnCache(loaded, connection, exact=False) as cache:
+            embeddings = cache.encode([text] * 8, batch_size=8)
+        assert daemon.process.wait(timeout=30) == 0, daemon.log()  # the SIGTERM above: a clean exit
+        assert "event=stopped" in daemon.log()
+    finally:
+        daemon.kill()
+    stats = cache.last_stats
+    assert stats.fallback_rows == 8 and set(stats.fallbacks) <= {"unavailable"} and stats.map_hits == 0
+    assert stats.bytes_fetched < 8 * 5 * 2**20  # the stream was cut short
+    expected = plain_hidden(loaded, [prompt])[0][-1].numpy()
+    np.testing.assert_allclose(embeddings, np.repeat(expected[None], 8, axis=0), atol=1e-4)

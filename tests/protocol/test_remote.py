@@ -1,0 +1,52 @@
+"""The light client helper: what it imports, and TLS / mTLS against an in-process server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from server_fixtures import tls_server
+
+from attnstore.errors import ConfigError, UnavailableError
+from attnstore.protocol.remote import RemoteStore
+from attnstore.server.server import ServerTls, create_server
+
+
+def test_remote_helper_imports_no_storage_backend_or_torch() -> None:
+    code = (
+        "import sys, attnstore.protocol.remote, attnstore.protocol.status_codes, attnstore.protocol.wire, attnstore.protocol.messages;"
+        "print(sorted(m for m in ('faiss', 'lmdb', 'zarr', 'torch', 'attnstore.service') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_tls_server_serves_clients_that_trust_its_ca_only(pki: Path) -> None:
+    server, target = tls_server(pki, mtls=False)
+    try:
+        with RemoteStore(target, tls_ca=pki / "ca.pem") as trusting:
+            assert trusting.stats().entries == 0
+        with RemoteStore(target, timeout=5) as plaintext, pytest.raises(UnavailableError):
+            plaintext.stats()
+    finally:
+        server.stop(0)
+
+
+def test_mtls_server_refuses_clients_without_a_certificate(pki: Path) -> None:
+    server, target = tls_server(pki, mtls=True)
+    try:
+        with RemoteStore(target, tls_ca=pki / "ca.pem", client_cert=pki / "client.pem",
+                         client_key=pki / "client.key") as client:
+            assert client.stats().entries == 0
+        with RemoteStore(target, tls_ca=pki / "ca.pem", timeout=5) as anonymous, pytest.raises(UnavailableError):
+            anonymous.stats()
+    finally:
+        server.stop(0)
+
+
+def test_client_certificate_without_its_key_is_a_config_error(pki: Path) -> None:
+    with pytest.raises(ConfigError, match="both a client certificate and its key"):
+        RemoteStore("127.0.0.1:1", client_cert=pki / "client.pem")

@@ -1,0 +1,65 @@
+"""Arrays split into chunks and reassembled, with checksums and limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnstore.errors import ChecksumError, WireFormatError
+from attnstore.protocol.wire import ChunkAssembler, map_chunks, output_chunks
+
+
+def _maps(heads: int = 3, length: int = 20) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return rng.random((heads, length, length)).astype(np.float16)
+
+
+def test_layer_round_trips_through_small_parts() -> None:
+    maps = _maps()
+    chunks = list(map_chunks(maps, query_index=2, entry_id=7, layer=5, max_bytes=500))
+    assert len(chunks) == -(-maps.nbytes // 500)
+    assembler = ChunkAssembler(max_array_bytes=1 << 20)
+    results = [assembler.add(c) for c in reversed(chunks)]
+    assert all(r is None for r in results[:-1])
+    key, array = results[-1]
+    assert key == (2, 5)
+    np.testing.assert_array_equal(array, maps)
+    assert assembler.incomplete == 0
+
+
+def test_outputs_round_trip() -> None:
+    outputs = np.arange(24, dtype=np.float16).reshape(4, 6)
+    assembler = ChunkAssembler(max_array_bytes=1 << 20)
+    (chunk,) = output_chunks(outputs, query_index=0, entry_id=1)
+    key, array = assembler.add(chunk)
+    assert key == (0, "outputs")
+    np.testing.assert_array_equal(array, outputs)
+
+
+def test_corrupted_part_raises_checksum_error() -> None:
+    (chunk,) = map_chunks(_maps(), query_index=0, entry_id=1, layer=0)
+    chunk.data = bytes([chunk.data[0] ^ 1]) + chunk.data[1:]
+    with pytest.raises(ChecksumError, match="crc32c"):
+        ChunkAssembler(max_array_bytes=1 << 20).add(chunk)
+
+
+def test_array_over_the_limit_is_refused() -> None:
+    (chunk,) = map_chunks(_maps(), query_index=0, entry_id=1, layer=0)
+    with pytest.raises(WireFormatError, match="limit"):
+        ChunkAssembler(max_array_bytes=100).add(chunk)
+
+
+def test_shape_that_disagrees_with_size_is_refused() -> None:
+    (chunk,) = map_chunks(_maps(), query_index=0, entry_id=1, layer=0)
+    chunk.shape[:] = [3, 20, 21]
+    with pytest.raises(WireFormatError, match="total_bytes"):
+        ChunkAssembler(max_array_bytes=1 << 20).add(chunk)
+
+
+def test_unsupported_dtype_is_refused_on_both_ends() -> None:
+    with pytest.raises(WireFormatError, match="float16"):
+        list(map_chunks(np.zeros((1, 2, 2), dtype=np.int32), query_index=0, entry_id=1, layer=0))
+    (chunk,) = map_chunks(_maps(), query_index=0, entry_id=1, layer=0)
+    chunk.dtype = "float64"
+    with pytest.raises(WireFormatError, match="dtype"):
+        ChunkAssembler(max_array_bytes=1 << 20).add(chunk)

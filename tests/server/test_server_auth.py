@@ -1,0 +1,104 @@
+"""Bearer tokens: the token file and the interceptor, on an in-process server."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from server_fixtures import FP, LAYOUT, memory_service, served
+from store_helpers import make_entry
+
+from attnstore.server.auth import ADMIN_METHODS, bearer_token, load_tokens, parse_tokens, required_role
+from attnstore.errors import AuthError, ConfigError
+from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+
+ADMIN = "admin-token-aaaaaaaaaaaa"
+READ = "read-token-rrrrrrrrrrrrr"
+TOKENS = parse_tokens(f"# comment line\n\nadmin {ADMIN}   # trailing comment\nread {READ}\n")
+
+
+def test_token_file_maps_tokens_to_roles() -> None:
+    assert (TOKENS.role_of(ADMIN), TOKENS.role_of(READ), TOKENS.role_of("x" * 24)) == ("admin", "read", None)
+    assert (TOKENS.count("admin"), TOKENS.count("read")) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (f"writer {ADMIN}", "role 'writer' is unknown; choose one of"),
+        ("admin short", "shorter than 16"),
+        (f"admin {ADMIN} extra", "expected 'role token'"),
+        (f"admin {ADMIN}\nread {ADMIN}", "line 2: token is listed twice"),
+        ("# only comments\n", "holds no token"),
+    ],
+)
+def test_malformed_token_files_are_refused_without_echoing_tokens(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as caught:
+        parse_tokens(text, "tokens.txt")
+    assert ADMIN not in str(caught.value)
+
+
+def test_world_readable_token_file_is_loaded_with_a_warning(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"admin {ADMIN}\n")
+    path.chmod(0o644)
+    assert load_tokens(path).role_of(ADMIN) == "admin"
+    assert "token_file_permissions" in caplog.text
+    with pytest.raises(ConfigError, match="cannot read token file"):
+        load_tokens(tmp_path / "missing")
+
+
+def test_roles_needed_per_method() -> None:
+    assert ADMIN_METHODS == {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify"}
+    assert required_role("/attnstore.v1.AttnStore/Ingest") == "admin"
+    assert required_role("/attnstore.v1.AttnStore/Stats") == "read"
+    assert required_role("/attnstore.v1.AttnStore/Lookup") == "read"
+    assert required_role("/grpc.health.v1.Health/Check") is None
+    assert required_role("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") == "read"
+
+
+def test_bearer_token_parsing() -> None:
+    assert bearer_token((("authorization", f"Bearer {READ}"),)) == READ
+    assert bearer_token((("authorization", f"bearer  {READ} "),)) == READ
+    assert bearer_token((("authorization", f"Basic {READ}"),)) is None
+    assert bearer_token((("x-other", "Bearer abc"),)) is None
+    assert bearer_token(None) is None
+
+
+def test_interceptor_refuses_every_call_shape_and_lets_the_right_roles_through() -> None:
+    entry = make_entry(LAYOUT, 5, 1)
+    lookup = lookup_request("ns", FP, entry.feature[None], [5], max_distance=0.1)
+    with served(memory_service(), tokens=TOKENS) as (_, anonymous):
+        target = anonymous.target
+        with pytest.raises(grpc.RpcError) as unary:
+            anonymous.stub.Stats(pb.StatsRequest())
+        with pytest.raises(grpc.RpcError) as server_stream:
+            list(anonymous.stub.Lookup(lookup))
+        with pytest.raises(grpc.RpcError) as client_stream:
+            anonymous.stub.Ingest(ingest_requests("ns", FP, [entry]))
+        assert {unary.value.code(), server_stream.value.code(), client_stream.value.code()} == {
+            grpc.StatusCode.UNAUTHENTICATED
+        }
+        assert anonymous.health() == "SERVING"
+        with RemoteStore(target, token=READ) as reader, RemoteStore(target, token=ADMIN) as admin:
+            with pytest.raises(AuthError, match="PERMISSION_DENIED.*admin token"):
+                reader.ingest("ns", FP, [entry])
+            assert admin.ingest("ns", FP, [entry]).entries == 1
+            assert reader.lookup(lookup).matches[0].kind == pb.MATCH_KIND_MAP
+            assert admin.stats().entries == reader.stats().entries == 1
+
+
+def test_replaced_tokens_take_effect_for_new_calls() -> None:
+    new_read = "rotated-read-token-0000"
+    with served(memory_service(), tokens=TOKENS) as (server, remote):
+        server.replace_tokens(parse_tokens(f"admin {ADMIN}\nread {new_read}\n"))
+        with RemoteStore(remote.target, token=READ) as old, RemoteStore(remote.target, token=new_read) as new:
+            with pytest.raises(AuthError, match="UNAUTHENTICATED"):
+                old.stats()
+            assert new.stats().entries == 0
+
+
+def test_server_without_auth_cannot_load_tokens_while_serving() -> None:
+    with served(memory_service()) as (server, _):
+        with pytest.raises(ConfigError, match="without auth"):
+            server.replace_tokens(TOKENS)

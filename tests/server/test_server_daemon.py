@@ -1,0 +1,226 @@
+"""The real daemon as a subprocess on a free loopback port, with a real LMDB store."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from server_fixtures import FP, LAYOUT
+from store_helpers import make_entry
+
+from attnstore.errors import AuthError, AttnStoreError
+from attnstore.server.metrics import METRIC_NAMES
+from attnstore.protocol.remote import ingest_requests, lookup_request
+from attnstore.store import MapStore, NewEntry
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore_tools.cli import main as cli_main
+
+TESTS = Path(__file__).resolve().parents[1]
+LENGTH = 8
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("daemon")
+    process = DaemonProcess(workdir / "store", workdir).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+@pytest.fixture(scope="module")
+def ingested(daemon: DaemonProcess) -> list[int]:
+    """Entries of seeds 0..3 ingested by another client process; their ids."""
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "server_ingest_child.py"), daemon.target, ADMIN_TOKEN, "ns", FP, str(LENGTH),
+         "0", "1", "2", "3"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr + daemon.log()
+    summary = json.loads(done.stdout)
+    assert summary["entries"] == 4
+    return summary["entry_ids"]
+
+
+def _query(seeds: list[int], *, exact: bool, length: int = LENGTH) -> pb.LookupRequest:
+    entries = [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]
+    return lookup_request(
+        "ns", FP, np.stack([e.feature for e in entries]), [length] * len(seeds),
+        token_hashes=[e.token_hash if exact else None for e in entries], max_distance=0.01,
+    )
+
+
+def test_what_one_client_process_ingests_another_hits(daemon: DaemonProcess, ingested: list[int]) -> None:
+    with daemon.client(READ_TOKEN) as remote:
+        result = remote.lookup(_query([2, 0], exact=False))
+        exact = remote.lookup(_query([1], exact=True))
+    kinds = [(m.kind, m.entry_id) for m in result.matches]
+    assert kinds == [(pb.MATCH_KIND_MAP, ingested[2]), (pb.MATCH_KIND_MAP, ingested[0])]
+    for row, seed in ((0, 2), (1, 0)):
+        np.testing.assert_array_equal(result.maps[row], make_entry(LAYOUT, LENGTH, seed).maps.astype(np.float16))
+    assert exact.matches[0].kind == pb.MATCH_KIND_EXACT and not exact.maps
+    np.testing.assert_array_equal(exact.outputs[0], make_entry(LAYOUT, LENGTH, 1).outputs.astype(np.float16))
+
+
+def test_shorter_causal_query_gets_the_longer_entry_cropped(daemon: DaemonProcess, ingested: list[int]) -> None:
+    request = _query([3], exact=False, length=5)
+    request.max_distance = 5.0  # the length gap costs 1.0 per token
+    with daemon.client(READ_TOKEN) as remote:
+        result = remote.lookup(request)
+    assert result.matches[0].stored_length == LENGTH
+    np.testing.assert_array_equal(result.maps[0], make_entry(LAYOUT, LENGTH, 3).maps.astype(np.float16)[..., :5, :5])
+
+
+def test_wrong_fingerprint_is_failed_precondition_naming_the_model(daemon: DaemonProcess, ingested: list[int]) -> None:
+    request = _query([0], exact=False)
+    request.fingerprint = "0" * 64
+    with daemon.client(READ_TOKEN) as remote, pytest.raises(grpc.RpcError) as caught:
+        list(remote.stub.Lookup(request, metadata=remote.metadata, timeout=10))
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "tiny-synthetic" in caught.value.details() and "fingerprint" in caught.value.details()
+
+
+@pytest.mark.parametrize("token", [None, "not-a-known-token-at-all"])
+def test_missing_or_unknown_token_is_unauthenticated(daemon: DaemonProcess, token: str | None) -> None:
+    with daemon.client(token) as remote:
+        with pytest.raises(grpc.RpcError) as caught:
+            remote.stub.ListNamespaces(pb.ListNamespacesRequest(), metadata=remote.metadata, timeout=10)
+        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as streamed:
+            list(remote.stub.Lookup(_query([0], exact=False), metadata=remote.metadata, timeout=10))
+        assert streamed.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_read_token_on_admin_rpcs_is_permission_denied(daemon: DaemonProcess) -> None:
+    with daemon.client(READ_TOKEN) as remote:
+        for call, request in ((remote.stub.Delete, pb.DeleteRequest(namespace="ns", entry_ids=[1])),
+                              (remote.stub.Compact, pb.CompactRequest()), (remote.stub.Verify, pb.VerifyRequest())):
+            with pytest.raises(grpc.RpcError) as caught:
+                call(request, metadata=remote.metadata, timeout=10)
+            assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(AuthError, match="PERMISSION_DENIED"):
+            remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 99)])
+        assert remote.stats().entries >= 0  # Stats needs only a read token
+
+
+def test_health_reports_serving_without_a_token(daemon: DaemonProcess) -> None:
+    with daemon.client(None) as remote:
+        assert remote.health() == "SERVING"
+        assert remote.health("attnstore.v1.AttnStore") == "SERVING"
+
+
+def test_ingest_stream_ending_without_commit_leaves_nothing_visible(daemon: DaemonProcess, ingested: list[int]) -> None:
+    entry = make_entry(LAYOUT, LENGTH, 50)
+    with daemon.client() as remote:
+        before = remote.stats().entries
+        with pytest.raises(grpc.RpcError) as caught:
+            remote.stub.Ingest(ingest_requests("ns", FP, [entry], commit=False), metadata=remote.metadata, timeout=10)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "commit" in caught.value.details()
+        assert remote.stats().entries == before
+        result = remote.lookup(_query([50], exact=True))
+    assert result.matches[0].kind == pb.MATCH_KIND_MISS
+
+
+def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, ingested: list[int]) -> None:
+    with daemon.client(READ_TOKEN) as remote:
+        remote.lookup(_query([0, 1], exact=False))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+    for name in METRIC_NAMES:
+        assert re.search(rf"^# TYPE {name}(_total)? ", text, re.MULTILINE), name
+    assert 'attnstore_hits_total{kind="map",namespace="ns"}' in text
+    assert 'attnstore_rpcs_total{code="OK",method="Lookup"}' in text
+
+
+def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(daemon: DaemonProcess) -> None:
+    original = daemon.token_file.read_text()
+    rotated = "rotated-read-token-0000000"
+
+    def accepted(token: str) -> bool:
+        with daemon.client(token) as remote:
+            try:
+                remote.stats()
+            except AuthError:
+                return False
+            return True
+
+    def reload_until(expected: bool, token: str) -> None:
+        daemon.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while accepted(token) != expected:
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+
+    try:
+        daemon.token_file.write_text(original + f"read {rotated}\n")
+        reload_until(True, rotated)
+        daemon.token_file.write_text("read short\n")
+        daemon.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "event=reload_failed" not in daemon.log():
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+        assert accepted(rotated) and accepted(READ_TOKEN)
+    finally:
+        daemon.token_file.write_text(original)
+        reload_until(False, rotated)
+
+
+def test_admin_cli_reads_stats_and_copies_a_local_namespace_in(
+    daemon: DaemonProcess, ingested: list[int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with MapStore.open(tmp_path / "local", create=True) as local:
+        local.create_namespace("src", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        local.ingest("src", [make_entry(LAYOUT, 6, seed) for seed in (70, 71)])
+    target = ["--target", daemon.target]
+    assert cli_main(["admin", "ingest", *target, "--token", ADMIN_TOKEN, "--from-store", str(tmp_path / "local"),
+                     "--namespace", "src", "--as", "copy", "--batch-entries", "1"]) == 0
+    assert cli_main(["admin", "stats", *target, "--token", READ_TOKEN, "--json", str(tmp_path / "stats.json")]) == 0
+    assert cli_main(["admin", "verify", *target, "--token", ADMIN_TOKEN]) == 0
+    out = capsys.readouterr().out
+    assert "copy" in out and "namespace" in out
+    buckets = json.loads((tmp_path / "stats.json").read_text())["buckets"]
+    assert {"namespace": "copy", "length": 6, "entries": "2"}.items() <= next(
+        b for b in buckets if b["namespace"] == "copy").items()
+    entry = make_entry(LAYOUT, 6, 71)
+    with daemon.client(READ_TOKEN) as remote:
+        hit = remote.lookup(lookup_request("copy", FP, entry.feature[None], [6], max_distance=0.01))
+    np.testing.assert_array_equal(hit.maps[0], entry.maps.astype(np.float16))
+
+
+def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) -> None:
+    # 16 rows hit one entry of 8 layers x 4 heads x 256^2 fp16: 64 MiB of maps,
+    # far more than flow control lets the server push to a client that stops reading.
+    layout = LAYOUT.__class__(layers=8, heads=4, causal=True, hidden=8, feature_dim=16)
+    entry = make_entry(layout, 256, 1)
+    entry = NewEntry(maps=entry.maps.astype(np.float16), token_hash=entry.token_hash, feature=entry.feature)
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    try:
+        with daemon.client() as remote:
+            remote.create_namespace("big", model="tiny-synthetic", fingerprint=FP, layout=layout)
+            remote.ingest("big", FP, [entry])
+            request = lookup_request("big", FP, np.repeat(entry.feature[None], 16, 0), [256] * 16, max_distance=0.01)
+            stream = remote.iter_lookup(request, timeout=60)
+            first = next(stream)
+            assert first.WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "chunk"
+            daemon.process.send_signal(15)
+            time.sleep(2.5)  # past the daemon's 1 s grace without reading
+            start = time.monotonic()
+            with pytest.raises(AttnStoreError) as caught:
+                for _ in stream:
+                    pass
+            assert time.monotonic() - start < 30
+            assert "DEADLINE_EXCEEDED" not in str(caught.value)
+        # Wait, never signal again: a second SIGTERM after the drain restored the default handler kills it.
+        assert daemon.process.wait(30) == 0, daemon.log()
+        assert "event=stopped" in daemon.log()
+    finally:
+        daemon.kill()

@@ -1,0 +1,86 @@
+"""Daemon metrics: counters, the hit rate, store figures at scrape time, the HTTP endpoint."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+from server_fixtures import FP, LAYOUT, memory_service
+from store_helpers import make_entry
+
+from attnstore.server.metrics import DaemonMetrics
+
+
+def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+
+
+def test_matches_count_hits_by_kind_and_keep_a_running_hit_rate() -> None:
+    metrics = DaemonMetrics()
+    metrics.matched("ns", ["exact", "map", "miss", "miss"], 0.002, lookup=True)
+    metrics.matched("ns", ["map", "map"], 0.001, lookup=False)
+    samples = _samples(metrics)
+    assert samples[("attnstore_lookups_total", (("namespace", "ns"),))] == 1
+    assert samples[("attnstore_queries_total", (("namespace", "ns"),))] == 6
+    assert samples[("attnstore_hits_total", (("kind", "map"), ("namespace", "ns")))] == 3
+    assert samples[("attnstore_hits_total", (("kind", "exact"), ("namespace", "ns")))] == 1
+    assert samples[("attnstore_misses_total", (("namespace", "ns"),))] == 2
+    assert samples[("attnstore_hit_rate", (("namespace", "ns"),))] == 4 / 6
+    assert samples[("attnstore_search_seconds_count", ())] == 2
+
+
+def test_rpcs_fetches_and_ingests_are_counted() -> None:
+    metrics = DaemonMetrics()
+    metrics.rpc_started()
+    metrics.rpc_finished("Lookup", "OK", 0.01)
+    metrics.fetched(0.0001)
+    metrics.fetched(0.0002)
+    metrics.streamed("maps", 1000)
+    metrics.streamed("outputs", 10)
+    metrics.row_error("ns", "DATA_LOSS")
+    metrics.ingested("ns", 3, 4096)
+    samples = _samples(metrics)
+    assert samples[("attnstore_rpcs_total", (("code", "OK"), ("method", "Lookup")))] == 1
+    assert samples[("attnstore_rpcs_in_flight", ())] == 0
+    assert samples[("attnstore_bytes_streamed_total", (("kind", "maps"),))] == 1000
+    assert samples[("attnstore_fetch_seconds_count", ())] == 2
+    assert samples[("attnstore_row_errors_total", (("code", "DATA_LOSS"), ("namespace", "ns")))] == 1
+    assert samples[("attnstore_ingested_entries_total", (("namespace", "ns"),))] == 3
+
+
+def test_store_figures_are_read_at_scrape_time_and_absent_without_a_store() -> None:
+    service = memory_service()
+    current = [None]
+    metrics = DaemonMetrics(stats=lambda: current[0] and current[0].stats())
+    assert not any(name.startswith("attnstore_dram") for name, _ in _samples(metrics))
+    current[0] = service
+    service.ingest("ns", FP, [make_entry(LAYOUT, 5, seed) for seed in (1, 2)])
+    samples = _samples(metrics)
+    assert samples[("attnstore_store_entries", ())] == 2
+    assert ("attnstore_dram_capacity_bytes", ()) in samples and ("attnstore_dram_evictions_total", ()) in samples
+
+
+def test_a_failing_stats_source_does_not_break_the_scrape() -> None:
+    def broken() -> None:
+        raise RuntimeError("store closing")
+
+    assert b"attnstore_rpcs_in_flight" in DaemonMetrics(stats=broken).render()
+
+
+def test_registries_are_private_and_served_over_http() -> None:
+    first, second = DaemonMetrics(), DaemonMetrics()
+    first.matched("ns", ["map"], 0.001, lookup=True)
+    assert REGISTRY.get_sample_value("attnstore_queries_total", {"namespace": "ns"}) is None
+    assert b'namespace="ns"' not in second.render()
+    port = first.serve("127.0.0.1", 0)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        first.stop()
+    assert re.search(r'^attnstore_queries_total\{namespace="ns"\} 1\.0$', text, re.MULTILINE)

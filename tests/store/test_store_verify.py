@@ -1,0 +1,141 @@
+"""A damaged chunk or record is never served: reads raise ChecksumError, verify lists the entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from numcodecs.zstd import Zstd
+from store_helpers import make_entry, small_layout
+
+from attnstore.errors import ChecksumError
+from attnstore.store import MapStore
+from attnstore.store.codecs import ZSTD_LEVEL
+from attnstore.protocol.records import NamespaceLayout
+from attnstore.store.lmdb.env import DATA_FILE, read_current
+
+
+def _flip_byte_on_disk(root: Path, needle: bytes) -> None:
+    """Flip one byte in the middle of every copy of ``needle`` in the data file.
+
+    Copy-on-write can leave stale copies of a page in free pages; all are hit.
+    """
+    data_file = root / read_current(root) / DATA_FILE
+    data = bytearray(data_file.read_bytes())
+    offset = data.find(needle)
+    assert offset >= 0, "the needle is not in the data file"
+    while offset >= 0:
+        data[offset + len(needle) // 2] ^= 0x10
+        offset = data.find(needle, offset + 1)
+    data_file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("codec", ["fp16", "zstd"])
+def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(tmp_path, codec):
+    layout = small_layout(codec)
+    entries = [make_entry(layout, 40, seed=s) for s in range(3)]
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
+        ids = store.ingest("ns", entries)
+    layer_1 = np.ascontiguousarray(entries[1].maps[1].astype(np.float16))  # (heads, L, L)
+    chunk = layer_1.tobytes() if codec == "fp16" else Zstd(level=ZSTD_LEVEL).encode(layer_1)
+    _flip_byte_on_disk(tmp_path / "s", chunk[: min(len(chunk), 4096)])
+
+    with MapStore.open(tmp_path / "s") as store:
+        with pytest.raises(ChecksumError, match=f"entry {ids[1]} .*layer 1 maps chunk fails its crc32c"):
+            store.read_maps("ns", ids[1])
+        with pytest.raises(ChecksumError):
+            store.read_layer("ns", ids[1], 1)
+        assert store.read_layer("ns", ids[1], 0).shape == (2, 40, 40)  # other layers are intact
+        assert store.read_maps("ns", ids[0]).shape == (3, 2, 40, 40)
+        assert store.stats().dram.entries == 1  # the corrupt entry never reached the DRAM tier
+        report = store.verify()
+        assert not report.ok
+        assert report.corrupt_ids("ns") == [ids[1]]
+        assert "layer 1 maps chunk: crc32c mismatch" in report.corrupt[0].reason
+        assert store.delete("ns", [ids[1]]) == 1
+        assert store.verify().ok
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_path, layer):
+    # 4 layers x 8 heads x 128^2 fp16 = 1 MiB: read by two threads, layers 0-1 and 2-3.
+    layout = NamespaceLayout(layers=4, heads=8, causal=True, hidden=8, feature_dim=16)
+    entry = make_entry(layout, 128, seed=5)
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
+        [entry_id] = store.ingest("ns", [entry])
+        np.testing.assert_array_equal(store.read_maps("ns", entry_id).numpy(), entry.maps.astype(np.float16))
+    chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
+    _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
+    with MapStore.open(tmp_path / "s", dram_bytes=0) as store:
+        with pytest.raises(ChecksumError, match=f"layer {layer} maps chunk fails its crc32c"):
+            store.read_maps("ns", entry_id)
+
+
+def test_a_flipped_byte_in_an_entry_record_is_detected(tmp_path):
+    layout = small_layout()
+    entry = make_entry(layout, 8, seed=1)
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
+        (entry_id,) = store.ingest("ns", [entry])
+    _flip_byte_on_disk(tmp_path / "s", entry.feature.tobytes())
+    with MapStore.open(tmp_path / "s") as store:
+        with pytest.raises(ChecksumError, match="record crc32c"):
+            store.read_maps("ns", entry_id)
+        assert store.verify().corrupt_ids("ns") == [entry_id]
+
+
+def test_outputs_corruption_and_missing_chunks_are_reported(tmp_path):
+    layout = small_layout()
+    entry = make_entry(layout, 8, seed=1)
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
+        a, b = store.ingest("ns", [entry, make_entry(layout, 8, seed=2)])
+        gen = store._gen  # white-box: remove one chunk of b behind the store's back
+        with gen.env.begin(write=True) as txn:
+            assert txn.delete(b"ns/maps/L8/c/1/2/0/0/0", db=gen.db.zarr)
+    _flip_byte_on_disk(tmp_path / "s", entry.outputs.astype(np.float16).tobytes())
+    with MapStore.open(tmp_path / "s") as store:
+        with pytest.raises(ChecksumError, match="outputs"):
+            store.read_outputs("ns", a)
+        with pytest.raises(ChecksumError, match="layer 2 maps chunk is missing"):
+            store.read_maps("ns", b)
+        reasons = {c.id: c.reason for c in store.verify().corrupt}
+        assert "outputs" in reasons[a] and "layer 2 maps chunk is missing" in reasons[b]
+
+
+def test_orphan_chunks_are_invisible_counted_by_verify_and_dropped_by_compaction(tmp_path):
+    layout = small_layout()
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
+        (entry_id,) = store.ingest("ns", [make_entry(layout, 8, seed=1)])
+        gen = store._gen  # white-box: a staged chunk whose record never committed
+        with gen.env.begin(write=True) as txn:
+            txn.put(b"ns/maps/L8/c/7/0/0/0/0", b"\x00" * 256, db=gen.db.zarr)
+        report = store.verify()
+        assert report.ok and report.orphan_chunks == 1
+        assert [e.id for e in store.entries("ns")] == [entry_id]
+        assert store.compact().orphan_chunks_dropped == 1
+        assert store.verify().orphan_chunks == 0
+
+
+def test_verify_counts_every_chunk(tmp_path):
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout("q8"))
+        store.ingest("ns", [make_entry(small_layout("q8"), 8, seed=s) for s in range(2)])
+        report = store.verify()
+    assert (report.entries_checked, report.chunks_checked) == (2, 2 * (3 * 2 + 1))
+    assert report.to_dict()["ok"] is True
+
+
+def test_the_index_sub_database_name_is_left_free_for_the_vector_index(tmp_path):
+    with MapStore.open(tmp_path / "s", create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
+        store.ingest("ns", [make_entry(small_layout(), 8, seed=1)])
+        assert store.verify().ok
+    env = lmdb.open(str(tmp_path / "s" / read_current(tmp_path / "s")), max_dbs=16, readonly=True)
+    assert "index" not in {bytes(k).decode() for k in env.begin().cursor().iternext(values=False)}
+    env.close()

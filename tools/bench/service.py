@@ -1,0 +1,286 @@
+"""``attnstore bench service``: the client's paths through a real daemon against the plain model.
+
+One process, one batch of ``--batch`` rows of exactly ``--length`` random token
+ids (fixed seed), the model's own maps and outputs ingested into a daemon
+subprocess on loopback (``attnstore serve``, a temporary store). Variants, run
+round-robin after a warm-up round, median of ``--repeats``:
+
+- ``baseline``: the plain forward (the model's ``sdpa`` attention);
+- ``replay_memory``: every row replays its maps, already in memory (fp16, as stored);
+- ``hit``: projection + Lookup + maps streamed over gRPC + replay that starts as
+  layers arrive (``hit_wait_all``: the same, replay starting after the last layer);
+- ``miss``: projection + Lookup in a namespace of other inputs (nothing close) + the plain forward;
+- ``exact``: projection + Lookup + the stored outputs (no forward at all).
+
+The projector is untrained (random weights of the namespace's shape): it costs
+what a trained one costs, and identical inputs still match at distance 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnstore.errors import ConfigError
+from attnstore_tools.machine import cpu_model
+
+_VARIANTS = ("baseline", "replay_memory", "hit", "hit_wait_all", "miss", "exact")
+
+
+@dataclass(frozen=True)
+class VariantTiming:
+    """Medians of one variant, in ms (the split is zero for the variants without a store)."""
+
+    variant: str
+    total_ms: float
+    projection_ms: float
+    lookup_ms: float
+    fetch_ms: float  # overlaps forward_ms when maps stream into the running forward
+    forward_ms: float
+    mib_fetched: float
+    speedup_including_retrieval: float  # baseline / total
+    speedup_excluding_retrieval: float | None  # baseline / forward; None without a forward
+    max_abs_diff: float  # of the last hidden states from the baseline's (real tokens)
+    total_ms_samples: tuple[float, ...]  # every timed round, for the spread
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``service`` to the ``bench`` group."""
+    parser = subparsers.add_parser(
+        "service",
+        help="client paths through a daemon (hit, miss, exact) vs the plain forward",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
+    parser.add_argument("--length", type=int, default=128, help="tokens per row (default: 128)")
+    parser.add_argument("--batch", type=int, default=16, help="rows per batch (default: 16)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, median taken (default: 5, at least 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default: 1)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the token ids (default: 0)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    parser.set_defaults(func=run)
+
+
+@contextmanager
+def _daemon(store: Path, workdir: Path) -> Iterator[str]:
+    """An ``attnstore serve`` subprocess on a free loopback port; yields ``HOST:PORT``; SIGTERM on exit."""
+    ready = workdir / "ready.json"
+    log = (workdir / "daemon.log").open("wb")
+    command = [sys.executable, "-m", "attnstore_tools.cli", "--log-level", "WARNING", "serve", "--store", str(store),
+               "--create", "--listen", "127.0.0.1:0", "--ready-file", str(ready)]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ConfigError(f"the daemon did not start; see {workdir / 'daemon.log'}")
+            time.sleep(0.05)
+        yield f"127.0.0.1:{json.loads(ready.read_text())['port']}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        log.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the table, write the JSON; returns the exit code."""
+    if args.batch < 1 or args.length < 2 or args.repeats < 5 or args.warmup < 0 or args.threads < 1:
+        raise ConfigError(
+            "need --batch >= 1, --length >= 2, --repeats >= 5, --warmup >= 0, --threads >= 1; got "
+            f"{args.batch}, {args.length}, {args.repeats}, {args.warmup}, {args.threads}"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(args.threads)
+    from attnstore_client.adapters import adapter_for
+    from attnstore_client.models import load_model
+
+    loaded = load_model(args.model, attn_implementation="sdpa")
+    adapter = adapter_for(loaded)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="attnstore-bench-service-") as scratch, \
+            _daemon(Path(scratch) / "store", Path(scratch)) as target:
+        timings = _measure(adapter, target, args)
+    load_after = os.getloadavg()
+    report = {
+        "benchmark": "service",
+        "model": args.model,
+        "family": adapter.family,
+        "layers": adapter.num_layers,
+        "heads": adapter.num_heads,
+        "length": args.length,
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "torch": torch.__version__,
+        "variants": [asdict(t) for t in timings],
+        "targets": _targets(timings),
+    }
+    print(format_table(timings, report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTiming]:
+    from attnstore.protocol.remote import RemoteStore
+    from attnstore.store import NamespaceLayout, NewEntry
+    from attnstore_client.batch import batch_from_ids
+    from attnstore_client.connection import connect
+    from attnstore_client.keys import model_fingerprint, token_hash
+    from attnstore_client.prefill import BatchCounts, CachedPrefill, PrefillSettings
+    from attnstore_client.projector import Projector, ProjectorConfig
+    from attnstore_client.resilience import CircuitBreaker, RetryPolicy
+
+    loaded = adapter.loaded
+    vocab = loaded.model.config.vocab_size
+    generator = torch.Generator().manual_seed(args.seed)
+    rows = torch.randint(10, vocab, (2 * args.batch, args.length), generator=generator).tolist()
+    pad = loaded.tokenizer.pad_token_id
+    batch, others = batch_from_ids(rows[: args.batch], pad), batch_from_ids(rows[args.batch :], pad)
+    torch.manual_seed(args.seed)
+    projector = Projector(ProjectorConfig(hidden=adapter.hidden_size)).eval()
+    fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+    layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=adapter.causal,
+                             hidden=adapter.hidden_size, feature_dim=projector.config.dim)
+    memory_maps: dict[int, torch.Tensor] = {}
+    with RemoteStore(target, timeout=600) as admin:
+        for name, rows_batch in (("hit", batch), ("miss", others)):
+            capture = adapter.capture(rows_batch)
+            features = projector.project(adapter.feature_source(rows_batch))
+            entries = [
+                NewEntry(maps=maps.to(torch.float16).numpy(), token_hash=token_hash(rows_batch.row_ids(row)),
+                         outputs=hidden.to(torch.float16).numpy(), feature=features[row])
+                for row, (maps, hidden) in enumerate(zip(capture.maps, capture.hidden, strict=True))
+            ]
+            admin.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=layout,
+                                   projector=projector.to_safetensors_bytes())
+            admin.ingest(name, fingerprint, entries)
+            if name == "hit":
+                memory_maps = {row: maps.to(torch.float16) for row, maps in enumerate(capture.maps)}
+            del capture, entries
+    connection = connect(f"grpc://{target}")
+
+    def prefill(namespace: str, exact: bool, stream: bool) -> CachedPrefill:
+        settings = PrefillSettings(namespace, 1e-3, exact, stream, 600.0, RetryPolicy(attempts=1))
+        return CachedPrefill(adapter, connection, fingerprint=fingerprint, projector=projector, settings=settings,
+                             breaker=CircuitBreaker())
+
+    def cached(runner: CachedPrefill) -> Callable[[], tuple[torch.Tensor, BatchCounts]]:
+        def call() -> tuple[torch.Tensor, BatchCounts]:
+            counts = BatchCounts()
+            hidden = runner.hidden_states(batch, counts)
+            return torch.stack(hidden), counts  # (B, L, hidden): rows are all L tokens
+        return call
+
+    def plain(replay: dict | None) -> Callable[[], tuple[torch.Tensor, BatchCounts]]:
+        return lambda: (adapter.forward(batch, replay), BatchCounts(rows=batch.size))
+
+    calls = {
+        "baseline": plain(None),
+        "replay_memory": plain(memory_maps),
+        "hit": cached(prefill("hit", False, True)),
+        "hit_wait_all": cached(prefill("hit", False, False)),
+        "miss": cached(prefill("miss", True, True)),
+        "exact": cached(prefill("hit", True, True)),
+    }
+    samples: dict[str, list[tuple[float, BatchCounts]]] = {name: [] for name in _VARIANTS}
+    outputs: dict[str, torch.Tensor] = {}
+    for round_ in range(args.warmup + args.repeats):
+        for name in _VARIANTS:  # round-robin: load from other processes hits every variant alike
+            start = time.perf_counter()
+            hidden, counts = calls[name]()
+            seconds = time.perf_counter() - start
+            if round_ >= args.warmup:
+                samples[name].append((seconds, counts))
+            outputs[name] = hidden
+    connection.close()
+    _check_kinds(samples)
+    base_ms = statistics.median(s for s, _ in samples["baseline"]) * 1000
+    return [_timing(name, samples[name], base_ms, outputs[name], outputs["baseline"]) for name in _VARIANTS]
+
+
+def _check_kinds(samples: dict[str, list]) -> None:
+    """The cache variants must have served rows the way their names say."""
+    expected = {"hit": "map_hits", "hit_wait_all": "map_hits", "miss": "misses", "exact": "exact_hits"}
+    for name, field in expected.items():
+        for _, counts in samples[name]:
+            if getattr(counts, field) != counts.rows:
+                raise ConfigError(f"bench service: variant {name} served {counts} instead of all {field}")
+
+
+def _timing(name: str, samples: list, base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor) -> VariantTiming:
+    def median_ms(get: Callable[[Any], float]) -> float:
+        return statistics.median(get(c) for _, c in samples) * 1000
+
+    total = statistics.median(s for s, _ in samples) * 1000
+    forward = median_ms(lambda c: c.forward_s) if name not in ("baseline", "replay_memory") else total
+    return VariantTiming(
+        variant=name,
+        total_ms=total,
+        projection_ms=median_ms(lambda c: c.projection_s),
+        lookup_ms=median_ms(lambda c: c.lookup_s),
+        fetch_ms=median_ms(lambda c: c.fetch_s),
+        forward_ms=forward,
+        mib_fetched=statistics.median(c.bytes_fetched for _, c in samples) / 2**20,
+        speedup_including_retrieval=base_ms / total,
+        speedup_excluding_retrieval=base_ms / forward if forward > 0 else None,
+        max_abs_diff=(hidden.float() - baseline).abs().max().item(),
+        total_ms_samples=tuple(round(s * 1000, 1) for s, _ in samples),
+    )
+
+
+def _targets(timings: list[VariantTiming]) -> dict[str, dict[str, float | bool]]:
+    by = {t.variant: t for t in timings}
+    hit = by["hit"].total_ms / by["replay_memory"].total_ms
+    miss = by["miss"].total_ms / by["baseline"].total_ms
+    exact = by["baseline"].total_ms / by["exact"].total_ms
+    return {
+        "hit_vs_replay_memory": {"ratio": hit, "target": 1.10, "met": hit <= 1.10},
+        "miss_vs_baseline": {"ratio": miss, "target": 1.03, "met": miss <= 1.03},
+        "exact_speedup": {"ratio": exact, "target": 10.0, "met": exact >= 10.0},
+    }
+
+
+def format_table(timings: list[VariantTiming], report: dict) -> str:
+    """The results as a plain-text table with the targets below."""
+    lines = [
+        f"model {report['model']} ({report['layers']} layers x {report['heads']} heads), L = {report['length']}, "
+        f"batch {report['batch']}, {report['torch_threads']} torch threads, {report['cpu_count']} cores, "
+        f"median of {report['repeats']}",
+        f"{'variant':<14}{'total ms':>10}{'proj':>8}{'lookup':>8}{'fetch':>8}{'forward':>9}{'MiB':>8}"
+        f"{'x incl':>8}{'x excl':>8}{'max diff':>10}",
+    ]
+    for t in timings:
+        excl = "-" if t.speedup_excluding_retrieval is None else f"{t.speedup_excluding_retrieval:.2f}"
+        lines.append(
+            f"{t.variant:<14}{t.total_ms:>10.1f}{t.projection_ms:>8.1f}{t.lookup_ms:>8.1f}{t.fetch_ms:>8.1f}"
+            f"{t.forward_ms:>9.1f}{t.mib_fetched:>8.1f}{t.speedup_including_retrieval:>8.2f}{excl:>8}"
+            f"{t.max_abs_diff:>10.2e}"
+        )
+    for name, target in report["targets"].items():
+        lines.append(f"{name}: {target['ratio']:.3f} (target {target['target']}) {'met' if target['met'] else 'NOT met'}")
+    return "\n".join(lines)

@@ -1,0 +1,428 @@
+"""``attnstore build``: fill a namespace from a corpus.
+
+corpus → tokenize (lines over ``--max-length`` tokens are skipped and counted,
+never truncated; exact duplicates are captured once) → capture maps, final
+outputs and feature sources, spilling maps to a scratch folder so corpora larger
+than memory work → train the feature projector, calibrate its distances to
+replay fidelity and fit the fidelity gate (new namespaces; see
+``projector_calibration``) → ingest maps, outputs, token ids and hashes, and
+feature vectors in bounded transactions → store the projector (with the gate).
+
+The projector is written last: a namespace is usable by clients only once it
+has one. Any failure, Ctrl-C included, removes what the run wrote (the new
+namespace, or the entries added to an existing one), so the store is left as it
+was before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from attnstore.errors import CorpusError, NamespaceNotFoundError
+from attnstore.service import AttnStoreService
+from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry
+from attnstore_client.adapters import Adapter, adapter_for
+from attnstore_client.batch import batch_from_ids
+from attnstore_client.keys import model_fingerprint, token_hash
+from attnstore_client.models import LoadedModel, load_model
+from attnstore_client.projector import Projector
+from attnstore_tools.corpus import read_texts
+from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport, calibrate_projector
+from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport, train_projector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Settings of one build."""
+
+    namespace: str = "default"
+    codec: Codec = "fp16"
+    max_length: int = 256  # longer inputs are skipped and counted
+    batch_size: int = 32  # rows per capture forward
+    capture_bytes: int = 512 << 20  # cap on one capture batch's fp32 maps
+    ingest_bytes: int = 256 << 20  # cap on one ingest transaction's fp16 maps
+    train_limit: int = 8000  # inputs the projector trains on (a seeded sample)
+    seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)  # ``causal`` and ``seed`` are set from the model and ``seed``
+    # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
+    calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What a build did."""
+
+    namespace: str
+    texts: int  # rows in the corpus
+    entries: int  # entries added
+    duplicates: int  # rows whose tokens were already in the corpus or the store
+    skipped_too_long: int  # rows over ``max_length`` tokens
+    skipped_empty: int  # blank rows
+    stored_bytes: int  # bytes the namespace grew by
+    seconds: float
+    train: TrainReport | None  # None when an existing namespace's projector was reused
+    calibration: CalibrationReport | None = None  # None when reused or not calibrated
+
+
+@dataclass(frozen=True)
+class _Row:
+    ids: list[int]
+    token_hash: bytes
+
+
+@dataclass(frozen=True)
+class _Captured:
+    row: _Row
+    source: torch.Tensor  # (L, hidden) fp32 feature source: the features clients will compute
+    maps_path: Path  # (layers, heads, L, L) fp16 .npy
+    outputs_path: Path  # (L, hidden) fp16 .npy
+
+
+class _SpilledMaps(Sequence[torch.Tensor]):
+    """Captured maps read back from the scratch folder on access (for projector training)."""
+
+    def __init__(self, captured: Sequence[_Captured]) -> None:
+        self._captured = captured
+
+    def __len__(self) -> int:
+        return len(self._captured)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return torch.from_numpy(np.load(self._captured[index].maps_path))
+
+
+def build_namespace(
+    loaded: LoadedModel,
+    texts: Sequence[str],
+    service: AttnStoreService,
+    config: BuildConfig = BuildConfig(),
+    *,
+    progress: bool = True,
+) -> BuildReport:
+    """Capture a corpus with ``loaded`` and ingest it into ``config.namespace``.
+
+    A new namespace gets a projector trained on (a sample of) the corpus; an
+    existing one keeps its projector, and must belong to the same model.
+
+    Returns:
+        What was done.
+
+    Raises:
+        CorpusError: an empty corpus, no usable rows, or too few to train on.
+        FingerprintMismatchError: the namespace exists for another model.
+        ConfigError: a bad codec or namespace name.
+    """
+    started = time.perf_counter()
+    if config.codec not in CODECS:
+        raise CorpusError(f"unknown codec {config.codec!r}; choose one of {list(CODECS)}")
+    if not texts:
+        raise CorpusError("the corpus is empty: nothing to build")
+    adapter = adapter_for(loaded)
+    fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+    existing = _existing_projector(service, config.namespace, fingerprint)
+    rows, skipped_long, skipped_empty = _rows(loaded, texts, config.max_length)
+    if not rows:
+        raise CorpusError(
+            f"no usable rows in the corpus: {skipped_long} over --max-length {config.max_length} tokens,"
+            f" {skipped_empty} blank"
+        )
+    unique = _unique_unstored(rows, service, config.namespace if existing is not None else None)
+    if existing is None and len(unique) < MIN_CORPUS:
+        raise CorpusError(
+            f"the corpus is too small to train a projector: {len(unique)} distinct usable rows,"
+            f" at least {MIN_CORPUS} needed"
+        )
+    before = _namespace_bytes(service, config.namespace)
+    with tempfile.TemporaryDirectory(prefix="attnstore-build-") as scratch:
+        captured = _capture(adapter, unique, Path(scratch), config, progress)
+        train_report = calibration = None
+        projector = existing
+        if projector is None:
+            projector, train_report = _train(captured, adapter.causal, config, progress)
+            if config.calibration is not None:
+                calibration = calibrate_projector(
+                    adapter, projector, [c.row.ids for c in captured], [c.source for c in captured],
+                    _SpilledMaps(captured), _SpilledOutputs(captured),
+                    replace(config.calibration, seed=config.seed, progress=progress),
+                )
+        created = existing is None and bool(captured)
+        if created:
+            service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
+                                     layout=_layout(adapter, projector, config.codec))
+        added: list[int] = []
+        try:
+            _ingest(service, config.namespace, fingerprint, captured, projector, config, added, progress)
+            if created:
+                service.set_projector(config.namespace, projector.to_safetensors_bytes())
+        except BaseException:
+            _undo(service, config.namespace, created, added)
+            raise
+    return BuildReport(
+        namespace=config.namespace,
+        texts=len(texts),
+        entries=len(added),
+        duplicates=len(rows) - len(added),
+        skipped_too_long=skipped_long,
+        skipped_empty=skipped_empty,
+        stored_bytes=_namespace_bytes(service, config.namespace) - before,
+        seconds=time.perf_counter() - started,
+        train=train_report,
+        calibration=calibration,
+    )
+
+
+def _existing_projector(service: AttnStoreService, namespace: str, fingerprint: str) -> Projector | None:
+    try:
+        info = service.check_fingerprint(namespace, fingerprint)
+    except NamespaceNotFoundError:
+        return None
+    if info.projector is None:
+        raise CorpusError(
+            f"namespace {namespace!r} exists but has no projector (made by CreateNamespace, or by a build"
+            " that was killed); build into another namespace or a fresh store"
+        )
+    return Projector.from_safetensors_bytes(info.projector)
+
+
+def _rows(loaded: LoadedModel, texts: Sequence[str], max_length: int) -> tuple[list[_Row], int, int]:
+    rows, too_long, empty = [], 0, 0
+    for text in texts:
+        if not text.strip():
+            empty += 1
+            continue
+        ids = loaded.tokenizer(text, add_special_tokens=True)["input_ids"]
+        if len(ids) > max_length:
+            too_long += 1
+            continue
+        rows.append(_Row(ids=list(ids), token_hash=token_hash(ids)))
+    if too_long:
+        log.warning("skipped %d rows over %d tokens", too_long, max_length)
+    return rows, too_long, empty
+
+
+def _unique_unstored(rows: list[_Row], service: AttnStoreService, namespace: str | None) -> list[_Row]:
+    seen: dict[bytes, _Row] = {}
+    for row in rows:
+        seen.setdefault(row.token_hash, row)
+    if namespace is None:
+        return list(seen.values())
+    return [row for row in seen.values() if service.store.find_by_hash(namespace, row.token_hash) is None]
+
+
+def _batches(rows: list[_Row], size: int, byte_cap: int, bytes_of) -> Iterator[list[_Row]]:
+    """Rows in consecutive groups of at most ``size`` rows and about ``byte_cap`` bytes."""
+    batch: list[_Row] = []
+    total = 0
+    for row in rows:
+        nbytes = bytes_of(row)
+        if batch and (len(batch) == size or total + nbytes > byte_cap):
+            yield batch
+            batch, total = [], 0
+        batch.append(row)
+        total += nbytes
+    if batch:
+        yield batch
+
+
+def _capture(
+    adapter: Adapter, rows: list[_Row], scratch: Path, config: BuildConfig, progress: bool
+) -> list[_Captured]:
+    # Sorted by length: batches pad little, and capture memory grows with L².
+    ordered = sorted(rows, key=lambda r: len(r.ids))
+    per_token = adapter.num_layers * adapter.num_heads * 4
+    pad_id = adapter.loaded.tokenizer.pad_token_id
+    captured: list[_Captured] = []
+    bar = tqdm(total=len(ordered), desc="capture", unit="row", disable=not progress)
+    for batch_rows in _batches(ordered, config.batch_size, config.capture_bytes, lambda r: per_token * len(r.ids) ** 2):
+        batch = batch_from_ids([r.ids for r in batch_rows], pad_id)
+        sources = adapter.feature_source(batch)
+        capture = adapter.capture(batch)
+        for row, source, maps, hidden in zip(batch_rows, sources, capture.maps, capture.hidden, strict=True):
+            n = len(captured)
+            maps_path, outputs_path = scratch / f"{n}.maps.npy", scratch / f"{n}.out.npy"
+            np.save(maps_path, maps.to(torch.float16).numpy())
+            np.save(outputs_path, hidden.to(torch.float16).numpy())
+            captured.append(_Captured(row, source, maps_path, outputs_path))
+        bar.update(len(batch_rows))
+    bar.close()
+    return captured
+
+
+def _train(
+    captured: list[_Captured], causal: bool, config: BuildConfig, progress: bool
+) -> tuple[Projector, TrainReport]:
+    sample = captured
+    if len(captured) > config.train_limit:
+        picks = np.random.default_rng(config.seed).choice(len(captured), config.train_limit, replace=False)
+        sample = [captured[i] for i in sorted(picks)]
+    train_config = replace(config.train, causal=causal, seed=config.seed, progress=progress)
+    try:
+        return train_projector([c.source for c in sample], _SpilledMaps(sample), config=train_config)
+    except CorpusError as exc:
+        raise CorpusError(f"cannot train a projector on this corpus: {exc}") from None
+
+
+def _layout(adapter: Adapter, projector: Projector, codec: Codec) -> NamespaceLayout:
+    return NamespaceLayout(
+        layers=adapter.num_layers,
+        heads=adapter.num_heads,
+        causal=adapter.causal,
+        hidden=adapter.hidden_size,
+        feature_dim=projector.config.dim,
+        codec=codec,
+    )
+
+
+def _ingest(
+    service: AttnStoreService,
+    namespace: str,
+    fingerprint: str,
+    captured: list[_Captured],
+    projector: Projector,
+    config: BuildConfig,
+    added: list[int],
+    progress: bool,
+) -> None:
+    by_row = {id(c.row): c for c in captured}
+    per_token = service.get_namespace(namespace).layout.map_nbytes(1)
+    rows = [c.row for c in captured]
+    bar = tqdm(total=len(rows), desc="ingest", unit="entry", disable=not progress)
+    for batch_rows in _batches(rows, 4096, config.ingest_bytes, lambda r: per_token * len(r.ids) ** 2):
+        items = [by_row[id(r)] for r in batch_rows]
+        features = projector.project([c.source for c in items])  # (n, dim)
+        entries = [
+            NewEntry(
+                maps=np.load(c.maps_path),
+                token_hash=c.row.token_hash,
+                outputs=np.load(c.outputs_path),
+                feature=feature,
+                token_ids=c.row.ids,
+            )
+            for c, feature in zip(items, features, strict=True)
+        ]
+        result = service.ingest(namespace, fingerprint, entries)
+        added.extend(result.entry_ids)
+        bar.update(len(items))
+    bar.close()
+
+
+class _SpilledOutputs(_SpilledMaps):
+    """Captured last hidden states read back from the scratch folder on access (for calibration)."""
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return torch.from_numpy(np.load(self._captured[index].outputs_path))
+
+
+def _undo(service: AttnStoreService, namespace: str, created: bool, added: list[int]) -> None:
+    log.warning("build failed: removing what it wrote to namespace %r", namespace)
+    if created:
+        service.drop_namespace(namespace)
+    elif added:
+        service.delete(namespace, added)
+
+
+def _namespace_bytes(service: AttnStoreService, namespace: str) -> int:
+    try:
+        return sum(e.nbytes for e in service.store.entries(namespace))
+    except NamespaceNotFoundError:
+        return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``attnstore build``."""
+    parser = subparsers.add_parser(
+        "build",
+        help="capture a corpus, train the projector and fill a namespace",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
+    parser.add_argument("--corpus", required=True, type=Path, help=".txt (one per line), .tsv or .jsonl")
+    parser.add_argument("--column", help="text column of a .tsv corpus, or field of a .jsonl one")
+    parser.add_argument("--store", required=True, type=Path, help="map store folder (created if missing)")
+    parser.add_argument("--namespace", default="default", help="namespace to fill (default: default)")
+    parser.add_argument("--codec", default="fp16", choices=CODECS, help="map codec of a new namespace")
+    parser.add_argument("--max-length", type=int, default=256, help="skip rows over this many tokens (default 256)")
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per capture forward (default 32)")
+    parser.add_argument("--train-limit", type=int, default=8000, help="inputs the projector trains on (default 8000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of sampling and training (default 0)")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="skip calibrating the projector's distances to replay fidelity and fitting"
+                             " the fidelity gate (see the docs)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``attnstore build``."""
+    if args.max_length < 1:
+        raise CorpusError(f"--max-length must be >= 1, got {args.max_length}")
+    texts = read_texts(args.corpus, column=args.column)
+    loaded = load_model(args.model)
+    config = BuildConfig(
+        namespace=args.namespace,
+        codec=args.codec,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        train_limit=args.train_limit,
+        seed=args.seed,
+        calibration=None if args.no_calibration else CalibrationConfig(),
+    )
+    with AttnStoreService.open(args.store, create=True) as service:
+        report = build_namespace(loaded, texts, service, config, progress=not args.no_progress)
+    print(format_report(report))
+    return 0
+
+
+def format_report(report: BuildReport) -> str:
+    """A short human summary of a build."""
+    lines = [
+        f"namespace {report.namespace}: {report.entries} entries added from {report.texts} rows"
+        f" ({report.duplicates} duplicates, {report.skipped_too_long} over max length,"
+        f" {report.skipped_empty} blank)",
+        f"stored {report.stored_bytes / 2**20:.1f} MiB in {report.seconds:.1f} s",
+    ]
+    if report.train is not None:
+        t = report.train
+        lines.append(
+            f"projector: {t.train_items} train / {t.val_items} val inputs, best epoch {t.best_epoch} of {t.epochs},"
+            f" val Spearman {t.val_spearman:.3f} (mean-pooled key {t.val_spearman_mean_pooled:.3f})"
+        )
+    c = report.calibration
+    if c is not None and c.calibration is not None:
+        cal = c.calibration
+        threshold = "none reached the target" if cal.max_distance is None else f"{cal.max_distance:.4g}"
+        within = (
+            "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
+        )
+        lines.append(
+            f"calibration: {c.pairs} pseudo-queries, {c.faithful:.1%} faithful at cosine >= {cal.fidelity};"
+            f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"
+            f" (precision {cal.precision:.0%}{within})"
+        )
+        if c.gate is not None:
+            precision = "" if c.gate_hit_precision is None else f", {c.gate_hit_precision:.1%} faithful"
+            lines.append(
+                f"fidelity gate: {c.gate.candidates} candidates per query, min probability"
+                f" {c.gate.min_probability:.3f}; serves {c.gate_hit_rate:.1%} of the pseudo-queries{precision}"
+            )
+        else:
+            lines.append("fidelity gate: none (no rule reached the target precision on the pseudo-queries)")
+    elif c is not None:
+        lines.append(f"calibration: skipped ({c.pairs} pseudo-queries)")
+    return "\n".join(lines)

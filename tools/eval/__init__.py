@@ -1,0 +1,1 @@
+"""``attnstore eval ...``: task evaluations against the full model and the baselines."""

@@ -1,0 +1,1 @@
+"""``attnstore report``: docs/RESULTS.md tables and plots from the eval JSON files."""
