@@ -53,6 +53,10 @@ class StoreFullError(AttnStoreError, OSError):
     """The store's map size or disk is full; nothing of the failed write is visible."""
 
 
+class StorageError(AttnStoreError, OSError):
+    """The store's storage failed under a call (an I/O error, a damaged database); details are in the log."""
+
+
 class CorpusError(AttnStoreError, ValueError):
     """A build corpus is empty, unreadable or too small to train on."""
 
@@ -95,6 +99,10 @@ class UnavailableError(AttnStoreError, ConnectionError):
 
 class RemoteError(AttnStoreError, RuntimeError):
     """The daemon answered with an error status no more specific AttnStore error describes."""
+
+
+class DaemonProcessError(AttnStoreError, RuntimeError):
+    """A daemon started as a child process exited at start, did not serve in time, or did not stop."""
 
 
 class NamespaceNotReadyError(AttnStoreError, LookupError):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.connection import Retrieval, StoreConnection
@@ -126,13 +127,15 @@ class CachedPrefill:
         """
         counts.rows += batch.size
         retrieval = self._retrieve(batch, counts)
+        if retrieval is None:
+            counts.row_kinds.extend(["fallback"] * batch.size)  # counted by cause in _retrieve
+            return self._forward(batch, range(batch.size), counts)
         try:
-            return self._assemble(batch, retrieval, counts)
+            return self._serve(batch, retrieval, counts)
         finally:
-            if retrieval is not None:
-                retrieval.close()
-                counts.bytes_fetched += retrieval.bytes_fetched
-                counts.fetch_s += retrieval.fetch_seconds
+            retrieval.close()
+            counts.bytes_fetched += retrieval.bytes_fetched
+            counts.fetch_s += retrieval.fetch_seconds
 
     def _retrieve(self, batch: Batch, counts: BatchCounts) -> Retrieval | None:
         """Project and look the batch up; None when every row must be computed (counted)."""
@@ -145,14 +148,15 @@ class CachedPrefill:
         looked_up = time.perf_counter()
         counts.projection_s += looked_up - start
         settings = self.settings
+        request = LookupBatch(
+            settings.namespace, self.fingerprint, features, batch.lengths,
+            token_hashes=hashes if settings.exact else None,
+            token_ids=[batch.row_ids(row) for row in range(batch.size)] if settings.gate else None,
+            max_distance=settings.max_distance, gate=settings.gate,
+        )
         try:
-            retrieval = call_with_retries(
-                lambda remaining: self.connection.lookup(
-                    settings.namespace, self.fingerprint, features, batch.lengths, hashes,
-                    max_distance=settings.max_distance, exact=settings.exact, timeout=remaining,
-                    token_ids=[batch.row_ids(row) for row in range(batch.size)] if settings.gate else None,
-                    gate=settings.gate,
-                ),
+            return call_with_retries(
+                lambda remaining: self.connection.lookup(request, timeout=remaining),
                 settings.retry,
                 timeout=settings.timeout,
                 rng=self._rng,
@@ -164,65 +168,76 @@ class CachedPrefill:
             return None
         finally:
             counts.lookup_s += time.perf_counter() - looked_up
-        self.breaker.record_success()
-        return retrieval
 
-    def _assemble(self, batch: Batch, retrieval: Retrieval | None, counts: BatchCounts) -> list[torch.Tensor]:
-        hidden: list[torch.Tensor | None] = [None] * batch.size
-        kinds = ["fallback"] * batch.size
-        if retrieval is not None:
-            for row, outputs in retrieval.outputs.items():
-                hidden[row] = torch.from_numpy(np.asarray(outputs, dtype=np.float32))  # (L, hidden)
-                kinds[row] = "exact"
-            counts.exact_hits += len(retrieval.outputs)
-        rest = [row for row in range(batch.size) if hidden[row] is None]
-        if not rest:
-            counts.row_kinds.extend(kinds)
-            return hidden  # type: ignore[return-value]
-        failed: dict[int, str] = {}
-        hits: list[int] = []
-        if retrieval is not None:
-            if not self.settings.stream:
-                retrieval.wait()
-            hits = [row for row in retrieval.map_rows if row in rest]
-            # Exact rows whose outputs did not arrive (the stream broke before them).
-            lost = "bad_data" if retrieval.outage is None else cause_of(retrieval.outage)
-            failed.update({row: lost for row in rest if retrieval.matches[row].kind == "exact"})
-        sub = batch if len(rest) == batch.size else batch_from_ids(
-            [batch.row_ids(row).tolist() for row in rest], self.adapter.loaded.tokenizer.pad_token_id
-        )
-        position = {row: i for i, row in enumerate(rest)}
-        start = time.perf_counter()
-        while True:
-            if retrieval is not None:
-                failed.update({row: cause for row, cause in retrieval.failed().items() if row in position})
-            replay = {
-                position[row]: _StreamedLayers(retrieval, row, self.adapter.num_layers)
-                for row in hits
-                if row not in failed and retrieval is not None
-            }
-            try:
-                out = self.adapter.forward(sub, replay)  # (B_rest, P, hidden)
-                break
-            except MapsUnavailableError as exc:
-                # A hit row's maps stopped coming mid-forward: let the stream settle, then run
-                # again with every failed row computed (each pass drops at least one row).
-                log.warning("replay of row %d interrupted (%s); running the batch again", exc.row, exc.cause)
-                failed.setdefault(exc.row, exc.cause)
-                if retrieval is not None:
-                    retrieval.wait()
-        counts.forward_s += time.perf_counter() - start
+    def _serve(self, batch: Batch, retrieval: Retrieval, counts: BatchCounts) -> list[torch.Tensor]:
+        """The batch from a lookup's answer: exact rows' outputs, one forward for the rest (map rows replaying)."""
+        exact = {
+            row: torch.from_numpy(np.asarray(outputs, dtype=np.float32)) for row, outputs in retrieval.outputs.items()
+        }
+        rest = [row for row in range(batch.size) if row not in exact]
+        if rest and not self.settings.stream:
+            retrieval.wait()
+        # Exact rows whose outputs did not arrive (the stream broke before them) are computed.
+        lost = "bad_data" if retrieval.outage is None else cause_of(retrieval.outage)
+        failed = {row: lost for row in rest if retrieval.matches[row].kind == "exact"}
+        hits = [row for row in retrieval.map_rows if row in rest]
+        computed = self._forward(batch, rest, counts, retrieval, hits, failed) if rest else []
         for cause in failed.values():
             counts.fallback(cause, 1)
-        if retrieval is not None:
-            for row in rest:
-                if row not in failed:
-                    kinds[row] = "map" if row in hits else "miss" if retrieval.matches[row].kind == "miss" else kinds[row]
-            counts.map_hits += sum(row not in failed for row in hits)
-            counts.misses += sum(retrieval.matches[row].kind == "miss" and row not in failed for row in rest)
-            if retrieval.outage is not None:
-                self.breaker.record_failure()
+        kinds = []
+        for row in range(batch.size):
+            kind = "exact" if row in exact else "fallback" if row in failed else "map" if row in hits else "miss"
+            kinds.append(kind)
         counts.row_kinds.extend(kinds)
-        for i, row in enumerate(rest):
-            hidden[row] = out[i, : batch.lengths[row]]  # (L, hidden)
-        return hidden  # type: ignore[return-value]
+        counts.exact_hits += kinds.count("exact")
+        counts.map_hits += kinds.count("map")
+        counts.misses += kinds.count("miss")
+        if retrieval.outage is None:
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure()
+        by_row = dict(zip(rest, computed, strict=True))
+        return [exact[row] if row in exact else by_row[row] for row in range(batch.size)]
+
+    def _forward(
+        self,
+        batch: Batch,
+        rows: Sequence[int],
+        counts: BatchCounts,
+        retrieval: Retrieval | None = None,
+        hits: Sequence[int] = (),
+        failed: dict[int, str] | None = None,
+    ) -> list[torch.Tensor]:
+        """Last hidden states ``(L, hidden)`` of ``rows`` in one forward; ``hits`` replay ``retrieval``'s maps.
+
+        A hit whose maps cannot be delivered is added to ``failed`` with its cause
+        and computed instead: when its maps stop coming mid-forward, the forward
+        runs again without it (each rerun drops at least one row, so there are at
+        most ``len(hits)`` of them).
+        """
+        failed = {} if failed is None else failed
+        sub = batch if len(rows) == batch.size else batch_from_ids(
+            [batch.row_ids(row).tolist() for row in rows], self.adapter.loaded.tokenizer.pad_token_id
+        )
+        start = time.perf_counter()
+        try:
+            for _ in range(len(hits) + 1):
+                if retrieval is not None:
+                    failed.update({row: cause for row, cause in retrieval.failed().items() if row in hits})
+                replay = {
+                    position: _StreamedLayers(retrieval, row, self.adapter.num_layers)
+                    for position, row in enumerate(rows)
+                    if retrieval is not None and row in hits and row not in failed
+                }
+                try:
+                    out = self.adapter.forward(sub, replay)  # (len(rows), P, hidden)
+                    break
+                except MapsUnavailableError as exc:
+                    # Let the stream settle, then run again with every failed row computed.
+                    log.warning("replay of row %d interrupted (%s); running the batch again", exc.row, exc.cause)
+                    failed.setdefault(exc.row, exc.cause)
+                    if retrieval is not None:
+                        retrieval.wait()
+        finally:
+            counts.forward_s += time.perf_counter() - start
+        return [out[i, : batch.lengths[row]] for i, row in enumerate(rows)]  # (L, hidden) each

@@ -41,9 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnstore.errors import ConfigError, FeatureSourceError, FormatVersionError
+from attnstore.errors import ConfigError, FeatureSourceError, FormatVersionError, WireFormatError
 from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.projector_blob import GATE_METADATA_KEY, gate_from_projector, safetensors_metadata
+from attnstore.protocol.projector_blob import GATE_METADATA_KEY, gate_from_projector, projector_metadata
 
 FORMAT = "attnstore.projector/1"
 _METADATA_KEY = "attnstore.projector"
@@ -247,6 +247,6 @@ class Projector(nn.Module):
 
 def _metadata(blob: bytes) -> dict[str, str]:
     try:
-        return safetensors_metadata(blob)
-    except FormatVersionError:
-        raise FormatVersionError("Projector.from_safetensors_bytes(): not safetensors bytes") from None
+        return projector_metadata(blob)
+    except WireFormatError as exc:
+        raise FormatVersionError(f"Projector.from_safetensors_bytes(): {exc}") from None

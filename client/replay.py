@@ -166,7 +166,7 @@ def apply_maps(
     out_heads = out.view(rows, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d), a view of out
     blocked = [causal and length > CAUSAL_BLOCK_ROWS for length in lengths]
     repeated = value_heads.repeat_interleave(heads // kv_heads, dim=1) if any(blocked) else None  # (B, H, P, d)
-    for row, (row_maps, length) in enumerate(zip(maps, lengths)):
+    for row, (row_maps, length) in enumerate(zip(maps, lengths, strict=True)):
         if repeated is not None and blocked[row]:
             for start in range(0, length, CAUSAL_BLOCK_ROWS):
                 end = min(start + CAUSAL_BLOCK_ROWS, length)

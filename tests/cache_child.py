@@ -17,11 +17,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded  # noqa: E402
+import torch
+from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 
-from attnstore.protocol.remote import RemoteStore  # noqa: E402
-from attnstore_client.cache import AttnCache  # noqa: E402
+from attnstore.protocol.remote import RemoteStore
+from attnstore_client.cache import AttnCache
 
 
 def main(mode: str, where: str, token: str, seed: str, count: str) -> None:
@@ -38,7 +38,8 @@ def main(mode: str, where: str, token: str, seed: str, count: str) -> None:
     with AttnCache(loaded, where, token=token) as cache:
         embeddings = torch.from_numpy(cache.encode(texts, batch_size=8))
     expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)])
-    print(json.dumps({"stats": cache.last_stats.to_json_dict(), "max_diff": (embeddings - expected).abs().max().item()}))
+    max_diff = (embeddings - expected).abs().max().item()
+    print(json.dumps({"stats": cache.last_stats.to_json_dict(), "max_diff": max_diff}))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import grpc
 
-from attnstore.server.auth import TokenTable
-from attnstore.server.config import ServerLimits
 from attnstore.index import ExactIndex
 from attnstore.protocol.remote import RemoteStore
+from attnstore.server.auth import TokenTable
+from attnstore.server.config import ServerLimits
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore, NamespaceLayout

@@ -57,6 +57,6 @@ def run(path: Path, start_k: int, out_fd: int, seed: int) -> None:
                 ks = list(range(k, k + rng.randint(1, 3)))
                 k += len(ks)
                 say(f"begin-ingest {name} {','.join(map(str, ks))}")
-                ids = store.ingest(name, [crash_entry(name, kk) for kk in ks])
+                ids = store.ingest(name, [crash_entry(name, kk) for kk in ks]).entry_ids
                 say(f"ingested {name} {','.join(f'{i}:{kk}' for i, kk in zip(ids, ks, strict=True))}")
                 live += [(name, i) for i in ids]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import safetensors.numpy
 
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 
@@ -52,3 +53,8 @@ def make_entry(
         feature=rng.normal(size=layout.feature_dim).astype(np.float32) if feature else None,
         token_ids=rng.integers(0, 50_000, size=length) if tokens else None,
     )
+
+
+def projector_blob(tag: str = "p") -> bytes:
+    """A small valid safetensors blob standing in for a projector (``tag`` goes into its metadata)."""
+    return safetensors.numpy.save({"w": np.zeros(2, np.float32)}, metadata={"tag": tag})

@@ -22,8 +22,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.remote import DEFAULT_TARGET, RemoteStore
 from attnstore.protocol.records import NamespaceLayout, NewEntry
+from attnstore.protocol.remote import DEFAULT_TARGET, RemoteStore
 
 TOKEN_ENV = "ATTNSTORE_TOKEN"
 
@@ -194,9 +194,9 @@ def _delete(args: argparse.Namespace) -> int:
 def _local_entries(store: Any, namespace: str) -> Iterator[NewEntry]:
     for info in store.entries(namespace):
         yield NewEntry(
-            maps=store.read_maps(namespace, info.id).numpy(),  # (layers, heads, L, L) fp16
+            maps=store.read_maps(namespace, info.id),  # (layers, heads, L, L) fp16
             token_hash=info.token_hash,
-            outputs=None if (outputs := store.read_outputs(namespace, info.id)) is None else outputs.numpy(),
+            outputs=store.read_outputs(namespace, info.id),
             feature=info.feature,
             token_ids=info.token_ids,
         )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 from attnstore.store.lmdb.backup import backup_store
+from attnstore_tools.output import write_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"backup of {report.source} ({report.generation}) to {report.destination}:"
           f" {report.file_bytes} bytes in {report.seconds:.2f} s")
     if args.json:
-        args.json.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, dataclasses.asdict(report))
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from attnstore.errors import ConfigError
+from attnstore_tools.arguments import documented_parser
 
 # The repository's sibling ``shared/data`` (see the data README), unless told otherwise.
 _DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -37,11 +38,9 @@ _NAMESPACE = "demo"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the top-level ``demo`` command."""
-    parser = subparsers.add_parser(
-        "demo",
-        help="build a small STS-B store with minilm and encode held-out sentences with and without it",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = documented_parser(
+        subparsers, "demo", __doc__,
+        summary="build a small STS-B store with minilm and encode held-out sentences with and without it",
     )
     parser.add_argument("--model", default="minilm", help="alias or local model path (default: minilm)")
     parser.add_argument(

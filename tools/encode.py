@@ -9,7 +9,6 @@ prints where each row's result came from and where the time went.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -17,16 +16,16 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore_tools.admin import TOKEN_ENV, read_token
+from attnstore_tools.arguments import documented_parser
 from attnstore_tools.corpus import read_texts
+from attnstore_tools.output import write_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``encode`` subcommand."""
-    parser = subparsers.add_parser(
-        "encode",
-        help="encode a file's texts through the cache; write .npy and print the hit stats",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = documented_parser(
+        subparsers, "encode", __doc__,
+        summary="encode a file's texts through the cache; write .npy and print the hit stats",
     )
     parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
     parser.add_argument("--store", required=True, help="grpc://HOST:PORT, grpcs://HOST:PORT or local:PATH")
@@ -69,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {args.output}")
     print(cache.last_stats.summary())
     if args.stats_json:
-        args.stats_json.write_text(json.dumps(cache.last_stats.to_json_dict(), indent=2) + "\n", encoding="utf-8")
+        write_json(args.stats_json, cache.last_stats.to_json_dict())
     return 0

@@ -1,44 +1,50 @@
-"""What the service reads of a namespace's projector blob: the safetensors header's metadata.
+"""A namespace's projector blob: safetensors bytes whose header metadata carries the gate.
 
 The blob is the client's projector (``attnstore_client.projector``) as safetensors
-bytes; the service never loads its weights, but it applies the fidelity gate the
-build stored in its metadata, and reads that without torch.
+bytes. Servers check a blob before storing it and apply the fidelity gate the
+build put in its metadata; they never load its weights, and read it without torch.
+The ``safetensors`` library checks the whole blob (header, dtypes, offsets);
+the metadata is then read from its header.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 
-from attnstore.errors import ConfigError, FormatVersionError
+import safetensors
+
+from attnstore.errors import ConfigError, FormatVersionError, WireFormatError
 from attnstore.protocol.gate import FidelityGate
 
 GATE_METADATA_KEY = "attnstore.fidelity_gate"
 
 
-def safetensors_metadata(blob: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors header (8-byte little-endian length, then JSON).
+def projector_metadata(blob: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a projector blob, once the safetensors library has accepted it.
 
     Raises:
-        FormatVersionError: not safetensors bytes.
+        WireFormatError: the blob is not valid safetensors bytes (the library's reason in the message).
     """
+    data = bytes(blob)
     try:
-        (size,) = struct.unpack("<Q", bytes(blob[:8]))
-        header = json.loads(bytes(blob[8 : 8 + size]))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise FormatVersionError("projector blob: not safetensors bytes") from exc
-    if not isinstance(header, dict):
-        raise FormatVersionError("projector blob: not safetensors bytes")
-    return header.get("__metadata__") or {}
+        safetensors.deserialize(data)
+    except Exception as exc:  # the library raises its own SafetensorError, or ValueError on bad JSON
+        raise WireFormatError(f"projector blob ({len(data)} bytes) is not safetensors: {exc}") from None
+    size = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+    return {str(key): str(value) for key, value in metadata.items()}
 
 
 def gate_from_projector(blob: bytes) -> FidelityGate | None:
     """The fidelity gate stored in a projector blob; None when it has none.
 
     Raises:
-        FormatVersionError: not safetensors bytes, or a malformed gate.
+        FormatVersionError: a stored blob that is not safetensors, or a malformed gate.
     """
-    text = safetensors_metadata(blob).get(GATE_METADATA_KEY)
+    try:
+        text = projector_metadata(blob).get(GATE_METADATA_KEY)
+    except WireFormatError as exc:
+        raise FormatVersionError(str(exc)) from None
     if text is None:
         return None
     try:

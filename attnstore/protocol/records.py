@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -55,6 +55,20 @@ def check_namespace_name(name: str) -> str:
             " starting with a letter or digit"
         )
     return name
+
+
+def check_entry_ids(ids: Iterable[object]) -> list[int]:
+    """``ids`` as a list of ints, once every one is a valid entry id: 1 to 2**63 - 1 (int64 vector index keys).
+
+    Raises:
+        ConfigError: the first id that is not one, named with its position.
+    """
+    checked = []
+    for position, entry_id in enumerate(ids):
+        if isinstance(entry_id, bool) or not isinstance(entry_id, int | np.integer) or not 0 < entry_id < 2**63:
+            raise ConfigError(f"entry id {entry_id!r:.40} (position {position}) is not an int in [1, 2**63)")
+        checked.append(int(entry_id))
+    return checked
 
 
 def _positive_int(owner: str, name: str, value: object) -> None:
@@ -196,3 +210,44 @@ class EntryInfo:
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
     nbytes: int  # stored bytes of the entry's chunks (maps and outputs)
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (L,) uint32; None if not stored
+
+
+@dataclass(frozen=True, slots=True)
+class LookupBatch:
+    """One batch lookup, as every store connection (a daemon, an embedded store) is asked it.
+
+    Raises:
+        ConfigError: ``features`` is not ``(B, d)`` with one length (and hash, token ids) per row.
+    """
+
+    namespace: str
+    fingerprint: str  # the caller's model fingerprint; must equal the namespace's
+    features: np.ndarray  # (B, feature_dim) float32 projector outputs
+    lengths: Sequence[int]  # each row's token length
+    token_hashes: Sequence[bytes | None] | None = None  # exact-tier keys (None: the exact tier is skipped)
+    token_ids: Sequence[Sequence[int]] | None = None  # each row's token ids; needed when gated
+    max_distance: float = 0.0  # threshold on the predicted map distance (ignored when gated)
+    gate: bool = False  # decide map hits with the namespace's fidelity gate
+
+    def __post_init__(self) -> None:
+        features = np.asarray(self.features, dtype=np.float32)
+        rows = len(self.lengths)
+        if features.ndim != 2 or len(features) != rows:
+            raise ConfigError(
+                f"LookupBatch: features must be (B, d) with one length per row; got {features.shape} and {rows} lengths"
+            )
+        for name in ("token_hashes", "token_ids"):
+            given = getattr(self, name)
+            if given is not None and len(given) != rows:
+                raise ConfigError(f"LookupBatch: {len(given)} {name} for {rows} rows")
+        object.__setattr__(self, "features", features)
+
+    @property
+    def size(self) -> int:
+        """Rows in the batch."""
+        return len(self.lengths)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the exact tier is consulted (token hashes given)."""
+        return self.token_hashes is not None

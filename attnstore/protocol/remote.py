@@ -18,8 +18,9 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.errors import ConfigError, WireFormatError
+from attnstore.protocol.messages import layout_to_pb
+from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
 from attnstore.protocol.status_codes import error_from_rpc
-from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import ChunkAssembler, map_chunks, output_chunks
@@ -91,38 +92,28 @@ class LookupResult:
     row_errors: dict[int, pb.RowError] = field(default_factory=dict)  # MAP rows the daemon could not serve
 
 
-def lookup_request(
-    namespace: str,
-    fingerprint: str,
-    features: np.ndarray,
-    lengths: Sequence[int],
-    *,
-    token_hashes: Sequence[bytes | None] | None = None,
-    token_ids: Sequence[Sequence[int]] | None = None,
-    max_distance: float,
-    want_maps: bool = True,
-    want_outputs: bool = True,
-    gate: bool = False,
-) -> pb.LookupRequest:
-    """A LookupRequest for a batch: ``features`` ``(B, feature_dim)``, one length (and hash, token ids) per row."""
-    features = np.asarray(features, dtype=np.float32)  # (B, d)
-    if features.ndim != 2 or len(features) != len(lengths):
-        raise ConfigError(
-            f"features must be (B, d) with one length per row; got {features.shape} and {len(lengths)} lengths"
-        )
-    hashes = token_hashes if token_hashes is not None else [None] * len(lengths)
-    ids = token_ids if token_ids is not None else [()] * len(lengths)
+def lookup_request(batch: LookupBatch, *, want_maps: bool = True, want_outputs: bool | None = None) -> pb.LookupRequest:
+    """The LookupRequest of ``batch``.
+
+    Args:
+        batch: the rows to look up.
+        want_maps: stream the map hits' maps (else matches and outputs only).
+        want_outputs: consult the exact tier and stream its outputs; by default
+            when the batch has token hashes.
+    """
+    hashes = batch.token_hashes if batch.token_hashes is not None else [None] * batch.size
+    ids = batch.token_ids if batch.token_ids is not None else [()] * batch.size
     return pb.LookupRequest(
-        namespace=namespace,
-        fingerprint=fingerprint,
+        namespace=batch.namespace,
+        fingerprint=batch.fingerprint,
         queries=[
             pb.Query(feature=row.tolist(), length=int(length), token_hash=token_hash or b"", token_ids=list(row_ids))
-            for row, length, token_hash, row_ids in zip(features, lengths, hashes, ids, strict=True)
+            for row, length, token_hash, row_ids in zip(batch.features, batch.lengths, hashes, ids, strict=True)
         ],
-        max_distance=max_distance,
+        max_distance=batch.max_distance,
         want_maps=want_maps,
-        want_outputs=want_outputs,
-        gate=gate,
+        want_outputs=batch.exact if want_outputs is None else want_outputs,
+        gate=batch.gate,
     )
 
 
@@ -229,7 +220,7 @@ class RemoteStore:
     ) -> pb.Namespace:
         """Create a namespace (admin); idempotent for the same model, fingerprint and layout."""
         request = pb.CreateNamespaceRequest(
-            name=name, model=model, fingerprint=fingerprint, layout=pb.Layout(**layout.to_json_dict()),
+            name=name, model=model, fingerprint=fingerprint, layout=layout_to_pb(layout),
             projector=projector or b"",
         )
         return self._unary(self._stub.CreateNamespace, request)

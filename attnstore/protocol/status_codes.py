@@ -15,7 +15,6 @@ from typing import NoReturn
 
 import grpc
 
-from attnstore import errors
 from attnstore.errors import (
     AttnStoreError,
     AuthError,
@@ -33,6 +32,7 @@ from attnstore.errors import (
     ReadOnlyStoreError,
     RemoteError,
     RequestLimitError,
+    StorageError,
     StoreFullError,
     StoreNotFoundError,
     StoreOpenError,
@@ -71,10 +71,19 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (UnsupportedModelError, grpc.StatusCode.INVALID_ARGUMENT),
     (CorpusError, grpc.StatusCode.INVALID_ARGUMENT),
     (StoreNotFoundError, grpc.StatusCode.INTERNAL),
+    (StorageError, grpc.StatusCode.INTERNAL),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
 )
 
-# Client side: codes whose error class is clear without the trailing metadata.
+# Client side: the classes a daemon may name in the trailing metadata, each rebuilt from its
+# message alone (errors raised only inside a client, such as MapsUnavailableError, never travel).
+_WIRE_ERRORS: dict[str, type[AttnStoreError]] = {
+    cls.__name__: cls for cls, _ in _STATUS_OF if issubclass(cls, AttnStoreError)
+}
+
+# Client side: codes whose error class is clear without the trailing metadata. FAILED_PRECONDITION
+# is not one of them: a fingerprint mismatch, an unknown format version, a namespace not ready
+# and a read-only store all use it.
 _ERROR_OF_CODE: dict[grpc.StatusCode, type[AttnStoreError]] = {
     grpc.StatusCode.UNAUTHENTICATED: AuthError,
     grpc.StatusCode.PERMISSION_DENIED: AuthError,
@@ -83,7 +92,6 @@ _ERROR_OF_CODE: dict[grpc.StatusCode, type[AttnStoreError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: RequestLimitError,
     grpc.StatusCode.DATA_LOSS: ChecksumError,
     grpc.StatusCode.INVALID_ARGUMENT: WireFormatError,
-    grpc.StatusCode.FAILED_PRECONDITION: FingerprintMismatchError,
 }
 
 
@@ -138,7 +146,7 @@ def abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> NoR
 def error_from_rpc(exc: grpc.RpcError) -> AttnStoreError:
     """The AttnStore error a failed call stands for (client side).
 
-    The class named in the trailing metadata wins when it is an AttnStore error;
+    The class named in the trailing metadata wins when it is one a daemon sends;
     otherwise the status code decides, and ``RemoteError`` covers the rest.
     The message names the status code and the daemon's details.
     """
@@ -148,9 +156,7 @@ def error_from_rpc(exc: grpc.RpcError) -> AttnStoreError:
     if isinstance(exc, grpc.Call):
         for key, value in exc.trailing_metadata() or ():
             if key == ERROR_CLASS_KEY:
-                named = getattr(errors, str(value), None)
-                if isinstance(named, type) and issubclass(named, AttnStoreError):
-                    cls = named
+                cls = _WIRE_ERRORS.get(str(value))
     if cls is None:
         cls = _ERROR_OF_CODE.get(code, RemoteError)
     return cls(f"{code.name}: {details}")

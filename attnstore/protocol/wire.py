@@ -79,7 +79,9 @@ class ChunkAssembler:
         self._max_array_bytes = max_array_bytes
         self._pending: dict[tuple[int, int | Literal["outputs"]], tuple[np.ndarray, int, tuple[int, ...], str]] = {}
 
-    def add(self, chunk: pb.MapChunk | pb.OutputChunk) -> tuple[tuple[int, int | Literal["outputs"]], np.ndarray] | None:
+    def add(
+        self, chunk: pb.MapChunk | pb.OutputChunk
+    ) -> tuple[tuple[int, int | Literal["outputs"]], np.ndarray] | None:
         """Add one part; return ``(key, array)`` when its array is complete, else None.
 
         Raises:

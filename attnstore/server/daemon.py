@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from attnstore.errors import AttnStoreError, ConfigError, StoreNotFoundError
 from attnstore.server.auth import TokenTable, load_tokens
 from attnstore.server.config import DaemonConfig, split_host_port
-from attnstore.errors import AttnStoreError, ConfigError, StoreNotFoundError
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
@@ -221,7 +221,7 @@ class Daemon:
 
     def _shutdown(self, metrics: DaemonMetrics) -> int:
         config, server = self._config, self._server
-        assert server is not None  # noqa: S101 - set in run() before serving
+        assert server is not None
         log.info("event=draining grace_seconds=%s health=NOT_SERVING", config.grace_seconds)
         start = time.perf_counter()
         idle = server.stop(config.grace_seconds, idle_timeout=config.grace_seconds + 30.0)

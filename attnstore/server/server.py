@@ -16,13 +16,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from attnstore.errors import ConfigError
+from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.server.auth import SERVICE_NAME, BearerTokenInterceptor, TokenTable
 from attnstore.server.config import ServerLimits
-from attnstore.errors import ConfigError
 from attnstore.server.metrics import DaemonMetrics
-from attnstore.service import AttnStoreService
 from attnstore.server.servicer import AttnStoreServicer
-from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
+from attnstore.service import AttnStoreService
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,30 +19,25 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from attnstore.server.config import ServerLimits
 from attnstore.errors import (
     AttnStoreError,
-    ChecksumError,
-    EntryNotFoundError,
-    MapShapeError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
 )
-from attnstore.server.ingest_stream import IngestStaging
-from attnstore.protocol.messages import check_safetensors, layout_from_pb, match_to_pb, namespace_to_pb, stats_to_pb
-from attnstore.server.metrics import DaemonMetrics
-from attnstore.service import AttnStoreService, MatchResult, Query
+from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import map_chunks, output_chunks
+from attnstore.server.config import ServerLimits
+from attnstore.server.ingest_stream import IngestStaging
+from attnstore.server.metrics import DaemonMetrics
+from attnstore.server.replies import match_to_pb, namespace_to_pb, stats_to_pb
+from attnstore.service import ROW_ERRORS, AttnStoreService, Query
 
 log = logging.getLogger(__name__)
-
-# Per-row read failures that drop the row from a Lookup stream instead of ending the call.
-_ROW_ERRORS = (ChecksumError, EntryNotFoundError, MapShapeError)
-
 
 @dataclass(frozen=True, slots=True)
 class _Row:
@@ -110,7 +105,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             layout = layout_from_pb(request.layout)
             # Checked before anything is written: a refused call must leave no namespace behind.
             if request.projector:
-                check_safetensors(request.projector)
+                projector_metadata(request.projector)
             service.create_namespace(
                 request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
             )
@@ -146,7 +141,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 gate=request.gate,
             )
             seconds = time.perf_counter() - start
-            results, outputs = self._read_exact_outputs(service, namespace, results)
+            served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)
+            results, outputs = served.results, served.outputs
             self._metrics.matched(namespace, [r.kind for r in results], seconds, lookup=True)
             yield pb.LookupResponse(matches=pb.Matches(matches=[match_to_pb(i, r) for i, r in enumerate(results)]))
             for query_index, (entry_id, array) in outputs.items():
@@ -298,35 +294,6 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             for q in queries
         ]
 
-    def _read_exact_outputs(
-        self, service: AttnStoreService, namespace: str, results: list[MatchResult]
-    ) -> tuple[list[MatchResult], dict[int, tuple[int, np.ndarray]]]:
-        """Read the outputs of exact hits up front; demote the rows whose outputs cannot be served.
-
-        An exact hit stored without outputs becomes a map hit at distance 0 (its
-        maps are the query's own); one whose outputs are unreadable becomes a miss.
-        """
-        outputs: dict[int, tuple[int, np.ndarray]] = {}
-        served: list[MatchResult] = []
-        for i, result in enumerate(results):
-            if result.kind == "exact" and result.entry_id is not None:
-                start = time.perf_counter()
-                try:
-                    array = service.read_outputs(namespace, result.entry_id)  # (L, hidden)
-                except _ROW_ERRORS as exc:
-                    log.warning(
-                        "event=exact_hit_unreadable namespace=%s entry=%d error=%r", namespace, result.entry_id, exc
-                    )
-                    result = MatchResult("miss", None, float("inf"), None)
-                else:
-                    if array is None:
-                        result = MatchResult("map", result.entry_id, 0.0, result.stored_length)
-                    else:
-                        outputs[i] = (result.entry_id, array)
-                        self._metrics.fetched(time.perf_counter() - start)
-            served.append(result)
-        return served, outputs
-
     def _layer_chunks(
         self,
         service: AttnStoreService,
@@ -357,7 +324,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     try:
                         # (heads, L, L), cropped to the query's length
                         read[key] = service.read_layer(namespace, row.entry_id, layer, length=row.length)
-                    except _ROW_ERRORS as exc:
+                    except ROW_ERRORS as exc:
                         if not drop_failed_rows:
                             raise
                         read[key] = exc

@@ -1,81 +1,37 @@
 """The store service: a map store plus one vector index per namespace and length.
 
 This is what the daemon serves over gRPC and what embedded mode (``local:PATH``)
-runs in-process. It answers lookups exact tier first (same token ids: stored
-outputs, no forward at all), then by nearest feature vector under a predicted
-map-distance threshold or, when asked, by the namespace's fidelity gate over the
-nearest few (``attnstore.protocol.gate``: distance, length and differing tokens). It keeps
-the indexes in step with ingest, delete, eviction and compaction. Indexes are rebuilt from the feature vectors kept in
-the entry records when a store is opened, so nothing but the store is persisted.
+runs in-process. A lookup goes tier by tier (``exact_tier``: same token ids,
+stored outputs, no forward at all; then ``map_tier``: the nearest entries,
+under a threshold or the namespace's fidelity gate); every row leaves with a
+result. ``indexes`` keeps the vector indexes in step with ingest, delete,
+eviction and compaction.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotReadyError
-from attnstore.protocol.gate import FidelityGate, differing_positions, gate_features
-from attnstore.index import BucketedIndex, Candidate, FaissIndex, VectorIndex
+from attnstore.index import Candidate, FaissIndex, VectorIndex
+from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
-from attnstore.store import (
-    CompactReport,
-    EntryInfo,
-    MapStore,
-    MapStoreBase,
-    NamespaceInfo,
-    NamespaceLayout,
-    NewEntry,
-    StoreStats,
-    VerifyReport,
-)
-
-log = logging.getLogger(__name__)
-
-MatchKindName = Literal["miss", "exact", "map"]
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """One row of a lookup."""
-
-    feature: np.ndarray  # (feature_dim,) float32 projector output
-    length: int  # token length L
-    token_hash: bytes | None = None  # exact-tier key; None skips the exact tier
-    token_ids: np.ndarray | None = None  # (L,) the row's token ids: what the fidelity gate compares
-
-
-@dataclass(frozen=True, slots=True)
-class MatchResult:
-    """What the service found for one query."""
-
-    kind: MatchKindName
-    entry_id: int | None  # None on a miss
-    distance: float  # predicted map distance (0 for exact hits, nearest candidate's on a miss)
-    stored_length: int | None  # >= the query length for causal crops; None on a miss
-    probability: float | None = None  # gated lookups: the fidelity gate's P(faithful) of the best candidate
-
-
-@dataclass(frozen=True, slots=True)
-class IngestResult:
-    """Ids of ingested entries in input order, and how many were already stored."""
-
-    entry_ids: list[int]
-    duplicates: int
+from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
+from attnstore.service.indexes import NamespaceIndexes
+from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
+from attnstore.service.queries import IngestResult, MatchResult, Query
+from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 
 
 class AttnStoreService:
     """A map store with its vector indexes; thread-safe.
 
-    Reads of maps go straight to the store (many threads at once). Index searches
-    and updates share one lock: faiss indexes must not be searched while they change.
+    Reads of maps go straight to the store (many threads at once); index
+    searches and updates are serialised by ``NamespaceIndexes``.
     """
 
     def __init__(
@@ -94,12 +50,9 @@ class AttnStoreService:
                 matches a longer entry (the training target's length term).
         """
         self._store = store
-        self._make_index = make_index
-        self._length_penalty = length_penalty
-        self._index_lock = threading.Lock()
-        self._indexes: dict[str, BucketedIndex] = {}
-        for info in store.list_namespaces():
-            self._indexes[info.name] = self._build_index(info)
+        self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
+        # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
+        self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
 
     @classmethod
     def open(
@@ -135,8 +88,7 @@ class AttnStoreService:
     def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
         """Create a namespace (idempotent for the same model, fingerprint and layout)."""
         info = self._store.create_namespace(name, model=model, fingerprint=fingerprint, layout=layout)
-        with self._index_lock:
-            self._indexes.setdefault(name, BucketedIndex(layout.feature_dim, self._make_index))
+        self._indexes.ensure(info)
         return info
 
     def get_namespace(self, name: str) -> NamespaceInfo:
@@ -154,8 +106,7 @@ class AttnStoreService:
             NamespaceNotFoundError: no such namespace.
         """
         self._store.drop_namespace(name)
-        with self._index_lock:
-            self._indexes.pop(name, None)
+        self._indexes.drop(name)
 
     def set_projector(self, name: str, blob: bytes) -> None:
         """Store the namespace's projector weights (safetensors bytes)."""
@@ -177,6 +128,15 @@ class AttnStoreService:
             )
         return info
 
+    def gate(self, namespace: str) -> FidelityGate | None:
+        """The namespace's fidelity gate, from its projector blob; None when it has none.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+            FormatVersionError: the projector blob is not safetensors, or its gate is malformed.
+        """
+        return self._gate_of(self.get_namespace(namespace))
+
     # ---- serving ------------------------------------------------------------
 
     def lookup(
@@ -189,7 +149,7 @@ class AttnStoreService:
         exact: bool = True,
         gate: bool = False,
     ) -> list[MatchResult]:
-        """Match each query: exact tier first, then the nearest entry within ``max_distance``.
+        """Match each query: exact tier first, then the map tier.
 
         Args:
             namespace: namespace name.
@@ -197,8 +157,8 @@ class AttnStoreService:
             queries: one per batch row.
             max_distance: threshold on the predicted map distance (ignored when gated).
             exact: consult the exact tier (token hash) first.
-            gate: decide map hits with the namespace's fidelity gate (``attnstore.protocol.gate``)
-                instead of ``max_distance``; every query needs its token ids.
+            gate: decide map hits with the namespace's fidelity gate instead of
+                ``max_distance``; every query needs its token ids.
 
         Returns:
             One ``MatchResult`` per query, in order.
@@ -211,60 +171,28 @@ class AttnStoreService:
             VectorIndexError: NaN/Inf features or a bad threshold.
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        fidelity_gate = _gate_of(info) if gate else None
+        fidelity_gate = self._gate_of(info) if gate else None
         if gate and fidelity_gate is None:
             raise NamespaceNotReadyError(
                 f"namespace {namespace!r} has no fidelity gate (built without calibration, or before gates):"
                 " look up with a max distance instead"
             )
-        results: list[MatchResult | None] = [None] * len(queries)
-        if exact:
-            for i, query in enumerate(queries):
-                if query.token_hash:
-                    entry_id = self._store.find_by_hash(namespace, query.token_hash)
-                    if entry_id is not None:
-                        results[i] = MatchResult("exact", entry_id, 0.0, query.length)
-        pending = [i for i, result in enumerate(results) if result is None]
+        results = exact_matches(self._store, namespace, queries) if exact else {}
+        pending = [row for row in range(len(queries)) if row not in results]
         if pending and fidelity_gate is not None:
-            picks = self._gate_picks(namespace, info, fidelity_gate, [queries[i] for i in pending], pending)
-            for i, (pick, probability) in zip(pending, picks, strict=True):
-                if pick is None:
-                    results[i] = MatchResult("miss", None, math.inf, None)
-                elif probability >= fidelity_gate.min_probability:
-                    results[i] = MatchResult("map", pick.entry_id, pick.distance, pick.stored_length, probability)
-                else:
-                    results[i] = MatchResult("miss", None, pick.distance, None, probability)
+            results.update(gated_matches(self._indexes, self._store, info, fidelity_gate, queries, pending))
         elif pending:
-            dim = info.layout.feature_dim
-            features = np.stack([_feature(queries[i].feature, dim) for i in pending])
-            lengths = np.array([_length(queries[i].length) for i in pending], dtype=np.int64)
-            with self._index_lock:
-                matches = self._index(namespace).search(
-                    features,
-                    lengths,
-                    causal=info.layout.causal,
-                    max_distance=max_distance,
-                    length_penalty=self._length_penalty,
-                )
-            for i, match in zip(pending, matches, strict=True):
-                results[i] = (
-                    MatchResult("map", match.entry_id, match.distance, match.stored_length)
-                    if match.hit
-                    else MatchResult("miss", None, match.distance, None)
-                )
-        hit_ids = [r.entry_id for r in results if r is not None and r.entry_id is not None]
+            results.update(threshold_matches(self._indexes, info, queries, pending, max_distance=max_distance))
+        hit_ids = [r.entry_id for r in results.values() if r.entry_id is not None]
         if hit_ids:
             self._store.record_hits(namespace, hit_ids)
-        return [r for r in results if r is not None]
+        return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
 
-    def gate(self, namespace: str) -> FidelityGate | None:
-        """The namespace's fidelity gate, from its projector blob; None when it has none.
-
-        Raises:
-            NamespaceNotFoundError: no such namespace.
-            FormatVersionError: the projector blob is not safetensors, or its gate is malformed.
-        """
-        return _gate_of(self.get_namespace(namespace))
+    def read_exact_outputs(
+        self, namespace: str, results: Sequence[MatchResult], on_read: Callable[[float], None] | None = None
+    ) -> ExactOutputs:
+        """The exact hits' outputs, and ``results`` with the hits that cannot be served demoted (``exact_tier``)."""
+        return read_exact_outputs(self._store, namespace, results, on_read)
 
     def gate_picks(
         self, namespace: str, fingerprint: str, queries: Sequence[Query], gate: FidelityGate
@@ -278,41 +206,7 @@ class AttnStoreService:
             as ``lookup``.
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        return self._gate_picks(namespace, info, gate, queries, range(len(queries)))
-
-    def _gate_picks(
-        self,
-        namespace: str,
-        info: NamespaceInfo,
-        gate: FidelityGate,
-        queries: Sequence[Query],
-        rows: Iterable[int],
-    ) -> list[tuple[Candidate | None, float]]:
-        """``gate_picks`` for ``queries``; ``rows`` are their positions in the caller's batch (for messages)."""
-        token_ids = [_token_ids(query, row) for query, row in zip(queries, rows, strict=True)]
-        features = np.stack([_feature(q.feature, info.layout.feature_dim) for q in queries])
-        lengths = np.array([_length(q.length) for q in queries], dtype=np.int64)
-        with self._index_lock:
-            candidates = self._index(namespace).candidates(
-                features, lengths, causal=info.layout.causal, k=gate.candidates, length_penalty=self._length_penalty
-            )
-        # Every (query, candidate) pair of the batch in one store read and one scoring.
-        pairs = [(q, rank, c) for q, found in enumerate(candidates) for rank, c in enumerate(found)]
-        stored = self._store.token_ids(namespace, [c.entry_id for _, _, c in pairs])
-        usable = [(pair, ids) for pair, ids in zip(pairs, stored, strict=True) if ids is not None]
-        picks: list[tuple[Candidate | None, float]] = [(None, 0.0)] * len(queries)
-        if not usable:
-            return picks
-        probabilities = gate.probabilities(gate_features(
-            np.array([c.distance for (_, _, c), _ in usable]),
-            np.array([len(token_ids[q]) for (q, _, _), _ in usable]),
-            np.array([differing_positions(token_ids[q], ids) for (q, _, _), ids in usable]),
-            np.array([rank for (_, rank, _), _ in usable]),
-        ))
-        for ((q, _, candidate), _), probability in zip(usable, probabilities, strict=True):
-            if picks[q][0] is None or probability > picks[q][1]:  # ties keep the nearer candidate
-                picks[q] = (candidate, float(probability))
-        return picks
+        return gate_picks(self._indexes, self._store, info, gate, queries, range(len(queries)))
 
     def read_layer(self, namespace: str, entry_id: int, layer: int, length: int | None = None) -> np.ndarray:
         """One layer of an entry's maps ``(heads, length, length)`` fp16, cropped for causal reuse.
@@ -321,18 +215,17 @@ class AttnStoreService:
             EntryNotFoundError, ChecksumError: see the store.
             MapShapeError: ``length`` longer than the entry, or a crop of a bidirectional entry.
         """
-        maps = self._store.read_layer(namespace, entry_id, layer).numpy()
+        maps = self._store.read_layer(namespace, entry_id, layer)
         return self._crop(namespace, entry_id, maps, length)
 
     def read_maps(self, namespace: str, entry_id: int, length: int | None = None) -> np.ndarray:
         """All layers of an entry's maps ``(layers, heads, length, length)`` fp16."""
-        maps = self._store.read_maps(namespace, entry_id).numpy()
+        maps = self._store.read_maps(namespace, entry_id)
         return self._crop(namespace, entry_id, maps, length)
 
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """An entry's stored final outputs ``(L, hidden)`` fp16, or None."""
-        outputs = self._store.read_outputs(namespace, entry_id)
-        return None if outputs is None else outputs.numpy()
+        return self._store.read_outputs(namespace, entry_id)
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> int:
         """Queue entries for loading into the DRAM tier; returns how many were queued."""
@@ -350,7 +243,9 @@ class AttnStoreService:
         """Store entries and index their features; all-or-nothing.
 
         An entry whose token ids are already stored is not stored again; its
-        existing id is returned and counted as a duplicate.
+        existing id is returned and counted as a duplicate. Whether an entry is
+        new is decided by the store inside its write, so concurrent ingests of
+        one new input index it once.
 
         Raises:
             FingerprintMismatchError, NamespaceNotFoundError: see ``check_fingerprint``.
@@ -358,29 +253,30 @@ class AttnStoreService:
             StoreFullError: the store is full (nothing is written).
         """
         self.check_fingerprint(namespace, fingerprint)
-        known = {e.token_hash for e in entries if self._store.find_by_hash(namespace, e.token_hash) is not None}
-        ids = self._store.ingest(namespace, entries)
-        # Only newly stored entries enter the index; a row repeated within the
-        # call maps to one id and is indexed once.
-        rows = list({
-            entry_id: e
-            for entry_id, e in zip(ids, entries, strict=True)
-            if e.token_hash not in known and e.feature is not None
-        }.items())
+        report = self._store.ingest(namespace, entries)
+        # The first entry of each id this call added; a row repeated within the call is indexed once.
+        first = {entry_id: entry for entry_id, entry in reversed(list(zip(report.entry_ids, entries, strict=True)))}
+        rows = [(entry_id, first[entry_id]) for entry_id in report.added if first[entry_id].feature is not None]
         if rows:
-            features = np.stack([np.asarray(e.feature, dtype=np.float32) for _, e in rows])
-            lengths = np.array([int(e.maps.shape[-1]) for _, e in rows], dtype=np.int64)
-            with self._index_lock:
-                self._index(namespace).add(np.array([i for i, _ in rows], dtype=np.uint64), features, lengths)
-        self._forget_evicted(namespace)
-        return IngestResult(entry_ids=ids, duplicates=sum(e.token_hash in known for e in entries))
+            self._indexes.add(
+                namespace,
+                [entry_id for entry_id, _ in rows],
+                np.stack([np.asarray(e.feature, dtype=np.float32) for _, e in rows]),
+                [int(e.maps.shape[-1]) for _, e in rows],
+            )
+        self._indexes.remove(report.evicted)
+        return IngestResult(entry_ids=list(report.entry_ids), duplicates=report.duplicates)
 
     def delete(self, namespace: str, entry_ids: Iterable[int]) -> int:
-        """Delete entries from the store and the index; returns how many existed."""
+        """Delete entries from the store and the index; returns how many existed.
+
+        Raises:
+            ConfigError: an id that is not a valid entry id (nothing is deleted).
+            NamespaceNotFoundError: no such namespace.
+        """
         ids = list(entry_ids)
         deleted = self._store.delete(namespace, ids)
-        with self._index_lock:
-            self._index(namespace).remove(np.array(ids, dtype=np.uint64))
+        self._indexes.remove({namespace: ids})
         return deleted
 
     def compact(self) -> CompactReport:
@@ -391,9 +287,7 @@ class AttnStoreService:
 
     def rebuild_indexes(self) -> None:
         """Rebuild every namespace's index from the stored feature vectors."""
-        fresh = {info.name: self._build_index(info) for info in self._store.list_namespaces()}
-        with self._index_lock:
-            self._indexes = fresh
+        self._indexes.rebuild()
 
     def dead_threads(self) -> list[str]:
         """Names of the store's background threads that have died (see ``MapStoreBase.dead_threads``)."""
@@ -419,35 +313,15 @@ class AttnStoreService:
 
     # ---- internals ----------------------------------------------------------
 
-    def _index(self, namespace: str) -> BucketedIndex:
-        index = self._indexes.get(namespace)
-        if index is None:
-            # Created by another process sharing the store, or not yet seen here.
-            info = self._store.get_namespace(namespace)
-            index = self._indexes[namespace] = self._build_index(info)
-        return index
-
-    def _build_index(self, info: NamespaceInfo) -> BucketedIndex:
-        index = BucketedIndex(info.layout.feature_dim, self._make_index)
-        for length in self._store.lengths(info.name):
-            rows = [e for e in self._store.entries(info.name, length) if e.feature is not None]
-            if rows:
-                index.add(
-                    np.array([e.id for e in rows], dtype=np.uint64),
-                    np.stack([e.feature for e in rows]).astype(np.float32),
-                    np.full(len(rows), length, dtype=np.int64),
-                )
-        log.info("namespace %s: indexed %d entries in %d length buckets", info.name, len(index), len(index.lengths))
-        return index
-
-    def _forget_evicted(self, namespace: str) -> None:
-        evicted = getattr(self._store, "drain_evicted", None)
-        if evicted is None:
-            return
-        for name, ids in evicted().items():
-            with self._index_lock:
-                if name in self._indexes:
-                    self._indexes[name].remove(np.array(ids, dtype=np.uint64))
+    def _gate_of(self, info: NamespaceInfo) -> FidelityGate | None:
+        if info.projector is None:
+            return None
+        cached = self._gates.get(info.name)
+        if cached is not None and cached[0] == info.projector:
+            return cached[1]
+        gate = gate_from_projector(info.projector)
+        self._gates[info.name] = (info.projector, gate)
+        return gate
 
     def _crop(self, namespace: str, entry_id: int, maps: np.ndarray, length: int | None) -> np.ndarray:
         stored = maps.shape[-1]
@@ -461,31 +335,3 @@ class AttnStoreService:
                 f"cannot be cropped to length {length}"
             )
         return maps[..., :length, :length]
-
-
-def _feature(feature: np.ndarray, dim: int) -> np.ndarray:
-    vector = np.asarray(feature, dtype=np.float32)
-    if vector.shape != (dim,):
-        raise MapShapeError(f"feature vectors of this namespace have {dim} values, got shape {vector.shape}")
-    return vector
-
-
-def _gate_of(info: NamespaceInfo) -> FidelityGate | None:
-    """The fidelity gate in a namespace's projector blob, if any."""
-    return None if info.projector is None else gate_from_projector(info.projector)
-
-
-def _token_ids(query: Query, row: int) -> np.ndarray:
-    """A gated query's token ids as ``(L,)`` int64."""
-    if query.token_ids is None:
-        raise MapShapeError(f"query {row}: a gated lookup needs the row's token ids")
-    ids = np.asarray(query.token_ids)
-    if ids.shape != (query.length,) or ids.dtype.kind not in "iu":
-        raise MapShapeError(f"query {row}: {ids.shape} token ids of dtype {ids.dtype} for length {query.length}")
-    return ids.astype(np.int64)
-
-
-def _length(length: int) -> int:
-    if length < 1:
-        raise MapShapeError(f"query length must be >= 1, got {length}")
-    return int(length)

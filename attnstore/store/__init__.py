@@ -32,8 +32,8 @@ from attnstore.store.reports import (
 if TYPE_CHECKING:
     from attnstore.store.base import MapStoreBase
     from attnstore.store.lmdb.mapstore import MapStore, StoreSettings
-    from attnstore.store.memory import MemoryMapStore
     from attnstore.store.lmdb.zarr_store import LMDBZarrStore
+    from attnstore.store.memory import MemoryMapStore
 
 _LAZY = {
     "MapStoreBase": "attnstore.store.base",

@@ -1,4 +1,9 @@
-"""The map store interface, implemented by MapStore (LMDB) and MemoryMapStore (tests)."""
+"""The map store interface, implemented by MapStore (LMDB) and MemoryMapStore (tests).
+
+Arguments every backend must refuse alike (names, layouts, fingerprints,
+projector blobs, token hashes, entry ids) are checked here, before a backend's
+``_`` method runs, so the backends cannot drift apart on what they accept.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +12,50 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
-from attnstore.store.reports import CompactReport, StoreStats, VerifyReport
+from attnstore.errors import ConfigError, MapShapeError
+from attnstore.protocol.projector_blob import projector_metadata
+from attnstore.protocol.records import (
+    TOKEN_HASH_BYTES,
+    EntryInfo,
+    NamespaceInfo,
+    NamespaceLayout,
+    NewEntry,
+    check_entry_ids,
+    check_namespace_name,
+)
+from attnstore.store.reports import CompactReport, IngestReport, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
 
 class MapStoreBase(ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
 
     Safe for concurrent readers on many threads; writes are serialised.
-    Tensors returned by reads belong to the caller (never shared with the store).
+    Arrays returned by reads belong to the caller (never shared with the store).
     """
 
-    @abstractmethod
     def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
         """Create a namespace, or return it if it exists with the same model, fingerprint and layout.
 
         Raises:
-            ConfigError: invalid name or layout.
+            ConfigError: invalid name or layout, or an empty fingerprint.
             NamespaceExistsError: it exists with a different model, fingerprint or layout.
         """
+        check_namespace_name(name)
+        if not isinstance(layout, NamespaceLayout):
+            raise ConfigError(f"create_namespace(): layout must be a NamespaceLayout, got {type(layout).__name__}")
+        if not isinstance(model, str) or not isinstance(fingerprint, str) or not fingerprint:
+            raise ConfigError(
+                "create_namespace(): model and fingerprint must be strings (fingerprint non-empty),"
+                f" got {model!r}, {fingerprint!r}"
+            )
+        return self._create_namespace(name, model=model, fingerprint=fingerprint, layout=layout)
+
+    @abstractmethod
+    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+        """``create_namespace`` with checked arguments."""
 
     @abstractmethod
     def get_namespace(self, name: str) -> NamespaceInfo:
@@ -52,20 +78,31 @@ class MapStoreBase(ABC):
             NamespaceNotFoundError: no such namespace.
         """
 
-    @abstractmethod
     def set_projector(self, name: str, blob: bytes) -> None:
         """Store the namespace's projector weights (safetensors bytes).
 
         Raises:
+            ConfigError: ``blob`` is not bytes.
+            WireFormatError: ``blob`` is not safetensors (nothing is stored).
             NamespaceNotFoundError: no such namespace.
         """
+        if not isinstance(blob, bytes | bytearray | memoryview):
+            raise ConfigError(f"set_projector(): the blob must be bytes (safetensors), got {type(blob).__name__}")
+        projector_metadata(blob)
+        self._set_projector(name, bytes(blob))
 
     @abstractmethod
-    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> list[int]:
-        """Add entries; returns their ids in input order. All-or-nothing per call.
+    def _set_projector(self, name: str, blob: bytes) -> None:
+        """``set_projector`` with a checked blob."""
+
+    @abstractmethod
+    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> IngestReport:
+        """Add entries, all-or-nothing per call; the report has their ids in input order.
 
         An entry whose token hash is already stored is not stored again: the
-        existing id is returned.
+        existing id is returned, and the id is not in ``IngestReport.added``.
+        A byte cap may evict least recently hit entries to make room; the
+        report lists them (``IngestReport.evicted``).
 
         Raises:
             NamespaceNotFoundError: no such namespace.
@@ -74,7 +111,7 @@ class MapStoreBase(ABC):
         """
 
     @abstractmethod
-    def read_maps(self, namespace: str, entry_id: int) -> torch.Tensor:
+    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
         """One entry's maps ``(layers, heads, L, L)`` fp16, in one contiguous buffer.
 
         Raises:
@@ -83,7 +120,7 @@ class MapStoreBase(ABC):
         """
 
     @abstractmethod
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> torch.Tensor:
+    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         """One layer of one entry's maps ``(heads, L, L)`` fp16.
 
         Raises:
@@ -93,7 +130,7 @@ class MapStoreBase(ABC):
         """
 
     @abstractmethod
-    def read_outputs(self, namespace: str, entry_id: int) -> torch.Tensor | None:
+    def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """One entry's final outputs ``(L, hidden)`` fp16, or None if it was stored without.
 
         Raises:
@@ -101,9 +138,20 @@ class MapStoreBase(ABC):
             ChecksumError: stored bytes are corrupt.
         """
 
-    @abstractmethod
     def find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
-        """Id of the live entry with this token hash (exact tier), or None."""
+        """Id of the live entry with this token hash (exact tier), or None.
+
+        Raises:
+            MapShapeError: ``token_hash`` is not a 32-byte hash.
+            NamespaceNotFoundError: no such namespace.
+        """
+        if not isinstance(token_hash, bytes | bytearray | memoryview) or len(token_hash) != TOKEN_HASH_BYTES:
+            raise MapShapeError(f"find_by_hash(): token_hash must be {TOKEN_HASH_BYTES} bytes, got {token_hash!r:.80}")
+        return self._find_by_hash(namespace, bytes(token_hash))
+
+    @abstractmethod
+    def _find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
+        """``find_by_hash`` with a checked hash."""
 
     @abstractmethod
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
@@ -131,9 +179,20 @@ class MapStoreBase(ABC):
     def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
         """Count one hit for each id (unknown ids are ignored)."""
 
-    @abstractmethod
     def delete(self, namespace: str, ids: Iterable[int]) -> int:
-        """Delete entries; returns how many existed. Ids are never reused."""
+        """Delete entries; returns how many existed. Ids are never reused.
+
+        Every id is checked before anything is deleted.
+
+        Raises:
+            ConfigError: an id that is not an int in [1, 2**63) (nothing is deleted).
+            NamespaceNotFoundError: no such namespace.
+        """
+        return self._delete(namespace, check_entry_ids(ids))
+
+    @abstractmethod
+    def _delete(self, namespace: str, ids: list[int]) -> int:
+        """``delete`` with checked ids."""
 
     @abstractmethod
     def prefetch(self, namespace: str, ids: Iterable[int]) -> None:

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
-import torch
 from numcodecs.zstd import Zstd
 
 from attnstore.errors import ChecksumError, ConfigError
@@ -53,7 +52,10 @@ def cast_into(dst: np.ndarray, src: np.ndarray) -> None:
     numpy casts float32 to float16 in scalar code (about 90 ms for one SmolLM2
     entry here); torch's cast uses the F16C instructions, over 10x faster, so
     the cast goes through torch, over the same buffers, in single-thread pieces.
+    torch is imported on the first cast: a daemon fed fp16 maps never needs it.
     """
+    import torch
+
     flat_dst, flat_src = torch.from_numpy(dst.reshape(-1)), torch.from_numpy(src.reshape(-1))
     for start in range(0, flat_src.numel(), _TORCH_GRAIN):
         flat_dst[start : start + _TORCH_GRAIN].copy_(flat_src[start : start + _TORCH_GRAIN])

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import crc32c
 import numpy as np
-import torch
 
 from attnstore.errors import (
     ChecksumError,
@@ -25,22 +24,21 @@ from attnstore.errors import (
     NamespaceExistsError,
     NamespaceNotFoundError,
 )
-from attnstore.store.base import MapStoreBase
-from attnstore.store.lmdb.catalog import NamespaceState
 from attnstore.protocol.records import (
     FORMAT_VERSION,
-    TOKEN_HASH_BYTES,
     EntryInfo,
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
-    check_namespace_name,
 )
+from attnstore.store.arrays import NamespaceState
+from attnstore.store.base import MapStoreBase
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
     CorruptEntry,
     DramStats,
+    IngestReport,
     NamespaceStats,
     StoreStats,
     VerifyReport,
@@ -105,11 +103,8 @@ class MemoryMapStore(MapStoreBase):
             raise EntryNotFoundError(f"no entry {entry_id} in namespace {namespace!r}")
         return ns, entry
 
-    def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`."""
-        check_namespace_name(name)
-        if not isinstance(layout, NamespaceLayout):
-            raise ConfigError(f"layout must be a NamespaceLayout, got {type(layout).__name__}")
         with self._lock:
             existing = self._namespaces.get(name)
             if existing is not None:
@@ -135,23 +130,23 @@ class MemoryMapStore(MapStoreBase):
             self._ns(name)
             del self._namespaces[name]
 
-    def set_projector(self, name: str, blob: bytes) -> None:
+    def _set_projector(self, name: str, blob: bytes) -> None:
         """See :meth:`MapStoreBase.set_projector`."""
         with self._lock:
             ns = self._ns(name)
             info = ns.info
             ns.info = NamespaceInfo(
-                info.name, info.model, info.fingerprint, info.layout, info.format_version, info.created, bytes(blob)
+                info.name, info.model, info.fingerprint, info.layout, info.format_version, info.created, blob
             )
 
-    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> list[int]:
+    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> IngestReport:
         """See :meth:`MapStoreBase.ingest`."""
         ns = self._ns(namespace)
         state = ns.state
         prepared = [prepare_entry(entry, state.layout, i) for i, entry in enumerate(entries)]
         now = time.time()
-        ids = []
-        new = set()
+        ids: list[int] = []
+        added: list[int] = []
         with self._lock:
             for p in prepared:
                 existing = ns.hashes.get(p.token_hash)
@@ -181,18 +176,20 @@ class MemoryMapStore(MapStoreBase):
                 )
                 ns.entries[entry.id] = entry
                 ns.hashes[p.token_hash] = entry.id
-                new.add((namespace, entry.id))
+                added.append(entry.id)
                 ids.append(entry.id)
                 self._next_id += 1
-            self._evict(new)
-        return ids
+            evicted = self._evict({(namespace, i) for i in added})
+        return IngestReport(ids, added, evicted)
 
-    def _evict(self, protect: set[tuple[str, int]]) -> None:
+    def _evict(self, protect: set[tuple[str, int]]) -> dict[str, list[int]]:
+        """Evict least recently hit entries down to 90% of the cap; the evicted ids by namespace."""
+        evicted: dict[str, list[int]] = {}
         if self._max_bytes is None:
-            return
+            return evicted
         total = sum(e.nbytes for ns in self._namespaces.values() for e in ns.entries.values())
         if total <= self._max_bytes:
-            return
+            return evicted
         candidates = sorted(
             (max(e.last_hit, e.created), name, e.id)
             for name, ns in self._namespaces.items()
@@ -208,6 +205,8 @@ class MemoryMapStore(MapStoreBase):
             total -= nbytes
             self._evicted_entries += 1
             self._evicted_bytes += nbytes
+            evicted.setdefault(name, []).append(entry_id)
+        return evicted
 
     def _decode(self, ns: _Namespace, entry: _Entry, layers: Iterable[int], out: np.ndarray) -> None:
         per_layer = []
@@ -220,15 +219,15 @@ class MemoryMapStore(MapStoreBase):
             per_layer.append(chunks)
         ns.state.codec.decode_into(per_layer, out)
 
-    def read_maps(self, namespace: str, entry_id: int) -> torch.Tensor:
+    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
         """See :meth:`MapStoreBase.read_maps`."""
         ns, entry = self._get(namespace, entry_id)
         layout = ns.state.layout
         out = np.empty(layout.map_shape(entry.length), dtype=np.float16)  # (layers, heads, L, L)
         self._decode(ns, entry, range(layout.layers), out)
-        return torch.from_numpy(out)
+        return out
 
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> torch.Tensor:
+    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         """See :meth:`MapStoreBase.read_layer`."""
         ns, entry = self._get(namespace, entry_id)
         layout = ns.state.layout
@@ -236,9 +235,9 @@ class MemoryMapStore(MapStoreBase):
             raise MapShapeError(f"layer {layer} is out of range: namespace {namespace!r} has {layout.layers} layers")
         out = np.empty((1, layout.heads, entry.length, entry.length), dtype=np.float16)
         self._decode(ns, entry, [layer], out)
-        return torch.from_numpy(out[0])  # (heads, L, L)
+        return out[0]  # (heads, L, L)
 
-    def read_outputs(self, namespace: str, entry_id: int) -> torch.Tensor | None:
+    def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """See :meth:`MapStoreBase.read_outputs`."""
         ns, entry = self._get(namespace, entry_id)
         if entry.outputs is None:
@@ -246,13 +245,11 @@ class MemoryMapStore(MapStoreBase):
         if crc32c.crc32c(entry.outputs) != entry.outputs_crc:
             raise ChecksumError(f"entry {entry_id} of namespace {namespace!r}: outputs fail their crc32c check")
         outputs = np.frombuffer(entry.outputs, dtype="<f2").reshape(entry.length, ns.state.layout.hidden)
-        return torch.from_numpy(outputs.astype(np.float16))  # (L, hidden)
+        return outputs.astype(np.float16)  # (L, hidden), a copy
 
-    def find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
+    def _find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
         """See :meth:`MapStoreBase.find_by_hash`."""
-        if len(token_hash) != TOKEN_HASH_BYTES:
-            raise MapShapeError(f"token_hash must be {TOKEN_HASH_BYTES} bytes, got {len(token_hash)}")
-        return self._ns(namespace).hashes.get(bytes(token_hash))
+        return self._ns(namespace).hashes.get(token_hash)
 
     @staticmethod
     def _info(entry: _Entry) -> EntryInfo:
@@ -308,11 +305,11 @@ class MemoryMapStore(MapStoreBase):
             del ns.hashes[entry.token_hash]
         return True
 
-    def delete(self, namespace: str, ids: Iterable[int]) -> int:
+    def _delete(self, namespace: str, ids: list[int]) -> int:
         """See :meth:`MapStoreBase.delete`."""
         ns = self._ns(namespace)
         with self._lock:
-            return sum(self._delete_one(ns, int(i)) for i in ids)
+            return sum(self._delete_one(ns, i) for i in ids)
 
     def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
         """Nothing to do: every entry is in memory."""

@@ -1,14 +1,29 @@
-"""Reports returned by the map store's admin calls: stats, verify, compaction."""
+"""Reports returned by the map store: what an ingest did, stats, verify, compaction."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 def _ratio(stored: int, raw: int) -> float:
     return stored / raw if raw else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    """What one ingest call did, decided inside its write (so concurrent callers agree)."""
+
+    entry_ids: list[int]  # one per input entry, in order; an already stored one gives its stored id
+    added: list[int]  # ids this call stored, each once, in input order
+    # namespace -> ids the byte cap evicted to make room (they must leave every index)
+    evicted: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def duplicates(self) -> int:
+        """Input entries this call did not store: already stored, or repeated within the call."""
+        return len(self.entry_ids) - len(self.added)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from functools import lru_cache
 import numpy as np
 
 from attnstore.errors import MapShapeError
-from attnstore.store.codecs import to_fp16
 from attnstore.protocol.records import TOKEN_HASH_BYTES, NamespaceLayout, NewEntry
+from attnstore.store.codecs import to_fp16
 
 # Attention probabilities are in [0, 1]; the slack absorbs fp16 rounding of sums.
 _PROB_MAX = 1.0 + 1e-3

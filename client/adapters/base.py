@@ -236,7 +236,7 @@ class Adapter(ABC):
                 yield
             finally:
                 self._call = None
-                for module, own in zip(self._modules, own_forwards):
+                for module, own in zip(self._modules, own_forwards, strict=True):
                     if own is None:
                         module.__dict__.pop("forward", None)
                     else:
@@ -263,11 +263,13 @@ class Adapter(ABC):
         if call.miss_index is not None:
             # Misses first: a streaming client's hit maps keep arriving meanwhile.
             index = call.miss_index
-            missed = original(*_rows(args, index, batch_size), **_rows(kwargs, index, batch_size))[0]  # (B_miss, P, out)
+            # (B_miss, P, out)
+            missed = original(*_rows(args, index, batch_size), **_rows(kwargs, index, batch_size))[0]
         lengths = [call.lengths[row] for row in call.hits]
         maps = [
             layer_maps(
-                call.replay[row], row, layer, call.lengths[row], heads=self.num_heads, causal=self.causal, dtype=hidden.dtype
+                call.replay[row], row, layer, call.lengths[row],
+                heads=self.num_heads, causal=self.causal, dtype=hidden.dtype,
             )
             for row in call.hits
         ]  # per hit row (H, L, L)
@@ -304,7 +306,7 @@ class Adapter(ABC):
                 args if own else _rows(args, index, batch_size),
                 kwargs if own else _rows(kwargs, index, batch_size),
             )
-            kept = dict(zip(computing, probs))  # row -> (H, L, L) fp32
+            kept = dict(zip(computing, probs, strict=True))  # row -> (H, L, L) fp32
             plan.keep(layer, kept)
             replay.update({row: probs.to(hidden.dtype) for row, probs in kept.items()})
             computing = []

@@ -11,7 +11,6 @@ before the last layer has arrived.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +18,7 @@ from typing import Literal
 import numpy as np
 
 from attnstore.errors import ConfigError
+from attnstore.protocol.records import LookupBatch
 
 MatchKind = Literal["miss", "exact", "map"]
 URL_SCHEMES: tuple[str, ...] = ("grpc://", "grpcs://", "local:")
@@ -88,7 +88,7 @@ class Retrieval(ABC):
     def wait(self) -> None:
         """Block until every map row has arrived in full or failed."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: a retrieval that holds nothing has nothing to close)
         """Stop receiving (a no-op once everything arrived)."""
 
 
@@ -107,32 +107,12 @@ class StoreConnection(ABC):
         """
 
     @abstractmethod
-    def lookup(
-        self,
-        namespace: str,
-        fingerprint: str,
-        features: np.ndarray,
-        lengths: Sequence[int],
-        token_hashes: Sequence[bytes | None],
-        *,
-        max_distance: float,
-        exact: bool,
-        timeout: float | None,
-        token_ids: Sequence[Sequence[int]] | None = None,
-        gate: bool = False,
-    ) -> Retrieval:
+    def lookup(self, batch: LookupBatch, *, timeout: float | None) -> Retrieval:
         """Match a batch and start delivering its hit rows' arrays.
 
         Args:
-            namespace, fingerprint: the namespace and the caller's model fingerprint.
-            features: ``(B, feature_dim)`` projector outputs.
-            lengths: each row's token length.
-            token_hashes: each row's exact-tier key (None skips the exact tier for that row).
-            max_distance: threshold on the predicted map distance (ignored when gated).
-            exact: consult the exact tier and deliver stored outputs.
+            batch: the rows, their features, lengths, exact-tier keys and how to decide map hits.
             timeout: deadline in seconds of the whole call, arrays included (None: none).
-            token_ids: each row's token ids; needed when ``gate`` is set.
-            gate: decide map hits with the namespace's fidelity gate (``attnstore.protocol.gate``).
 
         Returns:
             The retrieval; its matches are there when this returns.

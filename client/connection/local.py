@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore.protocol.records import LookupBatch
 from attnstore_client.connection import Match, NamespaceHandle, Retrieval, StoreConnection
 from attnstore_client.resilience import cause_of
 
@@ -56,33 +57,22 @@ class LocalConnection(StoreConnection):
             projector=info.projector,
         )
 
-    def lookup(
-        self,
-        namespace: str,
-        fingerprint: str,
-        features: np.ndarray,
-        lengths: Sequence[int],
-        token_hashes: Sequence[bytes | None],
-        *,
-        max_distance: float,
-        exact: bool,
-        timeout: float | None,
-        token_ids: Sequence[Sequence[int]] | None = None,
-        gate: bool = False,
-    ) -> Retrieval:
+    def lookup(self, batch: LookupBatch, *, timeout: float | None) -> Retrieval:
         """See :meth:`StoreConnection.lookup` (in-process: ``timeout`` does not apply)."""
         from attnstore.service import Query
 
-        ids = token_ids if token_ids is not None else [None] * len(lengths)
+        hashes = batch.token_hashes if batch.token_hashes is not None else [None] * batch.size
+        ids = batch.token_ids if batch.token_ids is not None else [None] * batch.size
         queries = [
-            Query(feature=feature, length=int(length), token_hash=token_hash if exact else None,
+            Query(feature=feature, length=int(length), token_hash=token_hash,
                   token_ids=None if row_ids is None else np.asarray(row_ids))
-            for feature, length, token_hash, row_ids in zip(features, lengths, token_hashes, ids, strict=True)
+            for feature, length, token_hash, row_ids in zip(batch.features, batch.lengths, hashes, ids, strict=True)
         ]
         results = self._service.lookup(
-            namespace, fingerprint, queries, max_distance=max_distance, exact=exact, gate=gate
+            batch.namespace, batch.fingerprint, queries, max_distance=batch.max_distance, exact=batch.exact,
+            gate=batch.gate,
         )
-        return _LocalRetrieval(self._service, namespace, results, lengths)
+        return _LocalRetrieval(self._service, batch.namespace, results, batch.lengths)
 
     def health(self) -> str:
         """``"SERVING"`` while the store's background threads live."""
@@ -101,25 +91,11 @@ class _LocalRetrieval(Retrieval):
         self, service: AttnStoreService, namespace: str, results: list[MatchResult], lengths: Sequence[int]
     ) -> None:
         start = time.perf_counter()
-        matches: list[Match] = []
-        outputs: dict[int, np.ndarray] = {}
-        self._failed: dict[int, str] = {}
-        for row, result in enumerate(results):
-            match = Match(result.kind, result.entry_id, result.distance, result.stored_length)
-            if result.kind == "exact" and result.entry_id is not None:
-                # As the daemon does: an exact entry stored without outputs still has the row's
-                # own maps (a map hit at distance 0); one whose outputs are unreadable is a miss.
-                try:
-                    array = service.read_outputs(namespace, result.entry_id)  # (L, hidden)
-                except AttnStoreError:
-                    match = Match("miss", None, float("inf"), None)
-                else:
-                    if array is None:
-                        match = Match("map", result.entry_id, 0.0, result.stored_length)
-                    else:
-                        outputs[row] = array
-            matches.append(match)
+        served = service.read_exact_outputs(namespace, results)
+        matches = [Match(r.kind, r.entry_id, r.distance, r.stored_length) for r in served.results]
+        outputs = {row: array for row, (_, array) in served.outputs.items()}
         super().__init__(matches, outputs)
+        self._failed: dict[int, str] = {}
         self._service = service
         self._namespace = namespace
         self._lengths = lengths

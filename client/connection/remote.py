@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -22,6 +22,7 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, ChecksumError, ConfigError, MapsUnavailableError, WireFormatError
 from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import DEFAULT_MAX_MESSAGE_BYTES, RemoteStore, channel_options, lookup_request
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -76,27 +77,10 @@ class RemoteConnection(StoreConnection):
             projector=bytes(info.projector) or None,
         )
 
-    def lookup(
-        self,
-        namespace: str,
-        fingerprint: str,
-        features: np.ndarray,
-        lengths: Sequence[int],
-        token_hashes: Sequence[bytes | None],
-        *,
-        max_distance: float,
-        exact: bool,
-        timeout: float | None,
-        token_ids: Sequence[Sequence[int]] | None = None,
-        gate: bool = False,
-    ) -> Retrieval:
+    def lookup(self, batch: LookupBatch, *, timeout: float | None) -> Retrieval:
         """See :meth:`StoreConnection.lookup`."""
-        request = lookup_request(
-            namespace, fingerprint, features, lengths, token_hashes=token_hashes if exact else None,
-            token_ids=token_ids, max_distance=max_distance, want_maps=True, want_outputs=exact, gate=gate,
-        )
         # The raw call, not RemoteStore.iter_lookup: the reader thread must be able to cancel it.
-        call = self._remote.stub.Lookup(request, metadata=self._remote.metadata, timeout=timeout)
+        call = self._remote.stub.Lookup(lookup_request(batch), metadata=self._remote.metadata, timeout=timeout)
         return _StreamedRetrieval(call)
 
     def health(self) -> str:

@@ -40,7 +40,9 @@ def test_adapter_for_picks_the_family_by_architecture():
 
 
 def test_adapter_for_unsupported_architecture_names_the_supported_ones():
-    gpt2 = LoadedModel(name="gpt2", model=GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2)), tokenizer=None, lm_head=None)
+    gpt2 = LoadedModel(
+        name="gpt2", model=GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2)), tokenizer=None, lm_head=None
+    )
     with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*'bert'.*'llama'.*'qwen2'"):
         adapter_for(gpt2)
 

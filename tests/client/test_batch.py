@@ -29,7 +29,8 @@ def test_tokenize_adds_special_tokens_truncates_and_refuses_a_bare_string(minilm
     tokenizer = minilm_model.tokenizer
     batch = tokenize(tokenizer, ["a cat", "a cat sat on the mat today"], max_length=5)
     assert batch.lengths == (4, 5)
-    assert batch.input_ids[0, 0].item() == tokenizer.cls_token_id and batch.input_ids[0, 3].item() == tokenizer.sep_token_id
+    assert batch.input_ids[0, 0].item() == tokenizer.cls_token_id
+    assert batch.input_ids[0, 3].item() == tokenizer.sep_token_id
     assert batch.input_ids[0, 4].item() == tokenizer.pad_token_id
     with pytest.raises(ConfigError, match="single str"):
         tokenize(tokenizer, "a cat")

@@ -24,8 +24,8 @@ from attnstore.store import MemoryMapStore, NamespaceLayout
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.cache import PROMPT_EOL, AttnCache
-from attnstore_client.keys import model_fingerprint
 from attnstore_client.connection.local import LocalConnection
+from attnstore_client.keys import model_fingerprint
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.stats import CacheStats
 
@@ -71,9 +71,8 @@ def test_encode_equals_the_plain_model_on_hits_and_misses(bert, bert_service, ex
 
 
 def test_encode_over_grpc_equals_the_plain_model_and_counts_bytes(bert, bert_service) -> None:
-    with served(bert_service) as (_, remote):
-        with AttnCache(bert, f"grpc://{remote.target}", exact=False) as cache:
-            embeddings = cache.encode(TEXTS, batch_size=4)
+    with served(bert_service) as (_, remote), AttnCache(bert, f"grpc://{remote.target}", exact=False) as cache:
+        embeddings = cache.encode(TEXTS, batch_size=4)
     np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
     stats = cache.last_stats
     assert stats.map_hits == 6 and stats.misses == 4

@@ -17,10 +17,11 @@ from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from attnstore.errors import AuthError, FingerprintMismatchError
+from attnstore.protocol.records import LookupBatch
 from attnstore_client.cache import PROMPT_EOL, AttnCache
 from attnstore_client.connection import Retrieval, connect
-from attnstore_client.models import LoadedModel
 from attnstore_client.connection.remote import RemoteConnection
+from attnstore_client.models import LoadedModel
 
 TESTS = Path(__file__).resolve().parents[1]
 SEED, STORED, QUERIED = 11, 12, 16  # the child ingests sentences(12, seed=11); queries add 4 unseen ones
@@ -67,8 +68,8 @@ def test_a_wrong_namespace_fingerprint_is_failed_precondition_with_a_clear_messa
     assert "tiny-bert" in str(on_connect.value) and "different model" in str(on_connect.value)
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as connection:
         with pytest.raises(FingerprintMismatchError) as on_lookup:
-            connection.lookup("default", "0" * 64, np.zeros((1, 128), np.float32), [5], [None],
-                              max_distance=0.01, exact=True, timeout=10.0)
+            connection.lookup(LookupBatch("default", "0" * 64, np.zeros((1, 128), np.float32), [5], [None],
+                                          max_distance=0.01), timeout=10.0)
     assert str(on_lookup.value).startswith("FAILED_PRECONDITION")
     assert "tiny-bert" in str(on_lookup.value) and "fingerprint" in str(on_lookup.value)
 
@@ -145,3 +146,34 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_ends_cleanly_and_outputs_stay_
     assert stats.bytes_fetched < 8 * 5 * 2**20  # the stream was cut short
     expected = plain_hidden(loaded, [prompt])[0][-1].numpy()
     np.testing.assert_allclose(embeddings, np.repeat(expected[None], 8, axis=0), atol=1e-4)
+
+
+def test_entries_the_byte_cap_evicts_are_never_map_hits_and_cost_no_fallback(tmp_path: Path) -> None:
+    loaded = tiny_loaded("bert")
+    texts = sentences(2 * STORED, seed=SEED + 1)
+    captured = capture_entries(loaded, texts)
+    older, newer = captured.entries[:STORED], captured.entries[STORED:]
+
+    def stored_bytes(entries: list) -> int:
+        return sum(e.maps.nbytes + e.outputs.nbytes for e in entries)  # fp16 codec: stored as given
+
+    cap = int(0.75 * (stored_bytes(older) + stored_bytes(newer)))  # room for the older batch, not for both
+    daemon = DaemonProcess(tmp_path / "store", tmp_path, extra_args=("--max-bytes", str(cap))).start()
+    try:
+        with daemon.client() as admin:
+            admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
+                                   layout=captured.layout, projector=captured.projector.to_safetensors_bytes())
+            older_ids = list(admin.ingest("default", captured.fingerprint, older).entry_ids)
+            admin.ingest("default", captured.fingerprint, newer)
+            evicted = admin.stats().store_evictions
+        assert 0 < evicted < STORED  # the newer batch pushed some of the older one out
+        with AttnCache(loaded, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False) as cache:
+            embeddings = cache.encode(texts[:STORED])
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    stats = cache.last_stats
+    assert stats.fallbacks == {}  # no row was promised maps that were gone
+    assert (stats.map_hits, stats.misses) == (STORED - evicted, evicted)
+    assert len(older_ids) == STORED
+    expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts[:STORED])]).numpy()
+    np.testing.assert_allclose(embeddings, expected, atol=2e-3)

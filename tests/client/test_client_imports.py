@@ -1,10 +1,17 @@
-"""The inference-node library must not pull in the store's backends."""
+"""The inference-node library's boundary: what it may import of the service, and what it never loads."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+CLIENT = Path(__file__).resolve().parents[2] / "client"
+# What the client shares with servers; the store (through the service) only for embedded mode, in one module.
+ALLOWED = ("attnstore.errors", "attnstore.protocol")
+EMBEDDED_MODULE = CLIENT / "connection" / "local.py"
 
 _PROBE = """
 import importlib, json, pkgutil, sys
@@ -19,7 +26,25 @@ print(json.dumps({"modules": names, "backends": [m for m in ("faiss", "lmdb", "z
 """
 
 
-def test_importing_every_client_module_imports_no_faiss_lmdb_or_zarr():
+def _service_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+    return [name for name in names if name == "attnstore" or name.startswith("attnstore.")]
+
+
+def test_the_client_imports_only_errors_and_protocol_and_the_service_from_one_module() -> None:
+    outside = {
+        f"{path.relative_to(CLIENT)}: {name}"
+        for path in sorted(CLIENT.rglob("*.py"))
+        for name in _service_imports(path)
+        if not name.startswith(ALLOWED) and not (path == EMBEDDED_MODULE and name == "attnstore.service")
+    }
+    assert outside == set()
+    assert "attnstore.service" in _service_imports(EMBEDDED_MODULE)  # the one door to the store
+
+
+def test_importing_every_client_module_imports_no_faiss_lmdb_or_zarr() -> None:
     result = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, check=True)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert {

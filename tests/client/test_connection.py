@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 from cache_helpers import fill_namespace, sentences, tiny_loaded
-from server_fixtures import FP, served
-from server_fixtures import tls_server
+from server_fixtures import FP, served, tls_server
 
 from attnstore.errors import (
     ConfigError,
@@ -21,6 +20,7 @@ from attnstore.errors import (
     StoreNotFoundError,
     UnavailableError,
 )
+from attnstore.protocol.records import LookupBatch
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
@@ -64,8 +64,9 @@ def _query(loaded: LoadedModel, connection: StoreConnection, texts: list[str], *
     batch = tokenize(loaded.tokenizer, texts)
     features = projector.project(adapter.feature_source(batch))
     hashes = [token_hash(batch.row_ids(row)) for row in range(batch.size)]
-    retrieval = connection.lookup("default", handle.fingerprint, features, batch.lengths, hashes,
-                                  max_distance=1e-3, exact=exact, timeout=10.0)
+    request = LookupBatch("default", handle.fingerprint, features, batch.lengths,
+                          token_hashes=hashes if exact else None, max_distance=1e-3)
+    retrieval = connection.lookup(request, timeout=10.0)
     return batch, retrieval
 
 
@@ -108,8 +109,8 @@ def test_map_rows_deliver_every_layer_of_their_stored_maps(connection, loaded) -
 
 def test_a_lookup_with_another_models_fingerprint_is_refused(connection, loaded) -> None:
     with pytest.raises(FingerprintMismatchError, match="fingerprint"):
-        connection.lookup("default", "0" * 64, np.zeros((1, 128), np.float32), [5], [None],
-                          max_distance=1.0, exact=True, timeout=10.0)
+        connection.lookup(LookupBatch("default", "0" * 64, np.zeros((1, 128), np.float32), [5], [None],
+                                      max_distance=1.0), timeout=10.0)
 
 
 def test_health_is_serving(connection) -> None:

@@ -23,6 +23,7 @@ from hypothesis.extra import numpy as hnp
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
@@ -80,7 +81,7 @@ def remote(daemon: DaemonProcess) -> Iterator[RemoteStore]:
 
 def _good_request() -> pb.LookupRequest:
     entry = make_entry(LAYOUT, LENGTH, 2)
-    return lookup_request("ns", FP, entry.feature[None], [LENGTH], max_distance=0.01)
+    return lookup_request(LookupBatch("ns", FP, entry.feature[None], [LENGTH], max_distance=0.01))
 
 
 @pytest.fixture(autouse=True)
@@ -212,7 +213,7 @@ def test_huge_ingest_entry_is_resource_exhausted_before_allocation(
 def test_batch_over_the_query_limit_is_resource_exhausted_naming_the_limit(remote: RemoteStore, rows: int) -> None:
     features = np.zeros((rows, LAYOUT.feature_dim), dtype=np.float32)
     for call, request in (
-        (remote.stub.Lookup, lookup_request("ns", FP, features, [LENGTH] * rows, max_distance=1.0)),
+        (remote.stub.Lookup, lookup_request(LookupBatch("ns", FP, features, [LENGTH] * rows, max_distance=1.0))),
         (remote.stub.Search, pb.SearchRequest(namespace="ns", fingerprint=FP, max_distance=1.0,
                                               queries=[_query([0.0] * LAYOUT.feature_dim)] * rows)),
         (remote.stub.Fetch, pb.FetchRequest(namespace="ns", fingerprint=FP, entry_ids=[1] * rows)),
@@ -242,7 +243,7 @@ def test_unknown_namespace_is_not_found_on_every_read_and_write(remote: RemoteSt
     entry = make_entry(LAYOUT, LENGTH, 2)
     calls = (
         (remote.stub.GetNamespace, pb.GetNamespaceRequest(name=name)),
-        (remote.stub.Lookup, lookup_request(name, FP, entry.feature[None], [LENGTH], max_distance=1.0)),
+        (remote.stub.Lookup, lookup_request(LookupBatch(name, FP, entry.feature[None], [LENGTH], max_distance=1.0))),
         (remote.stub.Search, pb.SearchRequest(namespace=name, fingerprint=FP, queries=[_query([0.0] * 16)])),
         (remote.stub.Fetch, pb.FetchRequest(namespace=name, fingerprint=FP, entry_ids=[1])),
         (remote.stub.Prefetch, pb.PrefetchRequest(namespace=name, entry_ids=[1])),
@@ -406,7 +407,7 @@ def test_any_lookup_is_answered_or_refused_never_internal(
 
 
 def test_undecodable_request_bytes_are_refused_by_grpc_and_the_daemon_goes_on(remote: RemoteStore) -> None:
-    raw = remote._channel.unary_unary(  # noqa: SLF001 - bytes the stubs cannot produce
+    raw = remote._channel.unary_unary(
         "/attnstore.v1.AttnStore/Stats", request_serializer=lambda b: b, response_deserializer=lambda b: b
     )
     with pytest.raises(grpc.RpcError) as caught:

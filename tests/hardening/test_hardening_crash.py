@@ -23,9 +23,10 @@ from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, UnavailableError
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
-from attnstore.store import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.store import NamespaceLayout, NewEntry
 
 LENGTH = 96  # big enough that a commit takes a while, small enough to ingest many per second
 ROUNDS = 2
@@ -88,17 +89,16 @@ class _Writers:
         with RemoteStore(self._target, token=self._token, timeout=60) as remote:
             try:
                 remote.stub.Ingest(messages(), metadata=remote.metadata, timeout=60)
-            except Exception:  # noqa: BLE001 - the kill ends this call; only what is stored matters
+            except Exception:
                 pass
 
 
 def _exact_ids(remote: RemoteStore, seeds: list[int]) -> dict[int, int]:
     """Seeds whose entry the exact tier finds, with its id."""
     entries = [_entry(s) for s in seeds]
-    request = lookup_request(
-        "ns", FP, np.stack([e.feature for e in entries]), [LENGTH] * len(seeds),
-        token_hashes=[e.token_hash for e in entries], max_distance=0.0, want_maps=False, want_outputs=True,
-    )
+    batch = LookupBatch("ns", FP, np.stack([e.feature for e in entries]), [LENGTH] * len(seeds),
+                        token_hashes=[e.token_hash for e in entries], max_distance=0.0)
+    request = lookup_request(batch, want_maps=False)
     result = remote.lookup(request)
     return {s: m.entry_id for s, m in zip(seeds, result.matches, strict=True) if m.kind == pb.MATCH_KIND_EXACT}
 
@@ -148,7 +148,8 @@ def test_sigkill_mid_lookup_stream_fails_the_client_fast_and_the_restart_serves_
     layout = NamespaceLayout(layers=8, heads=4, causal=True, hidden=8, feature_dim=16)
     source = make_entry(layout, 256, 1)
     entry = NewEntry(maps=source.maps.astype(np.float16), token_hash=source.token_hash, feature=source.feature)
-    request = lookup_request("big", FP, np.repeat(entry.feature[None], 16, 0), [256] * 16, max_distance=0.01)
+    batch = LookupBatch("big", FP, np.repeat(entry.feature[None], 16, 0), [256] * 16, max_distance=0.01)
+    request = lookup_request(batch)
     daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
     try:
         with daemon.client() as remote:

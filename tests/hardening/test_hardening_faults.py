@@ -23,17 +23,21 @@ from daemon import DaemonProcess
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
-from attnstore.server.daemon import Daemon
-from attnstore.server.config import DaemonConfig
 from attnstore.errors import StoreFullError, UnavailableError
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
-from attnstore.store import NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.server.config import DaemonConfig
+from attnstore.server.daemon import Daemon
+from attnstore.store import NewEntry
 
 
-def _lookup(entries: list[NewEntry], length: int, **options: object) -> pb.LookupRequest:
+def _lookup(
+    entries: list[NewEntry], length: int, *, token_hashes: list[bytes] | None = None, want_maps: bool = True
+) -> pb.LookupRequest:
     features = np.stack([e.feature for e in entries])
-    return lookup_request("ns", FP, features, [length] * len(entries), max_distance=0.01, **options)
+    batch = LookupBatch("ns", FP, features, [length] * len(entries), token_hashes=token_hashes, max_distance=0.01)
+    return lookup_request(batch, want_maps=want_maps)
 
 
 @pytest.fixture(scope="module")

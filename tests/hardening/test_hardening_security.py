@@ -25,6 +25,7 @@ from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
 from attnstore.errors import AuthError, UnavailableError
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_tools.cli import build_parser
@@ -43,7 +44,7 @@ def _certificate(
 ) -> x509.Certificate:
     """A one-day certificate for ``name``: self-signed unless ``issuer`` (name, key) is given."""
     issuer_name, issuer_key = issuer or (name, key)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -108,7 +109,7 @@ def test_mtls_daemon_serves_a_client_that_trusts_its_self_signed_certificate(dae
         admin.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
         admin.ingest("ns", FP, [entry])
     with daemon.client(READ_TOKEN) as reader:
-        result = reader.lookup(lookup_request("ns", FP, entry.feature[None], [8], max_distance=0.01))
+        result = reader.lookup(lookup_request(LookupBatch("ns", FP, entry.feature[None], [8], max_distance=0.01)))
     np.testing.assert_array_equal(result.maps[0], entry.maps.astype(np.float16))
     assert "tls=True mtls=True auth=True" in daemon.log()
 

@@ -130,7 +130,7 @@ class VectorIndexTests:
         copy = VectorIndex.from_bytes(index.to_bytes())
         assert type(copy) is type(index) and len(copy) == len(index)
         queries = _random(25, seed=4)
-        for got, want in zip(copy.search(queries, k=4), index.search(queries, k=4)):
+        for got, want in zip(copy.search(queries, k=4), index.search(queries, k=4), strict=True):
             np.testing.assert_array_equal(got, want)
 
     def test_foreign_or_truncated_bytes_are_refused(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +11,12 @@ from server_fixtures import tls_server
 
 from attnstore.errors import ConfigError, UnavailableError
 from attnstore.protocol.remote import RemoteStore
-from attnstore.server.server import ServerTls, create_server
 
 
 def test_remote_helper_imports_no_storage_backend_or_torch() -> None:
     code = (
-        "import sys, attnstore.protocol.remote, attnstore.protocol.status_codes, attnstore.protocol.wire, attnstore.protocol.messages;"
+        "import sys, attnstore.protocol.remote, attnstore.protocol.status_codes, attnstore.protocol.wire,"
+        " attnstore.protocol.messages;"
         "print(sorted(m for m in ('faiss', 'lmdb', 'zarr', 'torch', 'attnstore.service') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

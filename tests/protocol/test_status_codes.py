@@ -89,3 +89,20 @@ def test_client_falls_back_to_the_status_code(code: grpc.StatusCode, cls: type) 
 def test_a_class_name_that_is_not_an_attnstore_error_is_ignored() -> None:
     exc = error_from_rpc(_FakeRpcError(grpc.StatusCode.INTERNAL, "x", ((ERROR_CLASS_KEY, "SystemExit"),)))
     assert type(exc) is errors.RemoteError
+
+
+def test_a_client_only_error_class_in_the_metadata_falls_back_to_the_code_without_raising() -> None:
+    # MapsUnavailableError needs a row and a cause: it must never be rebuilt from a message.
+    failed = _FakeRpcError(grpc.StatusCode.UNAVAILABLE, "x", ((ERROR_CLASS_KEY, "MapsUnavailableError"),))
+    assert type(error_from_rpc(failed)) is errors.UnavailableError
+
+
+def test_failed_precondition_without_a_class_is_not_taken_for_a_fingerprint_mismatch() -> None:
+    exc = error_from_rpc(_FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "store is read-only"))
+    assert type(exc) is errors.RemoteError and "FAILED_PRECONDITION: store is read-only" in str(exc)
+
+
+@pytest.mark.parametrize("name", ["FingerprintMismatchError", "NamespaceNotReadyError", "ReadOnlyStoreError"])
+def test_failed_precondition_with_its_class_comes_back_as_that_class(name: str) -> None:
+    exc = error_from_rpc(_FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "x", ((ERROR_CLASS_KEY, name),)))
+    assert type(exc) is getattr(errors, name)

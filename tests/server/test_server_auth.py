@@ -7,10 +7,11 @@ import pytest
 from server_fixtures import FP, LAYOUT, memory_service, served
 from store_helpers import make_entry
 
-from attnstore.server.auth import ADMIN_METHODS, bearer_token, load_tokens, parse_tokens, required_role
 from attnstore.errors import AuthError, ConfigError
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.server.auth import ADMIN_METHODS, bearer_token, load_tokens, parse_tokens, required_role
 
 ADMIN = "admin-token-aaaaaaaaaaaa"
 READ = "read-token-rrrrrrrrrrrrr"
@@ -49,7 +50,7 @@ def test_world_readable_token_file_is_loaded_with_a_warning(tmp_path, caplog: py
 
 
 def test_roles_needed_per_method() -> None:
-    assert ADMIN_METHODS == {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify"}
+    assert {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify"} == ADMIN_METHODS
     assert required_role("/attnstore.v1.AttnStore/Ingest") == "admin"
     assert required_role("/attnstore.v1.AttnStore/Stats") == "read"
     assert required_role("/attnstore.v1.AttnStore/Lookup") == "read"
@@ -67,7 +68,7 @@ def test_bearer_token_parsing() -> None:
 
 def test_interceptor_refuses_every_call_shape_and_lets_the_right_roles_through() -> None:
     entry = make_entry(LAYOUT, 5, 1)
-    lookup = lookup_request("ns", FP, entry.feature[None], [5], max_distance=0.1)
+    lookup = lookup_request(LookupBatch("ns", FP, entry.feature[None], [5], max_distance=0.1))
     with served(memory_service(), tokens=TOKENS) as (_, anonymous):
         target = anonymous.target
         with pytest.raises(grpc.RpcError) as unary:
@@ -99,6 +100,5 @@ def test_replaced_tokens_take_effect_for_new_calls() -> None:
 
 
 def test_server_without_auth_cannot_load_tokens_while_serving() -> None:
-    with served(memory_service()) as (server, _):
-        with pytest.raises(ConfigError, match="without auth"):
-            server.replace_tokens(TOKENS)
+    with served(memory_service()) as (server, _), pytest.raises(ConfigError, match="without auth"):
+        server.replace_tokens(TOKENS)

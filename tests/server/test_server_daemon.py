@@ -18,11 +18,12 @@ from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
-from attnstore.errors import AuthError, AttnStoreError
-from attnstore.server.metrics import METRIC_NAMES
+from attnstore.errors import AttnStoreError, AuthError
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import ingest_requests, lookup_request
-from attnstore.store import MapStore, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.server.metrics import METRIC_NAMES
+from attnstore.store import MapStore, NewEntry
 from attnstore_tools.cli import main as cli_main
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -53,10 +54,10 @@ def ingested(daemon: DaemonProcess) -> list[int]:
 
 def _query(seeds: list[int], *, exact: bool, length: int = LENGTH) -> pb.LookupRequest:
     entries = [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]
-    return lookup_request(
-        "ns", FP, np.stack([e.feature for e in entries]), [length] * len(seeds),
-        token_hashes=[e.token_hash if exact else None for e in entries], max_distance=0.01,
-    )
+    hashes = [e.token_hash if exact else None for e in entries]
+    features = np.stack([e.feature for e in entries])
+    batch = LookupBatch("ns", FP, features, [length] * len(seeds), token_hashes=hashes, max_distance=0.01)
+    return lookup_request(batch)
 
 
 def test_what_one_client_process_ingests_another_hits(daemon: DaemonProcess, ingested: list[int]) -> None:
@@ -192,7 +193,7 @@ def test_admin_cli_reads_stats_and_copies_a_local_namespace_in(
         b for b in buckets if b["namespace"] == "copy").items()
     entry = make_entry(LAYOUT, 6, 71)
     with daemon.client(READ_TOKEN) as remote:
-        hit = remote.lookup(lookup_request("copy", FP, entry.feature[None], [6], max_distance=0.01))
+        hit = remote.lookup(lookup_request(LookupBatch("copy", FP, entry.feature[None], [6], max_distance=0.01)))
     np.testing.assert_array_equal(hit.maps[0], entry.maps.astype(np.float16))
 
 
@@ -207,7 +208,8 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) 
         with daemon.client() as remote:
             remote.create_namespace("big", model="tiny-synthetic", fingerprint=FP, layout=layout)
             remote.ingest("big", FP, [entry])
-            request = lookup_request("big", FP, np.repeat(entry.feature[None], 16, 0), [256] * 16, max_distance=0.01)
+            batch = LookupBatch("big", FP, np.repeat(entry.feature[None], 16, 0), [256] * 16, max_distance=0.01)
+            request = lookup_request(batch)
             stream = remote.iter_lookup(request, timeout=60)
             first = next(stream)
             assert first.WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "chunk"

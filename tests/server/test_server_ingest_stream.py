@@ -8,10 +8,10 @@ from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
 from attnstore.errors import RequestLimitError, WireFormatError
-from attnstore.server.ingest_stream import IngestStaging
 from attnstore.protocol.remote import ingest_requests
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_chunks
+from attnstore.server.ingest_stream import IngestStaging
 
 
 def _messages(*entries) -> list[pb.IngestRequest]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from typing import Any
 
 import grpc
 import numpy as np
@@ -13,8 +14,6 @@ import safetensors.numpy
 from server_fixtures import FP, LAYOUT, memory_service, served
 from store_helpers import make_entry
 
-from attnstore.server.config import ServerLimits
-from attnstore.protocol.gate import FidelityGate
 from attnstore.errors import (
     ChecksumError,
     EntryNotFoundError,
@@ -26,12 +25,15 @@ from attnstore.errors import (
     UnavailableError,
     WireFormatError,
 )
+from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import GATE_METADATA_KEY
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import ingest_requests, lookup_request
-from attnstore.service import AttnStoreService
-from attnstore.store import NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_chunks
+from attnstore.server.config import ServerLimits
+from attnstore.service import AttnStoreService
+from attnstore.store import NewEntry
 
 L = 6
 
@@ -40,10 +42,12 @@ def _entries(*seeds: int, length: int = L) -> list[NewEntry]:
     return [make_entry(LAYOUT, length, seed) for seed in seeds]
 
 
-def _request(entries: list[NewEntry], **options: object) -> pb.LookupRequest:
-    defaults: dict = {"max_distance": 0.01, "token_hashes": None}
-    defaults.update(options)
-    return lookup_request("ns", FP, np.stack([e.feature for e in entries]), [L] * len(entries), **defaults)
+def _request(
+    entries: list[NewEntry], *, want_maps: bool = True, want_outputs: bool | None = None, **options: Any
+) -> pb.LookupRequest:
+    options.setdefault("max_distance", 0.01)
+    batch = LookupBatch("ns", FP, np.stack([e.feature for e in entries]), [L] * len(entries), **options)
+    return lookup_request(batch, want_maps=want_maps, want_outputs=want_outputs)
 
 
 def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
@@ -142,11 +146,11 @@ def test_bad_lookups_get_their_status_codes() -> None:
         with pytest.raises(grpc.RpcError) as caught:
             list(remote.stub.Lookup(nan))
         assert _code(caught) is grpc.StatusCode.INVALID_ARGUMENT
-        short = lookup_request("ns", FP, np.zeros((1, 3), np.float32), [L], max_distance=1.0)
+        short = lookup_request(LookupBatch("ns", FP, np.zeros((1, 3), np.float32), [L], max_distance=1.0))
         with pytest.raises(MapShapeError, match="16 values"):
             remote.lookup(short)
         with pytest.raises(NamespaceNotFoundError, match="nope"):
-            remote.lookup(lookup_request("nope", FP, np.zeros((1, 16), np.float32), [L], max_distance=1.0))
+            remote.lookup(lookup_request(LookupBatch("nope", FP, np.zeros((1, 16), np.float32), [L], max_distance=1.0)))
 
 
 def test_search_matches_without_streaming_maps() -> None:
@@ -277,7 +281,7 @@ def test_ingest_streams_past_the_concurrency_limit_are_refused() -> None:
 
     with served(memory_service(), limits=limits) as (server, remote):
         first = remote.stub.Ingest.future(slow_stream())
-        while server.servicer._ingest_slots._value:  # noqa: SLF001 - wait until the first stream holds the slot
+        while server.servicer._ingest_slots._value:
             threading.Event().wait(0.01)
         with pytest.raises(RequestLimitError, match="Ingest streams are running"):
             remote.ingest("ns", FP, _entries(1))

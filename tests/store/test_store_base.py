@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from store_helpers import make_entry, small_layout, token_hash
+from store_helpers import make_entry, projector_blob, small_layout, token_hash
 
 from attnstore.errors import (
     ConfigError,
@@ -15,6 +15,7 @@ from attnstore.errors import (
     MapShapeError,
     NamespaceExistsError,
     NamespaceNotFoundError,
+    WireFormatError,
 )
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
 from attnstore.store.codecs import q8_error_bound
@@ -54,13 +55,13 @@ def _namespace(store: MapStoreBase, codec: str = "fp16", name: str = "ns", causa
 def test_lossless_codecs_round_trip_maps_outputs_and_feature_exactly(store, codec):
     ns = _namespace(store, codec)
     entries = [make_entry(small_layout(codec), length, seed) for seed, length in enumerate([5, 9, 9, 40])]
-    ids = store.ingest(ns, entries)
+    ids = store.ingest(ns, entries).entry_ids
     assert ids == [1, 2, 3, 4]
     for entry_id, entry in zip(ids, entries, strict=True):
         maps = store.read_maps(ns, entry_id)
-        assert maps.dtype == torch.float16 and maps.is_contiguous()
-        assert np.array_equal(maps.numpy(), entry.maps.astype(np.float16))
-        assert np.array_equal(store.read_outputs(ns, entry_id).numpy(), entry.outputs.astype(np.float16))
+        assert maps.dtype == np.float16 and maps.flags.c_contiguous
+        assert np.array_equal(maps, entry.maps.astype(np.float16))
+        assert np.array_equal(store.read_outputs(ns, entry_id), entry.outputs.astype(np.float16))
         info = store.entry(ns, entry_id)
         assert info.length == entry.maps.shape[-1] and info.token_hash == entry.token_hash
         assert np.array_equal(info.feature, entry.feature)
@@ -69,7 +70,7 @@ def test_lossless_codecs_round_trip_maps_outputs_and_feature_exactly(store, code
 def test_token_ids_are_read_back_in_one_call_none_where_absent_or_deleted(store):
     ns = _namespace(store)
     with_ids, without = make_entry(small_layout(), 5, seed=1), make_entry(small_layout(), 6, seed=2, tokens=False)
-    first, second = store.ingest(ns, [with_ids, without])
+    first, second = store.ingest(ns, [with_ids, without]).entry_ids
     store.delete(ns, [second])
     found = store.token_ids(ns, [first, second, 999])
     assert found[0].dtype == np.uint32 and np.array_equal(found[0], with_ids.token_ids)
@@ -81,8 +82,8 @@ def test_token_ids_are_read_back_in_one_call_none_where_absent_or_deleted(store)
 def test_q8_codecs_round_trip_within_the_documented_bound(store, codec):
     ns = _namespace(store, codec)
     entry = make_entry(small_layout(codec), 33, seed=7)
-    (entry_id,) = store.ingest(ns, [entry])
-    decoded = store.read_maps(ns, entry_id).float().numpy()
+    (entry_id,) = store.ingest(ns, [entry]).entry_ids
+    decoded = store.read_maps(ns, entry_id).astype(np.float32)
     bound = q8_error_bound(entry.maps.max(axis=-1))[..., None]  # per row
     assert (np.abs(decoded - entry.maps) <= bound).all()
     assert np.abs(decoded - entry.maps).max() > 0  # lossy: the test can see the loss
@@ -91,24 +92,24 @@ def test_q8_codecs_round_trip_within_the_documented_bound(store, codec):
 def test_fp16_maps_in_give_the_same_bits_out(store):
     ns = _namespace(store)
     entry = make_entry(small_layout(), 12, seed=3, dtype=np.float16)
-    (entry_id,) = store.ingest(ns, [entry])
-    assert np.array_equal(store.read_maps(ns, entry_id).numpy().view(np.uint16), entry.maps.view(np.uint16))
+    (entry_id,) = store.ingest(ns, [entry]).entry_ids
+    assert np.array_equal(store.read_maps(ns, entry_id).view(np.uint16), entry.maps.view(np.uint16))
 
 
 def test_torch_tensors_are_accepted_as_input(store):
     ns = _namespace(store)
     entry = make_entry(small_layout(), 6, seed=1)
     as_torch = NewEntry(torch.from_numpy(entry.maps), entry.token_hash, torch.from_numpy(entry.outputs), entry.feature)
-    (entry_id,) = store.ingest(ns, [as_torch])
-    assert np.array_equal(store.read_maps(ns, entry_id).numpy(), entry.maps.astype(np.float16))
+    (entry_id,) = store.ingest(ns, [as_torch]).entry_ids
+    assert np.array_equal(store.read_maps(ns, entry_id), entry.maps.astype(np.float16))
 
 
 def test_exact_duplicates_are_stored_once(store):
     ns = _namespace(store)
     a = make_entry(small_layout(), 6, seed=1)
-    ids = store.ingest(ns, [a, make_entry(small_layout(), 6, seed=2), a])
+    ids = store.ingest(ns, [a, make_entry(small_layout(), 6, seed=2), a]).entry_ids
     assert ids[0] == ids[2] != ids[1]
-    assert store.ingest(ns, [a]) == [ids[0]]
+    assert store.ingest(ns, [a]).entry_ids == [ids[0]]
     assert store.stats().entries == 2
     assert store.find_by_hash(ns, a.token_hash) == ids[0]
     assert store.find_by_hash(ns, token_hash("never stored")) is None
@@ -116,16 +117,16 @@ def test_exact_duplicates_are_stored_once(store):
 
 def test_ids_are_never_reused_after_delete(store):
     ns = _namespace(store)
-    ids = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(3)])
+    ids = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(3)]).entry_ids
     assert store.delete(ns, [ids[-1], ids[-1], 999]) == 1
-    (new_id,) = store.ingest(ns, [make_entry(small_layout(), 4, seed=10)])
+    (new_id,) = store.ingest(ns, [make_entry(small_layout(), 4, seed=10)]).entry_ids
     assert new_id > max(ids)
 
 
 def test_delete_makes_reads_raise_entry_not_found(store):
     ns = _namespace(store)
     entry = make_entry(small_layout(), 4, seed=1)
-    (entry_id,) = store.ingest(ns, [entry])
+    (entry_id,) = store.ingest(ns, [entry]).entry_ids
     store.read_maps(ns, entry_id)  # may now sit in a DRAM tier
     assert store.delete(ns, [entry_id]) == 1
     for read in (store.read_maps, store.read_outputs, store.entry):
@@ -138,7 +139,7 @@ def test_delete_makes_reads_raise_entry_not_found(store):
 def test_entries_and_lengths_list_live_entries_by_bucket(store):
     ns = _namespace(store)
     lengths = [4, 7, 4, 9, 7, 4]
-    ids = store.ingest(ns, [make_entry(small_layout(), n, seed=s) for s, n in enumerate(lengths)])
+    ids = store.ingest(ns, [make_entry(small_layout(), n, seed=s) for s, n in enumerate(lengths)]).entry_ids
     assert store.lengths(ns) == [4, 7, 9]
     assert [e.id for e in store.entries(ns)] == ids
     assert [e.id for e in store.entries(ns, length=4)] == [ids[0], ids[2], ids[5]]
@@ -149,7 +150,7 @@ def test_entries_and_lengths_list_live_entries_by_bucket(store):
 
 def test_record_hits_counts_hits_and_last_hit(store):
     ns = _namespace(store)
-    a, b = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(2)])
+    a, b = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(2)]).entry_ids
     store.record_hits(ns, [a, a, b, 12345])
     store.record_hits(ns, [a])
     assert store.entry(ns, a).hits == 3
@@ -159,22 +160,22 @@ def test_record_hits_counts_hits_and_last_hit(store):
 
 def test_read_layer_matches_read_maps(store):
     ns = _namespace(store, "q8+zstd")
-    (entry_id,) = store.ingest(ns, [make_entry(small_layout("q8+zstd"), 10, seed=4)])
+    (entry_id,) = store.ingest(ns, [make_entry(small_layout("q8+zstd"), 10, seed=4)]).entry_ids
     maps = store.read_maps(ns, entry_id)
     for layer in range(3):
-        assert torch.equal(store.read_layer(ns, entry_id, layer), maps[layer])
+        assert np.array_equal(store.read_layer(ns, entry_id, layer), maps[layer])
     with pytest.raises(MapShapeError, match="layer 3 is out of range"):
         store.read_layer(ns, entry_id, 3)
 
 
-def test_returned_tensors_belong_to_the_caller(store):
+def test_returned_arrays_belong_to_the_caller(store):
     ns = _namespace(store)
     entry = make_entry(small_layout(), 5, seed=2)
-    (entry_id,) = store.ingest(ns, [entry])
+    (entry_id,) = store.ingest(ns, [entry]).entry_ids
     for _ in range(2):  # the second read may come from a DRAM tier
-        store.read_maps(ns, entry_id).zero_()
-        store.read_layer(ns, entry_id, 0).zero_()
-    assert np.array_equal(store.read_maps(ns, entry_id).numpy(), entry.maps.astype(np.float16))
+        store.read_maps(ns, entry_id)[...] = 0
+        store.read_layer(ns, entry_id, 0)[...] = 0
+    assert np.array_equal(store.read_maps(ns, entry_id), entry.maps.astype(np.float16))
 
 
 @pytest.mark.parametrize(
@@ -199,7 +200,7 @@ def test_bad_input_raises_a_clear_error_and_writes_nothing(store, change, messag
         store.ingest(ns, [good, bad])
     assert store.stats().entries == 0
     assert store.find_by_hash(ns, good.token_hash) is None
-    assert store.ingest(ns, [good]) == [1]  # no id was used up either
+    assert store.ingest(ns, [good]).entry_ids == [1]  # no id was used up either
 
 
 def test_nan_maps_are_refused(store):
@@ -220,26 +221,49 @@ def test_namespaces_create_get_list_and_projector(store):
     store.create_namespace("b", model="m", fingerprint="fp", layout=small_layout("q8"))
     assert [n.name for n in store.list_namespaces()] == ["a", "b"]
     assert store.get_namespace("b").layout.codec == "q8"
-    store.set_projector("a", b"safetensors-bytes")
-    assert store.get_namespace("a").projector == b"safetensors-bytes"
+    store.set_projector("a", projector_blob())
+    assert store.get_namespace("a").projector == projector_blob()
     with pytest.raises(NamespaceNotFoundError):
         store.get_namespace("zzz")
     with pytest.raises(NamespaceNotFoundError):
         store.ingest("zzz", [make_entry(small_layout(), 4, seed=1)])
 
 
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda s: s.create_namespace("a", model="m", fingerprint="", layout=small_layout()), ConfigError, "finger"),
+        (lambda s: s.create_namespace("a", model="m", fingerprint="fp", layout={"layers": 2}), ConfigError, "layout"),
+        (lambda s: s.set_projector("ns", "not bytes"), ConfigError, "bytes"),
+        (lambda s: s.set_projector("ns", b"\x80pickle"), WireFormatError, "not safetensors"),
+        (lambda s: s.find_by_hash("ns", b"short"), MapShapeError, "32 bytes"),
+        (lambda s: s.delete("ns", [1, 2**63]), ConfigError, "position 1"),
+    ],
+    ids=["empty fingerprint", "layout dict", "projector str", "projector pickle", "short hash", "id 2**63"],
+)
+def test_every_backend_refuses_the_same_bad_arguments_and_changes_nothing(store, call, error, match):
+    ns = _namespace(store, name="ns")
+    (kept,) = store.ingest(ns, [make_entry(small_layout(), 5, seed=1)]).entry_ids
+    with pytest.raises(error, match=match):
+        call(store)
+    assert [n.name for n in store.list_namespaces()] == ["ns"]
+    assert store.get_namespace("ns").projector is None
+    assert [e.id for e in store.entries("ns")] == [kept]
+
+
 def test_drop_namespace_removes_its_entries_and_leaves_others_intact(store):
     keep = _namespace(store, name="a")
     gone = _namespace(store, name="a.b")
-    kept_id, = store.ingest(keep, [make_entry(small_layout(), 5, seed=1)])
-    dropped_ids = store.ingest(gone, [make_entry(small_layout(), 5, seed=2), make_entry(small_layout(), 6, seed=3)])
-    store.set_projector(gone, b"blob")
+    kept_id, = store.ingest(keep, [make_entry(small_layout(), 5, seed=1)]).entry_ids
+    dropped = [make_entry(small_layout(), 5, seed=2), make_entry(small_layout(), 6, seed=3)]
+    dropped_ids = store.ingest(gone, dropped).entry_ids
+    store.set_projector(gone, projector_blob())
     store.drop_namespace(gone)
     assert [n.name for n in store.list_namespaces()] == ["a"]
     with pytest.raises(NamespaceNotFoundError):
         store.read_maps(gone, dropped_ids[0])
     np.testing.assert_array_equal(
-        store.read_maps(keep, kept_id).numpy(), make_entry(small_layout(), 5, seed=1).maps.astype(np.float16)
+        store.read_maps(keep, kept_id), make_entry(small_layout(), 5, seed=1).maps.astype(np.float16)
     )
     assert store.stats().entries == 1
     # The name is free again, with nothing left over from before.
@@ -270,11 +294,25 @@ def test_byte_cap_evicts_the_least_recently_hit_entries(make_store):
     entry_bytes = small_layout().map_nbytes(16)
     store = make_store(max_bytes=5 * entry_bytes)
     ns = _namespace(store)
-    first = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(4)])
+    first = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(4)]).entry_ids
     store.record_hits(ns, [first[0]])  # the oldest entry is now the most recently hit
-    more = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(10, 12)])
+    report = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(10, 12)])
+    more = report.entry_ids
     live = {e.id for e in store.entries(ns)}
     assert first[0] in live and set(more) <= live
     assert first[1] not in live  # least recently hit goes first
+    # The ingest names exactly what it evicted, so indexes can forget it.
+    assert set(report.evicted) == {ns} and set(report.evicted[ns]) == set(first) - live
     stats = store.stats()
-    assert stats.evicted_entries >= 1 and stats.stored_bytes <= 5 * entry_bytes
+    assert stats.evicted_entries == len(report.evicted[ns]) and stats.stored_bytes <= 5 * entry_bytes
+
+
+def test_ingest_reports_which_entries_it_added_and_how_many_duplicates(store):
+    ns = _namespace(store)
+    a, b = (make_entry(small_layout(), 6, seed=s) for s in (1, 2))
+    first = store.ingest(ns, [a, a])
+    assert first.added == [first.entry_ids[0]] and first.entry_ids[0] == first.entry_ids[1]
+    assert first.duplicates == 1 and first.evicted == {}
+    second = store.ingest(ns, [b, a])
+    assert second.added == [second.entry_ids[0]] and second.entry_ids[1] == first.entry_ids[0]
+    assert second.duplicates == 1

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from store_helpers import small_layout, softmax_maps
 
 from attnstore.errors import ChecksumError, ConfigError
-from attnstore.store.codecs import codec_for, q8_error_bound, q8_quantize, to_fp16
 from attnstore.protocol.records import CODECS
+from attnstore.store.codecs import codec_for, q8_error_bound, q8_quantize, to_fp16
 
 
 def _round_trip(codec_name: str, maps: np.ndarray) -> np.ndarray:

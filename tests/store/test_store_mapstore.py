@@ -34,11 +34,11 @@ def test_entries_persist_and_ids_continue_after_reopen(tmp_path):
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)
         entry = make_entry(small_layout(), 7, seed=1)
-        ids = store.ingest(ns, [entry, make_entry(small_layout(), 7, seed=2)])
+        ids = store.ingest(ns, [entry, make_entry(small_layout(), 7, seed=2)]).entry_ids
         store.delete(ns, [ids[1]])
     with MapStore.open(tmp_path / "s") as store:
-        assert np.array_equal(store.read_maps(ns, ids[0]).numpy(), entry.maps.astype(np.float16))
-        assert store.ingest(ns, [make_entry(small_layout(), 7, seed=3)]) == [3]
+        assert np.array_equal(store.read_maps(ns, ids[0]), entry.maps.astype(np.float16))
+        assert store.ingest(ns, [make_entry(small_layout(), 7, seed=3)]).entry_ids == [3]
 
 
 def test_opening_a_missing_store_without_create_raises(tmp_path):
@@ -81,7 +81,7 @@ def test_a_second_writer_is_refused(tmp_path):
 def test_a_readonly_store_reads_and_refuses_writes(tmp_path):
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)
-        (entry_id,) = store.ingest(ns, [make_entry(small_layout(), 5, seed=1)])
+        (entry_id,) = store.ingest(ns, [make_entry(small_layout(), 5, seed=1)]).entry_ids
     with MapStore.open(tmp_path / "s", readonly=True) as store:
         assert store.read_maps(ns, entry_id).shape == (3, 2, 5, 5)
         with pytest.raises(ReadOnlyStoreError):
@@ -100,7 +100,7 @@ def test_a_full_map_raises_store_full_and_leaves_nothing_of_the_batch(tmp_path):
         with pytest.raises(StoreFullError, match="full"):
             for seed in range(200):
                 batch = [make_entry(layout, 64, seed=2 * seed), make_entry(layout, 64, seed=2 * seed + 1)]
-                stored += store.ingest(ns, batch)
+                stored += store.ingest(ns, batch).entry_ids
         assert stored  # some batches fit before the map filled
         assert store.stats().entries == len(stored)
         assert store.find_by_hash(ns, batch[0].token_hash) is None
@@ -110,7 +110,7 @@ def test_a_full_map_raises_store_full_and_leaves_nothing_of_the_batch(tmp_path):
 def test_hits_are_buffered_flushed_by_count_and_on_close(tmp_path):
     with _open(tmp_path / "s", hit_flush_count=3, hit_flush_seconds=3600) as store:
         ns = _with_namespace(store)
-        a, b, c = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(3)])
+        a, b, c = store.ingest(ns, [make_entry(small_layout(), 4, seed=s) for s in range(3)]).entry_ids
         store.record_hits(ns, [a, a])
         assert store.stats().pending_hits == 1
         store.record_hits(ns, [b, c])  # three distinct entries pending: flushed
@@ -125,7 +125,7 @@ def test_dram_tier_serves_repeated_reads_and_forgets_deleted_entries(tmp_path):
     layout = small_layout()
     with _open(tmp_path / "s", dram_bytes=3 * layout.map_nbytes(16)) as store:
         ns = _with_namespace(store)
-        ids = store.ingest(ns, [make_entry(layout, 16, seed=s) for s in range(4)])
+        ids = store.ingest(ns, [make_entry(layout, 16, seed=s) for s in range(4)]).entry_ids
         for entry_id in ids:
             store.read_maps(ns, entry_id)
         store.read_maps(ns, ids[-1])
@@ -140,12 +140,12 @@ def test_prefetch_loads_entries_into_the_dram_tier_in_the_background(tmp_path):
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store, "zstd")
         entries = [make_entry(small_layout("zstd"), 12, seed=s) for s in range(5)]
-        ids = store.ingest(ns, entries)
+        ids = store.ingest(ns, entries).entry_ids
         store.prefetch(ns, ids + [999])  # an unknown id is logged, not raised
         assert store.wait_prefetch(timeout=10)
         assert store.stats().dram.entries == 5
         for entry_id, entry in zip(ids, entries, strict=True):
-            assert np.array_equal(store.read_maps(ns, entry_id).numpy(), entry.maps.astype(np.float16))
+            assert np.array_equal(store.read_maps(ns, entry_id), entry.maps.astype(np.float16))
         assert store.stats().dram.hits == 5
 
 
@@ -154,14 +154,14 @@ def test_concurrent_readers_see_intact_entries_while_a_writer_ingests(tmp_path):
     with _open(tmp_path / "s", dram_bytes=0) as store:
         ns = _with_namespace(store)
         entries = [make_entry(layout, 24, seed=s) for s in range(4)]
-        ids = store.ingest(ns, entries)
+        ids = store.ingest(ns, entries).entry_ids
         errors: list[BaseException] = []
 
         def reader() -> None:
             try:
                 for i in range(60):
                     k = i % len(ids)
-                    assert np.array_equal(store.read_maps(ns, ids[k]).numpy(), entries[k].maps.astype(np.float16))
+                    assert np.array_equal(store.read_maps(ns, ids[k]), entries[k].maps.astype(np.float16))
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
 
@@ -180,9 +180,8 @@ def test_an_entrys_chunks_are_adjacent_in_key_order(tmp_path):
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)
         store.ingest(ns, [make_entry(layout, 2, seed=s, outputs=False) for s in range(130)])
-        env = store._gen.env  # white-box: walk the zarr keys in LMDB order
-        with env.begin(db=store._gen.db.zarr) as txn:
-            keys = [bytes(k).decode() for k in txn.cursor().iternext(values=False)]
+        with store._live.read() as (gen, txn):  # white-box: walk the zarr keys in LMDB order
+            keys = [bytes(k).decode() for k in txn.cursor(db=gen.db.zarr).iternext(values=False)]
     slots = [int(k.split("/")[4]) for k in keys if k.startswith("ns/maps/L2/c/")]
     assert len(slots) == 130 * layout.layers
     runs = [s for i, s in enumerate(slots) if i == 0 or slots[i - 1] != s]

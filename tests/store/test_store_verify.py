@@ -11,9 +11,9 @@ from numcodecs.zstd import Zstd
 from store_helpers import make_entry, small_layout
 
 from attnstore.errors import ChecksumError
+from attnstore.protocol.records import NamespaceLayout
 from attnstore.store import MapStore
 from attnstore.store.codecs import ZSTD_LEVEL
-from attnstore.protocol.records import NamespaceLayout
 from attnstore.store.lmdb.env import DATA_FILE, read_current
 
 
@@ -38,7 +38,7 @@ def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(t
     entries = [make_entry(layout, 40, seed=s) for s in range(3)]
     with MapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
-        ids = store.ingest("ns", entries)
+        ids = store.ingest("ns", entries).entry_ids
     layer_1 = np.ascontiguousarray(entries[1].maps[1].astype(np.float16))  # (heads, L, L)
     chunk = layer_1.tobytes() if codec == "fp16" else Zstd(level=ZSTD_LEVEL).encode(layer_1)
     _flip_byte_on_disk(tmp_path / "s", chunk[: min(len(chunk), 4096)])
@@ -66,8 +66,8 @@ def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_p
     entry = make_entry(layout, 128, seed=5)
     with MapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
-        [entry_id] = store.ingest("ns", [entry])
-        np.testing.assert_array_equal(store.read_maps("ns", entry_id).numpy(), entry.maps.astype(np.float16))
+        [entry_id] = store.ingest("ns", [entry]).entry_ids
+        np.testing.assert_array_equal(store.read_maps("ns", entry_id), entry.maps.astype(np.float16))
     chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
     _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
     with MapStore.open(tmp_path / "s", dram_bytes=0) as store:
@@ -80,7 +80,7 @@ def test_a_flipped_byte_in_an_entry_record_is_detected(tmp_path):
     entry = make_entry(layout, 8, seed=1)
     with MapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
-        (entry_id,) = store.ingest("ns", [entry])
+        (entry_id,) = store.ingest("ns", [entry]).entry_ids
     _flip_byte_on_disk(tmp_path / "s", entry.feature.tobytes())
     with MapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match="record crc32c"):
@@ -93,9 +93,8 @@ def test_outputs_corruption_and_missing_chunks_are_reported(tmp_path):
     entry = make_entry(layout, 8, seed=1)
     with MapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
-        a, b = store.ingest("ns", [entry, make_entry(layout, 8, seed=2)])
-        gen = store._gen  # white-box: remove one chunk of b behind the store's back
-        with gen.env.begin(write=True) as txn:
+        a, b = store.ingest("ns", [entry, make_entry(layout, 8, seed=2)]).entry_ids
+        with store._live.write() as (gen, txn):  # white-box: remove one chunk of b behind the store's back
             assert txn.delete(b"ns/maps/L8/c/1/2/0/0/0", db=gen.db.zarr)
     _flip_byte_on_disk(tmp_path / "s", entry.outputs.astype(np.float16).tobytes())
     with MapStore.open(tmp_path / "s") as store:
@@ -111,9 +110,8 @@ def test_orphan_chunks_are_invisible_counted_by_verify_and_dropped_by_compaction
     layout = small_layout()
     with MapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
-        (entry_id,) = store.ingest("ns", [make_entry(layout, 8, seed=1)])
-        gen = store._gen  # white-box: a staged chunk whose record never committed
-        with gen.env.begin(write=True) as txn:
+        (entry_id,) = store.ingest("ns", [make_entry(layout, 8, seed=1)]).entry_ids
+        with store._live.write() as (gen, txn):  # white-box: a staged chunk whose record never committed
             txn.put(b"ns/maps/L8/c/7/0/0/0/0", b"\x00" * 256, db=gen.db.zarr)
         report = store.verify()
         assert report.ok and report.orphan_chunks == 1

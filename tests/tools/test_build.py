@@ -11,8 +11,8 @@ from attnstore_client.batch import tokenize
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.projector import Projector
 from attnstore_tools.build.command import BuildConfig, build_namespace
-from attnstore_tools.cli import main
 from attnstore_tools.build.training import TrainConfig
+from attnstore_tools.cli import main
 
 _QUICK = TrainConfig(max_epochs=3, patience=1)
 _COLOURS = ["red", "green", "blue", "black", "white", "brown"]

@@ -129,7 +129,7 @@ def stored(adapter, tmp_path):
         service.create_namespace("ns", model="tiny", fingerprint=FP, layout=layout)
         entries = [
             NewEntry(maps=maps, token_hash=token_hash(ids), outputs=hidden)
-            for ids, maps, hidden in zip(rows, captured.maps, captured.hidden)
+            for ids, maps, hidden in zip(rows, captured.maps, captured.hidden, strict=True)
         ]
         ids = service.ingest("ns", FP, entries).entry_ids
         yield service, rows, ids

@@ -33,7 +33,8 @@ def test_logs_stores_first_halves_queries_last_halves_and_votes_by_template():
     for system in ("HDFS", "BGL", "Linux", "OpenSSH", "Apache", "Spark", "Hadoop", "Zookeeper"):
         with open(DATA / "loghub" / f"{system}.tsv", encoding="utf-8", newline="") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-        labels.append(([f"{system}:{r['event_id']}" for r in rows[:1000]], [f"{system}:{r['event_id']}" for r in rows[1000:1030]]))
+        events = [f"{system}:{r['event_id']}" for r in rows]
+        labels.append((events[:1000], events[1000:1030]))
     stored = [label for head, _ in labels for label in head]
     asked = [label for _, tail in labels for label in tail]
     vectors = _one_hot(stored + asked)
@@ -53,7 +54,8 @@ def test_sts_pairs_queries_and_scores_spearman_of_cosines_times_100():
     import csv
 
     with open(DATA / "stsb_test.tsv", encoding="utf-8", newline="") as handle:
-        gold = np.array([float(r["score"]) for r in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)][:10])
+        rows = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        gold = np.array([float(r["score"]) for r in rows][:10])
     # Second sentences turned away from the first by less the higher the gold score: a perfect ranking.
     angle = (5.0 - gold) / 5.0 * np.pi / 2
     first = np.tile([1.0, 0.0], (10, 1))

@@ -12,19 +12,19 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from attnstore.errors import CorpusError, NamespaceNotFoundError, NamespaceNotReadyError
-from attnstore.service import AttnStoreService
 from attnstore.protocol.records import NamespaceLayout
+from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel
+from attnstore_tools.build.command import BuildConfig, build_namespace
+from attnstore_tools.build.training import TrainConfig, map_distances
 from attnstore_tools.eval.oracle import command as eval_oracle
 from attnstore_tools.eval.oracle import corpora as eval_corpora
-from attnstore_tools.build.command import BuildConfig, build_namespace
-from attnstore_tools.eval.oracle.fidelity import prepare_queries
 from attnstore_tools.eval.oracle.command import OracleConfig, evaluate_oracle
-from attnstore_tools.eval.oracle.thresholds import QueryResult, Scored, calibrate, calibration_split, summarise
+from attnstore_tools.eval.oracle.fidelity import prepare_queries
 from attnstore_tools.eval.oracle.search import entry_sources, key_picks, oracle_picks
-from attnstore_tools.build.training import TrainConfig, map_distances
+from attnstore_tools.eval.oracle.thresholds import QueryResult, Scored, calibrate, calibration_split, summarise
 
 _QUICK = TrainConfig(max_epochs=3, patience=1)
 _COLOURS = ["red", "green", "blue", "black", "white", "brown"]
@@ -86,7 +86,7 @@ def test_oracle_is_the_same_length_entry_with_the_smallest_true_map_distance(min
     queries, _ = prepare_queries(adapter, service, "ns", QUERIES, progress=False)
     picks = oracle_picks(service, "ns", queries, causal=False, progress=False)
     assert picks.crop == picks.same_length
-    for query, pick in zip(queries, picks.same_length):
+    for query, pick in zip(queries, picks.same_length, strict=True):
         entries = list(service.store.entries("ns", query.length))
         truth = map_distances(query.maps, torch.stack([service.store.read_maps("ns", e.id) for e in entries]))
         assert pick.stored_length == query.length
@@ -103,7 +103,7 @@ def test_causal_oracle_with_crop_may_pick_a_longer_entry_by_its_cropped_maps(tin
     stored_prompt = decoder_store.store.find_by_hash("mc", prepare_queries(
         adapter, decoder_store, "mc", [PROMPTS[0]], progress=False)[0][0].token_hash)
     assert picks.crop[-1].entry_id == stored_prompt and picks.crop[-1].stored_length > queries[-1].length
-    for query, same, crop in zip(queries, picks.same_length, picks.crop):
+    for query, same, crop in zip(queries, picks.same_length, picks.crop, strict=True):
         assert crop.distance <= same.distance
         assert same.entry_id is None or same.stored_length == query.length
         cropped = torch.from_numpy(decoder_store.read_maps("mc", crop.entry_id, length=query.length))
@@ -128,7 +128,7 @@ def test_simple_keys_pick_entries_by_sources_recomputed_from_the_corpus(minilm_m
     assert sources.missing == 0 and sum(ids.size for ids in sources.ids.values()) == 50
     queries, _ = prepare_queries(adapter, service, "ns", QUERIES, progress=False)
     picks = key_picks(sources, queries, crop=False)
-    for query, mean, position in zip(queries, picks["mean_pooled"], picks["positionwise"]):
+    for query, mean, position in zip(queries, picks["mean_pooled"], picks["positionwise"], strict=True):
         assert mean.stored_length == position.stored_length == query.length
         if query.duplicate_of is not None:
             assert mean.entry_id == position.entry_id == query.duplicate_of

@@ -13,10 +13,10 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.projector import Projector
 from attnstore_tools.build.command import BuildConfig, build_namespace
-from attnstore_tools.cli import main
-from attnstore_tools.eval.tasks import Task
-from attnstore_tools.eval.command import EvalConfig, evaluate, format_report
 from attnstore_tools.build.training import TrainConfig
+from attnstore_tools.cli import main
+from attnstore_tools.eval.command import EvalConfig, evaluate, format_report
+from attnstore_tools.eval.tasks import Task
 
 _COLOURS = ["red", "green", "blue", "black", "white", "brown"]
 _ANIMALS = ["cat", "dog", "horse", "bird", "fish"]

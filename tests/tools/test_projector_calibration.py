@@ -14,8 +14,8 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
 from attnstore_client.projector import Calibration, Projector, ProjectorConfig
-from attnstore_tools.build.command import BuildConfig, BuildReport, build_namespace
 from attnstore_tools.build.calibration import _length_exponent, _threshold
+from attnstore_tools.build.command import BuildConfig, BuildReport, build_namespace
 from attnstore_tools.build.training import TrainConfig
 
 

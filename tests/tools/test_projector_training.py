@@ -146,7 +146,7 @@ def test_pair_sampling_mines_near_neighbours_and_includes_identical_pairs() -> N
     items = np.arange(40)
     config = dataclasses.replace(FAST, neighbours=1, random_pairs=1, duplicate_fraction=0.1)
     left, right = _sample_pairs(cheap, lengths, items, items, config, rng, symmetric=True)
-    pairs = set(zip(left.tolist(), right.tolist()))
+    pairs = set(zip(left.tolist(), right.tolist(), strict=True))
     assert (0, 1) in pairs
     identical = int((left == right).sum())
     assert identical >= 1 and identical == round(0.1 * (left.size - identical))

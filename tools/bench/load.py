@@ -23,8 +23,6 @@ import logging
 import multiprocessing
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,9 +36,13 @@ import grpc
 import numpy as np
 
 from attnstore.errors import AttnStoreError
+from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, lookup_request
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore_tools.arguments import positive_int
+from attnstore_tools.launcher import ServeProcess
+from attnstore_tools.output import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -95,31 +97,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``load`` benchmark to the ``bench`` group."""
     spec, caps = LoadSpec(), DaemonCaps()
     p = subparsers.add_parser("load", help="N client processes, mixed Lookup/Ingest, against one daemon")
-    p.add_argument("--clients", type=_positive_int, default=16, help="client processes (default: 16)")
+    p.add_argument("--clients", type=positive_int, default=16, help="client processes (default: 16)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic (default: 60)")
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--store", type=Path, help="store directory for the daemon (default: a temp dir, removed)")
     p.add_argument("--target", help="HOST:PORT of a running daemon instead (needs --token; no RSS figures)")
     p.add_argument("--token", help="admin token for --target")
-    p.add_argument("--entries", type=_positive_int, default=spec.entries, help="seeded entries")
-    p.add_argument("--length", type=_positive_int, default=spec.length, help="tokens per entry")
-    p.add_argument("--batch", type=_positive_int, default=spec.batch, help="rows per Lookup")
+    p.add_argument("--entries", type=positive_int, default=spec.entries, help="seeded entries")
+    p.add_argument("--length", type=positive_int, default=spec.length, help="tokens per entry")
+    p.add_argument("--batch", type=positive_int, default=spec.batch, help="rows per Lookup")
     p.add_argument("--ingest-fraction", type=float, default=spec.ingest_fraction, help="share of Ingest calls")
     p.add_argument("--dram-bytes", type=int, default=caps.dram_bytes, help="daemon DRAM tier (bytes)")
     p.add_argument("--max-bytes", type=int, default=caps.max_bytes, help="daemon stored-bytes cap")
     p.add_argument(
-        "--max-ingest-streams", type=_positive_int, default=caps.max_ingest_streams, help="daemon Ingest streams"
+        "--max-ingest-streams", type=positive_int, default=caps.max_ingest_streams, help="daemon Ingest streams"
     )
     p.add_argument("--fixed-overhead", type=int, default=caps.fixed_overhead, help="stated fixed RSS overhead")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
 
 
 # ---- synthetic entries ---------------------------------------------------------------
@@ -214,10 +209,10 @@ def _lookup_and_check(
             feature = feature + rng.normal(scale=spec.noise, size=spec.feature_dim).astype(np.float32)
         rows_features.append(feature)
         hashes.append(int(key).to_bytes(32, "little") if role == "exact" else None)
-    request = lookup_request(
+    request = lookup_request(LookupBatch(
         NAMESPACE, FINGERPRINT, np.stack(rows_features), [spec.length] * spec.batch,
         token_hashes=hashes, max_distance=spec.max_distance,
-    )
+    ))
     result = remote.lookup(request)
     for row, (match, key, role) in enumerate(zip(result.matches, picks, roles, strict=True)):
         kind = {pb.MATCH_KIND_EXACT: "exact", pb.MATCH_KIND_MAP: "map"}.get(match.kind, "miss")
@@ -245,48 +240,23 @@ def _code_of(exc: AttnStoreError) -> str:
 # ---- the daemon under test ------------------------------------------------------------------
 
 
-@dataclass
-class _Daemon:
-    """A daemon this bench started: its process, address and tokens."""
-
-    process: subprocess.Popen[bytes]
-    target: str
-    admin_token: str
-    log_path: Path
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60)
-
-
-def _start_daemon(store: Path, workdir: Path, caps: DaemonCaps) -> _Daemon:
-    """``attnstore serve`` on a free loopback port with a fresh token file; waits for its ready file.
+def _start_daemon(store: Path, workdir: Path, caps: DaemonCaps) -> tuple[ServeProcess, str]:
+    """``attnstore serve`` with ``caps`` and a fresh token file; returns it, serving, and its admin token.
 
     Raises:
-        RuntimeError: it exited or did not get ready within a minute (its log path is in the message).
+        DaemonProcessError: it exited or did not serve within a minute (its log is in the message).
     """
     admin = secrets.token_hex(16)
     tokens = workdir / "tokens.txt"
     tokens.write_text(f"admin {admin}\n", encoding="utf-8")
     tokens.chmod(0o600)
-    ready, log_path = workdir / "ready.json", workdir / "daemon.log"
-    command = [
-        sys.executable, "-m", "attnstore_tools.cli", "serve", "--store", str(store), "--create",
-        "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--token-file", str(tokens),
+    daemon = ServeProcess(store, workdir, args=[
+        "--token-file", str(tokens),
         "--dram-bytes", str(caps.dram_bytes), "--max-bytes", str(caps.max_bytes),
         "--max-ingest-bytes", str(caps.max_ingest_bytes), "--max-ingest-streams", str(caps.max_ingest_streams),
         "--workers", str(caps.workers),
-    ]
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"the daemon did not start; see {log_path}")
-        time.sleep(0.05)
-    port = json.loads(ready.read_text(encoding="utf-8"))["port"]
-    return _Daemon(process, f"127.0.0.1:{port}", admin, log_path)
+    ])
+    return daemon.start(timeout=60), admin
 
 
 def _seed(target: str, token: str, spec: LoadSpec) -> dict[int, int]:
@@ -352,11 +322,13 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(scratch)
         daemon = None
         if args.target is None:
-            daemon = _start_daemon(args.store or workdir / "store", workdir, caps)
-        target, token = (daemon.target, daemon.admin_token) if daemon else (args.target, args.token)
+            daemon, token = _start_daemon(args.store or workdir / "store", workdir, caps)
+            target = daemon.target
+        else:
+            target, token = args.target, args.token
         try:
             entry_ids = _seed(target, token, spec)
-            sampler = _RssSampler(daemon.process.pid) if daemon else None
+            sampler = _RssSampler(daemon.pid) if daemon else None
             idle = sampler.read() if sampler else None
             results = _run_clients(
                 args.clients, args.duration, args.seed, target, token, spec, entry_ids, workdir, sampler
@@ -364,13 +336,12 @@ def run(args: argparse.Namespace) -> int:
             report = _report(args, spec, caps, results, sampler, idle, daemon is not None)
         finally:
             if daemon is not None:
-                code = daemon.stop()
+                code = daemon.stop(timeout=60)
                 if code != 0:
                     logger.error("the daemon exited with %s; see %s", code, daemon.log_path)
     _print_table(report)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, report)
     return 0 if report["errors_total"] == 0 else 1
 
 

@@ -13,11 +13,8 @@ modules.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,9 +24,10 @@ from pathlib import Path
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore_tools.arguments import documented_parser
 from attnstore_tools.machine import cpu_model
-
-logger = logging.getLogger(__name__)
+from attnstore_tools.output import write_json
+from attnstore_tools.timing import median_ms, time_rounds
 
 
 @dataclass(frozen=True)
@@ -48,11 +46,8 @@ class ReplayTiming:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``replay`` to the ``bench`` group."""
-    parser = subparsers.add_parser(
-        "replay",
-        help="prefill time: map replay vs sdpa and eager baselines",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = documented_parser(
+        subparsers, "replay", __doc__, summary="prefill time: map replay vs sdpa and eager baselines"
     )
     parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
     parser.add_argument("--lengths", default="32,128,512", help="comma-separated token lengths (default: 32,128,512)")
@@ -97,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
         "results": [asdict(result) for result in results],
     }
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
         print(f"wrote {args.json}")
     return 0
 
@@ -115,6 +109,10 @@ def _bench_length(adapter, length: int, args: argparse.Namespace) -> ReplayTimin
     replay = dict(enumerate(maps))
     model = adapter.loaded.model
 
+    # Each returns None: the timing samples keep what a call returns, and the outputs are not needed.
+    def sdpa() -> None:
+        adapter.forward(batch)
+
     def eager() -> None:
         model.set_attn_implementation("eager")
         try:
@@ -122,14 +120,13 @@ def _bench_length(adapter, length: int, args: argparse.Namespace) -> ReplayTimin
         finally:
             model.set_attn_implementation("sdpa")
 
-    variants: dict[str, Callable[[], object]] = {
-        "sdpa": lambda: adapter.forward(batch),
-        "eager": eager,
-        "replay": lambda: adapter.forward(batch, replay),
-    }
-    times = _round_robin(variants, repeats=args.repeats, warmup=args.warmup)
+    def replayed() -> None:
+        adapter.forward(batch, replay)
+
+    variants: dict[str, Callable[[], None]] = {"sdpa": sdpa, "eager": eager, "replay": replayed}
+    samples = time_rounds(variants, repeats=args.repeats, warmup=args.warmup)
     share = _attention_share(adapter, batch)
-    sdpa_ms, eager_ms, replay_ms = (statistics.median(times[name]) for name in ("sdpa", "eager", "replay"))
+    sdpa_ms, eager_ms, replay_ms = (median_ms(s.seconds for s in samples[n]) for n in ("sdpa", "eager", "replay"))
     return ReplayTiming(
         length=length,
         # 4 decimals: the ratios recomputed from sub-millisecond times (tiny models) stay within 0.1%.
@@ -141,20 +138,6 @@ def _bench_length(adapter, length: int, args: argparse.Namespace) -> ReplayTimin
         speedup_vs_best=round(min(sdpa_ms, eager_ms) / replay_ms, 3),
         attention_share=round(share, 3),
     )
-
-
-def _round_robin(variants: dict[str, Callable[[], object]], *, repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Time each variant ``repeats`` times, interleaved, after ``warmup`` untimed rounds; ms."""
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for round_index in range(warmup + repeats):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            elapsed = (time.perf_counter() - start) * 1000.0
-            if round_index >= warmup:
-                times[name].append(elapsed)
-            logger.info("round %s %s %.1f ms", round_index, name, elapsed)
-    return times
 
 
 def _attention_share(adapter, batch) -> float:

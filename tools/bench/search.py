@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -22,6 +21,8 @@ import faiss
 import numpy as np
 
 from attnstore.index import FaissIndex, FaissIndexConfig
+from attnstore_tools.arguments import positive_int
+from attnstore_tools.output import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -32,25 +33,25 @@ _WARMUP = 20
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``search`` benchmark to the ``bench`` group."""
     parser = subparsers.add_parser("search", help="vector search latency (HNSW and flat), p50/p99")
-    parser.add_argument("--n", type=_positive_int, default=100_000, help="stored vectors (default: 100000)")
-    parser.add_argument("--dim", type=_positive_int, default=128, help="vector dimension (default: 128)")
-    parser.add_argument("--queries", type=_positive_int, default=512, help="queries per run (default: 512)")
-    parser.add_argument("--batch", type=_positive_int, default=64, help="queries per batched call (default: 64)")
-    parser.add_argument("--runs", type=_positive_int, default=5, help="timed runs; medians are reported (default: 5)")
+    parser.add_argument("--n", type=positive_int, default=100_000, help="stored vectors (default: 100000)")
+    parser.add_argument("--dim", type=positive_int, default=128, help="vector dimension (default: 128)")
+    parser.add_argument("--queries", type=positive_int, default=512, help="queries per run (default: 512)")
+    parser.add_argument("--batch", type=positive_int, default=64, help="queries per batched call (default: 64)")
+    parser.add_argument("--runs", type=positive_int, default=5, help="timed runs; medians are reported (default: 5)")
     defaults = FaissIndexConfig()
     parser.add_argument(
-        "--hnsw-m", type=_positive_int, default=defaults.hnsw_m, help=f"HNSW degree (default: {defaults.hnsw_m})"
+        "--hnsw-m", type=positive_int, default=defaults.hnsw_m, help=f"HNSW degree (default: {defaults.hnsw_m})"
     )
     parser.add_argument(
-        "--ef-construction", type=_positive_int, default=defaults.ef_construction,
+        "--ef-construction", type=positive_int, default=defaults.ef_construction,
         help=f"HNSW build beam (default: {defaults.ef_construction})",
     )
     parser.add_argument(
-        "--ef-search", type=_positive_int, default=defaults.ef_search,
+        "--ef-search", type=positive_int, default=defaults.ef_search,
         help=f"HNSW search beam (default: {defaults.ef_search})",
     )
     parser.add_argument(
-        "--threads", type=_positive_int, default=1,
+        "--threads", type=positive_int, default=1,
         help="faiss OpenMP threads while searching (default: 1, one core per search call, as a server serving "
         "concurrent requests runs; more threads make a single query wait on thread wake-ups); builds use all cores",
     )
@@ -65,13 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
     """Build the indexes, time the searches, print a table, write JSON; returns 0."""
     build_threads = faiss.omp_get_max_threads()
@@ -81,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         faiss.omp_set_num_threads(build_threads)
     _print_table(report)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return 0
 
 

@@ -19,25 +19,26 @@ what a trained one costs, and identical inputs still match at distance 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore_tools.arguments import documented_parser
+from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.machine import cpu_model
+from attnstore_tools.output import write_json
+from attnstore_tools.timing import Sample, median_ms, time_rounds
+
+if TYPE_CHECKING:
+    from attnstore_client.prefill import BatchCounts
 
 _VARIANTS = ("baseline", "replay_memory", "hit", "hit_wait_all", "miss", "exact")
 
@@ -61,11 +62,8 @@ class VariantTiming:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``service`` to the ``bench`` group."""
-    parser = subparsers.add_parser(
-        "service",
-        help="client paths through a daemon (hit, miss, exact) vs the plain forward",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = documented_parser(
+        subparsers, "service", __doc__, summary="client paths through a daemon (hit, miss, exact) vs the plain forward"
     )
     parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
     parser.add_argument("--length", type=int, default=128, help="tokens per row (default: 128)")
@@ -76,27 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the token ids (default: 0)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     parser.set_defaults(func=run)
-
-
-@contextmanager
-def _daemon(store: Path, workdir: Path) -> Iterator[str]:
-    """An ``attnstore serve`` subprocess on a free loopback port; yields ``HOST:PORT``; SIGTERM on exit."""
-    ready = workdir / "ready.json"
-    log = (workdir / "daemon.log").open("wb")
-    command = [sys.executable, "-m", "attnstore_tools.cli", "--log-level", "WARNING", "serve", "--store", str(store),
-               "--create", "--listen", "127.0.0.1:0", "--ready-file", str(ready)]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise ConfigError(f"the daemon did not start; see {workdir / 'daemon.log'}")
-            time.sleep(0.05)
-        yield f"127.0.0.1:{json.loads(ready.read_text())['port']}"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
-        log.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,9 +91,12 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, attn_implementation="sdpa")
     adapter = adapter_for(loaded)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="attnstore-bench-service-") as scratch, \
-            _daemon(Path(scratch) / "store", Path(scratch)) as target:
-        timings = _measure(adapter, target, args)
+    with tempfile.TemporaryDirectory(prefix="attnstore-bench-service-") as scratch:
+        daemon = ServeProcess(Path(scratch) / "store", Path(scratch)).start(timeout=120)
+        try:
+            timings = _measure(adapter, daemon.target, args)
+        finally:
+            daemon.stop(timeout=60)
     load_after = os.getloadavg()
     report = {
         "benchmark": "service",
@@ -140,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print(format_table(timings, report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, report)
     return 0
 
 
@@ -189,67 +168,67 @@ def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTimi
         return CachedPrefill(adapter, connection, fingerprint=fingerprint, projector=projector, settings=settings,
                              breaker=CircuitBreaker())
 
-    def cached(runner: CachedPrefill) -> Callable[[], tuple[torch.Tensor, BatchCounts]]:
-        def call() -> tuple[torch.Tensor, BatchCounts]:
+    # Each call keeps its latest output here and returns its counts: the samples keep only the counts.
+    outputs: dict[str, torch.Tensor] = {}
+
+    def cached(name: str, runner: CachedPrefill) -> Callable[[], BatchCounts]:
+        def call() -> BatchCounts:
             counts = BatchCounts()
             hidden = runner.hidden_states(batch, counts)
-            return torch.stack(hidden), counts  # (B, L, hidden): rows are all L tokens
+            outputs[name] = torch.stack(hidden)  # (B, L, hidden): rows are all L tokens
+            return counts
         return call
 
-    def plain(replay: dict | None) -> Callable[[], tuple[torch.Tensor, BatchCounts]]:
-        return lambda: (adapter.forward(batch, replay), BatchCounts(rows=batch.size))
+    def plain(name: str, replay: dict | None) -> Callable[[], BatchCounts]:
+        def call() -> BatchCounts:
+            outputs[name] = adapter.forward(batch, replay)
+            return BatchCounts(rows=batch.size)
+        return call
 
     calls = {
-        "baseline": plain(None),
-        "replay_memory": plain(memory_maps),
-        "hit": cached(prefill("hit", False, True)),
-        "hit_wait_all": cached(prefill("hit", False, False)),
-        "miss": cached(prefill("miss", True, True)),
-        "exact": cached(prefill("hit", True, True)),
+        "baseline": plain("baseline", None),
+        "replay_memory": plain("replay_memory", memory_maps),
+        "hit": cached("hit", prefill("hit", False, True)),
+        "hit_wait_all": cached("hit_wait_all", prefill("hit", False, False)),
+        "miss": cached("miss", prefill("miss", True, True)),
+        "exact": cached("exact", prefill("hit", True, True)),
     }
-    samples: dict[str, list[tuple[float, BatchCounts]]] = {name: [] for name in _VARIANTS}
-    outputs: dict[str, torch.Tensor] = {}
-    for round_ in range(args.warmup + args.repeats):
-        for name in _VARIANTS:  # round-robin: load from other processes hits every variant alike
-            start = time.perf_counter()
-            hidden, counts = calls[name]()
-            seconds = time.perf_counter() - start
-            if round_ >= args.warmup:
-                samples[name].append((seconds, counts))
-            outputs[name] = hidden
+    samples = time_rounds(calls, repeats=args.repeats, warmup=args.warmup)
     connection.close()
     _check_kinds(samples)
-    base_ms = statistics.median(s for s, _ in samples["baseline"]) * 1000
+    base_ms = median_ms(s.seconds for s in samples["baseline"])
     return [_timing(name, samples[name], base_ms, outputs[name], outputs["baseline"]) for name in _VARIANTS]
 
 
-def _check_kinds(samples: dict[str, list]) -> None:
+def _check_kinds(samples: dict[str, list[Sample[BatchCounts]]]) -> None:
     """The cache variants must have served rows the way their names say."""
     expected = {"hit": "map_hits", "hit_wait_all": "map_hits", "miss": "misses", "exact": "exact_hits"}
     for name, field in expected.items():
-        for _, counts in samples[name]:
-            if getattr(counts, field) != counts.rows:
-                raise ConfigError(f"bench service: variant {name} served {counts} instead of all {field}")
+        for sample in samples[name]:
+            if getattr(sample.value, field) != sample.value.rows:
+                raise ConfigError(f"bench service: variant {name} served {sample.value} instead of all {field}")
 
 
-def _timing(name: str, samples: list, base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor) -> VariantTiming:
-    def median_ms(get: Callable[[Any], float]) -> float:
-        return statistics.median(get(c) for _, c in samples) * 1000
+def _timing(
+    name: str, samples: list[Sample[BatchCounts]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
+) -> VariantTiming:
+    def counts_ms(get: Callable[[BatchCounts], float]) -> float:
+        return median_ms(get(s.value) for s in samples)
 
-    total = statistics.median(s for s, _ in samples) * 1000
-    forward = median_ms(lambda c: c.forward_s) if name not in ("baseline", "replay_memory") else total
+    total = median_ms(s.seconds for s in samples)
+    forward = counts_ms(lambda c: c.forward_s) if name not in ("baseline", "replay_memory") else total
     return VariantTiming(
         variant=name,
         total_ms=total,
-        projection_ms=median_ms(lambda c: c.projection_s),
-        lookup_ms=median_ms(lambda c: c.lookup_s),
-        fetch_ms=median_ms(lambda c: c.fetch_s),
+        projection_ms=counts_ms(lambda c: c.projection_s),
+        lookup_ms=counts_ms(lambda c: c.lookup_s),
+        fetch_ms=counts_ms(lambda c: c.fetch_s),
         forward_ms=forward,
-        mib_fetched=statistics.median(c.bytes_fetched for _, c in samples) / 2**20,
+        mib_fetched=statistics.median(s.value.bytes_fetched for s in samples) / 2**20,
         speedup_including_retrieval=base_ms / total,
         speedup_excluding_retrieval=base_ms / forward if forward > 0 else None,
         max_abs_diff=(hidden.float() - baseline).abs().max().item(),
-        total_ms_samples=tuple(round(s * 1000, 1) for s, _ in samples),
+        total_ms_samples=tuple(round(s.seconds * 1000, 1) for s in samples),
     )
 
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,8 @@ from attnstore.store.codecs import q8_error_bound
 from attnstore.protocol.records import CODECS, NamespaceLayout, NewEntry
 from attnstore.store.lmdb.env import DATA_FILE, read_current
 from attnstore.store.lmdb.mapstore import MapStore
+from attnstore_tools.output import write_json
+from attnstore_tools.timing import median_ms, time_rounds
 
 _TARGETS = {"pagecache_over_memcpy": 2.0, "dram_over_memcpy": 1.2, "q8_zstd_over_fp16": 0.30}
 
@@ -56,25 +57,27 @@ def synthetic_maps(layers: int, heads: int, length: int, seed: int, logit_std: f
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-def _median_ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e3
-
-
 def _timed_pair(
-    read: Callable[[], object], src: np.ndarray, dst: np.ndarray, runs: int, warmup: int
+    read: Callable[[], object],
+    src: np.ndarray,
+    dst: np.ndarray,
+    runs: int,
+    warmup: int,
+    each_round: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> tuple[float, float]:
-    """Median ms of ``read()`` and of a memcpy of ``src`` into ``dst``, interleaved in one loop."""
-    reads, copies = [], []
-    for i in range(warmup + runs):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        t1 = time.perf_counter()
+    """Median ms of ``read()`` and of a memcpy of ``src`` into ``dst``, interleaved in one loop.
+
+    ``each_round`` is entered around every round, untimed (the cold figure's reopen).
+    """
+
+    def read_and_drop() -> None:  # samples keep what a call returns: not the maps of every run
         read()
-        t2 = time.perf_counter()
-        if i >= warmup:
-            copies.append(t1 - t0)
-            reads.append(t2 - t1)
-    return _median_ms(reads), _median_ms(copies)
+
+    samples = time_rounds(
+        {"memcpy": lambda: np.copyto(dst, src), "read": read_and_drop}, repeats=runs, warmup=warmup,
+        each_round=each_round,
+    )
+    return median_ms(s.seconds for s in samples["read"]), median_ms(s.seconds for s in samples["memcpy"])
 
 
 def _drop_page_cache(path: Path) -> None:
@@ -102,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     _print_table(result)
     return 0
 
@@ -131,7 +133,7 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
             layout = NamespaceLayout(layers=layers, heads=heads, causal=True, hidden=8, codec=codec)
             store.create_namespace(_namespace(codec), model="bench", fingerprint="bench", layout=layout)
             t0 = time.perf_counter()
-            ids[codec] = [store.ingest(_namespace(codec), [e])[0] for e in entries]
+            ids[codec] = [store.ingest(_namespace(codec), [e]).entry_ids[0] for e in entries]
             seconds = time.perf_counter() - t0
             key = codec.replace("+", "_")
             result[f"ingest_{key}_entries_per_s"] = args.entries / seconds
@@ -142,7 +144,7 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
         result["ingest_entries_per_s"] = result["ingest_fp16_entries_per_s"]
         result["ingest_mb_per_s"] = result["ingest_fp16_mb_per_s"]
         for codec in ("q8", "q8+zstd"):
-            decoded = store.read_maps(_namespace(codec), ids[codec][0]).float().numpy()
+            decoded = store.read_maps(_namespace(codec), ids[codec][0]).astype(np.float32)
             bound = q8_error_bound(maps[0].max(axis=-1))[..., None]
             result[f"{codec.replace('+', '_')}_max_error"] = float(np.abs(decoded - maps[0]).max())
             result[f"{codec.replace('+', '_')}_within_bound"] = bool((np.abs(decoded - maps[0]) <= bound).all())
@@ -169,19 +171,19 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
 
     # Cold: store closed (pages unmapped), data file dropped from the page cache, reopened, one read.
     data_file = root / read_current(root) / DATA_FILE
-    cold, copies = [], []
-    for i in range(warmup + runs):
+    opened: dict[str, MapStore] = {}
+    cycle = iter(ids["fp16"] * (warmup + runs))
+
+    @contextmanager
+    def reopened_cold() -> Iterator[None]:
         _drop_page_cache(data_file)
         with MapStore.open(root, dram_bytes=0) as store:
-            t0 = time.perf_counter()
-            np.copyto(dst, src)
-            t1 = time.perf_counter()
-            store.read_maps(_namespace("fp16"), ids["fp16"][i % len(ids["fp16"])])
-            t2 = time.perf_counter()
-        if i >= warmup:
-            copies.append(t1 - t0)
-            cold.append(t2 - t1)
-    result["cold_ms"], result["cold_memcpy_ms"] = _median_ms(cold), _median_ms(copies)
+            opened["store"] = store
+            yield
+
+    result["cold_ms"], result["cold_memcpy_ms"] = _timed_pair(
+        lambda: opened["store"].read_maps(_namespace("fp16"), next(cycle)), src, dst, runs, warmup, reopened_cold
+    )
 
     for tier in ("dram", "pagecache", "cold", "memcpy"):
         result[f"{tier}_gb_per_s"] = nbytes / (result[f"{tier}_ms"] / 1e3) / 1e9

@@ -21,7 +21,6 @@ For a task (see ``eval_data``) and a model it:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -34,8 +33,10 @@ import numpy as np
 
 from attnstore.errors import ConfigError, NamespaceNotFoundError
 from attnstore_tools.admin import TOKEN_ENV, read_token
-from attnstore_tools.eval.tasks import STEM_SUBJECTS, TASKS, Task, load_task
+from attnstore_tools.arguments import documented_parser
 from attnstore_tools.eval.scores import build_report, format_report
+from attnstore_tools.eval.tasks import STEM_SUBJECTS, TASKS, Task, load_task
+from attnstore_tools.output import write_json
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,11 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
     AttnCache-f reads maps in process, from ``service``: without one (a daemon) it is skipped.
     """
     from attnstore_tools.eval.baselines import (
-        AttnCacheFVariant, LayerKeys, LazyFormerVariant, SanVariant, calibrate_san,
+        AttnCacheFVariant,
+        LayerKeys,
+        LazyFormerVariant,
+        SanVariant,
+        calibrate_san,
     )
     from attnstore_tools.eval.runner import chunks
 
@@ -236,9 +241,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mmlu": "MMLU multiple choice, next-token letter (decoders)",
     }
     for name in TASKS:
-        parser = subparsers.add_parser(
-            name, help=f"{helps[name]}: full model vs AttnStore and baselines", description=__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+        parser = documented_parser(
+            subparsers, name, __doc__, summary=f"{helps[name]}: full model vs AttnStore and baselines"
         )
         parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
         source = parser.add_mutually_exclusive_group()
@@ -336,8 +340,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     report = evaluate(task, loaded, store_url, namespace, config, token=token, tls_ca=args.tls_ca)
     report["seconds"] = round(time.perf_counter() - started, 1)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_json(args.json, report, indent=1)
     print(format_report(report))
     print(f"wrote {args.json}")
     return 0
@@ -350,7 +353,8 @@ def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, s
     or ``--per-subject`` for mmlu); it is part of the folder's name.
     """
     from attnstore.service import AttnStoreService
-    from attnstore_tools.build.command import BuildConfig, build_namespace, format_report as format_build
+    from attnstore_tools.build.command import BuildConfig, build_namespace
+    from attnstore_tools.build.command import format_report as format_build
     from attnstore_tools.corpus import read_texts
 
     if args.build_from is not None:

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_tools.eval.variants import AttentionTimer, Variant
+from attnstore_tools.timing import time_rounds
 
 # A batch of queries: their indices (in query order) and the padded batch.
 Chunk = tuple[list[int], Batch]
@@ -138,29 +140,25 @@ def time_variants(
     progress: bool = True,
 ) -> list[Timing]:
     """Median times of every variant over ``rounds`` rounds (after one warm-up round), in ``variants`` order."""
-    samples: list[list[tuple[float, float, float, float]]] = [[] for _ in variants]
+    calls = {position: partial(_time_once, adapter, variant, batches) for position, variant in enumerate(variants)}
     bar = tqdm(total=(rounds + 1) * len(variants), desc="timing", unit="run", disable=not progress, leave=False)
-    for round_ in range(rounds + 1):
-        shift = round_ % len(variants)
-        for position in list(range(shift, len(variants))) + list(range(shift)):
-            measured = _time_once(adapter, variants[position], batches)
-            if round_ > 0:  # round 0 warms caches, kernels and the page cache
-                samples[position].append(measured)
-            bar.update(1)
+    # The figures are what each call measures itself: the batches' forwards alone, not the hooks' set-up.
+    samples = time_rounds(calls, repeats=rounds, warmup=1, rotate=True, after_call=bar.update)
     bar.close()
     return [
         Timing(
-            total_s=statistics.median(s[0] for s in rows),
-            retrieval_s=statistics.median(s[1] for s in rows),
-            inline_s=statistics.median(s[2] for s in rows),
-            attention_s=statistics.median(s[3] for s in rows),
+            total_s=statistics.median(s.value[0] for s in rows),
+            retrieval_s=statistics.median(s.value[1] for s in rows),
+            inline_s=statistics.median(s.value[2] for s in rows),
+            attention_s=statistics.median(s.value[3] for s in rows),
             rounds=rounds,
         )
-        for rows in samples
+        for rows in samples.values()
     ]
 
 
 def _time_once(adapter: Adapter, variant: Variant, batches: Sequence[Chunk]) -> tuple[float, float, float, float]:
+    """Seconds in the batches' forwards, of retrieval, of retrieval inside attention, and in attention."""
     total = retrieval = inline = 0.0
     with AttentionTimer(adapter.attention_modules) as timer:
         for _, batch in batches:

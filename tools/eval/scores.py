@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnstore_tools.eval.tasks import Task
 from attnstore_tools.eval.runner import Pass, Timing
+from attnstore_tools.eval.tasks import Task
 from attnstore_tools.eval.variants import Variant
 from attnstore_tools.machine import cpu_model
 

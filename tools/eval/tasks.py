@@ -31,8 +31,8 @@ import numpy as np
 
 from attnstore.errors import ConfigError, CorpusError
 from attnstore_client.cache import PROMPT_EOL
-from attnstore_tools.eval.oracle.corpora import LETTERS, LOGHUB_SYSTEMS, mmlu_prompt, tsv_rows
 from attnstore_tools.build.training import rank_correlation
+from attnstore_tools.eval.oracle.corpora import LETTERS, LOGHUB_SYSTEMS, mmlu_prompt, tsv_rows
 
 TaskName = Literal["logs", "sts", "sst2", "mmlu"]
 TASKS: tuple[TaskName, ...] = ("logs", "sts", "sst2", "mmlu")

@@ -59,7 +59,7 @@ class Variant(ABC):
     def run(self, batch: Batch) -> BatchRun:
         """Run one batch; rows come back in batch order."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most variants hold nothing)
         """Release what the variant holds (store connections)."""
 
 

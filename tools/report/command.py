@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from attnstore.errors import ConfigError
+from attnstore_tools.arguments import documented_parser
 from attnstore_tools.report.oracle_tables import oracle_blocks
 from attnstore_tools.report.plots import write_plots
 from attnstore_tools.report.tables import Block, run_block, splice_blocks, summary_block
@@ -319,11 +320,9 @@ def _parse_row(row: _Fields) -> Row:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``report`` subcommand."""
-    parser = subparsers.add_parser(
-        "report",
-        help="write the tables of docs/RESULTS.md and the plots from the eval runs' JSON files",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = documented_parser(
+        subparsers, "report", __doc__,
+        summary="write the tables of docs/RESULTS.md and the plots from the eval runs' JSON files",
     )
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"),
                         help="folder searched for the eval runs' JSON files (default: runs/eval)")

@@ -64,9 +64,9 @@ def _sweep(run: EvalRun, path: Path) -> PlotFile:
     left = fig.add_subplot()
     right = left.twinx()
     if hits:
-        left.plot(*zip(*hits), "o-", color="tab:blue", label="hit rate")
+        left.plot(*zip(*hits, strict=True), "o-", color="tab:blue", label="hit rate")
     if metric:
-        right.plot(*zip(*metric), "s-", color="tab:orange", label=run.metric_name)
+        right.plot(*zip(*metric, strict=True), "s-", color="tab:orange", label=run.metric_name)
     if run.full_metric is not None:
         right.axhline(run.full_metric, color="tab:orange", linestyle="--", linewidth=1, label="full model")
     if run.default_threshold is not None:

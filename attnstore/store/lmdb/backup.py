@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attnstore.errors import ConfigError
 from attnstore.store.lmdb.env import DATA_FILE, write_current
-from attnstore.store.lmdb.opening import open_live
+from attnstore.store.lmdb.live import open_live
 from attnstore.store.lmdb.settings import StoreSettings
 
 logger = logging.getLogger(__name__)

@@ -7,55 +7,15 @@ hierarchy is self-describing when opened with zarr.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from attnstore.errors import FormatVersionError
-from attnstore.store.codecs import MapCodec, codec_for
-from attnstore.protocol.records import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout, is_namespace_name
-from attnstore.store.zarr_layout import ChunkedArray, group_metadata, node_key, outputs_array
+from attnstore.protocol.records import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, is_namespace_name
+from attnstore.store.arrays import NamespaceState
+from attnstore.store.zarr_layout import group_metadata, node_key
 
 if TYPE_CHECKING:
-    # Only a type: MemoryMapStore uses NamespaceState without importing lmdb.
     from attnstore.store.lmdb.env import Databases
-
-
-@dataclass
-class NamespaceState:
-    """A namespace's immutable layout with its codec and per-length zarr arrays."""
-
-    name: str
-    layout: NamespaceLayout
-    codec: MapCodec
-    _arrays: dict[int, tuple[ChunkedArray, ...]] = field(default_factory=dict)
-    _outputs: dict[int, ChunkedArray] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, info: NamespaceInfo) -> NamespaceState:
-        """State for ``info``."""
-        return cls(name=info.name, layout=info.layout, codec=codec_for(info.layout.codec))
-
-    def arrays(self, length: int) -> tuple[ChunkedArray, ...]:
-        """The map arrays of bucket ``length`` (maps first; q8 adds scales)."""
-        arrays = self._arrays.get(length)
-        if arrays is None:
-            arrays = self._arrays[length] = self.codec.arrays(self.layout, length)
-        return arrays
-
-    def outputs(self, length: int) -> ChunkedArray:
-        """The exact-tier outputs array of bucket ``length``."""
-        array = self._outputs.get(length)
-        if array is None:
-            array = self._outputs[length] = outputs_array(length, self.layout.hidden)
-        return array
-
-    def all_arrays(self, length: int) -> tuple[ChunkedArray, ...]:
-        """Map arrays then the outputs array of bucket ``length``."""
-        return self.arrays(length) + (self.outputs(length),)
-
-    def group_names(self) -> tuple[str, ...]:
-        """Names of the groups under the namespace group (one per array kind)."""
-        return tuple(a.name for a in self.all_arrays(1))
 
 
 def check_format_version(info: NamespaceInfo) -> NamespaceInfo:

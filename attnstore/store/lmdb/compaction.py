@@ -11,13 +11,23 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from attnstore.errors import ChecksumError
-from attnstore.store.lmdb.catalog import NamespaceState, namespace_names
+from attnstore.store.arrays import NamespaceState
+from attnstore.store.lmdb.catalog import namespace_names
+from attnstore.store.lmdb.env import (
+    Generation,
+    items_with_prefix,
+    next_generation_name,
+    remove_unused_generations,
+    write_current,
+)
 from attnstore.store.lmdb.ingest import raw_nbytes
-from attnstore.store.lmdb.env import Generation, items_with_prefix, next_generation_name, write_current
+from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.records import (
     BucketRecord,
     EntryRecord,
@@ -29,6 +39,8 @@ from attnstore.store.lmdb.records import (
     ns_prefix,
     split_length_key,
 )
+from attnstore.store.lmdb.settings import StoreSettings
+from attnstore.store.reports import CompactReport
 from attnstore.store.zarr_layout import node_key, parse_chunk_key
 
 logger = logging.getLogger(__name__)
@@ -187,3 +199,47 @@ def _copy_namespace(txn, sdb, ddb, writer: _BatchWriter, state: NamespaceState) 
                 writer.put(node_key(array.path(name, length)), array.metadata(slot, layers), ddb.zarr)
     return entries, copied
 
+
+def compact_live(
+    live: LiveGeneration,
+    states_of: Callable[[object, Generation], dict[str, NamespaceState]],
+    settings: StoreSettings,
+    *,
+    on_retired: Callable[[], None],
+) -> CompactReport:
+    """Compact the live generation into a new one, swap it in and remove what nobody holds.
+
+    The caller holds ``live.write_lock`` and has flushed buffered hits. Readers
+    still on the old generation finish there; ``on_retired`` runs when the last
+    of them lets go.
+
+    Args:
+        live: the store's live generation.
+        states_of: every namespace's state, read in a transaction on a generation.
+        settings: the store's settings (map size, transaction size).
+        on_retired: called once the retired generation is closed.
+
+    Raises:
+        StoreFullError: the new generation ran out of map size or disk (the old one stays live).
+    """
+    start = time.perf_counter()
+    with live.held() as old:
+        with old.env.begin() as txn:
+            states = states_of(txn, old)
+        new, counts = write_next_generation(
+            live.root, old, states, map_size=settings.map_size, txn_bytes=settings.compact_txn_bytes
+        )
+        retired = live.swap(new)
+        retired.on_closed = on_retired
+        retired.release()
+        report = CompactReport(
+            old_generation=old.name,
+            new_generation=new.name,
+            entries=counts.entries,
+            orphan_chunks_dropped=counts.orphan_chunks_dropped,
+            bytes_before=old.file_bytes(),
+            bytes_after=new.file_bytes(),
+            seconds=time.perf_counter() - start,
+        )
+    remove_unused_generations(live.root, keep=new.name)
+    return report

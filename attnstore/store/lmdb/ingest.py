@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import crc32c
 
 from attnstore.errors import ChecksumError
-from attnstore.store.lmdb.catalog import NamespaceState
+from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.env import Databases, items_with_prefix
 from attnstore.store.lmdb.records import (
     BucketRecord,

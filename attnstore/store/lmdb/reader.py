@@ -1,4 +1,4 @@
-"""The hot read path: chunk bytes straight from LMDB into one contiguous buffer.
+"""The read path: chunk bytes straight from LMDB into one contiguous buffer, and per-bucket statistics.
 
 Everything here runs inside one read transaction opened with ``buffers=True``
 on the calling thread: ``txn.get`` returns a memoryview into LMDB's map (no
@@ -16,10 +16,12 @@ import crc32c
 import numpy as np
 
 from attnstore.errors import ChecksumError, EntryNotFoundError
-from attnstore.store.lmdb.catalog import NamespaceState
-from attnstore.store.zarr_layout import ChunkedArray
-from attnstore.store.lmdb.env import Databases, items_with_prefix
+from attnstore.protocol.records import FORMAT_VERSION
+from attnstore.store.arrays import NamespaceState
+from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
+from attnstore.store.lmdb.ingest import META_EVICTED_BYTES, META_EVICTED_ENTRIES, read_counter
 from attnstore.store.lmdb.records import (
+    BucketRecord,
     EntryRecord,
     HitRecord,
     bucket_key,
@@ -28,6 +30,9 @@ from attnstore.store.lmdb.records import (
     split_entry_key,
     split_length_key,
 )
+from attnstore.store.lmdb.settings import StoreSettings
+from attnstore.store.reports import BucketStats, DramStats, NamespaceStats, StoreStats
+from attnstore.store.zarr_layout import ChunkedArray
 
 logger = logging.getLogger(__name__)
 
@@ -207,3 +212,63 @@ def read_outputs(txn, db: Databases, state: NamespaceState, record: EntryRecord)
             f"entry {record.id} of namespace {state.name!r}: outputs chunk is missing or fails its crc32c check"
         )
     return np.frombuffer(chunk, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)
+
+
+def namespace_stats(txn, db: Databases, states: dict[str, NamespaceState]) -> tuple[NamespaceStats, ...]:
+    """Entries and bytes of every namespace, per bucket with live entries (no record scan)."""
+    result = []
+    for name, state in states.items():
+        buckets = []
+        with txn.cursor(db=db.buckets) as cursor:
+            for key, value in items_with_prefix(cursor, ns_prefix(name)):
+                bucket = BucketRecord.from_bytes(value)
+                if bucket.live:
+                    length = int.from_bytes(key[-4:], "big")
+                    buckets.append(
+                        BucketStats(length, bucket.live, bucket.stored_bytes, bucket.raw_bytes, bucket.capacity)
+                    )
+        result.append(
+            NamespaceStats(
+                name=name,
+                codec=state.layout.codec,
+                entries=sum(b.entries for b in buckets),
+                stored_bytes=sum(b.stored_bytes for b in buckets),
+                raw_bytes=sum(b.raw_bytes for b in buckets),
+                buckets=tuple(buckets),
+            )
+        )
+    return tuple(result)
+
+
+def live_lengths(txn, db: Databases, namespace: str) -> list[int]:
+    """Token lengths of ``namespace`` with at least one live entry, ascending."""
+    with txn.cursor(db=db.buckets) as cursor:
+        return [
+            int.from_bytes(key[-4:], "big")
+            for key, value in items_with_prefix(cursor, ns_prefix(namespace))
+            if BucketRecord.from_bytes(value).live > 0
+        ]
+
+
+def store_stats(
+    txn, gen: Generation, states: dict[str, NamespaceState], settings: StoreSettings, *, pending_hits: int,
+    dram: DramStats,
+) -> StoreStats:
+    """The whole store's statistics, read in ``txn`` on ``gen``."""
+    namespaces = namespace_stats(txn, gen.db, states)
+    return StoreStats(
+        path=str(gen.path.parent),
+        generation=gen.name,
+        format_version=FORMAT_VERSION,
+        entries=sum(n.entries for n in namespaces),
+        stored_bytes=sum(n.stored_bytes for n in namespaces),
+        raw_bytes=sum(n.raw_bytes for n in namespaces),
+        file_bytes=gen.file_bytes(),
+        map_size=settings.map_size,
+        max_bytes=settings.max_bytes,
+        evicted_entries=read_counter(txn, gen.db, META_EVICTED_ENTRIES),
+        evicted_bytes=read_counter(txn, gen.db, META_EVICTED_BYTES),
+        pending_hits=pending_hits,
+        namespaces=namespaces,
+        dram=dram,
+    )

@@ -7,7 +7,8 @@ import time
 import crc32c
 
 from attnstore.errors import ChecksumError
-from attnstore.store.lmdb.catalog import NamespaceState, namespace_names
+from attnstore.store.arrays import NamespaceState
+from attnstore.store.lmdb.catalog import namespace_names
 from attnstore.store.lmdb.env import Generation, items_with_prefix
 from attnstore.store.lmdb.records import EntryRecord, decode_u64, hash_key, length_key, ns_prefix, split_entry_key
 from attnstore.store.reports import CorruptEntry, VerifyReport

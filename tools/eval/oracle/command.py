@@ -14,7 +14,6 @@ into queries with an exact duplicate in the store and the others (see
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -36,6 +35,14 @@ from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
 from attnstore_tools.corpus import read_texts
 from attnstore_tools.eval.oracle.fidelity import EvalQuery, SkippedQueries, prepare_queries, replay_fidelity
+from attnstore_tools.eval.oracle.search import (
+    SIMPLE_KEYS,
+    Pick,
+    entry_sources,
+    key_picks,
+    oracle_picks,
+    projector_picks,
+)
 from attnstore_tools.eval.oracle.thresholds import (
     QueryResult,
     Scored,
@@ -44,7 +51,7 @@ from attnstore_tools.eval.oracle.thresholds import (
     format_table,
     report_parts,
 )
-from attnstore_tools.eval.oracle.search import SIMPLE_KEYS, Pick, entry_sources, key_picks, oracle_picks, projector_picks
+from attnstore_tools.output import write_json
 
 log = logging.getLogger(__name__)
 # The "kind" of the JSON file, which `attnstore report` reads.
@@ -354,8 +361,7 @@ def run(args: argparse.Namespace) -> int:
         report = evaluate_oracle(load_model(args.model), service, texts, config, corpus=corpus, groups=groups,
                                  progress=not args.no_progress)
     print(format_report(report))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report.to_json_dict(), indent=1) + "\n", encoding="utf-8")
+    write_json(args.json, report.to_json_dict(), indent=1)
     return 0
 
 

@@ -34,8 +34,8 @@ from attnstore_client.adapters import Adapter
 from attnstore_client.batch import batch_from_ids
 from attnstore_client.keys import token_hash
 from attnstore_client.projector import Projector
-from attnstore_tools.eval.oracle.fidelity import EvalQuery
 from attnstore_tools.build.training import map_distances
+from attnstore_tools.eval.oracle.fidelity import EvalQuery
 
 SIMPLE_KEYS = ("mean_pooled", "positionwise")
 # Cap on the fp16 maps of one block of stored entries read for the oracle.

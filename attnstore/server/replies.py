@@ -1,0 +1,66 @@
+"""The servicer's replies: service records as wire messages."""
+
+from __future__ import annotations
+
+from attnstore.protocol.messages import layout_to_pb
+from attnstore.protocol.records import NamespaceInfo
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.service import MatchResult
+from attnstore.store.reports import StoreStats
+
+KIND_TO_PB = {"miss": pb.MATCH_KIND_MISS, "exact": pb.MATCH_KIND_EXACT, "map": pb.MATCH_KIND_MAP}
+
+
+def namespace_to_pb(info: NamespaceInfo, *, projector: bool) -> pb.Namespace:
+    """A namespace as its wire message, with or without the projector bytes."""
+    return pb.Namespace(
+        name=info.name,
+        model=info.model,
+        fingerprint=info.fingerprint,
+        layout=layout_to_pb(info.layout),
+        format_version=info.format_version,
+        created=info.created,
+        projector=(info.projector or b"") if projector else b"",
+    )
+
+
+def match_to_pb(query_index: int, result: MatchResult) -> pb.Match:
+    """One query's match as its wire message (entry id and stored length 0 on a miss)."""
+    return pb.Match(
+        query_index=query_index,
+        kind=KIND_TO_PB[result.kind],
+        entry_id=result.entry_id or 0,
+        distance=result.distance,
+        stored_length=result.stored_length or 0,
+    )
+
+
+def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
+    """Store statistics as the Stats reply (buckets flattened over namespaces)."""
+    buckets = [
+        pb.BucketStats(
+            namespace=ns.name,
+            length=b.length,
+            codec=ns.codec,
+            entries=b.entries,
+            stored_bytes=b.stored_bytes,
+            raw_bytes=b.raw_bytes,
+        )
+        for ns in stats.namespaces
+        for b in ns.buckets
+    ]
+    return pb.StatsResponse(
+        entries=stats.entries,
+        stored_bytes=stats.stored_bytes,
+        buckets=buckets,
+        dram_bytes=stats.dram.bytes,
+        dram_capacity_bytes=stats.dram.capacity_bytes,
+        dram_hits=stats.dram.hits,
+        dram_misses=stats.dram.misses,
+        dram_evictions=stats.dram.evictions,
+        store_evictions=stats.evicted_entries,
+        raw_bytes=stats.raw_bytes,
+        file_bytes=stats.file_bytes,
+        max_bytes=stats.max_bytes or 0,
+        dram_entries=stats.dram.entries,
+    )

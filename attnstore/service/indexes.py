@@ -1,0 +1,114 @@
+"""Index upkeep: one ``BucketedIndex`` per namespace, kept in step with the store.
+
+Indexes are rebuilt from the feature vectors kept in the entry records when a
+store is opened, so nothing but the store is persisted. Searches and updates
+share one lock: faiss indexes must not be searched while they change.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from attnstore.index import BucketedIndex, Candidate, Match, VectorIndex
+from attnstore.protocol.records import NamespaceInfo
+from attnstore.store import MapStoreBase
+
+log = logging.getLogger(__name__)
+
+
+class NamespaceIndexes:
+    """The vector indexes of every namespace of one store; thread-safe.
+
+    Args:
+        store: where the feature vectors are read from.
+        make_index: builds an empty index of a given dimension for a new bucket.
+        length_penalty: predicted distance added per token when a causal query
+            matches a longer entry (the training target's length term).
+    """
+
+    def __init__(
+        self, store: MapStoreBase, make_index: Callable[[int], VectorIndex], *, length_penalty: float
+    ) -> None:
+        self._store = store
+        self._make_index = make_index
+        self._length_penalty = length_penalty
+        self._lock = threading.Lock()
+        self._indexes: dict[str, BucketedIndex] = {info.name: self._build(info) for info in store.list_namespaces()}
+
+    def ensure(self, info: NamespaceInfo) -> None:
+        """Give a new namespace an empty index (keeps an existing one)."""
+        with self._lock:
+            self._indexes.setdefault(info.name, BucketedIndex(info.layout.feature_dim, self._make_index))
+
+    def drop(self, namespace: str) -> None:
+        """Forget a dropped namespace's index."""
+        with self._lock:
+            self._indexes.pop(namespace, None)
+
+    def rebuild(self) -> None:
+        """Rebuild every namespace's index from the stored feature vectors (after compaction)."""
+        fresh = {info.name: self._build(info) for info in self._store.list_namespaces()}
+        with self._lock:
+            self._indexes = fresh
+
+    def add(self, namespace: str, ids: Sequence[int], features: np.ndarray, lengths: Sequence[int]) -> None:
+        """Index entries just stored: ``features`` ``(n, feature_dim)``, one id and length per row."""
+        if not len(ids):
+            return
+        with self._lock:
+            self._index(namespace).add(
+                np.asarray(ids, dtype=np.uint64), np.asarray(features, dtype=np.float32),
+                np.asarray(lengths, dtype=np.int64),
+            )
+
+    def remove(self, removed: Mapping[str, Iterable[int]]) -> None:
+        """Take deleted or evicted entries out of their namespaces' indexes (unknown ids are ignored)."""
+        with self._lock:
+            for namespace, ids in removed.items():
+                index = self._indexes.get(namespace)
+                if index is not None:
+                    index.remove(np.fromiter(ids, dtype=np.uint64))
+
+    def search(
+        self, info: NamespaceInfo, features: np.ndarray, lengths: np.ndarray, *, max_distance: float
+    ) -> list[Match]:
+        """Each row's nearest allowed entry, a hit within ``max_distance`` (see ``BucketedIndex.search``)."""
+        with self._lock:
+            return self._index(info.name).search(
+                features, lengths, causal=info.layout.causal, max_distance=max_distance,
+                length_penalty=self._length_penalty,
+            )
+
+    def candidates(
+        self, info: NamespaceInfo, features: np.ndarray, lengths: np.ndarray, *, k: int
+    ) -> list[list[Candidate]]:
+        """Each row's ``k`` nearest allowed entries (see ``BucketedIndex.candidates``)."""
+        with self._lock:
+            return self._index(info.name).candidates(
+                features, lengths, causal=info.layout.causal, k=k, length_penalty=self._length_penalty
+            )
+
+    def _index(self, namespace: str) -> BucketedIndex:
+        # Callers hold the lock.
+        index = self._indexes.get(namespace)
+        if index is None:
+            # Created by another process sharing the store, or not yet seen here.
+            index = self._indexes[namespace] = self._build(self._store.get_namespace(namespace))
+        return index
+
+    def _build(self, info: NamespaceInfo) -> BucketedIndex:
+        index = BucketedIndex(info.layout.feature_dim, self._make_index)
+        for length in self._store.lengths(info.name):
+            rows = [e for e in self._store.entries(info.name, length) if e.feature is not None]
+            if rows:
+                index.add(
+                    np.array([e.id for e in rows], dtype=np.uint64),
+                    np.stack([e.feature for e in rows]).astype(np.float32),
+                    np.full(len(rows), length, dtype=np.int64),
+                )
+        log.info("namespace %s: indexed %d entries in %d length buckets", info.name, len(index), len(index.lengths))
+        return index

@@ -1,0 +1,92 @@
+"""Hot maps: decoded entries held in DRAM in front of a backend, filled by reads and by prefetch.
+
+Backend-neutral: a backend hands in how to load one entry's maps (all layers)
+and, per read, how to load one layer; this object decides when DRAM answers
+instead. Reads of a whole entry admit it; ``prefetch`` loads entries on a
+background thread (its own transactions: LMDB's stay on the thread that opened
+them). Arrays handed out are copies that belong to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from attnstore.store.dram_tier import DramTier
+from attnstore.store.prefetch import Prefetcher
+from attnstore.store.reports import DramStats
+
+LoadMaps = Callable[[str, int], np.ndarray]  # (namespace, id) -> (layers, heads, L, L) fp16
+
+
+class HotMaps:
+    """A byte-bounded DRAM tier of decoded entries with a prefetch thread.
+
+    Args:
+        load_maps: loads one entry's maps from the backend.
+        capacity_bytes: DRAM tier capacity (0 turns the tier and prefetch off).
+        prefetch_queue: entries waiting for prefetch at most; more are dropped.
+    """
+
+    def __init__(self, load_maps: LoadMaps, *, capacity_bytes: int, prefetch_queue: int) -> None:
+        self._load_maps = load_maps
+        self._dram = DramTier(capacity_bytes)
+        self._prefetcher = Prefetcher(self._prefetch_one, max_queue=prefetch_queue)
+
+    def maps(self, namespace: str, entry_id: int, *, cache: bool = True) -> np.ndarray:
+        """One entry's maps ``(layers, heads, L, L)``: from DRAM, else loaded (and admitted when ``cache``)."""
+        key = (namespace, entry_id)
+        cached = self._dram.get(key)
+        if cached is not None:
+            return cached.copy()
+        epoch = self._dram.epoch
+        maps = self._load_maps(namespace, entry_id)
+        if cache and maps.nbytes <= self._dram.capacity_bytes:
+            self._dram.put(key, maps.copy(), epoch)
+        return maps
+
+    def layer(self, namespace: str, entry_id: int, layer: int, load_layer: Callable[[], np.ndarray]) -> np.ndarray:
+        """One layer ``(heads, L, L)`` of an entry: from DRAM when the entry is there, else ``load_layer()``."""
+        cached = self._dram.get((namespace, entry_id))
+        if cached is not None:
+            return cached[layer].copy()
+        return load_layer()
+
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
+        """Load entries into DRAM in the background (those already there are skipped)."""
+        if self._dram.capacity_bytes:
+            self._prefetcher.submit(namespace, (i for i in ids if (namespace, int(i)) not in self._dram))
+
+    def wait_prefetch(self, timeout: float | None = None) -> bool:
+        """Block until queued prefetches are done; False on timeout."""
+        return self._prefetcher.wait(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the prefetch thread still runs (or has not been needed yet)."""
+        return self._prefetcher.alive
+
+    def discard(self, namespace: str, ids: Iterable[int]) -> None:
+        """Forget entries that were deleted or evicted."""
+        self._dram.discard((namespace, int(i)) for i in ids)
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._dram.clear()
+
+    def stats(self) -> DramStats:
+        """Usage of the DRAM tier."""
+        return self._dram.stats()
+
+    def close(self) -> None:
+        """Stop prefetching and empty the tier."""
+        self._prefetcher.close()
+        self._dram.clear()
+
+    def _prefetch_one(self, namespace: str, entry_id: int) -> None:
+        key = (namespace, entry_id)
+        if key in self._dram:
+            return
+        epoch = self._dram.epoch
+        self._dram.put(key, self._load_maps(namespace, entry_id), epoch)
