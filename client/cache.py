@@ -226,21 +226,28 @@ class AttnCache:
 
     # ---- encode -------------------------------------------------------------
 
+    # Only "numpy" is the default; the other choices are named, so each return type follows its flag.
     @overload
-    def encode(self, texts: str, batch_size: int = ..., show_progress_bar: bool | None = ...,
-               convert_to: Literal["numpy"] = ..., normalize_embeddings: bool = ...) -> np.ndarray: ...
+    def encode(
+        self, texts: str | Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
+        convert_to: Literal["numpy"] = ..., normalize_embeddings: bool = ...,
+    ) -> np.ndarray: ...
     @overload
-    def encode(self, texts: str, batch_size: int = ..., show_progress_bar: bool | None = ...,
-               convert_to: Literal["torch"] = ..., normalize_embeddings: bool = ...) -> torch.Tensor: ...
+    def encode(
+        self, texts: str | Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
+        *, convert_to: Literal["torch"], normalize_embeddings: bool = ...,
+    ) -> torch.Tensor: ...
+    # A str is a Sequence[str] too: mypy calls the next two overlapping, but the str one comes first.
     @overload
-    def encode(self, texts: Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
-               convert_to: Literal["numpy"] = ..., normalize_embeddings: bool = ...) -> np.ndarray: ...
+    def encode(  # type: ignore[overload-overlap]
+        self, texts: str, batch_size: int = ..., show_progress_bar: bool | None = ...,
+        *, convert_to: None, normalize_embeddings: bool = ...,
+    ) -> torch.Tensor: ...
     @overload
-    def encode(self, texts: Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
-               convert_to: Literal["torch"] = ..., normalize_embeddings: bool = ...) -> torch.Tensor: ...
-    @overload
-    def encode(self, texts: Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
-               convert_to: None = ..., normalize_embeddings: bool = ...) -> list[torch.Tensor]: ...
+    def encode(
+        self, texts: Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
+        *, convert_to: None, normalize_embeddings: bool = ...,
+    ) -> list[torch.Tensor]: ...
 
     def encode(
         self,
@@ -270,7 +277,7 @@ class AttnCache:
         if convert_to not in _CONVERT_CHOICES:
             raise ConfigError(f"encode(): convert_to must be one of {list(_CONVERT_CHOICES)}, got {convert_to!r}")
         single = isinstance(texts, str)
-        rows = [texts] if single else list(texts)
+        rows = [texts] if isinstance(texts, str) else list(texts)
         if self.family == "llama":
             rows = [PROMPT_EOL.format(text=text) for text in rows]
         vectors = self._run(rows, batch_size, show_progress_bar, self._pool)  # (n, hidden)

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 import torch
@@ -79,8 +80,16 @@ class _StreamedLayers(Sequence[torch.Tensor]):
     def __len__(self) -> int:
         return self._layers
 
-    def __getitem__(self, layer):  # type: ignore[override]
-        return torch.from_numpy(self._retrieval.layer(self._row, layer))  # (heads, L', L')
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
+        if isinstance(index, slice):
+            return [self[layer] for layer in range(self._layers)[index]]
+        return torch.from_numpy(self._retrieval.layer(self._row, index))  # (heads, L', L')
 
 
 class CachedPrefill:
@@ -179,7 +188,7 @@ class CachedPrefill:
             retrieval.wait()
         # Exact rows whose outputs did not arrive (the stream broke before them) are computed.
         lost = "bad_data" if retrieval.outage is None else cause_of(retrieval.outage)
-        failed = {row: lost for row in rest if retrieval.matches[row].kind == "exact"}
+        failed: dict[int, str] = {row: lost for row in rest if retrieval.matches[row].kind == "exact"}
         hits = [row for row in retrieval.map_rows if row in rest]
         computed = self._forward(batch, rest, counts, retrieval, hits, failed) if rest else []
         for cause in failed.values():

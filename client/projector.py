@@ -115,6 +115,10 @@ class Projector(nn.Module):
     the slots (and the length features) into the output.
     """
 
+    # Buffers registered in __init__ (saved with the weights, never trained).
+    feature_mean: torch.Tensor  # (features,)
+    feature_scale: torch.Tensor  # (features,)
+
     def __init__(self, config: ProjectorConfig) -> None:
         """Create a projector with random weights and identity standardisation."""
         super().__init__()

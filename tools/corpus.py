@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
-from attnstore.errors import CorpusError
+from attnstore.errors import ConfigError, CorpusError
+
+# The evaluation data: ../shared/data beside the repository, unless $ATTNSTORE_DATA or --data says otherwise.
+DATA_ENV = "ATTNSTORE_DATA"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA_HELP = f"evaluation data folder (default: ${DATA_ENV}, else {DEFAULT_DATA_DIR})"
 
 
 def read_texts(path: str | Path, *, column: str | None = None) -> list[str]:
@@ -80,3 +86,16 @@ def _jsonl_texts(path: Path, raw: str, field: str) -> list[str]:
             raise CorpusError(f"{path}: line {number} has no string field {field!r}")
         texts.append(record[field])
     return texts
+
+
+def data_dir(explicit: Path | None) -> Path:
+    """The evaluation data folder: ``explicit``, else ``$ATTNSTORE_DATA``, else ``DEFAULT_DATA_DIR``.
+
+    Raises:
+        ConfigError: the folder does not exist.
+    """
+    chosen = explicit or (Path(os.environ[DATA_ENV]) if os.environ.get(DATA_ENV) else DEFAULT_DATA_DIR)
+    chosen = chosen.resolve()
+    if not chosen.is_dir():
+        raise ConfigError(f"data folder {chosen} does not exist; pass --data or set {DATA_ENV}")
+    return chosen

@@ -29,10 +29,9 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
+from attnstore_tools.corpus import DATA_ENV, DEFAULT_DATA_DIR, data_dir
 
 # The repository's sibling ``shared/data`` (see the data README), unless told otherwise.
-_DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-_DATA_ENV = "ATTNSTORE_DATA"
 _NAMESPACE = "demo"
 
 
@@ -45,8 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="minilm", help="alias or local model path (default: minilm)")
     parser.add_argument(
         "--data", "--data-dir", dest="data_dir", type=Path, default=None,
-        help=f"folder with stsb_train.tsv and stsb_dev.tsv (default: ${_DATA_ENV}, else ../shared/data next to "
-        "the repository)",
+        help=f"folder with stsb_train.tsv and stsb_dev.tsv (default: ${DATA_ENV}, else {DEFAULT_DATA_DIR})",
     )
     parser.add_argument("--store", type=Path, help="store folder to build into or reuse (default: a temporary one)")
     parser.add_argument("--train", type=int, default=3000, help="distinct STS-B train sentences stored (default 3000)")
@@ -57,19 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--epochs", type=int, default=8, help="most projector training epochs (default: 8)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
-
-
-def data_dir(explicit: Path | None) -> Path:
-    """Resolve the data folder: ``explicit``, else ``$ATTNSTORE_DATA``, else the repository default.
-
-    Raises:
-        ConfigError: the folder does not exist.
-    """
-    chosen = explicit or (Path(os.environ[_DATA_ENV]) if os.environ.get(_DATA_ENV) else _DEFAULT_DATA_DIR)
-    chosen = chosen.resolve()
-    if not chosen.is_dir():
-        raise ConfigError(f"data folder {chosen} does not exist; pass --data or set {_DATA_ENV}")
-    return chosen
 
 
 def stsb_pairs(folder: Path, split: str, count: int | None = None) -> list[tuple[str, str, float]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import struct
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -75,8 +75,8 @@ class VectorIndex(ABC):
 
     @classmethod
     @abstractmethod
-    def _from_meta(cls, dim: int, meta: dict[str, object], sections: dict[str, bytes]) -> VectorIndex:
-        """Rebuild an index from what ``_meta`` returned."""
+    def _from_meta(cls, dim: int, meta: dict[str, Any], sections: dict[str, bytes]) -> VectorIndex:
+        """Rebuild an index from what ``_meta`` returned (``meta`` decoded from JSON)."""
 
     def to_bytes(self) -> bytes:
         """Serialise the index (vectors, ids, settings) without pickle."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -98,8 +98,8 @@ class ExactIndex(VectorIndex):
         }
 
     @classmethod
-    def _from_meta(cls, dim: int, meta: dict[str, object], sections: dict[str, bytes]) -> ExactIndex:
-        count = int(meta["count"])  # type: ignore[arg-type]
+    def _from_meta(cls, dim: int, meta: dict[str, Any], sections: dict[str, bytes]) -> ExactIndex:
+        count = int(meta["count"])
         ids = np.frombuffer(sections["ids"], dtype="<u8")
         vectors = np.frombuffer(sections["vectors"], dtype="<f4")
         if ids.shape[0] != count or vectors.size != count * dim:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import faiss
 import numpy as np
@@ -139,10 +139,12 @@ class FaissIndex(VectorIndex):
         return len(self._live)
 
     def _new_index(self, *, hnsw: bool) -> faiss.IndexIDMap2:
+        inner: faiss.Index
         if hnsw:
-            inner = faiss.IndexHNSWFlat(self.dim, self.config.hnsw_m)
-            inner.hnsw.efConstruction = self.config.ef_construction
-            inner.hnsw.efSearch = self.config.ef_search
+            graph = faiss.IndexHNSWFlat(self.dim, self.config.hnsw_m)
+            graph.hnsw.efConstruction = self.config.ef_construction
+            graph.hnsw.efSearch = self.config.ef_search
+            inner = graph
         else:
             inner = faiss.IndexFlatL2(self.dim)
         # faiss's Python wrapper keeps ``inner`` alive as long as the IDMap.
@@ -162,6 +164,7 @@ class FaissIndex(VectorIndex):
         labels = faiss.vector_to_array(self._index.id_map)
         inner = faiss.downcast_index(self._index.index)
         storage = faiss.downcast_index(inner.storage) if isinstance(inner, faiss.IndexHNSW) else inner
+        assert isinstance(storage, faiss.IndexFlat)  # _new_index stores the vectors flat either way
         vectors = faiss.rev_swig_ptr(storage.get_xb(), labels.shape[0] * self.dim).reshape(-1, self.dim).copy()
         if self._dead:
             keep = ~np.isin(labels, np.fromiter(self._dead, dtype=np.int64, count=len(self._dead)))
@@ -172,7 +175,7 @@ class FaissIndex(VectorIndex):
         if not self.is_hnsw:
             return None
         if self._params is None:
-            params = faiss.SearchParametersHNSW()
+            params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # missing from faiss's stubs
             params.efSearch = self.config.ef_search
             refs: tuple[object, ...] = ()
             if self._dead:
@@ -193,16 +196,17 @@ class FaissIndex(VectorIndex):
         }
 
     @classmethod
-    def _from_meta(cls, dim: int, meta: dict[str, object], sections: dict[str, bytes]) -> FaissIndex:
-        config = FaissIndexConfig(**meta["config"])  # type: ignore[arg-type]
+    def _from_meta(cls, dim: int, meta: dict[str, Any], sections: dict[str, bytes]) -> FaissIndex:
+        config = FaissIndexConfig(**meta["config"])
         try:
             raw = faiss.deserialize_index(np.frombuffer(sections["faiss"], dtype=np.uint8))
         except RuntimeError as exc:
             raise VectorIndexError(f"FaissIndex.from_bytes(): faiss could not read the index: {exc}") from exc
         index = faiss.downcast_index(raw)
-        # The downcast proxy must own the C++ object, or it dies with ``raw``.
-        index.this.own(raw.this.own())
-        raw.this.disown()
+        # The downcast proxy must own the C++ object, or it dies with ``raw``. ``this`` is
+        # the SWIG proxy's handle on the C++ object, which faiss's stubs do not declare.
+        index.this.own(raw.this.own())  # type: ignore[attr-defined]
+        raw.this.disown()  # type: ignore[attr-defined]
         if not isinstance(index, faiss.IndexIDMap2) or index.d != dim:
             raise VectorIndexError(
                 f"FaissIndex.from_bytes(): expected an IndexIDMap2 of dim {dim}, got {type(index).__name__}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from attnstore.protocol.records import NamespaceLayout
+from typing import cast
+
+from attnstore.protocol.records import Codec, MapDtype, NamespaceLayout
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
 
@@ -14,8 +16,9 @@ def layout_from_pb(layout: pb.Layout) -> NamespaceLayout:
         causal=layout.causal,
         hidden=layout.hidden,
         feature_dim=layout.feature_dim,
-        dtype=layout.dtype or "float16",  # type: ignore[arg-type]
-        codec=layout.codec or "fp16",  # type: ignore[arg-type]
+        # Any string from the wire: NamespaceLayout rejects values outside the Literal types.
+        dtype=cast(MapDtype, layout.dtype or "float16"),
+        codec=cast(Codec, layout.codec or "fp16"),
     )
 
 

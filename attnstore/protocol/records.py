@@ -225,7 +225,8 @@ class LookupBatch:
     features: np.ndarray  # (B, feature_dim) float32 projector outputs
     lengths: Sequence[int]  # each row's token length
     token_hashes: Sequence[bytes | None] | None = None  # exact-tier keys (None: the exact tier is skipped)
-    token_ids: Sequence[Sequence[int]] | None = None  # each row's token ids; needed when gated
+    # Each row's token ids (a sequence of ints, or a 1-D array or tensor); needed when gated.
+    token_ids: Sequence[Sequence[int] | np.ndarray | torch.Tensor] | None = None
     max_distance: float = 0.0  # threshold on the predicted map distance (ignored when gated)
     gate: bool = False  # decide map hits with the namespace's fidelity gate
 

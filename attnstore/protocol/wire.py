@@ -32,7 +32,7 @@ def _wire_dtype(array: np.ndarray) -> str:
 
 
 def _parts(array: np.ndarray, max_bytes: int) -> Iterator[tuple[int, memoryview]]:
-    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    data = np.ascontiguousarray(array).data.cast("B")
     for offset in range(0, max(len(data), 1), max_bytes):
         yield offset, data[offset : offset + max_bytes]
 

@@ -26,7 +26,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 log = logging.getLogger(__name__)
 
 Role = Literal["read", "admin"]
-ROLES: tuple[str, ...] = get_args(Role)
+ROLES: tuple[Role, ...] = get_args(Role)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 # Calls that change the store or cost a walk over all of it. Stats is cheap and
@@ -88,7 +88,7 @@ def parse_tokens(text: str, source: str = "<string>") -> TokenTable:
         if token in seen:
             raise ConfigError(f"{source} line {number}: token is listed twice")
         seen.add(token)
-        pairs.append((role, token))  # type: ignore[arg-type]
+        pairs.append((role, token))
     if not pairs:
         raise ConfigError(f"{source} holds no token: nobody could connect (omit the token file to disable auth)")
     return TokenTable(tuple(pairs), source)

@@ -18,8 +18,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeAlias
 
 from attnstore.errors import AttnStoreError, ConfigError, StoreNotFoundError
 from attnstore.server.auth import TokenTable, load_tokens
@@ -32,6 +34,10 @@ from attnstore.store.reports import StoreStats
 log = logging.getLogger(__name__)
 
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+
+# A signal's disposition as signal.signal() takes and returns it: a function,
+# SIG_DFL or SIG_IGN, or None (set outside Python).
+_SignalHandler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 def read_tls(config: DaemonConfig) -> ServerTls | None:
@@ -150,14 +156,14 @@ class Daemon:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _install_signals(self) -> dict[int, object]:
+    def _install_signals(self) -> dict[int, _SignalHandler]:
         def on_stop(signum: int, _frame: FrameType | None) -> None:
             self.request_stop()
 
         def on_reload(signum: int, _frame: FrameType | None) -> None:
             self.request_reload()
 
-        previous = {}
+        previous: dict[int, _SignalHandler] = {}
         for signum, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_reload)):
             previous[signum] = signal.signal(signum, handler)
         return previous

@@ -176,6 +176,7 @@ class IngestStaging:
                 f"Ingest entry {entry.index} is incomplete: layers {missing} missing"
                 f" or {self._assembler.incomplete} arrays with parts missing"
             )
+        assert entry.maps is not None  # allocated when the first layer completed, and every layer did
         self._done.append(
             NewEntry(maps=entry.maps, token_hash=entry.token_hash, outputs=entry.outputs, feature=entry.feature,
                      token_ids=entry.token_ids)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, MapShapeError
+from attnstore.errors import AttnStoreError, ChecksumError, EntryNotFoundError, MapShapeError
 from attnstore.service.queries import MISS, MatchResult, Query
 from attnstore.store import MapStoreBase
 
 log = logging.getLogger(__name__)
 
 # Failures reading one entry that cost that row its hit, never the whole call.
-ROW_ERRORS: tuple[type[Exception], ...] = (ChecksumError, EntryNotFoundError, MapShapeError)
+ROW_ERRORS: tuple[type[AttnStoreError], ...] = (ChecksumError, EntryNotFoundError, MapShapeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,19 +61,18 @@ def read_exact_outputs(
     outputs: dict[int, tuple[int, np.ndarray]] = {}
     for row, result in enumerate(results):
         if result.kind == "exact" and result.entry_id is not None:
+            entry_id = result.entry_id
             start = time.perf_counter()
             try:
-                array = store.read_outputs(namespace, result.entry_id)  # (L, hidden)
+                array = store.read_outputs(namespace, entry_id)  # (L, hidden)
             except ROW_ERRORS as exc:
-                log.warning(
-                    "event=exact_hit_unreadable namespace=%s entry=%d error=%r", namespace, result.entry_id, exc
-                )
+                log.warning("event=exact_hit_unreadable namespace=%s entry=%d error=%r", namespace, entry_id, exc)
                 result = MISS
             else:
                 if array is None:
-                    result = MatchResult("map", result.entry_id, 0.0, result.stored_length)
+                    result = MatchResult("map", entry_id, 0.0, result.stored_length)
                 else:
-                    outputs[row] = (result.entry_id, array)
+                    outputs[row] = (entry_id, array)
                     if on_read is not None:
                         on_read(time.perf_counter() - start)
         served.append(result)

@@ -103,11 +103,11 @@ class NamespaceIndexes:
     def _build(self, info: NamespaceInfo) -> BucketedIndex:
         index = BucketedIndex(info.layout.feature_dim, self._make_index)
         for length in self._store.lengths(info.name):
-            rows = [e for e in self._store.entries(info.name, length) if e.feature is not None]
+            rows = [(e.id, e.feature) for e in self._store.entries(info.name, length) if e.feature is not None]
             if rows:
                 index.add(
-                    np.array([e.id for e in rows], dtype=np.uint64),
-                    np.stack([e.feature for e in rows]).astype(np.float32),
+                    np.array([entry_id for entry_id, _ in rows], dtype=np.uint64),
+                    np.stack([feature for _, feature in rows]).astype(np.float32),
                     np.full(len(rows), length, dtype=np.int64),
                 )
         log.info("namespace %s: indexed %d entries in %d length buckets", info.name, len(index), len(index.lengths))

@@ -25,6 +25,7 @@ from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.queries import IngestResult, MatchResult, Query
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
+from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 
 
 class AttnStoreService:
@@ -71,12 +72,15 @@ class AttnStoreService:
             StoreNotFoundError: no store there and ``create`` is False.
             FormatVersionError: the store was written in an unknown format version.
         """
-        options: dict[str, object] = {"create": create, "max_bytes": max_bytes, "readonly": readonly}
-        if dram_bytes is not None:
-            options["dram_bytes"] = dram_bytes
-        if map_size is not None:
-            options["map_size"] = map_size
-        return cls(MapStore.open(path, **options))
+        store = MapStore.open(
+            path,
+            create=create,
+            max_bytes=max_bytes,
+            readonly=readonly,
+            dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
+            map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
+        )
+        return cls(store)
 
     @property
     def store(self) -> MapStoreBase:

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from numcodecs.zstd import Zstd
 
 from attnstore.errors import ChecksumError, ConfigError
 from attnstore.protocol.records import CODECS, NamespaceLayout
-from attnstore.store.zarr_layout import ChunkedArray, bytes_codec, zstd_codec
+from attnstore.store.zarr_layout import ArrayDtype, ChunkedArray, bytes_codec, zstd_codec
 
 # zstd level 1: on SmolLM2-shaped softmax maps, fp16 compresses to 46.1% at
 # levels 1, 3, 6 and 9 alike and q8 codes to 11.5% at level 1 (12.2% at 3),
@@ -102,7 +102,8 @@ def q8_quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class MapCodec(ABC):
     """Encodes one layer's maps into one chunk per zarr array, and decodes them back."""
 
-    name: ClassVar[str]
+    # Its name in NamespaceLayout.codec: a class attribute, or set per instance (Q8Codec).
+    name: str
     # True when the chunk bytes of the single array are the decoded fp16 bytes, so
     # the reader copies them itself (a memoryview copy, no per-layer codec call).
     raw_fp16: ClassVar[bool] = False
@@ -129,11 +130,16 @@ class MapCodec(ABC):
 
 
 def _maps_array(
-    layout: NamespaceLayout, length: int, dtype: str, codecs: tuple, codec_name: str, **attributes: str
+    layout: NamespaceLayout,
+    length: int,
+    dtype: ArrayDtype,
+    codecs: tuple[dict[str, Any], ...],
+    codec_name: str,
+    **attributes: str,
 ) -> ChunkedArray:
     return ChunkedArray(
         name="maps",
-        dtype=dtype,  # type: ignore[arg-type]
+        dtype=dtype,
         inner_shape=(layout.heads, length, length),
         per_layer=True,
         zarr_codecs=codecs,
@@ -154,7 +160,7 @@ class Fp16Codec(MapCodec):
 
     def encode_layer(self, layer: np.ndarray) -> tuple[ChunkBytes, ...]:
         """The layer's fp16 bytes (no copy when it is already contiguous fp16)."""
-        return (memoryview(to_fp16(layer)).cast("B"),)
+        return (to_fp16(layer).data.cast("B"),)
 
     def decode_into(self, layers: Sequence[Sequence[ChunkBytes]], out: np.ndarray) -> None:
         """Copy the chunk bytes into ``out``."""
@@ -195,13 +201,13 @@ class Q8Codec(MapCodec):
     """Per-row 8-bit codes with an fp16 scale per row; optionally zstd over the codes."""
 
     def __init__(self, zstd_level: int | None = None) -> None:
-        self.name = "q8" if zstd_level is None else "q8+zstd"  # type: ignore[misc]
+        self.name = "q8" if zstd_level is None else "q8+zstd"
         self._level = zstd_level
         self._zstd = None if zstd_level is None else Zstd(level=zstd_level)
 
     def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ChunkedArray, ...]:
         """The bucket's ``maps`` (uint8 codes) and ``scales`` (fp16 per row) arrays."""
-        codecs: tuple = (bytes_codec("uint8"),)
+        codecs: tuple[dict[str, Any], ...] = (bytes_codec("uint8"),)
         if self._level is not None:
             codecs += (zstd_codec(self._level),)
         maps = _maps_array(
@@ -225,10 +231,10 @@ class Q8Codec(MapCodec):
     def encode_layer(self, layer: np.ndarray) -> tuple[ChunkBytes, ...]:
         """Codes (zstd-compressed for q8+zstd) and scales of one layer."""
         codes, scales = q8_quantize(layer)  # (heads, L, L) uint8, (heads, L) fp16
-        code_bytes: ChunkBytes = memoryview(codes).cast("B")
+        code_bytes: ChunkBytes = codes.data.cast("B")
         if self._zstd is not None:
             code_bytes = self._zstd.encode(codes)
-        return (code_bytes, memoryview(np.ascontiguousarray(scales)).cast("B"))
+        return (code_bytes, np.ascontiguousarray(scales).data.cast("B"))
 
     def decode_into(self, layers: Sequence[Sequence[ChunkBytes]], out: np.ndarray) -> None:
         """Dequantise into ``out``, one layer at a time through an fp32 buffer that stays in cache."""

@@ -259,24 +259,25 @@ class Adapter(ABC):
         if call.plan is not None:
             return self._attend_planned(layer, module, original, call.plan, call.lengths, hidden, args, kwargs)
 
-        missed = None
-        if call.miss_index is not None:
-            # Misses first: a streaming client's hit maps keep arriving meanwhile.
-            index = call.miss_index
-            # (B_miss, P, out)
-            missed = original(*_rows(args, index, batch_size), **_rows(kwargs, index, batch_size))[0]
         lengths = [call.lengths[row] for row in call.hits]
-        maps = [
+        hit_index, miss_index = call.hit_index, call.miss_index  # both set, or neither (no row misses)
+        if hit_index is None or miss_index is None:
+            return self._replay_rows(module, hidden, self._hit_maps(call, layer, hidden.dtype), lengths), None
+        # Misses first: a streaming client's hit maps keep arriving meanwhile.
+        # (B_miss, P, out)
+        missed = original(*_rows(args, miss_index, batch_size), **_rows(kwargs, miss_index, batch_size))[0]
+        maps = self._hit_maps(call, layer, hidden.dtype)
+        replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_hit, P, out)
+        return _merge(batch_size, hit_index, replayed, miss_index, missed), None
+
+    def _hit_maps(self, call: _Call, layer: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The replayed maps of every hit row at ``layer``, ``(H, L, L)`` each in ``dtype``."""
+        return [
             layer_maps(
-                call.replay[row], row, layer, call.lengths[row],
-                heads=self.num_heads, causal=self.causal, dtype=hidden.dtype,
+                call.replay[row], row, layer, call.lengths[row], heads=self.num_heads, causal=self.causal, dtype=dtype
             )
             for row in call.hits
-        ]  # per hit row (H, L, L)
-        if missed is None:
-            return self._replay_rows(module, hidden, maps, lengths), None
-        replayed = self._replay_rows(module, hidden.index_select(0, call.hit_index), maps, lengths)  # (B_hit, P, out)
-        return _merge(batch_size, call.hit_index, replayed, call.miss_index, missed), None
+        ]
 
     def _attend_planned(
         self,

@@ -9,6 +9,7 @@ maps are only valid at their exact length, so no crop.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -19,6 +20,48 @@ from attnstore_client.batch import Batch
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("query", "key", "value", "scaling")
+
+
+# nn.Module types every submodule as ``Tensor | Module``; these protocols name the
+# parts of the transformers modules used here (``__init__`` checks the attention's).
+
+
+class _BertSelfAttention(Protocol):
+    """BertSelfAttention, RobertaSelfAttention."""
+
+    query: nn.Module
+    key: nn.Module
+    value: nn.Module
+    scaling: float
+
+
+class _BertAttention(Protocol):
+    """BertAttention, RobertaAttention; ``self`` is the module wrapped."""
+
+    self: nn.Module
+
+
+class _BertLayer(Protocol):
+    """BertLayer, RobertaLayer."""
+
+    attention: _BertAttention
+
+
+class _BertEncoder(Protocol):
+    """BertEncoder, RobertaEncoder."""
+
+    layer: Sequence[_BertLayer]  # an nn.ModuleList
+
+
+class _BertModel(Protocol):
+    """BertModel, RobertaModel."""
+
+    embeddings: nn.Module
+    encoder: _BertEncoder
+
+
+def _attention(module: nn.Module) -> _BertSelfAttention:
+    return cast(_BertSelfAttention, module)
 
 
 class BertAdapter(Adapter):
@@ -41,21 +84,25 @@ class BertAdapter(Adapter):
                 "supported: BERT, RoBERTa"
             )
 
+    @property
+    def _encoder(self) -> _BertModel:
+        return cast(_BertModel, self.model)
+
     def _blocks(self) -> Sequence[nn.Module]:
-        return self.model.encoder.layer
+        return cast("Sequence[nn.Module]", self._encoder.encoder.layer)
 
     def _attention_modules(self) -> Sequence[nn.Module]:
-        return [layer.attention.self for layer in self._blocks()]
+        return [layer.attention.self for layer in self._encoder.encoder.layer]
 
     def _embed(self, batch: Batch) -> torch.Tensor:
-        return self.model.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
+        return self._encoder.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
 
     def _run(self, batch: Batch) -> torch.Tensor:
         output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         return output.last_hidden_state  # (B, P, hidden)
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return module.value(hidden)  # (B, P, H*d)
+        return _attention(module).value(hidden)  # (B, P, H*d)
 
     def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
         return context  # (B, P, H*d): BertSelfOutput.dense follows outside the wrapped module
@@ -63,11 +110,12 @@ class BertAdapter(Adapter):
     def _attention_probs(
         self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
     ) -> Iterator[torch.Tensor]:
+        attention = _attention(module)
         batch_size, padded, _ = hidden.shape
         shape = (batch_size, padded, self.num_heads, self.head_dim)
-        query = module.query(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
-        key = module.key(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
+        query = attention.query(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
+        key = attention.key(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
         for row, length in enumerate(lengths):
             # Slicing to the true length drops the pad keys the model's mask would hide.
             scores = torch.matmul(query[row, :, :length], key[row, :, :length].transpose(1, 2))  # (H, L, L)
-            yield torch.softmax(scores * module.scaling, dim=-1, dtype=torch.float32)  # (H, L, L)
+            yield torch.softmax(scores * attention.scaling, dim=-1, dtype=torch.float32)  # (H, L, L)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -20,6 +21,38 @@ from attnstore_client.batch import Batch
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
+
+
+# nn.Module types every submodule as ``Tensor | Module``; these protocols name the
+# parts of the transformers modules used here (``__init__`` checks the attention's).
+
+
+class _LlamaAttention(Protocol):
+    """LlamaAttention, MistralAttention, Qwen2Attention."""
+
+    q_proj: nn.Module
+    k_proj: nn.Module
+    v_proj: nn.Module
+    o_proj: nn.Module
+    scaling: float
+
+
+class _LlamaLayer(Protocol):
+    """LlamaDecoderLayer and its Mistral and Qwen2 copies."""
+
+    self_attn: nn.Module
+    input_layernorm: nn.Module
+
+
+class _LlamaModel(Protocol):
+    """LlamaModel, MistralModel, Qwen2Model."""
+
+    embed_tokens: nn.Module
+    layers: Sequence[_LlamaLayer]  # an nn.ModuleList
+
+
+def _attention(module: nn.Module) -> _LlamaAttention:
+    return cast(_LlamaAttention, module)
 
 
 class LlamaAdapter(Adapter):
@@ -40,48 +73,52 @@ class LlamaAdapter(Adapter):
             )
         self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotary
 
+    @property
+    def _decoder(self) -> _LlamaModel:
+        return cast(_LlamaModel, self.model)
+
     def _blocks(self) -> Sequence[nn.Module]:
-        return self.model.layers
+        return cast("Sequence[nn.Module]", self._decoder.layers)
 
     def _attention_modules(self) -> Sequence[nn.Module]:
-        return [layer.self_attn for layer in self._blocks()]
+        return [layer.self_attn for layer in self._decoder.layers]
 
     def _embed(self, batch: Batch) -> torch.Tensor:
-        embedded = self.model.embed_tokens(batch.input_ids)  # (B, P, hidden)
-        return self.model.layers[0].input_layernorm(embedded)  # (B, P, hidden)
+        embedded = self._decoder.embed_tokens(batch.input_ids)  # (B, P, hidden)
+        return self._decoder.layers[0].input_layernorm(embedded)  # (B, P, hidden)
 
     def _run(self, batch: Batch) -> torch.Tensor:
         output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         return output.last_hidden_state  # (B, P, hidden)
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return module.v_proj(hidden)  # (B, P, KVH*d)
+        return _attention(module).v_proj(hidden)  # (B, P, KVH*d)
 
     def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
-        return module.o_proj(context)  # (B, P, hidden)
+        return _attention(module).o_proj(context)  # (B, P, hidden)
 
     def _attention_probs(
         self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
     ) -> Iterator[torch.Tensor]:
+        attention = _attention(module)
         batch_size, padded, _ = hidden.shape
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
-        query = module.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
-        key = module.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
+        query = attention.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
+        key = attention.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
         query, key = self._rotary(query, key, cos, sin)
         allowed = _causal_allowed(padded, self._sliding_window(module))  # (P, P)
         for row, length in enumerate(lengths):
             grouped = query[row, :, :length].reshape(kv_heads, -1, head_dim)  # (KVH, G*L, d)
             scores = torch.matmul(grouped, key[row, :, :length].transpose(1, 2))  # (KVH, G*L, L)
-            scores = scores.view(heads, length, length) * module.scaling  # (H, L, L)
+            scores = scores.view(heads, length, length) * attention.scaling  # (H, L, L)
             scores = scores.masked_fill(~allowed[:length, :length], float("-inf"))
             yield torch.softmax(scores, dim=-1, dtype=torch.float32)  # (H, L, L)
 
     def _sliding_window(self, module: nn.Module) -> int | None:
         # Qwen2 sets it per layer on the module; Mistral reads it from the config.
-        if hasattr(module, "sliding_window"):
-            return module.sliding_window
-        return getattr(self.model.config, "sliding_window", None)
+        owner = module if hasattr(module, "sliding_window") else self.model.config
+        return getattr(owner, "sliding_window", None)
 
 
 def _causal_allowed(length: int, sliding_window: int | None) -> torch.Tensor:

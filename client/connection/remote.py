@@ -121,7 +121,7 @@ class _StreamedRetrieval(Retrieval):
 
     def __init__(self, call: grpc.Call) -> None:
         self._call = call
-        stream: Iterator[pb.LookupResponse] = call  # type: ignore[assignment]
+        stream: Iterator[pb.LookupResponse] = call
         start = time.perf_counter()
         try:
             first = next(stream, None)

@@ -139,9 +139,12 @@ def test_connections_without_mutual_trust_are_refused(daemon: DaemonProcess, pki
 
 
 def test_read_token_reads_but_every_admin_call_is_permission_denied(daemon: DaemonProcess) -> None:
+    with daemon.client() as admin:
+        admin.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        admin.ingest("ns", FP, [make_entry(LAYOUT, 8, 1)])
     with daemon.client(READ_TOKEN) as reader:
-        assert reader.stats().entries >= 0
-        assert reader.list_namespaces() is not None
+        assert reader.stats().entries >= 1
+        assert [n.name for n in reader.list_namespaces()] == ["ns"]
         admin_calls = (
             (reader.stub.CreateNamespace, pb.CreateNamespaceRequest(name="x", fingerprint=FP)),
             (reader.stub.Delete, pb.DeleteRequest(namespace="ns", entry_ids=[1])),

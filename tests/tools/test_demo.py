@@ -9,7 +9,8 @@ import pytest
 
 from attnstore.errors import ConfigError
 from attnstore_tools.cli import main
-from attnstore_tools.demo import data_dir, stsb_pairs, train_sentences
+from attnstore_tools.corpus import data_dir
+from attnstore_tools.demo import stsb_pairs, train_sentences
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 

@@ -88,7 +88,8 @@ def test_oracle_is_the_same_length_entry_with_the_smallest_true_map_distance(min
     assert picks.crop == picks.same_length
     for query, pick in zip(queries, picks.same_length, strict=True):
         entries = list(service.store.entries("ns", query.length))
-        truth = map_distances(query.maps, torch.stack([service.store.read_maps("ns", e.id) for e in entries]))
+        stored = np.stack([service.store.read_maps("ns", e.id) for e in entries])
+        truth = map_distances(query.maps, torch.from_numpy(stored))
         assert pick.stored_length == query.length
         assert pick.distance == pytest.approx(truth.min(), abs=1e-9)
         assert truth[[e.id for e in entries].index(pick.entry_id)] == pytest.approx(truth.min(), abs=1e-9)

@@ -34,13 +34,13 @@ import numpy as np
 from attnstore.errors import ConfigError, NamespaceNotFoundError
 from attnstore_tools.admin import TOKEN_ENV, read_token
 from attnstore_tools.arguments import documented_parser
+from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.eval.scores import build_report, format_report
 from attnstore_tools.eval.tasks import STEM_SUBJECTS, TASKS, Task, load_task
 from attnstore_tools.output import write_json
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 _DEFAULT_WORK = Path("runs/eval")
 # The sweep, as multiples of the namespace's recommended threshold (its calibration's
 # max_distance, or the client's default for an uncalibrated namespace).
@@ -253,8 +253,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--column", help="text column of a .tsv --build-from corpus, or field of a .jsonl one")
         parser.add_argument("--namespace", help=f"namespace (default: {name}, with the shots for mmlu)")
         parser.add_argument("--json", required=True, type=Path, help="write the report here")
-        parser.add_argument("--data", type=Path, default=_DEFAULT_DATA,
-                            help=f"evaluation data (default {_DEFAULT_DATA})")
+        parser.add_argument("--data", type=Path, default=None, help=DATA_HELP)
         parser.add_argument("--work-dir", type=Path, default=_DEFAULT_WORK,
                             help="where built stores go, reused by later runs (default runs/eval)")
         parser.add_argument("--thresholds", type=_floats,
@@ -325,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         options["k"] = args.k
         extra["k"] = args.k
     extra.update(limit=options["limit"], store_limit=options["store_limit"])
-    task = load_task(args.task, args.data, decoder=decoder, **options)
+    task = load_task(args.task, data_dir(args.data), decoder=decoder, **options)
     config = EvalConfig(
         thresholds=None if args.thresholds is None else tuple(args.thresholds),
         default_threshold=args.default_threshold, batch_size=args.batch_size,

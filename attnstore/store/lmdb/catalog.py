@@ -15,6 +15,8 @@ from attnstore.store.arrays import NamespaceState
 from attnstore.store.zarr_layout import group_metadata, node_key
 
 if TYPE_CHECKING:
+    import lmdb
+
     from attnstore.store.lmdb.env import Databases
 
 
@@ -32,7 +34,7 @@ def check_format_version(info: NamespaceInfo) -> NamespaceInfo:
     return info
 
 
-def load_namespace(txn, db: Databases, name: str) -> NamespaceInfo | None:
+def load_namespace(txn: lmdb.Transaction, db: Databases, name: str) -> NamespaceInfo | None:
     """The namespace called ``name`` (with its projector), or None."""
     if not is_namespace_name(name):
         # Never stored; and LMDB refuses empty or over-long keys with an error of its own.
@@ -45,13 +47,13 @@ def load_namespace(txn, db: Databases, name: str) -> NamespaceInfo | None:
     return check_format_version(info)
 
 
-def namespace_names(txn, db: Databases) -> list[str]:
+def namespace_names(txn: lmdb.Transaction, db: Databases) -> list[str]:
     """Names of every namespace, sorted."""
     with txn.cursor(db=db.catalog) as cursor:
         return [bytes(key).decode() for key in cursor.iternext(keys=True, values=False)]
 
 
-def put_namespace(txn, db: Databases, info: NamespaceInfo) -> None:
+def put_namespace(txn: lmdb.Transaction, db: Databases, info: NamespaceInfo) -> None:
     """Write a new namespace's catalog record and zarr groups."""
     txn.put(info.name.encode(), json.dumps(info.to_json_dict()).encode(), db=db.catalog)
     if info.projector is not None:
@@ -61,6 +63,6 @@ def put_namespace(txn, db: Databases, info: NamespaceInfo) -> None:
         txn.put(node_key(f"{info.name}/{group}"), group_metadata(), db=db.zarr)
 
 
-def put_projector(txn, db: Databases, name: str, blob: bytes) -> None:
+def put_projector(txn: lmdb.Transaction, db: Databases, name: str, blob: bytes) -> None:
     """Replace a namespace's projector blob."""
     txn.put(name.encode(), blob, db=db.projectors)

@@ -16,10 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import lmdb
+
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.catalog import namespace_names
 from attnstore.store.lmdb.env import (
+    Databases,
+    DbHandle,
     Generation,
     items_with_prefix,
     next_generation_name,
@@ -52,13 +56,13 @@ _ARRAY_META_RE = re.compile(rb"^[^/]+/[^/]+/L\d+/zarr\.json$")
 class _BatchWriter:
     """Writes through transactions of bounded size (the target is not live yet)."""
 
-    def __init__(self, env, limit_bytes: int) -> None:
+    def __init__(self, env: lmdb.Environment, limit_bytes: int) -> None:
         self._env = env
         self._limit = limit_bytes
         self._txn = env.begin(write=True)
         self._pending = 0
 
-    def put(self, key: bytes, value, db) -> None:
+    def put(self, key: bytes, value: bytes | memoryview, db: DbHandle) -> None:
         self._txn.put(key, value, db=db)
         self._pending += len(value) + len(key)
         if self._pending >= self._limit:
@@ -104,12 +108,12 @@ def compact_into(
         with src.env.begin(buffers=True) as txn:
             for name in ("meta", "catalog", "projectors"):
                 with txn.cursor(db=getattr(sdb, name)) as cursor:
-                    for key, value in cursor.iternext():
-                        writer.put(bytes(key), value, getattr(ddb, name))
+                    for raw_key, value in cursor.iternext():
+                        writer.put(bytes(raw_key), value, getattr(ddb, name))
             total_chunks = 0
             with txn.cursor(db=sdb.zarr) as cursor:
-                for key, value in cursor.iternext():
-                    key = bytes(key)
+                for raw_key, value in cursor.iternext():
+                    key = bytes(raw_key)
                     if parse_chunk_key(key) is not None:
                         total_chunks += 1
                     elif not _ARRAY_META_RE.match(key):
@@ -152,7 +156,9 @@ def write_next_generation(
     return new, counts
 
 
-def _copy_namespace(txn, sdb, ddb, writer: _BatchWriter, state: NamespaceState) -> tuple[int, int]:
+def _copy_namespace(
+    txn: lmdb.Transaction, sdb: Databases, ddb: Databases, writer: _BatchWriter, state: NamespaceState
+) -> tuple[int, int]:
     name, layers = state.name, state.layout.layers
     entries = copied = 0
     with txn.cursor(db=sdb.buckets) as cursor:
@@ -202,7 +208,7 @@ def _copy_namespace(txn, sdb, ddb, writer: _BatchWriter, state: NamespaceState) 
 
 def compact_live(
     live: LiveGeneration,
-    states_of: Callable[[object, Generation], dict[str, NamespaceState]],
+    states_of: Callable[[lmdb.Transaction, Generation], dict[str, NamespaceState]],
     settings: StoreSettings,
     *,
     on_retired: Callable[[], None],

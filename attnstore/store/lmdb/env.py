@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias, TypeVar
 
 import lmdb
 
@@ -43,10 +44,22 @@ _MAX_DBS = 16
 _MAX_READERS = 512
 _GEN_RE = re.compile(r"^gen-(\d{6,})$")
 
+# Handle of one named sub-database (lmdb's stubs and C module call its class ``_Database``).
+DbHandle: TypeAlias = lmdb._Database
+# A cursor's value type: bytes, or memoryview in a transaction opened with ``buffers=True``.
+_Value = TypeVar("_Value", bound=bytes | memoryview)
+
 
 def generation_name(number: int) -> str:
     """Directory name of generation ``number``."""
     return f"gen-{number:06d}"
+
+
+def _generation_number(name: str) -> int:
+    match = _GEN_RE.match(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a generation directory name (gen-NNNNNN)")
+    return int(match[1])
 
 
 def list_generations(root: Path) -> list[str]:
@@ -54,13 +67,13 @@ def list_generations(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     names = [p.name for p in root.iterdir() if p.is_dir() and _GEN_RE.match(p.name)]
-    return sorted(names, key=lambda n: int(_GEN_RE.match(n)[1]))  # type: ignore[index]
+    return sorted(names, key=_generation_number)
 
 
 def next_generation_name(root: Path) -> str:
     """Name for a new generation, above every existing one."""
     names = list_generations(root)
-    last = int(_GEN_RE.match(names[-1])[1]) if names else 0  # type: ignore[index]
+    last = _generation_number(names[-1]) if names else 0
     return generation_name(last + 1)
 
 
@@ -157,15 +170,15 @@ def remove_unused_generations(root: Path, keep: str) -> list[str]:
 class Databases:
     """Handles of one environment's sub-databases."""
 
-    meta: object  # format version, id counter, eviction counters
-    catalog: object  # namespace name -> NamespaceInfo JSON
-    projectors: object  # namespace name -> safetensors blob
-    entries: object  # ns NUL id -> EntryRecord
-    lengths: object  # ns NUL L id -> b"" (entries by length)
-    hashes: object  # ns NUL token hash -> id (exact tier)
-    hits: object  # ns NUL id -> HitRecord
-    buckets: object  # ns NUL L -> BucketRecord
-    zarr: object  # zarr key -> zarr.json or chunk bytes
+    meta: DbHandle  # format version, id counter, eviction counters
+    catalog: DbHandle  # namespace name -> NamespaceInfo JSON
+    projectors: DbHandle  # namespace name -> safetensors blob
+    entries: DbHandle  # ns NUL id -> EntryRecord
+    lengths: DbHandle  # ns NUL L id -> b"" (entries by length)
+    hashes: DbHandle  # ns NUL token hash -> id (exact tier)
+    hits: DbHandle  # ns NUL id -> HitRecord
+    buckets: DbHandle  # ns NUL L -> BucketRecord
+    zarr: DbHandle  # zarr key -> zarr.json or chunk bytes
 
 
 def is_disk_full(exc: lmdb.Error) -> bool:
@@ -259,7 +272,9 @@ class Generation:
                 self.on_closed()
 
 
-def items_with_prefix(cursor, prefix: bytes, *, start: bytes | None = None) -> Iterator[tuple[bytes, object]]:
+def items_with_prefix(
+    cursor: lmdb.Cursor[_Value], prefix: bytes, *, start: bytes | None = None
+) -> Iterator[tuple[bytes, _Value]]:
     """``(key, value)`` pairs of a cursor's database whose key starts with ``prefix``, in key order.
 
     Args:
@@ -269,8 +284,8 @@ def items_with_prefix(cursor, prefix: bytes, *, start: bytes | None = None) -> I
     """
     if not cursor.set_range(start if start is not None else prefix):
         return
-    for key, value in cursor.iternext():
-        key = bytes(key)
+    for raw_key, value in cursor.iternext():
+        key = bytes(raw_key)
         if not key.startswith(prefix):
             return
         yield key, value

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 
 import crc32c
+import lmdb
 
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
@@ -43,24 +44,24 @@ META_EVICTED_ENTRIES = b"evicted_entries"
 META_EVICTED_BYTES = b"evicted_bytes"
 
 
-def read_counter(txn, db: Databases, key: bytes, default: int = 0) -> int:
+def read_counter(txn: lmdb.Transaction, db: Databases, key: bytes, default: int = 0) -> int:
     """A uint64 counter of the ``meta`` db."""
     raw = txn.get(key, db=db.meta)
     return default if raw is None else decode_u64(raw)
 
 
-def write_counter(txn, db: Databases, key: bytes, value: int) -> None:
+def write_counter(txn: lmdb.Transaction, db: Databases, key: bytes, value: int) -> None:
     """Set a uint64 counter of the ``meta`` db."""
     txn.put(key, encode_u64(value), db=db.meta)
 
 
-def load_bucket(txn, db: Databases, namespace: str, length: int) -> BucketRecord:
+def load_bucket(txn: lmdb.Transaction, db: Databases, namespace: str, length: int) -> BucketRecord:
     """A bucket's record; an empty one if the bucket does not exist yet."""
     raw = txn.get(bucket_key(namespace, length), db=db.buckets)
     return BucketRecord(0, 0, 0, 0, 0) if raw is None else BucketRecord.from_bytes(raw)
 
 
-def find_existing(txn, db: Databases, namespace: str, token_hash: bytes) -> int | None:
+def find_existing(txn: lmdb.Transaction, db: Databases, namespace: str, token_hash: bytes) -> int | None:
     """Id of the live entry with ``token_hash``, or None."""
     raw = txn.get(hash_key(namespace, token_hash), db=db.hashes)
     if raw is None:
@@ -75,7 +76,7 @@ def raw_nbytes(state: NamespaceState, length: int, has_outputs: bool) -> int:
 
 
 def write_entry(
-    txn, db: Databases, state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
+    txn: lmdb.Transaction, db: Databases, state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
 ) -> EntryRecord:
     """Write one entry: chunks first, adjacent, then its record and index keys.
 
@@ -101,7 +102,7 @@ def write_entry(
             nbytes += len(chunk)
     outputs_crc = None
     if entry.outputs is not None:
-        chunk = memoryview(entry.outputs).cast("B")
+        chunk = entry.outputs.data.cast("B")
         (key,) = state.outputs(length).chunk_keys(name, length, slot, layers)
         txn.put(key, chunk, db=db.zarr)
         outputs_crc = crc32c.crc32c(chunk)
@@ -133,7 +134,7 @@ def write_entry(
 
 
 def write_entries(
-    txn, db: Databases, state: NamespaceState, entries: list[PreparedEntry], now: float
+    txn: lmdb.Transaction, db: Databases, state: NamespaceState, entries: list[PreparedEntry], now: float
 ) -> tuple[list[int], list[int]]:
     """Write a batch; an entry whose token hash is stored already (or earlier in the batch) is skipped.
 
@@ -158,7 +159,7 @@ def write_entries(
     return ids, list(new.values())
 
 
-def delete_entry(txn, db: Databases, state: NamespaceState, entry_id: int) -> int | None:
+def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, entry_id: int) -> int | None:
     """Delete one entry (chunks, record, index keys, hits); returns its stored bytes, None if absent."""
     name = state.name
     key = entry_key(name, entry_id)
@@ -191,7 +192,7 @@ def delete_entry(txn, db: Databases, state: NamespaceState, entry_id: int) -> in
     return record.nbytes
 
 
-def _delete_corrupt_record(txn, db: Databases, name: str, entry_id: int) -> int:
+def _delete_corrupt_record(txn: lmdb.Transaction, db: Databases, name: str, entry_id: int) -> int:
     # Without a readable record the slot is unknown: its chunks become orphans
     # (invisible, dropped by compaction) and bucket totals stay as they were.
     key = entry_key(name, entry_id)
@@ -205,7 +206,7 @@ def _delete_corrupt_record(txn, db: Databases, name: str, entry_id: int) -> int:
     return 0
 
 
-def flush_hits(txn, db: Databases, pending: dict[tuple[str, int], tuple[int, float]]) -> None:
+def flush_hits(txn: lmdb.Transaction, db: Databases, pending: dict[tuple[str, int], tuple[int, float]]) -> None:
     """Add buffered hit counts to the ``hits`` db (entries deleted meanwhile are skipped)."""
     for (name, entry_id), (hits, last) in pending.items():
         key = entry_key(name, entry_id)
@@ -215,7 +216,7 @@ def flush_hits(txn, db: Databases, pending: dict[tuple[str, int], tuple[int, flo
         txn.put(key, HitRecord(current.hits + hits, max(current.last_hit, last)).to_bytes(), db=db.hits)
 
 
-def stored_bytes(txn, db: Databases) -> int:
+def stored_bytes(txn: lmdb.Transaction, db: Databases) -> int:
     """Stored bytes of every live entry (sum over buckets)."""
     with txn.cursor(db=db.buckets) as cursor:
         return sum(BucketRecord.from_bytes(v).stored_bytes for _, v in cursor.iternext())
@@ -235,7 +236,7 @@ class Evicted:
 
 
 def evict_over_cap(
-    txn,
+    txn: lmdb.Transaction,
     db: Databases,
     states: dict[str, NamespaceState],
     max_bytes: int,
@@ -292,7 +293,7 @@ def evict_over_cap(
     return result
 
 
-def drop_namespace_keys(txn, db: Databases, name: str) -> int:
+def drop_namespace_keys(txn: lmdb.Transaction, db: Databases, name: str) -> int:
     """Delete every key of namespace ``name`` in one transaction; returns how many.
 
     Entry-keyed databases use ``name + NUL`` prefixes and zarr keys ``name + "/"``;

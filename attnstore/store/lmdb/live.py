@@ -208,7 +208,7 @@ class LiveGeneration:
             gen.release()
 
     @contextmanager
-    def read(self) -> Iterator[tuple[Generation, object]]:
+    def read(self) -> Iterator[tuple[Generation, lmdb.Transaction[memoryview]]]:
         """A read transaction (zero-copy buffers) on the live generation."""
         gen = self.acquire()
         try:
@@ -220,7 +220,7 @@ class LiveGeneration:
             gen.release()
 
     @contextmanager
-    def write(self) -> Iterator[tuple[Generation, object]]:
+    def write(self) -> Iterator[tuple[Generation, lmdb.Transaction[bytes]]]:
         """A write transaction on the live generation; all-or-nothing.
 
         Raises:

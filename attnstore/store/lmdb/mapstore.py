@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import lmdb
 import numpy as np
 
 from attnstore.errors import (
@@ -171,7 +172,7 @@ class MapStore(MapStoreBase):
             state = self._states.setdefault(name, NamespaceState.of(self.get_namespace(name)))
         return state
 
-    def _state_in(self, txn, gen: Generation, name: str) -> NamespaceState:
+    def _state_in(self, txn: lmdb.Transaction, gen: Generation, name: str) -> NamespaceState:
         state = self._states.get(name)
         if state is None:
             info = load_namespace(txn, gen.db, name)
@@ -180,7 +181,7 @@ class MapStore(MapStoreBase):
             state = self._states.setdefault(name, NamespaceState.of(info))
         return state
 
-    def _all_states(self, txn, gen: Generation) -> dict[str, NamespaceState]:
+    def _all_states(self, txn: lmdb.Transaction, gen: Generation) -> dict[str, NamespaceState]:
         return {name: self._state_in(txn, gen, name) for name in namespace_names(txn, gen.db)}
 
     # ---------------------------------------------------------------- namespaces
@@ -213,8 +214,13 @@ class MapStore(MapStoreBase):
 
     def list_namespaces(self) -> list[NamespaceInfo]:
         """See :meth:`MapStoreBase.list_namespaces`."""
+        infos = []
         with self._live.read() as (gen, txn):
-            return [load_namespace(txn, gen.db, name) for name in namespace_names(txn, gen.db)]  # type: ignore[misc]
+            for name in namespace_names(txn, gen.db):
+                info = load_namespace(txn, gen.db, name)
+                assert info is not None  # the name was just read from the catalog, in the same transaction
+                infos.append(info)
+        return infos
 
     def drop_namespace(self, name: str) -> None:
         """See :meth:`MapStoreBase.drop_namespace`; also raises ReadOnlyStoreError."""

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from concurrent.futures import Executor, wait
 
 import crc32c
+import lmdb
 import numpy as np
 
 from attnstore.errors import ChecksumError, EntryNotFoundError
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 _PARALLEL_BYTES = 1 << 20
 
 
-def load_record(txn, db: Databases, namespace: str, entry_id: int) -> EntryRecord:
+def load_record(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id: int) -> EntryRecord:
     """The record of a live entry.
 
     Raises:
@@ -57,7 +58,7 @@ def load_record(txn, db: Databases, namespace: str, entry_id: int) -> EntryRecor
 
 
 def entry_page(
-    txn, db: Databases, namespace: str, length: int | None, start: bytes | None, limit: int
+    txn: lmdb.Transaction, db: Databases, namespace: str, length: int | None, start: bytes | None, limit: int
 ) -> tuple[list[tuple[EntryRecord, HitRecord]], bytes | None]:
     """Up to ``limit`` live entries in id order (one bucket if ``length``), from key ``start``.
 
@@ -86,13 +87,13 @@ def entry_page(
     return page, (keys[-1] + b"\x00" if len(keys) == limit else None)
 
 
-def load_hits(txn, db: Databases, namespace: str, entry_id: int) -> HitRecord:
+def load_hits(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id: int) -> HitRecord:
     """Flushed hit counters of one entry."""
     return HitRecord.from_bytes(txn.get(entry_key(namespace, entry_id), db=db.hits))
 
 
 def decode_layers(
-    txn,
+    txn: lmdb.Transaction[memoryview],
     db: Databases,
     state: NamespaceState,
     record: EntryRecord,
@@ -136,15 +137,15 @@ def decode_layers(
         return
     per_layer = []
     for layer in layers:
-        chunks = []
+        layer_chunks = []
         for k, array in enumerate(arrays):
             chunk = txn.get(array.chunk_key(name, length, slot, layer), db=db.zarr)
             if chunk is None:
                 raise _missing_error(state, record, layer, array.name)
             if crc32c.crc32c(chunk) != record.crcs[layer * n_arrays + k]:
                 raise _crc_error(state, record, layer, array.name)
-            chunks.append(chunk)
-        per_layer.append(chunks)
+            layer_chunks.append(chunk)
+        per_layer.append(layer_chunks)
     codec.decode_into(per_layer, out)
 
 
@@ -196,7 +197,7 @@ def _crc_error(state: NamespaceState, record: EntryRecord, layer: int, array: st
     )
 
 
-def read_outputs(txn, db: Databases, state: NamespaceState, record: EntryRecord) -> np.ndarray | None:
+def read_outputs(txn: lmdb.Transaction, db: Databases, state: NamespaceState, record: EntryRecord) -> np.ndarray | None:
     """The entry's final outputs ``(L, hidden)`` fp16 (a copy), or None if it has none.
 
     Raises:
@@ -214,7 +215,9 @@ def read_outputs(txn, db: Databases, state: NamespaceState, record: EntryRecord)
     return np.frombuffer(chunk, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)
 
 
-def namespace_stats(txn, db: Databases, states: dict[str, NamespaceState]) -> tuple[NamespaceStats, ...]:
+def namespace_stats(
+    txn: lmdb.Transaction, db: Databases, states: dict[str, NamespaceState]
+) -> tuple[NamespaceStats, ...]:
     """Entries and bytes of every namespace, per bucket with live entries (no record scan)."""
     result = []
     for name, state in states.items():
@@ -240,7 +243,7 @@ def namespace_stats(txn, db: Databases, states: dict[str, NamespaceState]) -> tu
     return tuple(result)
 
 
-def live_lengths(txn, db: Databases, namespace: str) -> list[int]:
+def live_lengths(txn: lmdb.Transaction, db: Databases, namespace: str) -> list[int]:
     """Token lengths of ``namespace`` with at least one live entry, ascending."""
     with txn.cursor(db=db.buckets) as cursor:
         return [
@@ -251,7 +254,12 @@ def live_lengths(txn, db: Databases, namespace: str) -> list[int]:
 
 
 def store_stats(
-    txn, gen: Generation, states: dict[str, NamespaceState], settings: StoreSettings, *, pending_hits: int,
+    txn: lmdb.Transaction,
+    gen: Generation,
+    states: dict[str, NamespaceState],
+    settings: StoreSettings,
+    *,
+    pending_hits: int,
     dram: DramStats,
 ) -> StoreStats:
     """The whole store's statistics, read in ``txn`` on ``gen``."""

@@ -27,7 +27,7 @@ def entry_key(namespace: str, entry_id: int) -> bytes:
     return ns_prefix(namespace) + entry_id.to_bytes(8, "big")
 
 
-def split_entry_key(key: bytes) -> tuple[str, int]:
+def split_entry_key(key: bytes | memoryview) -> tuple[str, int]:
     """Inverse of :func:`entry_key`."""
     raw = bytes(key)
     return raw[:-9].decode(), int.from_bytes(raw[-8:], "big")
@@ -48,7 +48,7 @@ def length_key(namespace: str, length: int, entry_id: int) -> bytes:
     return bucket_key(namespace, length) + entry_id.to_bytes(8, "big")
 
 
-def split_length_key(key: bytes) -> tuple[int, int]:
+def split_length_key(key: bytes | memoryview) -> tuple[int, int]:
     """Length and entry id of a by-length index key."""
     raw = bytes(key)
     return int.from_bytes(raw[-12:-8], "big"), int.from_bytes(raw[-8:], "big")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import crc32c
+import lmdb
 
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
@@ -18,7 +19,9 @@ from attnstore.store.zarr_layout import parse_chunk_key
 _MAX_REASONS = 3
 
 
-def _check_entry(txn, gen: Generation, state: NamespaceState, record: EntryRecord) -> tuple[list[str], int]:
+def _check_entry(
+    txn: lmdb.Transaction, gen: Generation, state: NamespaceState, record: EntryRecord
+) -> tuple[list[str], int]:
     """Problems of one entry and the number of chunks checked."""
     db, name, length = gen.db, state.name, record.length
     problems: list[str] = []
@@ -86,8 +89,8 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
                         corrupt.append(CorruptEntry(name, entry_id, "; ".join(problems[:_MAX_REASONS])))
         orphans = 0
         with txn.cursor(db=gen.db.zarr) as cursor:
-            for key in cursor.iternext(keys=True, values=False):
-                parsed = parse_chunk_key(bytes(key))
+            for chunk_key in cursor.iternext(keys=True, values=False):
+                parsed = parse_chunk_key(bytes(chunk_key))
                 if parsed is not None and parsed not in live:
                     orphans += 1
     return VerifyReport(

@@ -15,7 +15,7 @@ import lmdb
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from attnstore.store.lmdb.env import Generation, read_current
+from attnstore.store.lmdb.env import DbHandle, Generation, read_current
 
 
 def _slice(size: int, byte_range: ByteRequest | None) -> slice:
@@ -43,7 +43,7 @@ class LMDBZarrStore(Store):
     supports_listing: bool = True
 
     def __init__(
-        self, env: lmdb.Environment, db: object, *, read_only: bool = True, on_close: Callable[[], None] | None = None
+        self, env: lmdb.Environment, db: DbHandle, *, read_only: bool = True, on_close: Callable[[], None] | None = None
     ) -> None:
         super().__init__(read_only=read_only)
         self._env = env
@@ -170,8 +170,8 @@ class LMDBZarrStore(Store):
         keys = []
         with self._env.begin(db=self._db, buffers=True) as txn, txn.cursor() as cursor:
             if cursor.set_range(raw_prefix):
-                for key in cursor.iternext(keys=True, values=False):
-                    key = bytes(key)
+                for raw_key in cursor.iternext(keys=True, values=False):
+                    key = bytes(raw_key)
                     if not key.startswith(raw_prefix):
                         break
                     keys.append(key.decode())

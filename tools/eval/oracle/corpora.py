@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from attnstore.errors import CorpusError
+from attnstore_tools.corpus import DATA_HELP, data_dir
 
 LOGHUB_SYSTEMS = ("HDFS", "BGL", "Linux", "OpenSSH", "Apache", "Spark", "Hadoop", "Zookeeper")
 # The issue's "four math subjects": long enough prompts to exercise crop, few
@@ -140,8 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write the build and query files of the oracle evaluations",
         description=__doc__.split("\n\n")[0],
     )
-    default_data = Path(__file__).resolve().parents[2] / "shared" / "data"
-    parser.add_argument("--data", type=Path, default=default_data, help=f"evaluation data (default {default_data})")
+    parser.add_argument("--data", type=Path, default=None, help=DATA_HELP)
     parser.add_argument("--out", type=Path, required=True, help="folder for the files (created)")
     parser.add_argument("--loghub-queries", type=int, default=50, help="query lines per system (default 50)")
     parser.add_argument("--mmlu-subjects", nargs="+", default=list(MATH_SUBJECTS),
@@ -154,7 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``attnstore eval corpora``."""
     config = CorporaConfig(
-        data=args.data,
+        data=data_dir(args.data),
         out=args.out,
         loghub_queries=args.loghub_queries,
         mmlu_subjects=tuple(args.mmlu_subjects),

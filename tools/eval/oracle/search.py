@@ -123,7 +123,7 @@ def _bucket_blocks(service: AttnStoreService, namespace: str, length: int) -> It
     ids = [e.id for e in service.store.entries(namespace, length)]
     for start in range(0, len(ids), size):
         chunk = ids[start : start + size]
-        yield chunk, torch.stack([service.store.read_maps(namespace, i).to(torch.float16) for i in chunk])
+        yield chunk, torch.from_numpy(np.stack([service.store.read_maps(namespace, i) for i in chunk]))
 
 
 def projector_picks(
