@@ -11,7 +11,7 @@ from attnstore.errors import ConfigError
 from attnstore_client.cache import PROMPT_EOL
 from attnstore_tools.eval.tasks import STEM_SUBJECTS, load_task
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data beside the repository")
 
 
