@@ -198,6 +198,14 @@ class NewEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class EntryRef:
+    """A live entry found by its token hash: its id and token length."""
+
+    id: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class EntryInfo:
     """Metadata of one live entry (no maps)."""
 

@@ -33,13 +33,14 @@ class ExactOutputs:
 
 
 def exact_matches(store: MapStoreBase, namespace: str, queries: Sequence[Query]) -> dict[int, MatchResult]:
-    """The rows whose token hash is stored, as exact hits."""
+    """The rows whose token hash is stored at the row's own length, as exact hits (one store read)."""
+    rows = [row for row, query in enumerate(queries) if query.token_hash]
+    refs = store.find_by_hashes(namespace, [queries[row].token_hash or b"" for row in rows])
     found: dict[int, MatchResult] = {}
-    for row, query in enumerate(queries):
-        if query.token_hash:
-            entry_id = store.find_by_hash(namespace, query.token_hash)
-            if entry_id is not None:
-                found[row] = MatchResult("exact", entry_id, 0.0, query.length)
+    for row, ref in zip(rows, refs, strict=True):
+        # A query claiming another length than the stored tokens' is not the same input.
+        if ref is not None and ref.length == queries[row].length:
+            found[row] = MatchResult("exact", ref.id, 0.0, ref.length)
     return found
 
 

@@ -17,6 +17,7 @@ from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.records import (
     TOKEN_HASH_BYTES,
     EntryInfo,
+    EntryRef,
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
@@ -145,13 +146,28 @@ class MapStoreBase(ABC):
             MapShapeError: ``token_hash`` is not a 32-byte hash.
             NamespaceNotFoundError: no such namespace.
         """
-        if not isinstance(token_hash, bytes | bytearray | memoryview) or len(token_hash) != TOKEN_HASH_BYTES:
-            raise MapShapeError(f"find_by_hash(): token_hash must be {TOKEN_HASH_BYTES} bytes, got {token_hash!r:.80}")
-        return self._find_by_hash(namespace, bytes(token_hash))
+        (ref,) = self.find_by_hashes(namespace, [token_hash])
+        return None if ref is None else ref.id
+
+    def find_by_hashes(self, namespace: str, token_hashes: Sequence[bytes]) -> list[EntryRef | None]:
+        """The live entry (id and length) of each token hash, or None; one read for the lot.
+
+        Raises:
+            MapShapeError: a hash that is not 32 bytes.
+            NamespaceNotFoundError: no such namespace.
+        """
+        checked = []
+        for position, token_hash in enumerate(token_hashes):
+            if not isinstance(token_hash, bytes | bytearray | memoryview) or len(token_hash) != TOKEN_HASH_BYTES:
+                raise MapShapeError(
+                    f"find_by_hashes(): token hash {position} must be {TOKEN_HASH_BYTES} bytes, got {token_hash!r:.80}"
+                )
+            checked.append(bytes(token_hash))
+        return self._find_by_hashes(namespace, checked)
 
     @abstractmethod
-    def _find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
-        """``find_by_hash`` with a checked hash."""
+    def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
+        """``find_by_hashes`` with checked hashes."""
 
     @abstractmethod
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:

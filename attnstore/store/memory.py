@@ -27,6 +27,7 @@ from attnstore.errors import (
 from attnstore.protocol.records import (
     FORMAT_VERSION,
     EntryInfo,
+    EntryRef,
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
@@ -247,9 +248,12 @@ class MemoryMapStore(MapStoreBase):
         outputs = np.frombuffer(entry.outputs, dtype="<f2").reshape(entry.length, ns.state.layout.hidden)
         return outputs.astype(np.float16)  # (L, hidden), a copy
 
-    def _find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
-        """See :meth:`MapStoreBase.find_by_hash`."""
-        return self._ns(namespace).hashes.get(token_hash)
+    def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
+        """See :meth:`MapStoreBase.find_by_hashes`."""
+        ns = self._ns(namespace)
+        with self._lock:
+            ids = [ns.hashes.get(token_hash) for token_hash in token_hashes]
+            return [None if i is None else EntryRef(i, ns.entries[i].length) for i in ids]
 
     @staticmethod
     def _info(entry: _Entry) -> EntryInfo:

@@ -55,6 +55,23 @@ def test_exact_tier_answers_before_the_index() -> None:
     np.testing.assert_array_equal(service.read_outputs("ns", entry_id), np.full((5, HIDDEN), 1, np.float16))
 
 
+@pytest.mark.parametrize("claimed", [4, 6, 2**32 - 1])
+def test_an_exact_hit_needs_the_stored_length_not_whatever_length_the_query_claims(claimed: int) -> None:
+    service = _service()
+    service.ingest("ns", FP, [_entry(5, 1, [0, 0, 0, 0])])
+    query = Query(np.array([9, 9, 9, 9], dtype=np.float32), length=claimed, token_hash=(1).to_bytes(32, "little"))
+    (match,) = service.lookup("ns", FP, [query], max_distance=0.1)
+    assert match.kind == "miss"
+
+
+def test_exact_hits_of_a_batch_are_found_in_one_store_read_in_row_order() -> None:
+    service = _service()
+    ids = service.ingest("ns", FP, [_entry(5, 1, [0, 0, 0, 0]), _entry(7, 2, [1, 0, 0, 0])]).entry_ids
+    refs = service.store.find_by_hashes("ns", [(2).to_bytes(32, "little"), (3).to_bytes(32, "little"),
+                                               (1).to_bytes(32, "little")])
+    assert [(r.id, r.length) if r else None for r in refs] == [(ids[1], 7), None, (ids[0], 5)]
+
+
 def test_nearest_entry_within_threshold_is_a_map_hit_and_farther_is_a_miss() -> None:
     service = _service()
     ids = service.ingest("ns", FP, [_entry(5, 1, [0, 0, 0, 0]), _entry(5, 2, [1, 0, 0, 0])]).entry_ids

@@ -33,6 +33,7 @@ from attnstore.errors import (
 from attnstore.protocol.records import (
     FORMAT_VERSION,
     EntryInfo,
+    EntryRef,
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
@@ -319,25 +320,25 @@ class MapStore(MapStoreBase):
             outputs = read_outputs(txn, gen.db, state, load_record(txn, gen.db, namespace, entry_id))
         return outputs  # (L, hidden)
 
-    def _find_by_hash(self, namespace: str, token_hash: bytes) -> int | None:
-        """See :meth:`MapStoreBase.find_by_hash`."""
+    def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
+        """See :meth:`MapStoreBase.find_by_hashes`."""
         self._state(namespace)
+        found: list[EntryRef | None] = []
         with self._live.read() as (gen, txn):
-            return find_existing(txn, gen.db, namespace, token_hash)
+            for token_hash in token_hashes:
+                entry_id = find_existing(txn, gen.db, namespace, token_hash)
+                ref = None
+                if entry_id is not None:
+                    try:
+                        ref = EntryRef(entry_id, load_record(txn, gen.db, namespace, entry_id).length)
+                    except ChecksumError:
+                        pass  # a corrupt record is never served (verify reports it)
+                found.append(ref)
+        return found
 
     def _info(self, namespace: str, record: EntryRecord, hits: int, last_hit: float) -> EntryInfo:
-        pending_hits, pending_last = self._hits.get(namespace, record.id)
-        return EntryInfo(
-            id=record.id,
-            length=record.length,
-            token_hash=record.token_hash,
-            created=record.created,
-            hits=hits + pending_hits,
-            last_hit=max(last_hit, pending_last),
-            feature=record.feature,
-            nbytes=record.nbytes,
-            token_ids=record.token_ids,
-        )
+        pending_hits, pending_last = self._hits.get(namespace, record.id)  # counted, not yet written
+        return record.info(hits + pending_hits, max(last_hit, pending_last))
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
         """See :meth:`MapStoreBase.entry`."""

@@ -13,6 +13,7 @@ import crc32c
 import numpy as np
 
 from attnstore.errors import ChecksumError
+from attnstore.protocol.records import EntryInfo
 
 _SEP = b"\x00"
 
@@ -93,6 +94,13 @@ class EntryRecord:
     outputs_crc: int | None
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (length,) uint32
+
+    def info(self, hits: int, last_hit: float) -> EntryInfo:
+        """The entry's metadata, with its hit counts."""
+        return EntryInfo(
+            id=self.id, length=self.length, token_hash=self.token_hash, created=self.created, hits=hits,
+            last_hit=last_hit, feature=self.feature, nbytes=self.nbytes, token_ids=self.token_ids,
+        )
 
     def to_bytes(self) -> bytes:
         """Pack the record (struct, little-endian) with a crc32c trailer."""
