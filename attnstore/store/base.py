@@ -29,6 +29,8 @@ from attnstore.store.reports import CompactReport, IngestReport, StoreStats, Ver
 if TYPE_CHECKING:
     import numpy as np
 
+    from attnstore.store.feed import ChangeFeed
+
 
 class MapStoreBase(ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
@@ -217,6 +219,14 @@ class MapStoreBase(ABC):
     @abstractmethod
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """Block until queued prefetches are done; False on timeout."""
+
+    def change_feed(self) -> ChangeFeed | None:
+        """The store's log of index changes when other processes share it (see ``feed``); None by default.
+
+        A store with a feed may change behind this process's back: its users follow
+        the feed to keep their indexes current and check entries still exist before serving them.
+        """
+        return None
 
     def dead_threads(self) -> list[str]:
         """Names of background threads that have died (the store then needs a restart); none by default."""

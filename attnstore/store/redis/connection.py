@@ -1,0 +1,162 @@
+"""Where a Redis store lives (its URL) and the one client every call goes through, with errors translated.
+
+``redis://HOST:PORT`` is one Redis server; ``redis://HOST:PORT/?cluster=1`` a
+Redis Cluster (any node: the client discovers the others and follows
+failovers). ``rediss://`` uses TLS. ``prefix=NAME`` names the store within the
+server (default ``attnstore``), so several stores may share one Redis. Other
+query parameters are redis-py's connection options (``socket_timeout=...``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
+from redis.retry import Retry
+
+from attnstore.errors import ConfigError, StorageError, StoreFullError, UnavailableError
+
+URL_SCHEMES = ("redis://", "rediss://")
+DEFAULT_PREFIX = "attnstore"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+# Retries of a failed command: they span a replica's takeover of a dead master
+# (about 2 s past cluster-node-timeout), so a failover costs latency, not errors.
+_RETRIES = 12
+_BACKOFF = ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+_CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 2.0}
+
+# Failures that pass: the server is unreachable, loading, or failing over.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError, RedisClusterException,
+)
+
+
+def is_redis_url(location: object) -> bool:
+    """True for a ``redis://`` or ``rediss://`` store location."""
+    return isinstance(location, str) and location.startswith(URL_SCHEMES)
+
+
+@dataclass(frozen=True, slots=True)
+class RedisLocation:
+    """A parsed store URL."""
+
+    url: str  # as given
+    client_url: str  # the URL redis-py opens: ours, less the store's own parameters
+    cluster: bool
+    prefix: str
+    options: dict[str, str] = field(default_factory=dict, compare=False)  # redis-py's query parameters
+
+    @classmethod
+    def parse(cls, url: str) -> RedisLocation:
+        """Parse ``url``.
+
+        Raises:
+            ConfigError: another scheme, no host, a bad ``cluster`` or ``prefix`` value, or a database
+                number with ``cluster=1`` (a cluster has database 0 only).
+        """
+        if not is_redis_url(url):
+            raise ConfigError(f"a Redis store URL starts with one of {list(URL_SCHEMES)}, got {url!r}")
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise ConfigError(f"Redis store URL {url!r} needs a host, e.g. redis://127.0.0.1:6379/?cluster=1")
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        cluster_text = query.pop("cluster", "0").lower()
+        if cluster_text not in ("0", "1", "true", "false", "yes", "no"):
+            raise ConfigError(f"Redis store URL {url!r}: cluster must be 1 or 0, got {cluster_text!r}")
+        cluster = cluster_text in ("1", "true", "yes")
+        prefix = query.pop("prefix", DEFAULT_PREFIX)
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise ConfigError(
+                f"Redis store URL {url!r}: prefix must be 1-64 letters, digits, '_', '.' or '-', got {prefix!r}"
+            )
+        if cluster and parts.path.strip("/") not in ("", "0"):
+            raise ConfigError(f"Redis store URL {url!r}: a Redis Cluster has database 0 only")
+        client_url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
+        return cls(url=url, client_url=client_url, cluster=cluster, prefix=prefix, options=query)
+
+    @property
+    def display(self) -> str:
+        """The URL without its password, for logs and stats."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Turn redis-py's errors into AttnStore's where they enter our code.
+
+    Raises:
+        UnavailableError: Redis is unreachable, loading or failing over (retry later).
+        StoreFullError: Redis is at its maxmemory and evicts nothing more.
+        StorageError: any other Redis error.
+    """
+    try:
+        yield
+    except OutOfMemoryError as exc:
+        raise StoreFullError(
+            f"Redis is full while {what} ({exc}); nothing of the failed write is visible:"
+            " raise maxmemory, or set maxmemory-policy volatile-lru so Redis evicts entries"
+        ) from None
+    except _TRANSIENT as exc:
+        raise UnavailableError(f"Redis is unavailable while {what}: {exc}") from exc
+    except RedisError as exc:
+        raise StorageError(f"Redis failed while {what}: {exc}") from exc
+
+
+class RedisConnection:
+    """One client (a server's or a cluster's) and the few calls that differ between the two.
+
+    Thread-safe: redis-py clients keep a connection pool per server.
+    """
+
+    def __init__(self, location: RedisLocation) -> None:
+        self.location = location
+        retry = Retry(_BACKOFF, _RETRIES)
+        options = {key: value for key, value in _CLIENT_DEFAULTS.items() if key not in location.options}
+        self.client: redis.Redis | RedisCluster
+        with translated(f"connecting to {location.display}"):
+            if location.cluster:
+                self.client = RedisCluster.from_url(location.client_url, retry=retry, **options)
+            else:
+                self.client = redis.Redis.from_url(
+                    location.client_url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                    **options,
+                )
+            self.client.ping()
+
+    def eval(self, script: str, keys: Sequence[str], args: Sequence[bytes | str | int | float]) -> Any:
+        """Run a Lua script on the shard of ``keys`` (all in one hash slot)."""
+        return self.client.eval(script, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+    def primaries(self) -> list[redis.Redis]:
+        """A client of each primary (the server itself when not a cluster), for per-server admin calls."""
+        if isinstance(self.client, RedisCluster):
+            return [node.redis_connection for node in self.client.get_primaries() if node.redis_connection]
+        return [self.client]
+
+    def scan(self, match: str, count: int = 1000) -> Iterator[bytes]:
+        """Every key matching ``match`` on every primary (SCAN: no server blocks)."""
+        for server in self.primaries():
+            yield from server.scan_iter(match=match, count=count)
+
+    def close(self) -> None:
+        """Close every connection."""
+        self.client.close()

@@ -1,0 +1,54 @@
+"""Every tunable of a RedisMapStore in one commented settings object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnstore.errors import ConfigError
+from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS
+
+# Entries carry a TTL this long (100 years: they never expire in practice) so that Redis's volatile-*
+# maxmemory policies may evict entries, and never the index keys, logs and catalog, which have none.
+ENTRY_TTL_SECONDS = 100 * 365 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSettings:
+    """Settings of one open RedisMapStore.
+
+    Raises:
+        ConfigError: a value is out of range.
+    """
+
+    dram_bytes: int = DEFAULT_DRAM_BYTES  # DRAM tier of decoded maps in this process; 0 disables it
+    max_bytes: int | None = None  # cap on live entries' stored bytes (all daemons together); None: Redis's maxmemory
+    readonly: bool = False  # refuse every write (ReadOnlyStoreError)
+    evict_low_water: float = 0.9  # the byte cap evicts down to this fraction of max_bytes
+    hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT  # distinct entries with buffered hits that trigger a flush
+    hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
+    prefetch_queue: int = 4096  # entries waiting for prefetch at most; more are dropped
+    entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS
+    snapshot_events: int = 50_000  # a namespace's log longer than this gets an index snapshot written
+    snapshot_interval_seconds: float = 60.0  # at most one automatic snapshot per namespace this often
+    log_retain_seconds: float = 600.0  # a snapshot trims the log, but never of changes younger than this
+    snapshot_part_bytes: int = 32 << 20  # a snapshot is stored in parts of at most this size
+    orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
+
+    def __post_init__(self) -> None:
+        if self.dram_bytes < 0:
+            raise ConfigError(f"dram_bytes must be >= 0, got {self.dram_bytes}")
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise ConfigError(f"max_bytes must be positive or None, got {self.max_bytes}")
+        if not 0.0 < self.evict_low_water <= 1.0:
+            raise ConfigError(f"evict_low_water must be in (0, 1], got {self.evict_low_water}")
+        if self.hit_flush_count < 1 or self.hit_flush_seconds < 0:
+            raise ConfigError(
+                f"hit_flush_count must be >= 1 and hit_flush_seconds >= 0,"
+                f" got {self.hit_flush_count} and {self.hit_flush_seconds}"
+            )
+        for name in ("entry_ttl_seconds", "snapshot_events", "snapshot_part_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"RedisSettings.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("snapshot_interval_seconds", "log_retain_seconds", "orphan_grace_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"RedisSettings.{name} must be >= 0, got {getattr(self, name)}")

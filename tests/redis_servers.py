@@ -1,0 +1,171 @@
+"""Real Redis servers for the tests: one plain ``redis-server``, or a 3-master, 3-replica Redis Cluster.
+
+Every server runs from Debian's ``redis-server`` binary on a free loopback port,
+without persistence, in a folder of its own; :meth:`stop` shuts it down and
+reaps it. Tests that need Redis skip, saying why, where the binary is missing
+(``scripts/install.sh`` installs it where apt is available). Each test gives
+its store a fresh key prefix, so one server serves many tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+_START_SECONDS = 20.0
+_POLL = 0.05
+
+
+def require_redis() -> None:
+    """Skip the calling test when ``redis-server`` or ``redis-cli`` is not installed."""
+    missing = [name for name in ("redis-server", "redis-cli") if shutil.which(name) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (scripts/install.sh installs Debian's redis-server)")
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (and, in practice, for the next second)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def unique_prefix() -> str:
+    """A key prefix no other test uses."""
+    return "t" + uuid.uuid4().hex[:12]
+
+
+class RedisServer:
+    """One ``redis-server`` process on a free loopback port.
+
+    Args:
+        workdir: its folder (log, cluster config).
+        cluster: start it with ``--cluster-enabled yes``.
+        extra: more ``redis-server`` arguments (``--maxmemory 8mb`` ...).
+    """
+
+    def __init__(self, workdir: Path, *, cluster: bool = False, extra: Sequence[str] = ()) -> None:
+        self.port = free_port()
+        self.workdir = workdir / f"redis-{self.port}"
+        self.workdir.mkdir(parents=True)
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir), "--logfile", "redis.log", *extra]
+        if cluster:
+            # A short node timeout makes a replica take over about 2 s after its master dies.
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "2000"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT``."""
+        return f"127.0.0.1:{self.port}"
+
+    def client(self) -> redis.Redis:
+        """A plain client of this one server."""
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.log()}")
+            try:
+                with self.client() as client:
+                    client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(_POLL)
+        self.kill()
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within {_START_SECONDS:g} s")
+
+    def log(self) -> str:
+        """Its log so far."""
+        path = self.workdir / "redis.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL it (a crash: nothing is flushed) and reap it."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        """Shut it down and reap it."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` masters with one replica each, on loopback ports.
+
+    Made with ``redis-cli --cluster create ... --cluster-replicas 1``; ready when
+    every node says ``cluster_state:ok``.
+    """
+
+    def __init__(self, workdir: Path, *, masters: int = 3, extra: Sequence[str] = ()) -> None:
+        self.servers = [RedisServer(workdir, cluster=True, extra=extra) for _ in range(2 * masters)]
+        try:
+            subprocess.run(
+                ["redis-cli", "--cluster", "create", *(s.address for s in self.servers),
+                 "--cluster-replicas", "1", "--cluster-yes"],
+                check=True, capture_output=True, timeout=60,
+            )
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        """``redis://HOST:PORT/?cluster=1`` of the first node (the client discovers the rest)."""
+        return f"redis://{self.servers[0].address}/?cluster=1"
+
+    def live(self) -> list[RedisServer]:
+        """The servers still running."""
+        return [s for s in self.servers if s.process.poll() is None]
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Wait until every running node reports ``cluster_state:ok`` and agrees on 3 masters with slots."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._ok(server) for server in self.live()):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the cluster did not reach cluster_state:ok within {timeout:g} s")
+
+    @staticmethod
+    def _ok(server: RedisServer) -> bool:
+        try:
+            with server.client() as client:
+                info = client.execute_command("CLUSTER", "INFO")
+        except redis.RedisError:
+            return False
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        return "cluster_state:ok" in text
+
+    def master_of(self, key: str) -> RedisServer:
+        """The server that is master of ``key``'s hash slot now."""
+        with RedisCluster(host="127.0.0.1", port=self.live()[0].port) as client:
+            node = client.get_node_from_key(key)
+        return next(s for s in self.servers if s.port == int(node.port))
+
+    def stop(self) -> None:
+        """Stop every node."""
+        for server in self.servers:
+            server.stop()
