@@ -18,12 +18,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from attnstore.errors import (
@@ -33,17 +31,18 @@ from attnstore.errors import (
     UnsupportedModelError,
 )
 from attnstore_client.adapters import adapter_for
+from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
 from attnstore_client.connection import StoreConnection, connect
-from attnstore_client.cost_model import CostModel, CostSettings
 from attnstore_client.keys import model_fingerprint
-from attnstore_client.local_tier import LocalExactTier
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
-from attnstore_client.sentence import PROMPT_EOL, sentence_head
+from attnstore_client.sentence.heads import PROMPT_EOL, sentence_head
+from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.stats import CacheStats
+from attnstore_client.tiers.cost_model import CostModel, CostSettings
+from attnstore_client.tiers.local_exact import LocalExactTier
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +72,6 @@ def _threshold(max_distance: float | None, projector: Projector | None) -> float
         log.info("the namespace's calibration found no threshold with precise enough map hits: exact hits only")
         return 0.0
     return calibration.max_distance
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceScores:
-    """Which choice each prompt's next token prefers."""
-
-    index: np.ndarray  # (n,) int64: the most probable choice per prompt
-    probabilities: np.ndarray  # (n, choices) float32: softmax over the choices' next-token logits
 
 
 class AttnCache:
@@ -482,27 +473,12 @@ class AttnCache:
             raise UnsupportedModelError(
                 f"score_choices() needs a decoder with a language-model head; {self.loaded.name!r} is an encoder"
             )
-        choice_ids = self._choice_ids(choices)
+        ids = choice_ids(self.loaded.tokenizer, choices)
         rows = [prompts] if isinstance(prompts, str) else list(prompts)
         tokenizer = self.loaded.tokenizer
-        ids = tokenizer(rows, truncation=True, max_length=self.head.max_length, add_special_tokens=True)["input_ids"]
-        hidden = self.hidden_states(ids, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        last = torch.stack([states[-1] for states in hidden])  # (n, hidden)
-        with torch.inference_mode():
-            logits = head(last)[:, choice_ids]  # (n, choices)
-        probabilities = torch.softmax(logits.float(), dim=-1).cpu().numpy()
-        return ChoiceScores(index=probabilities.argmax(axis=1), probabilities=probabilities)
-
-    def _choice_ids(self, choices: Sequence[str]) -> list[int]:
-        if isinstance(choices, str) or len(choices) < 2:
-            raise ConfigError(f"score_choices(): give at least two choices as a sequence, got {choices!r}")
-        ids = []
-        for choice in choices:
-            tokens = self.loaded.tokenizer(choice, add_special_tokens=False)["input_ids"]
-            if len(tokens) != 1:
-                raise ConfigError(f"score_choices(): choice {choice!r} is {len(tokens)} tokens; each must be one token")
-            ids.append(tokens[0])
-        return ids
+        tokens = tokenizer(rows, truncation=True, max_length=self.head.max_length, add_special_tokens=True)["input_ids"]
+        hidden = self.hidden_states(tokens, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return next_token_choice(head, torch.stack([states[-1] for states in hidden]), ids)
 
 
 def _device(device: str | torch.device | None) -> torch.device:

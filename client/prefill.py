@@ -1,10 +1,10 @@
 """One call through the cache: each tier in turn, asked only for the rows that still need it.
 
 1. Rows with identical tokens are one row: computed once, every copy answered.
-2. The node-local exact tier (``local_tier``) answers the rows this process saw.
+2. The node-local exact tier (``tiers.local_exact``) answers the rows this process saw.
 3. The store's exact tier answers by token hash, a window of rows per call,
    nothing projected.
-4. The cost model (``cost_model``) picks, per length band, the rows worth
+4. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
    sending for maps; those are projected and searched.
 5. The rows left are batched by length after the lookups: map hits together
    (their maps stream layer by layer into a forward that skips q/k for every
@@ -36,11 +36,11 @@ from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.connection import MapStream, Match, StoreConnection
-from attnstore_client.cost_model import CostModel
 from attnstore_client.keys import token_hash
-from attnstore_client.local_tier import LocalExactTier
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import CircuitBreaker, RetryPolicy, call_with_retries, cause_of
+from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.local_exact import LocalExactTier
 
 log = logging.getLogger(__name__)
 

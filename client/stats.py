@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from attnstore_client.cost_model import BandEstimate
 from attnstore_client.resilience import FALLBACK_CAUSES
+from attnstore_client.tiers.cost_model import BandEstimate
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,7 +208,12 @@ def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, bert_servi
     try:
         time.sleep(0.25)
         assert cache.breaker.state == "half_open"
+        # The trial call succeeds once the channel has reconnected (its backoff is at most 2 s).
+        deadline = time.monotonic() + 10.0
         embeddings = cache.encode(TEXTS, batch_size=10)
+        while cache.breaker.state != "closed" and time.monotonic() < deadline:
+            time.sleep(0.25)
+            embeddings = cache.encode(TEXTS, batch_size=10)
         assert cache.breaker.state == "closed" and cache.last_stats.exact_hits == 6
         np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
     finally:

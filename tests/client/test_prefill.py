@@ -18,7 +18,7 @@ from attnstore_client.batch import Batch
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import Match
 from attnstore_client.connection.local import LocalConnection
-from attnstore_client.cost_model import CostSettings
+from attnstore_client.tiers.cost_model import CostSettings
 
 TEXTS = sentences(12, seed=11)
 STORED = TEXTS[:4]

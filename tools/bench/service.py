@@ -135,8 +135,8 @@ def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTimi
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.connection import connect
     from attnstore_client.keys import model_fingerprint, token_hash
-    from attnstore_client.cost_model import CostModel, CostSettings
-    from attnstore_client.local_tier import LocalExactTier
+    from attnstore_client.tiers.cost_model import CostModel, CostSettings
+    from attnstore_client.tiers.local_exact import LocalExactTier
     from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import CircuitBreaker, RetryPolicy

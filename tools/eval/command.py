@@ -129,7 +129,7 @@ def evaluate(
     from attnstore_client.adapters import adapter_for
     from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
     from attnstore_client.connection.local import LocalConnection
-    from attnstore_client.sentence import sentence_head
+    from attnstore_client.sentence.heads import sentence_head
     from attnstore_tools.eval.oracle.fidelity import letter_ids
     from attnstore_tools.eval.runner import run_pass, time_variants
     from attnstore_tools.eval.variants import CacheVariant, PlainVariant, Variant
@@ -190,7 +190,7 @@ def _queries(loaded, head, texts: Sequence[str], batch_size: int):
     its PromptEOL prompt), so the head's own tokenization applies only to models
     with a sentence-transformers configuration.
     """
-    from attnstore_client.sentence import TransformersPipelineHead
+    from attnstore_client.sentence.heads import TransformersPipelineHead
     from attnstore_tools.eval.variants import Queries
 
     if isinstance(head, TransformersPipelineHead):
@@ -234,7 +234,7 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
 
     AttnCache-f reads maps in process, from ``service``: without one (a daemon) it is skipped.
     """
-    from attnstore_client.sentence import sentence_head
+    from attnstore_client.sentence.heads import sentence_head
     from attnstore_tools.eval.baselines import (
         AttnCacheFVariant,
         LayerKeys,
@@ -402,7 +402,7 @@ def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, s
         # Rows over the model's context are skipped and counted by the build (queries are truncated).
         codec = args.codec or ("zstd" if task.name == "mmlu" and task.queries and args.shots == 5 else "fp16")
         # The build tokenizes as the queries are tokenized: up to the model's own limit (the head's).
-        from attnstore_client.sentence import sentence_head
+        from attnstore_client.sentence.heads import sentence_head
 
         config = BuildConfig(namespace=namespace, codec=codec, max_length=sentence_head(loaded).max_length)
         print(f"building namespace {namespace!r} in {path} from {len(corpus)} inputs")

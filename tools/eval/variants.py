@@ -30,7 +30,7 @@ from torch import nn
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.cache import AttnCache
-from attnstore_client.sentence import SentenceHead
+from attnstore_client.sentence.heads import SentenceHead
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore_client.cost_model import PRIOR_SAVING, CostModel, CostSettings
+from attnstore_client.tiers.cost_model import PRIOR_SAVING, CostModel, CostSettings
 
 
 def _asked(model: CostModel, length: int, rows: int) -> int:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore_client.local_tier import LocalExactTier
+from attnstore_client.tiers.local_exact import LocalExactTier
 
 
 def _outputs(rows: int, value: float = 1.0) -> np.ndarray:
