@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import grpc
 import numpy as np
 import pytest
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
@@ -139,6 +142,51 @@ def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, inge
         assert re.search(rf"^# TYPE {name}(_total)? ", text, re.MULTILINE), name
     assert 'attnstore_hits_total{kind="map",namespace="ns"}' in text
     assert 'attnstore_rpcs_total{code="OK",method="Lookup"}' in text
+
+
+def _scrape(daemon: DaemonProcess) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def test_metrics_count_refused_calls_by_code_with_process_metrics_and_zeroed_counters(
+    daemon: DaemonProcess, ingested: list[int]
+) -> None:
+    before = _scrape(daemon)
+    with daemon.client(None) as anonymous, pytest.raises(AuthError, match="UNAUTHENTICATED"):
+        anonymous.stats()
+    with daemon.client(READ_TOKEN) as reader, pytest.raises(AuthError, match="PERMISSION_DENIED"):
+        reader.delete("ns", [ingested[0]])
+    text = _scrape(daemon)
+    for method, code in (("Stats", "UNAUTHENTICATED"), ("Delete", "PERMISSION_DENIED")):
+        old = _sample(before, "attnstore_rpcs_total", method=method, code=code)
+        assert _sample(text, "attnstore_rpcs_total", method=method, code=code) == (old or 0) + 1
+    assert (_sample(text, "process_resident_memory_bytes") or 0) > 0
+    # Present before the first event, so increase() sees the first corrupt entry.
+    assert _sample(text, "attnstore_row_errors_total", namespace="ns", code="DATA_LOSS") == 0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian: apt install prometheus)")
+def test_promtool_finds_nothing_to_lint_in_the_metrics(daemon: DaemonProcess, ingested: list[int]) -> None:
+    with daemon.client(READ_TOKEN) as remote:
+        remote.lookup(_query([0, 1], exact=False))
+    done = subprocess.run(
+        ["promtool", "check", "metrics"], input=_scrape(daemon), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_a_reflection_client_without_a_token_lists_the_services(daemon: DaemonProcess) -> None:
+    with grpc.insecure_channel(daemon.target) as channel:
+        services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    assert {"attnstore.v1.AttnStore", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= services
 
 
 def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(daemon: DaemonProcess) -> None:
