@@ -348,6 +348,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     continue
                 self._metrics.streamed("maps", maps.nbytes)
                 yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
+        # Every layer went out: repeated hits earn a place in the DRAM tier (its admission policy).
+        service.maps_served(namespace, sorted({row.entry_id for row in live}))
 
     @contextmanager
     def _ingest_slot(self) -> Iterator[None]:

@@ -144,6 +144,28 @@ def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, inge
     assert 'attnstore_rpcs_total{code="OK",method="Lookup"}' in text
 
 
+def test_a_repeated_map_hit_is_served_from_the_dram_tier_from_its_third_lookup(
+    daemon: DaemonProcess, ingested: list[int]
+) -> None:
+    request = _query([3], exact=False)
+
+    def served_maps() -> tuple[int, int]:
+        with daemon.client(READ_TOKEN) as remote:
+            result = remote.lookup(request)
+            stats = remote.stats()
+        assert result.matches[0].kind == pb.MATCH_KIND_MAP
+        return stats.dram_hits, stats.dram_entries
+
+    first_hits, first_entries = served_maps()
+    served_maps()  # the second serve admits the entry, loaded in the background
+    deadline = time.monotonic() + 30
+    while served_maps()[1] == first_entries and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hits, entries = served_maps()
+    assert entries == first_entries + 1
+    assert hits >= first_hits + LAYOUT.layers  # every layer of the last one came from DRAM
+
+
 def _scrape(daemon: DaemonProcess) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
 
