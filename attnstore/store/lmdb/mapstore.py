@@ -483,7 +483,7 @@ class MapStore(MapStoreBase):
         from attnstore.store.lmdb.zarr_store import LMDBZarrStore
 
         gen = self._live.acquire()
-        return LMDBZarrStore(gen.env, gen.db.zarr, read_only=True, on_close=gen.release)
+        return LMDBZarrStore(gen.env, gen.db.zarr, read_only=True, on_close=gen.release, records=gen.db)
 
     def close(self) -> None:
         """See :meth:`MapStoreBase.close`."""
