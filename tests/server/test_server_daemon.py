@@ -267,6 +267,25 @@ def test_admin_cli_reads_stats_and_copies_a_local_namespace_in(
     np.testing.assert_array_equal(hit.maps[0], entry.maps.astype(np.float16))
 
 
+@pytest.mark.parametrize("form", ["grpc://{}", "{}"])
+def test_admin_cli_takes_url_and_bare_targets_and_json_dash_writes_json_alone(
+    daemon: DaemonProcess, ingested: list[int], form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = form.format(daemon.target)
+    assert cli_main(["admin", "stats", "--target", target, "--token", READ_TOKEN, "--json", "-"]) == 0
+    assert cli_main(["admin", "namespaces", "--target", target, "--token", READ_TOKEN]) == 0
+    out, err = capsys.readouterr()
+    stats_json, table = out.split("\n}\n", 1)
+    assert int(json.loads(stats_json + "}")["entries"]) >= len(ingested)
+    assert "dram_hits" in err  # the stats table went to stderr
+    assert re.search(r"^ns\s+tiny-synthetic", table, re.MULTILINE)
+
+
+def test_admin_cli_refuses_another_scheme_naming_the_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["admin", "stats", "--target", "http://127.0.0.1:1"]) == 2
+    assert "'http://127.0.0.1:1' is not one of grpc://HOST:PORT" in capsys.readouterr().err
+
+
 def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) -> None:
     # 16 rows hit one entry of 8 layers x 4 heads x 256^2 fp16: 64 MiB of maps,
     # far more than flow control lets the server push to a client that stops reading.
