@@ -147,7 +147,9 @@ def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, inge
 def test_a_repeated_map_hit_is_served_from_the_dram_tier_from_its_third_lookup(
     daemon: DaemonProcess, ingested: list[int]
 ) -> None:
-    request = _query([3], exact=False)
+    with daemon.client() as admin:  # an entry no other test has hit, so none of its serves came before
+        admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 60)])
+    request = _query([60], exact=False)
 
     def served_maps() -> tuple[int, int]:
         with daemon.client(READ_TOKEN) as remote:
