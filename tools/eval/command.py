@@ -274,7 +274,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
         source = parser.add_mutually_exclusive_group()
-        source.add_argument("--store", help="an existing store: local:PATH, grpc[s]://HOST:PORT or HOST:PORT (with --namespace)")
+        source.add_argument("--store",
+                            help="an existing store: local:PATH, grpc[s]://HOST:PORT or HOST:PORT (with --namespace)")
         source.add_argument("--build-from", type=Path, metavar="FILE",
                             help="build the store from this corpus (.txt, .tsv with --column, .jsonl), in model input "
                                  "form (default: the task's train split, see the module help)")
