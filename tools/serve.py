@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attnstore.server.config import DEFAULT_LISTEN, DaemonConfig, ServerLimits
 from attnstore.server.log_format import use_log_format
+from attnstore_tools.arguments import DefaultsHelpFormatter
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="run the store daemon (gRPC)",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--store", type=Path, required=True, help="map store directory")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to bind; port 0 picks a free port")

@@ -49,6 +49,25 @@ def _pem(value: bytes | str | Path | None) -> bytes | None:
         raise ConfigError(f"cannot read PEM file {value}: {exc.strerror or exc}") from None
 
 
+# Daemon address forms, the same for every client and command: grpc:// is plaintext,
+# grpcs:// is TLS, and a bare HOST:PORT is TLS only when TLS options are given.
+TARGET_FORMS = "grpc://HOST:PORT, grpcs://HOST:PORT or HOST:PORT"
+
+
+def split_target(target: str) -> tuple[str, bool | None]:
+    """``(HOST:PORT, tls)`` of a daemon address: tls True for grpcs://, False for grpc://, None when bare.
+
+    Raises:
+        ConfigError: another scheme (``http://``...), or nothing after the scheme.
+    """
+    scheme, sep, address = target.partition("://")
+    if not sep:
+        return target, None
+    if scheme not in ("grpc", "grpcs") or not address:
+        raise ConfigError(f"daemon address {target!r} is not one of {TARGET_FORMS}")
+    return address, scheme == "grpcs"
+
+
 def open_channel(
     target: str,
     *,
@@ -58,10 +77,10 @@ def open_channel(
     client_key: bytes | str | Path | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.Channel:
-    """A channel to the daemon at ``target`` (``HOST:PORT``).
+    """A channel to the daemon at ``target`` (``grpc://HOST:PORT``, ``grpcs://HOST:PORT`` or ``HOST:PORT``).
 
     Args:
-        target: daemon address.
+        target: daemon address; grpcs:// implies ``tls``, grpc:// refuses the TLS arguments.
         tls: use TLS (implied by any of the PEM arguments); system roots when no ``tls_ca``.
         tls_ca: CA certificate(s) that signed the daemon's certificate (PEM bytes or path).
         client_cert: this client's certificate chain, for mTLS.
@@ -69,17 +88,22 @@ def open_channel(
         max_message_bytes: message size limit both ways.
 
     Raises:
-        ConfigError: a PEM file cannot be read, or only one of client cert and key is given.
+        ConfigError: a PEM file cannot be read, only one of client cert and key is given, the
+            address is malformed, or TLS arguments come with a grpc:// (plaintext) address.
     """
     options = channel_options(max_message_bytes)
     if (client_cert is None) != (client_key is None):
         raise ConfigError("mTLS needs both a client certificate and its key")
-    if not (tls or tls_ca or client_cert):
-        return grpc.insecure_channel(target, options=options)
+    address, scheme_tls = split_target(target)
+    wants_tls = bool(tls or tls_ca or client_cert)
+    if scheme_tls is False and wants_tls:
+        raise ConfigError(f"TLS options are given but {target!r} is plaintext: use grpcs://{address}")
+    if not (wants_tls or scheme_tls):
+        return grpc.insecure_channel(address, options=options)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_pem(tls_ca), private_key=_pem(client_key), certificate_chain=_pem(client_cert)
     )
-    return grpc.secure_channel(target, credentials, options=options)
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +202,7 @@ class RemoteStore:
     """Calls to one daemon over one channel. Use as a context manager, or ``close()``.
 
     Args:
-        target: ``HOST:PORT`` of the daemon.
+        target: the daemon: ``grpc://HOST:PORT``, ``grpcs://HOST:PORT`` or ``HOST:PORT`` (see :func:`open_channel`).
         token: bearer token (read or admin); None sends none.
         timeout: default deadline per call in seconds (None: no deadline).
         channel: an open channel to use instead of making one (the TLS arguments are then ignored).

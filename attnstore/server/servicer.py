@@ -65,6 +65,9 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def attach(self, service: AttnStoreService | None) -> None:
         """Serve ``service`` from now on (None: refuse new calls with UNAVAILABLE)."""
+        if service is not None:
+            for info in service.list_namespaces():
+                self._metrics.namespace_known(info.name)
         self._service = service
 
     def wait_idle(self, timeout: float | None) -> bool:
@@ -111,6 +114,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             )
             if request.projector:
                 service.set_projector(request.name, request.projector)
+            self._metrics.namespace_known(request.name)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
             return namespace_to_pb(service.get_namespace(request.name), projector=True)
 
@@ -361,6 +365,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     continue
                 self._metrics.streamed("maps", maps.nbytes)
                 yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
+        # Every layer went out: repeated hits earn a place in the DRAM tier (its admission policy).
+        service.maps_served(namespace, sorted({row.entry_id for row in live}))
 
     @contextmanager
     def _ingest_slot(self) -> Iterator[None]:

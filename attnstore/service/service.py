@@ -241,6 +241,10 @@ class AttnStoreService:
         self._store.prefetch(namespace, ids)
         return len(ids)
 
+    def maps_served(self, namespace: str, entry_ids: Iterable[int]) -> None:
+        """Entries whose maps were just streamed to a client (the store's DRAM tier may admit them)."""
+        self._store.maps_served(namespace, entry_ids)
+
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
         """Metadata of one live entry."""
         return self._store.entry(namespace, entry_id)

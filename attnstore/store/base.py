@@ -214,6 +214,10 @@ class MapStoreBase(ABC):
     def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
         """Load entries into the DRAM tier in the background."""
 
+    def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
+        """Entries whose maps were just sent to a client, for a DRAM tier's admission; stores without one ignore it."""
+        return None  # not abstract: only a store with a DRAM tier has something to do
+
     @abstractmethod
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """Block until queued prefetches are done; False on timeout."""

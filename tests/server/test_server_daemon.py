@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import grpc
 import numpy as np
 import pytest
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
@@ -141,6 +144,75 @@ def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, inge
     assert 'attnstore_rpcs_total{code="OK",method="Lookup"}' in text
 
 
+def test_a_repeated_map_hit_is_served_from_the_dram_tier_from_its_third_lookup(
+    daemon: DaemonProcess, ingested: list[int]
+) -> None:
+    with daemon.client() as admin:  # an entry no other test has hit, so none of its serves came before
+        admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 60)])
+    request = _query([60], exact=False)
+
+    def served_maps() -> tuple[int, int]:
+        with daemon.client(READ_TOKEN) as remote:
+            result = remote.lookup(request)
+            stats = remote.stats()
+        assert result.matches[0].kind == pb.MATCH_KIND_MAP
+        return stats.dram_hits, stats.dram_entries
+
+    first_hits, first_entries = served_maps()
+    served_maps()  # the second serve admits the entry, loaded in the background
+    deadline = time.monotonic() + 30
+    while served_maps()[1] == first_entries and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hits, entries = served_maps()
+    assert entries == first_entries + 1
+    assert hits >= first_hits + LAYOUT.layers  # every layer of the last one came from DRAM
+
+
+def _scrape(daemon: DaemonProcess) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def test_metrics_count_refused_calls_by_code_with_process_metrics_and_zeroed_counters(
+    daemon: DaemonProcess, ingested: list[int]
+) -> None:
+    before = _scrape(daemon)
+    with daemon.client(None) as anonymous, pytest.raises(AuthError, match="UNAUTHENTICATED"):
+        anonymous.stats()
+    with daemon.client(READ_TOKEN) as reader, pytest.raises(AuthError, match="PERMISSION_DENIED"):
+        reader.delete("ns", [ingested[0]])
+    text = _scrape(daemon)
+    for method, code in (("Stats", "UNAUTHENTICATED"), ("Delete", "PERMISSION_DENIED")):
+        old = _sample(before, "attnstore_rpcs_total", method=method, code=code)
+        assert _sample(text, "attnstore_rpcs_total", method=method, code=code) == (old or 0) + 1
+    assert (_sample(text, "process_resident_memory_bytes") or 0) > 0
+    # Present before the first event, so increase() sees the first corrupt entry.
+    assert _sample(text, "attnstore_row_errors_total", namespace="ns", code="DATA_LOSS") == 0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian: apt install prometheus)")
+def test_promtool_finds_nothing_to_lint_in_the_metrics(daemon: DaemonProcess, ingested: list[int]) -> None:
+    with daemon.client(READ_TOKEN) as remote:
+        remote.lookup(_query([0, 1], exact=False))
+    done = subprocess.run(
+        ["promtool", "check", "metrics"], input=_scrape(daemon), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_a_reflection_client_without_a_token_lists_the_services(daemon: DaemonProcess) -> None:
+    with grpc.insecure_channel(daemon.target) as channel:
+        services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    assert {"attnstore.v1.AttnStore", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= services
+
+
 def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(daemon: DaemonProcess) -> None:
     original = daemon.token_file.read_text()
     rotated = "rotated-read-token-0000000"
@@ -195,6 +267,25 @@ def test_admin_cli_reads_stats_and_copies_a_local_namespace_in(
     with daemon.client(READ_TOKEN) as remote:
         hit = remote.lookup(lookup_request(LookupBatch("copy", FP, entry.feature[None], [6], max_distance=0.01)))
     np.testing.assert_array_equal(hit.maps[0], entry.maps.astype(np.float16))
+
+
+@pytest.mark.parametrize("form", ["grpc://{}", "{}"])
+def test_admin_cli_takes_url_and_bare_targets_and_json_dash_writes_json_alone(
+    daemon: DaemonProcess, ingested: list[int], form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = form.format(daemon.target)
+    assert cli_main(["admin", "stats", "--target", target, "--token", READ_TOKEN, "--json", "-"]) == 0
+    assert cli_main(["admin", "namespaces", "--target", target, "--token", READ_TOKEN]) == 0
+    out, err = capsys.readouterr()
+    stats_json, table = out.split("\n}\n", 1)
+    assert int(json.loads(stats_json + "}")["entries"]) >= len(ingested)
+    assert "dram_hits" in err  # the stats table went to stderr
+    assert re.search(r"^ns\s+tiny-synthetic", table, re.MULTILINE)
+
+
+def test_admin_cli_refuses_another_scheme_naming_the_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["admin", "stats", "--target", "http://127.0.0.1:1"]) == 2
+    assert "'http://127.0.0.1:1' is not one of grpc://HOST:PORT" in capsys.readouterr().err
 
 
 def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) -> None:

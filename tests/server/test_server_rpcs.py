@@ -331,15 +331,3 @@ def test_verify_and_compact_report_through_the_wire() -> None:
         compacted = remote.compact()
     assert (report.entries_checked, list(report.corrupt)) == (2, [])
     assert compacted.entries == 2
-
-
-def test_reflection_lists_the_attnstore_and_health_services() -> None:
-    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-
-    with served(memory_service()) as (_, remote):
-        channel = grpc.insecure_channel(remote.target)
-        try:
-            services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
-        finally:
-            channel.close()
-    assert {"attnstore.v1.AttnStore", "grpc.health.v1.Health"} <= services

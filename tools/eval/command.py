@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, NamespaceNotFoundError
 from attnstore_tools.admin import TOKEN_ENV, read_token
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, store_url
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.eval.scores import build_report, format_report
 from attnstore_tools.eval.tasks import STEM_SUBJECTS, TASKS, Task, load_task
@@ -274,7 +274,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
         source = parser.add_mutually_exclusive_group()
-        source.add_argument("--store", help="an existing store: local:PATH or grpc://HOST:PORT (with --namespace)")
+        source.add_argument("--store",
+                            help="an existing store: local:PATH, grpc[s]://HOST:PORT or HOST:PORT (with --namespace)")
         source.add_argument("--build-from", type=Path, metavar="FILE",
                             help="build the store from this corpus (.txt, .tsv with --column, .jsonl), in model input "
                                  "form (default: the task's train split, see the module help)")
@@ -362,10 +363,12 @@ def run(args: argparse.Namespace) -> int:
     )
     namespace = args.namespace or (f"mmlu-{shots}shot" if args.task == "mmlu" else args.task)
     stored = options["per_subject"] if args.task == "mmlu" else options["store_limit"]
-    store_url = args.store or _build_store(loaded, task, args, namespace, stored)
+    # A bare HOST:PORT is a daemon, as for every command that names one.
+    store = store_url(args.store, tls=args.tls_ca is not None) if args.store else None
+    store = store or _build_store(loaded, task, args, namespace, stored)
     token = read_token(args)
     started = time.perf_counter()
-    report = evaluate(task, loaded, store_url, namespace, config, token=token, tls_ca=args.tls_ca)
+    report = evaluate(task, loaded, store, namespace, config, token=token, tls_ca=args.tls_ca)
     report["seconds"] = round(time.perf_counter() - started, 1)
     write_json(args.json, report, indent=1)
     print(format_report(report))

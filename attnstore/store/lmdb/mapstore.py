@@ -422,6 +422,10 @@ class MapStore(MapStoreBase):
         self._state(namespace)
         self._hot.prefetch(namespace, ids)
 
+    def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
+        """See :meth:`MapStoreBase.maps_served`: admitted to the DRAM tier on a second serve (``hot_maps``)."""
+        self._hot.served(namespace, ids)
+
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """See :meth:`MapStoreBase.wait_prefetch`."""
         return self._hot.wait_prefetch(timeout)
@@ -479,7 +483,7 @@ class MapStore(MapStoreBase):
         from attnstore.store.lmdb.zarr_store import LMDBZarrStore
 
         gen = self._live.acquire()
-        return LMDBZarrStore(gen.env, gen.db.zarr, read_only=True, on_close=gen.release)
+        return LMDBZarrStore(gen.env, gen.db.zarr, read_only=True, on_close=gen.release, records=gen.db)
 
     def close(self) -> None:
         """See :meth:`MapStoreBase.close`."""
