@@ -142,7 +142,7 @@ class AttnCache:
         )
         try:
             fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)
-            projector = self._projector(namespace, fingerprint)
+            projector, projector_version = self._projector(namespace, fingerprint)
         except BaseException:
             self.connection.close()
             raise
@@ -156,13 +156,14 @@ class AttnCache:
                 gate=max_distance is None and projector.gate is not None,
             ),
             breaker=CircuitBreaker(breaker),
+            projector_version=projector_version,
         )
         self.last_stats = CacheStats()
         self.stats = CacheStats()
         # Per row of the last call, in input order: "exact", "map", "miss" or "fallback".
         self.last_row_kinds: tuple[str, ...] = ()
 
-    def _projector(self, namespace: str, fingerprint: str) -> Projector:
+    def _projector(self, namespace: str, fingerprint: str) -> tuple[Projector, int]:
         handle = self.connection.namespace(namespace)
         if handle.fingerprint != fingerprint:
             raise FingerprintMismatchError(
@@ -176,7 +177,7 @@ class AttnCache:
                 f"namespace {namespace!r} at {self.connection.url} has no projector yet: its build is still"
                 " running or was interrupted"
             )
-        return Projector.from_safetensors_bytes(handle.projector)
+        return Projector.from_safetensors_bytes(handle.projector), handle.projector_version
 
     @property
     def max_distance(self) -> float:

@@ -11,6 +11,7 @@ fidelity of the hits that did arrive.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -21,7 +22,7 @@ from typing import overload
 import numpy as np
 import torch
 
-from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
@@ -103,6 +104,8 @@ class CachedPrefill:
         settings: thresholds, deadlines, retries.
         breaker: shared by every batch of this client.
         seed: seed of the retry jitter.
+        projector_version: the namespace's version of ``projector``; lookups state it, and when the
+            namespace's projector is replaced the prefill loads the new one (see ``_follow_projector``).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class CachedPrefill:
         settings: PrefillSettings,
         breaker: CircuitBreaker,
         seed: int = 0,
+        projector_version: int = 0,
     ) -> None:
         self.adapter = adapter
         self.connection = connection
@@ -122,6 +126,7 @@ class CachedPrefill:
         self.projector = projector
         self.settings = settings
         self.breaker = breaker
+        self.projector_version = projector_version
         self._rng = random.Random(seed)
 
     def hidden_states(self, batch: Batch, counts: BatchCounts) -> list[torch.Tensor]:
@@ -146,8 +151,12 @@ class CachedPrefill:
             counts.bytes_fetched += retrieval.bytes_fetched
             counts.fetch_s += retrieval.fetch_seconds
 
-    def _retrieve(self, batch: Batch, counts: BatchCounts) -> Retrieval | None:
-        """Project and look the batch up; None when every row must be computed (counted)."""
+    def _retrieve(self, batch: Batch, counts: BatchCounts, *, followed: bool = False) -> Retrieval | None:
+        """Project and look the batch up; None when every row must be computed (counted).
+
+        When the namespace's projector was replaced, the new one is loaded and the batch
+        projected again, once (``followed``): the store is fine, so the breaker is not told.
+        """
         if not self.breaker.allow():
             counts.fallback("circuit_open", batch.size)
             return None
@@ -161,7 +170,7 @@ class CachedPrefill:
             settings.namespace, self.fingerprint, features, batch.lengths,
             token_hashes=hashes if settings.exact else None,
             token_ids=[batch.row_ids(row) for row in range(batch.size)] if settings.gate else None,
-            max_distance=settings.max_distance, gate=settings.gate,
+            max_distance=settings.max_distance, gate=settings.gate, projector_version=self.projector_version,
         )
         try:
             return call_with_retries(
@@ -170,6 +179,11 @@ class CachedPrefill:
                 timeout=settings.timeout,
                 rng=self._rng,
             )
+        except ProjectorChangedError as exc:
+            if followed or not self._follow_projector(exc):
+                counts.fallback("projector_changed", batch.size)
+                return None
+            return self._retrieve(batch, counts, followed=True)
         except AttnStoreError as exc:
             log.warning("store lookup failed, computing %d rows: %s", batch.size, exc)
             self.breaker.record_failure()
@@ -177,6 +191,24 @@ class CachedPrefill:
             return None
         finally:
             counts.lookup_s += time.perf_counter() - looked_up
+
+    def _follow_projector(self, cause: ProjectorChangedError) -> bool:
+        """Load the namespace's new projector (and its gate); False when it cannot be had."""
+        try:
+            handle = self.connection.namespace(self.settings.namespace)
+            if handle.projector is None:
+                return False
+            projector = Projector.from_safetensors_bytes(handle.projector)
+        except AttnStoreError as exc:
+            log.warning("the namespace's projector changed (%s) and the new one cannot be loaded: %s", cause, exc)
+            return False
+        log.warning("namespace %r: projector version %d replaced by %d; following it",
+                    self.settings.namespace, self.projector_version, handle.projector_version)
+        self.projector, self.projector_version = projector, handle.projector_version
+        if self.settings.gate and projector.gate is None:
+            # The gate came with the old projector: without one, the threshold decides.
+            self.settings = dataclasses.replace(self.settings, gate=False)
+        return True
 
     def _serve(self, batch: Batch, retrieval: Retrieval, counts: BatchCounts) -> list[torch.Tensor]:
         """The batch from a lookup's answer: exact rows' outputs, one forward for the rest (map rows replaying)."""
