@@ -508,6 +508,9 @@ class MapStore(MapStoreBase):
                 report = verify_generation(gen, states)
         if not self._settings.readonly and report.ok:
             report = dataclasses.replace(report, problems=self._write_probe())
+        fault = self._live.fault()
+        if fault is not None:  # damage an earlier call met stays damage, even where this walk did not pass
+            report = dataclasses.replace(report, problems=(*report.problems, f"the store failed earlier: {fault}"))
         if not report.ok:
             logger.warning("verify of %s found %s corrupt entries and %s other problems: %s",
                            self._root, len(report.corrupt), len(report.problems), report.problems)

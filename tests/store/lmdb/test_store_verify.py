@@ -12,7 +12,7 @@ import pytest
 from numcodecs.zstd import Zstd
 from store_helpers import make_entry, projector_blob, small_layout
 
-from attnstore.errors import ChecksumError
+from attnstore.errors import ChecksumError, StoreDamagedError
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.store import MapStore
 from attnstore.store.codecs import ZSTD_LEVEL
@@ -208,3 +208,27 @@ def test_a_damaged_projector_is_refused_on_load_reported_by_verify_and_can_be_re
         assert [info.name for info in store.list_namespaces()] == ["ns"]  # listings carry no projector
         store.set_projector("ns", blob, replace=True)  # the remedy the message names
         assert store.get_namespace("ns").projector == blob and store.verify().ok
+
+
+def test_a_damaged_free_page_list_makes_writes_data_loss_a_lasting_fault_and_a_verify_problem(tmp_path):
+    root = tmp_path / "s"
+    with MapStore.open(root, create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
+        ids = store.ingest("ns", [make_entry(small_layout(), 16, seed=s) for s in range(200)]).entry_ids
+        store.delete("ns", ids[:100])  # pages go to the free-page list
+        store.ingest("ns", [make_entry(small_layout(), 16, seed=999)])
+    data_file = root / read_current(root) / DATA_FILE
+    data = bytearray(data_file.read_bytes())
+    # The newer of the two meta pages names the free-page database's root page (MDB_meta.mm_dbs[0].md_root).
+    _, free_root = max(struct.unpack_from("<Q", data, page * _PAGE + 144) + struct.unpack_from(
+        "<Q", data, page * _PAGE + 80) for page in (0, 1))
+    data[free_root * _PAGE + 16] ^= 0xFF  # its first node pointer
+    data_file.write_bytes(bytes(data))
+    with MapStore.open(root) as store:
+        assert store.read_maps("ns", ids[150]).shape == (3, 2, 16, 16)  # reads do not touch the list
+        with pytest.raises(StoreDamagedError, match="database is damaged"):  # before: StorageError (INTERNAL)
+            for seed in range(2000, 2030):
+                store.ingest("ns", [make_entry(small_layout(), 16, seed=seed)])
+        assert "damaged" in store.storage_fault()  # the daemon turns health NOT_SERVING on it
+        report = store.verify()
+        assert not report.ok and any("damaged" in p for p in report.problems)
