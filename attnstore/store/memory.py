@@ -23,6 +23,7 @@ from attnstore.errors import (
     MapShapeError,
     NamespaceExistsError,
     NamespaceNotFoundError,
+    shown,
 )
 from attnstore.protocol.records import (
     FORMAT_VERSION,
@@ -95,7 +96,9 @@ class MemoryMapStore(MapStoreBase):
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)
         if ns is None:
-            raise NamespaceNotFoundError(f"no namespace {name!r}; existing: {sorted(self._namespaces)}")
+            raise NamespaceNotFoundError(
+                f"no namespace {shown(name)}; existing: {shown(sorted(self._namespaces), 512)}"
+            )
         return ns
 
     def _get(self, namespace: str, entry_id: int) -> tuple[_Namespace, _Entry]:

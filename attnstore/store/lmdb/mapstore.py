@@ -208,7 +208,7 @@ class MapStore(MapStoreBase):
                     return existing
                 raise NamespaceExistsError(
                     f"namespace {name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-                    f" {existing.layout}; requested model {model!r}, fingerprint {fingerprint!r}, {layout}"
+                    f" {existing.layout}; requested model {shown(model)}, fingerprint {shown(fingerprint)}, {layout}"
                 )
             info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
             put_namespace(txn, gen.db, info)
