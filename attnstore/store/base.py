@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Self
 import crc32c
 
 from attnstore.errors import ConfigError, MapShapeError, NamespaceExistsError, ProjectorChangedError
-from attnstore.protocol.projector_blob import projector_metadata
+from attnstore.protocol.projector_blob import projector_metadata, same_weights
 from attnstore.protocol.records import (
     TOKEN_HASH_BYTES,
     EntryInfo,
@@ -53,15 +53,17 @@ def check_projector_version(info: NamespaceInfo, version: int | None) -> None:
 def projector_update(info: NamespaceInfo, blob: bytes, *, replace: bool) -> NamespaceInfo | None:
     """The namespace once ``blob`` is its projector; None when it is already (nothing to write).
 
-    The first projector becomes version 1; a different one needs ``replace`` and bumps the version
-    (the backend then drops every stored feature vector in the same write).
+    The first projector becomes version 1; each change bumps it, so clients load the new one. A
+    blob with the same weights (a new gate, say) projects as before and needs no ``replace``; one
+    with other weights does (the backend then drops every stored feature vector in the same write,
+    see :func:`drops_features`).
 
     Raises:
-        NamespaceExistsError: the namespace has a different projector and ``replace`` is False.
+        NamespaceExistsError: the namespace has other weights and ``replace`` is False.
     """
     if info.projector == blob:
         return None
-    if info.projector is not None and not replace:
+    if drops_features(info, blob) and not replace:
         raise NamespaceExistsError(
             f"namespace {info.name!r} has another projector (version {info.projector_version}); replacing it drops"
             " every stored feature vector until the entries are ingested again with the new one's: ask for the"
@@ -70,6 +72,12 @@ def projector_update(info: NamespaceInfo, blob: bytes, *, replace: bool) -> Name
     return dataclasses.replace(
         info, projector=blob, projector_version=info.projector_version + 1, projector_crc32c=crc32c.crc32c(blob)
     )
+
+
+def drops_features(info: NamespaceInfo, blob: bytes) -> bool:
+    """Whether storing ``blob`` as the namespace's projector invalidates its stored feature vectors
+    (it has a projector, and ``blob`` holds other weights)."""
+    return info.projector is not None and not same_weights(info.projector, blob)
 
 
 class MapStoreBase(ABC):
@@ -126,11 +134,13 @@ class MapStoreBase(ABC):
 
         A namespace without a projector takes ``blob`` as version 1 (its stored feature vectors
         stay: a build ingests them before it stores the projector that made them). Its own
-        projector again changes nothing. A different one is refused unless ``replace``: then, in
-        one write, the version goes up by one and every stored feature vector is dropped, so no
-        search ever compares vectors of two projectors. The entries stay (exact hits go on) and
-        come back to the map tier as they are ingested again with features of the new projector.
-        The blob's crc32c is recorded and checked whenever it is loaded.
+        projector again changes nothing. One with the same weights and other metadata (a new
+        gate) is stored as the next version. One with other weights is refused unless
+        ``replace``: then, in one write, the version goes up by one and every stored feature
+        vector is dropped, so no search ever compares vectors of two projectors. The entries
+        stay (exact hits go on) and come back to the map tier as they are ingested again with
+        features of the new projector. The blob's crc32c is recorded and checked whenever it is
+        loaded.
 
         Raises:
             ConfigError: ``blob`` is not bytes.

@@ -34,7 +34,7 @@ from attnstore.protocol.records import (
     NewEntry,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase, check_projector_version, projector_update
+from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -142,7 +142,7 @@ class MemoryMapStore(MapStoreBase):
             update = projector_update(ns.info, blob, replace=replace)
             if update is None:
                 return ns.info
-            if ns.info.projector is not None:
+            if drops_features(ns.info, blob):
                 for entry in ns.entries.values():
                     entry.feature = None
             ns.info = update

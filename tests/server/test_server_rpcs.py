@@ -306,7 +306,7 @@ def test_create_namespace_keeps_a_safetensors_projector_and_refuses_garbage() ->
 
 
 def test_replacing_a_projector_is_explicit_versioned_and_stale_lookups_are_told_so() -> None:
-    one, two = (safetensors.numpy.save({"w": np.zeros(1, np.float32)}, metadata={"v": v}) for v in "12")
+    one, two = (safetensors.numpy.save({"w": np.full(1, v, np.float32)}) for v in (1.0, 2.0))
     entries = _entries(1, 2)
     with served(memory_service()) as (_, remote):
         created = remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, projector=one)

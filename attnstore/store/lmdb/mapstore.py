@@ -44,7 +44,7 @@ from attnstore.protocol.records import (
     NewEntry,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase, check_projector_version, projector_update
+from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
 from attnstore.store.lmdb.catalog import CatalogCache, namespace_names, put_namespace, put_projector
@@ -257,7 +257,7 @@ class MapStore(MapStoreBase):
             update = projector_update(info, blob, replace=replace)
             if update is None:
                 return info
-            dropped = drop_features(txn, gen.db, name) if info.projector is not None else 0
+            dropped = drop_features(txn, gen.db, name) if drops_features(info, blob) else 0
             put_projector(txn, gen.db, update)
         if info.projector is not None:
             logger.warning("namespace %r: projector replaced (version %s), %s stored feature vectors dropped",
