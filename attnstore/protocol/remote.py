@@ -118,6 +118,38 @@ def lookup_request(batch: LookupBatch, *, want_maps: bool = True, want_outputs: 
     )
 
 
+def exact_request(
+    namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int]
+) -> pb.LookupRequest:
+    """A Lookup of the exact tier alone: the rows' token hashes and lengths, no features, nothing searched."""
+    return pb.LookupRequest(
+        namespace=namespace,
+        fingerprint=fingerprint,
+        queries=[
+            pb.Query(length=int(length), token_hash=bytes(token_hash))
+            for token_hash, length in zip(token_hashes, lengths, strict=True)
+        ],
+        want_outputs=True,
+        exact_only=True,
+    )
+
+
+def search_request(batch: LookupBatch) -> pb.SearchRequest:
+    """The SearchRequest of ``batch``: the map tier's matches only (token hashes are not sent)."""
+    ids = batch.token_ids if batch.token_ids is not None else [()] * batch.size
+    return pb.SearchRequest(
+        namespace=batch.namespace,
+        fingerprint=batch.fingerprint,
+        queries=[
+            pb.Query(feature=row.tolist(), length=int(length), token_ids=list(row_ids))
+            for row, length, row_ids in zip(batch.features, batch.lengths, ids, strict=True)
+        ],
+        max_distance=batch.max_distance,
+        gate=batch.gate,
+        projector_version=batch.projector_version,
+    )
+
+
 def ingest_requests(
     namespace: str, fingerprint: str, entries: Iterable[NewEntry], *, commit: bool = True, projector_version: int = 0
 ) -> Iterator[pb.IngestRequest]:

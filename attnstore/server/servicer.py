@@ -45,7 +45,7 @@ class _Row:
 
     query_index: int
     entry_id: int
-    length: int  # crop length (the query's)
+    length: int | None  # crop length (the query's); None: the stored length
 
 
 class AttnStoreServicer(pb_grpc.AttnStoreServicer):
@@ -143,7 +143,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.fingerprint,
                 self._queries(request.queries),
                 max_distance=request.max_distance,
-                exact=request.want_outputs,
+                exact=request.want_outputs or request.exact_only,
+                maps=not request.exact_only,
                 gate=request.gate,
                 projector_version=request.projector_version or None,
             )
@@ -163,12 +164,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 for i, r in enumerate(results)
                 if r.kind == "map" and r.entry_id is not None
             ]
-            for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
-                if isinstance(chunk_or_error, pb.RowError):
-                    self._metrics.row_error(namespace, chunk_or_error.code)
-                    yield pb.LookupResponse(error=chunk_or_error)
-                else:
-                    yield pb.LookupResponse(chunk=chunk_or_error)
+            yield from self._row_stream(service, namespace, rows, context)
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
         with self._call("Search", context) as service:
@@ -206,6 +202,16 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             for chunk in self._layer_chunks(service, request.namespace, rows, context, drop_failed_rows=False):
                 assert isinstance(chunk, pb.MapChunk)  # without drop_failed_rows a failed read raises instead
                 yield chunk
+
+    def FetchMaps(self, request: pb.FetchMapsRequest, context: grpc.ServicerContext) -> Iterator[pb.LookupResponse]:
+        with self._call("FetchMaps", context) as service:
+            service.check_fingerprint(request.namespace, request.fingerprint)
+            if len(request.rows) > self._limits.max_queries:
+                raise RequestLimitError(
+                    f"FetchMaps of {len(request.rows)} rows is over this daemon's limit of {self._limits.max_queries}"
+                )
+            rows = [_Row(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
+            yield from self._row_stream(service, request.namespace, rows, context)
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
@@ -317,6 +323,17 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             for q in queries
         ]
 
+    def _row_stream(
+        self, service: AttnStoreService, namespace: str, rows: list[_Row], context: grpc.ServicerContext
+    ) -> Iterator[pb.LookupResponse]:
+        """The maps of ``rows`` as LookupResponse messages: chunks, and a RowError for a row that cannot be served."""
+        for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
+            if isinstance(chunk_or_error, pb.RowError):
+                self._metrics.row_error(namespace, chunk_or_error.code)
+                yield pb.LookupResponse(error=chunk_or_error)
+            else:
+                yield pb.LookupResponse(chunk=chunk_or_error)
+
     def _layer_chunks(
         self,
         service: AttnStoreService,
@@ -339,7 +356,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if not context.is_active():
                 return
             # Rows of one batch often hit the same popular entry: read each (entry, crop) once per layer.
-            read: dict[tuple[int, int], np.ndarray | AttnStoreError] = {}
+            read: dict[tuple[int, int | None], np.ndarray | AttnStoreError] = {}
             for row in list(live):
                 key = (row.entry_id, row.length)
                 if key not in read:

@@ -23,7 +23,7 @@ from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
-from attnstore.service.queries import IngestResult, MatchResult, Query
+from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
@@ -164,6 +164,7 @@ class AttnStoreService:
         *,
         max_distance: float,
         exact: bool = True,
+        maps: bool = True,
         gate: bool = False,
         projector_version: int | None = None,
     ) -> list[MatchResult]:
@@ -175,6 +176,7 @@ class AttnStoreService:
             queries: one per batch row.
             max_distance: threshold on the predicted map distance (ignored when gated).
             exact: consult the exact tier (token hash) first.
+            maps: search the map tier for the rest (else they are misses, and their features are not read).
             gate: decide map hits with the namespace's fidelity gate instead of
                 ``max_distance``; every query needs its token ids.
             projector_version: the namespace's projector version the features were
@@ -192,16 +194,19 @@ class AttnStoreService:
             VectorIndexError: NaN/Inf features or a bad threshold.
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        check_projector_version(info, projector_version)
-        fidelity_gate = self._gate_of(info) if gate else None
-        if gate and fidelity_gate is None:
+        if maps:  # an exact-only lookup reads no features: any projector version will do
+            check_projector_version(info, projector_version)
+        fidelity_gate = self._gate_of(info) if gate and maps else None
+        if gate and maps and fidelity_gate is None:
             raise NamespaceNotReadyError(
                 f"namespace {namespace!r} has no fidelity gate (built without calibration, or before gates):"
                 " look up with a max distance instead"
             )
         results = exact_matches(self._store, namespace, queries) if exact else {}
         pending = [row for row in range(len(queries)) if row not in results]
-        if pending and fidelity_gate is not None:
+        if pending and not maps:
+            results.update({row: MISS for row in pending})
+        elif pending and fidelity_gate is not None:
             results.update(gated_matches(self._indexes, self._store, info, fidelity_gate, queries, pending))
         elif pending:
             results.update(threshold_matches(self._indexes, info, queries, pending, max_distance=max_distance))

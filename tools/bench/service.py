@@ -7,10 +7,15 @@ round-robin after a warm-up round, median of ``--repeats``:
 
 - ``baseline``: the plain forward (the model's ``sdpa`` attention);
 - ``replay_memory``: every row replays its maps, already in memory (fp16, as stored);
-- ``hit``: projection + Lookup + maps streamed over gRPC + replay that starts as
-  layers arrive (``hit_wait_all``: the same, replay starting after the last layer);
-- ``miss``: projection + Lookup in a namespace of other inputs (nothing close) + the plain forward;
-- ``exact``: projection + Lookup + the stored outputs (no forward at all).
+- ``hit``: projection + Search + maps streamed over gRPC (FetchMaps) + replay that
+  starts as layers arrive (``hit_wait_all``: the same, replay starting after the last layer);
+- ``miss``: an exact-tier Lookup and projection + Search in a namespace of other
+  inputs (nothing close) + the plain forward;
+- ``exact``: an exact-tier Lookup by token hash (nothing projected) + the stored
+  outputs (no forward at all).
+
+The client's own exact tier is off and its cost model sends every row for maps,
+so each variant's path runs in full every round.
 
 The projector is untrained (random weights of the namespace's shape): it costs
 what a trained one costs, and identical inputs still match at distance 0.
@@ -38,7 +43,7 @@ from attnstore_tools.output import write_json
 from attnstore_tools.timing import Sample, median_ms, time_rounds
 
 if TYPE_CHECKING:
-    from attnstore_client.prefill import BatchCounts
+    from attnstore_client.prefill import CallCounts
 
 _VARIANTS = ("baseline", "replay_memory", "hit", "hit_wait_all", "miss", "exact")
 
@@ -130,7 +135,9 @@ def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTimi
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.connection import connect
     from attnstore_client.keys import model_fingerprint, token_hash
-    from attnstore_client.prefill import BatchCounts, CachedPrefill, PrefillSettings
+    from attnstore_client.cost_model import CostModel, CostSettings
+    from attnstore_client.local_tier import LocalExactTier
+    from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import CircuitBreaker, RetryPolicy
 
@@ -163,26 +170,29 @@ def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTimi
             del capture, entries
     connection = connect(f"grpc://{target}")
 
-    def prefill(namespace: str, exact: bool, stream: bool) -> CachedPrefill:
+    def prefill(namespace: str, exact: bool, stream: bool) -> Prefill:
         settings = PrefillSettings(namespace, 1e-3, exact, stream, 600.0, RetryPolicy(attempts=1))
-        return CachedPrefill(adapter, connection, fingerprint=fingerprint, projector=projector, settings=settings,
-                             breaker=CircuitBreaker())
+        return Prefill(adapter, connection, fingerprint=fingerprint, projector=projector, settings=settings,
+                       breaker=CircuitBreaker(), local_tier=LocalExactTier(0),
+                       cost_model=CostModel(CostSettings(min_samples=2**62)), device=torch.device("cpu"))
 
     # Each call keeps its latest output here and returns its counts: the samples keep only the counts.
     outputs: dict[str, torch.Tensor] = {}
 
-    def cached(name: str, runner: CachedPrefill) -> Callable[[], BatchCounts]:
-        def call() -> BatchCounts:
-            counts = BatchCounts()
-            hidden = runner.hidden_states(batch, counts)
+    tokens = [batch.row_ids(row).tolist() for row in range(batch.size)]
+
+    def cached(name: str, runner: Prefill) -> Callable[[], CallCounts]:
+        def call() -> CallCounts:
+            counts = CallCounts()
+            hidden = runner.hidden_states(tokens, counts, batch_size=batch.size)
             outputs[name] = torch.stack(hidden)  # (B, L, hidden): rows are all L tokens
             return counts
         return call
 
-    def plain(name: str, replay: dict | None) -> Callable[[], BatchCounts]:
-        def call() -> BatchCounts:
+    def plain(name: str, replay: dict | None) -> Callable[[], CallCounts]:
+        def call() -> CallCounts:
             outputs[name] = adapter.forward(batch, replay)
-            return BatchCounts(rows=batch.size)
+            return CallCounts(rows=batch.size)
         return call
 
     calls = {
@@ -200,7 +210,7 @@ def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTimi
     return [_timing(name, samples[name], base_ms, outputs[name], outputs["baseline"]) for name in _VARIANTS]
 
 
-def _check_kinds(samples: dict[str, list[Sample[BatchCounts]]]) -> None:
+def _check_kinds(samples: dict[str, list[Sample[CallCounts]]]) -> None:
     """The cache variants must have served rows the way their names say."""
     expected = {"hit": "map_hits", "hit_wait_all": "map_hits", "miss": "misses", "exact": "exact_hits"}
     for name, field in expected.items():
@@ -210,9 +220,9 @@ def _check_kinds(samples: dict[str, list[Sample[BatchCounts]]]) -> None:
 
 
 def _timing(
-    name: str, samples: list[Sample[BatchCounts]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
+    name: str, samples: list[Sample[CallCounts]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
 ) -> VariantTiming:
-    def counts_ms(get: Callable[[BatchCounts], float]) -> float:
+    def counts_ms(get: Callable[[CallCounts], float]) -> float:
         return median_ms(get(s.value) for s in samples)
 
     total = median_ms(s.seconds for s in samples)

@@ -103,7 +103,7 @@ class Query(_message.Message):
     def __init__(self, feature: _Optional[_Iterable[float]] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs", "gate", "projector_version")
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs", "gate", "exact_only", "projector_version")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class LookupRequest(_message.Message):
     WANT_MAPS_FIELD_NUMBER: _ClassVar[int]
     WANT_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GATE_FIELD_NUMBER: _ClassVar[int]
+    EXACT_ONLY_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     fingerprint: str
@@ -119,8 +120,9 @@ class LookupRequest(_message.Message):
     want_maps: bool
     want_outputs: bool
     gate: bool
+    exact_only: bool
     projector_version: int
-    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ..., gate: _Optional[bool] = ..., projector_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ..., gate: _Optional[bool] = ..., exact_only: _Optional[bool] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class Match(_message.Message):
     __slots__ = ("query_index", "kind", "entry_id", "distance", "stored_length")
@@ -243,6 +245,24 @@ class FetchRequest(_message.Message):
     length: int
     fingerprint: str
     def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ..., length: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class FetchRow(_message.Message):
+    __slots__ = ("entry_id", "length")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    length: int
+    def __init__(self, entry_id: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class FetchMapsRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "rows")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    rows: _containers.RepeatedCompositeFieldContainer[FetchRow]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[FetchRow, _Mapping]]] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
     __slots__ = ("namespace", "entry_ids")

@@ -64,6 +64,11 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.MapChunk.FromString,
                 _registered_method=True)
+        self.FetchMaps = channel.unary_stream(
+                '/attnstore.v1.AttnStore/FetchMaps',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchMapsRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.LookupResponse.FromString,
+                _registered_method=True)
         self.Prefetch = channel.unary_unary(
                 '/attnstore.v1.AttnStore/Prefetch',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefetchRequest.SerializeToString,
@@ -146,6 +151,14 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchMaps(self, request, context):
+        """The maps of chosen rows (an entry and a crop length each), in layer order;
+        a row that cannot be served gets a RowError and nothing more, the others go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Prefetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -216,6 +229,11 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.MapChunk.SerializeToString,
+            ),
+            'FetchMaps': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchMaps,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchMapsRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.LookupResponse.SerializeToString,
             ),
             'Prefetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Prefetch,
@@ -410,6 +428,33 @@ class AttnStore:
             '/attnstore.v1.AttnStore/Fetch',
             attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.MapChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchMaps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/FetchMaps',
+            attnstore_dot_v1_dot_attnstore__pb2.FetchMapsRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.LookupResponse.FromString,
             options,
             channel_credentials,
             insecure,
