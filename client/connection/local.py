@@ -23,8 +23,7 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.records import LookupBatch
-from attnstore_client.connection.base import MapStream, Match, NamespaceHandle, StoreConnection
-from attnstore_client.connection.base import checked_projector
+from attnstore_client.connection.base import MapStream, Match, NamespaceHandle, StoreConnection, checked_projector
 from attnstore_client.resilience import cause_of
 
 if TYPE_CHECKING:

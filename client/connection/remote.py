@@ -34,8 +34,14 @@ from attnstore.protocol.remote import (
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler
-from attnstore_client.connection.base import MapStream, Match, MatchKind, NamespaceHandle, StoreConnection
-from attnstore_client.connection.base import checked_projector
+from attnstore_client.connection.base import (
+    MapStream,
+    Match,
+    MatchKind,
+    NamespaceHandle,
+    StoreConnection,
+    checked_projector,
+)
 from attnstore_client.resilience import cause_of
 
 log = logging.getLogger(__name__)
