@@ -164,6 +164,7 @@ class AttnCache:
         )
         self._namespace_checked_at = 0.0
         self._namespace_read = False  # False while the store has not answered yet
+        self._prefill.reload_namespace = self._check_namespace  # follows a replaced projector
         try:
             self._check_namespace()
         except UnavailableError as exc:
@@ -202,6 +203,7 @@ class AttnCache:
             return
         projector = Projector.from_safetensors_bytes(handle.projector).to(self.device)
         self._prefill.projector = projector
+        self._prefill.projector_version = handle.projector_version
         self._prefill.settings = dataclasses.replace(
             self._prefill.settings,
             max_distance=_threshold(self._max_distance, projector),

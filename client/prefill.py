@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
@@ -133,6 +133,11 @@ class Prefill:
         cost_model: decides which rows are sent for maps.
         device: where the model runs.
         seed: seed of the retry jitter.
+
+    Attributes:
+        projector_version: the namespace's version of ``projector``; searches state it.
+        reload_namespace: reads the namespace again (its projector, version, threshold and gate)
+            when a search is told its projector was replaced; None leaves that a failed call.
     """
 
     def __init__(
@@ -160,6 +165,8 @@ class Prefill:
         self.device = device
         self._pad = adapter.loaded.tokenizer.pad_token_id
         self._rng = random.Random(seed)
+        self.projector_version = 0
+        self.reload_namespace: Callable[[], None] | None = None
 
     def hidden_states(
         self, rows: Sequence[Sequence[int]], counts: CallCounts, *, batch_size: int, progress: bool = False
@@ -272,12 +279,9 @@ class Prefill:
             features = self.projector.project(self.adapter.feature_source(batch))  # (B, d)
             projected = time.perf_counter()
             counts.projection_s += projected - started
-            request = LookupBatch(
-                self.settings.namespace, self.fingerprint, features, batch.lengths,
-                token_ids=[tokens[i] for i in chunk] if self.settings.gate else None,
-                max_distance=self.settings.max_distance, gate=self.settings.gate,
-            )
-            matches = self._call(partial(self._searched, request), ordered[start:], kinds, counts)
+            chunk_tokens = [tokens[i] for i in chunk]
+            request = self._search_request(features, batch, chunk_tokens)
+            matches = self._call(partial(self._searched, request, batch, chunk_tokens), ordered[start:], kinds, counts)
             if matches is None:
                 break
             found = {i: m for i, m in zip(chunk, matches, strict=True) if m.kind == "map" and m.entry_id is not None}
@@ -291,8 +295,28 @@ class Prefill:
     def _exact(self, hashes: list[bytes], lengths: list[int], remaining: float | None) -> dict[int, np.ndarray]:
         return self.connection.exact(self.settings.namespace, self.fingerprint, hashes, lengths, timeout=remaining)
 
-    def _searched(self, request: LookupBatch, remaining: float | None) -> list[Match]:
-        return self.connection.search(request, timeout=remaining)
+    def _search_request(self, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]]) -> LookupBatch:
+        return LookupBatch(
+            self.settings.namespace, self.fingerprint, features, batch.lengths,
+            token_ids=tokens if self.settings.gate else None,
+            max_distance=self.settings.max_distance, gate=self.settings.gate, projector_version=self.projector_version,
+        )
+
+    def _searched(
+        self, request: LookupBatch, batch: Batch, tokens: list[Sequence[int]], remaining: float | None
+    ) -> list[Match]:
+        """Search ``request``; when the namespace's projector was replaced meanwhile, load the new one and
+        search again with the batch projected by it (the store is fine: the breaker is not told)."""
+        try:
+            return self.connection.search(request, timeout=remaining)
+        except ProjectorChangedError as exc:
+            if self.reload_namespace is None:
+                raise
+            log.warning("namespace %r: its projector was replaced, following it (%s)", self.settings.namespace, exc)
+            self.reload_namespace()
+            assert self.projector is not None  # a replaced projector is a projector
+            features = self.projector.project(self.adapter.feature_source(batch))  # (B, d)
+            return self.connection.search(self._search_request(features, batch, tokens), timeout=remaining)
 
     def _call(
         self, call: Callable[[float | None], T], rows: list[int], kinds: dict[int, str], counts: CallCounts

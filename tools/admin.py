@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add("namespaces", "list namespaces", _namespaces)
     add("stats", "entries, bytes per length bucket, DRAM tier", _stats)
-    add("verify", "check every stored chunk (exit 1 when any entry is corrupt)", _verify)
+    add("verify", "check every stored chunk and the database structure (exit 1 on any damage)", _verify)
     add("compact", "rewrite the store densely and rebuild the indexes", _compact)
     delete = add("delete", "delete entries by id", _delete)
     delete.add_argument("--namespace", required=True)
@@ -65,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ingest.add_argument("--namespace", required=True, help="namespace to copy")
     ingest.add_argument("--as", dest="target_namespace", help="name on the daemon (default: the same)")
     ingest.add_argument("--batch-entries", type=int, default=64, help="entries per Ingest stream (one commit each)")
+    ingest.add_argument(
+        "--replace-projector", action="store_true",
+        help="replace the daemon namespace's different projector with this store's: its stored feature vectors are"
+        " dropped (exact hits go on; map hits return as entries are ingested again) and clients follow the new one",
+    )
 
 
 def _json_alone_on_stdout(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -199,8 +204,11 @@ def _verify(args: argparse.Namespace) -> int:
     if report.corrupt:
         print()
         _table(["namespace", "entry", "reason"], [(c.namespace, c.entry_id, c.reason) for c in report.corrupt])
+    if report.store_problems:
+        print()
+        _table(["store problem"], [(problem,) for problem in report.store_problems])
     _write_json(args, _as_dict(report))
-    return 1 if report.corrupt else 0
+    return 1 if report.corrupt or report.store_problems else 0
 
 
 def _compact(args: argparse.Namespace) -> int:
@@ -255,11 +263,14 @@ def _ingest(args: argparse.Namespace) -> int:
     with MapStore.open(args.from_store, readonly=True, dram_bytes=0) as store, _connect(args) as remote:
         info = store.get_namespace(args.namespace)
         layout: NamespaceLayout = info.layout
-        remote.create_namespace(
-            name, model=info.model, fingerprint=info.fingerprint, layout=layout, projector=info.projector
+        target = remote.create_namespace(
+            name, model=info.model, fingerprint=info.fingerprint, layout=layout, projector=info.projector,
+            replace_projector=args.replace_projector,
         )
+        # Stated on every stream: a projector replaced meanwhile fails the copy instead of mixing features.
+        version = target.projector_version if info.projector is not None else 0
         for batch in _batches(_local_entries(store, args.namespace), args.batch_entries):
-            summary = remote.ingest(name, info.fingerprint, batch, timeout=args.timeout)
+            summary = remote.ingest(name, info.fingerprint, batch, timeout=args.timeout, projector_version=version)
             totals["entries"] += summary.entries
             totals["duplicates"] += summary.duplicates
             totals["bytes"] += summary.bytes

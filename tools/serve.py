@@ -65,11 +65,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=parse_size, default=limits.max_message_bytes, help="gRPC message cap")
     p.add_argument("--workers", type=int, default=limits.max_workers, help="RPC threads (one per running stream)")
     p.add_argument("--max-concurrent-rpcs", type=int, default=limits.max_concurrent_rpcs, help="calls admitted at once")
-    p.add_argument("--max-queries", type=int, default=limits.max_queries, help="queries per Lookup/Search call")
+    p.add_argument(
+        "--max-queries", type=int, default=limits.max_queries,
+        help="queries per Lookup/Search call, ids per Fetch/Prefetch call",
+    )
     p.add_argument(
         "--max-ingest-bytes", type=parse_size, default=limits.max_ingest_bytes, help="staged bytes per Ingest stream"
     )
     p.add_argument("--max-ingest-streams", type=int, default=limits.max_ingest_streams, help="Ingest streams at once")
+    p.add_argument(
+        "--ingest-idle-seconds", type=int, default=limits.ingest_idle_seconds,
+        help="end an Ingest stream that sends nothing for this long (it frees its slot; nothing is written)",
+    )
     p.add_argument("--ready-file", type=Path, help="write {address, port, metrics_port, pid} as JSON here once serving")
     p.add_argument("--log-format", choices=["text", "json"], default="text", help="key=value text or JSON lines")
     p.set_defaults(func=run)
@@ -102,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             max_queries=args.max_queries,
             max_ingest_bytes=args.max_ingest_bytes,
             max_ingest_streams=args.max_ingest_streams,
+            ingest_idle_seconds=args.ingest_idle_seconds,
         ),
         grace_seconds=args.grace,
         ready_file=args.ready_file,

@@ -138,6 +138,7 @@ def lookup_request(batch: LookupBatch, *, want_maps: bool = True, want_outputs: 
         want_maps=want_maps,
         want_outputs=batch.exact if want_outputs is None else want_outputs,
         gate=batch.gate,
+        projector_version=batch.projector_version,
     )
 
 
@@ -169,17 +170,21 @@ def search_request(batch: LookupBatch) -> pb.SearchRequest:
         ],
         max_distance=batch.max_distance,
         gate=batch.gate,
+        projector_version=batch.projector_version,
     )
 
 
 def ingest_requests(
-    namespace: str, fingerprint: str, entries: Iterable[NewEntry], *, commit: bool = True
+    namespace: str, fingerprint: str, entries: Iterable[NewEntry], *, commit: bool = True, projector_version: int = 0
 ) -> Iterator[pb.IngestRequest]:
     """The messages of one Ingest stream for ``entries`` (maps sent in their own dtype, fp16 or fp32).
 
-    ``commit=False`` leaves the commit out (a stream that must write nothing).
+    ``commit=False`` leaves the commit out (a stream that must write nothing). ``projector_version``
+    states which projector made the features (0: none stated).
     """
-    yield pb.IngestRequest(begin=pb.IngestBegin(namespace=namespace, fingerprint=fingerprint))
+    yield pb.IngestRequest(
+        begin=pb.IngestBegin(namespace=namespace, fingerprint=fingerprint, projector_version=projector_version)
+    )
     for index, entry in enumerate(entries):
         maps = np.asarray(entry.maps)  # (layers, heads, L, L)
         feature = [] if entry.feature is None else np.asarray(entry.feature, dtype=np.float32).tolist()
@@ -271,12 +276,16 @@ class RemoteStore:
     # ---- namespaces ---------------------------------------------------------
 
     def create_namespace(
-        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None,
+        replace_projector: bool = False,
     ) -> pb.Namespace:
-        """Create a namespace (admin); idempotent for the same model, fingerprint and layout."""
+        """Create a namespace (admin); idempotent for the same model, fingerprint and layout.
+
+        A projector different from the stored one is refused (ALREADY_EXISTS) unless ``replace_projector``.
+        """
         request = pb.CreateNamespaceRequest(
             name=name, model=model, fingerprint=fingerprint, layout=layout_to_pb(layout),
-            projector=projector or b"",
+            projector=projector or b"", replace_projector=replace_projector,
         )
         return self._unary(self._stub.CreateNamespace, request)
 
@@ -358,20 +367,21 @@ class RemoteStore:
             raise error_from_rpc(exc) from exc
         return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
 
-    def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> int:
-        """Queue entries for the DRAM tier; returns how many were queued."""
+    def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
+        """Queue entries for the DRAM tier; the reply says how many were queued and how many ids are unknown."""
         request = pb.PrefetchRequest(namespace=namespace, entry_ids=list(entry_ids))
-        return self._unary(self._stub.Prefetch, request).queued
+        return self._unary(self._stub.Prefetch, request)
 
     # ---- admin --------------------------------------------------------------
 
     def ingest(
-        self, namespace: str, fingerprint: str, entries: Iterable[NewEntry], timeout: float | None = None
+        self, namespace: str, fingerprint: str, entries: Iterable[NewEntry], timeout: float | None = None,
+        *, projector_version: int = 0,
     ) -> pb.IngestSummary:
-        """Ingest ``entries`` in one stream, all-or-nothing (admin)."""
+        """Ingest ``entries`` in one stream, all-or-nothing (admin); see ``ingest_requests``."""
         try:
             return self._stub.Ingest(
-                ingest_requests(namespace, fingerprint, entries),
+                ingest_requests(namespace, fingerprint, entries, projector_version=projector_version),
                 metadata=self._metadata,
                 timeout=timeout or self._timeout,
             )

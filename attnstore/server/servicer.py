@@ -32,7 +32,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import map_chunks, output_chunks
 from attnstore.server.config import ServerLimits
-from attnstore.server.ingest_stream import IngestStaging
+from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.replies import match_to_pb, namespace_to_pb, stats_to_pb
 from attnstore.service import ROW_ERRORS, AttnStoreService, Query
@@ -113,7 +113,13 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
             )
             if request.projector:
-                service.set_projector(request.name, request.projector)
+                before = service.get_namespace(request.name).projector_version
+                info = service.set_projector(request.name, request.projector, replace=request.replace_projector)
+                if before and info.projector_version != before:
+                    log.warning(
+                        "event=projector_replaced namespace=%s projector_version=%d", request.name,
+                        info.projector_version,
+                    )
             self._metrics.namespace_known(request.name)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
             return namespace_to_pb(service.get_namespace(request.name), projector=True)
@@ -144,6 +150,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 exact=request.want_outputs or request.exact_only,
                 maps=not request.exact_only,
                 gate=request.gate,
+                projector_version=request.projector_version or None,
             )
             seconds = time.perf_counter() - start
             served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)
@@ -172,6 +179,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 self._queries(request.queries),
                 max_distance=request.max_distance,
                 gate=request.gate,
+                projector_version=request.projector_version or None,
             )
             seconds = time.perf_counter() - start
             self._metrics.matched(request.namespace, [r.kind for r in results], seconds, lookup=False)
@@ -211,17 +219,28 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
+            if len(request.entry_ids) > self._limits.max_queries:
+                raise RequestLimitError(
+                    f"Prefetch of {len(request.entry_ids)} ids is over this daemon's limit of"
+                    f" {self._limits.max_queries}; split it (the DRAM tier's queue holds a few thousand anyway)"
+                )
             service.get_namespace(request.namespace)
-            return pb.PrefetchResponse(queued=service.prefetch(request.namespace, [int(i) for i in request.entry_ids]))
+            report = service.prefetch(request.namespace, [int(i) for i in request.entry_ids])
+            if report.unknown:
+                # One line per call, not per id: a client sending unknown ids must not flood the log.
+                log.info("event=prefetch_unknown namespace=%s unknown=%d", request.namespace, report.unknown)
+            return pb.PrefetchResponse(queued=report.queued, unknown=report.unknown)
 
     # ---- admin --------------------------------------------------------------
 
     def Ingest(self, request_iterator: Iterator[pb.IngestRequest], context: grpc.ServicerContext) -> pb.IngestSummary:
         with self._call("Ingest", context) as service, self._ingest_slot():
+            request_iterator = idle_limited(request_iterator, self._limits.ingest_idle_seconds)
             first = next(request_iterator, None)
             if first is None or first.WhichOneof("body") != "begin":
                 raise WireFormatError("an Ingest stream must start with an IngestBegin message")
             namespace, fingerprint = first.begin.namespace, first.begin.fingerprint
+            projector_version = first.begin.projector_version or None
             info = service.check_fingerprint(namespace, fingerprint)
             staging = IngestStaging(info.layout, max_bytes=self._limits.max_ingest_bytes)
             if not any(staging.add(message) for message in request_iterator):
@@ -229,7 +248,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if next(request_iterator, None) is not None:
                 raise WireFormatError("the Ingest stream went on after its commit: nothing was written")
             entries = staging.entries()
-            result = service.ingest(namespace, fingerprint, entries)
+            result = service.ingest(namespace, fingerprint, entries, projector_version=projector_version)
             self._metrics.ingested(namespace, len(entries), staging.received_bytes)
             log.info(
                 "event=ingested namespace=%s entries=%d duplicates=%d bytes=%d",
@@ -268,7 +287,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def Verify(self, request: pb.VerifyRequest, context: grpc.ServicerContext) -> pb.VerifyResponse:
         with self._call("Verify", context) as service:
             report = service.verify()
-            log.info("event=verified entries=%d corrupt=%d", report.entries_checked, len(report.corrupt))
+            log.info(
+                "event=verified entries=%d corrupt=%d problems=%d",
+                report.entries_checked, len(report.corrupt), len(report.problems),
+            )
             return pb.VerifyResponse(
                 entries_checked=report.entries_checked,
                 corrupt_entry_ids=[c.id for c in report.corrupt],
@@ -276,6 +298,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 corrupt=[
                     pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt
                 ],
+                store_problems=list(report.problems),
                 chunks_checked=report.chunks_checked,
                 orphan_chunks=report.orphan_chunks,
                 seconds=report.seconds,

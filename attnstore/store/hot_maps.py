@@ -67,10 +67,12 @@ class HotMaps:
             return cached[layer].copy()
         return load_layer()
 
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
-        """Load entries into DRAM in the background (those already there are skipped)."""
-        if self._dram.capacity_bytes:
-            self._prefetcher.submit(namespace, (i for i in ids if (namespace, int(i)) not in self._dram))
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> int:
+        """Load entries into DRAM in the background; returns how many were queued (not those already
+        there, nor those past the queue's bound, nor any without a DRAM tier)."""
+        if not self._dram.capacity_bytes:
+            return 0
+        return self._prefetcher.submit(namespace, (i for i in ids if (namespace, int(i)) not in self._dram))
 
     def served(self, namespace: str, ids: Iterable[int]) -> None:
         """Entries whose maps were just sent to a client: each one served for the second time is admitted.

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import crc32c
 import numpy as np
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ChecksumError, ConfigError
 from attnstore.protocol.records import LookupBatch
 
 MatchKind = Literal["miss", "exact", "map"]
@@ -40,6 +41,21 @@ class NamespaceHandle:
     hidden: int
     feature_dim: int
     projector: bytes | None  # safetensors bytes; None until a build has finished
+    projector_version: int = 0  # 0 without a projector; +1 each time the namespace's is replaced
+
+
+def checked_projector(name: str, projector: bytes | None, crc: int | None) -> bytes | None:
+    """``projector``, once it matches the crc32c the store recorded for it (None: none recorded).
+
+    Raises:
+        ChecksumError: the bytes differ from what the store recorded: its weights are damaged.
+    """
+    if projector is not None and crc is not None and crc32c.crc32c(projector) != crc:
+        raise ChecksumError(
+            f"the projector of namespace {name!r} fails its crc32c check: its stored weights are damaged"
+            " (admin verify reports it; store it again)"
+        )
+    return projector
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.records import LookupBatch
-from attnstore_client.connection.base import MapStream, Match, NamespaceHandle, StoreConnection
+from attnstore_client.connection.base import MapStream, Match, NamespaceHandle, StoreConnection, checked_projector
 from attnstore_client.resilience import cause_of
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ class LocalConnection(StoreConnection):
         return NamespaceHandle(
             name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
-            projector=info.projector,
+            projector=checked_projector(info.name, info.projector, info.projector_crc32c),
+            projector_version=info.projector_version,
         )
 
     def exact(
@@ -126,7 +127,7 @@ class LocalConnection(StoreConnection):
         ]
         results = self._service.lookup(
             batch.namespace, batch.fingerprint, queries, max_distance=batch.max_distance, exact=False,
-            gate=batch.gate,
+            gate=batch.gate, projector_version=batch.projector_version or None,
         )
         return [Match(r.kind, r.entry_id, r.distance, r.stored_length) for r in results]
 

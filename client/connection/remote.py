@@ -34,7 +34,14 @@ from attnstore.protocol.remote import (
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler
-from attnstore_client.connection.base import MapStream, Match, MatchKind, NamespaceHandle, StoreConnection
+from attnstore_client.connection.base import (
+    MapStream,
+    Match,
+    MatchKind,
+    NamespaceHandle,
+    StoreConnection,
+    checked_projector,
+)
 from attnstore_client.resilience import cause_of
 
 log = logging.getLogger(__name__)
@@ -83,7 +90,11 @@ class RemoteConnection(StoreConnection):
         return NamespaceHandle(
             name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
-            projector=bytes(info.projector) or None,
+            projector=checked_projector(
+                info.name, bytes(info.projector) or None,
+                info.projector_crc32c if info.HasField("projector_crc32c") else None,
+            ),
+            projector_version=info.projector_version,
         )
 
     def exact(

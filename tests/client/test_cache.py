@@ -24,6 +24,7 @@ from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.cache import PROMPT_EOL, AttnCache
 from attnstore_client.connection.local import LocalConnection
+from attnstore_client.projector import Projector, ProjectorConfig
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.stats import CacheStats
 
@@ -252,3 +253,25 @@ def test_a_corrupt_stored_layer_is_a_checksum_fallback_with_correct_outputs(bert
                 embeddings = cache.encode(TEXTS, batch_size=10)
     np.testing.assert_allclose(embeddings, expected, atol=TOLERANCE)
     assert cache.last_stats.fallbacks == {"checksum": 1} and cache.last_stats.map_hits == 5
+
+
+def test_a_client_follows_a_replaced_projector_without_being_recreated(bert) -> None:
+    service = _memory_service()
+    fill_namespace(service, bert, STORED)
+    expected = _mean_pooled(bert, TEXTS)
+    with served(service) as (_, remote):
+        cache = AttnCache(bert, f"grpc://{remote.target}", exact=False, max_distance=1e-6)
+        cache.encode(TEXTS, batch_size=10)
+        assert cache.last_stats.map_hits == len(STORED)
+        # An admin replaces the projector (explicitly: a plain set_projector is refused) and ingests again.
+        torch.manual_seed(1)
+        new = Projector(ProjectorConfig(hidden=adapter_for(bert).hidden_size)).eval()
+        captured = capture_entries(bert, STORED, projector=new)
+        assert service.set_projector("default", new.to_safetensors_bytes(), replace=True).projector_version == 2
+        service.ingest("default", captured.fingerprint, captured.entries, projector_version=2)
+        # Before: every lookup of this client was refused and its breaker opened. Now it loads the new
+        # projector on the first refusal and projects the batch again.
+        np.testing.assert_allclose(cache.encode(TEXTS, batch_size=10), expected, atol=TOLERANCE)
+        assert cache.last_stats.map_hits == len(STORED) and not cache.last_stats.fallbacks
+        assert cache.breaker.state == "closed"
+        cache.close()

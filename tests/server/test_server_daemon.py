@@ -15,13 +15,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import safetensors.numpy
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
-from attnstore.errors import AttnStoreError, AuthError
+from attnstore.errors import AttnStoreError, AuthError, ChecksumError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -317,3 +318,91 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) 
         assert "event=stopped" in daemon.log()
     finally:
         daemon.kill()
+
+
+# ---- issue 18: damaged and vanishing stores, projector swaps -------------------------------------
+
+
+def _flip_everywhere(store: Path, needle: bytes, at: int) -> None:
+    """Flip byte ``at`` of every copy of ``needle`` in the store's data file (bit rot in a leaf page)."""
+    (data_file,) = store.glob("gen-*/data.mdb")
+    data = bytearray(data_file.read_bytes())
+    offsets = [m.start() for m in re.finditer(re.escape(needle), bytes(data))]
+    assert offsets, "the needle is not in the data file"
+    for offset in offsets:
+        data[offset + at] ^= 0x20
+    data_file.write_bytes(bytes(data))
+
+
+def test_a_store_that_cannot_be_loaded_makes_serve_exit_2_with_one_line(tmp_path: Path) -> None:
+    with MapStore.open(tmp_path / "store", create=True) as store:
+        store.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    _flip_everywhere(tmp_path / "store", b'{"name": "ns"', 0)  # the catalog record is no JSON any more
+    result = subprocess.run(
+        [sys.executable, "-m", "attnstore_tools.cli", "serve", "--store", str(tmp_path / "store"),
+         "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr  # before: 1, with a JSONDecodeError traceback
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("attnstore: error: ") and "damaged" in last and "restore" in last
+
+
+def test_a_damaged_projector_is_logged_at_start_refused_to_clients_and_reported_by_verify(tmp_path: Path) -> None:
+    blob = safetensors.numpy.save({"w": np.zeros(4, np.float32)}, metadata={"note": "projector-" + "p" * 40})
+    with MapStore.open(tmp_path / "store", create=True) as store:
+        store.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        store.set_projector("ns", blob)
+    _flip_everywhere(tmp_path / "store", b"projector-" + b"p" * 40, 20)
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    try:
+        assert "event=projector_damaged namespace=ns" in daemon.log()
+        with daemon.client() as remote:
+            with pytest.raises(ChecksumError, match="DATA_LOSS.*projector of namespace 'ns' fails its crc32c"):
+                remote.get_namespace("ns")
+            problems = list(remote.verify().store_problems)
+            assert any("projector of namespace 'ns'" in p for p in problems), problems
+    finally:
+        daemon.kill()
+
+
+def test_a_removed_store_directory_turns_health_not_serving_and_refuses_writes(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    try:
+        with daemon.client() as remote:
+            remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+            remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 1)])
+            shutil.rmtree(tmp_path / "store")
+            deadline = time.monotonic() + 10
+            while remote.health() == "SERVING" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert remote.health() == "NOT_SERVING"
+            for write in (lambda: remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 2)]), remote.compact):
+                with pytest.raises(AttnStoreError, match="FAILED_PRECONDITION.*removed while it was open"):
+                    write()
+            assert not (tmp_path / "store").exists()  # before: a compaction quietly made it again
+        assert "event=storage_fault" in daemon.log()
+    finally:
+        daemon.kill()
+
+
+def test_admin_ingest_into_a_namespace_with_another_projector_needs_replace_projector(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    target = ["--target", daemon.target, "--token", ADMIN_TOKEN]
+    for weight, path in ((1.0, tmp_path / "a"), (2.0, tmp_path / "b")):
+        with MapStore.open(path, create=True) as local:
+            local.create_namespace("src", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+            local.ingest("src", [make_entry(LAYOUT, 6, 80)])
+            local.set_projector("src", safetensors.numpy.save({"w": np.full(1, weight, np.float32)}))
+    copy = ["admin", "ingest", *target, "--namespace", "src", "--as", "swapped"]
+    assert cli_main([*copy, "--from-store", str(tmp_path / "a")]) == 0
+    assert cli_main([*copy, "--from-store", str(tmp_path / "b")]) == 2  # before: replaced silently
+    with daemon.client() as remote:
+        assert remote.get_namespace("swapped").projector_version == 1
+    assert cli_main([*copy, "--from-store", str(tmp_path / "b"), "--replace-projector"]) == 0
+    with daemon.client() as remote:
+        info = remote.get_namespace("swapped")
+        assert info.projector_version == 2
+        assert safetensors.numpy.load(info.projector)["w"][0] == 2.0

@@ -107,7 +107,14 @@ class AttnStoreServicer:
     def CreateNamespace(self, request, context):
         """Namespaces: one model + tokenizer + attention layout each.
         CreateNamespace (admin) is idempotent for the same model, fingerprint and
-        layout (ALREADY_EXISTS otherwise); a non-empty projector replaces the stored one.
+        layout (ALREADY_EXISTS otherwise). A non-empty projector is stored when the
+        namespace has none (projector_version 1) and changes nothing when it is the
+        stored one; one with the same weights and other metadata (a new gate) is the
+        next projector_version; one with other weights is ALREADY_EXISTS unless
+        replace_projector is set. Replacing bumps projector_version and drops every stored feature
+        vector in the same transaction (the entries stay: exact hits go on; map hits
+        return as entries are ingested again with features of the new projector), so
+        no lookup ever compares vectors of two projectors.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

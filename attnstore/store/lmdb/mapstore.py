@@ -11,7 +11,9 @@ mean "no entry" on the wire) and are never reused, also not after compaction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +24,16 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import (
+    AttnStoreError,
     ChecksumError,
     EntryNotFoundError,
     MapShapeError,
     NamespaceExistsError,
     NamespaceNotFoundError,
     StoreFullError,
+    StoreNotFoundError,
     StoreOpenError,
+    shown,
 )
 from attnstore.protocol.records import (
     FORMAT_VERSION,
@@ -39,17 +44,19 @@ from attnstore.protocol.records import (
     NewEntry,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase
+from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
-from attnstore.store.lmdb.catalog import load_namespace, namespace_names, put_namespace, put_projector
+from attnstore.store.lmdb.catalog import CatalogCache, namespace_names, put_namespace, put_projector
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
     Generation,
     remove_unused_generations,
+    stale_generations,
 )
 from attnstore.store.lmdb.ingest import delete_entry as delete_in_txn
 from attnstore.store.lmdb.ingest import (
+    drop_features,
     drop_namespace_keys,
     evict_over_cap,
     find_existing,
@@ -66,7 +73,7 @@ from attnstore.store.lmdb.reader import (
     read_outputs,
     store_stats,
 )
-from attnstore.store.lmdb.records import EntryRecord
+from attnstore.store.lmdb.records import EntryRecord, entry_key
 from attnstore.store.lmdb.settings import (
     DEFAULT_DRAM_BYTES,
     DEFAULT_HIT_FLUSH_COUNT,
@@ -75,7 +82,7 @@ from attnstore.store.lmdb.settings import (
     StoreSettings,
 )
 from attnstore.store.lmdb.verify import verify_generation
-from attnstore.store.reports import CompactReport, IngestReport, StoreStats, VerifyReport
+from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
 from attnstore.store.validate import prepare_entry
 
 if TYPE_CHECKING:
@@ -85,6 +92,8 @@ logger = logging.getLogger(__name__)
 
 # Records per read transaction when listing entries (no transaction spans a yield).
 _PAGE = 256
+# Meta key of verify's write probe: the time of the last verify that could write.
+META_VERIFIED = b"verified"
 
 
 class MapStore(MapStoreBase):
@@ -105,6 +114,7 @@ class MapStore(MapStoreBase):
         self._root = live.root
         self._settings = settings
         self._states: dict[str, NamespaceState] = {}
+        self._catalog = CatalogCache()
         self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
         self._hot = HotMaps(self._load_maps, capacity_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
@@ -170,15 +180,17 @@ class MapStore(MapStoreBase):
     def _state(self, name: str) -> NamespaceState:
         state = self._states.get(name)
         if state is None:
-            state = self._states.setdefault(name, NamespaceState.of(self.get_namespace(name)))
+            with self._live.read() as (gen, txn):
+                state = self._state_in(txn, gen, name)
         return state
 
     def _state_in(self, txn: lmdb.Transaction, gen: Generation, name: str) -> NamespaceState:
         state = self._states.get(name)
         if state is None:
-            info = load_namespace(txn, gen.db, name)
+            # The layout is all a state needs: a damaged projector must not stop deletes or compaction.
+            info = self._catalog.load(txn, gen.db, name, check_projector=False)
             if info is None:
-                raise NamespaceNotFoundError(f"no namespace {name!r} in map store {self._root}")
+                raise NamespaceNotFoundError(f"no namespace {shown(name)} in the map store")
             state = self._states.setdefault(name, NamespaceState.of(info))
         return state
 
@@ -190,13 +202,13 @@ class MapStore(MapStoreBase):
     def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
         with self._live.write() as (gen, txn):
-            existing = load_namespace(txn, gen.db, name)
+            existing = self._catalog.load(txn, gen.db, name, check_projector=False)
             if existing is not None:
                 if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
                     return existing
                 raise NamespaceExistsError(
                     f"namespace {name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-                    f" {existing.layout}; requested model {model!r}, fingerprint {fingerprint!r}, {layout}"
+                    f" {existing.layout}; requested model {shown(model)}, fingerprint {shown(fingerprint)}, {layout}"
                 )
             info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
             put_namespace(txn, gen.db, info)
@@ -206,10 +218,10 @@ class MapStore(MapStoreBase):
     def get_namespace(self, name: str) -> NamespaceInfo:
         """See :meth:`MapStoreBase.get_namespace`."""
         with self._live.read() as (gen, txn):
-            info = load_namespace(txn, gen.db, name)
+            info = self._catalog.load(txn, gen.db, name)
             if info is None:
                 raise NamespaceNotFoundError(
-                    f"no namespace {name!r} in map store {self._root}; existing: {namespace_names(txn, gen.db)}"
+                    f"no namespace {shown(name)} in the map store; existing: {shown(namespace_names(txn, gen.db), 512)}"
                 )
         return info
 
@@ -218,7 +230,8 @@ class MapStore(MapStoreBase):
         infos = []
         with self._live.read() as (gen, txn):
             for name in namespace_names(txn, gen.db):
-                info = load_namespace(txn, gen.db, name)
+                # Listings carry no projector to clients: a damaged one must not hide the others.
+                info = self._catalog.load(txn, gen.db, name, check_projector=False)
                 assert info is not None  # the name was just read from the catalog, in the same transaction
                 infos.append(info)
         return infos
@@ -234,15 +247,28 @@ class MapStore(MapStoreBase):
         self._hits.drop_namespace(name)
         logger.info("dropped namespace %r", name)
 
-    def _set_projector(self, name: str, blob: bytes) -> None:
-        """See :meth:`MapStoreBase.set_projector`."""
+    def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
+        """See :meth:`MapStoreBase.set_projector`; also raises ReadOnlyStoreError."""
         with self._live.write() as (gen, txn):
-            self._state_in(txn, gen, name)
-            put_projector(txn, gen.db, name, blob)
+            # Unchecked: a projector that fails its checksum can still be replaced.
+            info = self._catalog.load(txn, gen.db, name, check_projector=False)
+            if info is None:
+                raise NamespaceNotFoundError(f"no namespace {shown(name)} in the map store")
+            update = projector_update(info, blob, replace=replace)
+            if update is None:
+                return info
+            dropped = drop_features(txn, gen.db, name) if drops_features(info, blob) else 0
+            put_projector(txn, gen.db, update)
+        if info.projector is not None:
+            logger.warning("namespace %r: projector replaced (version %s), %s stored feature vectors dropped",
+                           name, update.projector_version, dropped)
+        return update
 
     # -------------------------------------------------------------------- ingest
 
-    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> IngestReport:
+    def ingest(
+        self, namespace: str, entries: Iterable[NewEntry], *, projector_version: int | None = None
+    ) -> IngestReport:
         """See :meth:`MapStoreBase.ingest`. One call is one LMDB transaction: pass batches
         sized to memory (the uncommitted pages are held until the commit).
         """
@@ -256,7 +282,13 @@ class MapStore(MapStoreBase):
         pending = self._hits.drain() if max_bytes is not None else {}
         try:
             with self._live.write() as (gen, txn):
-                ids, new = write_entries(txn, gen.db, state, prepared, now)
+                if projector_version is not None:
+                    # Inside the write: a replacement cannot slip in between the check and the entries.
+                    info = self._catalog.load(txn, gen.db, namespace, check_projector=False)
+                    if info is None:
+                        raise NamespaceNotFoundError(f"no namespace {shown(namespace)} in the map store")
+                    check_projector_version(info, projector_version)
+                ids, new, featured = write_entries(txn, gen.db, state, prepared, now)
                 evicted = None
                 if max_bytes is not None:
                     flush_hits(txn, gen.db, pending)
@@ -274,7 +306,7 @@ class MapStore(MapStoreBase):
             logger.warning("map store %s over its cap of %s bytes: evicted %s least recently hit entries (%s bytes)",
                            self._root, max_bytes, evicted.count, evicted.nbytes)
         logger.debug("ingested %s entries into %r (%s new)", len(ids), namespace, len(new))
-        return IngestReport(list(ids), list(new), {} if evicted is None else dict(evicted.ids))
+        return IngestReport(list(ids), list(new), {} if evicted is None else dict(evicted.ids), featured)
 
     # --------------------------------------------------------------------- reads
 
@@ -417,10 +449,17 @@ class MapStore(MapStoreBase):
 
     # ------------------------------------------------------------------ prefetch
 
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.prefetch`. Entries already in the DRAM tier are skipped."""
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
+        """See :meth:`MapStoreBase.prefetch`. Entries already in the DRAM tier are skipped.
+
+        Ids are checked against the live records here, in one read, so the worker
+        queues only entries that exist and unknown ids cost a count, not a log line each.
+        """
         self._state(namespace)
-        self._hot.prefetch(namespace, ids)
+        wanted = list(dict.fromkeys(int(i) for i in ids))
+        with self._live.read() as (gen, txn):
+            known = [i for i in wanted if txn.get(entry_key(namespace, i), db=gen.db.entries) is not None]
+        return PrefetchReport(queued=self._hot.prefetch(namespace, known), unknown=len(wanted) - len(known))
 
     def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
         """See :meth:`MapStoreBase.maps_served`: admitted to the DRAM tier on a second serve (``hot_maps``)."""
@@ -443,10 +482,13 @@ class MapStore(MapStoreBase):
 
         Raises:
             ReadOnlyStoreError: the store is read-only.
-            StoreFullError: the new generation ran out of map size (the old one stays live).
+            StoreNotFoundError: the store's directory was removed while open.
+            StoreFullError: the disk has no room for the copy, or the new generation ran out of map
+                size (the old one stays live).
         """
         self._live.check_writable()
         with self._live.write_lock:
+            self._live.check_present()  # a compaction must never recreate a removed store directory
             self.flush_hits()
             report = compact_live(self._live, self._all_states, self._settings, on_retired=self._remove_retired)
         logger.info("compacted %s: %s", self._root, report)
@@ -458,21 +500,50 @@ class MapStore(MapStoreBase):
 
     def verify(self) -> VerifyReport:
         """See :meth:`MapStoreBase.verify`."""
+        start = time.perf_counter()
         with self._live.held() as gen:
-            with gen.env.begin() as txn:
-                states = self._all_states(txn, gen)
-            report = verify_generation(gen, states)
+            try:
+                with gen.env.begin() as txn:
+                    states = self._all_states(txn, gen)
+            except (lmdb.Error, AttnStoreError) as exc:  # the catalog itself is damaged: nothing to walk by
+                problem = f"the namespace catalog cannot be read ({type(exc).__name__}: {exc}): it is damaged"
+                report = VerifyReport(0, 0, (), 0, time.perf_counter() - start, (problem,))
+            else:
+                report = verify_generation(gen, states)
+        if not self._settings.readonly and report.ok:
+            report = dataclasses.replace(report, problems=self._write_probe())
+        fault = self._live.fault()
+        if fault is not None:  # damage an earlier call met stays damage, even where this walk did not pass
+            report = dataclasses.replace(report, problems=(*report.problems, f"the store failed earlier: {fault}"))
         if not report.ok:
-            logger.warning("verify of %s found %s corrupt entries", self._root, len(report.corrupt))
+            logger.warning("verify of %s found %s corrupt entries and %s other problems: %s",
+                           self._root, len(report.corrupt), len(report.problems), report.problems)
         return report
+
+    def _write_probe(self) -> tuple[str, ...]:
+        """Commit one small write: damage on the write path (the free-page list) shows only there."""
+        try:
+            with self._live.write() as (gen, txn):
+                txn.put(META_VERIFIED, struct.pack("<d", time.time()), db=gen.db.meta)
+        except StoreFullError:
+            return ()  # a full disk or map is no damage (writes say so themselves)
+        except AttnStoreError as exc:
+            return (f"a write probe failed ({type(exc).__name__}: {exc})",)
+        return ()
+
+    def storage_fault(self) -> str | None:
+        """See :meth:`MapStoreBase.storage_fault`."""
+        return self._live.fault()
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""
         with self._live.read() as (gen, txn):
-            return store_stats(
+            stats = store_stats(
                 txn, gen, self._all_states(txn, gen), self._settings, pending_hits=len(self._hits),
                 dram=self._hot.stats(),
             )
+        count, nbytes = stale_generations(self._root, self._live.name)
+        return dataclasses.replace(stats, stale_generations=count, stale_generation_bytes=nbytes)
 
     def zarr_store(self) -> LMDBZarrStore:
         """A read-only zarr store over the live generation, for inspection with zarr.
@@ -494,7 +565,7 @@ class MapStore(MapStoreBase):
         if not self._settings.readonly:
             try:
                 self.flush_hits()
-            except (StoreFullError, StoreOpenError) as exc:
+            except (StoreFullError, StoreOpenError, StoreNotFoundError) as exc:
                 logger.warning("map store %s: buffered hit counts lost on close: %s", self._root, exc)
         self._live.close()
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,7 @@ from cache_helpers import fill_namespace, sentences, tiny_loaded
 from server_fixtures import FP, served, tls_server
 
 from attnstore.errors import (
+    ChecksumError,
     ConfigError,
     FingerprintMismatchError,
     MapsUnavailableError,
@@ -25,6 +27,7 @@ from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.connection import StoreConnection, connect
+from attnstore_client.connection.base import checked_projector
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
 from attnstore_client.projector import Projector
@@ -175,3 +178,11 @@ def test_grpcs_with_client_certificate_reaches_an_mtls_daemon(pki: Path) -> None
             connect(f"grpcs://{target}", client_cert=pki / "client.pem")
     finally:
         server.stop(0)
+
+
+def test_a_projector_that_fails_its_recorded_crc32c_is_refused_by_the_client() -> None:
+    blob = b"projector bytes"
+    assert checked_projector("ns", blob, crc32c.crc32c(blob)) == blob
+    assert checked_projector("ns", blob, None) == blob  # recorded before checksums: nothing to check against
+    with pytest.raises(ChecksumError, match="projector of namespace 'ns' fails its crc32c"):
+        checked_projector("ns", blob[:-1] + b"X", crc32c.crc32c(blob))
