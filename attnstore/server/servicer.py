@@ -192,11 +192,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapChunk]:
         with self._call("Fetch", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
-            if len(request.entry_ids) > self._limits.max_queries:
-                raise RequestLimitError(
-                    f"Fetch of {len(request.entry_ids)} entries is over this daemon's limit"
-                    f" of {self._limits.max_queries}"
-                )
+            self._check_count("Fetch", len(request.entry_ids), "entries")
             # Unknown ids end the call before any chunk is sent.
             stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
             rows = [
@@ -210,20 +206,14 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def FetchMaps(self, request: pb.FetchMapsRequest, context: grpc.ServicerContext) -> Iterator[pb.LookupResponse]:
         with self._call("FetchMaps", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
-            if len(request.rows) > self._limits.max_queries:
-                raise RequestLimitError(
-                    f"FetchMaps of {len(request.rows)} rows is over this daemon's limit of {self._limits.max_queries}"
-                )
+            self._check_count("FetchMaps", len(request.rows), "rows")
             rows = [_Row(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
             yield from self._row_stream(service, request.namespace, rows, context)
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
-            if len(request.entry_ids) > self._limits.max_queries:
-                raise RequestLimitError(
-                    f"Prefetch of {len(request.entry_ids)} ids is over this daemon's limit of"
-                    f" {self._limits.max_queries}; split it (the DRAM tier's queue holds a few thousand anyway)"
-                )
+            # (The DRAM tier's queue holds a few thousand anyway.)
+            self._check_count("Prefetch", len(request.entry_ids), "ids")
             service.get_namespace(request.namespace)
             report = service.prefetch(request.namespace, [int(i) for i in request.entry_ids])
             if report.unknown:
@@ -310,13 +300,16 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     # ---- helpers ------------------------------------------------------------
 
+    def _check_count(self, call: str, count: int, what: str) -> None:
+        """Refuse a call naming more rows, ids or queries than ``--max-queries`` (RESOURCE_EXHAUSTED)."""
+        if count > self._limits.max_queries:
+            raise RequestLimitError(
+                f"{call}: {count} {what} is over this daemon's limit of {self._limits.max_queries}; split it"
+            )
+
     def _queries(self, queries: Sequence[pb.Query]) -> list[Query]:
         """Wire queries as service queries; refuses batches over the limit."""
-        if len(queries) > self._limits.max_queries:
-            raise RequestLimitError(
-                f"{len(queries)} queries in one call is over this daemon's limit of {self._limits.max_queries};"
-                " split the batch"
-            )
+        self._check_count("one call", len(queries), "queries")
         return [
             Query(
                 feature=np.fromiter(q.feature, dtype=np.float32, count=len(q.feature)),
