@@ -211,7 +211,7 @@ class DictCacheVariant(Variant):
         hits = sum(queries.texts[i] in cache for i in indices)
         missing = list(dict.fromkeys(queries.texts[i] for i in indices if queries.texts[i] not in cache))
         if missing:
-            positions = {text: i for i in indices for text in [queries.texts[i]]}
+            positions = {queries.texts[i]: i for i in indices}
             computed = self.encoder.embed(queries, [positions[text] for text in missing], head).embeddings
             cache.update(zip(missing, computed, strict=True))
         kinds = tuple("exact" if queries.texts[i] in self.prefilled else "miss" for i in indices)
