@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
-from attnstore.errors import ChecksumError, FormatVersionError, StoreDamagedError
+from attnstore.errors import (
+    ChecksumError,
+    FormatVersionError,
+    NamespaceExistsError,
+    NamespaceNotFoundError,
+    StoreDamagedError,
+    shown,
+)
 from attnstore.protocol.records import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, is_namespace_name
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.zarr_layout import group_metadata, node_key
@@ -121,6 +128,36 @@ class CatalogCache:
             with self._lock:
                 self._infos[name] = (record, info)
         return info
+
+
+    def require(
+        self, txn: lmdb.Transaction, db: Databases, name: str, *, check_projector: bool = True
+    ) -> NamespaceInfo:
+        """As :meth:`load`, but a missing namespace is NamespaceNotFoundError."""
+        info = self.load(txn, db, name, check_projector=check_projector)
+        if info is None:
+            raise NamespaceNotFoundError(f"no namespace {shown(name)} in the map store")
+        return info
+
+
+def create_or_match(cache: CatalogCache, txn: lmdb.Transaction, db: Databases, wanted: NamespaceInfo) -> NamespaceInfo:
+    """Store ``wanted`` as a new namespace and return it, or return the existing one of that name if it
+    has the same model, fingerprint and layout (creating is idempotent).
+
+    Raises:
+        NamespaceExistsError: a namespace of that name exists with another model, fingerprint or layout.
+    """
+    existing = cache.load(txn, db, wanted.name, check_projector=False)
+    if existing is None:
+        put_namespace(txn, db, wanted)
+        return wanted
+    if (existing.model, existing.fingerprint, existing.layout) == (wanted.model, wanted.fingerprint, wanted.layout):
+        return existing
+    raise NamespaceExistsError(
+        f"namespace {wanted.name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
+        f" {existing.layout}; requested model {shown(wanted.model)}, fingerprint {shown(wanted.fingerprint)},"
+        f" {wanted.layout}"
+    )
 
 
 def namespace_names(txn: lmdb.Transaction, db: Databases) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +23,7 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import (
-    AttnStoreError,
-    ChecksumError,
-    EntryNotFoundError,
     MapShapeError,
-    NamespaceExistsError,
     NamespaceNotFoundError,
     StoreFullError,
     StoreNotFoundError,
@@ -47,7 +42,7 @@ from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
-from attnstore.store.lmdb.catalog import CatalogCache, namespace_names, put_namespace, put_projector
+from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
     Generation,
@@ -59,7 +54,6 @@ from attnstore.store.lmdb.ingest import (
     drop_features,
     drop_namespace_keys,
     evict_over_cap,
-    find_existing,
     flush_hits,
     write_entries,
 )
@@ -67,9 +61,11 @@ from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.reader import (
     decode_layers,
     entry_page,
+    find_ref,
     live_lengths,
     load_hits,
     load_record,
+    load_token_ids,
     read_outputs,
     store_stats,
 )
@@ -81,7 +77,7 @@ from attnstore.store.lmdb.settings import (
     DEFAULT_MAP_SIZE,
     StoreSettings,
 )
-from attnstore.store.lmdb.verify import verify_generation
+from attnstore.store.lmdb.verify import verify_live
 from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
 from attnstore.store.validate import prepare_entry
 
@@ -92,8 +88,6 @@ logger = logging.getLogger(__name__)
 
 # Records per read transaction when listing entries (no transaction spans a yield).
 _PAGE = 256
-# Meta key of verify's write probe: the time of the last verify that could write.
-META_VERIFIED = b"verified"
 
 
 class MapStore(MapStoreBase):
@@ -137,12 +131,9 @@ class MapStore(MapStoreBase):
         Args:
             path: store directory.
             create: create the store if it does not exist.
-            map_size: LMDB map size in bytes (address space; the file grows as used).
-            dram_bytes: DRAM tier capacity in bytes (0 disables it).
-            max_bytes: cap on live entries' stored bytes; None for no cap.
-            readonly: open without writing (no writer lock; any number of readers).
-            hit_flush_count: see the class docstring.
-            hit_flush_seconds: see the class docstring.
+            map_size, dram_bytes, max_bytes, readonly, hit_flush_count, hit_flush_seconds: the
+                ``StoreSettings`` fields (map size in bytes, DRAM tier bytes (0: off), cap on live
+                entries' bytes (None: none), read-only, when hit counts are written).
 
         Raises:
             StoreNotFoundError: no store at ``path`` and ``create`` is False.
@@ -188,9 +179,7 @@ class MapStore(MapStoreBase):
         state = self._states.get(name)
         if state is None:
             # The layout is all a state needs: a damaged projector must not stop deletes or compaction.
-            info = self._catalog.load(txn, gen.db, name, check_projector=False)
-            if info is None:
-                raise NamespaceNotFoundError(f"no namespace {shown(name)} in the map store")
+            info = self._catalog.require(txn, gen.db, name, check_projector=False)
             state = self._states.setdefault(name, NamespaceState.of(info))
         return state
 
@@ -201,18 +190,11 @@ class MapStore(MapStoreBase):
 
     def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
+        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
         with self._live.write() as (gen, txn):
-            existing = self._catalog.load(txn, gen.db, name, check_projector=False)
-            if existing is not None:
-                if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
-                    return existing
-                raise NamespaceExistsError(
-                    f"namespace {name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-                    f" {existing.layout}; requested model {shown(model)}, fingerprint {shown(fingerprint)}, {layout}"
-                )
-            info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
-            put_namespace(txn, gen.db, info)
-        logger.info("created namespace %r (%s, codec %s)", name, model, layout.codec)
+            info = create_or_match(self._catalog, txn, gen.db, wanted)
+        if info is wanted:
+            logger.info("created namespace %r (%s, codec %s)", name, model, layout.codec)
         return info
 
     def get_namespace(self, name: str) -> NamespaceInfo:
@@ -251,9 +233,7 @@ class MapStore(MapStoreBase):
         """See :meth:`MapStoreBase.set_projector`; also raises ReadOnlyStoreError."""
         with self._live.write() as (gen, txn):
             # Unchecked: a projector that fails its checksum can still be replaced.
-            info = self._catalog.load(txn, gen.db, name, check_projector=False)
-            if info is None:
-                raise NamespaceNotFoundError(f"no namespace {shown(name)} in the map store")
+            info = self._catalog.require(txn, gen.db, name, check_projector=False)
             update = projector_update(info, blob, replace=replace)
             if update is None:
                 return info
@@ -279,30 +259,22 @@ class MapStore(MapStoreBase):
             return IngestReport([], [])
         now = time.time()
         max_bytes = self._settings.max_bytes
-        pending = self._hits.drain() if max_bytes is not None else {}
-        try:
-            with self._live.write() as (gen, txn):
-                if projector_version is not None:
-                    # Inside the write: a replacement cannot slip in between the check and the entries.
-                    info = self._catalog.load(txn, gen.db, namespace, check_projector=False)
-                    if info is None:
-                        raise NamespaceNotFoundError(f"no namespace {shown(namespace)} in the map store")
-                    check_projector_version(info, projector_version)
-                ids, new, featured = write_entries(txn, gen.db, state, prepared, now)
-                evicted = None
-                if max_bytes is not None:
-                    flush_hits(txn, gen.db, pending)
-                    protect = {(namespace, i) for i in new}
-                    evicted = evict_over_cap(
-                        txn, gen.db, self._all_states(txn, gen), max_bytes, self._settings.evict_low_water, protect
-                    )
-        except BaseException:
-            self._hits.restore(pending)
-            raise
+        with self._hits.draining(take=max_bytes is not None) as pending, self._live.write() as (gen, txn):
+            if projector_version is not None:
+                # Inside the write: a replacement cannot slip in between the check and the entries.
+                info = self._catalog.require(txn, gen.db, namespace, check_projector=False)
+                check_projector_version(info, projector_version)
+            ids, new, featured = write_entries(txn, gen.db, state, prepared, now)
+            evicted = None
+            if max_bytes is not None:
+                flush_hits(txn, gen.db, pending)
+                protect = {(namespace, i) for i in new}
+                evicted = evict_over_cap(
+                    txn, gen.db, self._all_states(txn, gen), max_bytes, self._settings.evict_low_water, protect
+                )
         if evicted is not None and evicted.count:
             for name, gone in evicted.ids.items():
-                self._hot.discard(name, gone)
-                self._hits.drop(name, gone)
+                self._forget(name, gone)
             logger.warning("map store %s over its cap of %s bytes: evicted %s least recently hit entries (%s bytes)",
                            self._root, max_bytes, evicted.count, evicted.nbytes)
         logger.debug("ingested %s entries into %r (%s new)", len(ids), namespace, len(new))
@@ -349,24 +321,13 @@ class MapStore(MapStoreBase):
         """See :meth:`MapStoreBase.read_outputs`."""
         state = self._state(namespace)
         with self._live.read() as (gen, txn):
-            outputs = read_outputs(txn, gen.db, state, load_record(txn, gen.db, namespace, entry_id))
-        return outputs  # (L, hidden)
+            return read_outputs(txn, gen.db, state, load_record(txn, gen.db, namespace, entry_id))  # (L, hidden)
 
     def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
         """See :meth:`MapStoreBase.find_by_hashes`."""
         self._state(namespace)
-        found: list[EntryRef | None] = []
         with self._live.read() as (gen, txn):
-            for token_hash in token_hashes:
-                entry_id = find_existing(txn, gen.db, namespace, token_hash)
-                ref = None
-                if entry_id is not None:
-                    try:
-                        ref = EntryRef(entry_id, load_record(txn, gen.db, namespace, entry_id).length)
-                    except ChecksumError:
-                        pass  # a corrupt record is never served (verify reports it)
-                found.append(ref)
-        return found
+            return [find_ref(txn, gen.db, namespace, token_hash) for token_hash in token_hashes]
 
     def _info(self, namespace: str, record: EntryRecord, hits: int, last_hit: float) -> EntryInfo:
         pending_hits, pending_last = self._hits.get(namespace, record.id)  # counted, not yet written
@@ -383,14 +344,8 @@ class MapStore(MapStoreBase):
     def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
         """See :meth:`MapStoreBase.token_ids`."""
         self._state(namespace)
-        found: list[np.ndarray | None] = []
         with self._live.read() as (gen, txn):
-            for entry_id in entry_ids:
-                try:
-                    found.append(load_record(txn, gen.db, namespace, entry_id).token_ids)
-                except (EntryNotFoundError, ChecksumError):
-                    found.append(None)  # deleted meanwhile, or corrupt (verify reports it)
-        return found
+            return [load_token_ids(txn, gen.db, namespace, entry_id) for entry_id in entry_ids]
 
     def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
         """See :meth:`MapStoreBase.entries`. Corrupt records are skipped (verify lists them).
@@ -428,24 +383,23 @@ class MapStore(MapStoreBase):
     def flush_hits(self) -> None:
         """Write buffered hit counts now (one transaction)."""
         self._live.check_writable()
-        pending = self._hits.drain()
-        if not pending:
-            return
-        try:
-            with self._live.write() as (gen, txn):
-                flush_hits(txn, gen.db, pending)
-        except BaseException:
-            self._hits.restore(pending)
-            raise
+        with self._hits.draining() as pending:
+            if pending:
+                with self._live.write() as (gen, txn):
+                    flush_hits(txn, gen.db, pending)
 
     def _delete(self, namespace: str, ids: list[int]) -> int:
         """See :meth:`MapStoreBase.delete`; also raises ReadOnlyStoreError."""
         state = self._state(namespace)
         with self._live.write() as (gen, txn):
             deleted = sum(delete_in_txn(txn, gen.db, state, i) is not None for i in ids)
+        self._forget(namespace, ids)
+        return deleted
+
+    def _forget(self, namespace: str, ids: Iterable[int]) -> None:
+        """Entries gone from the store leave the DRAM tier and the hit buffer."""
         self._hot.discard(namespace, ids)
         self._hits.drop(namespace, ids)
-        return deleted
 
     # ------------------------------------------------------------------ prefetch
 
@@ -500,36 +454,11 @@ class MapStore(MapStoreBase):
 
     def verify(self) -> VerifyReport:
         """See :meth:`MapStoreBase.verify`."""
-        start = time.perf_counter()
-        with self._live.held() as gen:
-            try:
-                with gen.env.begin() as txn:
-                    states = self._all_states(txn, gen)
-            except (lmdb.Error, AttnStoreError) as exc:  # the catalog itself is damaged: nothing to walk by
-                problem = f"the namespace catalog cannot be read ({type(exc).__name__}: {exc}): it is damaged"
-                report = VerifyReport(0, 0, (), 0, time.perf_counter() - start, (problem,))
-            else:
-                report = verify_generation(gen, states)
-        if not self._settings.readonly and report.ok:
-            report = dataclasses.replace(report, problems=self._write_probe())
-        fault = self._live.fault()
-        if fault is not None:  # damage an earlier call met stays damage, even where this walk did not pass
-            report = dataclasses.replace(report, problems=(*report.problems, f"the store failed earlier: {fault}"))
+        report = verify_live(self._live, self._all_states, probe_write=not self._settings.readonly)
         if not report.ok:
             logger.warning("verify of %s found %s corrupt entries and %s other problems: %s",
                            self._root, len(report.corrupt), len(report.problems), report.problems)
         return report
-
-    def _write_probe(self) -> tuple[str, ...]:
-        """Commit one small write: damage on the write path (the free-page list) shows only there."""
-        try:
-            with self._live.write() as (gen, txn):
-                txn.put(META_VERIFIED, struct.pack("<d", time.time()), db=gen.db.meta)
-        except StoreFullError:
-            return ()  # a full disk or map is no damage (writes say so themselves)
-        except AttnStoreError as exc:
-            return (f"a write probe failed ({type(exc).__name__}: {exc})",)
-        return ()
 
     def storage_fault(self) -> str | None:
         """See :meth:`MapStoreBase.storage_fault`."""

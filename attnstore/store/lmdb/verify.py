@@ -11,15 +11,19 @@ raised. Projectors are checked against the crc32c recorded with them.
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 import time
+from collections.abc import Callable
 
 import crc32c
 import lmdb
 
-from attnstore.errors import AttnStoreError, ChecksumError
+from attnstore.errors import AttnStoreError, ChecksumError, StoreFullError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.catalog import decode_namespace, namespace_names
 from attnstore.store.lmdb.env import DB_NAMES, Generation, items_with_prefix
+from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.records import (
     BucketRecord,
     EntryRecord,
@@ -68,6 +72,50 @@ def _check_entry(
     if txn.get(length_key(name, length, record.id), db=db.lengths) is None:
         problems.append("by-length index lacks the entry")
     return problems, checked
+
+
+# Meta key of verify's write probe: the time of the last verify that could write.
+META_VERIFIED = b"verified"
+
+StatesOf = Callable[[lmdb.Transaction, Generation], dict[str, NamespaceState]]
+
+
+def verify_live(live: LiveGeneration, states_of: StatesOf, *, probe_write: bool) -> VerifyReport:
+    """Verify the live generation: every entry and structure, then (``probe_write``) one small write,
+    and any fault the store met earlier.
+
+    Args:
+        live: the store's live generation.
+        states_of: every namespace's state, read in a transaction.
+        probe_write: commit one small write: damage on the write path (the free-page list) shows only there.
+    """
+    start = time.perf_counter()
+    with live.held() as gen:
+        try:
+            with gen.env.begin() as txn:
+                states = states_of(txn, gen)
+        except (lmdb.Error, AttnStoreError) as exc:  # the catalog itself is damaged: nothing to walk by
+            problem = f"the namespace catalog cannot be read ({type(exc).__name__}: {exc}): it is damaged"
+            report = VerifyReport(0, 0, (), 0, time.perf_counter() - start, (problem,))
+        else:
+            report = verify_generation(gen, states)
+    if probe_write and report.ok:
+        report = dataclasses.replace(report, problems=_write_probe(live))
+    fault = live.fault()
+    if fault is not None:  # damage an earlier call met stays damage, even where this walk did not pass
+        report = dataclasses.replace(report, problems=(*report.problems, f"the store failed earlier: {fault}"))
+    return report
+
+
+def _write_probe(live: LiveGeneration) -> tuple[str, ...]:
+    try:
+        with live.write() as (gen, txn):
+            txn.put(META_VERIFIED, struct.pack("<d", time.time()), db=gen.db.meta)
+    except StoreFullError:
+        return ()  # a full disk or map is no damage (writes say so themselves)
+    except AttnStoreError as exc:
+        return (f"a write probe failed ({type(exc).__name__}: {exc})",)
+    return ()
 
 
 def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> VerifyReport:
