@@ -230,8 +230,9 @@ def test_dead_prefetch_thread_turns_health_not_serving_and_is_logged(
                                  metadata=remote.metadata, timeout=10)  # wakes it into the exception
             worker.join(10)
             assert not worker.is_alive()
+            noticed_by = time.monotonic() + 15  # the watchdog's period, with room for a loaded machine
             while remote.health() != "NOT_SERVING":
-                assert time.monotonic() < deadline + 10, "health never turned NOT_SERVING"
+                assert time.monotonic() < noticed_by, "health never turned NOT_SERVING"
                 time.sleep(0.05)
             assert remote.health("attnstore.v1.AttnStore") == "NOT_SERVING"
             # Degraded, not down: calls are still answered while the orchestrator restarts it.
