@@ -248,14 +248,8 @@ class LiveGeneration:
     @contextmanager
     def read(self) -> Iterator[tuple[Generation, lmdb.Transaction[memoryview]]]:
         """A read transaction (zero-copy buffers) on the live generation."""
-        gen = self.acquire()
-        try:
-            with gen.env.begin(buffers=True) as txn:
-                yield gen, txn
-        except lmdb.Error as exc:
-            raise self.translate(exc) from exc
-        finally:
-            gen.release()
+        with self.held() as gen, gen.env.begin(buffers=True) as txn:
+            yield gen, txn
 
     @contextmanager
     def write(self) -> Iterator[tuple[Generation, lmdb.Transaction[bytes]]]:
@@ -269,14 +263,8 @@ class LiveGeneration:
         self.check_writable()
         with self.write_lock:
             self.check_present()
-            gen = self.acquire()
-            try:
-                with gen.env.begin(write=True) as txn:
-                    yield gen, txn
-            except lmdb.Error as exc:
-                raise self.translate(exc) from exc
-            finally:
-                gen.release()
+            with self.held() as gen, gen.env.begin(write=True) as txn:
+                yield gen, txn
 
     def check_writable(self) -> None:
         """Raise ReadOnlyStoreError on a read-only store."""
