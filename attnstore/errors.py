@@ -8,6 +8,21 @@ grpc) are translated into these where they enter our code.
 
 from __future__ import annotations
 
+# Longest piece of a request a message repeats: error details travel in gRPC trailers,
+# whose size is capped, and a client's own input needs no echo in full.
+ECHO_CHARS = 64
+
+
+def shown(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages that name a caller's input.
+
+    A longer repr ends in ``...`` and its full length, so the message still says what was wrong.
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
 
 class AttnStoreError(Exception):
     """Base class of every AttnStore error."""
@@ -30,11 +45,20 @@ class NamespaceNotFoundError(AttnStoreError, KeyError):
 
 
 class NamespaceExistsError(AttnStoreError, FileExistsError):
-    """A namespace of that name already exists with a different fingerprint or layout."""
+    """A namespace of that name already exists with a different fingerprint or layout, or another projector
+    that the request did not ask to replace."""
 
 
 class FingerprintMismatchError(AttnStoreError, ValueError):
     """A request's model fingerprint or layout differs from the namespace's."""
+
+
+class ProjectorChangedError(AttnStoreError, ValueError):
+    """A request was made with a projector version the namespace no longer has (it was replaced).
+
+    Its feature vectors come from the old projector and would be compared with the new one's:
+    fetch the namespace again (its projector and ``projector_version``) and re-project.
+    """
 
 
 class EntryNotFoundError(AttnStoreError, KeyError):
@@ -54,7 +78,12 @@ class StoreFullError(AttnStoreError, OSError):
 
 
 class StorageError(AttnStoreError, OSError):
-    """The store's storage failed under a call (an I/O error, a damaged database); details are in the log."""
+    """The store's storage failed under a call (an I/O error); details are in the log."""
+
+
+class StoreDamagedError(StorageError):
+    """The store's database structure is damaged (LMDB found a page of the wrong kind, or none, or an
+    unreadable record): restore the store from a backup. ``verify`` lists what it can reach."""
 
 
 class CorpusError(AttnStoreError, ValueError):
@@ -74,7 +103,8 @@ class WireFormatError(AttnStoreError, ValueError):
 
 
 class StoreNotFoundError(AttnStoreError, FileNotFoundError):
-    """No map store exists at that path (and it was not asked to be created)."""
+    """No map store exists at that path (and it was not asked to be created), or its directory was
+    removed while the store was open (writes are then refused)."""
 
 
 class StoreOpenError(AttnStoreError, OSError):
@@ -86,7 +116,8 @@ class ReadOnlyStoreError(AttnStoreError, PermissionError):
 
 
 class RequestLimitError(AttnStoreError, ValueError):
-    """A request exceeds a limit of the daemon (queries per call, staged ingest bytes, concurrent streams)."""
+    """A request exceeds a limit of the daemon (queries or ids per call, staged ingest bytes, concurrent
+    streams, the idle time of an Ingest stream)."""
 
 
 class AuthError(AttnStoreError, PermissionError):

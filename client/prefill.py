@@ -1,12 +1,20 @@
-"""One batch through the cache: projection, one lookup, one forward with replay, fallbacks.
+"""One call through the cache: each tier in turn, asked only for the rows that still need it.
 
-Rows the exact tier answers skip the forward (their stored outputs are the
-result). The other rows go through one forward in which map hits replay the
-store's maps, layer by layer as they arrive, and misses compute normally. If a
-hit row's maps cannot be delivered after the forward has started (a row error,
-a bad checksum, the daemon going away, the deadline), the forward is run again
-with that row computed: outputs stay those of the plain model, within the
-fidelity of the hits that did arrive.
+1. Rows with identical tokens are one row: computed once, every copy answered.
+2. The node-local exact tier (``tiers.local_exact``) answers the rows this process saw.
+3. The store's exact tier answers by token hash, a window of rows per call,
+   nothing projected.
+4. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
+   sending for maps; those are projected and searched.
+5. The rows left are batched by length after the lookups: map hits together
+   (their maps stream layer by layer into a forward that skips q/k for every
+   row), the rest together (the plain forward), so no batch is half empty.
+
+A hit whose maps cannot be delivered (a row error, a bad checksum, the daemon
+going away, the deadline) is computed instead and counted as a fallback; the
+outputs stay the plain model's, within the fidelity of the maps that did arrive.
+A store that cannot be reached costs retries within the deadline, then the
+circuit breaker keeps every call away from it for a while.
 """
 
 from __future__ import annotations
@@ -14,53 +22,64 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from functools import partial
+from typing import TypeVar, overload
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
-from attnstore_client.connection import Retrieval, StoreConnection
+from attnstore_client.connection import MapStream, Match, StoreConnection
 from attnstore_client.keys import token_hash
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import CircuitBreaker, RetryPolicy, call_with_retries, cause_of
+from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.local_exact import LocalExactTier
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillSettings:
-    """How batches use the store (see ``AttnCache`` for the user-facing defaults)."""
+    """How calls use the store (see ``AttnCache`` for the user-facing defaults)."""
 
     namespace: str
     max_distance: float  # threshold on the predicted map distance (when not gated)
-    exact: bool  # use the exact tier (stored outputs)
+    exact: bool  # use the exact tiers (node-local and the store's)
     stream: bool  # start replay while maps still arrive
-    timeout: float | None  # deadline of one batch's lookup, arrays included
+    timeout: float | None  # deadline of one store call (an exact window, a search, a hit batch's maps)
     retry: RetryPolicy
     gate: bool = False  # decide map hits with the namespace's fidelity gate instead of max_distance
+    maps: bool = True  # use the map tier (search and replay) at all
+    window: int = 512  # rows per exact-tier call (at most the daemon's --max-queries)
 
 
 @dataclass(slots=True)
-class BatchCounts:
+class CallCounts:
     """Mutable tallies of one call, turned into a ``CacheStats`` at its end."""
 
     rows: int = 0
-    exact_hits: int = 0
+    deduplicated: int = 0  # rows answered by an identical row of the same call
+    local_hits: int = 0  # distinct rows the node-local exact tier answered
+    exact_hits: int = 0  # distinct rows the store's exact tier answered
     map_hits: int = 0
     misses: int = 0
+    skipped: int = 0  # distinct rows the cost model kept from a map lookup (computed)
     fallbacks: dict[str, int] = field(default_factory=dict)
     bytes_fetched: int = 0
     projection_s: float = 0.0
-    lookup_s: float = 0.0
+    lookup_s: float = 0.0  # exact-tier calls and searches, retries included
     fetch_s: float = 0.0
     forward_s: float = 0.0
-    # Per row of every batch, in batch order: "exact", "map", "miss" or "fallback".
+    # Per input row, in input order: "exact", "map", "miss" or "fallback" (a copy takes its original's).
     row_kinds: list[str] = field(default_factory=list)
 
     def fallback(self, cause: str, rows: int) -> None:
@@ -72,37 +91,53 @@ class BatchCounts:
 class _StreamedLayers(Sequence[torch.Tensor]):
     """One hit row's maps for the adapter: layer ``i`` is fetched (and waited for) when the forward reaches it."""
 
-    def __init__(self, retrieval: Retrieval, row: int, layers: int) -> None:
-        self._retrieval = retrieval
+    def __init__(self, stream: MapStream, row: int, layers: int, device: torch.device) -> None:
+        self._stream = stream
         self._row = row
         self._layers = layers
+        self._device = device
 
     def __len__(self) -> int:
         return self._layers
 
     @overload
-    def __getitem__(self, index: int) -> torch.Tensor: ...
-
+    def __getitem__(self, layer: int) -> torch.Tensor: ...
     @overload
-    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
+    def __getitem__(self, layer: slice) -> Sequence[torch.Tensor]: ...
 
-    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
-        if isinstance(index, slice):
-            return [self[layer] for layer in range(self._layers)[index]]
-        return torch.from_numpy(self._retrieval.layer(self._row, index))  # (heads, L', L')
+    def __getitem__(self, layer: int | slice) -> torch.Tensor | Sequence[torch.Tensor]:
+        if isinstance(layer, slice):
+            return [self[i] for i in range(*layer.indices(self._layers))]
+        return to_device(self._stream.layer(self._row, layer), self._device)  # (heads, L', L')
 
 
-class CachedPrefill:
-    """Runs batches of one model against one namespace of a store.
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``array`` as a tensor on ``device``: zero-copy on the CPU; through pinned memory to a GPU."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+class Prefill:
+    """Runs calls of one model against one namespace of a store.
 
     Args:
-        adapter: the model's adapter.
+        adapter: the model's adapter (its model on ``device``).
         connection: the store.
-        fingerprint: the model's fingerprint (equal to the namespace's; checked by the caller).
-        projector: the namespace's projector.
+        fingerprint: the model's fingerprint (checked against the namespace by the caller).
+        projector: the namespace's projector; None while the namespace has none (exact tiers only).
         settings: thresholds, deadlines, retries.
-        breaker: shared by every batch of this client.
+        breaker: shared by every call of this client.
+        local_tier: the node-local exact tier.
+        cost_model: decides which rows are sent for maps.
+        device: where the model runs.
         seed: seed of the retry jitter.
+
+    Attributes:
+        projector_version: the namespace's version of ``projector``; searches state it.
+        reload_namespace: reads the namespace again (its projector, version, threshold and gate)
+            when a search is told its projector was replaced; None leaves that a failed call.
     """
 
     def __init__(
@@ -111,9 +146,12 @@ class CachedPrefill:
         connection: StoreConnection,
         *,
         fingerprint: str,
-        projector: Projector,
+        projector: Projector | None,
         settings: PrefillSettings,
         breaker: CircuitBreaker,
+        local_tier: LocalExactTier,
+        cost_model: CostModel,
+        device: torch.device,
         seed: int = 0,
     ) -> None:
         self.adapter = adapter
@@ -122,131 +160,276 @@ class CachedPrefill:
         self.projector = projector
         self.settings = settings
         self.breaker = breaker
+        self.local_tier = local_tier
+        self.cost_model = cost_model
+        self.device = device
+        self._pad = adapter.loaded.tokenizer.pad_token_id
         self._rng = random.Random(seed)
+        self.projector_version = 0
+        self.reload_namespace: Callable[[], None] | None = None
 
-    def hidden_states(self, batch: Batch, counts: BatchCounts) -> list[torch.Tensor]:
-        """Each row's last hidden states ``(L, hidden)`` fp32, served from the store where it can.
+    def hidden_states(
+        self, rows: Sequence[Sequence[int]], counts: CallCounts, *, batch_size: int, progress: bool = False
+    ) -> list[torch.Tensor]:
+        """Each row's last hidden states ``(L, hidden)`` fp32 on the device, in input order.
 
         Args:
-            batch: right-padded token rows.
+            rows: token id rows (special tokens included), each non-empty.
             counts: tallies of the current call, updated in place.
-
-        Returns:
-            One tensor per row, in batch order.
+            batch_size: rows per forward.
+            progress: a bar over the rows computed.
         """
-        counts.rows += batch.size
-        retrieval = self._retrieve(batch, counts)
-        if retrieval is None:
-            counts.row_kinds.extend(["fallback"] * batch.size)  # counted by cause in _retrieve
-            return self._forward(batch, range(batch.size), counts)
-        try:
-            return self._serve(batch, retrieval, counts)
-        finally:
-            retrieval.close()
-            counts.bytes_fetched += retrieval.bytes_fetched
-            counts.fetch_s += retrieval.fetch_seconds
+        keys = [token_hash(row) for row in rows]
+        first: dict[bytes, int] = {}
+        for index, key in enumerate(keys):
+            first.setdefault(key, index)
+        distinct = list(first.values())
+        counts.rows += len(rows)
+        counts.deduplicated += len(rows) - len(distinct)
+        done: dict[int, torch.Tensor] = {}
+        kinds: dict[int, str] = {}
+        local = self._from_local_tier(distinct, keys, done, kinds) if self.settings.exact else 0
+        counts.local_hits += local
+        pending = [i for i in distinct if i not in done]
+        reachable = bool(pending) and self._store_allowed(pending, kinds, counts)
+        if reachable and self.settings.exact:
+            reachable = self._from_store_exact(pending, rows, keys, done, kinds, counts)
+        rest = [i for i in distinct if i not in done]
+        hits: dict[int, Match] = {}
+        if reachable and self.settings.maps and self.projector is not None and rest:
+            asked = [i for i in rest if i not in kinds and self.cost_model.should_ask(len(rows[i]))]
+            counts.skipped += sum(i not in kinds for i in rest) - len(asked)
+            hits = self._search(asked, rows, kinds, counts, batch_size)
+        with tqdm(total=len(rest), desc="rows", unit="row", disable=not progress) as bar:
+            for batch_rows, batch in self._batches(sorted(hits, key=lambda i: -len(rows[i])), rows, batch_size):
+                self._replay_batch(batch_rows, batch, hits, done, kinds, counts)
+                bar.update(len(batch_rows))
+            computed = [i for i in rest if i not in done]
+            for batch_rows, batch in self._batches(sorted(computed, key=lambda i: -len(rows[i])), rows, batch_size):
+                self._compute_batch(batch_rows, batch, done, counts)
+                bar.update(len(batch_rows))
+        for i in computed:
+            kinds.setdefault(i, "miss")
+            if self.settings.exact:
+                # Only what the plain model computed: replayed rows are within the maps' fidelity, not exact.
+                self.local_tier.put(self._local_key(keys[i]), done[i].cpu().numpy())
+        counts.exact_hits += sum(kinds[i] == "exact" for i in distinct) - local
+        counts.map_hits += sum(kinds[i] == "map" for i in distinct)
+        counts.misses += sum(kinds[i] == "miss" for i in distinct)
+        counts.row_kinds.extend(kinds[first[key]] for key in keys)
+        return [done[first[key]] for key in keys]
 
-    def _retrieve(self, batch: Batch, counts: BatchCounts) -> Retrieval | None:
-        """Project and look the batch up; None when every row must be computed (counted)."""
-        if not self.breaker.allow():
-            counts.fallback("circuit_open", batch.size)
-            return None
-        start = time.perf_counter()
-        features = self.projector.project(self.adapter.feature_source(batch))  # (B, d)
-        hashes = [token_hash(batch.row_ids(row)) for row in range(batch.size)]
-        looked_up = time.perf_counter()
-        counts.projection_s += looked_up - start
-        settings = self.settings
-        request = LookupBatch(
-            settings.namespace, self.fingerprint, features, batch.lengths,
-            token_hashes=hashes if settings.exact else None,
-            token_ids=[batch.row_ids(row) for row in range(batch.size)] if settings.gate else None,
-            max_distance=settings.max_distance, gate=settings.gate,
+    # ---- the tiers ------------------------------------------------------------
+
+    def _local_key(self, key: bytes) -> bytes:
+        return self.fingerprint.encode() + key
+
+    def _from_local_tier(
+        self, rows: list[int], keys: list[bytes], done: dict[int, torch.Tensor], kinds: dict[int, str]
+    ) -> int:
+        """Answer what the node-local exact tier holds; returns how many rows it answered."""
+        answered = 0
+        for i in rows:
+            outputs = self.local_tier.get(self._local_key(keys[i]))
+            if outputs is not None:
+                done[i] = to_device(outputs, self.device).float()  # (L, hidden)
+                kinds[i] = "exact"
+                answered += 1
+        return answered
+
+    def _store_allowed(self, rows: list[int], kinds: dict[int, str], counts: CallCounts) -> bool:
+        """Whether the store may be asked now; if not, ``rows`` are computed as fallbacks."""
+        if self.breaker.allow():
+            return True
+        counts.fallback("circuit_open", len(rows))
+        kinds.update({i: "fallback" for i in rows})
+        return False
+
+    def _from_store_exact(
+        self, rows: list[int], tokens: Sequence[Sequence[int]], keys: list[bytes], done: dict[int, torch.Tensor],
+        kinds: dict[int, str], counts: CallCounts,
+    ) -> bool:
+        """Ask the store's exact tier a window at a time; False (rows counted as fallbacks) when it failed."""
+        for start in range(0, len(rows), self.settings.window):
+            window = rows[start : start + self.settings.window]
+            lengths = [len(tokens[i]) for i in window]
+            found = self._call(partial(self._exact, [keys[i] for i in window], lengths), rows[start:], kinds, counts)
+            if found is None:
+                return False
+            for position, outputs in found.items():
+                i = window[position]
+                counts.bytes_fetched += outputs.nbytes
+                done[i] = to_device(outputs, self.device).float()  # (L, hidden)
+                kinds[i] = "exact"
+                self.local_tier.put(self._local_key(keys[i]), outputs)
+        return True
+
+    def _search(
+        self, rows: list[int], tokens: Sequence[Sequence[int]], kinds: dict[int, str], counts: CallCounts,
+        batch_size: int,
+    ) -> dict[int, Match]:
+        """Project and search ``rows`` a batch at a time; the map hits by row."""
+        assert self.projector is not None  # the caller checked: no map tier without one
+        hits: dict[int, Match] = {}
+        ordered = sorted(rows, key=lambda i: -len(tokens[i]))
+        for start in range(0, len(ordered), batch_size):
+            chunk = ordered[start : start + batch_size]
+            started = time.perf_counter()
+            batch = self._batch([tokens[i] for i in chunk])
+            features = self.projector.project(self.adapter.feature_source(batch))  # (B, d)
+            projected = time.perf_counter()
+            counts.projection_s += projected - started
+            chunk_tokens = [tokens[i] for i in chunk]
+            request = self._search_request(features, batch, chunk_tokens)
+            matches = self._call(partial(self._searched, request, batch, chunk_tokens), ordered[start:], kinds, counts)
+            if matches is None:
+                break
+            found = {i: m for i, m in zip(chunk, matches, strict=True) if m.kind == "map" and m.entry_id is not None}
+            hits.update(found)
+            seconds = time.perf_counter() - started
+            for length, group in _by_band([len(tokens[i]) for i in chunk]).items():
+                group_hits = sum(chunk[k] in found for k in group)
+                self.cost_model.record_lookup(length, len(group), group_hits, seconds * len(group) / len(chunk))
+        return hits
+
+    def _exact(self, hashes: list[bytes], lengths: list[int], remaining: float | None) -> dict[int, np.ndarray]:
+        return self.connection.exact(self.settings.namespace, self.fingerprint, hashes, lengths, timeout=remaining)
+
+    def _search_request(self, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]]) -> LookupBatch:
+        return LookupBatch(
+            self.settings.namespace, self.fingerprint, features, batch.lengths,
+            token_ids=tokens if self.settings.gate else None,
+            max_distance=self.settings.max_distance, gate=self.settings.gate, projector_version=self.projector_version,
         )
+
+    def _searched(
+        self, request: LookupBatch, batch: Batch, tokens: list[Sequence[int]], remaining: float | None
+    ) -> list[Match]:
+        """Search ``request``; when the namespace's projector was replaced meanwhile, load the new one and
+        search again with the batch projected by it (the store is fine: the breaker is not told)."""
         try:
-            return call_with_retries(
-                lambda remaining: self.connection.lookup(request, timeout=remaining),
-                settings.retry,
-                timeout=settings.timeout,
-                rng=self._rng,
+            return self.connection.search(request, timeout=remaining)
+        except ProjectorChangedError as exc:
+            if self.reload_namespace is None:
+                raise
+            log.warning("namespace %r: its projector was replaced, following it (%s)", self.settings.namespace, exc)
+            self.reload_namespace()
+            assert self.projector is not None  # a replaced projector is a projector
+            features = self.projector.project(self.adapter.feature_source(batch))  # (B, d)
+            return self.connection.search(self._search_request(features, batch, tokens), timeout=remaining)
+
+    def _call(
+        self, call: Callable[[float | None], T], rows: list[int], kinds: dict[int, str], counts: CallCounts
+    ) -> T | None:
+        """A store call with retries; None (``rows`` counted as fallbacks, the breaker told) when it failed."""
+        started = time.perf_counter()
+        try:
+            result = call_with_retries(call, self.settings.retry, timeout=self.settings.timeout, rng=self._rng)
+        except AttnStoreError as exc:
+            log.warning("store call failed, computing %d rows: %s", len(rows), exc)
+            self.breaker.record_failure()
+            unanswered = [i for i in rows if i not in kinds]
+            counts.fallback(cause_of(exc), len(unanswered))
+            kinds.update({i: "fallback" for i in unanswered})
+            return None
+        finally:
+            counts.lookup_s += time.perf_counter() - started
+        self.breaker.record_success()
+        return result
+
+    # ---- forwards -------------------------------------------------------------
+
+    def _batch(self, rows: Sequence[Sequence[int]]) -> Batch:
+        return batch_from_ids(rows, self._pad).to(self.device)
+
+    def _batches(
+        self, ordered: list[int], tokens: Sequence[Sequence[int]], batch_size: int
+    ) -> Iterator[tuple[list[int], Batch]]:
+        for start in range(0, len(ordered), batch_size):
+            chunk = ordered[start : start + batch_size]
+            yield chunk, self._batch([tokens[i] for i in chunk])
+
+    def _compute_batch(self, rows: list[int], batch: Batch, done: dict[int, torch.Tensor], counts: CallCounts) -> None:
+        started = time.perf_counter()
+        out = self.adapter.forward(batch)  # (B, P, hidden)
+        seconds = time.perf_counter() - started
+        counts.forward_s += seconds
+        self._record_forward(batch, seconds, replayed=False)
+        for position, i in enumerate(rows):
+            done[i] = out[position, : batch.lengths[position]]  # (L, hidden)
+
+    def _record_forward(self, batch: Batch, seconds: float, *, replayed: bool) -> None:
+        """Every row of a batch took the batch's time per row (it ran padded to the longest)."""
+        for length, group in _by_band(batch.lengths).items():
+            self.cost_model.record_forward(length, len(group), seconds * len(group) / batch.size, replayed=replayed)
+
+    def _replay_batch(
+        self, rows: list[int], batch: Batch, hits: dict[int, Match], done: dict[int, torch.Tensor],
+        kinds: dict[int, str], counts: CallCounts,
+    ) -> None:
+        """One forward of map hits replaying their entries' maps; rows whose maps fail are computed in it."""
+        started = time.perf_counter()
+        entries = [(int(hits[i].entry_id or 0), batch.lengths[position]) for position, i in enumerate(rows)]
+        try:
+            stream = self.connection.fetch_maps(
+                self.settings.namespace, self.fingerprint, entries, timeout=self.settings.timeout
             )
         except AttnStoreError as exc:
-            log.warning("store lookup failed, computing %d rows: %s", batch.size, exc)
+            log.warning("maps of %d hits could not be fetched, computing them: %s", len(rows), exc)
             self.breaker.record_failure()
-            counts.fallback(cause_of(exc), batch.size)
-            return None
+            counts.fallback(cause_of(exc), len(rows))
+            kinds.update({i: "fallback" for i in rows})
+            self._compute_batch(rows, batch, done, counts)
+            return
+        failed: dict[int, str] = {}
+        try:
+            if not self.settings.stream:
+                stream.wait()
+            out = self._forward_replaying(batch, stream, failed)  # (B, P, hidden)
         finally:
-            counts.lookup_s += time.perf_counter() - looked_up
-
-    def _serve(self, batch: Batch, retrieval: Retrieval, counts: BatchCounts) -> list[torch.Tensor]:
-        """The batch from a lookup's answer: exact rows' outputs, one forward for the rest (map rows replaying)."""
-        exact = {
-            row: torch.from_numpy(np.asarray(outputs, dtype=np.float32)) for row, outputs in retrieval.outputs.items()
-        }
-        rest = [row for row in range(batch.size) if row not in exact]
-        if rest and not self.settings.stream:
-            retrieval.wait()
-        # Exact rows whose outputs did not arrive (the stream broke before them) are computed.
-        lost = "bad_data" if retrieval.outage is None else cause_of(retrieval.outage)
-        failed: dict[int, str] = {row: lost for row in rest if retrieval.matches[row].kind == "exact"}
-        hits = [row for row in retrieval.map_rows if row in rest]
-        computed = self._forward(batch, rest, counts, retrieval, hits, failed) if rest else []
+            stream.close()
+            counts.bytes_fetched += stream.bytes_fetched
+            counts.fetch_s += stream.fetch_seconds
+        seconds = time.perf_counter() - started
+        counts.forward_s += seconds
+        if stream.outage is not None:
+            self.breaker.record_failure()
+        elif not failed:
+            self._record_forward(batch, seconds, replayed=True)
+        for position, i in enumerate(rows):
+            done[i] = out[position, : batch.lengths[position]]  # (L, hidden)
+            kinds[i] = "fallback" if position in failed else "map"
         for cause in failed.values():
             counts.fallback(cause, 1)
-        kinds = []
-        for row in range(batch.size):
-            kind = "exact" if row in exact else "fallback" if row in failed else "map" if row in hits else "miss"
-            kinds.append(kind)
-        counts.row_kinds.extend(kinds)
-        counts.exact_hits += kinds.count("exact")
-        counts.map_hits += kinds.count("map")
-        counts.misses += kinds.count("miss")
-        if retrieval.outage is None:
-            self.breaker.record_success()
-        else:
-            self.breaker.record_failure()
-        by_row = dict(zip(rest, computed, strict=True))
-        return [exact[row] if row in exact else by_row[row] for row in range(batch.size)]
 
-    def _forward(
-        self,
-        batch: Batch,
-        rows: Sequence[int],
-        counts: BatchCounts,
-        retrieval: Retrieval | None = None,
-        hits: Sequence[int] = (),
-        failed: dict[int, str] | None = None,
-    ) -> list[torch.Tensor]:
-        """Last hidden states ``(L, hidden)`` of ``rows`` in one forward; ``hits`` replay ``retrieval``'s maps.
+    def _forward_replaying(self, batch: Batch, stream: MapStream, failed: dict[int, str]) -> torch.Tensor:
+        """The forward with every row replaying from ``stream``, less those whose maps fail (added to ``failed``).
 
-        A hit whose maps cannot be delivered is added to ``failed`` with its cause
-        and computed instead: when its maps stop coming mid-forward, the forward
-        runs again without it (each rerun drops at least one row, so there are at
-        most ``len(hits)`` of them).
+        Each rerun after a row's maps stopped mid-forward drops at least that row,
+        so there are at most ``batch.size`` reruns.
         """
-        failed = {} if failed is None else failed
-        sub = batch if len(rows) == batch.size else batch_from_ids(
-            [batch.row_ids(row).tolist() for row in rows], self.adapter.loaded.tokenizer.pad_token_id
-        )
-        start = time.perf_counter()
-        try:
-            for _ in range(len(hits) + 1):
-                if retrieval is not None:
-                    failed.update({row: cause for row, cause in retrieval.failed().items() if row in hits})
-                replay = {
-                    position: _StreamedLayers(retrieval, row, self.adapter.num_layers)
-                    for position, row in enumerate(rows)
-                    if retrieval is not None and row in hits and row not in failed
-                }
-                try:
-                    out = self.adapter.forward(sub, replay)  # (len(rows), P, hidden)
-                    break
-                except MapsUnavailableError as exc:
-                    # Let the stream settle, then run again with every failed row computed.
-                    log.warning("replay of row %d interrupted (%s); running the batch again", exc.row, exc.cause)
-                    failed.setdefault(exc.row, exc.cause)
-                    if retrieval is not None:
-                        retrieval.wait()
-        finally:
-            counts.forward_s += time.perf_counter() - start
-        return [out[i, : batch.lengths[row]] for i, row in enumerate(rows)]  # (L, hidden) each
+        for _ in range(batch.size + 1):
+            failed.update(stream.failed())
+            replay = {
+                row: _StreamedLayers(stream, row, self.adapter.num_layers, self.device)
+                for row in range(batch.size)
+                if row not in failed
+            }
+            try:
+                return self.adapter.forward(batch, replay)  # (B, P, hidden)
+            except MapsUnavailableError as exc:
+                # Let the stream settle, then run again with every failed row computed.
+                log.warning("replay of row %d interrupted (%s); running the batch again", exc.row, exc.cause)
+                failed.setdefault(exc.row, exc.cause)
+                stream.wait()
+        raise AssertionError("a replaying forward kept failing with no row left to drop")  # each pass drops one
+
+
+def _by_band(lengths: Sequence[int]) -> dict[int, list[int]]:
+    """Positions of ``lengths`` grouped by the cost model's length band, keyed by a length of the band."""
+    groups: dict[int, list[int]] = {}
+    first: dict[int, int] = {}
+    for position, length in enumerate(lengths):
+        band = CostModel.band_of(length)
+        groups.setdefault(first.setdefault(band, length), []).append(position)
+    return groups

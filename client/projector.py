@@ -197,7 +197,7 @@ class Projector(nn.Module):
             vectors = self(self.pool(sources))  # (n, dim)
         finally:
             self.train(was_training)
-        return vectors.numpy().astype(np.float32, copy=False)
+        return vectors.cpu().numpy().astype(np.float32, copy=False)
 
     @torch.no_grad()
     def scale_output(self, factor: float) -> None:

@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from attnstore_client.resilience import FALLBACK_CAUSES
+from attnstore_client.tiers.cost_model import BandEstimate
 
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
     """Counts and times of one call (``AttnCache.last_stats``) or of all calls (``AttnCache.stats``).
 
-    Every row is exactly one of: an exact hit (stored outputs, no forward), a map
-    hit (replayed maps), a miss (the store had nothing close enough) or a
-    fallback (the store should have served it but could not: ``fallbacks`` says
-    why). Misses and fallbacks are computed by the plain model.
+    Every distinct row of a call (rows with identical tokens are one row, computed
+    once: ``deduplicated`` counts the copies) is exactly one of: an exact hit
+    (stored outputs, no forward; ``local_hits`` of them from this process's own
+    exact tier), a map hit (replayed maps), a miss (the store had nothing close
+    enough, or the cost model did not ask it: ``skipped``) or a fallback (the store
+    should have served it but could not: ``fallbacks`` says why). Misses and
+    fallbacks are computed by the plain model. ``estimates`` is the cost model's
+    view after the call, per length band.
 
     Times are wall seconds. ``fetch_s`` is the time spent receiving arrays; when
     maps stream into a running forward it overlaps ``forward_s``, so the parts
     may add up to more than ``total_s``.
     """
 
-    rows: int = 0
-    exact_hits: int = 0
+    rows: int = 0  # input rows, copies included
+    deduplicated: int = 0  # rows answered by an identical row of the same call
+    exact_hits: int = 0  # distinct rows answered by stored outputs, ``local_hits`` included
+    local_hits: int = 0  # ... of which this process's node-local exact tier answered
     map_hits: int = 0
     misses: int = 0
+    skipped: int = 0  # misses the cost model did not send for maps (a lookup would not have paid)
     fallbacks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cause -> rows
     bytes_fetched: int = 0  # maps and outputs received
     projection_s: float = 0.0  # feature sources and the projector
@@ -34,6 +43,7 @@ class CacheStats:
     fetch_s: float = 0.0  # receiving maps and outputs
     forward_s: float = 0.0  # the model's forward passes (reruns after a failed stream included)
     total_s: float = 0.0  # the whole call
+    estimates: tuple[BandEstimate, ...] = ()  # the cost model after the (latest) call
 
     @property
     def fallback_rows(self) -> int:
@@ -42,22 +52,30 @@ class CacheStats:
 
     @property
     def hit_rate(self) -> float:
-        """Share of rows served from the store (exact and map hits); 0 for no rows."""
-        return (self.exact_hits + self.map_hits) / self.rows if self.rows else 0.0
+        """Share of distinct rows served without their full forward (exact and map hits); 0 for no rows."""
+        distinct = self.rows - self.deduplicated
+        return (self.exact_hits + self.map_hits) / distinct if distinct else 0.0
 
     def __add__(self, other: CacheStats) -> CacheStats:
         """Both calls' counts and times together."""
         merged = {
-            f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "fallbacks"
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name not in ("fallbacks", "estimates")
         }
         causes = {cause: self.fallbacks.get(cause, 0) + other.fallbacks.get(cause, 0) for cause in FALLBACK_CAUSES}
-        return CacheStats(**merged, fallbacks=MappingProxyType({c: n for c, n in causes.items() if n}))
+        return CacheStats(
+            **merged,
+            fallbacks=MappingProxyType({c: n for c, n in causes.items() if n}),
+            estimates=other.estimates or self.estimates,
+        )
 
     def summary(self) -> str:
         """One human line, for the CLI."""
         fallbacks = ", ".join(f"{cause} {n}" for cause, n in sorted(self.fallbacks.items())) or "none"
         return (
-            f"{self.rows} rows: {self.exact_hits} exact hits, {self.map_hits} map hits, {self.misses} misses, "
+            f"{self.rows} rows ({self.deduplicated} repeats): {self.exact_hits} exact hits ({self.local_hits} local), "
+            f"{self.map_hits} map hits, {self.misses} misses ({self.skipped} not looked up), "
             f"fallbacks: {fallbacks}; hit rate {self.hit_rate:.1%}; {self.bytes_fetched / 2**20:.1f} MiB fetched; "
             f"time {self.total_s:.2f} s (projection {self.projection_s:.2f}, lookup {self.lookup_s:.2f}, "
             f"fetch {self.fetch_s:.2f}, forward {self.forward_s:.2f})"
@@ -67,5 +85,6 @@ class CacheStats:
         """A JSON-ready dict of every field and the derived rates."""
         data: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         data["fallbacks"] = dict(self.fallbacks)
+        data["estimates"] = [dataclasses.asdict(estimate) for estimate in self.estimates]
         data["hit_rate"] = self.hit_rate
         return data

@@ -48,3 +48,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.pem", "-days", "1", "-extfile", "san.cnf", cwd=d)
     return d
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """A directory on its own 24 MiB tmpfs: a disk that really fills up (ENOSPC). Needs root (CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root: the real full-disk tests run in CI, which runs as root")
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        # Lazy: a daemon a failed test left running must not keep the mount (and the next run's test) hostage.
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+

@@ -32,6 +32,7 @@ class DaemonProcess(ServeProcess):
         workdir: where the ready file, the log and the token file go.
         tokens: serve with the test token file (admin and read tokens above).
         extra_args: more ``serve`` arguments.
+        port: the loopback port (0: a free one).
         client_options: RemoteStore options every client of it needs (TLS roots, client certificate).
     """
 
@@ -42,13 +43,14 @@ class DaemonProcess(ServeProcess):
         *,
         tokens: bool = True,
         extra_args: tuple[str, ...] = (),
+        port: int = 0,
         client_options: dict[str, object] | None = None,
     ) -> None:
         self.token_file = write_token_file(workdir / "tokens.txt") if tokens else None
         args = ["--metrics-port", "0", "--grace", "1", *extra_args]
         if self.token_file is not None:
             args += ["--token-file", str(self.token_file)]
-        super().__init__(store, workdir, args=args, client_options=client_options)
+        super().__init__(store, workdir, args=args, port=port, client_options=client_options)
 
     def client(self, token: str | None = ADMIN_TOKEN, **options: object) -> RemoteStore:
         """A RemoteStore on the daemon (admin token by default)."""

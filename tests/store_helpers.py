@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 import numpy as np
 import safetensors.numpy
@@ -58,3 +60,21 @@ def make_entry(
 def projector_blob(tag: str = "p") -> bytes:
     """A small valid safetensors blob standing in for a projector (``tag`` goes into its metadata)."""
     return safetensors.numpy.save({"w": np.zeros(2, np.float32)}, metadata={"tag": tag})
+
+
+def fill_disk(directory: Path, *, leave: int = 0) -> Path:
+    """Fill ``directory``'s filesystem until at most ``leave`` bytes are free; returns the filler file."""
+    filler = directory / "filler"
+    with filler.open("wb") as f:
+        block = b"\xff" * (1 << 20)
+        try:
+            while True:
+                st = os.statvfs(directory)
+                free = st.f_bavail * st.f_frsize
+                if free <= leave:
+                    break
+                f.write(block[: max(1, min(len(block), free - leave))])
+                f.flush()
+        except OSError:
+            pass  # ENOSPC: as full as it gets
+    return filler

@@ -4,18 +4,21 @@
 ``delete`` and ``ingest`` (admin token). ``ingest`` copies one namespace of a
 local map store (built offline by ``attnstore build``) into the daemon, in
 streams of ``--batch-entries`` entries, each committed on its own. Every command
-prints a table; ``--json PATH`` also writes the answer as JSON ('-' for stdout).
-The token comes from ``--token``, ``--token-file`` or ``$ATTNSTORE_TOKEN``.
+prints a table; ``--json PATH`` also writes the answer as JSON (``-``: the JSON
+alone on stdout, the table on stderr). ``--target`` takes grpc://HOST:PORT,
+grpcs://HOST:PORT (TLS) or HOST:PORT (TLS when --tls-ca is given). The token
+comes from ``--token``, ``--token-file`` or ``$ATTNSTORE_TOKEN``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,8 @@ from google.protobuf.json_format import MessageToDict
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
-from attnstore.protocol.remote import DEFAULT_TARGET, RemoteStore
+from attnstore.protocol.remote import DEFAULT_TARGET, TARGET_FORMS, RemoteStore
+from attnstore_tools.arguments import DefaultsHelpFormatter
 
 TOKEN_ENV = "ATTNSTORE_TOKEN"
 
@@ -34,21 +38,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
 
     def add(name: str, help_text: str, func: Any) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        p.add_argument("--target", default=DEFAULT_TARGET, help="daemon HOST:PORT")
+        p = sub.add_parser(name, help=help_text, formatter_class=DefaultsHelpFormatter)
+        p.add_argument("--target", default=DEFAULT_TARGET, help=f"the daemon: {TARGET_FORMS}")
         p.add_argument("--token", help=f"bearer token (prefer --token-file or ${TOKEN_ENV}: argv is visible to ps)")
         p.add_argument("--token-file", type=Path, help="file with the token, or the daemon's 'role token' file")
         p.add_argument("--tls-ca", type=Path, help="CA certificate of the daemon (PEM); enables TLS")
         p.add_argument("--tls-cert", type=Path, help="client certificate (mTLS)")
         p.add_argument("--tls-key", type=Path, help="client key (mTLS)")
         p.add_argument("--timeout", type=float, default=600.0, help="deadline of each call, seconds")
-        p.add_argument("--json", dest="json_path", help="also write the answer as JSON to this path ('-': stdout)")
-        p.set_defaults(func=func)
+        p.add_argument(
+            "--json", dest="json_path",
+            help="also write the answer as JSON to this path ('-': stdout, the table to stderr)",
+        )
+        p.set_defaults(func=_json_alone_on_stdout(func))
         return p
 
     add("namespaces", "list namespaces", _namespaces)
     add("stats", "entries, bytes per length bucket, DRAM tier", _stats)
-    add("verify", "check every stored chunk (exit 1 when any entry is corrupt)", _verify)
+    add("verify", "check every stored chunk and the database structure (exit 1 on any damage)", _verify)
     add("compact", "rewrite the store densely and rebuild the indexes", _compact)
     delete = add("delete", "delete entries by id", _delete)
     delete.add_argument("--namespace", required=True)
@@ -58,13 +65,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ingest.add_argument("--namespace", required=True, help="namespace to copy")
     ingest.add_argument("--as", dest="target_namespace", help="name on the daemon (default: the same)")
     ingest.add_argument("--batch-entries", type=int, default=64, help="entries per Ingest stream (one commit each)")
+    ingest.add_argument(
+        "--replace-projector", action="store_true",
+        help="replace the daemon namespace's different projector with this store's: its stored feature vectors are"
+        " dropped (exact hits go on; map hits return as entries are ingested again) and clients follow the new one",
+    )
 
 
-def read_token(args: argparse.Namespace) -> str | None:
-    """The token from --token, --token-file (an admin line preferred) or the environment.
+def _json_alone_on_stdout(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``func`` with its tables sent to stderr when ``--json -`` claims stdout, so stdout parses as JSON."""
+
+    def run(args: argparse.Namespace) -> int:
+        if args.json_path != "-":
+            return func(args)
+        args.json_stream = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return func(args)
+
+    return run
+
+
+def read_token(args: argparse.Namespace, *, client: bool = False) -> str | None:
+    """The token from --token, --token-file or the environment.
+
+    Args:
+        args: parsed arguments with ``token`` and ``token_file``.
+        client: an inference client's token: a token file holding an admin token
+            is refused (a node needs a read token, and the admin token should not
+            sit on it). Otherwise an admin line is preferred.
 
     Raises:
-        ConfigError: the token file cannot be read or holds no token.
+        ConfigError: the token file cannot be read, holds no token, or (``client``) holds an admin token.
     """
     if args.token:
         return args.token
@@ -83,6 +114,11 @@ def read_token(args: argparse.Namespace) -> str | None:
             tokens.append((fields[0], fields[1]))
     if not tokens:
         raise ConfigError(f"token file {args.token_file} holds no token")
+    if client and any(role == "admin" for role, _ in tokens):
+        raise ConfigError(
+            f"token file {args.token_file} holds an admin token: a client needs only a read token; give it a file"
+            " with the read token alone (not the daemon's token file)"
+        )
     return next((t for role, t in tokens if role == "admin"), tokens[0][1])
 
 
@@ -111,7 +147,7 @@ def _write_json(args: argparse.Namespace, data: Any) -> None:
         return
     text = json.dumps(data, indent=2, sort_keys=True)
     if args.json_path == "-":
-        print(text)
+        print(text, file=args.json_stream)
     else:
         Path(args.json_path).write_text(text + "\n", encoding="utf-8")
 
@@ -168,8 +204,11 @@ def _verify(args: argparse.Namespace) -> int:
     if report.corrupt:
         print()
         _table(["namespace", "entry", "reason"], [(c.namespace, c.entry_id, c.reason) for c in report.corrupt])
+    if report.store_problems:
+        print()
+        _table(["store problem"], [(problem,) for problem in report.store_problems])
     _write_json(args, _as_dict(report))
-    return 1 if report.corrupt else 0
+    return 1 if report.corrupt or report.store_problems else 0
 
 
 def _compact(args: argparse.Namespace) -> int:
@@ -224,11 +263,14 @@ def _ingest(args: argparse.Namespace) -> int:
     with MapStore.open(args.from_store, readonly=True, dram_bytes=0) as store, _connect(args) as remote:
         info = store.get_namespace(args.namespace)
         layout: NamespaceLayout = info.layout
-        remote.create_namespace(
-            name, model=info.model, fingerprint=info.fingerprint, layout=layout, projector=info.projector
+        target = remote.create_namespace(
+            name, model=info.model, fingerprint=info.fingerprint, layout=layout, projector=info.projector,
+            replace_projector=args.replace_projector,
         )
+        # Stated on every stream: a projector replaced meanwhile fails the copy instead of mixing features.
+        version = target.projector_version if info.projector is not None else 0
         for batch in _batches(_local_entries(store, args.namespace), args.batch_entries):
-            summary = remote.ingest(name, info.fingerprint, batch, timeout=args.timeout)
+            summary = remote.ingest(name, info.fingerprint, batch, timeout=args.timeout, projector_version=version)
             totals["entries"] += summary.entries
             totals["duplicates"] += summary.duplicates
             totals["bytes"] += summary.bytes

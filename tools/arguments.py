@@ -4,6 +4,34 @@ from __future__ import annotations
 
 import argparse
 
+from attnstore.protocol.remote import split_target
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help, unless it has no default or its help already names one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def store_url(text: str, *, tls: bool) -> str:
+    """A client's store URL from ``--store``: a bare HOST:PORT becomes grpc:// (grpcs:// when ``tls``).
+
+    ``local:PATH``, ``grpc://`` and ``grpcs://`` URLs are returned as they are.
+
+    Raises:
+        ConfigError: a ``scheme://`` other than grpc and grpcs.
+    """
+    if text.startswith("local:"):
+        return text
+    address, scheme_tls = split_target(text)
+    if scheme_tls is None:
+        return f"grpcs://{address}" if tls else f"grpc://{address}"
+    return text
+
 
 def documented_parser(
     subparsers: argparse._SubParsersAction, name: str, doc: str | None, *, summary: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging level (default: WARNING)",
     )
+    parser.add_argument("--version", action="version", version=f"attnstore {importlib.metadata.version('attnstore')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMANDS:
         importlib.import_module(f"attnstore_tools.{module}").register(sub)

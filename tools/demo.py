@@ -142,6 +142,7 @@ def _compare(loaded, store: Path, queries: list[str], scores: np.ndarray, args: 
             started = time.perf_counter()
             plain = _plain_encode(cache, queries, args.batch_size)
             plain_times.append(time.perf_counter() - started)
+            cache.local_tier.clear()  # each round as a fresh process would see it: only the store knows the corpus
             cached = cache.encode(queries, batch_size=args.batch_size, show_progress_bar=show)
             runs.append(cache.last_stats)
     plain_s, stats = min(plain_times), min(runs, key=lambda run: run.total_s)
@@ -163,19 +164,25 @@ def _compare(loaded, store: Path, queries: list[str], scores: np.ndarray, args: 
 
 
 def _plain_encode(cache, texts: list[str], batch_size: int) -> np.ndarray:
-    """The plain model's embeddings, batched as ``encode`` batches (longest first), no store."""
+    """The model without a store: sentence-transformers' own ``encode`` where the model has a
+    configuration for it, else its plain forward batched as ``encode`` batches (longest first)."""
     from attnstore_client.batch import batch_from_ids
 
-    tokenizer = cache.loaded.tokenizer
-    ids = tokenizer(texts, truncation=True, max_length=cache.max_length)["input_ids"]
+    pipeline = cache.loaded.sentence_transformer
+    if pipeline is not None:
+        return pipeline.encode(texts, batch_size=batch_size, show_progress_bar=False)
+    ids, _ = cache.head.tokenize(texts, None)
     order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
-    out = np.empty((len(texts), cache.adapter.hidden_size), dtype=np.float32)
+    out = np.empty((len(texts), 0), dtype=np.float32)
     for begin in range(0, len(order), batch_size):
         chosen = order[begin : begin + batch_size]
-        batch = batch_from_ids([ids[i] for i in chosen], tokenizer.pad_token_id)
+        batch = batch_from_ids([ids[i] for i in chosen], cache.loaded.tokenizer.pad_token_id)
         hidden = cache.adapter.forward(batch)  # (B, P, hidden)
-        for row, i in enumerate(chosen):
-            out[i] = hidden[row, : batch.lengths[row]].mean(dim=0).numpy()
+        rows = [hidden[row, : batch.lengths[row]] for row in range(len(chosen))]
+        pooled = cache.head.embed(rows, 0).float().numpy()  # (B, dim)
+        if out.shape[1] == 0:
+            out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32)
+        out[chosen] = pooled
     return out
 
 

@@ -1,7 +1,8 @@
 """``attnstore encode``: sentence embeddings of a file's texts through the cache, saved as .npy.
 
 Reads the texts (.txt one per line, .tsv with --column, .jsonl), encodes them
-with ``AttnCache`` against a daemon (``grpc://HOST:PORT``) or an embedded store
+with ``AttnCache`` against a daemon (``grpc://HOST:PORT``, ``grpcs://HOST:PORT``,
+or ``HOST:PORT``: TLS when --tls-ca is given) or an embedded store
 (``local:PATH``), writes an ``(n, hidden)`` float32 array in input order, and
 prints where each row's result came from and where the time went.
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore_tools.admin import TOKEN_ENV, read_token
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, store_url
 from attnstore_tools.corpus import read_texts
 from attnstore_tools.output import write_json
 
@@ -28,12 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         summary="encode a file's texts through the cache; write .npy and print the hit stats",
     )
     parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
-    parser.add_argument("--store", required=True, help="grpc://HOST:PORT, grpcs://HOST:PORT or local:PATH")
+    parser.add_argument(
+        "--store", required=True,
+        help="grpc://HOST:PORT, grpcs://HOST:PORT, HOST:PORT (TLS with --tls-ca) or local:PATH",
+    )
     parser.add_argument("--input", required=True, type=Path, help=".txt (one per line), .tsv or .jsonl")
     parser.add_argument("--column", help="text column of a .tsv input, or field of a .jsonl one")
     parser.add_argument("--output", required=True, type=Path, help="where to write the (n, hidden) float32 .npy")
     parser.add_argument("--namespace", default="default", help="namespace built for the model (default: default)")
-    parser.add_argument("--token-file", type=Path, help="file with the daemon's token (a read token suffices)")
+    parser.add_argument(
+        "--token-file", type=Path, help="file with a read token (one holding an admin token is refused)"
+    )
     parser.add_argument("--token", help=f"bearer token (prefer --token-file or ${TOKEN_ENV}: argv is visible to ps)")
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) of a grpcs:// daemon")
     parser.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM), for a daemon requiring mTLS")
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from attnstore_client.cache import AttnCache
 
     options = {} if args.max_distance is None else {"max_distance": args.max_distance}
-    with AttnCache(args.model, args.store, namespace=args.namespace, token=read_token(args), tls_ca=args.tls_ca,
+    store = store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None)
+    with AttnCache(args.model, store, namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
                    client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, **options) as cache:
         embeddings = cache.encode(texts, batch_size=args.batch_size, show_progress_bar=not args.no_progress,
                                   normalize_embeddings=args.normalize)

@@ -33,6 +33,7 @@ class ServeProcess:
         store: map store folder (created if missing).
         workdir: where the ready file (``daemon-ready.json``) and the log (``daemon.log``) go.
         args: more ``serve`` arguments (token file, caps, TLS files, ...).
+        port: the loopback port to listen on; 0 (the default) takes a free one.
         client_options: ``RemoteStore`` options every client of it needs (TLS roots, client certificate);
             the health check at start uses them too.
     """
@@ -43,6 +44,7 @@ class ServeProcess:
         workdir: Path,
         *,
         args: Sequence[str] = (),
+        port: int = 0,
         client_options: Mapping[str, object] | None = None,
     ) -> None:
         self.store = store
@@ -51,7 +53,8 @@ class ServeProcess:
         self._args = tuple(args)
         self._client_options: dict[str, Any] = dict(client_options or {})
         self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        self._listen_port = port
+        self.port = port
         self.metrics_port: int | None = None
 
     @property
@@ -73,7 +76,8 @@ class ServeProcess:
     def _command(self) -> list[str]:
         return [
             sys.executable, "-m", "attnstore_tools.cli", "serve",
-            "--store", str(self.store), "--create", "--listen", "127.0.0.1:0", "--ready-file", str(self.ready_file),
+            "--store", str(self.store), "--create", "--listen", f"127.0.0.1:{self._listen_port}",
+            "--ready-file", str(self.ready_file),
             *self._args,
         ]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attnstore.server.config import DEFAULT_LISTEN, DaemonConfig, ServerLimits
 from attnstore.server.log_format import use_log_format
+from attnstore_tools.arguments import DefaultsHelpFormatter
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="run the store daemon (gRPC)",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--store", type=Path, required=True, help="map store directory")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to bind; port 0 picks a free port")
@@ -64,11 +65,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=parse_size, default=limits.max_message_bytes, help="gRPC message cap")
     p.add_argument("--workers", type=int, default=limits.max_workers, help="RPC threads (one per running stream)")
     p.add_argument("--max-concurrent-rpcs", type=int, default=limits.max_concurrent_rpcs, help="calls admitted at once")
-    p.add_argument("--max-queries", type=int, default=limits.max_queries, help="queries per Lookup/Search call")
+    p.add_argument(
+        "--max-queries", type=int, default=limits.max_queries,
+        help="queries per Lookup/Search call, ids per Fetch/Prefetch call",
+    )
     p.add_argument(
         "--max-ingest-bytes", type=parse_size, default=limits.max_ingest_bytes, help="staged bytes per Ingest stream"
     )
     p.add_argument("--max-ingest-streams", type=int, default=limits.max_ingest_streams, help="Ingest streams at once")
+    p.add_argument(
+        "--ingest-idle-seconds", type=int, default=limits.ingest_idle_seconds,
+        help="end an Ingest stream that sends nothing for this long (it frees its slot; nothing is written)",
+    )
     p.add_argument("--ready-file", type=Path, help="write {address, port, metrics_port, pid} as JSON here once serving")
     p.add_argument("--log-format", choices=["text", "json"], default="text", help="key=value text or JSON lines")
     p.set_defaults(func=run)
@@ -101,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             max_queries=args.max_queries,
             max_ingest_bytes=args.max_ingest_bytes,
             max_ingest_streams=args.max_ingest_streams,
+            ingest_idle_seconds=args.ingest_idle_seconds,
         ),
         grace_seconds=args.grace,
         ready_file=args.ready_file,

@@ -35,6 +35,18 @@ def projector_metadata(blob: bytes) -> dict[str, str]:
     return {str(key): str(value) for key, value in metadata.items()}
 
 
+def same_weights(a: bytes, b: bytes) -> bool:
+    """Whether two projector blobs hold the same tensors (their metadata, such as the gate, may differ).
+
+    Features depend on the weights alone: a blob that only changes the gate projects as before.
+    A blob that does not parse (a damaged stored one) holds no weights to compare: False.
+    """
+    try:
+        return sorted(safetensors.deserialize(bytes(a))) == sorted(safetensors.deserialize(bytes(b)))
+    except Exception:  # the library's SafetensorError, or ValueError on a bad header
+        return False
+
+
 def gate_from_projector(blob: bytes) -> FidelityGate | None:
     """The fidelity gate stored in a projector blob; None when it has none.
 

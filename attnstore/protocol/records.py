@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ConfigError, shown
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +51,7 @@ def check_namespace_name(name: str) -> str:
     """
     if not is_namespace_name(name):
         raise ConfigError(
-            f"namespace name {name!r} is invalid: use 1-128 letters, digits, '_', '.' or '-',"
+            f"namespace name {shown(name)} is invalid: use 1-128 letters, digits, '_', '.' or '-',"
             " starting with a letter or digit"
         )
     return name
@@ -66,7 +66,7 @@ def check_entry_ids(ids: Iterable[object]) -> list[int]:
     checked = []
     for position, entry_id in enumerate(ids):
         if isinstance(entry_id, bool) or not isinstance(entry_id, int | np.integer) or not 0 < entry_id < 2**63:
-            raise ConfigError(f"entry id {entry_id!r:.40} (position {position}) is not an int in [1, 2**63)")
+            raise ConfigError(f"entry id {shown(entry_id, 40)} (position {position}) is not an int in [1, 2**63)")
         checked.append(int(entry_id))
     return checked
 
@@ -99,9 +99,9 @@ class NamespaceLayout:
         if not isinstance(self.causal, bool):
             raise ConfigError(f"NamespaceLayout.causal must be a bool, got {self.causal!r}")
         if self.dtype not in MAP_DTYPES:
-            raise ConfigError(f"NamespaceLayout.dtype {self.dtype!r} is not supported; choose one of {MAP_DTYPES}")
+            raise ConfigError(f"NamespaceLayout.dtype {shown(self.dtype)} is not supported; choose one of {MAP_DTYPES}")
         if self.codec not in CODECS:
-            raise ConfigError(f"NamespaceLayout.codec {self.codec!r} is not supported; choose one of {CODECS}")
+            raise ConfigError(f"NamespaceLayout.codec {shown(self.codec)} is not supported; choose one of {CODECS}")
 
     def map_shape(self, length: int) -> tuple[int, int, int, int]:
         """Shape ``(layers, heads, L, L)`` of one entry's maps of token length ``length``."""
@@ -159,21 +159,35 @@ class NamespaceInfo:
     format_version: int  # store format version the namespace was written in
     created: float  # unix time
     projector: bytes | None = field(default=None, repr=False)  # safetensors blob
+    # 0 without a projector, 1 for the first, +1 on each replacement: which projector made the stored features
+    projector_version: int = 0
+    projector_crc32c: int | None = None  # of the blob, recorded when stored (None in stores written before)
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain dict for JSON, without the projector blob (stored apart as raw bytes)."""
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "model": self.model,
             "fingerprint": self.fingerprint,
             "layout": self.layout.to_json_dict(),
             "format_version": self.format_version,
             "created": self.created,
+            "projector_version": self.projector_version,
         }
+        if self.projector_crc32c is not None:
+            data["projector_crc32c"] = self.projector_crc32c
+        return data
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any], projector: bytes | None) -> NamespaceInfo:
-        """Inverse of :meth:`to_json_dict`, with the projector blob added back."""
+        """Inverse of :meth:`to_json_dict`, with the projector blob added back.
+
+        Records written before projector versions count a stored projector as version 1.
+
+        Raises:
+            KeyError, TypeError, ValueError: a field is missing or of the wrong type (a damaged record).
+        """
+        crc = data.get("projector_crc32c")
         return cls(
             name=data["name"],
             model=data["model"],
@@ -182,6 +196,8 @@ class NamespaceInfo:
             format_version=int(data["format_version"]),
             created=float(data["created"]),
             projector=projector,
+            projector_version=int(data.get("projector_version", 0 if projector is None else 1)),
+            projector_crc32c=None if crc is None else int(crc),
         )
 
 
@@ -237,6 +253,8 @@ class LookupBatch:
     token_ids: Sequence[Sequence[int] | np.ndarray | torch.Tensor] | None = None
     max_distance: float = 0.0  # threshold on the predicted map distance (ignored when gated)
     gate: bool = False  # decide map hits with the namespace's fidelity gate
+    # The namespace's projector_version the features come from; 0 states none (see ProjectorChangedError)
+    projector_version: int = 0
 
     def __post_init__(self) -> None:
         features = np.asarray(self.features, dtype=np.float32)

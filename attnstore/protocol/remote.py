@@ -49,6 +49,25 @@ def _pem(value: bytes | str | Path | None) -> bytes | None:
         raise ConfigError(f"cannot read PEM file {value}: {exc.strerror or exc}") from None
 
 
+# Daemon address forms, the same for every client and command: grpc:// is plaintext,
+# grpcs:// is TLS, and a bare HOST:PORT is TLS only when TLS options are given.
+TARGET_FORMS = "grpc://HOST:PORT, grpcs://HOST:PORT or HOST:PORT"
+
+
+def split_target(target: str) -> tuple[str, bool | None]:
+    """``(HOST:PORT, tls)`` of a daemon address: tls True for grpcs://, False for grpc://, None when bare.
+
+    Raises:
+        ConfigError: another scheme (``http://``...), or nothing after the scheme.
+    """
+    scheme, sep, address = target.partition("://")
+    if not sep:
+        return target, None
+    if scheme not in ("grpc", "grpcs") or not address:
+        raise ConfigError(f"daemon address {target!r} is not one of {TARGET_FORMS}")
+    return address, scheme == "grpcs"
+
+
 def open_channel(
     target: str,
     *,
@@ -58,10 +77,10 @@ def open_channel(
     client_key: bytes | str | Path | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.Channel:
-    """A channel to the daemon at ``target`` (``HOST:PORT``).
+    """A channel to the daemon at ``target`` (``grpc://HOST:PORT``, ``grpcs://HOST:PORT`` or ``HOST:PORT``).
 
     Args:
-        target: daemon address.
+        target: daemon address; grpcs:// implies ``tls``, grpc:// refuses the TLS arguments.
         tls: use TLS (implied by any of the PEM arguments); system roots when no ``tls_ca``.
         tls_ca: CA certificate(s) that signed the daemon's certificate (PEM bytes or path).
         client_cert: this client's certificate chain, for mTLS.
@@ -69,17 +88,22 @@ def open_channel(
         max_message_bytes: message size limit both ways.
 
     Raises:
-        ConfigError: a PEM file cannot be read, or only one of client cert and key is given.
+        ConfigError: a PEM file cannot be read, only one of client cert and key is given, the
+            address is malformed, or TLS arguments come with a grpc:// (plaintext) address.
     """
     options = channel_options(max_message_bytes)
     if (client_cert is None) != (client_key is None):
         raise ConfigError("mTLS needs both a client certificate and its key")
-    if not (tls or tls_ca or client_cert):
-        return grpc.insecure_channel(target, options=options)
+    address, scheme_tls = split_target(target)
+    wants_tls = bool(tls or tls_ca or client_cert)
+    if scheme_tls is False and wants_tls:
+        raise ConfigError(f"TLS options are given but {target!r} is plaintext: use grpcs://{address}")
+    if not (wants_tls or scheme_tls):
+        return grpc.insecure_channel(address, options=options)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_pem(tls_ca), private_key=_pem(client_key), certificate_chain=_pem(client_cert)
     )
-    return grpc.secure_channel(target, credentials, options=options)
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,17 +138,53 @@ def lookup_request(batch: LookupBatch, *, want_maps: bool = True, want_outputs: 
         want_maps=want_maps,
         want_outputs=batch.exact if want_outputs is None else want_outputs,
         gate=batch.gate,
+        projector_version=batch.projector_version,
+    )
+
+
+def exact_request(
+    namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int]
+) -> pb.LookupRequest:
+    """A Lookup of the exact tier alone: the rows' token hashes and lengths, no features, nothing searched."""
+    return pb.LookupRequest(
+        namespace=namespace,
+        fingerprint=fingerprint,
+        queries=[
+            pb.Query(length=int(length), token_hash=bytes(token_hash))
+            for token_hash, length in zip(token_hashes, lengths, strict=True)
+        ],
+        want_outputs=True,
+        exact_only=True,
+    )
+
+
+def search_request(batch: LookupBatch) -> pb.SearchRequest:
+    """The SearchRequest of ``batch``: the map tier's matches only (token hashes are not sent)."""
+    ids = batch.token_ids if batch.token_ids is not None else [()] * batch.size
+    return pb.SearchRequest(
+        namespace=batch.namespace,
+        fingerprint=batch.fingerprint,
+        queries=[
+            pb.Query(feature=row.tolist(), length=int(length), token_ids=list(row_ids))
+            for row, length, row_ids in zip(batch.features, batch.lengths, ids, strict=True)
+        ],
+        max_distance=batch.max_distance,
+        gate=batch.gate,
+        projector_version=batch.projector_version,
     )
 
 
 def ingest_requests(
-    namespace: str, fingerprint: str, entries: Iterable[NewEntry], *, commit: bool = True
+    namespace: str, fingerprint: str, entries: Iterable[NewEntry], *, commit: bool = True, projector_version: int = 0
 ) -> Iterator[pb.IngestRequest]:
     """The messages of one Ingest stream for ``entries`` (maps sent in their own dtype, fp16 or fp32).
 
-    ``commit=False`` leaves the commit out (a stream that must write nothing).
+    ``commit=False`` leaves the commit out (a stream that must write nothing). ``projector_version``
+    states which projector made the features (0: none stated).
     """
-    yield pb.IngestRequest(begin=pb.IngestBegin(namespace=namespace, fingerprint=fingerprint))
+    yield pb.IngestRequest(
+        begin=pb.IngestBegin(namespace=namespace, fingerprint=fingerprint, projector_version=projector_version)
+    )
     for index, entry in enumerate(entries):
         maps = np.asarray(entry.maps)  # (layers, heads, L, L)
         feature = [] if entry.feature is None else np.asarray(entry.feature, dtype=np.float32).tolist()
@@ -147,7 +207,7 @@ class RemoteStore:
     """Calls to one daemon over one channel. Use as a context manager, or ``close()``.
 
     Args:
-        target: ``HOST:PORT`` of the daemon.
+        target: the daemon: ``grpc://HOST:PORT``, ``grpcs://HOST:PORT`` or ``HOST:PORT`` (see :func:`open_channel`).
         token: bearer token (read or admin); None sends none.
         timeout: default deadline per call in seconds (None: no deadline).
         channel: an open channel to use instead of making one (the TLS arguments are then ignored).
@@ -216,12 +276,16 @@ class RemoteStore:
     # ---- namespaces ---------------------------------------------------------
 
     def create_namespace(
-        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None,
+        replace_projector: bool = False,
     ) -> pb.Namespace:
-        """Create a namespace (admin); idempotent for the same model, fingerprint and layout."""
+        """Create a namespace (admin); idempotent for the same model, fingerprint and layout.
+
+        A projector different from the stored one is refused (ALREADY_EXISTS) unless ``replace_projector``.
+        """
         request = pb.CreateNamespaceRequest(
             name=name, model=model, fingerprint=fingerprint, layout=layout_to_pb(layout),
-            projector=projector or b"",
+            projector=projector or b"", replace_projector=replace_projector,
         )
         return self._unary(self._stub.CreateNamespace, request)
 
@@ -303,20 +367,21 @@ class RemoteStore:
             raise error_from_rpc(exc) from exc
         return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
 
-    def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> int:
-        """Queue entries for the DRAM tier; returns how many were queued."""
+    def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
+        """Queue entries for the DRAM tier; the reply says how many were queued and how many ids are unknown."""
         request = pb.PrefetchRequest(namespace=namespace, entry_ids=list(entry_ids))
-        return self._unary(self._stub.Prefetch, request).queued
+        return self._unary(self._stub.Prefetch, request)
 
     # ---- admin --------------------------------------------------------------
 
     def ingest(
-        self, namespace: str, fingerprint: str, entries: Iterable[NewEntry], timeout: float | None = None
+        self, namespace: str, fingerprint: str, entries: Iterable[NewEntry], timeout: float | None = None,
+        *, projector_version: int = 0,
     ) -> pb.IngestSummary:
-        """Ingest ``entries`` in one stream, all-or-nothing (admin)."""
+        """Ingest ``entries`` in one stream, all-or-nothing (admin); see ``ingest_requests``."""
         try:
             return self._stub.Ingest(
-                ingest_requests(namespace, fingerprint, entries),
+                ingest_requests(namespace, fingerprint, entries, projector_version=projector_version),
                 metadata=self._metadata,
                 timeout=timeout or self._timeout,
             )

@@ -29,10 +29,12 @@ from attnstore.errors import (
     NamespaceExistsError,
     NamespaceNotFoundError,
     NamespaceNotReadyError,
+    ProjectorChangedError,
     ReadOnlyStoreError,
     RemoteError,
     RequestLimitError,
     StorageError,
+    StoreDamagedError,
     StoreFullError,
     StoreNotFoundError,
     StoreOpenError,
@@ -46,6 +48,10 @@ log = logging.getLogger(__name__)
 
 # Trailing metadata key naming the AttnStore error class of a failed call.
 ERROR_CLASS_KEY = "attnstore-error"
+# Most characters of details a client is sent: they travel in the trailers, whose size gRPC caps
+# (a longer status would reach the client as RESOURCE_EXHAUSTED about metadata). Messages clip
+# echoed input themselves (``errors.shown``); this is the backstop.
+MAX_DETAILS_CHARS = 1024
 
 # Most specific first: the first class an exception is an instance of decides.
 # Plain ValueError last: a bad argument that no AttnStore check caught.
@@ -56,10 +62,12 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (FingerprintMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (FormatVersionError, grpc.StatusCode.FAILED_PRECONDITION),
     (NamespaceNotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ProjectorChangedError, grpc.StatusCode.FAILED_PRECONDITION),
     (ReadOnlyStoreError, grpc.StatusCode.FAILED_PRECONDITION),
     (RequestLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ChecksumError, grpc.StatusCode.DATA_LOSS),
+    (StoreDamagedError, grpc.StatusCode.DATA_LOSS),
     (AuthError, grpc.StatusCode.PERMISSION_DENIED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (StoreOpenError, grpc.StatusCode.UNAVAILABLE),
@@ -70,7 +78,8 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (FeatureSourceError, grpc.StatusCode.INVALID_ARGUMENT),
     (UnsupportedModelError, grpc.StatusCode.INVALID_ARGUMENT),
     (CorpusError, grpc.StatusCode.INVALID_ARGUMENT),
-    (StoreNotFoundError, grpc.StatusCode.INTERNAL),
+    # At run time only a store directory removed under the daemon: writes wait for a restart.
+    (StoreNotFoundError, grpc.StatusCode.FAILED_PRECONDITION),
     (StorageError, grpc.StatusCode.INTERNAL),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
 )
@@ -82,8 +91,8 @@ _WIRE_ERRORS: dict[str, type[AttnStoreError]] = {
 }
 
 # Client side: codes whose error class is clear without the trailing metadata. FAILED_PRECONDITION
-# is not one of them: a fingerprint mismatch, an unknown format version, a namespace not ready
-# and a read-only store all use it.
+# is not one of them: a fingerprint mismatch, a changed projector, an unknown format version, a
+# namespace not ready, a read-only store and a removed store directory all use it.
 _ERROR_OF_CODE: dict[grpc.StatusCode, type[AttnStoreError]] = {
     grpc.StatusCode.UNAUTHENTICATED: AuthError,
     grpc.StatusCode.PERMISSION_DENIED: AuthError,
@@ -110,7 +119,10 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """
     for cls, code in _STATUS_OF:
         if isinstance(exc, cls):
-            return code, _message(exc) or cls.__name__
+            details = _message(exc) or cls.__name__
+            if len(details) > MAX_DETAILS_CHARS:
+                details = f"{details[: MAX_DETAILS_CHARS - 40]}... ({len(details)} characters in all)"
+            return code, details
     return grpc.StatusCode.INTERNAL, f"internal error in the daemon ({type(exc).__name__}); see its log"
 
 

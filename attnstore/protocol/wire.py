@@ -8,13 +8,15 @@ that travels in parts at byte offsets.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Literal
 
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, WireFormatError
+from attnstore.errors import ChecksumError, WireFormatError, shown
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
 # Room for the chunk's other fields under the 4 MiB message cap.
@@ -67,17 +69,49 @@ def output_chunks(
         )
 
 
+@dataclass
+class _Partial:
+    """One array whose parts are arriving: its buffer and the byte ranges already written."""
+
+    buffer: np.ndarray  # (total_bytes,) uint8; every byte is written by exactly one part before use
+    shape: tuple[int, ...]
+    dtype: str
+    spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each part, sorted
+    covered: int = 0  # bytes written; parts never overlap, so the array is complete at total_bytes
+
+    def take(self, key: tuple[int, int | str], offset: int, data: bytes) -> None:
+        """Write one part; refuse one that overlaps a part already written."""
+        end = offset + len(data)
+        if not data and self.buffer.size:
+            raise WireFormatError(f"chunk {key}: an empty part at offset {offset} of a {self.buffer.size}-byte array")
+        at = bisect.bisect_left(self.spans, (offset, end))
+        before = self.spans[at - 1] if at else None
+        after = self.spans[at] if at < len(self.spans) else None
+        clash = before if before is not None and before[1] > offset else after
+        if clash is not None and (clash is before or clash[0] < end):
+            raise WireFormatError(
+                f"chunk {key}: part [{offset}, {end}) overlaps the part [{clash[0]}, {clash[1]})"
+                " already received; each byte of an array must arrive once"
+            )
+        self.spans.insert(at, (offset, end))
+        self.buffer[offset:end] = np.frombuffer(data, dtype=np.uint8)
+        self.covered += len(data)
+
+
 class ChunkAssembler:
     """Collects the parts of arrays and hands each one back once it is complete.
 
     Parts of one array share a key (``(query_index, layer)`` for maps,
     ``(query_index, "outputs")`` for outputs). Each part's checksum, offset and
     size are checked on arrival; a bad part raises and never reaches a caller.
+    An array is complete when its parts cover every byte of it; parts may come
+    in any order, but a part that overlaps another is refused, so a byte sent
+    twice can never stand in for one that never came.
     """
 
     def __init__(self, max_array_bytes: int) -> None:
         self._max_array_bytes = max_array_bytes
-        self._pending: dict[tuple[int, int | Literal["outputs"]], tuple[np.ndarray, int, tuple[int, ...], str]] = {}
+        self._pending: dict[tuple[int, int | Literal["outputs"]], _Partial] = {}
 
     def add(
         self, chunk: pb.MapChunk | pb.OutputChunk
@@ -86,41 +120,40 @@ class ChunkAssembler:
 
         Raises:
             ChecksumError: the part's data does not match its crc32c.
-            WireFormatError: unknown dtype or codec, inconsistent shape, size or offset.
+            WireFormatError: unknown dtype or codec, inconsistent shape, size or offset, an empty
+                part, or a part overlapping one already received.
         """
         key: tuple[int, int | Literal["outputs"]]
         if isinstance(chunk, pb.MapChunk):
             key = (chunk.query_index, chunk.layer)
             if chunk.codec not in ("raw", ""):
-                raise WireFormatError(f"map chunk codec must be 'raw', got {chunk.codec!r}")
+                raise WireFormatError(f"map chunk codec must be 'raw', got {shown(chunk.codec)}")
         else:
             key = (chunk.query_index, "outputs")
         if crc32c.crc32c(chunk.data) != chunk.crc32c:
             raise ChecksumError(f"chunk {key} of entry {chunk.entry_id} failed its crc32c check")
         dtype = WIRE_DTYPES.get(chunk.dtype)
         if dtype is None:
-            raise WireFormatError(f"chunk dtype must be one of {sorted(WIRE_DTYPES)}, got {chunk.dtype!r}")
+            raise WireFormatError(f"chunk dtype must be one of {sorted(WIRE_DTYPES)}, got {shown(chunk.dtype)}")
         shape = tuple(int(n) for n in chunk.shape)
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else 0
         if expected != chunk.total_bytes or expected > self._max_array_bytes:
             raise WireFormatError(
-                f"chunk {key}: shape {shape} of {chunk.dtype} is {expected} bytes, total_bytes says "
+                f"chunk {key}: shape {shown(shape)} of {chunk.dtype} is {expected} bytes, total_bytes says "
                 f"{chunk.total_bytes} (limit {self._max_array_bytes})"
             )
         if chunk.offset + len(chunk.data) > expected:
             raise WireFormatError(f"chunk {key}: part at offset {chunk.offset} overruns {expected} bytes")
-        if key not in self._pending:
-            self._pending[key] = (np.empty(expected, dtype=np.uint8), 0, shape, chunk.dtype)
-        buffer, received, pending_shape, pending_dtype = self._pending[key]
-        if pending_shape != shape or pending_dtype != chunk.dtype:
+        partial = self._pending.get(key)
+        if partial is None:
+            partial = self._pending[key] = _Partial(np.empty(expected, dtype=np.uint8), shape, chunk.dtype)
+        if partial.shape != shape or partial.dtype != chunk.dtype:
             raise WireFormatError(f"chunk {key}: parts disagree on shape or dtype")
-        buffer[chunk.offset : chunk.offset + len(chunk.data)] = np.frombuffer(chunk.data, dtype=np.uint8)
-        received += len(chunk.data)
-        if received < expected:
-            self._pending[key] = (buffer, received, shape, chunk.dtype)
+        partial.take(key, chunk.offset, chunk.data)
+        if partial.covered < expected:
             return None
         del self._pending[key]
-        return key, buffer.view(dtype).reshape(shape)
+        return key, partial.buffer.view(dtype).reshape(shape)
 
     @property
     def incomplete(self) -> int:

@@ -2,9 +2,11 @@
 
 Token file: one ``role token`` pair per line, role ``read`` or ``admin``; blank
 lines and ``#`` comments are ignored. An admin token may make every call; a
-read token every call but the admin ones (:data:`ADMIN_METHODS`). Health checks
-need no token, so load balancers and orchestrators can probe the daemon.
-Tokens are compared in constant time and never logged.
+read token every call but the admin ones (:data:`ADMIN_METHODS`). Health and
+reflection need no token: they reveal liveness and the service schema only, so
+load balancers can probe the daemon and stock reflection clients (grpcurl) list
+its services without an interceptor. Tokens are compared in constant time and
+never logged; refused calls are reported (``on_refused``) so metrics count them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import grpc
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.server.reflection import REFLECTION_SERVICES
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +35,8 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 # Calls that change the store or cost a walk over all of it. Stats is cheap and
 # read-only, so a read token (a monitoring agent) may call it.
 ADMIN_METHODS: frozenset[str] = frozenset({"CreateNamespace", "Ingest", "Delete", "Compact", "Verify"})
-# Calls any client may make without a token.
-OPEN_SERVICES: frozenset[str] = frozenset({"grpc.health.v1.Health"})
+# Calls any client may make without a token: liveness and the schema, no data.
+OPEN_SERVICES: frozenset[str] = frozenset({"grpc.health.v1.Health", *REFLECTION_SERVICES})
 # Shorter tokens are guessable; refuse them rather than serve behind them.
 MIN_TOKEN_CHARS = 16
 
@@ -157,11 +160,17 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
     """Checks the bearer token of every call against a :class:`TokenTable`.
 
     ``replace_tokens`` swaps the table while serving (token rotation on SIGHUP).
+
+    Args:
+        tokens: the accepted tokens.
+        on_refused: called with the method's short name and the status code name
+            (UNAUTHENTICATED, PERMISSION_DENIED) of each refused call.
     """
 
-    def __init__(self, tokens: TokenTable) -> None:
+    def __init__(self, tokens: TokenTable, on_refused: Callable[[str, str], None] = lambda method, code: None) -> None:
         self._tokens = tokens
         self._lock = threading.Lock()
+        self._on_refused = on_refused
 
     def replace_tokens(self, tokens: TokenTable) -> None:
         """Accept ``tokens`` from now on; calls in flight are unaffected."""
@@ -183,18 +192,24 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
             return handler
         token = bearer_token(handler_call_details.invocation_metadata)
         if token is None:
-            log.info("event=auth_refused method=%s reason=no_token", method)
-            return _refusal(
-                handler, grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata"
+            return self._refuse(
+                handler, method, "no_token",
+                grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata",
             )
         with self._lock:
             role = self._tokens.role_of(token)
         if role is None:
-            log.info("event=auth_refused method=%s reason=unknown_token", method)
-            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+            return self._refuse(handler, method, "unknown_token", grpc.StatusCode.UNAUTHENTICATED, "unknown token")
         if needed == "admin" and role != "admin":
-            log.info("event=auth_refused method=%s reason=needs_admin", method)
-            return _refusal(
-                handler, grpc.StatusCode.PERMISSION_DENIED, f"{method} needs an admin token; this is a read token"
+            return self._refuse(
+                handler, method, "needs_admin",
+                grpc.StatusCode.PERMISSION_DENIED, f"{method} needs an admin token; this is a read token",
             )
         return handler
+
+    def _refuse(
+        self, handler: grpc.RpcMethodHandler, method: str, reason: str, code: grpc.StatusCode, details: str
+    ) -> grpc.RpcMethodHandler:
+        log.info("event=auth_refused method=%s reason=%s", method, reason)
+        self._on_refused(method.rsplit("/", 1)[-1], code.name)
+        return _refusal(handler, code, details)

@@ -24,9 +24,11 @@ class ServerLimits:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # per gRPC message, both directions
     max_workers: int = 32  # RPC threads; each streaming call holds one for its duration
     max_concurrent_rpcs: int = 256  # calls admitted at once (queued for a thread); RESOURCE_EXHAUSTED past it
-    max_queries: int = 4096  # queries per Lookup or Search call
+    max_queries: int = 4096  # queries per Lookup or Search call, ids per Fetch or Prefetch call
     max_ingest_bytes: int = 1 << 30  # array bytes one Ingest stream may stage before its commit
     max_ingest_streams: int = 4  # Ingest streams at once: staged memory stays under their product
+    # An Ingest stream idle this long (seconds without a message) is ended: idle streams would hold the slots
+    ingest_idle_seconds: int = 60
 
     def __post_init__(self) -> None:
         for name in ServerLimits.__slots__:

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeAlias
 
-from attnstore.errors import AttnStoreError, ConfigError, StoreNotFoundError
+from attnstore.errors import AttnStoreError, ChecksumError, ConfigError, StoreDamagedError, StoreNotFoundError
 from attnstore.server.auth import TokenTable, load_tokens
 from attnstore.server.config import DaemonConfig, split_host_port
 from attnstore.server.metrics import DaemonMetrics
@@ -183,7 +183,22 @@ class Daemon:
             )
         except StoreNotFoundError:
             raise StoreNotFoundError(f"no map store at {config.store}; serve --create makes an empty one") from None
+        except AttnStoreError:
+            raise
+        except Exception as exc:
+            # A damaged store can fail in ways no check anticipated: exit 2 with one line (the CLI's
+            # contract for a store that cannot be opened), the traceback in the log at DEBUG.
+            log.debug("event=load_failed", exc_info=True)
+            raise StoreDamagedError(
+                f"the map store at {config.store} cannot be loaded ({type(exc).__name__}: {exc}): it is damaged;"
+                " restore it from a backup"
+            ) from None
         namespaces = self._service.list_namespaces()
+        for info in namespaces:
+            try:
+                self._service.get_namespace(info.name)  # checks the projector against its crc32c
+            except ChecksumError as exc:
+                log.error("event=projector_damaged namespace=%s detail='%s'", info.name, exc)
         log.info(
             "event=loaded store=%s namespaces=%d seconds=%.3f",
             config.store, len(namespaces), time.perf_counter() - start,
@@ -197,13 +212,21 @@ class Daemon:
             self._watch_threads()
 
     def _watch_threads(self) -> None:
-        """Report NOT_SERVING, once, when a background thread of the store has died.
+        """Report NOT_SERVING, once, when a background thread of the store has died or its storage
+        failed (its directory removed, its database damaged).
 
-        Calls are still answered (a dead prefetch worker only costs speed), but
-        health says NOT_SERVING so that an orchestrator drains and restarts the daemon.
+        Calls are still answered (a dead prefetch worker only costs speed; a removed
+        directory refuses writes itself), but health says NOT_SERVING so that an
+        orchestrator drains and restarts the daemon.
         """
         service, server = self._service, self._server
         if self._degraded or service is None or server is None:
+            return
+        fault = service.storage_fault()
+        if fault is not None:
+            self._degraded = True
+            server.set_serving(False)
+            log.error("event=storage_fault health=NOT_SERVING detail='%s; restart the daemon on sound storage'", fault)
             return
         dead = service.dead_threads()
         if dead:

@@ -2,11 +2,16 @@
 
 The daemon refuses anything that does not fit the namespace's layout before it
 allocates memory for it, and caps the bytes one stream may stage, so a client
-cannot make the daemon allocate more than ``max_bytes`` per stream.
+cannot make the daemon allocate more than ``max_bytes`` per stream. A stream
+that goes quiet is ended (``idle_limited``), so idle streams cannot hold the
+daemon's few Ingest slots.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -181,3 +186,55 @@ class IngestStaging:
             NewEntry(maps=entry.maps, token_hash=entry.token_hash, outputs=entry.outputs, feature=entry.feature,
                      token_ids=entry.token_ids)
         )
+
+
+_END = object()  # the request stream ended (or failed: the call is over either way)
+
+
+def idle_limited(requests: Iterator[pb.IngestRequest], idle_seconds: float) -> Iterator[pb.IngestRequest]:
+    """The messages of ``requests``; raises when none arrives for ``idle_seconds``.
+
+    gRPC's request iterator blocks without a timeout, so a helper thread reads it
+    and hands messages over a one-slot queue. Once the caller gives up, the call
+    ends, the blocked read returns, and the helper exits.
+
+    Raises:
+        RequestLimitError: ``idle_seconds`` passed without a message (nothing is written).
+    """
+    handoff: queue.Queue[object] = queue.Queue(maxsize=1)
+    stopped = threading.Event()  # the caller stopped taking messages: the helper must not wait to hand one over
+
+    def hand_over(item: object) -> bool:
+        while not stopped.is_set():
+            try:
+                handoff.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for message in requests:
+                if not hand_over(message):
+                    return
+        except Exception:  # the call was cancelled or ended under the read: nothing left to take
+            pass
+        hand_over(_END)
+
+    threading.Thread(target=read, name="attnstore-ingest-read", daemon=True).start()
+    try:
+        while True:
+            try:
+                message = handoff.get(timeout=idle_seconds)
+            except queue.Empty:
+                raise RequestLimitError(
+                    f"the Ingest stream sent nothing for {idle_seconds} s, this daemon's idle limit: it was ended"
+                    " and nothing of it was written; send a stream's messages without pauses"
+                ) from None
+            if message is _END:
+                return
+            assert isinstance(message, pb.IngestRequest)
+            yield message
+    finally:
+        stopped.set()

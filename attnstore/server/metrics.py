@@ -1,9 +1,16 @@
 """Prometheus metrics of the daemon, in a registry of its own (no global state).
 
-Counters and histograms are updated by the servicer as calls run; store-wide
-figures (entries, DRAM tier usage, evictions) are read from the store's stats
-at scrape time. Namespace labels are recorded only after the service accepted
-the namespace, so clients cannot grow the label set with made-up names.
+Counters and histograms are updated by the servicer as calls run (and by the
+auth interceptor for the calls it refuses); store-wide figures (entries, DRAM
+tier usage, evictions) are read from the store's stats at scrape time. Namespace
+labels are recorded only after the service accepted the namespace, so clients
+cannot grow the label set with made-up names.
+
+Every labelled counter starts at 0 for each documented label value (each method
+and status code, each namespace once known, each row-error code), so an alert on
+``increase(...)`` fires on the first event rather than reading "no data". The
+process and platform collectors of ``prometheus_client`` are registered too
+(``process_*``, ``python_info``, ``python_gc_*``).
 """
 
 from __future__ import annotations
@@ -14,10 +21,21 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store.reports import StoreStats
 
 log = logging.getLogger(__name__)
@@ -29,6 +47,18 @@ StatsSource = Callable[[], "StoreStats | None"]
 _SEARCH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _FETCH_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25)
 _RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+
+# The AttnStore RPCs, and the status codes the daemon answers them with: the
+# servicer's (see attnstore.protocol.status_codes), the auth interceptor's and OK.
+RPC_METHODS: tuple[str, ...] = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["AttnStore"].methods)
+RPC_CODES: tuple[str, ...] = (
+    "OK", "CANCELLED", "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+)
+# The codes of a dropped hit row: those of attnstore.service.ROW_ERRORS (a test keeps them equal).
+ROW_ERROR_CODES: tuple[str, ...] = ("DATA_LOSS", "INVALID_ARGUMENT", "NOT_FOUND")
+HIT_KINDS: tuple[str, ...] = ("exact", "map")
+STREAMED_KINDS: tuple[str, ...] = ("maps", "outputs")
 
 # Every metric name the daemon exports (without _total/_bucket suffixes).
 METRIC_NAMES: tuple[str, ...] = (
@@ -108,6 +138,10 @@ class DaemonMetrics:
     def __init__(self, stats: StatsSource = lambda: None) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
+        # Instances of our own: the module-level ones are bound to the global registry.
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
         self._rpcs = Counter(
             "attnstore_rpcs", "Finished RPCs by method and status code", ["method", "code"], registry=reg
         )
@@ -125,7 +159,10 @@ class DaemonMetrics:
         )
         self._misses = Counter("attnstore_misses", "Queries that missed", ["namespace"], registry=reg)
         self._hit_rate = Gauge(
-            "attnstore_hit_rate", "Hits over queries since the daemon started", ["namespace"], registry=reg
+            "attnstore_hit_rate",
+            "Hits over queries since the daemon started (for a glance; take rates from hits and queries)",
+            ["namespace"],
+            registry=reg,
         )
         self._row_errors = Counter(
             "attnstore_row_errors",
@@ -158,6 +195,11 @@ class DaemonMetrics:
             "attnstore_ingested_bytes", "Array bytes received by committed Ingest streams", ["namespace"], registry=reg
         )
         reg.register(_StoreCollector(stats))
+        for method in RPC_METHODS:
+            for code in RPC_CODES:
+                self._rpcs.labels(method, code)
+        for kind in STREAMED_KINDS:
+            self._bytes.labels(kind)
         self._lock = threading.Lock()
         self._totals: dict[str, tuple[int, int]] = {}  # namespace -> (queries, hits), for the hit rate
         self._http: WSGIServer | None = None
@@ -167,6 +209,22 @@ class DaemonMetrics:
     def set_serving(self, serving: bool) -> None:
         """Mirror the health status (a scrape sees what a health check would)."""
         self._serving.set(1 if serving else 0)
+
+    def namespace_known(self, namespace: str) -> None:
+        """Start the per-namespace counters of ``namespace`` at 0 (a namespace the service holds)."""
+        self._lookups.labels(namespace)
+        self._queries.labels(namespace)
+        self._misses.labels(namespace)
+        for kind in HIT_KINDS:
+            self._hits.labels(namespace, kind)
+        for code in ROW_ERROR_CODES:
+            self._row_errors.labels(namespace, code)
+        self._ingested.labels(namespace)
+        self._ingested_bytes.labels(namespace)
+
+    def refused(self, method: str, code: str) -> None:
+        """A call to ``method`` was refused before it ran (auth), with status ``code``."""
+        self._rpcs.labels(method, code).inc()
 
     def rpc_started(self) -> None:
         """One more call running."""
@@ -187,7 +245,7 @@ class DaemonMetrics:
             self._lookups.labels(namespace).inc()
         self._queries.labels(namespace).inc(len(kinds))
         hits = 0
-        for kind in ("exact", "map"):
+        for kind in HIT_KINDS:
             count = sum(k == kind for k in kinds)
             if count:
                 self._hits.labels(namespace, kind).inc(count)

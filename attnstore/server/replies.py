@@ -21,6 +21,8 @@ def namespace_to_pb(info: NamespaceInfo, *, projector: bool) -> pb.Namespace:
         format_version=info.format_version,
         created=info.created,
         projector=(info.projector or b"") if projector else b"",
+        projector_crc32c=info.projector_crc32c,
+        projector_version=info.projector_version,
     )
 
 
@@ -63,4 +65,6 @@ def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
         file_bytes=stats.file_bytes,
         max_bytes=stats.max_bytes or 0,
         dram_entries=stats.dram.entries,
+        stale_generations=stats.stale_generations,
+        stale_generation_bytes=stats.stale_generation_bytes,
     )

@@ -1,7 +1,7 @@
 """The gRPC server of the daemon: the AttnStore servicer and what surrounds it.
 
 The grpc sync server with a thread pool (the service does LMDB and faiss work
-synchronously), the standard health service, reflection, the bearer-token
+synchronously), the standard health service, reflection (v1 and v1alpha), the bearer-token
 interceptor, explicit message sizes, and optional TLS. ``create_server`` follows
 the grpc examples: it returns the server and its bound port, so tests serve on
 port 0.
@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.server.auth import SERVICE_NAME, BearerTokenInterceptor, TokenTable
 from attnstore.server.config import ServerLimits
+from attnstore.server.health import HealthServicer
 from attnstore.server.metrics import DaemonMetrics
+from attnstore.server.reflection import enable_reflection
 from attnstore.server.servicer import AttnStoreServicer
 from attnstore.service import AttnStoreService
 
@@ -45,7 +46,7 @@ class AttnStoreServer:
         self,
         grpc_server: grpc.Server,
         servicer: AttnStoreServicer,
-        health_servicer: health.HealthServicer,
+        health_servicer: HealthServicer,
         interceptor: BearerTokenInterceptor | None,
         metrics: DaemonMetrics,
     ) -> None:
@@ -84,11 +85,13 @@ class AttnStoreServer:
     def stop(self, grace: float | None, *, idle_timeout: float = 30.0) -> bool:
         """Drain and stop: health NOT_SERVING, refuse new calls, let calls in flight finish.
 
-        Calls still running after ``grace`` seconds are cancelled. Returns True when
-        every call had left the servicer within ``idle_timeout`` more seconds, so
-        the service may be closed safely.
+        Health ``Watch`` streams are told NOT_SERVING and ended first: they would
+        otherwise hold the stop for the whole grace period. Calls still running
+        after ``grace`` seconds are cancelled. Returns True when every call had
+        left the servicer within ``idle_timeout`` more seconds, so the service may
+        be closed safely.
         """
-        self.health.enter_graceful_shutdown()
+        self.health.drain()
         self._metrics.set_serving(False)
         self.grpc_server.stop(grace).wait()
         idle = self.servicer.wait_idle(idle_timeout)
@@ -122,7 +125,8 @@ def create_server(
     Raises:
         ConfigError: ``address`` cannot be bound.
     """
-    interceptor = BearerTokenInterceptor(tokens) if tokens is not None else None
+    metrics = metrics or DaemonMetrics()
+    interceptor = BearerTokenInterceptor(tokens, on_refused=metrics.refused) if tokens is not None else None
     grpc_server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limits.max_workers, thread_name_prefix="attnstore-rpc"),
         interceptors=[interceptor] if interceptor is not None else [],
@@ -134,14 +138,11 @@ def create_server(
         ],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
-    metrics = metrics or DaemonMetrics()
     servicer = AttnStoreServicer(service, limits=limits, metrics=metrics)
     pb_grpc.add_AttnStoreServicer_to_server(servicer, grpc_server)
-    health_servicer = health.HealthServicer(
-        experimental_non_blocking=True, experimental_thread_pool=futures.ThreadPoolExecutor(max_workers=1)
-    )
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server)
+    enable_reflection((SERVICE_NAME, health.SERVICE_NAME), grpc_server)
     try:
         if tls is None:
             port = grpc_server.add_insecure_port(address)

@@ -32,7 +32,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import map_chunks, output_chunks
 from attnstore.server.config import ServerLimits
-from attnstore.server.ingest_stream import IngestStaging
+from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.replies import match_to_pb, namespace_to_pb, stats_to_pb
 from attnstore.service import ROW_ERRORS, AttnStoreService, Query
@@ -45,7 +45,7 @@ class _Row:
 
     query_index: int
     entry_id: int
-    length: int  # crop length (the query's)
+    length: int | None  # crop length (the query's); None: the stored length
 
 
 class AttnStoreServicer(pb_grpc.AttnStoreServicer):
@@ -65,6 +65,9 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def attach(self, service: AttnStoreService | None) -> None:
         """Serve ``service`` from now on (None: refuse new calls with UNAVAILABLE)."""
+        if service is not None:
+            for info in service.list_namespaces():
+                self._metrics.namespace_known(info.name)
         self._service = service
 
     def wait_idle(self, timeout: float | None) -> bool:
@@ -110,7 +113,14 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
             )
             if request.projector:
-                service.set_projector(request.name, request.projector)
+                before = service.get_namespace(request.name).projector_version
+                info = service.set_projector(request.name, request.projector, replace=request.replace_projector)
+                if before and info.projector_version != before:
+                    log.warning(
+                        "event=projector_replaced namespace=%s projector_version=%d", request.name,
+                        info.projector_version,
+                    )
+            self._metrics.namespace_known(request.name)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
             return namespace_to_pb(service.get_namespace(request.name), projector=True)
 
@@ -137,8 +147,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.fingerprint,
                 self._queries(request.queries),
                 max_distance=request.max_distance,
-                exact=request.want_outputs,
+                exact=request.want_outputs or request.exact_only,
+                maps=not request.exact_only,
                 gate=request.gate,
+                projector_version=request.projector_version or None,
             )
             seconds = time.perf_counter() - start
             served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)
@@ -156,12 +168,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 for i, r in enumerate(results)
                 if r.kind == "map" and r.entry_id is not None
             ]
-            for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
-                if isinstance(chunk_or_error, pb.RowError):
-                    self._metrics.row_error(namespace, chunk_or_error.code)
-                    yield pb.LookupResponse(error=chunk_or_error)
-                else:
-                    yield pb.LookupResponse(chunk=chunk_or_error)
+            yield from self._row_stream(service, namespace, rows, context)
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
         with self._call("Search", context) as service:
@@ -172,6 +179,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 self._queries(request.queries),
                 max_distance=request.max_distance,
                 gate=request.gate,
+                projector_version=request.projector_version or None,
             )
             seconds = time.perf_counter() - start
             self._metrics.matched(request.namespace, [r.kind for r in results], seconds, lookup=False)
@@ -184,11 +192,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapChunk]:
         with self._call("Fetch", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
-            if len(request.entry_ids) > self._limits.max_queries:
-                raise RequestLimitError(
-                    f"Fetch of {len(request.entry_ids)} entries is over this daemon's limit"
-                    f" of {self._limits.max_queries}"
-                )
+            self._check_count("Fetch", len(request.entry_ids), "entries")
             # Unknown ids end the call before any chunk is sent.
             stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
             rows = [
@@ -199,19 +203,34 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 assert isinstance(chunk, pb.MapChunk)  # without drop_failed_rows a failed read raises instead
                 yield chunk
 
+    def FetchMaps(self, request: pb.FetchMapsRequest, context: grpc.ServicerContext) -> Iterator[pb.LookupResponse]:
+        with self._call("FetchMaps", context) as service:
+            service.check_fingerprint(request.namespace, request.fingerprint)
+            self._check_count("FetchMaps", len(request.rows), "rows")
+            rows = [_Row(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
+            yield from self._row_stream(service, request.namespace, rows, context)
+
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
+            # (The DRAM tier's queue holds a few thousand anyway.)
+            self._check_count("Prefetch", len(request.entry_ids), "ids")
             service.get_namespace(request.namespace)
-            return pb.PrefetchResponse(queued=service.prefetch(request.namespace, [int(i) for i in request.entry_ids]))
+            report = service.prefetch(request.namespace, [int(i) for i in request.entry_ids])
+            if report.unknown:
+                # One line per call, not per id: a client sending unknown ids must not flood the log.
+                log.info("event=prefetch_unknown namespace=%s unknown=%d", request.namespace, report.unknown)
+            return pb.PrefetchResponse(queued=report.queued, unknown=report.unknown)
 
     # ---- admin --------------------------------------------------------------
 
     def Ingest(self, request_iterator: Iterator[pb.IngestRequest], context: grpc.ServicerContext) -> pb.IngestSummary:
         with self._call("Ingest", context) as service, self._ingest_slot():
+            request_iterator = idle_limited(request_iterator, self._limits.ingest_idle_seconds)
             first = next(request_iterator, None)
             if first is None or first.WhichOneof("body") != "begin":
                 raise WireFormatError("an Ingest stream must start with an IngestBegin message")
             namespace, fingerprint = first.begin.namespace, first.begin.fingerprint
+            projector_version = first.begin.projector_version or None
             info = service.check_fingerprint(namespace, fingerprint)
             staging = IngestStaging(info.layout, max_bytes=self._limits.max_ingest_bytes)
             if not any(staging.add(message) for message in request_iterator):
@@ -219,7 +238,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if next(request_iterator, None) is not None:
                 raise WireFormatError("the Ingest stream went on after its commit: nothing was written")
             entries = staging.entries()
-            result = service.ingest(namespace, fingerprint, entries)
+            result = service.ingest(namespace, fingerprint, entries, projector_version=projector_version)
             self._metrics.ingested(namespace, len(entries), staging.received_bytes)
             log.info(
                 "event=ingested namespace=%s entries=%d duplicates=%d bytes=%d",
@@ -258,7 +277,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def Verify(self, request: pb.VerifyRequest, context: grpc.ServicerContext) -> pb.VerifyResponse:
         with self._call("Verify", context) as service:
             report = service.verify()
-            log.info("event=verified entries=%d corrupt=%d", report.entries_checked, len(report.corrupt))
+            log.info(
+                "event=verified entries=%d corrupt=%d problems=%d",
+                report.entries_checked, len(report.corrupt), len(report.problems),
+            )
             return pb.VerifyResponse(
                 entries_checked=report.entries_checked,
                 corrupt_entry_ids=[c.id for c in report.corrupt],
@@ -266,6 +288,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 corrupt=[
                     pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt
                 ],
+                store_problems=list(report.problems),
                 chunks_checked=report.chunks_checked,
                 orphan_chunks=report.orphan_chunks,
                 seconds=report.seconds,
@@ -277,13 +300,16 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     # ---- helpers ------------------------------------------------------------
 
+    def _check_count(self, call: str, count: int, what: str) -> None:
+        """Refuse a call naming more rows, ids or queries than ``--max-queries`` (RESOURCE_EXHAUSTED)."""
+        if count > self._limits.max_queries:
+            raise RequestLimitError(
+                f"{call}: {count} {what} is over this daemon's limit of {self._limits.max_queries}; split it"
+            )
+
     def _queries(self, queries: Sequence[pb.Query]) -> list[Query]:
         """Wire queries as service queries; refuses batches over the limit."""
-        if len(queries) > self._limits.max_queries:
-            raise RequestLimitError(
-                f"{len(queries)} queries in one call is over this daemon's limit of {self._limits.max_queries};"
-                " split the batch"
-            )
+        self._check_count("one call", len(queries), "queries")
         return [
             Query(
                 feature=np.fromiter(q.feature, dtype=np.float32, count=len(q.feature)),
@@ -293,6 +319,17 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             )
             for q in queries
         ]
+
+    def _row_stream(
+        self, service: AttnStoreService, namespace: str, rows: list[_Row], context: grpc.ServicerContext
+    ) -> Iterator[pb.LookupResponse]:
+        """The maps of ``rows`` as LookupResponse messages: chunks, and a RowError for a row that cannot be served."""
+        for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
+            if isinstance(chunk_or_error, pb.RowError):
+                self._metrics.row_error(namespace, chunk_or_error.code)
+                yield pb.LookupResponse(error=chunk_or_error)
+            else:
+                yield pb.LookupResponse(chunk=chunk_or_error)
 
     def _layer_chunks(
         self,
@@ -316,7 +353,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if not context.is_active():
                 return
             # Rows of one batch often hit the same popular entry: read each (entry, crop) once per layer.
-            read: dict[tuple[int, int], np.ndarray | AttnStoreError] = {}
+            read: dict[tuple[int, int | None], np.ndarray | AttnStoreError] = {}
             for row in list(live):
                 key = (row.entry_id, row.length)
                 if key not in read:
@@ -344,6 +381,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     continue
                 self._metrics.streamed("maps", maps.nbytes)
                 yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
+        # Every layer went out: repeated hits earn a place in the DRAM tier (its admission policy).
+        service.maps_served(namespace, sorted({row.entry_id for row in live}))
 
     @contextmanager
     def _ingest_slot(self) -> Iterator[None]:

@@ -23,9 +23,11 @@ from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
-from attnstore.service.queries import IngestResult, MatchResult, Query
+from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
+from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
+from attnstore.store.reports import PrefetchReport
 
 
 class AttnStoreService:
@@ -112,9 +114,20 @@ class AttnStoreService:
         self._store.drop_namespace(name)
         self._indexes.drop(name)
 
-    def set_projector(self, name: str, blob: bytes) -> None:
-        """Store the namespace's projector weights (safetensors bytes)."""
-        self._store.set_projector(name, blob)
+    def set_projector(self, name: str, blob: bytes, *, replace: bool = False) -> NamespaceInfo:
+        """Store the namespace's projector weights (safetensors bytes); returns the namespace as it is now.
+
+        See ``MapStoreBase.set_projector``: a different projector needs ``replace``, which drops
+        the stored feature vectors, so the namespace's index is rebuilt (empty) with them.
+
+        Raises:
+            NamespaceExistsError: another projector is stored and ``replace`` is False.
+        """
+        before = self._store.get_namespace(name).projector_version
+        info = self._store.set_projector(name, blob, replace=replace)
+        if before and info.projector_version != before:
+            self._indexes.rebuild()
+        return info
 
     def check_fingerprint(self, name: str, fingerprint: str) -> NamespaceInfo:
         """The namespace, if ``fingerprint`` is its model's.
@@ -151,7 +164,9 @@ class AttnStoreService:
         *,
         max_distance: float,
         exact: bool = True,
+        maps: bool = True,
         gate: bool = False,
+        projector_version: int | None = None,
     ) -> list[MatchResult]:
         """Match each query: exact tier first, then the map tier.
 
@@ -161,29 +176,37 @@ class AttnStoreService:
             queries: one per batch row.
             max_distance: threshold on the predicted map distance (ignored when gated).
             exact: consult the exact tier (token hash) first.
+            maps: search the map tier for the rest (else they are misses, and their features are not read).
             gate: decide map hits with the namespace's fidelity gate instead of
                 ``max_distance``; every query needs its token ids.
+            projector_version: the namespace's projector version the features were
+                projected with; None states none.
 
         Returns:
             One ``MatchResult`` per query, in order.
 
         Raises:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
+            ProjectorChangedError: ``projector_version`` is not the namespace's.
             NamespaceNotReadyError: ``gate`` on a namespace without one.
             MapShapeError: a feature of the wrong dimension, a bad length, or a gated
                 query without token ids (or not as many as its length).
             VectorIndexError: NaN/Inf features or a bad threshold.
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        fidelity_gate = self._gate_of(info) if gate else None
-        if gate and fidelity_gate is None:
+        if maps:  # an exact-only lookup reads no features: any projector version will do
+            check_projector_version(info, projector_version)
+        fidelity_gate = self._gate_of(info) if gate and maps else None
+        if gate and maps and fidelity_gate is None:
             raise NamespaceNotReadyError(
                 f"namespace {namespace!r} has no fidelity gate (built without calibration, or before gates):"
                 " look up with a max distance instead"
             )
         results = exact_matches(self._store, namespace, queries) if exact else {}
         pending = [row for row in range(len(queries)) if row not in results]
-        if pending and fidelity_gate is not None:
+        if pending and not maps:
+            results.update({row: MISS for row in pending})
+        elif pending and fidelity_gate is not None:
             results.update(gated_matches(self._indexes, self._store, info, fidelity_gate, queries, pending))
         elif pending:
             results.update(threshold_matches(self._indexes, info, queries, pending, max_distance=max_distance))
@@ -231,11 +254,13 @@ class AttnStoreService:
         """An entry's stored final outputs ``(L, hidden)`` fp16, or None."""
         return self._store.read_outputs(namespace, entry_id)
 
-    def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> int:
-        """Queue entries for loading into the DRAM tier; returns how many were queued."""
-        ids = list(entry_ids)
-        self._store.prefetch(namespace, ids)
-        return len(ids)
+    def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
+        """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""
+        return self._store.prefetch(namespace, entry_ids)
+
+    def maps_served(self, namespace: str, entry_ids: Iterable[int]) -> None:
+        """Entries whose maps were just streamed to a client (the store's DRAM tier may admit them)."""
+        self._store.maps_served(namespace, entry_ids)
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
         """Metadata of one live entry."""
@@ -243,7 +268,9 @@ class AttnStoreService:
 
     # ---- admin --------------------------------------------------------------
 
-    def ingest(self, namespace: str, fingerprint: str, entries: Sequence[NewEntry]) -> IngestResult:
+    def ingest(
+        self, namespace: str, fingerprint: str, entries: Sequence[NewEntry], *, projector_version: int | None = None
+    ) -> IngestResult:
         """Store entries and index their features; all-or-nothing.
 
         An entry whose token ids are already stored is not stored again; its
@@ -253,14 +280,16 @@ class AttnStoreService:
 
         Raises:
             FingerprintMismatchError, NamespaceNotFoundError: see ``check_fingerprint``.
+            ProjectorChangedError: ``projector_version`` is not the namespace's (nothing is written).
             MapShapeError: an entry does not fit the namespace (nothing is written).
-            StoreFullError: the store is full (nothing is written).
+            StoreFullError: the store or its disk is full (nothing is written).
         """
         self.check_fingerprint(namespace, fingerprint)
-        report = self._store.ingest(namespace, entries)
-        # The first entry of each id this call added; a row repeated within the call is indexed once.
+        report = self._store.ingest(namespace, entries, projector_version=projector_version)
+        # The first entry of each id this call added or gave a feature; a row repeated within the call is indexed once.
         first = {entry_id: entry for entry_id, entry in reversed(list(zip(report.entry_ids, entries, strict=True)))}
-        rows = [(entry_id, first[entry_id]) for entry_id in report.added if first[entry_id].feature is not None]
+        indexed = [*report.added, *report.featured]
+        rows = [(entry_id, first[entry_id]) for entry_id in indexed if first[entry_id].feature is not None]
         if rows:
             self._indexes.add(
                 namespace,
@@ -292,6 +321,10 @@ class AttnStoreService:
     def rebuild_indexes(self) -> None:
         """Rebuild every namespace's index from the stored feature vectors."""
         self._indexes.rebuild()
+
+    def storage_fault(self) -> str | None:
+        """Why the store's storage can no longer be trusted, or None (see ``MapStoreBase.storage_fault``)."""
+        return self._store.storage_fault()
 
     def dead_threads(self) -> list[str]:
         """Names of the store's background threads that have died (see ``MapStoreBase.dead_threads``)."""

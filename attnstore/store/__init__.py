@@ -1,8 +1,8 @@
 """The map store: attention maps per namespace in a zarr v3 layout on LMDB.
 
 Value types (``NamespaceLayout``, ``NewEntry``...) and reports import nothing
-heavy. ``MapStore`` (lmdb), ``MemoryMapStore`` and ``LMDBZarrStore`` (zarr) are
-loaded on first use, so importing this package stays light.
+heavy. ``MapStore`` (lmdb), ``MemoryMapStore``, ``LMDBZarrStore`` and
+``open_zarr`` (zarr) are loaded on first use, so importing this package stays light.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from attnstore.store.reports import (
 if TYPE_CHECKING:
     from attnstore.store.base import MapStoreBase
     from attnstore.store.lmdb.mapstore import MapStore, StoreSettings
-    from attnstore.store.lmdb.zarr_store import LMDBZarrStore
+    from attnstore.store.lmdb.zarr_store import LMDBZarrStore, open_zarr
     from attnstore.store.memory import MemoryMapStore
 
 _LAZY = {
@@ -41,6 +41,7 @@ _LAZY = {
     "StoreSettings": "attnstore.store.lmdb.mapstore",
     "MemoryMapStore": "attnstore.store.memory",
     "LMDBZarrStore": "attnstore.store.lmdb.zarr_store",
+    "open_zarr": "attnstore.store.lmdb.zarr_store",
 }
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "StoreSettings",
     "StoreStats",
     "VerifyReport",
+    "open_zarr",
 ]
 
 

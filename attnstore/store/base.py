@@ -7,13 +7,16 @@ projector blobs, token hashes, entry ids) are checked here, before a backend's
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from attnstore.errors import ConfigError, MapShapeError
-from attnstore.protocol.projector_blob import projector_metadata
+import crc32c
+
+from attnstore.errors import ConfigError, MapShapeError, NamespaceExistsError, ProjectorChangedError
+from attnstore.protocol.projector_blob import projector_metadata, same_weights
 from attnstore.protocol.records import (
     TOKEN_HASH_BYTES,
     EntryInfo,
@@ -24,12 +27,59 @@ from attnstore.protocol.records import (
     check_entry_ids,
     check_namespace_name,
 )
-from attnstore.store.reports import CompactReport, IngestReport, StoreStats, VerifyReport
+from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
     import numpy as np
 
     from attnstore.store.feed import ChangeFeed
+
+
+def check_projector_version(info: NamespaceInfo, version: int | None) -> None:
+    """Refuse a request whose features were projected with another projector than the namespace's.
+
+    Args:
+        info: the namespace as it is now.
+        version: the projector version the caller projected with; None (or 0 on the wire) states none.
+
+    Raises:
+        ProjectorChangedError: ``version`` is stated and is not the namespace's.
+    """
+    if version is not None and version != info.projector_version:
+        raise ProjectorChangedError(
+            f"namespace {info.name!r} has projector version {info.projector_version}; the request's features were"
+            f" projected with version {version}: fetch the namespace again (its projector) and re-project"
+        )
+
+
+def projector_update(info: NamespaceInfo, blob: bytes, *, replace: bool) -> NamespaceInfo | None:
+    """The namespace once ``blob`` is its projector; None when it is already (nothing to write).
+
+    The first projector becomes version 1; each change bumps it, so clients load the new one. A
+    blob with the same weights (a new gate, say) projects as before and needs no ``replace``; one
+    with other weights does (the backend then drops every stored feature vector in the same write,
+    see :func:`drops_features`).
+
+    Raises:
+        NamespaceExistsError: the namespace has other weights and ``replace`` is False.
+    """
+    if info.projector == blob:
+        return None
+    if drops_features(info, blob) and not replace:
+        raise NamespaceExistsError(
+            f"namespace {info.name!r} has another projector (version {info.projector_version}); replacing it drops"
+            " every stored feature vector until the entries are ingested again with the new one's: ask for the"
+            " replacement explicitly (replace_projector, admin ingest --replace-projector)"
+        )
+    return dataclasses.replace(
+        info, projector=blob, projector_version=info.projector_version + 1, projector_crc32c=crc32c.crc32c(blob)
+    )
+
+
+def drops_features(info: NamespaceInfo, blob: bytes) -> bool:
+    """Whether storing ``blob`` as the namespace's projector invalidates its stored feature vectors
+    (it has a projector, and ``blob`` holds other weights)."""
+    return info.projector is not None and not same_weights(info.projector, blob)
 
 
 class MapStoreBase(ABC):
@@ -81,36 +131,58 @@ class MapStoreBase(ABC):
             NamespaceNotFoundError: no such namespace.
         """
 
-    def set_projector(self, name: str, blob: bytes) -> None:
-        """Store the namespace's projector weights (safetensors bytes).
+    def set_projector(self, name: str, blob: bytes, *, replace: bool = False) -> NamespaceInfo:
+        """Store the namespace's projector weights (safetensors bytes); returns the namespace as it is now.
+
+        A namespace without a projector takes ``blob`` as version 1 (its stored feature vectors
+        stay: a build ingests them before it stores the projector that made them). Its own
+        projector again changes nothing. One with the same weights and other metadata (a new
+        gate) is stored as the next version. One with other weights is refused unless
+        ``replace``: then, in one write, the version goes up by one and every stored feature
+        vector is dropped, so no search ever compares vectors of two projectors. The entries
+        stay (exact hits go on) and come back to the map tier as they are ingested again with
+        features of the new projector. The blob's crc32c is recorded and checked whenever it is
+        loaded.
 
         Raises:
             ConfigError: ``blob`` is not bytes.
             WireFormatError: ``blob`` is not safetensors (nothing is stored).
             NamespaceNotFoundError: no such namespace.
+            NamespaceExistsError: the namespace has another projector and ``replace`` is False.
         """
         if not isinstance(blob, bytes | bytearray | memoryview):
             raise ConfigError(f"set_projector(): the blob must be bytes (safetensors), got {type(blob).__name__}")
         projector_metadata(blob)
-        self._set_projector(name, bytes(blob))
+        return self._set_projector(name, bytes(blob), replace=replace)
 
     @abstractmethod
-    def _set_projector(self, name: str, blob: bytes) -> None:
-        """``set_projector`` with a checked blob."""
+    def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
+        """``set_projector`` with a checked blob (decide with :func:`projector_update` inside the write)."""
 
     @abstractmethod
-    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> IngestReport:
+    def ingest(
+        self, namespace: str, entries: Iterable[NewEntry], *, projector_version: int | None = None
+    ) -> IngestReport:
         """Add entries, all-or-nothing per call; the report has their ids in input order.
 
         An entry whose token hash is already stored is not stored again: the
-        existing id is returned, and the id is not in ``IngestReport.added``.
-        A byte cap may evict least recently hit entries to make room; the
-        report lists them (``IngestReport.evicted``).
+        existing id is returned, and the id is not in ``IngestReport.added``;
+        if the stored entry has no feature vector (its projector was replaced)
+        it takes this entry's (``IngestReport.featured``). A byte cap may evict
+        least recently hit entries to make room; the report lists them
+        (``IngestReport.evicted``).
+
+        Args:
+            namespace: namespace name.
+            entries: the entries.
+            projector_version: the projector version the features were made with; checked
+                inside the write (see :func:`check_projector_version`). None skips the check.
 
         Raises:
             NamespaceNotFoundError: no such namespace.
             MapShapeError: an entry does not fit the namespace (nothing is written).
-            StoreFullError: the store is full (nothing is written).
+            ProjectorChangedError: ``projector_version`` is not the namespace's (nothing is written).
+            StoreFullError: the store or its disk is full (nothing is written).
         """
 
     @abstractmethod
@@ -213,8 +285,12 @@ class MapStoreBase(ABC):
         """``delete`` with checked ids."""
 
     @abstractmethod
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
-        """Load entries into the DRAM tier in the background."""
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
+        """Load entries into the DRAM tier in the background; ids no live entry has are skipped and counted."""
+
+    def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
+        """Entries whose maps were just sent to a client, for a DRAM tier's admission; stores without one ignore it."""
+        return None  # not abstract: only a store with a DRAM tier has something to do
 
     @abstractmethod
     def wait_prefetch(self, timeout: float | None = None) -> bool:
@@ -232,13 +308,20 @@ class MapStoreBase(ABC):
         """Names of background threads that have died (the store then needs a restart); none by default."""
         return []
 
+    def storage_fault(self) -> str | None:
+        """Why the store's storage can no longer be trusted (its directory was removed, its database is
+        damaged), or None while it is sound; a store with a fault needs a restart on sound storage."""
+        return None
+
     @abstractmethod
     def compact(self) -> CompactReport:
         """Rewrite live entries densely and drop deleted space; ids are kept."""
 
     @abstractmethod
     def verify(self) -> VerifyReport:
-        """Check every entry's chunks against their checksums; list the corrupt ones."""
+        """Check every entry's chunks against their checksums and every projector against its own; list
+        the corrupt entries, and damage not tied to one entry (``VerifyReport.problems``). Never raises
+        for damage it finds."""
 
     @abstractmethod
     def stats(self) -> StoreStats:

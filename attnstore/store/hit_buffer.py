@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 
 class HitBuffer:
@@ -52,6 +53,16 @@ class HitBuffer:
             pending, self._pending = self._pending, {}
             self._last_flush = self._clock()
             return pending
+
+    @contextmanager
+    def draining(self, take: bool = True) -> Iterator[dict[tuple[str, int], tuple[int, float]]]:
+        """Every pending count (none if not ``take``) for the caller to write; put back if the write fails."""
+        pending = self.drain() if take else {}
+        try:
+            yield pending
+        except BaseException:
+            self.restore(pending)
+            raise
 
     def restore(self, pending: dict[tuple[str, int], tuple[int, float]]) -> None:
         """Put back counts whose write failed, merged with any added since."""

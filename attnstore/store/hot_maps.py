@@ -5,10 +5,19 @@ and, per read, how to load one layer; this object decides when DRAM answers
 instead. Reads of a whole entry admit it; ``prefetch`` loads entries on a
 background thread (its own transactions: LMDB's stay on the thread that opened
 them). Arrays handed out are copies that belong to the caller.
+
+Admission of served maps (``served``): an entry whose maps are sent to a client
+layer by layer is admitted on its second serve. The first serve only remembers
+its key among the last :data:`SERVED_HISTORY`; a second serve while remembered
+queues it for loading in the background. Entries that keep hitting thus come
+from DRAM from their third serve on, while one-off hits (a scan of distinct
+inputs) never push them out.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -18,6 +27,9 @@ from attnstore.store.prefetch import Prefetcher
 from attnstore.store.reports import DramStats
 
 LoadMaps = Callable[[str, int], np.ndarray]  # (namespace, id) -> (layers, heads, L, L) fp16
+
+# Entries served once, remembered for admission on a second serve: keys only, a few hundred KiB at most.
+SERVED_HISTORY = 4096
 
 
 class HotMaps:
@@ -33,6 +45,8 @@ class HotMaps:
         self._load_maps = load_maps
         self._dram = DramTier(capacity_bytes)
         self._prefetcher = Prefetcher(self._prefetch_one, max_queue=prefetch_queue)
+        self._served_once: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._served_lock = threading.Lock()
 
     def maps(self, namespace: str, entry_id: int, *, cache: bool = True) -> np.ndarray:
         """One entry's maps ``(layers, heads, L, L)``: from DRAM, else loaded (and admitted when ``cache``)."""
@@ -53,10 +67,35 @@ class HotMaps:
             return cached[layer].copy()
         return load_layer()
 
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
-        """Load entries into DRAM in the background (those already there are skipped)."""
-        if self._dram.capacity_bytes:
-            self._prefetcher.submit(namespace, (i for i in ids if (namespace, int(i)) not in self._dram))
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> int:
+        """Load entries into DRAM in the background; returns how many were queued (not those already
+        there, nor those past the queue's bound, nor any without a DRAM tier)."""
+        if not self._dram.capacity_bytes:
+            return 0
+        return self._prefetcher.submit(namespace, (i for i in ids if (namespace, int(i)) not in self._dram))
+
+    def served(self, namespace: str, ids: Iterable[int]) -> None:
+        """Entries whose maps were just sent to a client: each one served for the second time is admitted.
+
+        Admitted means queued for loading in the background (see the module docstring).
+        """
+        if not self._dram.capacity_bytes:
+            return
+        again: list[int] = []
+        with self._served_lock:
+            for entry_id in ids:
+                key = (namespace, int(entry_id))
+                if key in self._dram:
+                    continue
+                if key in self._served_once:
+                    del self._served_once[key]
+                    again.append(key[1])
+                else:
+                    self._served_once[key] = None
+                    if len(self._served_once) > SERVED_HISTORY:
+                        self._served_once.popitem(last=False)
+        if again:
+            self._prefetcher.submit(namespace, again)
 
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """Block until queued prefetches are done; False on timeout."""

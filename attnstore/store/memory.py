@@ -23,6 +23,7 @@ from attnstore.errors import (
     MapShapeError,
     NamespaceExistsError,
     NamespaceNotFoundError,
+    shown,
 )
 from attnstore.protocol.records import (
     FORMAT_VERSION,
@@ -33,7 +34,7 @@ from attnstore.protocol.records import (
     NewEntry,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase
+from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -41,6 +42,7 @@ from attnstore.store.reports import (
     DramStats,
     IngestReport,
     NamespaceStats,
+    PrefetchReport,
     StoreStats,
     VerifyReport,
 )
@@ -94,7 +96,9 @@ class MemoryMapStore(MapStoreBase):
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)
         if ns is None:
-            raise NamespaceNotFoundError(f"no namespace {name!r}; existing: {sorted(self._namespaces)}")
+            raise NamespaceNotFoundError(
+                f"no namespace {shown(name)}; existing: {shown(sorted(self._namespaces), 512)}"
+            )
         return ns
 
     def _get(self, namespace: str, entry_id: int) -> tuple[_Namespace, _Entry]:
@@ -131,16 +135,22 @@ class MemoryMapStore(MapStoreBase):
             self._ns(name)
             del self._namespaces[name]
 
-    def _set_projector(self, name: str, blob: bytes) -> None:
+    def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
         """See :meth:`MapStoreBase.set_projector`."""
         with self._lock:
             ns = self._ns(name)
-            info = ns.info
-            ns.info = NamespaceInfo(
-                info.name, info.model, info.fingerprint, info.layout, info.format_version, info.created, blob
-            )
+            update = projector_update(ns.info, blob, replace=replace)
+            if update is None:
+                return ns.info
+            if drops_features(ns.info, blob):
+                for entry in ns.entries.values():
+                    entry.feature = None
+            ns.info = update
+            return update
 
-    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> IngestReport:
+    def ingest(
+        self, namespace: str, entries: Iterable[NewEntry], *, projector_version: int | None = None
+    ) -> IngestReport:
         """See :meth:`MapStoreBase.ingest`."""
         ns = self._ns(namespace)
         state = ns.state
@@ -148,10 +158,16 @@ class MemoryMapStore(MapStoreBase):
         now = time.time()
         ids: list[int] = []
         added: list[int] = []
+        featured: list[int] = []
         with self._lock:
+            check_projector_version(ns.info, projector_version)
             for p in prepared:
                 existing = ns.hashes.get(p.token_hash)
                 if existing is not None:
+                    stored = ns.entries[existing]
+                    if stored.feature is None and p.feature is not None and existing not in added:
+                        stored.feature = p.feature
+                        featured.append(existing)
                     ids.append(existing)
                     continue
                 chunks = [
@@ -181,7 +197,7 @@ class MemoryMapStore(MapStoreBase):
                 ids.append(entry.id)
                 self._next_id += 1
             evicted = self._evict({(namespace, i) for i in added})
-        return IngestReport(ids, added, evicted)
+        return IngestReport(ids, added, evicted, featured)
 
     def _evict(self, protect: set[tuple[str, int]]) -> dict[str, list[int]]:
         """Evict least recently hit entries down to 90% of the cap; the evicted ids by namespace."""
@@ -315,9 +331,11 @@ class MemoryMapStore(MapStoreBase):
         with self._lock:
             return sum(self._delete_one(ns, i) for i in ids)
 
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
-        """Nothing to do: every entry is in memory."""
-        self._ns(namespace)
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
+        """Nothing to load: every entry is in memory. Unknown ids are counted as in the LMDB store."""
+        ns = self._ns(namespace)
+        wanted = set(int(i) for i in ids)
+        return PrefetchReport(queued=0, unknown=len(wanted - ns.entries.keys()))
 
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """Always done."""

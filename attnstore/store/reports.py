@@ -19,11 +19,21 @@ class IngestReport:
     added: list[int]  # ids this call stored, each once, in input order
     # namespace -> ids the byte cap evicted to make room (they must leave every index)
     evicted: dict[str, list[int]] = field(default_factory=dict)
+    # already stored ids that had no feature vector (their projector was replaced) and got this call's
+    featured: list[int] = field(default_factory=list)
 
     @property
     def duplicates(self) -> int:
         """Input entries this call did not store: already stored, or repeated within the call."""
         return len(self.entry_ids) - len(self.added)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchReport:
+    """What one prefetch call queued."""
+
+    queued: int  # entries queued for loading into the DRAM tier
+    unknown: int  # distinct ids no live entry has (never queued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +100,9 @@ class StoreStats:
     pending_hits: int  # hit counts buffered in memory, not yet on disk
     namespaces: tuple[NamespaceStats, ...]
     dram: DramStats
+    # generations other than the live one still on disk (held by a reader, or left by a killed compaction)
+    stale_generations: int = 0
+    stale_generation_bytes: int = 0
 
     @property
     def ratio(self) -> float:
@@ -125,11 +138,13 @@ class VerifyReport:
     corrupt: tuple[CorruptEntry, ...]
     orphan_chunks: int  # chunk keys no live entry owns (invisible; compaction drops them)
     seconds: float
+    # damage not tied to one entry: the database's structure, a projector failing its checksum
+    problems: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when no entry is corrupt (orphans are harmless)."""
-        return not self.corrupt
+        """True when no entry is corrupt and the store shows no other damage (orphans are harmless)."""
+        return not self.corrupt and not self.problems
 
     def corrupt_ids(self, namespace: str) -> list[int]:
         """Ids of the corrupt entries of ``namespace``."""

@@ -3,12 +3,12 @@ embedded store (``local``) behind one small interface (``base``)."""
 
 from attnstore_client.connection.base import (
     URL_SCHEMES,
+    MapStream,
     Match,
     MatchKind,
     NamespaceHandle,
-    Retrieval,
     StoreConnection,
     connect,
 )
 
-__all__ = ["URL_SCHEMES", "Match", "MatchKind", "NamespaceHandle", "Retrieval", "StoreConnection", "connect"]
+__all__ = ["URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "StoreConnection", "connect"]

@@ -2,22 +2,26 @@
 
 ``connect("grpc://HOST:PORT")`` talks to a daemon (``attnstore serve``);
 ``connect("local:PATH")`` opens the store at PATH in this process (embedded
-mode: the same store and index, no server). Both answer a batch lookup with a
-:class:`Retrieval`: the matches at once, the exact rows' stored outputs, and
-the map rows' maps layer by layer, so a forward may start replaying layer 0
-before the last layer has arrived.
+mode: the same store and index, no server). A call goes to the store in three
+steps, each asked only for the rows that need it: ``exact`` (stored outputs of
+rows whose tokens are stored, by token hash alone), ``search`` (the map tier:
+which stored entry each row may replay) and ``fetch_maps`` (those entries' maps,
+layer by layer, so a forward may start replaying layer 0 before the last layer
+has arrived).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import crc32c
 import numpy as np
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ChecksumError, ConfigError
 from attnstore.protocol.records import LookupBatch
 
 MatchKind = Literal["miss", "exact", "map"]
@@ -37,6 +41,21 @@ class NamespaceHandle:
     hidden: int
     feature_dim: int
     projector: bytes | None  # safetensors bytes; None until a build has finished
+    projector_version: int = 0  # 0 without a projector; +1 each time the namespace's is replaced
+
+
+def checked_projector(name: str, projector: bytes | None, crc: int | None) -> bytes | None:
+    """``projector``, once it matches the crc32c the store recorded for it (None: none recorded).
+
+    Raises:
+        ChecksumError: the bytes differ from what the store recorded: its weights are damaged.
+    """
+    if projector is not None and crc is not None and crc32c.crc32c(projector) != crc:
+        raise ChecksumError(
+            f"the projector of namespace {name!r} fails its crc32c check: its stored weights are damaged"
+            " (admin verify reports it; store it again)"
+        )
+    return projector
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,32 +68,23 @@ class Match:
     stored_length: int | None  # the entry's length (>= the row's for a causal crop); None on a miss
 
 
-class Retrieval(ABC):
-    """One batch lookup's answer: matches, then arrays as they arrive.
+class MapStream(ABC):
+    """The maps of chosen rows (one stored entry and a crop length each), layer by layer as they arrive.
 
     Attributes:
-        matches: one per row, in order.
-        outputs: exact row -> its stored final outputs ``(L, hidden)``.
         bytes_fetched: array bytes received so far.
-        fetch_seconds: time spent receiving arrays (with streaming, overlapped with the forward).
+        fetch_seconds: time spent receiving (with streaming, overlapped with the forward).
         outage: the error that broke the stream for every remaining row, if one did.
     """
 
-    def __init__(self, matches: list[Match], outputs: dict[int, np.ndarray]) -> None:
-        self.matches = matches
-        self.outputs = outputs
+    def __init__(self) -> None:
         self.bytes_fetched = 0
         self.fetch_seconds = 0.0
         self.outage: BaseException | None = None
 
-    @property
-    def map_rows(self) -> list[int]:
-        """Rows whose maps come through :meth:`layer`."""
-        return [row for row, match in enumerate(self.matches) if match.kind == "map"]
-
     @abstractmethod
     def layer(self, row: int, layer: int) -> np.ndarray:
-        """One map row's maps for one layer, ``(heads, L', L')``, blocking until they arrive.
+        """One row's maps for one layer, ``(heads, L, L)``, blocking until they arrive.
 
         Raises:
             MapsUnavailableError: the row's maps cannot be delivered (its ``cause`` says why).
@@ -82,13 +92,13 @@ class Retrieval(ABC):
 
     @abstractmethod
     def failed(self) -> dict[int, str]:
-        """Map rows known not to be deliverable so far, with their fallback causes."""
+        """Rows known not to be deliverable so far, with their fallback causes."""
 
     @abstractmethod
     def wait(self) -> None:
-        """Block until every map row has arrived in full or failed."""
+        """Block until every row has arrived in full or failed."""
 
-    def close(self) -> None:  # noqa: B027 (optional: a retrieval that holds nothing has nothing to close)
+    def close(self) -> None:  # noqa: B027 (optional: a stream that holds nothing has nothing to close)
         """Stop receiving (a no-op once everything arrived)."""
 
 
@@ -107,18 +117,41 @@ class StoreConnection(ABC):
         """
 
     @abstractmethod
-    def lookup(self, batch: LookupBatch, *, timeout: float | None) -> Retrieval:
-        """Match a batch and start delivering its hit rows' arrays.
+    def exact(
+        self, namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int], *,
+        timeout: float | None,
+    ) -> dict[int, np.ndarray]:
+        """The stored outputs of the rows whose tokens are stored (the exact tier), nothing searched.
 
         Args:
-            batch: the rows, their features, lengths, exact-tier keys and how to decide map hits.
-            timeout: deadline in seconds of the whole call, arrays included (None: none).
+            namespace, fingerprint: the namespace and the caller's model fingerprint.
+            token_hashes: each row's exact-tier key.
+            lengths: each row's token length (an entry of another length is not the same input).
+            timeout: deadline in seconds of the whole call (None: none).
 
         Returns:
-            The retrieval; its matches are there when this returns.
+            Row -> its stored outputs ``(L, hidden)`` fp16, for the rows found.
 
         Raises:
-            AttnStoreError: the lookup itself failed (the caller falls back for every row).
+            AttnStoreError: the call failed (the caller computes the rows).
+        """
+
+    @abstractmethod
+    def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
+        """The map tier's answer for each row: which stored entry it may replay (maps are not sent).
+
+        Raises:
+            AttnStoreError: the call failed (the caller computes the rows).
+        """
+
+    @abstractmethod
+    def fetch_maps(
+        self, namespace: str, fingerprint: str, rows: Sequence[tuple[int, int]], *, timeout: float | None
+    ) -> MapStream:
+        """Start delivering the maps of ``rows``: ``(entry id, length)`` each, cropped to that length.
+
+        Raises:
+            AttnStoreError: the call failed before any map arrived (the caller computes the rows).
         """
 
     @abstractmethod

@@ -4,10 +4,16 @@ Imports the service (faiss, lmdb, zarr) only when a connection is made, so a
 client that talks to a daemon never loads them. Maps are read from LMDB one
 layer at a time when the forward asks for them: nothing streams, nothing is
 copied ahead of use.
+
+LMDB lets a process open an environment once, so every connection to one path
+in this process shares one opened store (reference-counted: the last
+connection to close it closes it). Several caches, models or namespaces on one
+store then work side by side.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,11 +23,46 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.records import LookupBatch
-from attnstore_client.connection import Match, NamespaceHandle, Retrieval, StoreConnection
+from attnstore_client.connection.base import MapStream, Match, NamespaceHandle, StoreConnection, checked_projector
 from attnstore_client.resilience import cause_of
 
 if TYPE_CHECKING:
-    from attnstore.service import AttnStoreService, MatchResult
+    from attnstore.service import AttnStoreService
+
+
+class _SharedStores:
+    """The stores this process has open, by resolved path, with how many connections use each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[Path, tuple[AttnStoreService, int]] = {}
+
+    def acquire(self, path: Path) -> AttnStoreService:
+        """The store at ``path``, opened read-only on first use.
+
+        Raises:
+            StoreNotFoundError: no store there.
+        """
+        from attnstore.service import AttnStoreService
+
+        with self._lock:
+            service, users = self._open.get(path) or (AttnStoreService.open(path, readonly=True), 0)
+            self._open[path] = (service, users + 1)
+            return service
+
+    def release(self, path: Path) -> None:
+        """One connection fewer; the last one closes the store."""
+        with self._lock:
+            service, users = self._open[path]
+            if users > 1:
+                self._open[path] = (service, users - 1)
+                return
+            del self._open[path]
+        service.close()
+
+
+# One per process: what LMDB allows is one open environment per path per process.
+_SHARED = _SharedStores()
 
 
 class LocalConnection(StoreConnection):
@@ -29,8 +70,9 @@ class LocalConnection(StoreConnection):
 
     Args:
         url: the ``local:PATH`` URL, for messages.
-        store: the store folder (opened read-only: any number of processes may
-            share it, and a build may add to it meanwhile), or an already open
+        store: the store folder (opened read-only, shared with every other
+            connection to it in this process: any number of processes may share
+            it too, and a build may add to it meanwhile), or an already open
             service (not closed by this connection).
 
     Raises:
@@ -39,13 +81,13 @@ class LocalConnection(StoreConnection):
 
     def __init__(self, url: str, store: Path | AttnStoreService) -> None:
         self.url = url
+        self._path: Path | None = None
         if isinstance(store, Path):
-            from attnstore.service import AttnStoreService
-
-            self._service = AttnStoreService.open(store, readonly=True)
-            self._owned = True
+            self._path = store.resolve()
+            self._service = _SHARED.acquire(self._path)
         else:
-            self._service, self._owned = store, False
+            self._service = store
+        self._closed = False
 
     def namespace(self, name: str) -> NamespaceHandle:
         """See :meth:`StoreConnection.namespace`."""
@@ -54,75 +96,87 @@ class LocalConnection(StoreConnection):
         return NamespaceHandle(
             name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
-            projector=info.projector,
+            projector=checked_projector(info.name, info.projector, info.projector_crc32c),
+            projector_version=info.projector_version,
         )
 
-    def lookup(self, batch: LookupBatch, *, timeout: float | None) -> Retrieval:
-        """See :meth:`StoreConnection.lookup` (in-process: ``timeout`` does not apply)."""
+    def exact(
+        self, namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int], *,
+        timeout: float | None,
+    ) -> dict[int, np.ndarray]:
+        """See :meth:`StoreConnection.exact` (in-process: ``timeout`` does not apply)."""
         from attnstore.service import Query
 
-        hashes = batch.token_hashes if batch.token_hashes is not None else [None] * batch.size
+        empty = np.empty(0, dtype=np.float32)
+        queries = [
+            Query(feature=empty, length=int(length), token_hash=token_hash)
+            for token_hash, length in zip(token_hashes, lengths, strict=True)
+        ]
+        results = self._service.lookup(namespace, fingerprint, queries, max_distance=0.0, maps=False)
+        served = self._service.read_exact_outputs(namespace, results)
+        return {row: array for row, (_, array) in served.outputs.items()}
+
+    def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
+        """See :meth:`StoreConnection.search` (in-process: ``timeout`` does not apply)."""
+        from attnstore.service import Query
+
         ids = batch.token_ids if batch.token_ids is not None else [None] * batch.size
         queries = [
-            Query(feature=feature, length=int(length), token_hash=token_hash,
-                  token_ids=None if row_ids is None else np.asarray(row_ids))
-            for feature, length, token_hash, row_ids in zip(batch.features, batch.lengths, hashes, ids, strict=True)
+            Query(feature=feature, length=int(length), token_ids=None if row_ids is None else np.asarray(row_ids))
+            for feature, length, row_ids in zip(batch.features, batch.lengths, ids, strict=True)
         ]
         results = self._service.lookup(
-            batch.namespace, batch.fingerprint, queries, max_distance=batch.max_distance, exact=batch.exact,
-            gate=batch.gate,
+            batch.namespace, batch.fingerprint, queries, max_distance=batch.max_distance, exact=False,
+            gate=batch.gate, projector_version=batch.projector_version or None,
         )
-        return _LocalRetrieval(self._service, batch.namespace, results, batch.lengths)
+        return [Match(r.kind, r.entry_id, r.distance, r.stored_length) for r in results]
+
+    def fetch_maps(
+        self, namespace: str, fingerprint: str, rows: Sequence[tuple[int, int]], *, timeout: float | None
+    ) -> MapStream:
+        """See :meth:`StoreConnection.fetch_maps`: layers are read from the store when the forward asks."""
+        self._service.check_fingerprint(namespace, fingerprint)
+        return _LocalMaps(self._service, namespace, list(rows))
 
     def health(self) -> str:
         """``"SERVING"`` while the store's background threads live."""
         return "NOT_SERVING" if self._service.dead_threads() else "SERVING"
 
     def close(self) -> None:
-        """Close the store if this connection opened it."""
-        if self._owned:
-            self._service.close()
+        """Let go of the store (the last connection to it in this process closes it). Idempotent."""
+        if self._path is not None and not self._closed:
+            _SHARED.release(self._path)
+        self._closed = True
 
 
-class _LocalRetrieval(Retrieval):
-    """Exact rows' outputs read at once; map rows' layers read from the store on demand."""
+class _LocalMaps(MapStream):
+    """Each row's layers read from the store on demand."""
 
-    def __init__(
-        self, service: AttnStoreService, namespace: str, results: list[MatchResult], lengths: Sequence[int]
-    ) -> None:
-        start = time.perf_counter()
-        served = service.read_exact_outputs(namespace, results)
-        matches = [Match(r.kind, r.entry_id, r.distance, r.stored_length) for r in served.results]
-        outputs = {row: array for row, (_, array) in served.outputs.items()}
-        super().__init__(matches, outputs)
-        self._failed: dict[int, str] = {}
+    def __init__(self, service: AttnStoreService, namespace: str, rows: list[tuple[int, int]]) -> None:
+        super().__init__()
         self._service = service
         self._namespace = namespace
-        self._lengths = lengths
-        self.bytes_fetched = sum(array.nbytes for array in outputs.values())
-        self.fetch_seconds = time.perf_counter() - start
+        self._rows = rows
+        self._failed: dict[int, str] = {}
 
     def layer(self, row: int, layer: int) -> np.ndarray:
-        """See :meth:`Retrieval.layer`."""
-        match = self.matches[row]
-        if match.kind != "map" or match.entry_id is None:
-            raise MapsUnavailableError(f"row {row} is not a map hit", row=row, cause="bad_data")
+        """See :meth:`MapStream.layer`."""
+        entry_id, length = self._rows[row]
         if row in self._failed:
-            raise MapsUnavailableError(f"row {row}: entry {match.entry_id} failed earlier", row=row,
-                                       cause=self._failed[row])
+            raise MapsUnavailableError(f"row {row}: entry {entry_id} failed earlier", row=row, cause=self._failed[row])
         start = time.perf_counter()
         try:
-            maps = self._service.read_layer(self._namespace, match.entry_id, layer, self._lengths[row])  # (H, L, L)
+            maps = self._service.read_layer(self._namespace, entry_id, layer, length)  # (H, L, L)
         except AttnStoreError as exc:
             self._failed[row] = cause = "checksum" if cause_of(exc) == "checksum" else "row_error"
-            raise MapsUnavailableError(f"row {row}: entry {match.entry_id} layer {layer}: {exc}", row=row,
+            raise MapsUnavailableError(f"row {row}: entry {entry_id} layer {layer}: {exc}", row=row,
                                        cause=cause) from exc
         self.bytes_fetched += maps.nbytes
         self.fetch_seconds += time.perf_counter() - start
         return maps
 
     def failed(self) -> dict[int, str]:
-        """See :meth:`Retrieval.failed`."""
+        """See :meth:`MapStream.failed`."""
         return dict(self._failed)
 
     def wait(self) -> None:

@@ -1,12 +1,13 @@
 """A daemon as the client's store (``grpc://HOST:PORT``), over ``attnstore.protocol.remote``.
 
-One Lookup call per batch. The caller's thread reads the matches and the exact
-rows' outputs (they come first); a reader thread then receives the map chunks,
-layer 0 of every hit row first, and hands each completed layer to the forward,
-which may already be running. Anything that goes wrong after the matches (a row
+``exact`` is one exact-only Lookup (token hashes in, stored outputs out);
+``search`` one Search (matches only: the daemon reads the hits ahead into its
+DRAM tier); ``fetch_maps`` one FetchMaps whose chunks a reader thread receives,
+layer 0 of every row first, handing each completed layer to the forward, which
+may already be running. Anything that goes wrong once the maps stream (a row
 error, a bad checksum, the daemon going away, the deadline) marks the rows it
 affects as failed; it never raises into the caller except through
-:meth:`Retrieval.layer` as ``MapsUnavailableError``.
+:meth:`MapStream.layer` as ``MapsUnavailableError``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -23,15 +24,30 @@ import numpy as np
 from attnstore.errors import AttnStoreError, ChecksumError, ConfigError, MapsUnavailableError, WireFormatError
 from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import DEFAULT_MAX_MESSAGE_BYTES, RemoteStore, channel_options, lookup_request
+from attnstore.protocol.remote import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    RemoteStore,
+    channel_options,
+    exact_request,
+    search_request,
+)
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler
-from attnstore_client.connection import Match, MatchKind, NamespaceHandle, Retrieval, StoreConnection
+from attnstore_client.connection.base import (
+    MapStream,
+    Match,
+    MatchKind,
+    NamespaceHandle,
+    StoreConnection,
+    checked_projector,
+)
 from attnstore_client.resilience import cause_of
 
 log = logging.getLogger(__name__)
 
+# How long past its deadline a FetchMaps stream is waited for before its rows are given up.
+_DEADLINE_SLACK_S = 1.0
 _KIND: dict[int, MatchKind] = {pb.MATCH_KIND_MISS: "miss", pb.MATCH_KIND_EXACT: "exact", pb.MATCH_KIND_MAP: "map"}
 
 
@@ -74,14 +90,40 @@ class RemoteConnection(StoreConnection):
         return NamespaceHandle(
             name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
-            projector=bytes(info.projector) or None,
+            projector=checked_projector(
+                info.name, bytes(info.projector) or None,
+                info.projector_crc32c if info.HasField("projector_crc32c") else None,
+            ),
+            projector_version=info.projector_version,
         )
 
-    def lookup(self, batch: LookupBatch, *, timeout: float | None) -> Retrieval:
-        """See :meth:`StoreConnection.lookup`."""
-        # The raw call, not RemoteStore.iter_lookup: the reader thread must be able to cancel it.
-        call = self._remote.stub.Lookup(lookup_request(batch), metadata=self._remote.metadata, timeout=timeout)
-        return _StreamedRetrieval(call)
+    def exact(
+        self, namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int], *,
+        timeout: float | None,
+    ) -> dict[int, np.ndarray]:
+        """See :meth:`StoreConnection.exact`."""
+        request = exact_request(namespace, fingerprint, token_hashes, lengths)
+        return dict(self._remote.lookup(request, timeout=timeout).outputs)
+
+    def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
+        """See :meth:`StoreConnection.search`."""
+        return [
+            Match(_KIND[m.kind], m.entry_id if m.kind != pb.MATCH_KIND_MISS else None, m.distance,
+                  m.stored_length or None)
+            for m in self._remote.search(search_request(batch), timeout=timeout)
+        ]
+
+    def fetch_maps(
+        self, namespace: str, fingerprint: str, rows: Sequence[tuple[int, int]], *, timeout: float | None
+    ) -> MapStream:
+        """See :meth:`StoreConnection.fetch_maps`."""
+        request = pb.FetchMapsRequest(
+            namespace=namespace, fingerprint=fingerprint,
+            rows=[pb.FetchRow(entry_id=entry_id, length=length) for entry_id, length in rows],
+        )
+        # The raw call, not a RemoteStore helper: the reader thread must be able to cancel it.
+        call = self._remote.stub.FetchMaps(request, metadata=self._remote.metadata, timeout=timeout)
+        return _StreamedMaps(call, len(rows), None if timeout is None else time.monotonic() + timeout)
 
     def health(self) -> str:
         """See :meth:`StoreConnection.health`."""
@@ -116,60 +158,27 @@ def _channel(target: str, *, tls: bool, pem: dict[str, bytes | None], max_messag
     return grpc.secure_channel(target, grpc.ssl_channel_credentials(**pem), options=options)
 
 
-class _StreamedRetrieval(Retrieval):
-    """The answer of one Lookup stream, received on a reader thread after the matches and outputs."""
+class _StreamedMaps(MapStream):
+    """The chunks of one FetchMaps stream, received on a reader thread."""
 
-    def __init__(self, call: grpc.Call) -> None:
+    def __init__(self, call: grpc.Call, rows: int, deadline: float | None) -> None:
+        super().__init__()
         self._call = call
-        stream: Iterator[pb.LookupResponse] = call
-        start = time.perf_counter()
-        try:
-            first = next(stream, None)
-            if first is None or first.WhichOneof("body") != "matches":
-                raise WireFormatError("a Lookup stream must start with the matches")
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from exc
-        matches = [
-            Match(_KIND[m.kind], m.entry_id if m.kind != pb.MATCH_KIND_MISS else None, m.distance,
-                  m.stored_length or None)
-            for m in first.matches.matches
-        ]
-        super().__init__(matches, {})
+        self._deadline = deadline
+        self._rows = range(rows)
         self._assembler = ChunkAssembler(max_array_bytes=1 << 40)
         self._cond = threading.Condition()
         self._layers: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._done = False
-        pending = self._read_outputs(stream)
-        self._outputs_seconds = self.fetch_seconds = time.perf_counter() - start
-        if pending is None or not self.map_rows:
-            self._finish(None)
-            return
-        self._reader = threading.Thread(target=self._read_maps, args=(pending, stream), name="attnstore-lookup",
-                                        daemon=True)
+        self._reader = threading.Thread(target=self._read_maps, args=(call,), name="attnstore-maps", daemon=True)
         self._reader.start()
 
-    def _read_outputs(self, stream: Iterator[pb.LookupResponse]) -> pb.LookupResponse | None:
-        """Receive the exact rows' outputs; return the first message after them (None: the stream ended)."""
-        try:
-            for message in stream:
-                if message.WhichOneof("body") != "outputs":
-                    return message
-                done = self._assembler.add(message.outputs)
-                self.bytes_fetched += len(message.outputs.data)
-                if done is not None:
-                    (row, _), array = done
-                    self.outputs[row] = array  # (L, hidden)
-        except (grpc.RpcError, AttnStoreError) as exc:
-            # Outputs not complete are dropped: those rows will be computed.
-            self._fail_all(exc)
-        return None
-
-    def _read_maps(self, first: pb.LookupResponse, stream: Iterator[pb.LookupResponse]) -> None:
+    def _read_maps(self, stream: Iterator[pb.LookupResponse]) -> None:
         start = time.perf_counter()
         error: BaseException | None = None
         try:
-            for message in _chain(first, stream):
+            for message in stream:
                 kind = message.WhichOneof("body")
                 if kind == "error":
                     log.warning("store could not serve row %d (entry %d): %s %s", message.error.query_index,
@@ -178,7 +187,7 @@ class _StreamedRetrieval(Retrieval):
                     self._fail_row(message.error.query_index, cause)
                     continue
                 if kind != "chunk":
-                    raise WireFormatError(f"unexpected {kind!r} message among the map chunks of a Lookup")
+                    raise WireFormatError(f"unexpected {kind!r} message among the map chunks of a FetchMaps")
                 row = message.chunk.query_index
                 if row in self._failed:
                     continue
@@ -198,7 +207,7 @@ class _StreamedRetrieval(Retrieval):
         except (grpc.RpcError, AttnStoreError) as exc:
             error = exc
         finally:
-            self.fetch_seconds = self._outputs_seconds + time.perf_counter() - start
+            self.fetch_seconds = time.perf_counter() - start
             self._finish(error)
 
     def _fail_row(self, row: int, cause: str) -> None:
@@ -208,10 +217,10 @@ class _StreamedRetrieval(Retrieval):
 
     def _fail_all(self, exc: BaseException) -> None:
         error = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
-        log.warning("Lookup stream broke: %s", error)
+        log.warning("FetchMaps stream broke: %s", error)
         with self._cond:
             self.outage = error
-            for row in self.map_rows:
+            for row in self._rows:
                 self._failed.setdefault(row, cause_of(error))
             self._cond.notify_all()
 
@@ -221,7 +230,7 @@ class _StreamedRetrieval(Retrieval):
                                       and self._done):
             self._fail_all(error)
         with self._cond:
-            for row in self.map_rows:
+            for row in self._rows:
                 if row not in self._failed and not self._complete(row):
                     self._failed[row] = "bad_data"
             self._done = True
@@ -232,10 +241,25 @@ class _StreamedRetrieval(Retrieval):
         every = {layer for (_, layer) in self._layers}
         return bool(every) and every <= {layer for (r, layer) in self._layers if r == row}
 
+    def _wait_for(self, ready: Callable[[], bool]) -> None:
+        """Wait (holding the lock) until ``ready``; past the call's deadline every row still open fails.
+
+        gRPC ends the call at its deadline; this bound holds even when a call caught in a
+        daemon's shutdown is never ended by gRPC, so a forward never waits forever.
+        """
+        remaining = None if self._deadline is None else self._deadline - time.monotonic() + _DEADLINE_SLACK_S
+        if not self._cond.wait_for(ready, timeout=remaining):
+            log.warning("FetchMaps stream passed its deadline; computing the rows still waiting")
+            for row in self._rows:
+                if not self._complete(row):
+                    self._failed.setdefault(row, "timeout")
+            self._done = True
+            self._call.cancel()
+
     def layer(self, row: int, layer: int) -> np.ndarray:
-        """See :meth:`Retrieval.layer`."""
+        """See :meth:`MapStream.layer`."""
         with self._cond:
-            self._cond.wait_for(lambda: (row, layer) in self._layers or row in self._failed or self._done)
+            self._wait_for(lambda: (row, layer) in self._layers or row in self._failed or self._done)
             array = self._layers.get((row, layer))
             if row in self._failed or array is None:
                 cause = self._failed.get(row, "bad_data")
@@ -244,14 +268,14 @@ class _StreamedRetrieval(Retrieval):
             return array
 
     def failed(self) -> dict[int, str]:
-        """See :meth:`Retrieval.failed`."""
+        """See :meth:`MapStream.failed`."""
         with self._cond:
             return dict(self._failed)
 
     def wait(self) -> None:
-        """See :meth:`Retrieval.wait`."""
+        """See :meth:`MapStream.wait`."""
         with self._cond:
-            self._cond.wait_for(lambda: self._done)
+            self._wait_for(lambda: self._done)
 
     def close(self) -> None:
         """Cancel the call if it still streams."""
@@ -260,8 +284,3 @@ class _StreamedRetrieval(Retrieval):
             self._done = True
         if not finished:
             self._call.cancel()
-
-
-def _chain(first: pb.LookupResponse, rest: Iterator[pb.LookupResponse]) -> Iterator[pb.LookupResponse]:
-    yield first
-    yield from rest

@@ -8,24 +8,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
+from cache_helpers import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded
 from server_fixtures import served
 
 from attnstore.errors import (
     ConfigError,
     FingerprintMismatchError,
-    NamespaceNotReadyError,
     UnsupportedModelError,
 )
 from attnstore.index import ExactIndex
 from attnstore.server.server import create_server
 from attnstore.service import AttnStoreService
-from attnstore.store import MemoryMapStore, NamespaceLayout
+from attnstore.store import MemoryMapStore
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.cache import PROMPT_EOL, AttnCache
 from attnstore_client.connection.local import LocalConnection
-from attnstore_client.keys import model_fingerprint
+from attnstore_client.projector import Projector, ProjectorConfig
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.stats import CacheStats
 
@@ -81,20 +80,29 @@ def test_encode_over_grpc_equals_the_plain_model_and_counts_bytes(bert, bert_ser
     assert stats.total_s >= stats.forward_s > 0 and stats.lookup_s > 0 and stats.projection_s > 0
 
 
-def test_encode_follows_sentence_transformers_conventions(bert, bert_service) -> None:
+def test_encode_takes_sentence_transformers_keywords_and_refuses_others_naming_the_valid_ones(
+    bert, bert_service
+) -> None:
     cache = AttnCache(bert, LocalConnection("local:memory", bert_service))
     one = cache.encode(TEXTS[0])
     assert one.shape == (64,) and isinstance(one, np.ndarray)
-    tensor = cache.encode(TEXTS[:3], convert_to="torch", normalize_embeddings=True)
+    tensor = cache.encode(TEXTS[:3], convert_to_tensor=True, normalize_embeddings=True)
     assert tensor.shape == (3, 64) and torch.allclose(tensor.norm(dim=1), torch.ones(3))
-    rows = cache.encode(TEXTS[:3], convert_to=None)
+    rows = cache.encode(sentences=TEXTS[:3], convert_to_numpy=False)
     assert isinstance(rows, list) and len(rows) == 3 and rows[0].shape == (64,)
-    with pytest.raises(ConfigError, match=r"\['numpy', 'torch', None\]"):
-        cache.encode(TEXTS, convert_to="list")
+    assert cache.encode(TEXTS[:3], truncate_dim=8).shape == (3, 8)
+    tokens = cache.encode(TEXTS[:2], output_value="token_embeddings")
+    assert [t.shape for t in tokens] == [(len(text.split()), 64) for text in TEXTS[:2]]
+    binary = cache.encode(TEXTS[:3], precision="ubinary")
+    assert binary.dtype == np.uint8 and binary.shape == (3, 8)
+    with pytest.raises(ConfigError, match=r"output_value must be one of"):
+        cache.encode(TEXTS, output_value="logits")
     with pytest.raises(ConfigError, match="batch_size"):
         cache.encode(TEXTS, batch_size=0)
-    with pytest.raises(TypeError):
-        cache.encode(TEXTS, convert_to_numpy=True)  # unknown keywords are refused
+    with pytest.raises(ConfigError, match=r"unexpected keyword arguments \['convert_to'\].*'convert_to_numpy'"):
+        cache.encode(TEXTS, convert_to="numpy")
+    with pytest.raises(ConfigError, match=r"prompt_name 'query' is not one of this model's prompts \[\]"):
+        cache.encode(TEXTS, prompt_name="query")
 
 
 def test_stats_of_calls_add_up_to_the_cumulative_stats(bert, bert_service) -> None:
@@ -152,13 +160,15 @@ def test_a_namespace_of_another_model_is_refused_on_connect_with_a_clear_message
     assert "tiny-bert" in message and "different model, tokenizer or weights" in message
 
 
-def test_a_namespace_without_projector_is_not_ready(bert) -> None:
+def test_a_namespace_without_projector_serves_exact_hits_and_nothing_is_projected(bert) -> None:
     service = _memory_service()
-    layout = NamespaceLayout(layers=3, heads=4, causal=False, hidden=64, feature_dim=128)
-    service.create_namespace("default", model="tiny-bert", fingerprint=model_fingerprint(bert.model, bert.tokenizer),
-                             layout=layout)
-    with pytest.raises(NamespaceNotReadyError, match="no projector"):
-        AttnCache(bert, LocalConnection("local:memory", service))
+    captured = capture_entries(bert, STORED)
+    service.create_namespace("default", model="tiny-bert", fingerprint=captured.fingerprint, layout=captured.layout)
+    service.ingest("default", captured.fingerprint, captured.entries)
+    cache = AttnCache(bert, LocalConnection("local:memory", service))
+    np.testing.assert_allclose(cache.encode(TEXTS, batch_size=4), _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    stats = cache.last_stats
+    assert (stats.exact_hits, stats.map_hits, stats.misses) == (6, 0, 4) and stats.projection_s == 0
 
 
 def test_bad_options_are_config_errors(bert, bert_service) -> None:
@@ -170,7 +180,8 @@ def test_bad_options_are_config_errors(bert, bert_service) -> None:
 
 def test_outage_falls_back_to_compute_and_the_breaker_stops_asking(bert, bert_service) -> None:
     with served(bert_service) as (server, remote):
-        cache = AttnCache(bert, f"grpc://{remote.target}", timeout=2.0,
+        # No node-local exact tier: every call must go to the store (or the breaker).
+        cache = AttnCache(bert, f"grpc://{remote.target}", timeout=2.0, exact_cache_bytes=0,
                           retry=RetryPolicy(attempts=2, initial_backoff=0.01),
                           breaker=BreakerPolicy(failure_threshold=2, reset_after=60.0))
         server.stop(0)  # the daemon goes away after the client connected
@@ -189,7 +200,7 @@ def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, bert_servi
     server, port = create_server(bert_service, "127.0.0.1:0")
     server.start()
     cache = AttnCache(bert, f"grpc://127.0.0.1:{port}", timeout=2.0, retry=RetryPolicy(attempts=1),
-                      breaker=BreakerPolicy(failure_threshold=1, reset_after=0.2))
+                      breaker=BreakerPolicy(failure_threshold=1, reset_after=0.2), exact_cache_bytes=0)
     server.stop(0)
     cache.encode(TEXTS, batch_size=10)
     assert cache.breaker.state in ("open", "half_open") and cache.last_stats.fallbacks == {"unavailable": 10}
@@ -198,7 +209,12 @@ def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, bert_servi
     try:
         time.sleep(0.25)
         assert cache.breaker.state == "half_open"
+        # The trial call succeeds once the channel has reconnected (its backoff is at most 2 s).
+        deadline = time.monotonic() + 10.0
         embeddings = cache.encode(TEXTS, batch_size=10)
+        while cache.breaker.state != "closed" and time.monotonic() < deadline:
+            time.sleep(0.25)
+            embeddings = cache.encode(TEXTS, batch_size=10)
         assert cache.breaker.state == "closed" and cache.last_stats.exact_hits == 6
         np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
     finally:
@@ -237,3 +253,25 @@ def test_a_corrupt_stored_layer_is_a_checksum_fallback_with_correct_outputs(bert
                 embeddings = cache.encode(TEXTS, batch_size=10)
     np.testing.assert_allclose(embeddings, expected, atol=TOLERANCE)
     assert cache.last_stats.fallbacks == {"checksum": 1} and cache.last_stats.map_hits == 5
+
+
+def test_a_client_follows_a_replaced_projector_without_being_recreated(bert) -> None:
+    service = _memory_service()
+    fill_namespace(service, bert, STORED)
+    expected = _mean_pooled(bert, TEXTS)
+    with served(service) as (_, remote):
+        cache = AttnCache(bert, f"grpc://{remote.target}", exact=False, max_distance=1e-6)
+        cache.encode(TEXTS, batch_size=10)
+        assert cache.last_stats.map_hits == len(STORED)
+        # An admin replaces the projector (explicitly: a plain set_projector is refused) and ingests again.
+        torch.manual_seed(1)
+        new = Projector(ProjectorConfig(hidden=adapter_for(bert).hidden_size)).eval()
+        captured = capture_entries(bert, STORED, projector=new)
+        assert service.set_projector("default", new.to_safetensors_bytes(), replace=True).projector_version == 2
+        service.ingest("default", captured.fingerprint, captured.entries, projector_version=2)
+        # Before: every lookup of this client was refused and its breaker opened. Now it loads the new
+        # projector on the first refusal and projects the batch again.
+        np.testing.assert_allclose(cache.encode(TEXTS, batch_size=10), expected, atol=TOLERANCE)
+        assert cache.last_stats.map_hits == len(STORED) and not cache.last_stats.fallbacks
+        assert cache.breaker.state == "closed"
+        cache.close()

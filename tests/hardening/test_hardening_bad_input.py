@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+import time
 from collections.abc import Iterator
 
 import crc32c
@@ -26,6 +28,7 @@ from store_helpers import make_entry
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.wire import map_chunks
 
 LENGTH = 8
 MAX_QUERIES = 64
@@ -61,7 +64,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     process = DaemonProcess(
         workdir / "store", workdir,
         extra_args=("--max-queries", str(MAX_QUERIES), "--max-ingest-bytes", str(MAX_INGEST_BYTES),
-                    "--max-message-bytes", "5MiB"),
+                    "--max-message-bytes", "5MiB", "--ingest-idle-seconds", "2"),
     ).start()
     with process.client() as remote:
         remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
@@ -414,6 +417,112 @@ def test_undecodable_request_bytes_are_refused_by_grpc_and_the_daemon_goes_on(re
         raw(b"\xff\xff\xff\x07not protobuf", metadata=remote.metadata, timeout=10)
     # grpc itself answers undecodable bytes, before any AttnStore code runs.
     assert caught.value.code() is grpc.StatusCode.INTERNAL and "deserializing" in caught.value.details()
+
+
+# ---- issue 18: probes of bounds, echoes and partial effects -------------------------------------
+
+
+def test_an_ingest_part_sent_twice_is_invalid_argument_and_writes_nothing(remote: RemoteStore) -> None:
+    # Two parts per layer; the first part of layer 0 twice and never the second: counting bytes received
+    # completed the layer with half of it uninitialised daemon memory.
+    entry = make_entry(LAYOUT, LENGTH, 4242)
+    messages = list(ingest_requests("ns", FP, [entry]))
+    (begin, head), layer_bytes = messages[:2], entry.maps[0].astype(np.float16).nbytes
+    parts = []
+    for layer in range(LAYOUT.layers):
+        first, second = map_chunks(
+            entry.maps[layer].astype(np.float16), query_index=0, entry_id=0, layer=layer, max_bytes=layer_bytes // 2
+        )
+        parts += [first, first] if layer == 0 else [first, second]
+    stream = [begin, head, *(pb.IngestRequest(chunk=c) for c in parts), pb.IngestRequest(commit=pb.IngestCommit())]
+    error = _refused(remote.stub.Ingest, iter(stream), remote)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "overlaps" in error.details()
+
+
+def test_a_huge_namespace_name_is_invalid_argument_with_a_short_message(remote: RemoteStore) -> None:
+    name = "x" * 10_000
+    create = pb.CreateNamespaceRequest(
+        name=name, model="tiny-synthetic", fingerprint=FP, layout=pb.Layout(**LAYOUT.to_json_dict())
+    )
+    error = _refused(remote.stub.CreateNamespace, create, remote)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "namespace name" in error.details() and len(error.details()) < 400
+    error = _refused(remote.stub.GetNamespace, pb.GetNamespaceRequest(name=name), remote)
+    assert error.code() is grpc.StatusCode.NOT_FOUND and len(error.details()) < 400
+
+
+def test_not_found_messages_never_name_the_store_path(daemon: DaemonProcess, remote: RemoteStore) -> None:
+    for request in (pb.GetNamespaceRequest(name="nope"), pb.FetchRequest(namespace="nope", fingerprint=FP)):
+        call = remote.stub.GetNamespace if isinstance(request, pb.GetNamespaceRequest) else remote.stub.Fetch
+        error = _refused(call, request, remote)
+        assert error.code() is grpc.StatusCode.NOT_FOUND
+        assert str(daemon.store) not in error.details() and "/" not in error.details(), error.details()
+
+
+def test_prefetch_past_the_id_limit_is_resource_exhausted(remote: RemoteStore) -> None:
+    request = pb.PrefetchRequest(namespace="ns", entry_ids=list(range(1, MAX_QUERIES + 2)))
+    error = _refused(remote.stub.Prefetch, request, remote)
+    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and f"limit of {MAX_QUERIES}" in error.details()
+
+
+def test_prefetch_reports_what_it_queued_and_logs_unknown_ids_once_as_a_count(
+    daemon: DaemonProcess, remote: RemoteStore
+) -> None:
+    unknown = list(range(10**6, 10**6 + MAX_QUERIES - 1))
+    reply = remote.prefetch("ns", [1, *unknown])
+    # Entry 1 is queued unless an earlier test left it in the DRAM tier; unknown ids never are.
+    assert reply.queued in (0, 1) and reply.unknown == len(unknown)
+    log = daemon.log()
+    assert log.count("event=prefetch_unknown namespace=ns unknown=63") == 1
+    assert str(unknown[-1]) not in log
+
+
+def test_a_delete_with_one_invalid_id_deletes_nothing(remote: RemoteStore) -> None:
+    for bad in (2**63, 2**64 - 1, 0):
+        error = _refused(remote.stub.Delete, pb.DeleteRequest(namespace="ns", entry_ids=[1, 2, 3, 4, bad]), remote)
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "position 4" in error.details()
+    # The autouse check then finds all four entries, and the good lookup's map hit (entry 3) served.
+
+
+@pytest.mark.parametrize("length", [5, LENGTH + 1, 2**32 - 1])
+def test_an_exact_hit_needs_the_stored_length(remote: RemoteStore, length: int) -> None:
+    entry = make_entry(LAYOUT, LENGTH, 2)
+    request = pb.LookupRequest(
+        namespace="ns", fingerprint=FP, queries=[_query(entry.feature.tolist(), length, entry.token_hash)],
+        max_distance=0.01, want_outputs=True,
+    )
+    (first, *_) = remote.stub.Lookup(request, metadata=remote.metadata, timeout=30)
+    (match,) = first.matches.matches
+    assert match.kind != pb.MATCH_KIND_EXACT and match.stored_length != length
+
+
+def test_idle_ingest_streams_are_ended_and_free_their_slots(remote: RemoteStore) -> None:
+    # Four streams (every slot) that send their begin and then nothing; the daemon's idle limit is 2 s.
+    hold = threading.Event()
+
+    def idle_stream() -> Iterator[pb.IngestRequest]:
+        yield next(ingest_requests("ns", FP, []))
+        hold.wait(30)
+
+    errors: list[grpc.RpcError] = []
+
+    def run() -> None:
+        try:
+            remote.stub.Ingest(idle_stream(), metadata=remote.metadata, timeout=30)
+        except grpc.RpcError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    hold.set()
+    assert time.monotonic() - start < 15 and len(errors) == 4
+    assert {e.code() for e in errors} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert all("sent nothing for 2 s" in e.details() for e in errors)
+    assert remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 0)]).duplicates == 1  # the slots are free
 
 
 # ---- memory ------------------------------------------------------------------------------------

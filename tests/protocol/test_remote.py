@@ -49,3 +49,20 @@ def test_mtls_server_refuses_clients_without_a_certificate(pki: Path) -> None:
 def test_client_certificate_without_its_key_is_a_config_error(pki: Path) -> None:
     with pytest.raises(ConfigError, match="both a client certificate and its key"):
         RemoteStore("127.0.0.1:1", client_cert=pki / "client.pem")
+
+
+def test_grpcs_urls_and_bare_targets_with_a_ca_reach_a_tls_server(pki: Path) -> None:
+    server, target = tls_server(pki, mtls=False)
+    try:
+        for address in (f"grpcs://{target}", target):
+            with RemoteStore(address, tls_ca=pki / "ca.pem") as client:
+                assert client.stats().entries == 0
+    finally:
+        server.stop(0)
+
+
+def test_a_plaintext_grpc_url_with_tls_options_or_another_scheme_is_a_config_error(pki: Path) -> None:
+    with pytest.raises(ConfigError, match="plaintext: use grpcs://127.0.0.1:1"):
+        RemoteStore("grpc://127.0.0.1:1", tls_ca=pki / "ca.pem")
+    with pytest.raises(ConfigError, match="'dns://h:1' is not one of grpc://HOST:PORT"):
+        RemoteStore("dns://h:1")

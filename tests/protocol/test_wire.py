@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import crc32c
 import numpy as np
 import pytest
 
 from attnstore.errors import ChecksumError, WireFormatError
+from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler, map_chunks, output_chunks
 
 
@@ -63,3 +65,44 @@ def test_unsupported_dtype_is_refused_on_both_ends() -> None:
     chunk.dtype = "float64"
     with pytest.raises(WireFormatError, match="dtype"):
         ChunkAssembler(max_array_bytes=1 << 20).add(chunk)
+
+
+def test_a_part_sent_twice_never_completes_an_array_whose_other_part_is_missing() -> None:
+    # Two parts of 2 x 20 x 20 fp16 (1,600 bytes): the first twice makes 1,600 bytes received
+    # but only [0, 800) covered. Counting bytes received would hand back 800 bytes never sent.
+    first, second = map_chunks(_maps(heads=2), query_index=0, entry_id=1, layer=0, max_bytes=800)
+    assembler = ChunkAssembler(max_array_bytes=1 << 20)
+    assert assembler.add(first) is None
+    with pytest.raises(WireFormatError, match=r"part \[0, 800\) overlaps the part \[0, 800\)"):
+        assembler.add(first)
+    assert assembler.incomplete == 1  # still waiting for [800, 1600)
+    key, array = assembler.add(second)
+    np.testing.assert_array_equal(array, _maps(heads=2))
+
+
+def test_overlapping_parts_at_other_offsets_are_refused() -> None:
+    maps = _maps(heads=2)
+    whole = maps.tobytes()
+    a, _ = map_chunks(maps, query_index=0, entry_id=1, layer=0, max_bytes=800)
+    shifted = pb.MapChunk.FromString(a.SerializeToString())
+    shifted.offset, shifted.data = 400, whole[400:1200]
+    shifted.crc32c = crc32c.crc32c(shifted.data)
+    assembler = ChunkAssembler(max_array_bytes=1 << 20)
+    assembler.add(a)
+    with pytest.raises(WireFormatError, match=r"\[400, 1200\) overlaps the part \[0, 800\)"):
+        assembler.add(shifted)
+
+
+def test_an_empty_part_of_a_non_empty_array_is_refused() -> None:
+    (chunk,) = map_chunks(_maps(), query_index=0, entry_id=1, layer=0)
+    chunk.data, chunk.crc32c = b"", crc32c.crc32c(b"")
+    with pytest.raises(WireFormatError, match="empty part"):
+        ChunkAssembler(max_array_bytes=1 << 20).add(chunk)
+
+
+def test_an_echoed_dtype_is_clipped_in_the_message() -> None:
+    (chunk,) = map_chunks(_maps(), query_index=0, entry_id=1, layer=0)
+    chunk.dtype = "x" * 10_000
+    with pytest.raises(WireFormatError) as caught:
+        ChunkAssembler(max_array_bytes=1 << 20).add(chunk)
+    assert len(str(caught.value)) < 300 and "10002 characters" in str(caught.value)

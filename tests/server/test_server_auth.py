@@ -11,7 +11,14 @@ from attnstore.errors import AuthError, ConfigError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.server.auth import ADMIN_METHODS, bearer_token, load_tokens, parse_tokens, required_role
+from attnstore.server.auth import (
+    ADMIN_METHODS,
+    BearerTokenInterceptor,
+    bearer_token,
+    load_tokens,
+    parse_tokens,
+    required_role,
+)
 
 ADMIN = "admin-token-aaaaaaaaaaaa"
 READ = "read-token-rrrrrrrrrrrrr"
@@ -55,7 +62,8 @@ def test_roles_needed_per_method() -> None:
     assert required_role("/attnstore.v1.AttnStore/Stats") == "read"
     assert required_role("/attnstore.v1.AttnStore/Lookup") == "read"
     assert required_role("/grpc.health.v1.Health/Check") is None
-    assert required_role("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") == "read"
+    assert required_role("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") is None
+    assert required_role("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo") is None
 
 
 def test_bearer_token_parsing() -> None:
@@ -87,6 +95,30 @@ def test_interceptor_refuses_every_call_shape_and_lets_the_right_roles_through()
             assert admin.ingest("ns", FP, [entry]).entries == 1
             assert reader.lookup(lookup).matches[0].kind == pb.MATCH_KIND_MAP
             assert admin.stats().entries == reader.stats().entries == 1
+
+
+def test_refused_calls_are_reported_with_the_method_and_the_code() -> None:
+    refused: list[tuple[str, str]] = []
+    interceptor = BearerTokenInterceptor(TOKENS, on_refused=lambda method, code: refused.append((method, code)))
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+
+    def call(method: str, token: str | None) -> None:
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        interceptor.intercept_service(lambda _: handler, _CallDetails(f"/attnstore.v1.AttnStore/{method}", metadata))
+
+    call("Stats", None)
+    call("Lookup", "not-a-known-token-000")
+    call("Delete", READ)
+    call("Delete", ADMIN)
+    assert refused == [
+        ("Stats", "UNAUTHENTICATED"), ("Lookup", "UNAUTHENTICATED"), ("Delete", "PERMISSION_DENIED")
+    ]
+
+
+class _CallDetails(grpc.HandlerCallDetails):
+    def __init__(self, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
 
 
 def test_replaced_tokens_take_effect_for_new_calls() -> None:

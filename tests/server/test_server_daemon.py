@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +15,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import safetensors.numpy
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
-from attnstore.errors import AttnStoreError, AuthError
+from attnstore.errors import AttnStoreError, AuthError, ChecksumError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -141,6 +145,75 @@ def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, inge
     assert 'attnstore_rpcs_total{code="OK",method="Lookup"}' in text
 
 
+def test_a_repeated_map_hit_is_served_from_the_dram_tier_from_its_third_lookup(
+    daemon: DaemonProcess, ingested: list[int]
+) -> None:
+    with daemon.client() as admin:  # an entry no other test has hit, so none of its serves came before
+        admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 60)])
+    request = _query([60], exact=False)
+
+    def served_maps() -> tuple[int, int]:
+        with daemon.client(READ_TOKEN) as remote:
+            result = remote.lookup(request)
+            stats = remote.stats()
+        assert result.matches[0].kind == pb.MATCH_KIND_MAP
+        return stats.dram_hits, stats.dram_entries
+
+    first_hits, first_entries = served_maps()
+    served_maps()  # the second serve admits the entry, loaded in the background
+    deadline = time.monotonic() + 30
+    while served_maps()[1] == first_entries and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hits, entries = served_maps()
+    assert entries == first_entries + 1
+    assert hits >= first_hits + LAYOUT.layers  # every layer of the last one came from DRAM
+
+
+def _scrape(daemon: DaemonProcess) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def test_metrics_count_refused_calls_by_code_with_process_metrics_and_zeroed_counters(
+    daemon: DaemonProcess, ingested: list[int]
+) -> None:
+    before = _scrape(daemon)
+    with daemon.client(None) as anonymous, pytest.raises(AuthError, match="UNAUTHENTICATED"):
+        anonymous.stats()
+    with daemon.client(READ_TOKEN) as reader, pytest.raises(AuthError, match="PERMISSION_DENIED"):
+        reader.delete("ns", [ingested[0]])
+    text = _scrape(daemon)
+    for method, code in (("Stats", "UNAUTHENTICATED"), ("Delete", "PERMISSION_DENIED")):
+        old = _sample(before, "attnstore_rpcs_total", method=method, code=code)
+        assert _sample(text, "attnstore_rpcs_total", method=method, code=code) == (old or 0) + 1
+    assert (_sample(text, "process_resident_memory_bytes") or 0) > 0
+    # Present before the first event, so increase() sees the first corrupt entry.
+    assert _sample(text, "attnstore_row_errors_total", namespace="ns", code="DATA_LOSS") == 0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian: apt install prometheus)")
+def test_promtool_finds_nothing_to_lint_in_the_metrics(daemon: DaemonProcess, ingested: list[int]) -> None:
+    with daemon.client(READ_TOKEN) as remote:
+        remote.lookup(_query([0, 1], exact=False))
+    done = subprocess.run(
+        ["promtool", "check", "metrics"], input=_scrape(daemon), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_a_reflection_client_without_a_token_lists_the_services(daemon: DaemonProcess) -> None:
+    with grpc.insecure_channel(daemon.target) as channel:
+        services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    assert {"attnstore.v1.AttnStore", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= services
+
+
 def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(daemon: DaemonProcess) -> None:
     original = daemon.token_file.read_text()
     rotated = "rotated-read-token-0000000"
@@ -197,6 +270,25 @@ def test_admin_cli_reads_stats_and_copies_a_local_namespace_in(
     np.testing.assert_array_equal(hit.maps[0], entry.maps.astype(np.float16))
 
 
+@pytest.mark.parametrize("form", ["grpc://{}", "{}"])
+def test_admin_cli_takes_url_and_bare_targets_and_json_dash_writes_json_alone(
+    daemon: DaemonProcess, ingested: list[int], form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = form.format(daemon.target)
+    assert cli_main(["admin", "stats", "--target", target, "--token", READ_TOKEN, "--json", "-"]) == 0
+    assert cli_main(["admin", "namespaces", "--target", target, "--token", READ_TOKEN]) == 0
+    out, err = capsys.readouterr()
+    stats_json, table = out.split("\n}\n", 1)
+    assert int(json.loads(stats_json + "}")["entries"]) >= len(ingested)
+    assert "dram_hits" in err  # the stats table went to stderr
+    assert re.search(r"^ns\s+tiny-synthetic", table, re.MULTILINE)
+
+
+def test_admin_cli_refuses_another_scheme_naming_the_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["admin", "stats", "--target", "http://127.0.0.1:1"]) == 2
+    assert "'http://127.0.0.1:1' is not one of grpc://HOST:PORT" in capsys.readouterr().err
+
+
 def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) -> None:
     # 16 rows hit one entry of 8 layers x 4 heads x 256^2 fp16: 64 MiB of maps,
     # far more than flow control lets the server push to a client that stops reading.
@@ -226,3 +318,91 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) 
         assert "event=stopped" in daemon.log()
     finally:
         daemon.kill()
+
+
+# ---- issue 18: damaged and vanishing stores, projector swaps -------------------------------------
+
+
+def _flip_everywhere(store: Path, needle: bytes, at: int) -> None:
+    """Flip byte ``at`` of every copy of ``needle`` in the store's data file (bit rot in a leaf page)."""
+    (data_file,) = store.glob("gen-*/data.mdb")
+    data = bytearray(data_file.read_bytes())
+    offsets = [m.start() for m in re.finditer(re.escape(needle), bytes(data))]
+    assert offsets, "the needle is not in the data file"
+    for offset in offsets:
+        data[offset + at] ^= 0x20
+    data_file.write_bytes(bytes(data))
+
+
+def test_a_store_that_cannot_be_loaded_makes_serve_exit_2_with_one_line(tmp_path: Path) -> None:
+    with MapStore.open(tmp_path / "store", create=True) as store:
+        store.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    _flip_everywhere(tmp_path / "store", b'{"name": "ns"', 0)  # the catalog record is no JSON any more
+    result = subprocess.run(
+        [sys.executable, "-m", "attnstore_tools.cli", "serve", "--store", str(tmp_path / "store"),
+         "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr  # before: 1, with a JSONDecodeError traceback
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("attnstore: error: ") and "damaged" in last and "restore" in last
+
+
+def test_a_damaged_projector_is_logged_at_start_refused_to_clients_and_reported_by_verify(tmp_path: Path) -> None:
+    blob = safetensors.numpy.save({"w": np.zeros(4, np.float32)}, metadata={"note": "projector-" + "p" * 40})
+    with MapStore.open(tmp_path / "store", create=True) as store:
+        store.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        store.set_projector("ns", blob)
+    _flip_everywhere(tmp_path / "store", b"projector-" + b"p" * 40, 20)
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    try:
+        assert "event=projector_damaged namespace=ns" in daemon.log()
+        with daemon.client() as remote:
+            with pytest.raises(ChecksumError, match="DATA_LOSS.*projector of namespace 'ns' fails its crc32c"):
+                remote.get_namespace("ns")
+            problems = list(remote.verify().store_problems)
+            assert any("projector of namespace 'ns'" in p for p in problems), problems
+    finally:
+        daemon.kill()
+
+
+def test_a_removed_store_directory_turns_health_not_serving_and_refuses_writes(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    try:
+        with daemon.client() as remote:
+            remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+            remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 1)])
+            shutil.rmtree(tmp_path / "store")
+            deadline = time.monotonic() + 10
+            while remote.health() == "SERVING" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert remote.health() == "NOT_SERVING"
+            for write in (lambda: remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 2)]), remote.compact):
+                with pytest.raises(AttnStoreError, match="FAILED_PRECONDITION.*removed while it was open"):
+                    write()
+            assert not (tmp_path / "store").exists()  # before: a compaction quietly made it again
+        assert "event=storage_fault" in daemon.log()
+    finally:
+        daemon.kill()
+
+
+def test_admin_ingest_into_a_namespace_with_another_projector_needs_replace_projector(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    target = ["--target", daemon.target, "--token", ADMIN_TOKEN]
+    for weight, path in ((1.0, tmp_path / "a"), (2.0, tmp_path / "b")):
+        with MapStore.open(path, create=True) as local:
+            local.create_namespace("src", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+            local.ingest("src", [make_entry(LAYOUT, 6, 80)])
+            local.set_projector("src", safetensors.numpy.save({"w": np.full(1, weight, np.float32)}))
+    copy = ["admin", "ingest", *target, "--namespace", "src", "--as", "swapped"]
+    assert cli_main([*copy, "--from-store", str(tmp_path / "a")]) == 0
+    assert cli_main([*copy, "--from-store", str(tmp_path / "b")]) == 2  # before: replaced silently
+    with daemon.client() as remote:
+        assert remote.get_namespace("swapped").projector_version == 1
+    assert cli_main([*copy, "--from-store", str(tmp_path / "b"), "--replace-projector"]) == 0
+    with daemon.client() as remote:
+        info = remote.get_namespace("swapped")
+        assert info.projector_version == 2
+        assert safetensors.numpy.load(info.projector)["w"][0] == 2.0

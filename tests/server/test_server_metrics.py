@@ -10,7 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import FP, LAYOUT, memory_service
 from store_helpers import make_entry
 
-from attnstore.server.metrics import DaemonMetrics
+import attnstore.errors
+from attnstore.protocol.status_codes import status_for
+from attnstore.server.metrics import ROW_ERROR_CODES, RPC_CODES, RPC_METHODS, DaemonMetrics
+from attnstore.service import ROW_ERRORS
 
 
 def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple], float]:
@@ -84,3 +87,42 @@ def test_registries_are_private_and_served_over_http() -> None:
     finally:
         first.stop()
     assert re.search(r'^attnstore_queries_total\{namespace="ns"\} 1\.0$', text, re.MULTILINE)
+
+
+def test_counters_start_at_zero_for_every_documented_label_value() -> None:
+    metrics = DaemonMetrics()
+    metrics.namespace_known("ns")
+    samples = _samples(metrics)
+    for code in ROW_ERROR_CODES:
+        assert samples[("attnstore_row_errors_total", (("code", code), ("namespace", "ns")))] == 0
+    for kind in ("exact", "map"):
+        assert samples[("attnstore_hits_total", (("kind", kind), ("namespace", "ns")))] == 0
+    for name in ("lookups", "queries", "misses", "ingested_entries", "ingested_bytes"):
+        assert samples[(f"attnstore_{name}_total", (("namespace", "ns"),))] == 0
+    for method in RPC_METHODS:
+        for code in RPC_CODES:
+            assert samples[("attnstore_rpcs_total", (("code", code), ("method", method)))] == 0
+    assert samples[("attnstore_bytes_streamed_total", (("kind", "outputs"),))] == 0
+
+
+def test_every_code_the_daemon_answers_has_a_counter_from_the_start() -> None:
+    errors = [cls for cls in vars(attnstore.errors).values() if isinstance(cls, type) and issubclass(cls, Exception)]
+    # Built without __init__: status_for decides by class alone, and some classes take keyword arguments.
+    answered = {status_for(cls.__new__(cls))[0].name for cls in [*errors, RuntimeError]}
+    assert answered | {"OK", "CANCELLED", "UNAUTHENTICATED"} <= set(RPC_CODES)
+    assert {status_for(cls("x"))[0].name for cls in ROW_ERRORS} == set(ROW_ERROR_CODES)
+
+
+def test_refused_calls_are_counted_by_method_and_code() -> None:
+    metrics = DaemonMetrics()
+    metrics.refused("Stats", "UNAUTHENTICATED")
+    metrics.refused("Delete", "PERMISSION_DENIED")
+    samples = _samples(metrics)
+    assert samples[("attnstore_rpcs_total", (("code", "UNAUTHENTICATED"), ("method", "Stats")))] == 1
+    assert samples[("attnstore_rpcs_total", (("code", "PERMISSION_DENIED"), ("method", "Delete")))] == 1
+    assert samples[("attnstore_rpcs_in_flight", ())] == 0
+
+
+def test_process_and_platform_collectors_are_in_the_daemons_registry() -> None:
+    names = {name for name, _ in _samples(DaemonMetrics())}
+    assert {"process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"} <= names

@@ -7,6 +7,7 @@ import struct
 import threading
 from typing import Any
 
+import crc32c
 import grpc
 import numpy as np
 import pytest
@@ -19,8 +20,10 @@ from attnstore.errors import (
     EntryNotFoundError,
     FingerprintMismatchError,
     MapShapeError,
+    NamespaceExistsError,
     NamespaceNotFoundError,
     NamespaceNotReadyError,
+    ProjectorChangedError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
@@ -184,7 +187,9 @@ def test_ingest_counts_duplicates_and_delete_removes_entries_from_lookups() -> N
         assert (again.duplicates, list(again.entry_ids)) == (1, [first.entry_ids[0]])
         assert remote.delete("ns", [first.entry_ids[0]]) == 1
         result = remote.lookup(_request(entries))
-        assert remote.stats().entries == 1 and remote.prefetch("ns", [first.entry_ids[1]]) == 1
+        # The memory store holds every entry in memory already: nothing to queue, nothing unknown.
+        prefetched = remote.prefetch("ns", [first.entry_ids[1]])
+        assert remote.stats().entries == 1 and (prefetched.queued, prefetched.unknown) == (0, 0)
     assert [m.kind for m in result.matches] == [pb.MATCH_KIND_MISS, pb.MATCH_KIND_MAP]
 
 
@@ -300,6 +305,34 @@ def test_create_namespace_keeps_a_safetensors_projector_and_refuses_garbage() ->
             remote.create_namespace("q", model="m", fingerprint=FP, layout=LAYOUT, projector=b"\x80pickle")
 
 
+def test_replacing_a_projector_is_explicit_versioned_and_stale_lookups_are_told_so() -> None:
+    one, two = (safetensors.numpy.save({"w": np.full(1, v, np.float32)}) for v in (1.0, 2.0))
+    entries = _entries(1, 2)
+    with served(memory_service()) as (_, remote):
+        created = remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, projector=one)
+        assert (created.projector_version, created.projector_crc32c) == (1, crc32c.crc32c(one))
+        remote.ingest("ns", FP, entries, projector_version=1)
+        assert remote.lookup(_request(entries, projector_version=1)).matches[0].kind == pb.MATCH_KIND_MAP
+        with pytest.raises(NamespaceExistsError, match="ALREADY_EXISTS.*another projector"):
+            remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, projector=two)
+        assert remote.get_namespace("ns").projector == one
+        replaced = remote.create_namespace(
+            "ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, projector=two, replace_projector=True
+        )
+        assert (replaced.projector_version, replaced.projector) == (2, two)
+        for call in (
+            lambda: remote.lookup(_request(entries, projector_version=1)),
+            lambda: remote.ingest("ns", FP, entries, projector_version=1),
+        ):
+            with pytest.raises(ProjectorChangedError, match="FAILED_PRECONDITION.*version 2"):
+                call()
+        # The old features are gone: no map hit until entries come again with the new projector's.
+        assert remote.lookup(_request(entries, projector_version=2)).matches[0].kind == pb.MATCH_KIND_MISS
+        assert remote.ingest("ns", FP, entries[:1], projector_version=2).duplicates == 1
+        kinds = [m.kind for m in remote.lookup(_request(entries, projector_version=2)).matches]
+        assert kinds == [pb.MATCH_KIND_MAP, pb.MATCH_KIND_MISS]
+
+
 def test_calls_before_a_service_is_attached_are_unavailable_and_health_not_serving() -> None:
     with served(None) as (server, remote):
         assert remote.health() == "NOT_SERVING"
@@ -331,15 +364,3 @@ def test_verify_and_compact_report_through_the_wire() -> None:
         compacted = remote.compact()
     assert (report.entries_checked, list(report.corrupt)) == (2, [])
     assert compacted.entries == 2
-
-
-def test_reflection_lists_the_attnstore_and_health_services() -> None:
-    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-
-    with served(memory_service()) as (_, remote):
-        channel = grpc.insecure_channel(remote.target)
-        try:
-            services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
-        finally:
-            channel.close()
-    assert {"attnstore.v1.AttnStore", "grpc.health.v1.Health"} <= services

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
 from store_helpers import make_entry, projector_blob, small_layout, token_hash
 
@@ -15,6 +16,7 @@ from attnstore.errors import (
     MapShapeError,
     NamespaceExistsError,
     NamespaceNotFoundError,
+    ProjectorChangedError,
     WireFormatError,
 )
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
@@ -316,3 +318,46 @@ def test_ingest_reports_which_entries_it_added_and_how_many_duplicates(store):
     second = store.ingest(ns, [b, a])
     assert second.added == [second.entry_ids[0]] and second.entry_ids[1] == first.entry_ids[0]
     assert second.duplicates == 1
+
+
+def _weights(value: float, tag: str = "") -> bytes:
+    return safetensors.numpy.save({"w": np.full(2, value, np.float32)}, metadata={"tag": tag})
+
+
+def test_a_projector_with_other_weights_is_refused_unless_replaced_which_bumps_the_version_and_drops_features(
+    store,
+):
+    ns = _namespace(store)
+    assert store.get_namespace(ns).projector_version == 0
+    first = store.set_projector(ns, _weights(1.0))
+    assert (first.projector_version, first.projector) == (1, _weights(1.0))
+    entries = [make_entry(small_layout(), 5, seed=s) for s in (1, 2)]
+    ids = store.ingest(ns, entries, projector_version=1).entry_ids
+    assert store.set_projector(ns, _weights(1.0)).projector_version == 1  # the same one: no change
+    with pytest.raises(NamespaceExistsError, match="another projector .*replace"):
+        store.set_projector(ns, _weights(2.0))  # what `admin ingest --from-store` did silently
+    assert store.get_namespace(ns).projector == _weights(1.0)
+    assert all(e.feature is not None for e in store.entries(ns))
+
+    second = store.set_projector(ns, _weights(2.0), replace=True)
+    assert (second.projector_version, second.projector) == (2, _weights(2.0))
+    # Features of the old projector are gone in the same write; the entries (and exact hits) stay.
+    assert [e.feature for e in store.entries(ns)] == [None, None]
+    assert [r.id for r in store.find_by_hashes(ns, [e.token_hash for e in entries])] == ids
+    with pytest.raises(ProjectorChangedError, match="version 2.*version 1"):
+        store.ingest(ns, entries, projector_version=1)
+    # Ingesting again with features of the new projector gives the stored entries theirs.
+    report = store.ingest(ns, entries[:1], projector_version=2)
+    assert (report.entry_ids, report.added, report.featured) == (ids[:1], [], ids[:1])
+    features = {e.id: e.feature for e in store.entries(ns)}
+    np.testing.assert_array_equal(features[ids[0]], entries[0].feature)
+    assert features[ids[1]] is None
+
+
+def test_a_projector_with_the_same_weights_and_a_new_gate_is_a_new_version_that_keeps_the_features(store):
+    ns = _namespace(store)
+    store.set_projector(ns, _weights(1.0))
+    store.ingest(ns, [make_entry(small_layout(), 5, seed=1)])
+    updated = store.set_projector(ns, _weights(1.0, tag="gate"))  # features project as before: no replace
+    assert (updated.projector_version, updated.projector) == (2, _weights(1.0, tag="gate"))
+    assert all(e.feature is not None for e in store.entries(ns))

@@ -7,10 +7,19 @@ round-robin after a warm-up round, median of ``--repeats``:
 
 - ``baseline``: the plain forward (the model's ``sdpa`` attention);
 - ``replay_memory``: every row replays its maps, already in memory (fp16, as stored);
-- ``hit``: projection + Lookup + maps streamed over gRPC + replay that starts as
-  layers arrive (``hit_wait_all``: the same, replay starting after the last layer);
-- ``miss``: projection + Lookup in a namespace of other inputs (nothing close) + the plain forward;
-- ``exact``: projection + Lookup + the stored outputs (no forward at all).
+- ``hit``: projection + Search + maps streamed over gRPC (FetchMaps) + replay that
+  starts as layers arrive, the daemon reading the maps from its store (the page
+  cache: this daemon runs with ``--dram-bytes 0``) (``hit_wait_all``: the same,
+  replay starting after the last layer);
+- ``hit_dram``: the ``hit`` path against a second daemon with its default DRAM
+  tier, warmed until the entries are admitted: the maps come decoded from DRAM;
+- ``miss``: an exact-tier Lookup and projection + Search in a namespace of other
+  inputs (nothing close) + the plain forward;
+- ``exact``: an exact-tier Lookup by token hash (nothing projected) + the stored
+  outputs (no forward at all).
+
+The client's own exact tier is off and its cost model sends every row for maps,
+so each variant's path runs in full every round.
 
 The projector is untrained (random weights of the namespace's shape): it costs
 what a trained one costs, and identical inputs still match at distance 0.
@@ -38,9 +47,11 @@ from attnstore_tools.output import write_json
 from attnstore_tools.timing import Sample, median_ms, time_rounds
 
 if TYPE_CHECKING:
-    from attnstore_client.prefill import BatchCounts
+    from attnstore_client.prefill import CallCounts
 
-_VARIANTS = ("baseline", "replay_memory", "hit", "hit_wait_all", "miss", "exact")
+# Serves after which the daemon's DRAM tier holds an entry (docs/OPERATIONS.md, "DRAM tier").
+_DRAM_ADMITTED_AFTER = 2
+_VARIANTS = ("baseline", "replay_memory", "hit", "hit_dram", "hit_wait_all", "miss", "exact")
 
 
 @dataclass(frozen=True)
@@ -92,9 +103,17 @@ def run(args: argparse.Namespace) -> int:
     adapter = adapter_for(loaded)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="attnstore-bench-service-") as scratch:
-        daemon = ServeProcess(Path(scratch) / "store", Path(scratch)).start(timeout=120)
+        folders = Path(scratch) / "page-cache", Path(scratch) / "dram"
+        for folder in folders:
+            folder.mkdir()
+        # Without a DRAM tier every hit reads its maps from the store; with one, repeated hits come from DRAM.
+        daemon = ServeProcess(folders[0] / "store", folders[0], args=["--dram-bytes", "0"]).start(timeout=120)
         try:
-            timings = _measure(adapter, daemon.target, args)
+            dram_daemon = ServeProcess(folders[1] / "store", folders[1]).start(timeout=120)
+            try:
+                timings = _measure(adapter, daemon.target, dram_daemon.target, args)
+            finally:
+                dram_daemon.stop(timeout=60)
         finally:
             daemon.stop(timeout=60)
     load_after = os.getloadavg()
@@ -124,13 +143,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTiming]:
+def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -> list[VariantTiming]:
     from attnstore.protocol.remote import RemoteStore
     from attnstore.store import NamespaceLayout, NewEntry
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.connection import connect
     from attnstore_client.keys import model_fingerprint, token_hash
-    from attnstore_client.prefill import BatchCounts, CachedPrefill, PrefillSettings
+    from attnstore_client.tiers.cost_model import CostModel, CostSettings
+    from attnstore_client.tiers.local_exact import LocalExactTier
+    from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import CircuitBreaker, RetryPolicy
 
@@ -146,73 +167,95 @@ def _measure(adapter, target: str, args: argparse.Namespace) -> list[VariantTimi
     layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=adapter.causal,
                              hidden=adapter.hidden_size, feature_dim=projector.config.dim)
     memory_maps: dict[int, torch.Tensor] = {}
-    with RemoteStore(target, timeout=600) as admin:
-        for name, rows_batch in (("hit", batch), ("miss", others)):
-            capture = adapter.capture(rows_batch)
-            features = projector.project(adapter.feature_source(rows_batch))
-            entries = [
-                NewEntry(maps=maps.to(torch.float16).numpy(), token_hash=token_hash(rows_batch.row_ids(row)),
-                         outputs=hidden.to(torch.float16).numpy(), feature=features[row])
-                for row, (maps, hidden) in enumerate(zip(capture.maps, capture.hidden, strict=True))
-            ]
-            admin.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=layout,
-                                   projector=projector.to_safetensors_bytes())
-            admin.ingest(name, fingerprint, entries)
-            if name == "hit":
-                memory_maps = {row: maps.to(torch.float16) for row, maps in enumerate(capture.maps)}
-            del capture, entries
-    connection = connect(f"grpc://{target}")
+    for name, rows_batch, targets in (("hit", batch, (target, dram_target)), ("miss", others, (target,))):
+        capture = adapter.capture(rows_batch)
+        features = projector.project(adapter.feature_source(rows_batch))
+        entries = [
+            NewEntry(maps=maps.to(torch.float16).numpy(), token_hash=token_hash(rows_batch.row_ids(row)),
+                     outputs=hidden.to(torch.float16).numpy(), feature=features[row])
+            for row, (maps, hidden) in enumerate(zip(capture.maps, capture.hidden, strict=True))
+        ]
+        for address in targets:
+            with RemoteStore(address, timeout=600) as admin:
+                admin.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=layout,
+                                       projector=projector.to_safetensors_bytes())
+                admin.ingest(name, fingerprint, entries)
+        if name == "hit":
+            memory_maps = {row: maps.to(torch.float16) for row, maps in enumerate(capture.maps)}
+        del capture, entries
+    connection, dram_connection = connect(f"grpc://{target}"), connect(f"grpc://{dram_target}")
 
-    def prefill(namespace: str, exact: bool, stream: bool) -> CachedPrefill:
+    def prefill(namespace: str, exact: bool, stream: bool, *, dram: bool = False) -> Prefill:
         settings = PrefillSettings(namespace, 1e-3, exact, stream, 600.0, RetryPolicy(attempts=1))
-        return CachedPrefill(adapter, connection, fingerprint=fingerprint, projector=projector, settings=settings,
-                             breaker=CircuitBreaker())
+        return Prefill(adapter, dram_connection if dram else connection, fingerprint=fingerprint,
+                       projector=projector, settings=settings,
+                       breaker=CircuitBreaker(), local_tier=LocalExactTier(0),
+                       cost_model=CostModel(CostSettings(min_samples=2**62)), device=torch.device("cpu"))
 
     # Each call keeps its latest output here and returns its counts: the samples keep only the counts.
     outputs: dict[str, torch.Tensor] = {}
 
-    def cached(name: str, runner: CachedPrefill) -> Callable[[], BatchCounts]:
-        def call() -> BatchCounts:
-            counts = BatchCounts()
-            hidden = runner.hidden_states(batch, counts)
+    tokens = [batch.row_ids(row).tolist() for row in range(batch.size)]
+
+    def cached(name: str, runner: Prefill) -> Callable[[], CallCounts]:
+        def call() -> CallCounts:
+            counts = CallCounts()
+            hidden = runner.hidden_states(tokens, counts, batch_size=batch.size)
             outputs[name] = torch.stack(hidden)  # (B, L, hidden): rows are all L tokens
             return counts
         return call
 
-    def plain(name: str, replay: dict | None) -> Callable[[], BatchCounts]:
-        def call() -> BatchCounts:
+    def plain(name: str, replay: dict | None) -> Callable[[], CallCounts]:
+        def call() -> CallCounts:
             outputs[name] = adapter.forward(batch, replay)
-            return BatchCounts(rows=batch.size)
+            return CallCounts(rows=batch.size)
         return call
 
     calls = {
         "baseline": plain("baseline", None),
         "replay_memory": plain("replay_memory", memory_maps),
         "hit": cached("hit", prefill("hit", False, True)),
+        "hit_dram": cached("hit_dram", prefill("hit", False, True, dram=True)),
         "hit_wait_all": cached("hit_wait_all", prefill("hit", False, False)),
         "miss": cached("miss", prefill("miss", True, True)),
         "exact": cached("exact", prefill("hit", True, True)),
     }
+    for _ in range(_DRAM_ADMITTED_AFTER):
+        calls["hit_dram"]()  # the daemon admits an entry to DRAM on its second serve
     samples = time_rounds(calls, repeats=args.repeats, warmup=args.warmup)
     connection.close()
+    dram_connection.close()
+    _check_dram(target, dram_target)
     _check_kinds(samples)
     base_ms = median_ms(s.seconds for s in samples["baseline"])
     return [_timing(name, samples[name], base_ms, outputs[name], outputs["baseline"]) for name in _VARIANTS]
 
 
-def _check_kinds(samples: dict[str, list[Sample[BatchCounts]]]) -> None:
+def _check_kinds(samples: dict[str, list[Sample[CallCounts]]]) -> None:
     """The cache variants must have served rows the way their names say."""
-    expected = {"hit": "map_hits", "hit_wait_all": "map_hits", "miss": "misses", "exact": "exact_hits"}
+    expected = {"hit": "map_hits", "hit_dram": "map_hits", "hit_wait_all": "map_hits", "miss": "misses",
+                "exact": "exact_hits"}
     for name, field in expected.items():
         for sample in samples[name]:
             if getattr(sample.value, field) != sample.value.rows:
                 raise ConfigError(f"bench service: variant {name} served {sample.value} instead of all {field}")
 
 
+def _check_dram(target: str, dram_target: str) -> None:
+    """``hit`` must have read its maps from the store and ``hit_dram`` from DRAM, as their names say."""
+    from attnstore.protocol.remote import RemoteStore
+
+    with RemoteStore(target) as plain, RemoteStore(dram_target) as dram:
+        plain_hits, dram_hits = plain.stats().dram_hits, dram.stats().dram_hits
+    if plain_hits or not dram_hits:
+        raise ConfigError(f"bench service: DRAM-tier layer reads {plain_hits} without a DRAM tier and {dram_hits} "
+                          "with one; expected none and some")
+
+
 def _timing(
-    name: str, samples: list[Sample[BatchCounts]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
+    name: str, samples: list[Sample[CallCounts]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
 ) -> VariantTiming:
-    def counts_ms(get: Callable[[BatchCounts], float]) -> float:
+    def counts_ms(get: Callable[[CallCounts], float]) -> float:
         return median_ms(get(s.value) for s in samples)
 
     total = median_ms(s.seconds for s in samples)

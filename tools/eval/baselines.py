@@ -33,7 +33,7 @@ from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.keys import token_hash
 from attnstore_client.layer_plan import LayerPlan, SharedMapsPlan
 from attnstore_client.projector import Projector, ProjectorConfig
-from attnstore_tools.eval.variants import BatchRun, Variant
+from attnstore_tools.eval.variants import BatchRun, BatchVariant
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def _js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (kl_p + kl_q) / 2
 
 
-class _SharingVariant(Variant):
+class _SharingVariant(BatchVariant):
     """A forward in which some layers replay the maps an earlier layer computed, for every row."""
 
     def __init__(self, adapter: Adapter, sources: Mapping[int, int]) -> None:
@@ -366,7 +366,7 @@ class AttnCacheFPlan(LayerPlan):
         return maps
 
 
-class AttnCacheFVariant(Variant):
+class AttnCacheFVariant(BatchVariant):
     """AttnCache-f at one quantile ``q`` (the ``setting``) of the leave-one-out distances.
 
     ``map_hits`` counts rows that replayed at least one layer. The service is the

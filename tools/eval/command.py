@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, NamespaceNotFoundError
 from attnstore_tools.admin import TOKEN_ENV, read_token
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, store_url
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.eval.scores import build_report, format_report
 from attnstore_tools.eval.tasks import STEM_SUBJECTS, TASKS, Task, load_task
@@ -128,14 +129,15 @@ def evaluate(
     from attnstore_client.adapters import adapter_for
     from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
     from attnstore_client.connection.local import LocalConnection
+    from attnstore_client.sentence.heads import sentence_head
     from attnstore_tools.eval.oracle.fidelity import letter_ids
-    from attnstore_tools.eval.runner import chunks, run_pass, time_variants
-    from attnstore_tools.eval.variants import CacheVariant, PlainVariant
+    from attnstore_tools.eval.runner import run_pass, time_variants
+    from attnstore_tools.eval.variants import CacheVariant, PlainVariant, Variant
 
     adapter = adapter_for(loaded)
-    tokenizer = loaded.tokenizer
-    ids = _tokenize(loaded, task.queries)
-    context = max(len(row) for row in ids)
+    head = sentence_head(loaded)
+    queries = _queries(loaded, head, task.queries, config.batch_size)
+    context = max(len(row) for row in queries.ids)
     with ExitStack() as stack:
         service = None
         store: str | LocalConnection = store_url
@@ -144,9 +146,9 @@ def evaluate(
             service = stack.enter_context(AttnStoreService.open(store_url[len("local:"):], readonly=True))
             store = LocalConnection(store_url, service)
         cache = stack.enter_context(
-            AttnCache(loaded, store, namespace=namespace, max_length=context)
+            AttnCache(loaded, store, namespace=namespace)
             if service is not None
-            else AttnCache(loaded, store, namespace=namespace, token=token, tls_ca=tls_ca, max_length=context)
+            else AttnCache(loaded, store, namespace=namespace, token=token, tls_ca=tls_ca)
         )
         gated = cache.gated and config.default_threshold is None
         default = cache.max_distance if config.default_threshold is None else config.default_threshold
@@ -154,9 +156,9 @@ def evaluate(
         # around the uncalibrated default to show what looser thresholds would cost.
         base = default or DEFAULT_MAX_DISTANCE
         thresholds = sorted(set(config.thresholds or (round(f * base, 6) for f in config.sweep)) | {round(default, 6)})
-        batches = chunks(ids, range(len(ids)), config.batch_size, tokenizer.pad_token_id)
         plain = PlainVariant(adapter)
-        variants = [plain, CacheVariant(cache, 0.0, maps=False)]
+        variants: list[Variant] = [plain, *_simple_alternatives(loaded, head, plain, task, queries)]
+        variants += [CacheVariant(cache, 0.0, maps=False)]
         variants += [CacheVariant(cache, None)] if gated else []
         variants += [CacheVariant(cache, t) for t in thresholds]
         if config.baselines:
@@ -165,41 +167,66 @@ def evaluate(
 
         reference = np.empty((0, adapter.hidden_size), dtype=np.float32)
         if task.references:
-            reference_ids = _tokenize(loaded, task.references)
-            reference_batches = chunks(reference_ids, range(len(reference_ids)), config.batch_size,
-                                       tokenizer.pad_token_id)
-            reference = run_pass(adapter, plain, reference_batches, len(reference_ids),
-                                 progress=config.progress).outputs
+            reference = run_pass(adapter, plain, _queries(loaded, head, task.references, config.batch_size),
+                                 head).outputs
         task.fit(reference)
 
-        passes = [
-            run_pass(adapter, v, batches, len(ids), choice_ids=choice_ids, progress=config.progress)
-            for v in variants
-        ]
-        duplicate = np.array([kind == "exact" for kind in passes[1].kinds])
-        subset = np.random.default_rng(config.seed).permutation(len(ids))[: config.timing_queries]
-        timing_batches = chunks(ids, subset.tolist(), config.batch_size, tokenizer.pad_token_id)
-        timings = time_variants(adapter, variants, timing_batches, rounds=config.timing_rounds,
+        passes = []
+        for variant in tqdm(variants, desc="passes", unit="method", disable=not config.progress):
+            passes.append(run_pass(adapter, variant, queries, head, choice_ids=choice_ids))
+        output_cache = next(i for i, v in enumerate(variants) if v.name == "output_cache")
+        duplicate = np.array([kind == "exact" for kind in passes[output_cache].kinds])
+        subset = np.random.default_rng(config.seed).permutation(len(queries.ids))[: config.timing_queries]
+        timings = time_variants(adapter, variants, queries, subset.tolist(), head, rounds=config.timing_rounds,
                                 progress=config.progress)
     return build_report(task, loaded, store_url, namespace, config, None if gated else round(default, 6), variants,
                         passes, timings, duplicate, len(subset), context)
 
 
-def _tokenize(loaded, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids, truncated to the model's context as ``encode()`` truncates (counted in the log)."""
-    context = _context(loaded)
-    ids = loaded.tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=context)["input_ids"]
-    truncated = sum(len(row) == context for row in ids)
+def _queries(loaded, head, texts: Sequence[str], batch_size: int):
+    """``texts`` tokenized and truncated as ``AttnCache.encode`` does for this model (counted in the log).
+
+    Texts come from the task already in the model's input form (a decoder's in
+    its PromptEOL prompt), so the head's own tokenization applies only to models
+    with a sentence-transformers configuration.
+    """
+    from attnstore_client.sentence.heads import TransformersPipelineHead
+    from attnstore_tools.eval.variants import Queries
+
+    if isinstance(head, TransformersPipelineHead):
+        ids, _ = head.tokenize(texts, None)
+    else:
+        ids = loaded.tokenizer(list(texts), add_special_tokens=True, truncation=True,
+                               max_length=head.max_length)["input_ids"]
+    truncated = sum(len(row) == head.max_length for row in ids)
     if truncated:
-        log.warning("%d of %d inputs reach the model's context of %d tokens and are truncated to it",
-                    truncated, len(ids), context)
-    return ids
+        log.warning("%d of %d inputs reach the model's limit of %d tokens and are truncated to it",
+                    truncated, len(ids), head.max_length)
+    return Queries(texts=list(texts), ids=ids, pad_id=loaded.tokenizer.pad_token_id, batch_size=batch_size)
 
 
-def _context(loaded) -> int:
-    """The model's context (position embeddings), capped by the tokenizer's own limit."""
-    limit = getattr(loaded.model.config, "max_position_embeddings", None) or 512
-    return int(min(limit, loaded.tokenizer.model_max_length))
+def _simple_alternatives(loaded, head, plain, task: Task, queries) -> list:
+    """What a user would write without AttnStore: sentence-transformers' encode (when the model has a
+    configuration for it) and a dict output cache in front of it (else in front of the plain model).
+
+    The dict holds the build corpus's embeddings, as the store holds its outputs; only the build
+    texts some query asks for are computed here (the others would never be looked up).
+    """
+    from attnstore_tools.eval.variants import DictCacheVariant, SentenceTransformersVariant
+
+    alternatives = []
+    encoder = plain
+    if loaded.sentence_transformer is not None:
+        encoder = SentenceTransformersVariant(loaded.sentence_transformer)
+        alternatives.append(encoder)
+    asked = set(queries.texts)
+    stored = [text for text in dict.fromkeys(task.build) if text in asked]
+    prefilled: dict[str, np.ndarray] = {}
+    if stored:
+        build_queries = _queries(loaded, head, stored, queries.batch_size)
+        embeddings = encoder.embed(build_queries, range(len(stored)), head).embeddings
+        prefilled = dict(zip(stored, embeddings, strict=True))
+    return [*alternatives, DictCacheVariant(encoder, prefilled)]
 
 
 def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig) -> list:
@@ -207,6 +234,7 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
 
     AttnCache-f reads maps in process, from ``service``: without one (a daemon) it is skipped.
     """
+    from attnstore_client.sentence.heads import sentence_head
     from attnstore_tools.eval.baselines import (
         AttnCacheFVariant,
         LayerKeys,
@@ -217,7 +245,7 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
     from attnstore_tools.eval.runner import chunks
 
     pad = adapter.loaded.tokenizer.pad_token_id
-    build_ids = _tokenize(adapter.loaded, task.build)
+    build_ids = _queries(adapter.loaded, sentence_head(adapter.loaded), task.build, config.batch_size).ids
     sample = np.random.default_rng(config.seed).permutation(len(build_ids))[:_SAN_CALIBRATION].tolist()
     calibration = calibrate_san(adapter, [batch for _, batch in chunks(build_ids, sample, config.batch_size, pad)])
     variants: list = [LazyFormerVariant(adapter)]
@@ -246,7 +274,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
         source = parser.add_mutually_exclusive_group()
-        source.add_argument("--store", help="an existing store: local:PATH or grpc://HOST:PORT (with --namespace)")
+        source.add_argument("--store",
+                            help="an existing store: local:PATH, grpc[s]://HOST:PORT or HOST:PORT (with --namespace)")
         source.add_argument("--build-from", type=Path, metavar="FILE",
                             help="build the store from this corpus (.txt, .tsv with --column, .jsonl), in model input "
                                  "form (default: the task's train split, see the module help)")
@@ -334,10 +363,12 @@ def run(args: argparse.Namespace) -> int:
     )
     namespace = args.namespace or (f"mmlu-{shots}shot" if args.task == "mmlu" else args.task)
     stored = options["per_subject"] if args.task == "mmlu" else options["store_limit"]
-    store_url = args.store or _build_store(loaded, task, args, namespace, stored)
+    # A bare HOST:PORT is a daemon, as for every command that names one.
+    store = store_url(args.store, tls=args.tls_ca is not None) if args.store else None
+    store = store or _build_store(loaded, task, args, namespace, stored)
     token = read_token(args)
     started = time.perf_counter()
-    report = evaluate(task, loaded, store_url, namespace, config, token=token, tls_ca=args.tls_ca)
+    report = evaluate(task, loaded, store, namespace, config, token=token, tls_ca=args.tls_ca)
     report["seconds"] = round(time.perf_counter() - started, 1)
     write_json(args.json, report, indent=1)
     print(format_report(report))
@@ -373,7 +404,10 @@ def _build_store(loaded, task: Task, args: argparse.Namespace, namespace: str, s
             pass
         # Rows over the model's context are skipped and counted by the build (queries are truncated).
         codec = args.codec or ("zstd" if task.name == "mmlu" and task.queries and args.shots == 5 else "fp16")
-        config = BuildConfig(namespace=namespace, codec=codec, max_length=_context(loaded))
+        # The build tokenizes as the queries are tokenized: up to the model's own limit (the head's).
+        from attnstore_client.sentence.heads import sentence_head
+
+        config = BuildConfig(namespace=namespace, codec=codec, max_length=sentence_head(loaded).max_length)
         print(f"building namespace {namespace!r} in {path} from {len(corpus)} inputs")
         report = build_namespace(loaded, corpus, service, config, progress=not args.no_progress)
     print(format_build(report))

@@ -1,12 +1,15 @@
-"""The ways of running a batch that the evaluation harness compares, and how their time is measured.
+"""The ways of embedding queries that the evaluation harness compares, and how their time is measured.
 
-Every variant takes the same right-padded batch and returns each row's last
-hidden states with what serving it took. The plain model (``PlainVariant``, the
-model's default ``sdpa`` attention) is the reference; ``CacheVariant`` is
-AttnStore's client at one threshold (``output_cache`` is the same client with
-map hits switched off: the exact tier alone is a plain output cache keyed by the
-exact input); the layer-sharing and per-layer-search baselines live in
-``eval_baselines``.
+Every variant is one call over a list of queries and returns each query's
+sentence embedding (the model's own: its sentence-transformers pooling and
+normalisation, or a decoder's last token) with what serving it took, as a user
+would call it: AttnStore's ``AttnCache`` resolves the whole call at once
+(repeats, exact tiers, map lookups, batches formed after the lookups); methods
+that run batches (the plain model, the layer-sharing and per-layer-search
+baselines in ``eval.baselines``) get the queries batched longest first, as
+``encode()`` batches. The simple alternatives a user would otherwise write are
+here too: sentence-transformers' own ``encode`` (``sentence_transformers``),
+and a dict output cache in front of it (``dict_cache``).
 
 Attention time is measured with forward hooks on the model's attention modules:
 the hooks wrap whatever runs inside them (the module's own kernel, or the replay
@@ -20,35 +23,59 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import Batch
+from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.cache import AttnCache
+from attnstore_client.sentence.heads import SentenceHead
+
+
+@dataclass(frozen=True)
+class Queries:
+    """A task's queries as every variant gets them."""
+
+    texts: list[str]  # as the task gives them (decoders: already in their prompt)
+    ids: list[list[int]]  # the same, tokenized and truncated as the model's head does
+    pad_id: int
+    batch_size: int
 
 
 @dataclass(frozen=True, slots=True)
-class BatchRun:
-    """One batch through one variant."""
+class CallRun:
+    """One call of one variant over some queries."""
 
-    hidden: list[torch.Tensor]  # per row, (L, hidden) fp32 last hidden states
+    embeddings: np.ndarray  # (n, dim) float32, in the order asked
     retrieval_s: float = 0.0  # projection + lookup + fetch; 0 for methods that retrieve nothing
     # The part of retrieval_s spent inside the attention modules (maps read as each layer
     # reaches them), so attention compute time = attention time - inline_s.
     inline_s: float = 0.0
-    exact_hits: int = 0  # rows answered by stored outputs (no forward)
-    map_hits: int = 0  # rows that replayed stored maps
+    exact_hits: int = 0  # queries answered by stored outputs (no forward), repeats of them included
+    map_hits: int = 0  # queries that replayed stored maps
     layer_replays: int = 0  # (row, layer) pairs whose maps were not computed (layer-level methods)
-    fallbacks: int = 0  # rows the store should have served but could not
-    kinds: tuple[str, ...] = ()  # per row, for store-backed variants: "exact", "map", "miss" or "fallback"
+    fallbacks: int = 0  # queries the store should have served but could not
+    kinds: tuple[str, ...] = ()  # per query, for store-backed variants: "exact", "map", "miss" or "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRun:
+    """One batch through a batch-running variant."""
+
+    hidden: list[torch.Tensor]  # per row, (L, hidden) fp32 last hidden states
+    retrieval_s: float = 0.0
+    inline_s: float = 0.0
+    map_hits: int = 0
+    layer_replays: int = 0
 
 
 class Variant(ABC):
-    """A way of running batches that the harness times and scores.
+    """A way of embedding queries that the harness times and scores.
 
     Attributes:
-        name: the method (``full``, ``attncache``, ``output_cache``, ``lazyformer``, ``san``, ``attncache_f``).
+        name: the method (``full``, ``sentence_transformers``, ``dict_cache``, ``attncache``,
+            ``output_cache``, ``lazyformer``, ``san``, ``attncache_f``).
         setting: what distinguishes this run of the method (a threshold), None if nothing.
     """
 
@@ -56,14 +83,41 @@ class Variant(ABC):
     setting: float | None = None
 
     @abstractmethod
-    def run(self, batch: Batch) -> BatchRun:
-        """Run one batch; rows come back in batch order."""
+    def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
+        """Embed the queries at ``indices`` in one call; rows come back in that order."""
 
     def close(self) -> None:  # noqa: B027 (optional: most variants hold nothing)
         """Release what the variant holds (store connections)."""
 
 
-class PlainVariant(Variant):
+class BatchVariant(Variant):
+    """A method that runs batches: the queries are batched longest first, as ``encode()`` batches."""
+
+    @abstractmethod
+    def run(self, batch: Batch) -> BatchRun:
+        """Run one batch; rows come back in batch order."""
+
+    def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
+        """See :meth:`Variant.embed`."""
+        order = sorted(range(len(indices)), key=lambda k: -len(queries.ids[indices[k]]))
+        embeddings = np.zeros((len(indices), 0), dtype=np.float32)
+        retrieval = inline = 0.0
+        map_hits = layer_replays = 0
+        for start in range(0, len(order), queries.batch_size):
+            chunk = order[start : start + queries.batch_size]
+            run = self.run(batch_from_ids([queries.ids[indices[k]] for k in chunk], queries.pad_id))
+            pooled = head.embed(run.hidden, 0).float().cpu().numpy()  # (B, dim)
+            if embeddings.shape[1] == 0:
+                embeddings = np.zeros((len(indices), pooled.shape[1]), dtype=np.float32)
+            embeddings[chunk] = pooled
+            retrieval += run.retrieval_s
+            inline += run.inline_s
+            map_hits += run.map_hits
+            layer_replays += run.layer_replays
+        return CallRun(embeddings, retrieval, inline, map_hits=map_hits, layer_replays=layer_replays)
+
+
+class PlainVariant(BatchVariant):
     """The unmodified model: the reference every other variant is compared with."""
 
     name = "full"
@@ -79,35 +133,89 @@ class PlainVariant(Variant):
 class CacheVariant(Variant):
     """AttnStore's client at one threshold, or under the namespace's fidelity gate (``threshold`` None).
 
-    ``maps=False`` makes it a plain output cache (exact tier only).
+    ``maps=False`` makes it a plain output cache (the exact tiers only, nothing
+    searched). Every call starts with the client's own exact tier empty, so calls
+    (passes, timing rounds) are alike and only the store knows the build corpus.
     """
 
     def __init__(self, cache: AttnCache, threshold: float | None, *, maps: bool = True) -> None:
         self.cache = cache
         self.name = "attncache" if maps else "output_cache"
-        # An exact-only cache: distance 0 admits only a feature vector equal to a stored one,
-        # i.e. the same tokens, which the exact tier answers first.
         self.setting = threshold if maps else None
-        self._threshold = threshold if maps else 0.0
+        self._threshold = threshold
+        self._maps = maps
 
-    def run(self, batch: Batch) -> BatchRun:
-        if self._threshold is None:
+    def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
+        """See :meth:`Variant.embed`."""
+        self.cache.maps = self._maps
+        if self._maps and self._threshold is None:
             self.cache.gated = True
-        else:
+        elif self._maps and self._threshold is not None:
             self.cache.max_distance = self._threshold
-        hidden = self.cache.run_batch(batch)
+        self.cache.local_tier.clear()
+        hidden = self.cache.hidden_states([queries.ids[i] for i in indices], batch_size=queries.batch_size,
+                                          show_progress_bar=False)
         stats = self.cache.last_stats
-        return BatchRun(
-            hidden=hidden,
+        kinds = self.cache.last_row_kinds
+        return CallRun(
+            embeddings=head.embed(hidden, 0).float().cpu().numpy(),
             retrieval_s=stats.projection_s + stats.lookup_s + stats.fetch_s,
             # Embedded stores read each layer's maps when the forward reaches it; a daemon's
             # stream is received beside the forward, which waits inside the attention modules.
             inline_s=stats.fetch_s,
-            exact_hits=stats.exact_hits,
-            map_hits=stats.map_hits,
-            fallbacks=stats.fallback_rows,
-            kinds=self.cache.last_row_kinds,
+            exact_hits=kinds.count("exact"),
+            map_hits=kinds.count("map"),
+            fallbacks=kinds.count("fallback"),
+            kinds=kinds,
         )
+
+
+class SentenceTransformersVariant(Variant):
+    """sentence-transformers' own ``encode`` of the same model: what a user runs without AttnStore."""
+
+    name = "sentence_transformers"
+
+    def __init__(self, model: object) -> None:
+        self.model = model  # a SentenceTransformer
+
+    def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
+        """See :meth:`Variant.embed`."""
+        texts = [queries.texts[i] for i in indices]
+        embeddings = self.model.encode(texts, batch_size=queries.batch_size, show_progress_bar=False)  # type: ignore[attr-defined]
+        return CallRun(np.asarray(embeddings, dtype=np.float32))
+
+
+class DictCacheVariant(Variant):
+    """A dict output cache in front of the plain encoder: what a user writes in five lines.
+
+    Keyed by the query's text; it holds the build corpus's embeddings (as the
+    store does), and within a call the distinct texts it lacks are encoded once
+    (by ``encoder``: sentence-transformers' ``encode`` where the model has it,
+    else the plain model) and kept. Every call starts from the build corpus alone.
+
+    Args:
+        encoder: the plain variant that encodes the misses.
+        prefilled: build-corpus text -> its embedding (only the texts some query asks
+            for need to be there: the others are never looked up).
+    """
+
+    name = "dict_cache"
+
+    def __init__(self, encoder: Variant, prefilled: dict[str, np.ndarray]) -> None:
+        self.encoder = encoder
+        self.prefilled = prefilled
+
+    def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
+        """See :meth:`Variant.embed`."""
+        cache = dict(self.prefilled)
+        hits = sum(queries.texts[i] in cache for i in indices)
+        missing = list(dict.fromkeys(queries.texts[i] for i in indices if queries.texts[i] not in cache))
+        if missing:
+            positions = {queries.texts[i]: i for i in indices}
+            computed = self.encoder.embed(queries, [positions[text] for text in missing], head).embeddings
+            cache.update(zip(missing, computed, strict=True))
+        kinds = tuple("exact" if queries.texts[i] in self.prefilled else "miss" for i in indices)
+        return CallRun(np.stack([cache[queries.texts[i]] for i in indices]), exact_hits=hits, kinds=kinds)
 
 
 class AttentionTimer:

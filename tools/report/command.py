@@ -28,9 +28,11 @@ from attnstore_tools.report.tables import Block, run_block, splice_blocks, summa
 
 KIND = "attnstore.eval/1"
 Task = Literal["logs", "sts", "sst2", "mmlu"]
-Method = Literal["attncache", "output_cache", "lazyformer", "san", "attncache_f"]
+Method = Literal["sentence_transformers", "dict_cache", "attncache", "output_cache", "lazyformer", "san", "attncache_f"]
 TASKS: tuple[Task, ...] = ("logs", "sts", "sst2", "mmlu")  # also the order of the blocks when appended
-METHODS: tuple[Method, ...] = ("attncache", "output_cache", "lazyformer", "san", "attncache_f")
+METHODS: tuple[Method, ...] = (
+    "sentence_transformers", "dict_cache", "attncache", "output_cache", "lazyformer", "san", "attncache_f",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ class Layout(_message.Message):
     def __init__(self, layers: _Optional[int] = ..., heads: _Optional[int] = ..., causal: _Optional[bool] = ..., hidden: _Optional[int] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class Namespace(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector")
+    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class Namespace(_message.Message):
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_CRC32C_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
@@ -52,21 +54,25 @@ class Namespace(_message.Message):
     format_version: int
     created: float
     projector: bytes
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ...) -> None: ...
+    projector_crc32c: int
+    projector_version: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class CreateNamespaceRequest(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "projector")
+    __slots__ = ("name", "model", "fingerprint", "layout", "projector", "replace_projector")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_PROJECTOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
     layout: Layout
     projector: bytes
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ...) -> None: ...
+    replace_projector: bool
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ..., replace_projector: _Optional[bool] = ...) -> None: ...
 
 class GetNamespaceRequest(_message.Message):
     __slots__ = ("name",)
@@ -97,7 +103,7 @@ class Query(_message.Message):
     def __init__(self, feature: _Optional[_Iterable[float]] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs", "gate")
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "want_maps", "want_outputs", "gate", "exact_only", "projector_version")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +111,8 @@ class LookupRequest(_message.Message):
     WANT_MAPS_FIELD_NUMBER: _ClassVar[int]
     WANT_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GATE_FIELD_NUMBER: _ClassVar[int]
+    EXACT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     fingerprint: str
     queries: _containers.RepeatedCompositeFieldContainer[Query]
@@ -112,7 +120,9 @@ class LookupRequest(_message.Message):
     want_maps: bool
     want_outputs: bool
     gate: bool
-    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ..., gate: _Optional[bool] = ...) -> None: ...
+    exact_only: bool
+    projector_version: int
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ..., gate: _Optional[bool] = ..., exact_only: _Optional[bool] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class Match(_message.Message):
     __slots__ = ("query_index", "kind", "entry_id", "distance", "stored_length")
@@ -203,18 +213,20 @@ class LookupResponse(_message.Message):
     def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "gate")
+    __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "gate", "projector_version")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
     GATE_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     fingerprint: str
     queries: _containers.RepeatedCompositeFieldContainer[Query]
     max_distance: float
     gate: bool
-    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., gate: _Optional[bool] = ...) -> None: ...
+    projector_version: int
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., gate: _Optional[bool] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("matches",)
@@ -234,6 +246,24 @@ class FetchRequest(_message.Message):
     fingerprint: str
     def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ..., length: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
+class FetchRow(_message.Message):
+    __slots__ = ("entry_id", "length")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    length: int
+    def __init__(self, entry_id: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class FetchMapsRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "rows")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    rows: _containers.RepeatedCompositeFieldContainer[FetchRow]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[FetchRow, _Mapping]]] = ...) -> None: ...
+
 class PrefetchRequest(_message.Message):
     __slots__ = ("namespace", "entry_ids")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -243,10 +273,12 @@ class PrefetchRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., entry_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefetchResponse(_message.Message):
-    __slots__ = ("queued",)
+    __slots__ = ("queued", "unknown")
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     queued: int
-    def __init__(self, queued: _Optional[int] = ...) -> None: ...
+    unknown: int
+    def __init__(self, queued: _Optional[int] = ..., unknown: _Optional[int] = ...) -> None: ...
 
 class IngestRequest(_message.Message):
     __slots__ = ("begin", "entry", "chunk", "outputs", "commit")
@@ -263,12 +295,14 @@ class IngestRequest(_message.Message):
     def __init__(self, begin: _Optional[_Union[IngestBegin, _Mapping]] = ..., entry: _Optional[_Union[EntryBegin, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., commit: _Optional[_Union[IngestCommit, _Mapping]] = ...) -> None: ...
 
 class IngestBegin(_message.Message):
-    __slots__ = ("namespace", "fingerprint")
+    __slots__ = ("namespace", "fingerprint", "projector_version")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     fingerprint: str
-    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    projector_version: int
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class EntryBegin(_message.Message):
     __slots__ = ("length", "token_hash", "feature", "token_ids")
@@ -343,7 +377,7 @@ class CorruptEntry(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., entry_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("entries_checked", "corrupt_entry_ids", "problems", "corrupt", "chunks_checked", "orphan_chunks", "seconds")
+    __slots__ = ("entries_checked", "corrupt_entry_ids", "problems", "corrupt", "chunks_checked", "orphan_chunks", "seconds", "store_problems")
     ENTRIES_CHECKED_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +385,7 @@ class VerifyResponse(_message.Message):
     CHUNKS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     ORPHAN_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STORE_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     entries_checked: int
     corrupt_entry_ids: _containers.RepeatedScalarFieldContainer[int]
     problems: _containers.RepeatedScalarFieldContainer[str]
@@ -358,7 +393,8 @@ class VerifyResponse(_message.Message):
     chunks_checked: int
     orphan_chunks: int
     seconds: float
-    def __init__(self, entries_checked: _Optional[int] = ..., corrupt_entry_ids: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ..., corrupt: _Optional[_Iterable[_Union[CorruptEntry, _Mapping]]] = ..., chunks_checked: _Optional[int] = ..., orphan_chunks: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    store_problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries_checked: _Optional[int] = ..., corrupt_entry_ids: _Optional[_Iterable[int]] = ..., problems: _Optional[_Iterable[str]] = ..., corrupt: _Optional[_Iterable[_Union[CorruptEntry, _Mapping]]] = ..., chunks_checked: _Optional[int] = ..., orphan_chunks: _Optional[int] = ..., seconds: _Optional[float] = ..., store_problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
@@ -381,7 +417,7 @@ class BucketStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries")
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +431,8 @@ class StatsResponse(_message.Message):
     FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAM_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STALE_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    STALE_GENERATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     entries: int
     stored_bytes: int
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
@@ -408,4 +446,6 @@ class StatsResponse(_message.Message):
     file_bytes: int
     max_bytes: int
     dram_entries: int
-    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ...) -> None: ...
+    stale_generations: int
+    stale_generation_bytes: int
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.MapChunk.FromString,
                 _registered_method=True)
+        self.FetchMaps = channel.unary_stream(
+                '/attnstore.v1.AttnStore/FetchMaps',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchMapsRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.LookupResponse.FromString,
+                _registered_method=True)
         self.Prefetch = channel.unary_unary(
                 '/attnstore.v1.AttnStore/Prefetch',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefetchRequest.SerializeToString,
@@ -102,7 +107,14 @@ class AttnStoreServicer:
     def CreateNamespace(self, request, context):
         """Namespaces: one model + tokenizer + attention layout each.
         CreateNamespace (admin) is idempotent for the same model, fingerprint and
-        layout (ALREADY_EXISTS otherwise); a non-empty projector replaces the stored one.
+        layout (ALREADY_EXISTS otherwise). A non-empty projector is stored when the
+        namespace has none (projector_version 1) and changes nothing when it is the
+        stored one; one with the same weights and other metadata (a new gate) is the
+        next projector_version; one with other weights is ALREADY_EXISTS unless
+        replace_projector is set. Replacing bumps projector_version and drops every stored feature
+        vector in the same transaction (the entries stay: exact hits go on; map hits
+        return as entries are ingested again with features of the new projector), so
+        no lookup ever compares vectors of two projectors.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,6 +147,14 @@ class AttnStoreServicer:
 
     def Fetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchMaps(self, request, context):
+        """The maps of chosen rows (an entry and a crop length each), in layer order;
+        a row that cannot be served gets a RowError and nothing more, the others go on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -209,6 +229,11 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.MapChunk.SerializeToString,
+            ),
+            'FetchMaps': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchMaps,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchMapsRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.LookupResponse.SerializeToString,
             ),
             'Prefetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Prefetch,
@@ -403,6 +428,33 @@ class AttnStore:
             '/attnstore.v1.AttnStore/Fetch',
             attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.MapChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchMaps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/FetchMaps',
+            attnstore_dot_v1_dot_attnstore__pb2.FetchMapsRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.LookupResponse.FromString,
             options,
             channel_credentials,
             insecure,

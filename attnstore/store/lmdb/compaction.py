@@ -4,6 +4,11 @@ Ids, records, hit counters, namespaces and projectors carry over unchanged;
 entries get new dense slots per length bucket, chunk bytes are copied verbatim
 (so their checksums still hold), and orphan chunks are left behind. The new
 generation is invisible until the caller swaps ``CURRENT``.
+
+A compaction first checks that the disk has room for the copy, and a disk that
+fills up meanwhile fails it cleanly (``StoreFullError``, the new generation
+removed, the old one still live): its LMDB lock file is allocated before use
+(see ``env``), and LMDB writes data pages with ``write``, never through the map.
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ from pathlib import Path
 
 import lmdb
 
-from attnstore.errors import ChecksumError
+from attnstore.errors import ChecksumError, StoreFullError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.catalog import namespace_names
 from attnstore.store.lmdb.env import (
     Databases,
     DbHandle,
     Generation,
+    disk_full_error,
+    free_disk_bytes,
+    is_disk_full,
     items_with_prefix,
     next_generation_name,
     remove_unused_generations,
@@ -51,6 +59,33 @@ logger = logging.getLogger(__name__)
 
 # Bucket arrays' zarr.json are rewritten with the new capacity, not copied.
 _ARRAY_META_RE = re.compile(rb"^[^/]+/[^/]+/L\d+/zarr\.json$")
+# Free disk a compaction asks for beyond the live generation's used pages: B-tree pages of the copy
+# may be filled differently, and the lock file and meta pages come on top.
+_SPACE_MARGIN = 1.1
+_SPACE_SLACK_BYTES = 4 << 20
+
+
+def used_bytes(gen: Generation) -> int:
+    """Bytes of the pages ``gen``'s data occupies (every sub-database's branch, leaf and overflow pages)."""
+    with gen.env.begin() as txn:
+        stats = [gen.env.stat(), *(txn.stat(getattr(gen.db, name)) for name in Databases.__slots__)]
+    return sum((s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]) * s["psize"] for s in stats)
+
+
+def check_free_space(root: Path, live: Generation) -> None:
+    """Refuse a compaction the disk has no room for, before anything is written.
+
+    Raises:
+        StoreFullError: less free space than the live data needs (with a margin).
+    """
+    needed = int(used_bytes(live) * _SPACE_MARGIN) + _SPACE_SLACK_BYTES
+    free = free_disk_bytes(root)
+    if free < needed:
+        logger.warning("map store %s: compaction needs %s bytes free, the disk has %s", root, needed, free)
+        raise StoreFullError(
+            f"the disk is too full to compact: the copy needs about {needed} bytes free on the map store's"
+            f" filesystem and {free} are; nothing was changed. Free disk space first"
+        )
 
 
 class _BatchWriter:
@@ -143,15 +178,19 @@ def write_next_generation(
         The new generation (one reference, the caller's) and the counts.
 
     Raises:
-        lmdb.MapFullError: the new generation ran out of map size.
+        StoreFullError: the disk has no room for the copy (checked first), or filled up meanwhile.
+        lmdb.MapFullError: the new generation ran out of map size (the caller translates it).
     """
+    check_free_space(root, live)
     new = Generation(root, next_generation_name(root), map_size=map_size, readonly=False, create=True)
     try:
         counts = compact_into(live, new, states, txn_bytes=txn_bytes)
         write_current(root, new.name)
-    except BaseException:
+    except BaseException as exc:
         new.release()
         shutil.rmtree(new.path, ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and is_disk_full(exc, root):
+            raise disk_full_error(root) from exc  # the CURRENT file could not be written
         raise
     return new, counts
 

@@ -11,6 +11,12 @@ process that opens a generation holds a shared flock on its ``holders.lock``; a
 generation other than the live one is removed only once an exclusive flock can be
 had, i.e. when no process holds it any more. Within a process a generation is
 reference counted, so a read that started on it finishes on it.
+
+LMDB maps its lock file (``lock.mdb``) and writes its reader table through that
+mapping. Created sparse, a page of it would only get disk space when first
+touched, and on a full disk that touch is a SIGBUS, not an error. So the lock
+file's blocks are allocated before LMDB opens it, where a full disk is an
+ordinary ENOSPC (``StoreFullError``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import TypeAlias, TypeVar
 
 import lmdb
 
-from attnstore.errors import StoreNotFoundError, StoreOpenError
+from attnstore.errors import StoreFullError, StoreNotFoundError, StoreOpenError
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +43,20 @@ CURRENT_FILE = "CURRENT"
 WRITER_LOCK_FILE = "writer.lock"
 HOLDERS_LOCK_FILE = "holders.lock"
 DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+# LMDB reports a write cut short as EIO; with less than this free on the store's filesystem the
+# cause is taken to be a full disk (a short write at ENOSPC leaves almost nothing free), with
+# more it is a real I/O error.
+DISK_FULL_FREE_BYTES = 16 << 20
 # Sub-database names; "index" is reserved for the vector index (raw bytes).
 DB_NAMES: tuple[str, ...] = ("meta", "catalog", "projectors", "entries", "lengths", "hashes", "hits", "buckets", "zarr")
 RESERVED_DB_NAMES: tuple[str, ...] = ("index",)
 _MAX_DBS = 16
 _MAX_READERS = 512
+# Size LMDB gives a new lock file: its header (two 64-byte cache lines) and one 64-byte slot per
+# reader. Exactly that is allocated up front: a larger file would raise the reader count of later
+# openers past what processes that mapped it earlier can see.
+LOCK_FILE_BYTES = 2 * 64 + _MAX_READERS * 64
 _GEN_RE = re.compile(r"^gen-(\d{6,})$")
 
 # Handle of one named sub-database (lmdb's stubs and C module call its class ``_Database``).
@@ -181,9 +196,88 @@ class Databases:
     zarr: DbHandle  # zarr key -> zarr.json or chunk bytes
 
 
-def is_disk_full(exc: lmdb.Error) -> bool:
-    """True for LMDB errors that mean the map or the disk is full."""
-    return isinstance(exc, lmdb.MapFullError) or "No space left" in str(exc) or f"errno {errno.ENOSPC}" in str(exc)
+def free_disk_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding ``path`` (0 if it is gone)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(exc: BaseException, root: Path) -> bool:
+    """True when ``exc`` (an LMDB or OS error of a write under ``root``) means the disk is full.
+
+    ENOSPC and EDQUOT are; EIO is when the filesystem has under ``DISK_FULL_FREE_BYTES`` free
+    (LMDB turns a write cut short by a full disk into EIO). A full LMDB map is not: see
+    :func:`is_map_full`.
+    """
+    if isinstance(exc, OSError) and not isinstance(exc, lmdb.Error):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        return exc.errno == errno.EIO and free_disk_bytes(root) < DISK_FULL_FREE_BYTES
+    text = str(exc)
+    if isinstance(exc, lmdb.DiskError) or "No space left" in text or "Disk quota exceeded" in text:
+        return True
+    return "Input/output error" in text and free_disk_bytes(root) < DISK_FULL_FREE_BYTES
+
+
+def is_map_full(exc: BaseException) -> bool:
+    """True when ``exc`` says the LMDB map (its address space, ``map_size``) is used up."""
+    return isinstance(exc, lmdb.MapFullError)
+
+
+def disk_full_error(root: Path) -> StoreFullError:
+    """The error of a write that found the disk under the store at ``root`` full (the path goes to the log only)."""
+    free = free_disk_bytes(root)
+    logger.warning("map store %s: the disk is full (%s bytes free)", root, free)
+    return StoreFullError(
+        f"the disk is full ({free} bytes free on the map store's filesystem): nothing of the failed write is"
+        " visible. Free disk space (a compaction needs about the live data's size free)"
+    )
+
+
+def allocate_lock_file(path: Path, *, required: bool) -> None:
+    """Give a generation's LMDB lock file its disk blocks before LMDB maps it (see the module docstring).
+
+    Args:
+        path: the generation directory.
+        required: raise when the blocks cannot be had (a writer); else leave it to LMDB
+            (a reader on read-only storage cannot allocate, and needs not on a sound disk).
+
+    Raises:
+        StoreFullError: ``required`` and the disk is full.
+        OSError: ``required`` and the file cannot be written.
+    """
+    root = path.parent
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # An existing file is allocated at its own size, never grown (see LOCK_FILE_BYTES).
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size or LOCK_FILE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if not required:
+            return
+        if is_disk_full(exc, root):
+            raise disk_full_error(root) from None
+        raise
+
+
+def stale_generations(root: Path, live: str) -> tuple[int, int]:
+    """Number and bytes of the generation directories under ``root`` other than ``live``."""
+    count = nbytes = 0
+    for name in list_generations(root):
+        if name == live:
+            continue
+        count += 1
+        for path in (root / name).iterdir():
+            try:
+                nbytes += path.stat().st_blocks * 512  # allocated, not apparent: lock files are sparse
+            except FileNotFoundError:
+                pass  # removed meanwhile
+    return count, nbytes
 
 
 class Generation:
@@ -201,7 +295,19 @@ class Generation:
         self.name = name
         self.path = root / name
         if create:
-            self.path.mkdir(parents=True, exist_ok=False)
+            try:
+                # Never parents: a store directory removed meanwhile must not come back empty.
+                self.path.mkdir(exist_ok=False)
+            except OSError as exc:
+                if is_disk_full(exc, root):
+                    raise disk_full_error(root) from None
+                raise
+        try:
+            allocate_lock_file(self.path, required=not readonly)
+        except OSError:
+            if create:
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
         try:
             self._holder_fd = os.open(self.path / HOLDERS_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:
@@ -239,6 +345,13 @@ class Generation:
     def data_path(self) -> Path:
         """The environment's data file."""
         return self.path / DATA_FILE
+
+    def removed(self) -> bool:
+        """True when the generation's directory was deleted while it is open (its files are then unlinked)."""
+        try:
+            return os.fstat(self._holder_fd).st_nlink == 0
+        except OSError:
+            return True  # the fd is closed: the generation is, too
 
     def file_bytes(self) -> int:
         """Size of the data file in bytes."""

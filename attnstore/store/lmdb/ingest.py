@@ -135,19 +135,27 @@ def write_entry(
 
 def write_entries(
     txn: lmdb.Transaction, db: Databases, state: NamespaceState, entries: list[PreparedEntry], now: float
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[int], list[int], list[int]]:
     """Write a batch; an entry whose token hash is stored already (or earlier in the batch) is skipped.
 
+    A stored entry without a feature vector (its projector was replaced) takes a
+    duplicate's, so ingesting again with the new projector brings it back to the map tier.
+
     Returns:
-        The id of every entry in input order (existing ids for duplicates), and the new ids.
+        The id of every entry in input order (existing ids for duplicates), the new ids,
+        and the stored ids that took a duplicate's feature vector.
     """
     next_id = read_counter(txn, db, META_NEXT_ID, 1)
     ids: list[int] = []
     new: dict[bytes, int] = {}
+    featured: list[int] = []
     for entry in entries:
         existing = new.get(entry.token_hash)
         if existing is None:
             existing = find_existing(txn, db, state.name, entry.token_hash)
+            if existing is not None and entry.feature is not None \
+                    and _add_feature(txn, db, state.name, existing, entry):
+                featured.append(existing)
         if existing is not None:
             ids.append(existing)
             continue
@@ -156,7 +164,41 @@ def write_entries(
         ids.append(next_id)
         next_id += 1
     write_counter(txn, db, META_NEXT_ID, next_id)
-    return ids, list(new.values())
+    return ids, list(new.values()), featured
+
+
+def _add_feature(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id: int, entry: PreparedEntry) -> bool:
+    """Give a stored entry without a feature vector ``entry``'s; False when it has one (or is unreadable)."""
+    key = entry_key(namespace, entry_id)
+    raw = txn.get(key, db=db.entries)
+    assert raw is not None  # found live by find_existing in this transaction
+    try:
+        record = EntryRecord.from_bytes(raw)
+    except ChecksumError:
+        return False  # never rewrite a corrupt record (verify reports it)
+    if record.feature is not None:
+        return False
+    txn.put(key, replace(record, feature=entry.feature).to_bytes(), db=db.entries)
+    return True
+
+
+def drop_features(txn: lmdb.Transaction, db: Databases, namespace: str) -> int:
+    """Remove every stored feature vector of ``namespace`` (its projector was replaced); returns how many.
+
+    Corrupt records are left as they are: they are never served, and verify reports them.
+    """
+    rewritten: list[tuple[bytes, bytes]] = []
+    with txn.cursor(db=db.entries) as cursor:
+        for key, raw in items_with_prefix(cursor, ns_prefix(namespace)):
+            try:
+                record = EntryRecord.from_bytes(raw)
+            except ChecksumError:
+                continue
+            if record.feature is not None:
+                rewritten.append((key, replace(record, feature=None).to_bytes()))
+    for key, raw in rewritten:  # after the scan: a put under an open cursor would move it
+        txn.put(key, raw, db=db.entries)
+    return len(rewritten)
 
 
 def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, entry_id: int) -> int | None:

@@ -1,8 +1,14 @@
 """A store's live generation: creating and opening it, following compactions, and transactions on it.
 
 Every LMDB error a store call meets is translated here into an AttnStore error
-(``StoreFullError`` when the map or the disk is full, ``StorageError`` for the
-rest), so none escapes untranslated.
+(``StoreFullError`` when the map or the disk is full, ``StoreDamagedError`` when
+LMDB finds its own structure damaged, ``StorageError`` for the rest), so none
+escapes untranslated. Messages never name the store's path (they may reach
+clients of a daemon); the log does.
+
+Damage and a store directory removed under an open store are remembered as the
+store's *fault* (``LiveGeneration.fault``): the daemon then reports NOT_SERVING,
+and writes to a removed directory are refused (they would land in unlinked files).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from attnstore.errors import (
     FormatVersionError,
     ReadOnlyStoreError,
     StorageError,
+    StoreDamagedError,
     StoreFullError,
     StoreNotFoundError,
     StoreOpenError,
@@ -32,7 +39,9 @@ from attnstore.store.lmdb.env import (
     Generation,
     acquire_writer_lock,
     current_signature,
+    disk_full_error,
     is_disk_full,
+    is_map_full,
     next_generation_name,
     read_current,
     release_lock,
@@ -48,6 +57,32 @@ logger = logging.getLogger(__name__)
 META_FORMAT_VERSION = b"format_version"
 META_CREATED = b"created"
 
+# LMDB errors that mean its own structure is damaged (a page of the wrong kind, a page number past
+# the end, a failed consistency check): no retry helps; the store needs restoring.
+_DAMAGE_ERRORS: tuple[type[lmdb.Error], ...] = (
+    lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError, lmdb.InvalidError,
+)
+
+
+def translate_lmdb_error(exc: lmdb.Error, root: Path, map_size: int) -> AttnStoreError:
+    """The AttnStore error an LMDB error under the store at ``root`` stands for (details go to the log)."""
+    if is_map_full(exc):
+        logger.warning("map store %s: its map of %s bytes is full", root, map_size)
+        return StoreFullError(
+            f"the map store is full (its map size of {map_size} bytes is used up): nothing of the failed write is"
+            " visible. Restart with a larger map size, or compact first (a full map has no free page even for a"
+            " delete), then delete entries and compact"
+        )
+    if is_disk_full(exc, root):
+        return disk_full_error(root)
+    logger.error("map store %s: LMDB error %r", root, exc)
+    if isinstance(exc, _DAMAGE_ERRORS):
+        return StoreDamagedError(
+            f"the map store's database is damaged ({type(exc).__name__}: {exc}): restore it from a backup;"
+            " admin verify lists what can still be reached"
+        )
+    return StorageError(f"the map store's storage failed ({type(exc).__name__}); see the daemon log")
+
 
 def check_store_format(gen: Generation) -> None:
     """Refuse a generation this code cannot read.
@@ -60,11 +95,13 @@ def check_store_format(gen: Generation) -> None:
         with gen.env.begin() as txn:
             raw = txn.get(META_FORMAT_VERSION, db=gen.db.meta)
     except lmdb.Error as exc:
-        logger.error("map store generation %s: LMDB error %r", gen.path, exc)
-        raise StorageError(f"the map store's database cannot be read ({type(exc).__name__}); see the log") from exc
+        raise translate_lmdb_error(exc, gen.path.parent, 0) from exc
     if raw is None:
         raise FormatVersionError(f"{gen.path} has no format version: not an AttnStore map store")
-    version = int(bytes(raw))
+    try:
+        version = int(bytes(raw))
+    except ValueError:
+        raise StoreDamagedError(f"the map store's format version record {bytes(raw)!r:.40} is damaged") from None
     if version not in SUPPORTED_FORMAT_VERSIONS:
         raise FormatVersionError(
             f"map store {gen.path} is in format version {version}; this code reads versions"
@@ -143,6 +180,7 @@ class LiveGeneration:
         self.write_lock = threading.RLock()
         self._signature = current_signature(root)
         self._closed = False
+        self._damage: str | None = None  # the first damage LMDB reported (see ``fault``)
 
     @classmethod
     def open(cls, root: Path, settings: StoreSettings, *, create: bool) -> LiveGeneration:
@@ -191,7 +229,7 @@ class LiveGeneration:
         """
         with self._lock:
             if self._closed:
-                raise StoreOpenError(f"map store {self._root} is closed")
+                raise StoreOpenError("the map store is closed")
             if self._settings.readonly:
                 self._follow_current()
             return self._gen.acquire()
@@ -210,14 +248,8 @@ class LiveGeneration:
     @contextmanager
     def read(self) -> Iterator[tuple[Generation, lmdb.Transaction[memoryview]]]:
         """A read transaction (zero-copy buffers) on the live generation."""
-        gen = self.acquire()
-        try:
-            with gen.env.begin(buffers=True) as txn:
-                yield gen, txn
-        except lmdb.Error as exc:
-            raise self.translate(exc) from exc
-        finally:
-            gen.release()
+        with self.held() as gen, gen.env.begin(buffers=True) as txn:
+            yield gen, txn
 
     @contextmanager
     def write(self) -> Iterator[tuple[Generation, lmdb.Transaction[bytes]]]:
@@ -225,23 +257,40 @@ class LiveGeneration:
 
         Raises:
             ReadOnlyStoreError: the store is read-only.
+            StoreNotFoundError: the store's directory was removed (see :meth:`check_present`).
             StoreFullError, StorageError: see :meth:`translate`.
         """
         self.check_writable()
         with self.write_lock:
-            gen = self.acquire()
-            try:
-                with gen.env.begin(write=True) as txn:
-                    yield gen, txn
-            except lmdb.Error as exc:
-                raise self.translate(exc) from exc
-            finally:
-                gen.release()
+            self.check_present()
+            with self.held() as gen, gen.env.begin(write=True) as txn:
+                yield gen, txn
 
     def check_writable(self) -> None:
         """Raise ReadOnlyStoreError on a read-only store."""
         if self._settings.readonly:
-            raise ReadOnlyStoreError(f"map store {self._root} is open read-only")
+            raise ReadOnlyStoreError("the map store is open read-only: writes go to the process that writes it")
+
+    def check_present(self) -> None:
+        """Refuse a write when the store's directory was removed while open: it would go to unlinked files.
+
+        Raises:
+            StoreNotFoundError: the live generation's directory is gone.
+        """
+        if self._gen.removed():
+            logger.error("map store %s: its directory was removed while open; writes are refused", self._root)
+            raise StoreNotFoundError(
+                "the map store's directory was removed while it was open: writes are refused (reads serve what"
+                " was open). Restore the store and restart"
+            )
+
+    def fault(self) -> str | None:
+        """Why this store's storage can no longer be trusted, or None: its directory removed, or LMDB damage."""
+        if self._gen.removed():
+            return "the store directory was removed while open"
+        if self._damage is not None:
+            return f"the database is damaged ({self._damage})"
+        return None
 
     def swap(self, new: Generation) -> Generation:
         """Make ``new`` (just written by a compaction, already CURRENT) live; returns the retired one."""
@@ -267,15 +316,11 @@ class LiveGeneration:
         return self._closed
 
     def translate(self, exc: lmdb.Error) -> AttnStoreError:
-        """The AttnStore error an LMDB error stands for (its details stay in the log)."""
-        if is_disk_full(exc):
-            return StoreFullError(
-                f"map store {self._root} is full (map_size {self._settings.map_size} bytes, or the disk): {exc};"
-                " nothing of the failed write is visible. Reopen with a larger map_size or free disk space, or"
-                " compact first (a full map has no free page even for a delete), then delete entries and compact"
-            )
-        logger.error("map store %s: LMDB error %r", self._root, exc)
-        return StorageError(f"the map store's storage failed ({type(exc).__name__}); see the daemon log")
+        """The AttnStore error an LMDB error stands for (see :func:`translate_lmdb_error`); remembers damage."""
+        error = translate_lmdb_error(exc, self._root, self._settings.map_size)
+        if isinstance(error, StoreDamagedError) and self._damage is None:
+            self._damage = f"{type(exc).__name__}: {exc}"
+        return error
 
     def _follow_current(self) -> None:
         # A read-only store sees the writer's compactions: reopen when CURRENT changed.

@@ -11,6 +11,7 @@ mean "no entry" on the wire) and are never reused, also not after compaction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,13 +23,12 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import (
-    ChecksumError,
-    EntryNotFoundError,
     MapShapeError,
-    NamespaceExistsError,
     NamespaceNotFoundError,
     StoreFullError,
+    StoreNotFoundError,
     StoreOpenError,
+    shown,
 )
 from attnstore.protocol.records import (
     FORMAT_VERSION,
@@ -39,20 +39,21 @@ from attnstore.protocol.records import (
     NewEntry,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase
+from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
-from attnstore.store.lmdb.catalog import load_namespace, namespace_names, put_namespace, put_projector
+from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
     Generation,
     remove_unused_generations,
+    stale_generations,
 )
 from attnstore.store.lmdb.ingest import delete_entry as delete_in_txn
 from attnstore.store.lmdb.ingest import (
+    drop_features,
     drop_namespace_keys,
     evict_over_cap,
-    find_existing,
     flush_hits,
     write_entries,
 )
@@ -60,13 +61,15 @@ from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.reader import (
     decode_layers,
     entry_page,
+    find_ref,
     live_lengths,
     load_hits,
     load_record,
+    load_token_ids,
     read_outputs,
     store_stats,
 )
-from attnstore.store.lmdb.records import EntryRecord
+from attnstore.store.lmdb.records import EntryRecord, entry_key
 from attnstore.store.lmdb.settings import (
     DEFAULT_DRAM_BYTES,
     DEFAULT_HIT_FLUSH_COUNT,
@@ -74,8 +77,8 @@ from attnstore.store.lmdb.settings import (
     DEFAULT_MAP_SIZE,
     StoreSettings,
 )
-from attnstore.store.lmdb.verify import verify_generation
-from attnstore.store.reports import CompactReport, IngestReport, StoreStats, VerifyReport
+from attnstore.store.lmdb.verify import verify_live
+from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
 from attnstore.store.validate import prepare_entry
 
 if TYPE_CHECKING:
@@ -105,6 +108,7 @@ class MapStore(MapStoreBase):
         self._root = live.root
         self._settings = settings
         self._states: dict[str, NamespaceState] = {}
+        self._catalog = CatalogCache()
         self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
         self._hot = HotMaps(self._load_maps, capacity_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
@@ -127,12 +131,9 @@ class MapStore(MapStoreBase):
         Args:
             path: store directory.
             create: create the store if it does not exist.
-            map_size: LMDB map size in bytes (address space; the file grows as used).
-            dram_bytes: DRAM tier capacity in bytes (0 disables it).
-            max_bytes: cap on live entries' stored bytes; None for no cap.
-            readonly: open without writing (no writer lock; any number of readers).
-            hit_flush_count: see the class docstring.
-            hit_flush_seconds: see the class docstring.
+            map_size, dram_bytes, max_bytes, readonly, hit_flush_count, hit_flush_seconds: the
+                ``StoreSettings`` fields (map size in bytes, DRAM tier bytes (0: off), cap on live
+                entries' bytes (None: none), read-only, when hit counts are written).
 
         Raises:
             StoreNotFoundError: no store at ``path`` and ``create`` is False.
@@ -170,15 +171,15 @@ class MapStore(MapStoreBase):
     def _state(self, name: str) -> NamespaceState:
         state = self._states.get(name)
         if state is None:
-            state = self._states.setdefault(name, NamespaceState.of(self.get_namespace(name)))
+            with self._live.read() as (gen, txn):
+                state = self._state_in(txn, gen, name)
         return state
 
     def _state_in(self, txn: lmdb.Transaction, gen: Generation, name: str) -> NamespaceState:
         state = self._states.get(name)
         if state is None:
-            info = load_namespace(txn, gen.db, name)
-            if info is None:
-                raise NamespaceNotFoundError(f"no namespace {name!r} in map store {self._root}")
+            # The layout is all a state needs: a damaged projector must not stop deletes or compaction.
+            info = self._catalog.require(txn, gen.db, name, check_projector=False)
             state = self._states.setdefault(name, NamespaceState.of(info))
         return state
 
@@ -189,27 +190,20 @@ class MapStore(MapStoreBase):
 
     def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
+        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
         with self._live.write() as (gen, txn):
-            existing = load_namespace(txn, gen.db, name)
-            if existing is not None:
-                if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
-                    return existing
-                raise NamespaceExistsError(
-                    f"namespace {name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-                    f" {existing.layout}; requested model {model!r}, fingerprint {fingerprint!r}, {layout}"
-                )
-            info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
-            put_namespace(txn, gen.db, info)
-        logger.info("created namespace %r (%s, codec %s)", name, model, layout.codec)
+            info = create_or_match(self._catalog, txn, gen.db, wanted)
+        if info is wanted:
+            logger.info("created namespace %r (%s, codec %s)", name, model, layout.codec)
         return info
 
     def get_namespace(self, name: str) -> NamespaceInfo:
         """See :meth:`MapStoreBase.get_namespace`."""
         with self._live.read() as (gen, txn):
-            info = load_namespace(txn, gen.db, name)
+            info = self._catalog.load(txn, gen.db, name)
             if info is None:
                 raise NamespaceNotFoundError(
-                    f"no namespace {name!r} in map store {self._root}; existing: {namespace_names(txn, gen.db)}"
+                    f"no namespace {shown(name)} in the map store; existing: {shown(namespace_names(txn, gen.db), 512)}"
                 )
         return info
 
@@ -218,7 +212,8 @@ class MapStore(MapStoreBase):
         infos = []
         with self._live.read() as (gen, txn):
             for name in namespace_names(txn, gen.db):
-                info = load_namespace(txn, gen.db, name)
+                # Listings carry no projector to clients: a damaged one must not hide the others.
+                info = self._catalog.load(txn, gen.db, name, check_projector=False)
                 assert info is not None  # the name was just read from the catalog, in the same transaction
                 infos.append(info)
         return infos
@@ -234,15 +229,26 @@ class MapStore(MapStoreBase):
         self._hits.drop_namespace(name)
         logger.info("dropped namespace %r", name)
 
-    def _set_projector(self, name: str, blob: bytes) -> None:
-        """See :meth:`MapStoreBase.set_projector`."""
+    def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
+        """See :meth:`MapStoreBase.set_projector`; also raises ReadOnlyStoreError."""
         with self._live.write() as (gen, txn):
-            self._state_in(txn, gen, name)
-            put_projector(txn, gen.db, name, blob)
+            # Unchecked: a projector that fails its checksum can still be replaced.
+            info = self._catalog.require(txn, gen.db, name, check_projector=False)
+            update = projector_update(info, blob, replace=replace)
+            if update is None:
+                return info
+            dropped = drop_features(txn, gen.db, name) if drops_features(info, blob) else 0
+            put_projector(txn, gen.db, update)
+        if info.projector is not None:
+            logger.warning("namespace %r: projector replaced (version %s), %s stored feature vectors dropped",
+                           name, update.projector_version, dropped)
+        return update
 
     # -------------------------------------------------------------------- ingest
 
-    def ingest(self, namespace: str, entries: Iterable[NewEntry]) -> IngestReport:
+    def ingest(
+        self, namespace: str, entries: Iterable[NewEntry], *, projector_version: int | None = None
+    ) -> IngestReport:
         """See :meth:`MapStoreBase.ingest`. One call is one LMDB transaction: pass batches
         sized to memory (the uncommitted pages are held until the commit).
         """
@@ -253,28 +259,26 @@ class MapStore(MapStoreBase):
             return IngestReport([], [])
         now = time.time()
         max_bytes = self._settings.max_bytes
-        pending = self._hits.drain() if max_bytes is not None else {}
-        try:
-            with self._live.write() as (gen, txn):
-                ids, new = write_entries(txn, gen.db, state, prepared, now)
-                evicted = None
-                if max_bytes is not None:
-                    flush_hits(txn, gen.db, pending)
-                    protect = {(namespace, i) for i in new}
-                    evicted = evict_over_cap(
-                        txn, gen.db, self._all_states(txn, gen), max_bytes, self._settings.evict_low_water, protect
-                    )
-        except BaseException:
-            self._hits.restore(pending)
-            raise
+        with self._hits.draining(take=max_bytes is not None) as pending, self._live.write() as (gen, txn):
+            if projector_version is not None:
+                # Inside the write: a replacement cannot slip in between the check and the entries.
+                info = self._catalog.require(txn, gen.db, namespace, check_projector=False)
+                check_projector_version(info, projector_version)
+            ids, new, featured = write_entries(txn, gen.db, state, prepared, now)
+            evicted = None
+            if max_bytes is not None:
+                flush_hits(txn, gen.db, pending)
+                protect = {(namespace, i) for i in new}
+                evicted = evict_over_cap(
+                    txn, gen.db, self._all_states(txn, gen), max_bytes, self._settings.evict_low_water, protect
+                )
         if evicted is not None and evicted.count:
             for name, gone in evicted.ids.items():
-                self._hot.discard(name, gone)
-                self._hits.drop(name, gone)
+                self._forget(name, gone)
             logger.warning("map store %s over its cap of %s bytes: evicted %s least recently hit entries (%s bytes)",
                            self._root, max_bytes, evicted.count, evicted.nbytes)
         logger.debug("ingested %s entries into %r (%s new)", len(ids), namespace, len(new))
-        return IngestReport(list(ids), list(new), {} if evicted is None else dict(evicted.ids))
+        return IngestReport(list(ids), list(new), {} if evicted is None else dict(evicted.ids), featured)
 
     # --------------------------------------------------------------------- reads
 
@@ -317,24 +321,13 @@ class MapStore(MapStoreBase):
         """See :meth:`MapStoreBase.read_outputs`."""
         state = self._state(namespace)
         with self._live.read() as (gen, txn):
-            outputs = read_outputs(txn, gen.db, state, load_record(txn, gen.db, namespace, entry_id))
-        return outputs  # (L, hidden)
+            return read_outputs(txn, gen.db, state, load_record(txn, gen.db, namespace, entry_id))  # (L, hidden)
 
     def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
         """See :meth:`MapStoreBase.find_by_hashes`."""
         self._state(namespace)
-        found: list[EntryRef | None] = []
         with self._live.read() as (gen, txn):
-            for token_hash in token_hashes:
-                entry_id = find_existing(txn, gen.db, namespace, token_hash)
-                ref = None
-                if entry_id is not None:
-                    try:
-                        ref = EntryRef(entry_id, load_record(txn, gen.db, namespace, entry_id).length)
-                    except ChecksumError:
-                        pass  # a corrupt record is never served (verify reports it)
-                found.append(ref)
-        return found
+            return [find_ref(txn, gen.db, namespace, token_hash) for token_hash in token_hashes]
 
     def _info(self, namespace: str, record: EntryRecord, hits: int, last_hit: float) -> EntryInfo:
         pending_hits, pending_last = self._hits.get(namespace, record.id)  # counted, not yet written
@@ -351,14 +344,8 @@ class MapStore(MapStoreBase):
     def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
         """See :meth:`MapStoreBase.token_ids`."""
         self._state(namespace)
-        found: list[np.ndarray | None] = []
         with self._live.read() as (gen, txn):
-            for entry_id in entry_ids:
-                try:
-                    found.append(load_record(txn, gen.db, namespace, entry_id).token_ids)
-                except (EntryNotFoundError, ChecksumError):
-                    found.append(None)  # deleted meanwhile, or corrupt (verify reports it)
-        return found
+            return [load_token_ids(txn, gen.db, namespace, entry_id) for entry_id in entry_ids]
 
     def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
         """See :meth:`MapStoreBase.entries`. Corrupt records are skipped (verify lists them).
@@ -396,31 +383,41 @@ class MapStore(MapStoreBase):
     def flush_hits(self) -> None:
         """Write buffered hit counts now (one transaction)."""
         self._live.check_writable()
-        pending = self._hits.drain()
-        if not pending:
-            return
-        try:
-            with self._live.write() as (gen, txn):
-                flush_hits(txn, gen.db, pending)
-        except BaseException:
-            self._hits.restore(pending)
-            raise
+        with self._hits.draining() as pending:
+            if pending:
+                with self._live.write() as (gen, txn):
+                    flush_hits(txn, gen.db, pending)
 
     def _delete(self, namespace: str, ids: list[int]) -> int:
         """See :meth:`MapStoreBase.delete`; also raises ReadOnlyStoreError."""
         state = self._state(namespace)
         with self._live.write() as (gen, txn):
             deleted = sum(delete_in_txn(txn, gen.db, state, i) is not None for i in ids)
+        self._forget(namespace, ids)
+        return deleted
+
+    def _forget(self, namespace: str, ids: Iterable[int]) -> None:
+        """Entries gone from the store leave the DRAM tier and the hit buffer."""
         self._hot.discard(namespace, ids)
         self._hits.drop(namespace, ids)
-        return deleted
 
     # ------------------------------------------------------------------ prefetch
 
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.prefetch`. Entries already in the DRAM tier are skipped."""
+    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
+        """See :meth:`MapStoreBase.prefetch`. Entries already in the DRAM tier are skipped.
+
+        Ids are checked against the live records here, in one read, so the worker
+        queues only entries that exist and unknown ids cost a count, not a log line each.
+        """
         self._state(namespace)
-        self._hot.prefetch(namespace, ids)
+        wanted = list(dict.fromkeys(int(i) for i in ids))
+        with self._live.read() as (gen, txn):
+            known = [i for i in wanted if txn.get(entry_key(namespace, i), db=gen.db.entries) is not None]
+        return PrefetchReport(queued=self._hot.prefetch(namespace, known), unknown=len(wanted) - len(known))
+
+    def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
+        """See :meth:`MapStoreBase.maps_served`: admitted to the DRAM tier on a second serve (``hot_maps``)."""
+        self._hot.served(namespace, ids)
 
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """See :meth:`MapStoreBase.wait_prefetch`."""
@@ -439,10 +436,13 @@ class MapStore(MapStoreBase):
 
         Raises:
             ReadOnlyStoreError: the store is read-only.
-            StoreFullError: the new generation ran out of map size (the old one stays live).
+            StoreNotFoundError: the store's directory was removed while open.
+            StoreFullError: the disk has no room for the copy, or the new generation ran out of map
+                size (the old one stays live).
         """
         self._live.check_writable()
         with self._live.write_lock:
+            self._live.check_present()  # a compaction must never recreate a removed store directory
             self.flush_hits()
             report = compact_live(self._live, self._all_states, self._settings, on_retired=self._remove_retired)
         logger.info("compacted %s: %s", self._root, report)
@@ -454,21 +454,25 @@ class MapStore(MapStoreBase):
 
     def verify(self) -> VerifyReport:
         """See :meth:`MapStoreBase.verify`."""
-        with self._live.held() as gen:
-            with gen.env.begin() as txn:
-                states = self._all_states(txn, gen)
-            report = verify_generation(gen, states)
+        report = verify_live(self._live, self._all_states, probe_write=not self._settings.readonly)
         if not report.ok:
-            logger.warning("verify of %s found %s corrupt entries", self._root, len(report.corrupt))
+            logger.warning("verify of %s found %s corrupt entries and %s other problems: %s",
+                           self._root, len(report.corrupt), len(report.problems), report.problems)
         return report
+
+    def storage_fault(self) -> str | None:
+        """See :meth:`MapStoreBase.storage_fault`."""
+        return self._live.fault()
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""
         with self._live.read() as (gen, txn):
-            return store_stats(
+            stats = store_stats(
                 txn, gen, self._all_states(txn, gen), self._settings, pending_hits=len(self._hits),
                 dram=self._hot.stats(),
             )
+        count, nbytes = stale_generations(self._root, self._live.name)
+        return dataclasses.replace(stats, stale_generations=count, stale_generation_bytes=nbytes)
 
     def zarr_store(self) -> LMDBZarrStore:
         """A read-only zarr store over the live generation, for inspection with zarr.
@@ -479,7 +483,7 @@ class MapStore(MapStoreBase):
         from attnstore.store.lmdb.zarr_store import LMDBZarrStore
 
         gen = self._live.acquire()
-        return LMDBZarrStore(gen.env, gen.db.zarr, read_only=True, on_close=gen.release)
+        return LMDBZarrStore(gen.env, gen.db.zarr, read_only=True, on_close=gen.release, records=gen.db)
 
     def close(self) -> None:
         """See :meth:`MapStoreBase.close`."""
@@ -490,7 +494,7 @@ class MapStore(MapStoreBase):
         if not self._settings.readonly:
             try:
                 self.flush_hits()
-            except (StoreFullError, StoreOpenError) as exc:
+            except (StoreFullError, StoreOpenError, StoreNotFoundError) as exc:
                 logger.warning("map store %s: buffered hit counts lost on close: %s", self._root, exc)
         self._live.close()
 

@@ -17,10 +17,10 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import ChecksumError, EntryNotFoundError
-from attnstore.protocol.records import FORMAT_VERSION
+from attnstore.protocol.records import FORMAT_VERSION, EntryRef
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
-from attnstore.store.lmdb.ingest import META_EVICTED_BYTES, META_EVICTED_ENTRIES, read_counter
+from attnstore.store.lmdb.ingest import META_EVICTED_BYTES, META_EVICTED_ENTRIES, find_existing, read_counter
 from attnstore.store.lmdb.records import (
     BucketRecord,
     EntryRecord,
@@ -55,6 +55,25 @@ def load_record(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id: 
         return EntryRecord.from_bytes(raw)
     except ChecksumError as exc:
         raise ChecksumError(f"entry {entry_id} of namespace {namespace!r}: {exc}") from None
+
+
+def find_ref(txn: lmdb.Transaction, db: Databases, namespace: str, token_hash: bytes) -> EntryRef | None:
+    """The live entry stored for ``token_hash`` with its length, or None (a corrupt record is never served)."""
+    entry_id = find_existing(txn, db, namespace, token_hash)
+    if entry_id is None:
+        return None
+    try:
+        return EntryRef(entry_id, load_record(txn, db, namespace, entry_id).length)
+    except ChecksumError:
+        return None  # verify reports it
+
+
+def load_token_ids(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id: int) -> np.ndarray | None:
+    """An entry's token ids, or None when it was deleted meanwhile or its record is corrupt (verify reports it)."""
+    try:
+        return load_record(txn, db, namespace, entry_id).token_ids
+    except (EntryNotFoundError, ChecksumError):
+        return None
 
 
 def entry_page(

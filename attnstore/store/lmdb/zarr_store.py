@@ -1,21 +1,113 @@
 """A zarr v3 ``Store`` over an LMDB sub-database, so zarr can open a map store.
 
-For inspection with standard tools (``zarr.open_group(store=..., mode="r")``);
-the hot read path does not come through here. Each call runs in its own LMDB
-transaction on the thread zarr runs it on, and copies the value out before the
-transaction ends.
+For inspection with standard tools (:func:`attnstore.store.open_zarr`, or
+``zarr.open_group(store=..., mode="r")``); the hot read path does not come
+through here. Each call runs in its own LMDB transaction on the thread zarr runs
+it on, and copies the value out before the transaction ends.
+
+Slots: ``<ns>/maps/L<L>`` holds entry ``N`` of length ``L`` at some slot, and
+unused slots (never filled, or deleted) read as zeros. So that zarr alone can
+find an entry, the store also shows, read-only and computed from the entry
+records at read time (nothing of it is stored), one array per bucket::
+
+    <ns>/entry_ids/L<L>      uint64 (capacity,): the entry id in each slot, 0 for an unused slot
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lmdb
+import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from attnstore.store.lmdb.env import DbHandle, Generation, read_current
+from attnstore.store.lmdb.env import Databases, DbHandle, Generation, read_current
+from attnstore.store.lmdb.records import BucketRecord, EntryRecord, bucket_key, entry_key, split_length_key
+from attnstore.store.zarr_layout import group_metadata
+
+if TYPE_CHECKING:
+    import zarr
+
+SLOTS_ARRAY = "entry_ids"
+_BYTES_LE = {"name": "bytes", "configuration": {"endian": "little"}}
+_SLOTS_GROUP_RE = re.compile(rf"^(?P<ns>[^/]+)/{SLOTS_ARRAY}/zarr\.json$")
+_SLOTS_NODE_RE = re.compile(rf"^(?P<ns>[^/]+)/{SLOTS_ARRAY}/L(?P<length>\d+)/(?P<leaf>zarr\.json|c/0)$")
+
+
+class _SlotArrays:
+    """The computed ``<ns>/entry_ids/L<L>`` arrays (see the module docstring), over one generation's records."""
+
+    def __init__(self, db: Databases) -> None:
+        self._db = db
+
+    def buckets(self, txn: lmdb.Transaction) -> list[tuple[str, int, int]]:
+        """``(namespace, length, capacity)`` of every length bucket."""
+        found = []
+        with txn.cursor(db=self._db.buckets) as cursor:
+            for raw_key, raw_value in cursor:
+                key = bytes(raw_key)  # namespace NUL length(4)
+                capacity = BucketRecord.from_bytes(raw_value).capacity
+                found.append((key[:-5].decode(), int.from_bytes(key[-4:], "big"), capacity))
+        return found
+
+    def keys(self, txn: lmdb.Transaction) -> list[str]:
+        """Every computed key."""
+        keys: set[str] = set()
+        for namespace, length, _ in self.buckets(txn):
+            base = f"{namespace}/{SLOTS_ARRAY}"
+            keys.update((f"{base}/zarr.json", f"{base}/L{length}/zarr.json", f"{base}/L{length}/c/0"))
+        return sorted(keys)
+
+    def get(self, txn: lmdb.Transaction, key: str) -> bytes | None:
+        """The value of computed ``key``, or None when it is not one."""
+        group = _SLOTS_GROUP_RE.match(key)
+        if group is not None:
+            if not any(ns == group["ns"] for ns, _, _ in self.buckets(txn)):
+                return None
+            return group_metadata({"description": "per length bucket: the entry id in each slot of maps/L<L>"})
+        node = _SLOTS_NODE_RE.match(key)
+        if node is None:
+            return None
+        namespace, length = node["ns"], int(node["length"])
+        raw = txn.get(bucket_key(namespace, length), db=self._db.buckets)
+        if raw is None:
+            return None
+        capacity = BucketRecord.from_bytes(raw).capacity
+        if node["leaf"] == "zarr.json":
+            return self._metadata(length, capacity)
+        ids = np.zeros(capacity, dtype="<u8")  # (capacity,)
+        prefix = bucket_key(namespace, length)
+        with txn.cursor(db=self._db.lengths) as cursor:
+            if cursor.set_range(prefix):
+                for raw_key in cursor.iternext(keys=True, values=False):
+                    if not bytes(raw_key).startswith(prefix):
+                        break
+                    _, entry_id = split_length_key(raw_key)
+                    record = txn.get(entry_key(namespace, entry_id), db=self._db.entries)
+                    if record is not None:
+                        ids[EntryRecord.from_bytes(record).slot] = entry_id
+        return ids.tobytes()
+
+    @staticmethod
+    def _metadata(length: int, capacity: int) -> bytes:
+        doc = {
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": [capacity],
+            "data_type": "uint64",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(capacity, 1)]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0,
+            "codecs": [_BYTES_LE],
+            "attributes": {"description": f"entry id stored in each slot of maps/L{length}; 0: unused slot"},
+            "dimension_names": ["slot"],
+        }
+        return json.dumps(doc).encode()
 
 
 def _slice(size: int, byte_range: ByteRequest | None) -> slice:
@@ -38,17 +130,27 @@ class LMDBZarrStore(Store):
         db: the sub-database handle holding the zarr keys.
         read_only: refuse writes (the map store writes its own keys).
         on_close: called once by :meth:`close` (releases the environment's owner).
+        records: the map store's databases in ``env``: with them the store also
+            shows the computed ``entry_ids`` arrays (see the module docstring).
     """
 
     supports_listing: bool = True
 
     def __init__(
-        self, env: lmdb.Environment, db: DbHandle, *, read_only: bool = True, on_close: Callable[[], None] | None = None
+        self,
+        env: lmdb.Environment,
+        db: DbHandle,
+        *,
+        read_only: bool = True,
+        on_close: Callable[[], None] | None = None,
+        records: Databases | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
         self._env = env
         self._db = db
         self._on_close = on_close
+        self._records = records
+        self._slots = _SlotArrays(records) if records is not None else None
 
     @classmethod
     def open_path(cls, path: str | Path) -> LMDBZarrStore:
@@ -63,7 +165,7 @@ class LMDBZarrStore(Store):
         """
         root = Path(path)
         gen = Generation(root, read_current(root), map_size=1 << 40, readonly=True, create=False)
-        return cls(gen.env, gen.db.zarr, read_only=True, on_close=gen.release)
+        return cls(gen.env, gen.db.zarr, read_only=True, on_close=gen.release, records=gen.db)
 
     @property
     def supports_writes(self) -> bool:
@@ -91,7 +193,7 @@ class LMDBZarrStore(Store):
 
     def with_read_only(self, read_only: bool = False) -> LMDBZarrStore:
         """The same database with another read-only setting (not closing anything on close)."""
-        return LMDBZarrStore(self._env, self._db, read_only=read_only)
+        return LMDBZarrStore(self._env, self._db, read_only=read_only, records=self._records)
 
     def close(self) -> None:
         """Close the store and release the environment's owner (once)."""
@@ -105,12 +207,17 @@ class LMDBZarrStore(Store):
     ) -> Buffer | None:
         """Value of ``key`` (or a byte range of it), or None if absent."""
         prototype = prototype or default_buffer_prototype()
+        value = self._value(key)
+        if value is None:
+            return None
+        return prototype.buffer.from_bytes(value[_slice(len(value), byte_range)])
+
+    def _value(self, key: str) -> bytes | None:
         with self._env.begin(db=self._db, buffers=True) as txn:
             value = txn.get(key.encode())
-            if value is None:
-                return None
-            data = bytes(value[_slice(len(value), byte_range)])
-        return prototype.buffer.from_bytes(data)
+            if value is not None:
+                return bytes(value)
+            return None if self._slots is None else self._slots.get(txn, key)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
@@ -126,8 +233,7 @@ class LMDBZarrStore(Store):
 
     async def exists(self, key: str) -> bool:
         """True if ``key`` is present."""
-        with self._env.begin(db=self._db, buffers=True) as txn:
-            return txn.get(key.encode()) is not None
+        return self._value(key) is not None
 
     async def getsize(self, key: str) -> int:
         """Size of the value of ``key`` in bytes.
@@ -135,11 +241,10 @@ class LMDBZarrStore(Store):
         Raises:
             FileNotFoundError: ``key`` is absent.
         """
-        with self._env.begin(db=self._db, buffers=True) as txn:
-            value = txn.get(key.encode())
-            if value is None:
-                raise FileNotFoundError(key)
-            return len(value)
+        value = self._value(key)
+        if value is None:
+            raise FileNotFoundError(key)
+        return len(value)
 
     async def set(self, key: str, value: Buffer) -> None:
         """Store ``value`` under ``key``.
@@ -168,13 +273,16 @@ class LMDBZarrStore(Store):
         # Collected in one transaction; none stays open across an await.
         raw_prefix = prefix.encode()
         keys = []
-        with self._env.begin(db=self._db, buffers=True) as txn, txn.cursor() as cursor:
-            if cursor.set_range(raw_prefix):
-                for raw_key in cursor.iternext(keys=True, values=False):
-                    key = bytes(raw_key)
-                    if not key.startswith(raw_prefix):
-                        break
-                    keys.append(key.decode())
+        with self._env.begin(db=self._db, buffers=True) as txn:
+            with txn.cursor() as cursor:
+                if cursor.set_range(raw_prefix):
+                    for raw_key in cursor.iternext(keys=True, values=False):
+                        key = bytes(raw_key)
+                        if not key.startswith(raw_prefix):
+                            break
+                        keys.append(key.decode())
+            if self._slots is not None:
+                keys = sorted(keys + [key for key in self._slots.keys(txn) if key.startswith(prefix)])
         return keys
 
     async def list(self) -> AsyncIterator[str]:
@@ -197,3 +305,27 @@ class LMDBZarrStore(Store):
             if name and name not in seen:
                 seen.add(name)
                 yield name
+
+
+def open_zarr(path: str | Path) -> zarr.Group:
+    """The map store at ``path`` as a read-only zarr group (its live generation).
+
+    ``zarr.open_group(path)`` cannot open the directory itself: the hierarchy lives
+    in LMDB. Entry ``N`` of length ``L`` is at the slot where
+    ``group[f"{ns}/entry_ids/L{L}"][:] == N``, in ``group[f"{ns}/maps/L{L}"]``.
+    Close ``group.store`` when done: it holds the generation open. Use it from a
+    process that does not have the store open (an LMDB environment opens once per
+    process); in-process, open ``MapStore.zarr_store()`` with zarr instead.
+
+    Raises:
+        StoreNotFoundError: no map store at ``path``.
+        StoreOpenError: the generation cannot be opened.
+    """
+    import zarr
+
+    store = LMDBZarrStore.open_path(path)
+    try:
+        return zarr.open_group(store=store, mode="r")
+    except BaseException:
+        store.close()
+        raise

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,7 @@ from cache_helpers import fill_namespace, sentences, tiny_loaded
 from server_fixtures import FP, served, tls_server
 
 from attnstore.errors import (
+    ChecksumError,
     ConfigError,
     FingerprintMismatchError,
     MapsUnavailableError,
@@ -25,6 +27,7 @@ from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.connection import StoreConnection, connect
+from attnstore_client.connection.base import checked_projector
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
 from attnstore_client.projector import Projector
@@ -57,17 +60,13 @@ def connection(request: pytest.FixtureRequest, store_path: Path) -> Iterator[Sto
             yield conn
 
 
-def _query(loaded: LoadedModel, connection: StoreConnection, texts: list[str], *, exact: bool):
-    adapter = adapter_for(loaded)
+def _features(loaded: LoadedModel, connection: StoreConnection, texts: list[str]):
+    """The rows' batch and a search request for them under the namespace's projector."""
     handle = connection.namespace("default")
     projector = Projector.from_safetensors_bytes(handle.projector)
     batch = tokenize(loaded.tokenizer, texts)
-    features = projector.project(adapter.feature_source(batch))
-    hashes = [token_hash(batch.row_ids(row)) for row in range(batch.size)]
-    request = LookupBatch("default", handle.fingerprint, features, batch.lengths,
-                          token_hashes=hashes if exact else None, max_distance=1e-3)
-    retrieval = connection.lookup(request, timeout=10.0)
-    return batch, retrieval
+    features = projector.project(adapter_for(loaded).feature_source(batch))
+    return batch, LookupBatch("default", handle.fingerprint, features, batch.lengths, max_distance=1e-3)
 
 
 # ---- the shared suite: every connection ------------------------------------------
@@ -82,35 +81,60 @@ def test_namespace_handle_carries_fingerprint_layout_and_projector(connection, l
         connection.namespace("nope")
 
 
-def test_exact_rows_get_their_stored_outputs_and_misses_get_nothing(connection, loaded) -> None:
-    batch, retrieval = _query(loaded, connection, [TEXTS[1], TEXTS[5]], exact=True)
-    assert [m.kind for m in retrieval.matches] == ["exact", "miss"]
+def test_exact_gives_the_stored_outputs_of_stored_rows_only_by_hash_and_length(connection, loaded) -> None:
+    batch = tokenize(loaded.tokenizer, [TEXTS[1], TEXTS[5], TEXTS[3]])
+    hashes = [token_hash(batch.row_ids(row)) for row in range(batch.size)]
+    fingerprint = connection.namespace("default").fingerprint
+    outputs = connection.exact("default", fingerprint, hashes, batch.lengths, timeout=10.0)
+    assert sorted(outputs) == [0, 2]
     capture = adapter_for(loaded).capture(tokenize(loaded.tokenizer, [TEXTS[1]]))
-    np.testing.assert_allclose(retrieval.outputs[0], capture.hidden[0].numpy(), atol=2e-3)
-    assert sorted(retrieval.outputs) == [0] and retrieval.map_rows == [] and retrieval.failed() == {}
-    assert retrieval.bytes_fetched == retrieval.outputs[0].nbytes
-    retrieval.close()
+    np.testing.assert_allclose(outputs[0], capture.hidden[0].numpy(), atol=2e-3)
+    wrong_length = [length + 1 for length in batch.lengths]
+    assert connection.exact("default", fingerprint, hashes, wrong_length, timeout=10.0) == {}
 
 
-def test_map_rows_deliver_every_layer_of_their_stored_maps(connection, loaded) -> None:
-    batch, retrieval = _query(loaded, connection, [TEXTS[5], TEXTS[2], TEXTS[0]], exact=False)
-    assert [m.kind for m in retrieval.matches] == ["miss", "map", "map"]
+def test_search_names_the_stored_entry_each_row_may_replay(connection, loaded) -> None:
+    _, request = _features(loaded, connection, [TEXTS[5], TEXTS[2], TEXTS[0]])
+    matches = connection.search(request, timeout=10.0)
+    assert [m.kind for m in matches] == ["miss", "map", "map"]
+    assert matches[0].entry_id is None and matches[1].entry_id and matches[1].stored_length == request.lengths[1]
+
+
+def test_fetch_maps_delivers_every_layer_of_the_chosen_rows(connection, loaded) -> None:
+    _, request = _features(loaded, connection, [TEXTS[2], TEXTS[0]])
+    matches = connection.search(request, timeout=10.0)
+    rows = [(int(m.entry_id or 0), length) for m, length in zip(matches, request.lengths, strict=True)]
+    stream = connection.fetch_maps("default", request.fingerprint, rows, timeout=10.0)
     capture = adapter_for(loaded).capture(tokenize(loaded.tokenizer, [TEXTS[2], TEXTS[0]]))
-    for row, maps in zip((1, 2), capture.maps, strict=True):
+    for row, maps in enumerate(capture.maps):
         for layer in range(3):
-            np.testing.assert_array_equal(retrieval.layer(row, layer), maps[layer].to(torch.float16).numpy())
-    retrieval.wait()
-    assert retrieval.failed() == {}
-    assert retrieval.bytes_fetched == sum(m.numel() * 2 for m in capture.maps)
+            np.testing.assert_array_equal(stream.layer(row, layer), maps[layer].to(torch.float16).numpy())
+    stream.wait()
+    assert stream.failed() == {} and stream.outage is None
+    assert stream.bytes_fetched == sum(m.numel() * 2 for m in capture.maps)
+    stream.close()
+
+
+def test_fetch_maps_of_an_unknown_entry_fails_that_row_only(connection, loaded) -> None:
+    _, request = _features(loaded, connection, [TEXTS[2]])
+    (match,) = connection.search(request, timeout=10.0)
+    stream = connection.fetch_maps(
+        "default", request.fingerprint, [(10_000, 3), (int(match.entry_id or 0), request.lengths[0])], timeout=10.0
+    )
     with pytest.raises(MapsUnavailableError):
-        retrieval.layer(0, 0)  # a miss has no maps
-    retrieval.close()
+        stream.layer(0, 0)
+    assert stream.layer(1, 2).shape == (4, request.lengths[0], request.lengths[0])
+    stream.wait()
+    assert stream.failed() == {0: "row_error"}
+    stream.close()
 
 
-def test_a_lookup_with_another_models_fingerprint_is_refused(connection, loaded) -> None:
+def test_a_search_with_another_models_fingerprint_is_refused(connection, loaded) -> None:
     with pytest.raises(FingerprintMismatchError, match="fingerprint"):
-        connection.lookup(LookupBatch("default", "0" * 64, np.zeros((1, 128), np.float32), [5], [None],
-                                      max_distance=1.0), timeout=10.0)
+        connection.search(LookupBatch("default", "0" * 64, np.zeros((1, 128), np.float32), [5], max_distance=1.0),
+                          timeout=10.0)
+    with pytest.raises(FingerprintMismatchError, match="fingerprint"):
+        connection.exact("default", "0" * 64, [token_hash([1, 2])], [2], timeout=10.0)
 
 
 def test_health_is_serving(connection) -> None:
@@ -154,3 +178,11 @@ def test_grpcs_with_client_certificate_reaches_an_mtls_daemon(pki: Path) -> None
             connect(f"grpcs://{target}", client_cert=pki / "client.pem")
     finally:
         server.stop(0)
+
+
+def test_a_projector_that_fails_its_recorded_crc32c_is_refused_by_the_client() -> None:
+    blob = b"projector bytes"
+    assert checked_projector("ns", blob, crc32c.crc32c(blob)) == blob
+    assert checked_projector("ns", blob, None) == blob  # recorded before checksums: nothing to check against
+    with pytest.raises(ChecksumError, match="projector of namespace 'ns' fails its crc32c"):
+        checked_projector("ns", blob[:-1] + b"X", crc32c.crc32c(blob))

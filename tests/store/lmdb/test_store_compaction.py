@@ -118,3 +118,21 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_a_generation_left_by_a_killed_compaction_is_counted_in_stats_and_removed_at_open(tmp_path):
+    root = tmp_path / "s"
+    with MapStore.open(root, create=True) as store:
+        _fill(store)
+        live = store.generation
+    # What a SIGKILL mid-compaction leaves: a newer generation directory CURRENT never named.
+    leftover = root / "gen-000099"
+    leftover.mkdir()
+    (leftover / "data.mdb").write_bytes((root / live / "data.mdb").read_bytes()[: 64 << 10])
+    with MapStore.open(root, readonly=True) as reader:  # a reader removes nothing: it only reports
+        stats = reader.stats()
+        assert (stats.stale_generations, stats.stale_generation_bytes) == (1, 64 << 10)
+    with MapStore.open(root) as store:  # the writer removes it as it opens
+        assert list_generations(root) == [live]
+        stats = store.stats()
+        assert (stats.stale_generations, stats.stale_generation_bytes) == (0, 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 
 import lmdb
@@ -194,3 +195,18 @@ def test_an_old_generation_is_removed_at_open_when_nobody_holds_it(tmp_path):
     (tmp_path / "s" / "gen-000009").mkdir()  # left behind by a crashed compaction
     with MapStore.open(tmp_path / "s") as store:
         assert list_generations(tmp_path / "s") == [store.generation]
+
+
+def test_a_store_directory_removed_while_open_refuses_writes_and_is_never_recreated(tmp_path):
+    with _open(tmp_path / "s") as store:
+        ns = _with_namespace(store)
+        entry_id = store.ingest(ns, [make_entry(small_layout(), 7, seed=1)]).entry_ids[0]
+        assert store.storage_fault() is None
+        shutil.rmtree(tmp_path / "s")
+        assert "removed" in store.storage_fault()
+        with pytest.raises(StoreNotFoundError, match="removed while it was open: writes are refused"):
+            store.ingest(ns, [make_entry(small_layout(), 7, seed=2)])
+        with pytest.raises(StoreNotFoundError, match="removed"):
+            store.compact()
+        assert store.read_maps(ns, entry_id).shape == (3, 2, 7, 7)  # reads serve what was open
+    assert not (tmp_path / "s").exists()

@@ -12,7 +12,8 @@ from store_helpers import make_entry, small_layout
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 
-from attnstore.store import LMDBZarrStore, MapStore
+from attnstore.errors import StoreNotFoundError
+from attnstore.store import LMDBZarrStore, MapStore, open_zarr
 
 
 @pytest.fixture
@@ -124,3 +125,29 @@ def test_store_api_get_set_delete_list_and_byte_ranges(scratch):
     assert _run(collect(scratch.list())) == ["a/b/c/0", "a/b/c/1", "a/bc", "a/zarr.json"]
     with pytest.raises(ValueError, match="read-only"):
         _run(scratch.with_read_only(True).set("x", buf(b"1")))
+
+
+def test_open_zarr_finds_entry_n_by_id_with_zarr_alone(filled, tmp_path):
+    store, entries = filled
+    store.delete("fp16", [entries["fp16"][0][0]])  # its slot now reads as zeros: id 0 marks it unused
+    wanted_id, wanted = entries["fp16"][2]
+    expected = store.read_maps("fp16", wanted_id)
+    store.close()
+    group = open_zarr(tmp_path / "s")  # the README's one-liner
+    try:
+        found = []
+        for name, slots in group["fp16/entry_ids"].arrays():
+            ids = slots[:]
+            assert ids.dtype == np.uint64 and ids.shape == (group[f"fp16/maps/{name}"].shape[0],)
+            found += [(name, int(slot)) for slot in np.flatnonzero(ids == wanted_id)]
+        assert found == [("L6", 1)]
+        assert np.array_equal(group["fp16/maps/L6"][1], expected)
+        assert group["fp16/entry_ids/L6"][0] == 0  # the deleted entry's slot
+        assert sorted(group["fp16/entry_ids/L11"][:].tolist())[-1] == entries["fp16"][1][0]
+    finally:
+        group.store.close()
+
+
+def test_open_zarr_of_a_missing_store_names_the_path(tmp_path):
+    with pytest.raises(StoreNotFoundError, match="nowhere"):
+        open_zarr(tmp_path / "nowhere")

@@ -66,18 +66,23 @@ def test_evaluate_scores_and_times_every_variant_and_splits_exact_duplicates(min
 
     assert report["kind"] == "attnstore.eval/1" and report["queries"] == 16
     methods = [(row["method"], row["setting"]) for row in report["rows"]]
-    assert methods[:4] == [("output_cache", None), ("attncache", 0.0), ("attncache", 0.008), ("lazyformer", None)]
-    assert [m for m, _ in methods[4:]] == ["san", "attncache_f"]
+    assert methods[:6] == [("sentence_transformers", None), ("dict_cache", None), ("output_cache", None),
+                           ("attncache", 0.0), ("attncache", 0.008), ("lazyformer", None)]
+    assert [m for m, _ in methods[6:]] == ["san", "attncache_f"]
     [default] = [row for row in report["rows"] if row["default"]]
     assert default["setting"] == 0.008
-    output_cache = report["rows"][0]
+    rows = {row["method"]: row for row in report["rows"]}
+    # The simple alternatives: sentence-transformers itself, and a dict of the build corpus in front of it.
+    assert rows["sentence_transformers"]["cosine"]["mean"] > 0.9999
+    assert (rows["dict_cache"]["exact_hits"], rows["dict_cache"]["cosine"]["mean"] > 0.9999) == (6, True)
+    output_cache = rows["output_cache"]
     # Stored sentences are exact hits (fp16 stored outputs); the rest are computed as the full model does.
     assert (output_cache["exact_hits"], output_cache["map_hits"]) == (6, 0)
     assert output_cache["parts"]["exact_dup"]["queries"] == 6 and output_cache["parts"]["rest"]["queries"] == 10
     assert output_cache["parts"]["rest"]["cosine_mean"] == pytest.approx(1.0, abs=1e-6)
     assert output_cache["parts"]["exact_dup"]["cosine_mean"] > 0.999
     assert output_cache["metric"] == report["full"]["metric"]
-    lazy = report["rows"][3]
+    lazy = rows["lazyformer"]
     assert lazy["layer_replays"] == 16 * 3  # 6 layers: 1, 3 and 5 reuse, every row
     assert lazy["cosine"]["mean"] < 0.999  # sharing maps across layers is not free
     for row in report["rows"]:
@@ -100,8 +105,10 @@ def test_evaluate_against_a_daemon_serves_the_same_exact_hits_and_skips_only_att
     finally:
         assert daemon.stop() == 0, daemon.log()
     methods = [row["method"] for row in report["rows"]]
-    assert methods == ["output_cache", "attncache", "lazyformer", "san"]  # AttnCache-f reads maps in process only
-    assert report["rows"][0]["exact_hits"] == 6 and report["rows"][0]["fallbacks"] == 0
+    # AttnCache-f reads maps in process only.
+    assert methods == ["sentence_transformers", "dict_cache", "output_cache", "attncache", "lazyformer", "san"]
+    output_cache = report["rows"][2]
+    assert output_cache["exact_hits"] == 6 and output_cache["fallbacks"] == 0
     assert report["store"] == {"url": f"grpc://{daemon.target}", "namespace": "ns"}
 
 
@@ -138,7 +145,8 @@ def test_a_gated_namespace_is_evaluated_under_its_gate_by_default_also_through_a
     finally:
         assert daemon.stop() == 0, daemon.log()
     rows = {(row["method"], row["setting"]): row for row in report["rows"]}
-    assert list(rows)[:2] == [("output_cache", None), ("attncache", None)]
+    assert list(rows)[:4] == [("sentence_transformers", None), ("dict_cache", None), ("output_cache", None),
+                              ("attncache", None)]
     gated = rows[("attncache", None)]
     assert gated["default"] and report["default_rule"] == "gate"
     assert (gated["exact_hits"], gated["map_hits"], gated["fallbacks"]) == (4, 0, 0)

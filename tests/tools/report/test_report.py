@@ -102,6 +102,23 @@ def test_tables_hold_the_runs_figures_with_the_default_row_in_bold(tmp_path: Pat
     assert "appended summary, logs-minilm" in out and "logs-minilm-sweep.png" in out
 
 
+def test_the_simple_alternatives_lead_the_methods_and_the_summary_compares_the_default_with_dict_cache(
+    tmp_path: Path,
+) -> None:
+    run = _run()
+    run["rows"] += [_row("dict_cache", None, 93.1, hit_rate=0.375, e2e_incl=1.10),
+                    _row("sentence_transformers", None, 93.1, hit_rate=0.0, e2e_incl=0.98)]
+    _write(tmp_path / "runs", "logs-minilm.json", run)
+    assert _report(tmp_path) == 0
+    text = (tmp_path / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    methods = text[text.index("**Methods**"):]
+    order = [methods.index(f"| {name}") for name in ("full model", "sentence_transformers", "dict_cache",
+                                                      "output_cache", "attncache 0.008 (default)")]
+    assert order == sorted(order)
+    # 1.22 / 1.10: the default row's speed over the dict cache's, both over the full model in the same run
+    assert "| logs | minilm | accuracy (%) | 93.10 | 93.00 | -0.10 | 45.0% | 1.22× | 1.11× | – |" in text
+
+
 def test_prose_outside_the_markers_is_kept_byte_for_byte(tmp_path: Path) -> None:
     _write(tmp_path / "runs", "logs-minilm.json", _run())
     before = "# Results\r\n\r\nHand-written, CRLF, trailing space \n\n<!-- report:logs-minilm -->\nold table\n"

@@ -1,0 +1,98 @@
+"""What ``encode()`` hands back: the options sentence-transformers' ``encode`` takes, checked and applied.
+
+So that code written for ``SentenceTransformer.encode`` (and sentence-transformers'
+evaluators) runs unchanged with an ``AttnCache`` in place of the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from attnstore.errors import ConfigError
+
+OutputValue = Literal["sentence_embedding", "token_embeddings"]
+Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
+PRECISIONS: tuple[str, ...] = ("float32", "int8", "uint8", "binary", "ubinary")
+OUTPUT_VALUES: tuple[str | None, ...] = ("sentence_embedding", "token_embeddings", None)
+# Every keyword encode() takes; anything else is refused with this list.
+ENCODE_KEYWORDS: tuple[str, ...] = (
+    "inputs", "sentences", "prompt_name", "prompt", "batch_size", "show_progress_bar", "output_value", "precision",
+    "convert_to_numpy", "convert_to_tensor", "device", "normalize_embeddings", "truncate_dim",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """How one encode() call's results are shaped (sentence-transformers' meanings)."""
+
+    output_value: OutputValue | None = "sentence_embedding"
+    precision: Precision | None = "float32"  # None: float32 (sentence-transformers' evaluators pass None)
+    convert_to_numpy: bool = True
+    convert_to_tensor: bool = False
+    normalize_embeddings: bool = False
+    truncate_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_value not in OUTPUT_VALUES:
+            raise ConfigError(f"encode(): output_value must be one of {list(OUTPUT_VALUES)}, got {self.output_value!r}")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ConfigError(f"encode(): precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+        if self.truncate_dim is not None and (isinstance(self.truncate_dim, bool) or self.truncate_dim < 1):
+            raise ConfigError(f"encode(): truncate_dim must be a positive int or None, got {self.truncate_dim!r}")
+
+
+def check_keywords(extra: Mapping[str, Any]) -> None:
+    """Refuse keywords encode() does not take, naming the valid ones.
+
+    Raises:
+        ConfigError: an unknown keyword.
+    """
+    if extra:
+        raise ConfigError(
+            f"encode() got unexpected keyword arguments {sorted(extra)}; it takes {list(ENCODE_KEYWORDS)}"
+        )
+
+
+def shape_outputs(
+    sentences: torch.Tensor, tokens: Sequence[torch.Tensor], options: OutputOptions, *, single: bool
+) -> np.ndarray | torch.Tensor | list[torch.Tensor] | list[dict[str, torch.Tensor]] | dict[str, torch.Tensor]:
+    """The results as sentence-transformers returns them.
+
+    Args:
+        sentences: ``(n, dim)`` sentence embeddings, input order.
+        tokens: per input, its ``(L, hidden)`` token embeddings.
+        options: the call's options.
+        single: the call was given one input (its result comes back without the list).
+    """
+    if options.output_value == "token_embeddings":
+        rows: list[torch.Tensor] = list(tokens)
+        return rows[0] if single else rows
+    embeddings = sentences
+    if options.truncate_dim is not None:
+        embeddings = embeddings[:, : options.truncate_dim]
+    if options.normalize_embeddings:
+        embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+    if options.output_value is None:
+        dicts = [
+            {"token_embeddings": token, "sentence_embedding": embedding}
+            for token, embedding in zip(tokens, embeddings, strict=True)
+        ]
+        return dicts[0] if single else dicts
+    result: np.ndarray | torch.Tensor | list[torch.Tensor]
+    if options.precision not in (None, "float32"):
+        from sentence_transformers.util.quantization import quantize_embeddings
+
+        quantized = np.asarray(quantize_embeddings(embeddings.cpu().float().numpy(), precision=options.precision))
+        result = torch.from_numpy(quantized) if options.convert_to_tensor else quantized
+    elif options.convert_to_tensor:
+        result = embeddings
+    elif options.convert_to_numpy:
+        result = embeddings.cpu().float().numpy()
+    else:
+        result = list(embeddings)
+    return result[0] if single else result

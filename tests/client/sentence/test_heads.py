@@ -1,0 +1,94 @@
+"""all-MiniLM-L6-v2 through ``AttnCache`` gives what sentence-transformers gives, and its tools run on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cache_helpers import fill_namespace
+
+from attnstore.errors import ConfigError
+from attnstore.index import ExactIndex
+from attnstore.service import AttnStoreService
+from attnstore.store import MemoryMapStore
+from attnstore_client.cache import AttnCache
+from attnstore_client.connection.local import LocalConnection
+
+pytestmark = pytest.mark.real_model
+
+STORED = ["A man is playing a guitar.", "A cat sits on the mat.", "Stocks fell sharply today."]
+_LINE = "the daemon restarted its worker after a timeout while the disk was full and the queue grew "
+LONG = [(_LINE * 50)[start:end] for start, end in ((0, 1500), (13, 4000))]  # about 300 and 750 tokens
+QUERIES = [*STORED, "Someone plays a guitar.", "A dog runs in the park.", "The market dropped.", *LONG, STORED[0]]
+
+
+@pytest.fixture(scope="module")
+def service(minilm_model) -> AttnStoreService:
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, minilm_model, STORED)
+    return service
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_every_computed_row_matches_sentence_transformers_encode_also_past_its_256_token_limit(
+    minilm_model, service
+) -> None:
+    cache = AttnCache(minilm_model, LocalConnection("local:memory", service))
+    assert cache.max_seq_length == minilm_model.sentence_transformer.max_seq_length == 256
+    assert len(minilm_model.tokenizer(LONG[1])["input_ids"]) > 512  # past the model's context, too
+    embeddings = cache.encode(QUERIES, batch_size=4)
+    reference = minilm_model.sentence_transformer.encode(QUERIES, batch_size=4)
+    cosine = _cosine(embeddings, reference)
+    kinds = cache.last_row_kinds
+    assert kinds.count("exact") == 4 and kinds.count("miss") == 5
+    computed = np.array([kind == "miss" for kind in kinds])
+    assert cosine[computed].min() >= 0.9999
+    assert cosine.min() >= 0.999  # exact hits are the stored fp16 outputs
+    # The model's Normalize module: unit vectors, as sentence-transformers returns them.
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-3)
+
+
+def test_sentence_transformers_embedding_similarity_evaluator_runs_unchanged_on_an_attncache(
+    minilm_model, service
+) -> None:
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    evaluator = EmbeddingSimilarityEvaluator(
+        STORED + ["A dog runs in the park."], ["Someone plays a guitar.", "A dog sleeps.", "The market dropped.",
+                                              "A puppy runs outside."],
+        [0.9, 0.2, 0.8, 0.85], name="sts",
+    )
+    cache = AttnCache(minilm_model, LocalConnection("local:memory", service))
+    with_cache = evaluator(cache)
+    plain = evaluator(minilm_model.sentence_transformer)
+    assert set(with_cache) == set(plain) == {"sts_pearson_cosine", "sts_spearman_cosine"}
+    for metric, value in plain.items():
+        assert with_cache[metric] == pytest.approx(value, abs=1e-3)
+
+
+def test_device_is_taken_as_sentence_transformers_takes_it(minilm_model, service) -> None:
+    cache = AttnCache(minilm_model, LocalConnection("local:memory", service), device="cpu")
+    tensor = cache.encode(QUERIES[:4], convert_to_tensor=True, device="cpu")
+    assert tensor.device.type == "cpu" and cache.device == torch.device("cpu")
+    np.testing.assert_allclose(tensor.numpy(), cache.encode(QUERIES[:4]), atol=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_cuda_device_on_a_machine_without_one_is_a_config_error(minilm_model, service) -> None:
+    with pytest.raises(ConfigError, match="'cuda' asked for, but this machine has no CUDA device"):
+        AttnCache(minilm_model, LocalConnection("local:memory", service), device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+def test_on_cuda_hits_and_misses_match_sentence_transformers_on_the_cpu(minilm_model, service) -> None:
+    cache = AttnCache(minilm_model, LocalConnection("local:memory", service), device="cuda", exact=False)
+    try:
+        embeddings = cache.encode(QUERIES, batch_size=4)
+        assert cache.last_stats.map_hits == 3  # stored maps replayed on the GPU
+    finally:
+        cache.to("cpu")
+    reference = minilm_model.sentence_transformer.encode(QUERIES, batch_size=4)
+    assert _cosine(embeddings, reference).min() >= 0.999

@@ -1,0 +1,161 @@
+"""One call through the tiers: repeats once, the local tier, the store's exact tier before any
+projection, batches formed after the lookups, and map lookups only where the cost model expects them to pay."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
+
+from attnstore.index import ExactIndex
+from attnstore.protocol.records import LookupBatch
+from attnstore.service import AttnStoreService
+from attnstore.store import MemoryMapStore
+from attnstore_client.batch import Batch
+from attnstore_client.cache import AttnCache
+from attnstore_client.connection import Match
+from attnstore_client.connection.local import LocalConnection
+from attnstore_client.tiers.cost_model import CostSettings
+
+TEXTS = sentences(12, seed=11)
+STORED = TEXTS[:4]
+TOLERANCE = 2e-3  # fp16 maps and outputs
+
+
+class CountingConnection(LocalConnection):
+    """A real embedded connection that records which rows each tier was asked for."""
+
+    def __init__(self, service: AttnStoreService) -> None:
+        super().__init__("local:memory", service)
+        self.exact_rows: list[int] = []  # rows per exact-tier call
+        self.searched_rows: list[int] = []  # rows per search
+
+    def exact(self, namespace: str, fingerprint: str, hashes: Sequence[bytes], lengths: Sequence[int], *,
+              timeout: float | None) -> dict[int, np.ndarray]:
+        self.exact_rows.append(len(hashes))
+        return super().exact(namespace, fingerprint, hashes, lengths, timeout=timeout)
+
+    def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
+        self.searched_rows.append(len(batch.lengths))
+        return super().search(batch, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return tiny_loaded("bert")
+
+
+@pytest.fixture()
+def service(bert) -> AttnStoreService:
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, bert, STORED)
+    return service
+
+
+def _mean_pooled(loaded, texts) -> np.ndarray:
+    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
+
+
+def _forward_sizes(cache: AttnCache) -> list[tuple[int, bool]]:
+    """Records (rows, replaying) of every forward the cache's adapter runs."""
+    calls: list[tuple[int, bool]] = []
+    forward = cache.adapter.forward
+
+    def recorded(batch: Batch, replay=None):
+        calls.append((batch.size, bool(replay)))
+        return forward(batch, replay)
+
+    cache.adapter.forward = recorded  # type: ignore[method-assign]
+    return calls
+
+
+def test_identical_rows_in_one_call_are_computed_once_and_every_copy_answered(bert, service) -> None:
+    texts = [TEXTS[5], TEXTS[6], TEXTS[5], TEXTS[5], TEXTS[6], TEXTS[7]]
+    connection = CountingConnection(service)
+    cache = AttnCache(bert, connection, exact_cache_bytes=0)
+    forwards = _forward_sizes(cache)
+    embeddings = cache.encode(texts, batch_size=8)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    stats = cache.last_stats
+    assert (stats.rows, stats.deduplicated, stats.misses) == (6, 3, 3)
+    assert connection.exact_rows == [3] and sum(rows for rows, _ in forwards) == 3
+    assert cache.last_row_kinds == ("miss",) * 6
+
+
+def test_the_local_tier_answers_a_repeated_call_without_asking_the_store(bert, service) -> None:
+    connection = CountingConnection(service)
+    cache = AttnCache(bert, connection)
+    first = cache.encode(TEXTS, batch_size=4)
+    asked = (len(connection.exact_rows), len(connection.searched_rows))
+    again = cache.encode(TEXTS, batch_size=4)
+    assert (len(connection.exact_rows), len(connection.searched_rows)) == asked  # not asked again
+    assert cache.last_stats.local_hits == cache.last_stats.exact_hits == len(TEXTS)
+    assert cache.last_stats.forward_s == 0.0
+    np.testing.assert_allclose(again, first, atol=TOLERANCE)
+    np.testing.assert_allclose(again, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    assert cache.local_tier.stats().entries == len(TEXTS)
+
+
+def test_a_local_tier_of_zero_bytes_keeps_nothing_and_the_store_is_asked_again(bert, service) -> None:
+    connection = CountingConnection(service)
+    cache = AttnCache(bert, connection, exact_cache_bytes=0)
+    cache.encode(TEXTS[:6])
+    cache.encode(TEXTS[:6])
+    assert connection.exact_rows == [6, 6] and cache.last_stats.local_hits == 0
+    assert cache.last_stats.exact_hits == len(STORED)
+
+
+def test_exact_hits_are_answered_by_hash_before_anything_is_projected_or_searched(bert, service) -> None:
+    connection = CountingConnection(service)
+    cache = AttnCache(bert, connection, exact_cache_bytes=0)
+    forwards = _forward_sizes(cache)
+    embeddings = cache.encode(STORED)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, STORED), atol=TOLERANCE)
+    assert cache.last_stats.exact_hits == len(STORED)
+    assert connection.searched_rows == [] and cache.last_stats.projection_s == 0.0 and forwards == []
+
+
+def test_rows_are_batched_after_the_lookup_map_hits_together_and_misses_together(bert, service) -> None:
+    # Exact tier off: the stored rows are map hits. Interleaved with misses, they still form full batches.
+    texts = [TEXTS[4], STORED[0], TEXTS[5], STORED[1], TEXTS[6], STORED[2], TEXTS[7], TEXTS[8], TEXTS[9]]
+    cache = AttnCache(bert, CountingConnection(service), exact=False)
+    forwards = _forward_sizes(cache)
+    embeddings = cache.encode(texts, batch_size=4)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    assert (cache.last_stats.map_hits, cache.last_stats.misses) == (3, 6)
+    assert forwards == [(3, True), (4, False), (2, False)]  # hits in one replaying forward; misses in full batches
+
+
+def test_an_all_miss_workload_stops_asking_for_maps_after_the_warm_up_and_explores_a_small_share(bert) -> None:
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, bert, STORED)
+    connection = CountingConnection(service)
+    # Threshold 0: nothing the store holds is close enough, so every lookup is wasted.
+    cache = AttnCache(bert, connection, max_distance=0.0, exact_cache_bytes=0,
+                      cost=CostSettings(min_samples=16, explore=0.05, seed=3))
+    traffic = sentences(400, seed=12, min_words=5, max_words=8)  # one length band (5-8 tokens)
+    cache.encode(traffic[:40], batch_size=8)  # the warm-up: every row asked
+    assert sum(connection.searched_rows) == 40 and cache.last_stats.skipped == 0
+    connection.searched_rows.clear()
+    cache.encode(traffic[40:], batch_size=8)
+    asked = sum(connection.searched_rows)
+    assert 0 < asked <= 0.1 * 360  # exploration only: about 5% of the rows
+    stats = cache.last_stats
+    assert stats.skipped == 360 - asked and stats.misses == 360 and stats.map_hits == 0
+    [band] = stats.estimates
+    assert (band.low, band.high, band.hit_rate, band.worth) == (1, 8, 0.0, False)
+    assert band.asked == 40 + asked and band.skipped == 360 - asked
+
+
+def test_a_band_whose_rows_all_hit_keeps_being_looked_up_past_the_warm_up(bert, service) -> None:
+    connection = CountingConnection(service)
+    cache = AttnCache(bert, connection, exact=False, cost=CostSettings(min_samples=4, explore=0.0))
+    for _ in range(6):
+        cache.encode(STORED, batch_size=4)  # every row a map hit: no computed row to weigh a saving against
+    assert cache.last_stats.map_hits == len(STORED) and cache.last_stats.skipped == 0
+    assert sum(connection.searched_rows) == 6 * len(STORED)
+    for band in cache.last_stats.estimates:  # the stored rows' lengths span two bands
+        assert (band.hit_rate, band.worth) == (pytest.approx(1.0), None)
