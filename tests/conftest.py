@@ -64,3 +64,25 @@ def small_tmpfs(tmp_path: Path):
         # Lazy: a daemon a failed test left running must not keep the mount (and the next run's test) hostage.
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory):
+    """One real ``redis-server`` on a free loopback port for the session; tests use fresh key prefixes."""
+    from redis_servers import RedisServer, require_redis
+
+    require_redis()
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A real 3-master, 3-replica Redis Cluster on loopback ports for the session."""
+    from redis_servers import RedisClusterServers, require_redis
+
+    require_redis()
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.stop()

@@ -72,6 +72,10 @@ class RedisServer:
         """``127.0.0.1:PORT``."""
         return f"127.0.0.1:{self.port}"
 
+    def url(self, prefix: str | None = None) -> str:
+        """The store URL of this server, with a fresh key prefix unless one is given."""
+        return f"redis://{self.address}/?prefix={prefix or unique_prefix()}"
+
     def client(self) -> redis.Redis:
         """A plain client of this one server."""
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
@@ -131,10 +135,10 @@ class RedisClusterServers:
             self.stop()
             raise
 
-    @property
-    def url(self) -> str:
-        """``redis://HOST:PORT/?cluster=1`` of the first node (the client discovers the rest)."""
-        return f"redis://{self.servers[0].address}/?cluster=1"
+    def url(self, prefix: str | None = None) -> str:
+        """The store URL of the cluster through its first node (the client discovers the rest), with a fresh
+        key prefix unless one is given."""
+        return f"redis://{self.servers[0].address}/?cluster=1&prefix={prefix or unique_prefix()}"
 
     def live(self) -> list[RedisServer]:
         """The servers still running."""

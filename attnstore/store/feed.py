@@ -5,7 +5,8 @@ daemons; Redis's own maxmemory policy) logs each ingest and delete per
 namespace. A process builds a namespace's vector index from
 :meth:`ChangeFeed.index_state` (a snapshot plus the log after it) and then
 applies :meth:`ChangeFeed.changes` in log order. Positions are opaque strings
-the feed hands out; they only move forward.
+the feed hands out; they only move forward. Applying a change twice is harmless
+(ids are never reused), so a state read beside the log may overlap it.
 
 Entries may also vanish without a logged delete (Redis evicted them): callers
 ask :meth:`ChangeFeed.missing` before serving an entry the index proposes, and
@@ -52,15 +53,17 @@ class IndexRows:
 
 @dataclass(frozen=True, slots=True)
 class IndexChange:
-    """One logged change of a namespace: entries added (with their index rows), or ids removed."""
+    """One logged change of a namespace: entries added (with their index rows), ids removed, or every
+    feature dropped (``reset``: the projector was replaced; the index starts empty)."""
 
     added: IndexRows | None = None
     removed: tuple[int, ...] = ()
+    reset: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class IndexState:
-    """A namespace's index rows as of ``position`` in its log."""
+    """A namespace's index rows, including every change up to ``position`` in its log (and maybe some after)."""
 
     rows: IndexRows
     position: str

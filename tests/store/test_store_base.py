@@ -1,4 +1,5 @@
-"""Shared behaviour suite: every map store implementation (LMDB and in-memory) must pass it."""
+"""Shared behaviour suite: every map store implementation (LMDB, in-memory, Redis server and Redis Cluster)
+must pass it. The Redis ones run on real ``redis-server`` processes (see ``tests/redis_servers.py``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from attnstore.store.codecs import q8_error_bound
 StoreFactory = Callable[..., MapStoreBase]
 
 
-@pytest.fixture(params=["lmdb", "memory"])
+@pytest.fixture(params=["lmdb", "memory", "redis", "redis-cluster"])
 def make_store(request, tmp_path) -> StoreFactory:
     opened: list[MapStoreBase] = []
 
@@ -33,6 +34,13 @@ def make_store(request, tmp_path) -> StoreFactory:
         if request.param == "lmdb":
             path = tmp_path / f"store{len(opened)}"
             store = MapStore.open(path, create=True, dram_bytes=1 << 20, max_bytes=max_bytes)
+        elif request.param.startswith("redis"):
+            from attnstore.store.redis.mapstore import RedisMapStore
+            from attnstore.store.redis.settings import RedisSettings
+
+            servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
+            settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)
+            store = RedisMapStore.open(servers.url(), create=True, settings=settings)
         else:
             store = MemoryMapStore(max_bytes=max_bytes)
         opened.append(store)

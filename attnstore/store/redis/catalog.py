@@ -1,17 +1,17 @@
-"""The catalog of a Redis store: its marker, namespaces and projectors, cached until another process changes them.
+"""The namespaces of a Redis store: each one's record and projector on its own slot, their names on the store's.
 
-Every change replaces the catalog token (``{P}:catalog``) in the same script,
-so a reader compares one small value per call and rereads the catalog only
-when it moved: namespace checks on the lookup path cost one round trip, and
-projectors (megabytes) are not fetched per call.
+A namespace's record (``{P/ns}:info``) sits beside its index keys so that the
+scripts that must see it (ingest checks the projector version, a projector
+replacement drops the features) run on one slot. Projectors (megabytes) are
+fetched once per version and cached: the lookup path reads only the small record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
-import uuid
 
 from attnstore.errors import FormatVersionError, NamespaceExistsError, NamespaceNotFoundError, StoreNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout
@@ -20,8 +20,10 @@ from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
 
 
-def _token() -> str:
-    return uuid.uuid4().hex
+def _unknown_format(what: str, version: object) -> FormatVersionError:
+    return FormatVersionError(
+        f"{what} is in format version {version}; this code reads versions {sorted(SUPPORTED_FORMAT_VERSIONS)}"
+    )
 
 
 class Catalog:
@@ -31,17 +33,20 @@ class Catalog:
         connection: the store's client.
         keys: the store's key names.
         create: write the store marker when there is none.
+        log_cap: approximate length cap of each namespace's log (see ``scripts``).
 
     Raises:
         StoreNotFoundError: no store under this prefix and ``create`` is False.
         FormatVersionError: the store was written in a format version this code does not read.
+        UnavailableError: Redis cannot be reached.
     """
 
-    def __init__(self, connection: RedisConnection, keys: StoreKeys, *, create: bool) -> None:
+    def __init__(self, connection: RedisConnection, keys: StoreKeys, *, create: bool, log_cap: int) -> None:
         self._redis = connection
         self._keys = keys
+        self._log_cap = log_cap
         self._lock = threading.Lock()
-        self._cached: tuple[bytes | None, dict[str, NamespaceInfo]] | None = None
+        self._projectors: dict[str, tuple[tuple[float, int], bytes | None]] = {}  # name -> ((created, version), blob)
         marker = json.dumps({"format_version": FORMAT_VERSION, "created": time.time()})
         with translated("opening the store"):
             if create:
@@ -54,70 +59,71 @@ class Catalog:
             )
         version = json.loads(raw)["format_version"]
         if version not in SUPPORTED_FORMAT_VERSIONS:
-            raise FormatVersionError(
-                f"the store at {connection.location.display} is in format version {version};"
-                f" this code reads versions {sorted(SUPPORTED_FORMAT_VERSIONS)}"
-            )
+            raise _unknown_format(f"the store at {connection.location.display}", version)
 
-    def version(self) -> str:
-        """The catalog token now (changes with every create, drop and projector change)."""
-        with translated("reading the catalog"):
-            token = self._redis.client.get(self._keys.catalog)
-        return "" if token is None else bytes(token).decode()
-
-    def namespaces(self) -> dict[str, NamespaceInfo]:
-        """Every namespace by name, with its projector; reread only when the catalog token moved."""
-        keys = self._keys
-        with translated("reading the catalog"):
-            token = self._redis.client.get(keys.catalog)
-            cached = self._cached
-            if cached is not None and cached[0] == token:
-                return cached[1]
-            # One transaction: the token and the two hashes as of one moment (all on the catalog's slot).
-            pipe = self._redis.client.pipeline(transaction=True)
-            pipe.get(keys.catalog)
-            pipe.hgetall(keys.namespaces)
-            pipe.hgetall(keys.projectors)
-            token, infos, projectors = pipe.execute()
-        found = {}
-        for name, raw in infos.items():
-            projector = projectors.get(name)
-            info = NamespaceInfo.from_json_dict(json.loads(raw), None if projector is None else bytes(projector))
-            found[info.name] = info
-        with self._lock:
-            self._cached = (token, dict(sorted(found.items())))
-            return self._cached[1]
+    def raw_info(self, name: str) -> bytes | None:
+        """The namespace's stored record (JSON), or None."""
+        with translated(f"reading namespace {name!r}"):
+            raw = self._redis.client.get(self._keys.namespace(name).info)
+        return None if raw is None else bytes(raw)
 
     def get(self, name: str) -> NamespaceInfo:
-        """The namespace called ``name``.
+        """The namespace called ``name``, with its projector.
 
         Raises:
             NamespaceNotFoundError: no such namespace.
             FormatVersionError: it was written in an unknown format version.
         """
-        found = self.namespaces()
-        info = found.get(name)
-        if info is None:
-            raise NamespaceNotFoundError(f"no namespace {name!r} in this store; existing: {sorted(found)}")
+        raw = self.raw_info(name)
+        if raw is None:
+            raise NamespaceNotFoundError(f"no namespace {name!r} in the store at {self._redis.location.display}")
+        return self._with_projector(name, raw)
+
+    def _with_projector(self, name: str, raw: bytes) -> NamespaceInfo:
+        info = NamespaceInfo.from_json_dict(json.loads(raw), None)
         if info.format_version not in SUPPORTED_FORMAT_VERSIONS:
-            raise FormatVersionError(
-                f"namespace {name!r} is in format version {info.format_version};"
-                f" this code reads versions {sorted(SUPPORTED_FORMAT_VERSIONS)}"
-            )
-        return info
+            raise _unknown_format(f"namespace {name!r}", info.format_version)
+        if info.projector_version == 0:
+            return info
+        stamp = (info.created, info.projector_version)
+        with self._lock:
+            cached = self._projectors.get(name)
+        if cached is None or cached[0] != stamp:
+            with translated(f"reading the projector of {name!r}"):
+                blob = self._redis.client.get(self._keys.namespace(name).projector)
+            cached = (stamp, None if blob is None else bytes(blob))
+            with self._lock:
+                self._projectors[name] = cached
+        return dataclasses.replace(info, projector=cached[1])
+
+    def names(self) -> list[str]:
+        """Every namespace name, sorted."""
+        with translated("listing namespaces"):
+            return sorted(bytes(n).decode() for n in self._redis.client.hkeys(self._keys.namespaces))
+
+    def namespaces(self) -> list[NamespaceInfo]:
+        """Every namespace, sorted by name (one dropped meanwhile is left out)."""
+        found = []
+        for name in self.names():
+            raw = self.raw_info(name)
+            if raw is not None:
+                found.append(self._with_projector(name, raw))
+        return found
 
     def create(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
-        """Create a namespace, or return it if it exists alike (see ``MapStoreBase.create_namespace``)."""
+        """Create a namespace, or return it if it exists alike (see ``MapStoreBase.create_namespace``).
+
+        Its record is written first and its name listed second: a crash in between leaves a namespace
+        that works but is not listed, and the next create of the same name lists it.
+        """
         info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
-        keys = self._keys
+        keys = self._keys.namespace(name)
         with translated(f"creating namespace {name!r}"):
-            found = self._redis.eval(
-                scripts.CREATE_NAMESPACE, [keys.namespaces, keys.catalog],
-                [name, json.dumps(info.to_json_dict()), _token()],
-            )
+            found = self._redis.eval(scripts.CREATE_NAMESPACE, [keys.info], [json.dumps(info.to_json_dict())])
+            self._redis.client.hset(self._keys.namespaces, name, repr(info.created))
         if not found:
             return info
-        existing = self.get(name)
+        existing = self._with_projector(name, bytes(found))
         if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
             return existing
         raise NamespaceExistsError(
@@ -125,30 +131,30 @@ class Catalog:
             f" {existing.layout}; requested model {model!r}, fingerprint {fingerprint!r}, {layout}"
         )
 
-    def set_projector(self, name: str, blob: bytes) -> None:
-        """Replace a namespace's projector blob.
+    def set_projector(self, name: str, before: bytes, after: NamespaceInfo, *, drop_features: bool) -> bool:
+        """Store ``after`` (with its projector blob) if the namespace's record is still ``before``.
+
+        Returns:
+            False when the record changed meanwhile (decide again from the new one).
 
         Raises:
-            NamespaceNotFoundError: no such namespace.
+            NamespaceNotFoundError: the namespace is gone.
         """
-        keys = self._keys
+        keys = self._keys.namespace(name)
+        assert after.projector is not None
         with translated(f"storing the projector of {name!r}"):
-            done = self._redis.eval(
-                scripts.SET_PROJECTOR, [keys.namespaces, keys.projectors, keys.catalog], [name, blob, _token()]
-            )
-        if not done:
-            raise NamespaceNotFoundError(f"no namespace {name!r} in this store")
+            done = int(self._redis.eval(
+                scripts.SET_PROJECTOR, [keys.info, keys.projector, keys.features, keys.log],
+                [self._log_cap, before, json.dumps(after.to_json_dict()), after.projector,
+                 "1" if drop_features else "0"],
+            ))
+        if done < 0:
+            raise NamespaceNotFoundError(f"no namespace {name!r} in the store at {self._redis.location.display}")
+        return done == 1
 
-    def drop(self, name: str) -> None:
-        """Remove a namespace from the catalog.
-
-        Raises:
-            NamespaceNotFoundError: no such namespace.
-        """
-        keys = self._keys
+    def unlist(self, name: str) -> None:
+        """Take the name off the list (the first step of a drop: listings stop showing it)."""
         with translated(f"dropping namespace {name!r}"):
-            done = self._redis.eval(
-                scripts.DROP_NAMESPACE, [keys.namespaces, keys.projectors, keys.catalog], [name, _token()]
-            )
-        if not done:
-            raise NamespaceNotFoundError(f"no namespace {name!r} in this store")
+            self._redis.client.hdel(self._keys.namespaces, name)
+        with self._lock:
+            self._projectors.pop(name, None)

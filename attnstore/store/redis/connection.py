@@ -131,7 +131,9 @@ class RedisConnection:
         self.location = location
         retry = Retry(_BACKOFF, _RETRIES)
         options = {key: value for key, value in _CLIENT_DEFAULTS.items() if key not in location.options}
-        self.client: redis.Redis | RedisCluster
+        # Typed Any on purpose: redis-py types its commands for its sync and asyncio clients at once
+        # (``Awaitable[T] | T``), which would need a cast at every call; ours is always the sync client.
+        self.client: Any
         with translated(f"connecting to {location.display}"):
             if location.cluster:
                 self.client = RedisCluster.from_url(location.client_url, retry=retry, **options)
@@ -144,9 +146,9 @@ class RedisConnection:
 
     def eval(self, script: str, keys: Sequence[str], args: Sequence[bytes | str | int | float]) -> Any:
         """Run a Lua script on the shard of ``keys`` (all in one hash slot)."""
-        return self.client.eval(script, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        return self.client.eval(script, len(keys), *keys, *args)
 
-    def primaries(self) -> list[redis.Redis]:
+    def primaries(self) -> list[Any]:
         """A client of each primary (the server itself when not a cluster), for per-server admin calls."""
         if isinstance(self.client, RedisCluster):
             return [node.redis_connection for node in self.client.get_primaries() if node.redis_connection]

@@ -47,7 +47,7 @@ def encode_entry(
         crcs=tuple(crcs),
         nbytes=sum(len(value) for value in fields.values()),
         outputs_crc=outputs_crc,
-        feature=entry.feature,
+        feature=None,  # kept in the namespace's features hash (see ``keys``)
         token_ids=entry.token_ids,
     )
     fields[RECORD_FIELD] = record.to_bytes()

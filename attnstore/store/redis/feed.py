@@ -1,39 +1,124 @@
-"""The change feed of a Redis store: its namespaces' logs, its catalog token, and the entries Redis evicted."""
+"""The change feed of a Redis store: each namespace's Stream of ingests, deletes and feature resets.
+
+The scripts that change a namespace's index keys append to its Stream in the
+same atomic step, so the log and the keys never disagree. A daemon builds a
+namespace's index from the keys themselves (the features hash, paged) after
+noting the log's last id, then applies the log from that id on: a change seen
+both ways is applied twice, which is harmless. The log is capped (see
+``RedisSettings.log_max_events``); a follower whose position was trimmed away
+is told to rebuild (``ChangeBatch.rebuild``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from attnstore.store.feed import ChangeBatch, ChangeFeed, IndexState
+import numpy as np
+
+from attnstore.store.feed import ChangeBatch, ChangeFeed, IndexChange, IndexRows, IndexState
 from attnstore.store.redis.catalog import Catalog
-from attnstore.store.redis.log import NamespaceLog
+from attnstore.store.redis.connection import RedisConnection, translated
+from attnstore.store.redis.keys import StoreKeys
+
+START = "0-0"  # before the first change of any log
+_PAGE = 1000  # features per HSCAN step
+
+
+def stream_id(text: str | bytes) -> tuple[int, int]:
+    """A Stream id ``"ms-seq"`` as a comparable pair."""
+    ms, _, seq = (text.decode() if isinstance(text, bytes) else text).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _decode(fields: dict[bytes, bytes], feature_dim: int) -> IndexChange:
+    op = fields.get(b"op")
+    if op == b"del":
+        return IndexChange(removed=tuple(int(i) for i in fields[b"ids"].split(b",")))
+    if op == b"reset":
+        return IndexChange(reset=True)
+    ids = [int(i) for i in fields[b"ids"].split(b",")]
+    features = np.frombuffer(fields[b"features"], dtype="<f4").reshape(len(ids), feature_dim)
+    return IndexChange(added=IndexRows(
+        np.array(ids, dtype=np.uint64),
+        np.array([int(n) for n in fields[b"lengths"].split(b",")], dtype=np.int64),
+        features.astype(np.float32),
+    ))
 
 
 class RedisChangeFeed(ChangeFeed):
     """See :class:`ChangeFeed`; one per open RedisMapStore.
 
     Args:
-        log: the store's namespace logs.
-        catalog: the store's catalog.
+        connection: the store's client.
+        keys: the store's key names.
+        catalog: the store's namespaces.
         forget_missing: returns the given ids whose entries are gone, unregistering them (the store's).
+        on_removed: called with the ids a log says were removed (the store's DRAM tier forgets them).
     """
 
-    def __init__(self, log: NamespaceLog, catalog: Catalog, forget_missing: Callable[[str, Sequence[int]], list[int]]):
-        self._log = log
+    def __init__(
+        self, connection: RedisConnection, keys: StoreKeys, catalog: Catalog,
+        forget_missing: Callable[[str, Sequence[int]], list[int]], on_removed: Callable[[str, Iterable[int]], None],
+    ) -> None:
+        self._redis = connection
+        self._keys = keys
         self._catalog = catalog
         self._forget_missing = forget_missing
+        self._on_removed = on_removed
 
     def index_state(self, namespace: str) -> IndexState:
-        """See :meth:`ChangeFeed.index_state`."""
-        return self._log.index_state(namespace)
+        """See :meth:`ChangeFeed.index_state`: the features hash, read after noting the log's last id."""
+        info = self._catalog.get(namespace)
+        keys = self._keys.namespace(namespace)
+        dim = info.layout.feature_dim
+        with translated(f"reading the log of {namespace!r}"):
+            last = self._redis.client.xrevrange(keys.log, count=1)
+        position = bytes(last[0][0]).decode() if last else START
+        rows: dict[int, tuple[int, np.ndarray]] = {}
+        cursor = 0
+        while True:
+            with translated(f"reading the features of {namespace!r}"):
+                cursor, page = self._redis.client.hscan(keys.features, cursor, count=_PAGE)
+                ids = [bytes(k).decode() for k in page]
+                metas = self._redis.client.hmget(keys.meta, ids) if ids else []
+            for entry_id, meta in zip(ids, metas, strict=True):
+                if meta is not None:  # removed between the two reads
+                    length = int(bytes(meta)[32:].split(b" ")[0])
+                    rows[int(entry_id)] = (length, np.frombuffer(page[entry_id.encode()], dtype="<f4").copy())
+            if cursor == 0:
+                return IndexState(IndexRows.from_dict(rows, dim), position)
 
     def changes(self, namespace: str, position: str, *, limit: int = 1000) -> ChangeBatch:
         """See :meth:`ChangeFeed.changes`."""
-        return self._log.changes(namespace, position, limit=limit)
+        info = self._catalog.get(namespace)
+        keys = self._keys.namespace(namespace)
+        with translated(f"reading the log of {namespace!r}"):
+            entries = self._redis.client.xrange(keys.log, min=f"({position}", max="+", count=limit)
+            trimmed = self._max_deleted(keys.log)
+        if trimmed is not None and trimmed > stream_id(position):
+            return ChangeBatch([], position, rebuild=True)
+        changes = [_decode(fields, info.layout.feature_dim) for _, fields in entries]
+        for change in changes:
+            if change.removed:
+                self._on_removed(namespace, change.removed)
+        if entries:
+            position = bytes(entries[-1][0]).decode()
+        return ChangeBatch(changes, position)
+
+    def _max_deleted(self, log_key: str) -> tuple[int, int] | None:
+        """The highest id the log's cap trimmed away (Redis 7 reports it), or None for an empty log."""
+        try:
+            found = self._redis.client.xinfo_stream(log_key)
+        except Exception:  # no such key: nothing was ever logged, so nothing was trimmed
+            return None
+        value = found.get("max-deleted-entry-id", found.get(b"max-deleted-entry-id"))
+        return None if value is None else stream_id(value)
 
     def catalog_version(self) -> str:
-        """See :meth:`ChangeFeed.catalog_version`."""
-        return self._catalog.version()
+        """See :meth:`ChangeFeed.catalog_version`: the namespace names with their creation times."""
+        with translated("reading the catalog"):
+            listed = self._redis.client.hgetall(self._keys.namespaces)
+        return ",".join(sorted(f"{bytes(k).decode()}={bytes(v).decode()}" for k, v in listed.items()))
 
     def missing(self, namespace: str, ids: Sequence[int]) -> list[int]:
         """See :meth:`ChangeFeed.missing`."""

@@ -2,37 +2,38 @@
 
 Keys are hash-tagged (Redis Cluster hashes only the part in braces), in three groups:
 
-``{P}:...`` -- the catalog, on one shard::
+``{P}:...`` -- the store marker and the list of namespaces, on one shard::
 
     {P}:store          JSON {format_version, created}: the store exists
-    {P}:namespaces     HASH name -> NamespaceInfo JSON
-    {P}:projectors     HASH name -> projector blob (safetensors)
-    {P}:catalog        a random token, replaced by every create, drop and projector change
+    {P}:namespaces     HASH name -> created (what list_namespaces walks)
 
-``{P/ns}:...`` -- one namespace's index, on its shard (one Lua script updates them together)::
+``{P/ns}:...`` -- one namespace, on its shard (one Lua script changes several at once)::
 
+    {P/ns}:info        NamespaceInfo JSON (no projector blob)
+    {P/ns}:projector   the projector blob (safetensors)
     {P/ns}:next_id     entry id counter (kept by a drop: ids are never reused)
     {P/ns}:hashes      HASH token hash (32 bytes) -> "id length"  (exact tier)
     {P/ns}:ids         ZSET id -> id (live entries in id order)
     {P/ns}:meta        HASH id -> token hash + "length stored_bytes raw_bytes"
+    {P/ns}:features    HASH id -> feature (float32 little-endian); dropped whole by a projector replacement
     {P/ns}:buckets     HASH n:L / b:L / r:L -> entries / stored / raw bytes of length L;
                        evicted:n / evicted:b -> entries removed by the byte cap or found evicted by Redis
     {P/ns}:recency     ZSET id -> max(created, last hit): what the byte cap evicts first
     {P/ns}:hits        HASH id -> hits, id:t -> last hit
-    {P/ns}:log         STREAM of ingests (ids, lengths, features) and deletes (ids)
-    {P/ns}:trimmed     the id the log was last trimmed below
-    {P/ns}:snapshot    HASH position, created, parts, 0.. -> the index rows as of position (safetensors)
-    {P/ns}:snapshot_lock  held while one process writes the snapshot (and for the interval after)
+    {P/ns}:log         STREAM of ingests (ids, lengths, features), deletes (ids) and feature resets
 
 ``{P/ns/17}:entry`` -- one entry, one HASH (one key: Redis evicts a whole entry or nothing)::
 
-    record             EntryRecord bytes (id, length, created, token hash, chunk crc32cs, feature, token ids)
+    record             EntryRecord bytes (id, length, created, token hash, chunk crc32cs, token ids)
     maps/<layer>       chunk bytes of zarr array <ns>/maps/L<length>, chunk (17, layer, 0, 0, 0)
     scales/<layer>     q8 codecs: chunk bytes of <ns>/scales/L<length>, chunk (17, layer, 0, 0)
     outputs            chunk bytes of <ns>/outputs/L<length>, chunk (17, 0, 0)
 
-The chunk bytes are exactly those the LMDB backend stores for the same entry
-(same codecs, ``zarr_layout``), with the entry id as the zarr slot.
+An entry's keys hash to its own slot, so entries spread over every shard while
+one entry is one read on one shard. The chunk bytes are exactly those the LMDB
+backend stores for the same entry (same codecs, ``zarr_layout``). Feature
+vectors live with the namespace's index keys, not in the record: a projector
+replacement drops them all in the one script that stores the new projector.
 """
 
 from __future__ import annotations
@@ -50,72 +51,66 @@ def chunk_field(array: str, layer: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class NamespaceKeys:
-    """The index keys of one namespace (one hash slot)."""
+    """The keys of one namespace (one hash slot)."""
 
     tag: str  # "{P/ns}"
 
+    def key(self, name: str) -> str:
+        """The namespace's key ``name`` (one of those listed in the module docstring)."""
+        return f"{self.tag}:{name}"
+
+    @property
+    def info(self) -> str:
+        return self.key("info")
+
+    @property
+    def projector(self) -> str:
+        return self.key("projector")
+
     @property
     def next_id(self) -> str:
-        """Entry id counter."""
-        return f"{self.tag}:next_id"
+        return self.key("next_id")
 
     @property
     def hashes(self) -> str:
-        """Exact-tier index: token hash -> "id length"."""
-        return f"{self.tag}:hashes"
+        return self.key("hashes")
 
     @property
     def ids(self) -> str:
-        """Live entry ids, in id order."""
-        return f"{self.tag}:ids"
+        return self.key("ids")
 
     @property
     def meta(self) -> str:
-        """Per id: token hash + "length stored raw"."""
-        return f"{self.tag}:meta"
+        return self.key("meta")
+
+    @property
+    def features(self) -> str:
+        return self.key("features")
 
     @property
     def buckets(self) -> str:
-        """Entries and bytes per length; eviction counters."""
-        return f"{self.tag}:buckets"
+        return self.key("buckets")
 
     @property
     def recency(self) -> str:
-        """Per id: max(created, last hit)."""
-        return f"{self.tag}:recency"
+        return self.key("recency")
 
     @property
     def hits(self) -> str:
-        """Hit counts and last hit times."""
-        return f"{self.tag}:hits"
+        return self.key("hits")
 
     @property
     def log(self) -> str:
-        """The Stream of ingests and deletes."""
-        return f"{self.tag}:log"
-
-    @property
-    def trimmed(self) -> str:
-        """The id the log was last trimmed below."""
-        return f"{self.tag}:trimmed"
-
-    @property
-    def snapshot(self) -> str:
-        """The index snapshot."""
-        return f"{self.tag}:snapshot"
-
-    @property
-    def snapshot_lock(self) -> str:
-        """Held while a snapshot is written (and for the interval after)."""
-        return f"{self.tag}:snapshot_lock"
+        return self.key("log")
 
     def index_keys(self) -> list[str]:
-        """The keys the ingest, delete and drop scripts touch, in their KEYS order."""
-        return [self.hashes, self.ids, self.meta, self.buckets, self.recency, self.hits, self.log]
+        """The keys the ingest and remove scripts touch, in their KEYS order."""
+        return [self.info, self.hashes, self.ids, self.meta, self.features, self.buckets, self.recency, self.hits,
+                self.log]
 
     def all_keys(self) -> list[str]:
         """Every key of the namespace but its id counter (what a drop deletes)."""
-        return [*self.index_keys(), self.trimmed, self.snapshot, self.snapshot_lock]
+        return [*self.index_keys(), self.projector]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,21 +126,11 @@ class StoreKeys:
 
     @property
     def namespaces(self) -> str:
-        """Namespace infos by name."""
+        """Namespace names -> created."""
         return f"{{{self.prefix}}}:namespaces"
 
-    @property
-    def projectors(self) -> str:
-        """Projector blobs by namespace name."""
-        return f"{{{self.prefix}}}:projectors"
-
-    @property
-    def catalog(self) -> str:
-        """Token replaced by every catalog change."""
-        return f"{{{self.prefix}}}:catalog"
-
     def namespace(self, name: str) -> NamespaceKeys:
-        """The index keys of namespace ``name``."""
+        """The keys of namespace ``name``."""
         return NamespaceKeys(f"{{{self.prefix}/{name}}}")
 
     def entry(self, namespace: str, entry_id: int) -> str:
@@ -153,8 +138,9 @@ class StoreKeys:
         return f"{{{self.prefix}/{namespace}/{entry_id}}}:entry"
 
     def entry_pattern(self, namespace: str) -> str:
-        """SCAN pattern of every entry key of ``namespace``."""
-        return f"{{{self.prefix}/{namespace}/*}}:entry"
+        """SCAN pattern of every entry key of ``namespace`` (glob characters in the name escaped)."""
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in f"{self.prefix}/{namespace}/")
+        return f"{{{escaped}*}}:entry"
 
     def entry_id_of(self, namespace: str, key: bytes) -> int | None:
         """The entry id in an entry key of ``namespace`` (None if it is not one)."""

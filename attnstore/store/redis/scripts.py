@@ -1,78 +1,112 @@
 """The Lua scripts that change several keys of one hash slot at once (Redis runs each atomically).
 
+Every script touches only keys of one slot: a namespace's (``NamespaceKeys.index_keys()``
+in that order, KEYS[1..9] = info hashes ids meta features buckets recency hits log).
 Ids, lengths and byte counts travel as decimal strings; a meta value is the
 32-byte token hash followed by ``"length stored raw"``; an exact-tier value is
-``"id length"``. Every script touches only keys of one slot: a namespace's
-(``NamespaceKeys.index_keys()`` in that order) or the catalog's.
+``"id length"``. Each script reads everything it decides on before it writes, so
+a refusal writes nothing.
 """
 
 from __future__ import annotations
 
-# KEYS: hashes ids meta buckets recency hits log. ARGV: now, n, then per entry
-# token_hash, "id length", id, length, stored, raw, feature bytes ("" for none).
-# Returns per entry "" when it was added, else the "id length" of the entry that has its token hash.
-# Everything is read before anything is written, so a refused call writes nothing.
-COMMIT = """
-local n = tonumber(ARGV[2])
-local out = {}
+# The log is capped (approximately) at ARGV[1] of COMMIT/REMOVE/SET_PROJECTOR events: a daemon that falls
+# further behind than that sees its position trimmed away and rebuilds its index from the keys.
+_LOG_ADD = "redis.call('XADD', KEYS[9], 'MAXLEN', '~', ARGV[1], '*', "
+
+# ARGV: log cap, projector version to check ("" for none), now, n, then per entry 6 values:
+# token_hash, id ("0": not written, only match or feature an existing entry), length, stored, raw,
+# feature bytes ("" for none). Returns {status, per-entry results}: status "ok", "gone" (no such
+# namespace) or "version <v>" (the namespace's projector version is v, not the one stated).
+# A per-entry result is "a" (added), "d id length" (already stored), "f id length" (already stored,
+# given this entry's feature) or "m" (id "0" and no entry has the hash: the caller writes it and retries).
+COMMIT = (
+    """
+local info = redis.call('GET', KEYS[1])
+if not info then return {'gone'} end
+local version = tostring(cjson.decode(info)['projector_version'] or 0)
+if ARGV[2] ~= '' and ARGV[2] ~= version then return {'version ' .. version} end
+local n = tonumber(ARGV[4])
+local out, ids, lens, features = {'ok'}, {}, {}, {}
 for i = 1, n do
-  local found = redis.call('HGET', KEYS[1], ARGV[3 + (i - 1) * 7])
-  if found then out[i] = found else out[i] = '' end
-end
-local refs, features = {}, {}
-for i = 1, n do
-  if out[i] == '' then
-    local a = 2 + (i - 1) * 7
-    local th, ref, id, len = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-    redis.call('HSET', KEYS[1], th, ref)
-    redis.call('ZADD', KEYS[2], id, id)
-    redis.call('HSET', KEYS[3], id, th .. len .. ' ' .. ARGV[a + 5] .. ' ' .. ARGV[a + 6])
-    redis.call('HINCRBY', KEYS[4], 'n:' .. len, 1)
-    redis.call('HINCRBY', KEYS[4], 'b:' .. len, ARGV[a + 5])
-    redis.call('HINCRBY', KEYS[4], 'r:' .. len, ARGV[a + 6])
-    redis.call('ZADD', KEYS[5], ARGV[1], id)
-    if ARGV[a + 7] ~= '' then
-      table.insert(refs, ref)
-      table.insert(features, ARGV[a + 7])
+  local a = 4 + (i - 1) * 6
+  local th, id, len = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local stored, raw, feature = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+  local found = redis.call('HGET', KEYS[2], th)
+  if found then
+    local old = string.match(found, '^(%d+) ')
+    if feature ~= '' and redis.call('HEXISTS', KEYS[5], old) == 0 then
+      redis.call('HSET', KEYS[5], old, feature)
+      table.insert(ids, old); table.insert(lens, string.match(found, ' (%d+)$')); table.insert(features, feature)
+      out[i + 1] = 'f ' .. found
+    else
+      out[i + 1] = 'd ' .. found
     end
+  elseif id == '0' then
+    out[i + 1] = 'm'
+  else
+    redis.call('HSET', KEYS[2], th, id .. ' ' .. len)
+    redis.call('ZADD', KEYS[3], id, id)
+    redis.call('HSET', KEYS[4], id, th .. len .. ' ' .. stored .. ' ' .. raw)
+    redis.call('HINCRBY', KEYS[6], 'n:' .. len, 1)
+    redis.call('HINCRBY', KEYS[6], 'b:' .. len, stored)
+    redis.call('HINCRBY', KEYS[6], 'r:' .. len, raw)
+    redis.call('ZADD', KEYS[7], ARGV[3], id)
+    if feature ~= '' then
+      redis.call('HSET', KEYS[5], id, feature)
+      table.insert(ids, id); table.insert(lens, len); table.insert(features, feature)
+    end
+    out[i + 1] = 'a'
   end
 end
-if #refs > 0 then
-  redis.call('XADD', KEYS[7], '*', 'op', 'add', 'refs', table.concat(refs, ','), 'features', table.concat(features))
+if #ids > 0 then
+  """
+    + _LOG_ADD
+    + """'op', 'add', 'ids', table.concat(ids, ','), 'lengths', table.concat(lens, ','),
+        'features', table.concat(features))
 end
 return out
 """
+)
 
-# KEYS: as COMMIT. ARGV: reason ("delete", "evict" or "vanished"), then ids.
-# Returns the ids that were registered (and now are not). Evictions and entries found gone count as evicted.
-REMOVE = """
+# ARGV: log cap, reason ("delete", "evict" or "vanished"), then ids. Returns the ids that were
+# registered (and now are not). Evictions and entries found gone count as evicted.
+REMOVE = (
+    """
 local removed = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local id = ARGV[i]
-  local meta = redis.call('HGET', KEYS[3], id)
+  local meta = redis.call('HGET', KEYS[4], id)
   if meta then
     local th = string.sub(meta, 1, 32)
     local len, stored, raw = string.match(string.sub(meta, 33), '^(%d+) (%d+) (%d+)$')
-    if redis.call('HGET', KEYS[1], th) == id .. ' ' .. len then redis.call('HDEL', KEYS[1], th) end
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
-    redis.call('HINCRBY', KEYS[4], 'n:' .. len, -1)
-    redis.call('HINCRBY', KEYS[4], 'b:' .. len, '-' .. stored)
-    redis.call('HINCRBY', KEYS[4], 'r:' .. len, '-' .. raw)
-    redis.call('ZREM', KEYS[5], id)
-    redis.call('HDEL', KEYS[6], id, id .. ':t')
-    if ARGV[1] ~= 'delete' then
-      redis.call('HINCRBY', KEYS[4], 'evicted:n', 1)
-      redis.call('HINCRBY', KEYS[4], 'evicted:b', stored)
+    if redis.call('HGET', KEYS[2], th) == id .. ' ' .. len then redis.call('HDEL', KEYS[2], th) end
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('HINCRBY', KEYS[6], 'n:' .. len, -1)
+    redis.call('HINCRBY', KEYS[6], 'b:' .. len, -tonumber(stored))
+    redis.call('HINCRBY', KEYS[6], 'r:' .. len, -tonumber(raw))
+    if redis.call('HGET', KEYS[6], 'n:' .. len) == '0' then
+      redis.call('HDEL', KEYS[6], 'n:' .. len, 'b:' .. len, 'r:' .. len)
+    end
+    redis.call('ZREM', KEYS[7], id)
+    redis.call('HDEL', KEYS[8], id, id .. ':t')
+    if ARGV[2] ~= 'delete' then
+      redis.call('HINCRBY', KEYS[6], 'evicted:n', 1)
+      redis.call('HINCRBY', KEYS[6], 'evicted:b', stored)
     end
     table.insert(removed, id)
   end
 end
 if #removed > 0 then
-  redis.call('XADD', KEYS[7], '*', 'op', 'del', 'ids', table.concat(removed, ','))
+  """
+    + _LOG_ADD
+    + """'op', 'del', 'ids', table.concat(removed, ','))
 end
 return removed
 """
+)
 
 # KEYS: ids recency hits. ARGV: triples id, hits, unix time of the last one. Entries gone meanwhile are skipped.
 HITS = """
@@ -88,45 +122,30 @@ end
 return 0
 """
 
-# KEYS: log trimmed. ARGV: the id to trim below. The watermark only moves forward.
-TRIM = """
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local ms, seq = parse(ARGV[1])
-local old = redis.call('GET', KEYS[2])
-if old then
-  local old_ms, old_seq = parse(old)
-  if old_ms > ms or (old_ms == ms and old_seq >= seq) then return old end
-end
-redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
-redis.call('SET', KEYS[2], ARGV[1])
-return ARGV[1]
-"""
-
-# KEYS: namespaces catalog. ARGV: name, info JSON, new catalog token.
-# Returns "" when created, else the JSON of the namespace that exists.
+# KEYS: info. ARGV: info JSON. Returns "" when created, else the JSON of the namespace that exists.
 CREATE_NAMESPACE = """
-local found = redis.call('HGET', KEYS[1], ARGV[1])
+local found = redis.call('GET', KEYS[1])
 if found then return found end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1])
 return ''
 """
 
-# KEYS: namespaces projectors catalog. ARGV: name, blob, new catalog token. Returns 1, or 0 for no such namespace.
-SET_PROJECTOR = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[3], ARGV[3])
+# KEYS: info projector features log. ARGV: log cap, the info JSON the caller decided on, the new info
+# JSON, the blob, "1" to drop every feature. Compare-and-set: returns 1, 0 when the info changed meanwhile
+# (the caller decides again), or -1 when the namespace is gone.
+SET_PROJECTOR = (
+    """
+local info = redis.call('GET', KEYS[1])
+if not info then return -1 end
+if info ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[2], ARGV[4])
+if ARGV[5] == '1' then
+  redis.call('DEL', KEYS[3])
+  """
+    + _LOG_ADD.replace("KEYS[9]", "KEYS[4]")
+    + """'op', 'reset')
+end
 return 1
 """
-
-# KEYS: namespaces projectors catalog. ARGV: name, new catalog token. Returns 1, or 0 for no such namespace.
-DROP_NAMESPACE = """
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[3], ARGV[2])
-return 1
-"""
+)

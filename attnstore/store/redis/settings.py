@@ -28,10 +28,8 @@ class RedisSettings:
     hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
     prefetch_queue: int = 4096  # entries waiting for prefetch at most; more are dropped
     entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS
-    snapshot_events: int = 50_000  # a namespace's log longer than this gets an index snapshot written
-    snapshot_interval_seconds: float = 60.0  # at most one automatic snapshot per namespace this often
-    log_retain_seconds: float = 600.0  # a snapshot trims the log, but never of changes younger than this
-    snapshot_part_bytes: int = 32 << 20  # a snapshot is stored in parts of at most this size
+    # Each namespace's log keeps about this many changes: a daemon further behind rebuilds its index from the keys.
+    log_max_events: int = 1_000_000
     orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
 
     def __post_init__(self) -> None:
@@ -46,9 +44,9 @@ class RedisSettings:
                 f"hit_flush_count must be >= 1 and hit_flush_seconds >= 0,"
                 f" got {self.hit_flush_count} and {self.hit_flush_seconds}"
             )
-        for name in ("entry_ttl_seconds", "snapshot_events", "snapshot_part_bytes"):
+        for name in ("entry_ttl_seconds", "log_max_events"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"RedisSettings.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("snapshot_interval_seconds", "log_retain_seconds", "orphan_grace_seconds"):
+        for name in ("orphan_grace_seconds",):
             if getattr(self, name) < 0:
                 raise ConfigError(f"RedisSettings.{name} must be >= 0, got {getattr(self, name)}")
