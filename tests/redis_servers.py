@@ -9,6 +9,7 @@ its store a fresh key prefix, so one server serves many tests.
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -33,11 +34,30 @@ def require_redis() -> None:
         pytest.skip(f"{' and '.join(missing)} not installed (scripts/install.sh installs Debian's redis-server)")
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (and, in practice, for the next second)."""
+def _port_free(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(*, cluster: bool = False) -> int:
+    """A loopback port nothing listens on now (and, in practice, for the next second).
+
+    A cluster node also listens on its port + 10000 (the cluster bus), so Redis refuses ports above
+    55535 there: a cluster node gets a port below that whose bus port is free too.
+    """
+    if not cluster:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+    for _ in range(200):
+        port = random.randrange(20000, 45000)
+        if _port_free(port) and _port_free(port + 10000):
+            return port
+    raise RuntimeError("no free pair of loopback ports (port, port + 10000) for a Redis Cluster node")
 
 
 def unique_prefix() -> str:
@@ -55,7 +75,7 @@ class RedisServer:
     """
 
     def __init__(self, workdir: Path, *, cluster: bool = False, extra: Sequence[str] = ()) -> None:
-        self.port = free_port()
+        self.port = free_port(cluster=cluster)
         self.workdir = workdir / f"redis-{self.port}"
         self.workdir.mkdir(parents=True)
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -123,8 +143,10 @@ class RedisClusterServers:
     """
 
     def __init__(self, workdir: Path, *, masters: int = 3, extra: Sequence[str] = ()) -> None:
-        self.servers = [RedisServer(workdir, cluster=True, extra=extra) for _ in range(2 * masters)]
+        self.servers: list[RedisServer] = []
         try:
+            for _ in range(2 * masters):
+                self.servers.append(RedisServer(workdir, cluster=True, extra=extra))
             subprocess.run(
                 ["redis-cli", "--cluster", "create", *(s.address for s in self.servers),
                  "--cluster-replicas", "1", "--cluster-yes"],
