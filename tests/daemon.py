@@ -28,7 +28,7 @@ class DaemonProcess(ServeProcess):
     """One ``attnstore serve`` subprocess with the tests' settings.
 
     Args:
-        store: map store directory (created if missing).
+        store: map store directory (created if missing), or a redis:// URL.
         workdir: where the ready file, the log and the token file go.
         tokens: serve with the test token file (admin and read tokens above).
         extra_args: more ``serve`` arguments.
@@ -38,7 +38,7 @@ class DaemonProcess(ServeProcess):
 
     def __init__(
         self,
-        store: Path,
+        store: Path | str,
         workdir: Path,
         *,
         tokens: bool = True,

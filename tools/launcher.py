@@ -30,7 +30,7 @@ class ServeProcess:
     """One ``attnstore serve`` subprocess on a free loopback port.
 
     Args:
-        store: map store folder (created if missing).
+        store: map store folder (created if missing), or a ``redis://`` store URL.
         workdir: where the ready file (``daemon-ready.json``) and the log (``daemon.log``) go.
         args: more ``serve`` arguments (token file, caps, TLS files, ...).
         port: the loopback port to listen on; 0 (the default) takes a free one.
@@ -40,7 +40,7 @@ class ServeProcess:
 
     def __init__(
         self,
-        store: Path,
+        store: Path | str,
         workdir: Path,
         *,
         args: Sequence[str] = (),

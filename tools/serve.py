@@ -43,7 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("--store", type=Path, required=True, help="map store directory")
+    p.add_argument(
+        "--store", required=True,
+        help="map store directory, or redis://HOST:PORT/ (one Redis server) or redis://HOST:PORT/?cluster=1"
+        " (a Redis Cluster; any node) shared by any number of daemons; &prefix=NAME picks the store within it",
+    )
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to bind; port 0 picks a free port")
     p.add_argument("--create", action="store_true", help="create the store if it does not exist")
     p.add_argument(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnstore.errors import ConfigError
+from attnstore.store.urls import is_redis_url, store_location
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 # Chunks carry at most 4 MiB of data (attnstore.protocol.wire); 8 MiB leaves room for a
@@ -50,7 +51,7 @@ class DaemonConfig:
         ConfigError: a value is out of range, or TLS files are given without their pair.
     """
 
-    store: Path  # map store directory
+    store: Path | str  # map store directory, or a redis:// URL (see attnstore.store.urls)
     listen: str = DEFAULT_LISTEN  # HOST:PORT; loopback by default, port 0 picks a free one
     create: bool = False  # create the store when it does not exist
     readonly: bool = False  # read-only store: admin writes fail; the index is built once, at start
@@ -68,6 +69,11 @@ class DaemonConfig:
     ready_file: Path | None = None  # JSON {address, port, metrics_port, pid} written once SERVING
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "store", store_location(self.store))  # a bad Redis URL fails here, named
+        if is_redis_url(self.store) and self.map_size is not None:
+            raise ConfigError(
+                f"--map-size sizes an LMDB store; {self.store!r} is a Redis store (size Redis's maxmemory)"
+            )
         split_host_port(self.listen)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both --tls-cert and --tls-key (got only one)")

@@ -30,6 +30,7 @@ from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
 from attnstore.store.reports import StoreStats
+from attnstore.store.urls import shown_location
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,8 @@ class Daemon:
     def _load(self) -> None:
         config = self._config
         start = time.perf_counter()
-        log.info("event=loading store=%s create=%s readonly=%s", config.store, config.create, config.readonly)
+        shown = shown_location(config.store)
+        log.info("event=loading store=%s create=%s readonly=%s", shown, config.create, config.readonly)
         try:
             self._service = AttnStoreService.open(
                 config.store,
@@ -182,7 +184,7 @@ class Daemon:
                 readonly=config.readonly,
             )
         except StoreNotFoundError:
-            raise StoreNotFoundError(f"no map store at {config.store}; serve --create makes an empty one") from None
+            raise StoreNotFoundError(f"no map store at {shown}; serve --create makes an empty one") from None
         except AttnStoreError:
             raise
         except Exception as exc:
@@ -190,7 +192,7 @@ class Daemon:
             # contract for a store that cannot be opened), the traceback in the log at DEBUG.
             log.debug("event=load_failed", exc_info=True)
             raise StoreDamagedError(
-                f"the map store at {config.store} cannot be loaded ({type(exc).__name__}: {exc}): it is damaged;"
+                f"the map store at {shown} cannot be loaded ({type(exc).__name__}: {exc}): it is damaged;"
                 " restore it from a backup"
             ) from None
         namespaces = self._service.list_namespaces()
@@ -201,7 +203,7 @@ class Daemon:
                 log.error("event=projector_damaged namespace=%s detail='%s'", info.name, exc)
         log.info(
             "event=loaded store=%s namespaces=%d seconds=%.3f",
-            config.store, len(namespaces), time.perf_counter() - start,
+            shown, len(namespaces), time.perf_counter() - start,
         )
 
     def _wait(self) -> None:

@@ -3,6 +3,12 @@
 Indexes are rebuilt from the feature vectors kept in the entry records when a
 store is opened, so nothing but the store is persisted. Searches and updates
 share one lock: faiss indexes must not be searched while they change.
+
+A store that other processes write too (one with a ``change_feed``: Redis)
+is followed: :meth:`NamespaceIndexes.follow` applies what its log says
+happened since the index was built (``service.follower`` calls it in a loop).
+Every change may then arrive twice (from this process's own write and from
+the log), so adds replace rows of the same id instead of refusing them.
 """
 
 from __future__ import annotations
@@ -37,10 +43,19 @@ class NamespaceIndexes:
         self._make_index = make_index
         self._length_penalty = length_penalty
         self._lock = threading.Lock()
+        self._feed = store.change_feed()
+        self._positions: dict[str, str] = {}  # namespace -> its log position its index includes (with a feed)
+        self._created: dict[str, float] = {}  # namespace -> created time of the namespace its index is of
+        self._catalog_version = "" if self._feed is None else self._feed.catalog_version()
         self._indexes: dict[str, BucketedIndex] = {info.name: self._build(info) for info in store.list_namespaces()}
 
     def ensure(self, info: NamespaceInfo) -> None:
         """Give a new namespace an empty index (keeps an existing one)."""
+        if self._feed is not None and info.name not in self._indexes:
+            index = self._build(info)  # also notes the log position to follow from
+            with self._lock:
+                self._indexes.setdefault(info.name, index)
+            return
         with self._lock:
             self._indexes.setdefault(info.name, BucketedIndex(info.layout.feature_dim, self._make_index))
 
@@ -48,6 +63,8 @@ class NamespaceIndexes:
         """Forget a dropped namespace's index."""
         with self._lock:
             self._indexes.pop(namespace, None)
+            self._positions.pop(namespace, None)
+            self._created.pop(namespace, None)
 
     def rebuild(self) -> None:
         """Rebuild every namespace's index from the stored feature vectors (after compaction)."""
@@ -60,10 +77,65 @@ class NamespaceIndexes:
         if not len(ids):
             return
         with self._lock:
-            self._index(namespace).add(
-                np.asarray(ids, dtype=np.uint64), np.asarray(features, dtype=np.float32),
-                np.asarray(lengths, dtype=np.int64),
-            )
+            self._upsert(self._index(namespace), np.asarray(ids, dtype=np.uint64),
+                         np.asarray(features, dtype=np.float32), np.asarray(lengths, dtype=np.int64))
+
+    def _upsert(self, index: BucketedIndex, ids: np.ndarray, features: np.ndarray, lengths: np.ndarray) -> None:
+        # Callers hold the lock. With a feed, the log may have brought these rows in already.
+        if self._feed is not None:
+            index.remove(ids)
+        index.add(ids, features, lengths)
+
+    def follow(self) -> int:
+        """Apply what the store's change feed logged since the last call; returns the changes applied.
+
+        New namespaces get an index, dropped (or dropped and made again) ones lose theirs, and a
+        namespace whose position the log no longer holds is rebuilt. Does nothing without a feed.
+
+        Raises:
+            UnavailableError: the store cannot be reached (the next call catches up).
+        """
+        feed = self._feed
+        if feed is None:
+            return 0
+        version = feed.catalog_version()
+        if version != self._catalog_version:
+            current = {info.name: info for info in self._store.list_namespaces()}
+            fresh = {
+                name: self._build(info) for name, info in current.items() if self._created.get(name) != info.created
+            }
+            with self._lock:
+                for name in [n for n in self._indexes if n not in current]:
+                    del self._indexes[name]
+                self._indexes.update(fresh)
+            self._catalog_version = version
+        applied = 0
+        for name in list(self._indexes):
+            position = self._positions.get(name)
+            if position is None:
+                continue
+            batch = feed.changes(name, position)
+            if batch.rebuild:
+                log.warning("event=index_rebuild namespace=%s detail='the log was trimmed past this index'", name)
+                rebuilt = self._build(self._store.get_namespace(name))
+                with self._lock:
+                    self._indexes[name] = rebuilt
+                continue
+            with self._lock:
+                found = self._indexes.get(name)
+                if found is None:
+                    continue
+                index = found
+                for change in batch.changes:
+                    if change.reset:
+                        index = self._indexes[name] = BucketedIndex(index.dim, self._make_index)
+                    if change.added is not None:
+                        self._upsert(index, change.added.ids, change.added.features, change.added.lengths)
+                    if change.removed:
+                        index.remove(np.array(change.removed, dtype=np.uint64))
+                self._positions[name] = batch.position
+            applied += len(batch.changes)
+        return applied
 
     def remove(self, removed: Mapping[str, Iterable[int]]) -> None:
         """Take deleted or evicted entries out of their namespaces' indexes (unknown ids are ignored)."""
@@ -102,6 +174,15 @@ class NamespaceIndexes:
 
     def _build(self, info: NamespaceInfo) -> BucketedIndex:
         index = BucketedIndex(info.layout.feature_dim, self._make_index)
+        self._created[info.name] = info.created
+        if self._feed is not None:
+            state = self._feed.index_state(info.name)
+            if len(state.rows):
+                index.add(state.rows.ids, state.rows.features, state.rows.lengths)
+            self._positions[info.name] = state.position
+            log.info("namespace %s: indexed %d entries from the store's keys, following its log from %s",
+                     info.name, len(index), state.position)
+            return index
         for length in self._store.lengths(info.name):
             rows = [(e.id, e.feature) for e in self._store.entries(info.name, length) if e.feature is not None]
             if rows:

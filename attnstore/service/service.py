@@ -21,6 +21,8 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
+from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
+from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
@@ -28,6 +30,7 @@ from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, V
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 from attnstore.store.reports import PrefetchReport
+from attnstore.store.urls import is_redis_url, open_redis_store
 
 
 class AttnStoreService:
@@ -54,6 +57,8 @@ class AttnStoreService:
         """
         self._store = store
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
+        # A store other daemons write to (Redis) is followed, so their ingests and deletes reach this index.
+        self._follower = IndexFollower(self._indexes) if store.change_feed() is not None else None
         # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
         self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
 
@@ -68,12 +73,18 @@ class AttnStoreService:
         map_size: int | None = None,
         readonly: bool = False,
     ) -> AttnStoreService:
-        """Open the LMDB store at ``path`` and build its indexes.
+        """Open the store at ``path`` and build its indexes: an LMDB folder, or a ``redis://`` URL
+        (one Redis server, or a Redis Cluster with ``?cluster=1``; see ``attnstore.store.redis``).
 
         Raises:
             StoreNotFoundError: no store there and ``create`` is False.
             FormatVersionError: the store was written in an unknown format version.
+            ConfigError: a malformed Redis URL, or ``map_size`` with one.
+            UnavailableError: Redis cannot be reached.
         """
+        if is_redis_url(path):
+            return cls(open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                                        map_size=map_size, readonly=readonly))
         store = MapStore.open(
             path,
             create=create,
@@ -327,8 +338,11 @@ class AttnStoreService:
         return self._store.storage_fault()
 
     def dead_threads(self) -> list[str]:
-        """Names of the store's background threads that have died (see ``MapStoreBase.dead_threads``)."""
-        return self._store.dead_threads()
+        """Names of the store's and the index follower's background threads that have died."""
+        dead = self._store.dead_threads()
+        if self._follower is not None and not self._follower.alive:
+            dead.append(FOLLOWER_THREAD)
+        return dead
 
     def verify(self) -> VerifyReport:
         """Check every stored chunk against its checksum."""
@@ -339,7 +353,9 @@ class AttnStoreService:
         return self._store.stats()
 
     def close(self) -> None:
-        """Close the store (flushes hit counters). Idempotent."""
+        """Stop following the store's log, close the store (flushes hit counters). Idempotent."""
+        if self._follower is not None:
+            self._follower.stop()
         self._store.close()
 
     def __enter__(self) -> AttnStoreService:

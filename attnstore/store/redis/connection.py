@@ -30,8 +30,8 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from attnstore.errors import ConfigError, StorageError, StoreFullError, UnavailableError
+from attnstore.store.urls import REDIS_SCHEMES, is_redis_url
 
-URL_SCHEMES = ("redis://", "rediss://")
 DEFAULT_PREFIX = "attnstore"
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
@@ -45,11 +45,6 @@ _CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_time
 _TRANSIENT: tuple[type[BaseException], ...] = (
     redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError, RedisClusterException,
 )
-
-
-def is_redis_url(location: object) -> bool:
-    """True for a ``redis://`` or ``rediss://`` store location."""
-    return isinstance(location, str) and location.startswith(URL_SCHEMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +66,7 @@ class RedisLocation:
                 number with ``cluster=1`` (a cluster has database 0 only).
         """
         if not is_redis_url(url):
-            raise ConfigError(f"a Redis store URL starts with one of {list(URL_SCHEMES)}, got {url!r}")
+            raise ConfigError(f"a Redis store URL starts with one of {list(REDIS_SCHEMES)}, got {url!r}")
         parts = urlsplit(url)
         if not parts.hostname:
             raise ConfigError(f"Redis store URL {url!r} needs a host, e.g. redis://127.0.0.1:6379/?cluster=1")
