@@ -8,6 +8,8 @@ the daemon's status stands for (see ``status_codes.error_from_rpc``).
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,56 @@ def split_target(target: str) -> tuple[str, bool | None]:
     return address, scheme == "grpcs"
 
 
+# Several daemons: gRPC's round_robin spreads calls over every address that answers, and a call that
+# meets a daemon going away (UNAVAILABLE: nothing was done) is sent again, to another one.
+_SEVERAL_RETRIES = {
+    "methodConfig": [{
+        "name": [{"service": SERVICE_NAME}],
+        "retryPolicy": {
+            "maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }],
+}
+ADDRESS_FORMS = "HOST:PORT, IP:PORT,IP:PORT,... (several daemons) or dns:///NAME:PORT (every address NAME resolves to)"
+
+
+def grpc_target(address: str) -> tuple[str, list[tuple[str, str | int]]]:
+    """The gRPC target and extra channel options of a daemon address (the part after ``grpc://``).
+
+    ``HOST:PORT`` is one daemon (the first address HOST resolves to). A
+    comma-separated list of ``IP:PORT`` becomes gRPC's ``ipv4:``/``ipv6:`` target, and
+    ``dns:///NAME:PORT`` stays a DNS target; both get round_robin load balancing over every address
+    and retries of calls a daemon refused while going away.
+
+    Raises:
+        ConfigError: a list with an empty item, an item without a port, a host name in a list (gRPC
+            resolves names only one at a time: give one DNS name), or IPv4 and IPv6 mixed.
+    """
+    several: list[tuple[str, str | int]] = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 1),
+               ("grpc.service_config", json.dumps(_SEVERAL_RETRIES))]
+    if address.startswith("dns:"):
+        return address, several
+    if "," not in address:
+        return address, []  # one daemon: gRPC's defaults, as before
+    families = set()
+    for item in address.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"daemon address {address!r}: {item!r} is not IP:PORT; the forms are {ADDRESS_FORMS}")
+        try:
+            families.add(ipaddress.ip_address(host.strip("[]")).version)
+        except ValueError:
+            raise ConfigError(
+                f"daemon address {address!r}: {host!r} is not an IP address; a list takes IP:PORT items, and"
+                f" several daemons behind one name are dns:///NAME:PORT (the forms are {ADDRESS_FORMS})"
+            ) from None
+    if len(families) > 1:
+        raise ConfigError(f"daemon address {address!r} mixes IPv4 and IPv6 addresses: gRPC takes one family per list")
+    scheme = "ipv4" if families == {4} else "ipv6"
+    return f"{scheme}:{','.join(item.strip() for item in address.split(','))}", several
+
+
 def open_channel(
     target: str,
     *,
@@ -91,19 +143,20 @@ def open_channel(
         ConfigError: a PEM file cannot be read, only one of client cert and key is given, the
             address is malformed, or TLS arguments come with a grpc:// (plaintext) address.
     """
-    options = channel_options(max_message_bytes)
     if (client_cert is None) != (client_key is None):
         raise ConfigError("mTLS needs both a client certificate and its key")
     address, scheme_tls = split_target(target)
+    grpc_address, balancing = grpc_target(address)
+    options: list[tuple[str, str | int]] = [*channel_options(max_message_bytes), *balancing]
     wants_tls = bool(tls or tls_ca or client_cert)
     if scheme_tls is False and wants_tls:
         raise ConfigError(f"TLS options are given but {target!r} is plaintext: use grpcs://{address}")
     if not (wants_tls or scheme_tls):
-        return grpc.insecure_channel(address, options=options)
+        return grpc.insecure_channel(grpc_address, options=options)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_pem(tls_ca), private_key=_pem(client_key), certificate_chain=_pem(client_cert)
     )
-    return grpc.secure_channel(address, credentials, options=options)
+    return grpc.secure_channel(grpc_address, credentials, options=options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,7 +183,10 @@ def connect(
     Args:
         url: ``grpc://HOST:PORT`` (a daemon), ``grpcs://HOST:PORT`` (a daemon with
             TLS; ``tls_ca`` names its CA, else the system roots), or ``local:PATH``
-            (the store at PATH in this process, opened read-only).
+            (the store at PATH in this process, opened read-only). Several daemons on one
+            shared (Redis) store: ``grpc://IP:PORT,IP:PORT`` or ``grpc://dns:///NAME:PORT``;
+            calls are spread over them (round_robin), and one refused by a daemon going away
+            is retried on another.
         token: bearer token for the daemon (a read token suffices).
         tls_ca: CA certificate (PEM file) of a ``grpcs://`` daemon.
         client_cert, client_key: this client's certificate chain and key (PEM files), for

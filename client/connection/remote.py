@@ -29,6 +29,7 @@ from attnstore.protocol.remote import (
     RemoteStore,
     channel_options,
     exact_request,
+    grpc_target,
     search_request,
 )
 from attnstore.protocol.status_codes import error_from_rpc
@@ -147,15 +148,17 @@ def _channel(target: str, *, tls: bool, pem: dict[str, bytes | None], max_messag
     gRPC's default reconnect backoff (1 s, growing to 120 s) would fail the
     breaker's half-open trial call for minutes after the daemon is back.
     """
-    options = [
+    grpc_address, balancing = grpc_target(target)  # several daemons: round_robin over them, with retries
+    options: list[tuple[str, str | int]] = [
         *channel_options(max_message_bytes),
+        *balancing,
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2000),
     ]
     if not tls:
-        return grpc.insecure_channel(target, options=options)
-    return grpc.secure_channel(target, grpc.ssl_channel_credentials(**pem), options=options)
+        return grpc.insecure_channel(grpc_address, options=options)
+    return grpc.secure_channel(grpc_address, grpc.ssl_channel_credentials(**pem), options=options)
 
 
 class _StreamedMaps(MapStream):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,36 @@ def test_a_plaintext_grpc_url_with_tls_options_or_another_scheme_is_a_config_err
         RemoteStore("grpc://127.0.0.1:1", tls_ca=pki / "ca.pem")
     with pytest.raises(ConfigError, match="'dns://h:1' is not one of grpc://HOST:PORT"):
         RemoteStore("dns://h:1")
+
+
+@pytest.mark.parametrize(
+    ("address", "target", "balanced"),
+    [
+        ("127.0.0.1:5001", "127.0.0.1:5001", False),
+        ("127.0.0.1:5001,127.0.0.2:5002", "ipv4:127.0.0.1:5001,127.0.0.2:5002", True),
+        ("[::1]:5001,[::1]:5002", "ipv6:[::1]:5001,[::1]:5002", True),
+        ("dns:///daemons.internal:50051", "dns:///daemons.internal:50051", True),
+    ],
+)
+def test_several_daemon_addresses_become_one_round_robin_target_with_retries(address, target, balanced):
+    from attnstore.protocol.remote import grpc_target
+
+    got, options = grpc_target(address)
+    assert got == target
+    assert (("grpc.lb_policy_name", "round_robin") in options) == balanced
+    assert any(name == "grpc.service_config" and "UNAVAILABLE" in str(value) for name, value in options) == balanced
+
+
+@pytest.mark.parametrize(
+    ("address", "named"),
+    [
+        ("127.0.0.1:5001,", "'' is not IP:PORT"),
+        ("127.0.0.1:5001,daemon-b:5002", "'daemon-b' is not an IP address"),
+        ("127.0.0.1:5001,[::1]:5002", "mixes IPv4 and IPv6"),
+    ],
+)
+def test_a_bad_daemon_list_is_refused_naming_the_item_and_the_forms(address, named):
+    from attnstore.protocol.remote import grpc_target
+
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        grpc_target(address)

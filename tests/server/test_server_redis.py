@@ -8,14 +8,16 @@ daemon's own index, which follows the store's log every
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon import DaemonProcess
+from daemon import ADMIN_TOKEN, DaemonProcess
 from redis_servers import free_port
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
@@ -161,3 +163,43 @@ def test_serve_on_an_unreachable_redis_exits_with_one_line_saying_redis_is_unava
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert "Redis is unavailable" in last and f"127.0.0.1:{url.split(':')[2].strip('/')}" in last
+
+
+def _lookups_served(process: DaemonProcess) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "attnstore_lookups"
+               for s in f.samples if s.name.endswith("_total"))
+
+
+def test_a_client_spreads_calls_over_two_daemons_and_one_killed_costs_retries_not_errors(redis_server, tmp_path):
+    from attnstore_client.connection import connect
+
+    url = redis_server.url()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = DaemonProcess(url, tmp_path / "a"), DaemonProcess(url, tmp_path / "b")
+    try:
+        a.start()
+        b.start()
+        both = f"127.0.0.1:{a.port},127.0.0.1:{b.port}"
+        with RemoteStore(both, token=ADMIN_TOKEN) as remote:
+            remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+            ids = remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, s) for s in range(4)]).entry_ids
+            for _ in range(20):
+                assert _lookup(remote, [0, 1, 2, 3], exact=True) == [(pb.MATCH_KIND_EXACT, i) for i in ids]
+            assert _lookups_served(a) > 0 and _lookups_served(b) > 0  # round_robin used both
+            a.stop(signal.SIGKILL)
+            node = connect(f"grpc://{both}", token=ADMIN_TOKEN)
+            try:
+                for _ in range(30):  # every call lands on b, some after a retry: none fails
+                    assert _lookup(remote, [0, 1, 2, 3], exact=True) == [(pb.MATCH_KIND_EXACT, i) for i in ids]
+                    hashes = [make_entry(LAYOUT, LENGTH, s).token_hash for s in range(4)]
+                    assert sorted(node.exact("ns", FP, hashes, [LENGTH] * 4, timeout=10)) == [0, 1, 2, 3]
+            finally:
+                node.close()
+    finally:
+        a.stop()
+        assert b.stop() == 0, b.log()
