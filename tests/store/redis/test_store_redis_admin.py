@@ -1,0 +1,145 @@
+"""The Redis backend's admin side on a real redis-server: verify, compaction, stats, backup to LMDB and back,
+the two-phase ingest, and Redis errors as AttnStore's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from redis_servers import RedisServer, require_redis
+from store_helpers import make_entry, projector_blob, small_layout
+
+from attnstore.errors import ConfigError, EntryNotFoundError, UnavailableError
+from attnstore.store import MapStore
+from attnstore.store.redis.connection import RedisLocation
+from attnstore.store.redis.entries import encode_entry
+from attnstore.store.redis.mapstore import RedisMapStore
+from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.validate import prepare_entry
+
+
+@pytest.fixture
+def store(redis_server):
+    with RedisMapStore.open(redis_server.url(), create=True, settings=RedisSettings(orphan_grace_seconds=0)) as opened:
+        opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        yield opened
+
+
+def _write_unregistered(store: RedisMapStore, seed: int) -> int:
+    """What a crash between an ingest's two phases leaves: an entry hash with a fresh id, registered nowhere."""
+    state = store._state("ns")
+    entry = prepare_entry(make_entry(small_layout(), 6, seed=seed), state.layout, 0)
+    entry_id = int(store._redis.client.incr(store._keys.namespace("ns").next_id))
+    _, fields = encode_entry(state, entry, entry_id, time.time())
+    store._redis.client.hset(store._keys.entry("ns", entry_id), mapping=fields)
+    return entry_id
+
+
+def test_an_entry_hash_written_but_never_registered_is_invisible_and_compaction_removes_it(store):
+    (kept,) = store.ingest("ns", [make_entry(small_layout(), 6, seed=1)]).entry_ids
+    orphan = _write_unregistered(store, seed=2)
+    assert store.find_by_hash("ns", make_entry(small_layout(), 6, seed=2).token_hash) is None
+    assert [e.id for e in store.entries("ns")] == [kept] and store.stats().entries == 1
+    assert store.verify().orphan_chunks == 1
+    report = store.compact()
+    assert (report.entries, report.orphan_chunks_dropped) == (1, 1)
+    assert not store._redis.client.exists(store._keys.entry("ns", orphan))
+    assert store.verify().orphan_chunks == 0
+    expected = make_entry(small_layout(), 6, seed=1).maps.astype(np.float16)
+    np.testing.assert_array_equal(store.read_maps("ns", kept), expected)
+
+
+def test_compaction_leaves_unregistered_hashes_younger_than_the_grace_period(redis_server):
+    with RedisMapStore.open(redis_server.url(), create=True) as young:  # default grace: 300 s
+        young.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        orphan = _write_unregistered(young, seed=3)
+        assert young.compact().orphan_chunks_dropped == 0
+        assert young._redis.client.exists(young._keys.entry("ns", orphan))
+
+
+def test_verify_names_a_corrupt_chunk_and_forgets_an_entry_redis_evicted(store):
+    ids = store.ingest("ns", [make_entry(small_layout(), 6, seed=s) for s in range(3)]).entry_ids
+    store._redis.client.hset(store._keys.entry("ns", ids[0]), "maps/1", b"\x00" * 16)
+    store._redis.client.delete(store._keys.entry("ns", ids[1]))  # what a volatile-lru eviction does
+    report = store.verify()
+    assert [(c.id, c.reason) for c in report.corrupt] == [(ids[0], "layer 1 maps chunk: crc32c mismatch")]
+    assert report.entries_checked == 2
+    assert [e.id for e in store.entries("ns")] == [ids[0], ids[2]]  # the evicted one is forgotten
+    assert store.stats().evicted_entries == 1
+
+
+def test_a_read_of_an_entry_redis_evicted_is_entry_not_found_and_forgets_it(store):
+    entry = make_entry(small_layout(), 6, seed=4)
+    (entry_id,) = store.ingest("ns", [entry]).entry_ids
+    store._redis.client.delete(store._keys.entry("ns", entry_id))
+    with pytest.raises(EntryNotFoundError):
+        store.read_outputs("ns", entry_id)
+    assert store.find_by_hash("ns", entry.token_hash) is None and store.lengths("ns") == []
+    assert store.ingest("ns", [entry]).added  # stored again, under a new id
+
+
+def test_stats_report_redis_memory_and_the_store_url(store):
+    store.ingest("ns", [make_entry(small_layout(), 8, seed=s) for s in range(2)])
+    stats = store.stats()
+    assert stats.path.startswith("redis://127.0.0.1:") and stats.generation == "redis"
+    assert stats.file_bytes > 0 and stats.entries == 2
+    layout = small_layout()
+    assert stats.namespaces[0].buckets[0].raw_bytes == 2 * (layout.map_nbytes(8) + layout.outputs_nbytes(8))
+
+
+def test_backup_exports_a_redis_store_to_lmdb_and_restores_it_into_another_redis_store(store, redis_server, tmp_path):
+    entries = [make_entry(small_layout(), n, seed=s) for s, n in enumerate([5, 7, 7])]
+    store.ingest("ns", entries)
+    store.set_projector("ns", projector_blob())
+    restored_url = redis_server.url()
+    for source, target in ((store.location.url, str(tmp_path / "lmdb")), (str(tmp_path / "lmdb"), restored_url)):
+        done = subprocess.run(
+            [sys.executable, "-m", "attnstore_tools.cli", "backup", "--store", source, "--to", target],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "3 entries" in done.stdout
+    with MapStore.open(tmp_path / "lmdb", readonly=True, dram_bytes=0) as lmdb_copy:
+        assert lmdb_copy.stats().entries == 3
+    with RedisMapStore.open(restored_url) as restored:
+        assert restored.get_namespace("ns").projector == projector_blob()
+        for entry in entries:
+            entry_id = restored.find_by_hash("ns", entry.token_hash)
+            np.testing.assert_array_equal(restored.read_maps("ns", entry_id), entry.maps.astype(np.float16))
+            np.testing.assert_array_equal(restored.entry("ns", entry_id).feature, entry.feature)
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("http://127.0.0.1:6379", "starts with one of"),
+        ("redis://:6379", "needs a host"),
+        ("redis://127.0.0.1:6379/?cluster=2", "cluster must be 1 or 0"),
+        ("redis://127.0.0.1:6379/1?cluster=1", "database 0 only"),
+        ("redis://127.0.0.1:6379/?prefix=a*b", "prefix must be"),
+    ],
+)
+def test_a_bad_store_url_is_a_config_error_naming_the_url(url, named):
+    with pytest.raises(ConfigError, match=named) as raised:
+        RedisLocation.parse(url)
+    assert url in str(raised.value)
+
+
+def test_a_stopped_redis_makes_calls_raise_unavailable_never_a_redis_exception(tmp_path):
+    require_redis()
+    server = RedisServer(tmp_path)
+    try:
+        opened = RedisMapStore.open(server.url(), create=True)
+        opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+    finally:
+        server.stop()
+    start = time.monotonic()
+    with pytest.raises(UnavailableError, match="Redis is unavailable while reading namespace 'ns'"):
+        opened.get_namespace("ns")
+    assert time.monotonic() - start < 30  # the retries span a failover, then give up
+    opened.close()
+    with pytest.raises(UnavailableError, match=f"connecting to redis://127.0.0.1:{server.port}"):
+        RedisMapStore.open(server.url())
