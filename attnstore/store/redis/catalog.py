@@ -144,7 +144,7 @@ class Catalog:
         assert after.projector is not None
         with translated(f"storing the projector of {name!r}"):
             done = int(self._redis.eval(
-                scripts.SET_PROJECTOR, [keys.info, keys.projector, keys.features, keys.log],
+                scripts.SET_PROJECTOR, [keys.info, keys.projector, keys.features, keys.log, keys.trimmed],
                 [self._log_cap, before, json.dumps(after.to_json_dict()), after.projector,
                  "1" if drop_features else "0"],
             ))

@@ -5,8 +5,8 @@ same atomic step, so the log and the keys never disagree. A daemon builds a
 namespace's index from the keys themselves (the features hash, paged) after
 noting the log's last id, then applies the log from that id on: a change seen
 both ways is applied twice, which is harmless. The log is capped (see
-``RedisSettings.log_max_events``); a follower whose position was trimmed away
-is told to rebuild (``ChangeBatch.rebuild``).
+``RedisSettings.log_max_events``, the last id trimmed away noted beside it); a
+follower whose position is below that is told to rebuild (``ChangeBatch.rebuild``).
 """
 
 from __future__ import annotations
@@ -93,9 +93,11 @@ class RedisChangeFeed(ChangeFeed):
         info = self._catalog.get(namespace)
         keys = self._keys.namespace(namespace)
         with translated(f"reading the log of {namespace!r}"):
-            entries = self._redis.client.xrange(keys.log, min=f"({position}", max="+", count=limit)
-            trimmed = self._max_deleted(keys.log)
-        if trimmed is not None and trimmed > stream_id(position):
+            pipe = self._redis.client.pipeline(transaction=True)  # one slot: both as of one moment
+            pipe.get(keys.trimmed)
+            pipe.xrange(keys.log, min=f"({position}", max="+", count=limit)
+            trimmed, entries = pipe.execute()
+        if trimmed is not None and stream_id(trimmed) > stream_id(position):
             return ChangeBatch([], position, rebuild=True)
         changes = [_decode(fields, info.layout.feature_dim) for _, fields in entries]
         for change in changes:
@@ -104,15 +106,6 @@ class RedisChangeFeed(ChangeFeed):
         if entries:
             position = bytes(entries[-1][0]).decode()
         return ChangeBatch(changes, position)
-
-    def _max_deleted(self, log_key: str) -> tuple[int, int] | None:
-        """The highest id the log's cap trimmed away (Redis 7 reports it), or None for an empty log."""
-        try:
-            found = self._redis.client.xinfo_stream(log_key)
-        except Exception:  # no such key: nothing was ever logged, so nothing was trimmed
-            return None
-        value = found.get("max-deleted-entry-id", found.get(b"max-deleted-entry-id"))
-        return None if value is None else stream_id(value)
 
     def catalog_version(self) -> str:
         """See :meth:`ChangeFeed.catalog_version`: the namespace names with their creation times."""

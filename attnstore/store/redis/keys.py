@@ -21,6 +21,7 @@ Keys are hash-tagged (Redis Cluster hashes only the part in braces), in three gr
     {P/ns}:recency     ZSET id -> max(created, last hit): what the byte cap evicts first
     {P/ns}:hits        HASH id -> hits, id:t -> last hit
     {P/ns}:log         STREAM of ingests (ids, lengths, features), deletes (ids) and feature resets
+    {P/ns}:trimmed     the last log id trimmed away (the log is capped)
 
 ``{P/ns/17}:entry`` -- one entry, one HASH (one key: Redis evicts a whole entry or nothing)::
 
@@ -103,10 +104,14 @@ class NamespaceKeys:
     def log(self) -> str:
         return self.key("log")
 
+    @property
+    def trimmed(self) -> str:
+        return self.key("trimmed")
+
     def index_keys(self) -> list[str]:
         """The keys the ingest and remove scripts touch, in their KEYS order."""
         return [self.info, self.hashes, self.ids, self.meta, self.features, self.buckets, self.recency, self.hits,
-                self.log]
+                self.log, self.trimmed]
 
     def all_keys(self) -> list[str]:
         """Every key of the namespace but its id counter (what a drop deletes)."""

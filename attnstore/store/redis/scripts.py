@@ -1,7 +1,7 @@
 """The Lua scripts that change several keys of one hash slot at once (Redis runs each atomically).
 
 Every script touches only keys of one slot: a namespace's (``NamespaceKeys.index_keys()``
-in that order, KEYS[1..9] = info hashes ids meta features buckets recency hits log).
+in that order, KEYS[1..10] = info hashes ids meta features buckets recency hits log trimmed).
 Ids, lengths and byte counts travel as decimal strings; a meta value is the
 32-byte token hash followed by ``"length stored raw"``; an exact-tier value is
 ``"id length"``. Each script reads everything it decides on before it writes, so
@@ -10,9 +10,20 @@ a refusal writes nothing.
 
 from __future__ import annotations
 
-# The log is capped (approximately) at ARGV[1] of COMMIT/REMOVE/SET_PROJECTOR events: a daemon that falls
-# further behind than that sees its position trimmed away and rebuilds its index from the keys.
-_LOG_ADD = "redis.call('XADD', KEYS[9], 'MAXLEN', '~', ARGV[1], '*', "
+# Appends to a namespace's log and keeps it at most ARGV[1] long, noting the last id it trimmed away in
+# the "trimmed" key: a daemon whose position is below that missed changes and rebuilds its index from the
+# keys (see ``feed``). Call as LOG(log key, trimmed key, fields...).
+_LOG = """
+local function LOG(log, trimmed, ...)
+  redis.call('XADD', log, '*', ...)
+  local over = redis.call('XLEN', log) - tonumber(ARGV[1])
+  if over > 0 then
+    local head = redis.call('XRANGE', log, '-', '+', 'COUNT', over + 1)
+    redis.call('SET', trimmed, head[over][1])
+    redis.call('XTRIM', log, 'MINID', head[over + 1][1])
+  end
+end
+"""
 
 # ARGV: log cap, projector version to check ("" for none), now, n, then per entry 6 values:
 # token_hash, id ("0": not written, only match or feature an existing entry), length, stored, raw,
@@ -21,7 +32,8 @@ _LOG_ADD = "redis.call('XADD', KEYS[9], 'MAXLEN', '~', ARGV[1], '*', "
 # A per-entry result is "a" (added), "d id length" (already stored), "f id length" (already stored,
 # given this entry's feature) or "m" (id "0" and no entry has the hash: the caller writes it and retries).
 COMMIT = (
-    """
+    _LOG
+    + """
 local info = redis.call('GET', KEYS[1])
 if not info then return {'gone'} end
 local version = tostring(cjson.decode(info)['projector_version'] or 0)
@@ -60,10 +72,8 @@ for i = 1, n do
   end
 end
 if #ids > 0 then
-  """
-    + _LOG_ADD
-    + """'op', 'add', 'ids', table.concat(ids, ','), 'lengths', table.concat(lens, ','),
-        'features', table.concat(features))
+  LOG(KEYS[9], KEYS[10], 'op', 'add', 'ids', table.concat(ids, ','), 'lengths', table.concat(lens, ','),
+      'features', table.concat(features))
 end
 return out
 """
@@ -72,7 +82,8 @@ return out
 # ARGV: log cap, reason ("delete", "evict" or "vanished"), then ids. Returns the ids that were
 # registered (and now are not). Evictions and entries found gone count as evicted.
 REMOVE = (
-    """
+    _LOG
+    + """
 local removed = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
@@ -100,9 +111,7 @@ for i = 3, #ARGV do
   end
 end
 if #removed > 0 then
-  """
-    + _LOG_ADD
-    + """'op', 'del', 'ids', table.concat(removed, ','))
+  LOG(KEYS[9], KEYS[10], 'op', 'del', 'ids', table.concat(removed, ','))
 end
 return removed
 """
@@ -130,11 +139,12 @@ redis.call('SET', KEYS[1], ARGV[1])
 return ''
 """
 
-# KEYS: info projector features log. ARGV: log cap, the info JSON the caller decided on, the new info
+# KEYS: info projector features log trimmed. ARGV: log cap, the info JSON the caller decided on, the new info
 # JSON, the blob, "1" to drop every feature. Compare-and-set: returns 1, 0 when the info changed meanwhile
 # (the caller decides again), or -1 when the namespace is gone.
 SET_PROJECTOR = (
-    """
+    _LOG
+    + """
 local info = redis.call('GET', KEYS[1])
 if not info then return -1 end
 if info ~= ARGV[2] then return 0 end
@@ -142,9 +152,7 @@ redis.call('SET', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], ARGV[4])
 if ARGV[5] == '1' then
   redis.call('DEL', KEYS[3])
-  """
-    + _LOG_ADD.replace("KEYS[9]", "KEYS[4]")
-    + """'op', 'reset')
+  LOG(KEYS[4], KEYS[5], 'op', 'reset')
 end
 return 1
 """

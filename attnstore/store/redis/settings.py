@@ -29,7 +29,7 @@ class RedisSettings:
     prefetch_queue: int = 4096  # entries waiting for prefetch at most; more are dropped
     entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS
     # Each namespace's log keeps about this many changes: a daemon further behind rebuilds its index from the keys.
-    log_max_events: int = 1_000_000
+    log_max_events: int = 100_000
     orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
 
     def __post_init__(self) -> None:
