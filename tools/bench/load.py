@@ -2,6 +2,8 @@
 
 Starts a real daemon on loopback (``attnstore serve``, its own token file, caps
 set below) over a store seeded with synthetic entries, or uses ``--target``.
+``--daemons N`` starts N daemons on one shared ``redis://`` store and gives
+every client all their addresses (gRPC round_robin spreads the calls).
 ``--clients`` separate processes (multiprocessing spawn) then run for
 ``--duration`` seconds: Lookups of ``--batch`` rows with maps streamed (half
 near-duplicates of seeded entries, a quarter exact duplicates, a quarter
@@ -40,6 +42,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, lookup_request
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.store.urls import is_redis_url, shown_location, store_location
 from attnstore_tools.arguments import positive_int
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.output import write_json
@@ -100,7 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clients", type=positive_int, default=16, help="client processes (default: 16)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic (default: 60)")
     p.add_argument("--json", type=Path, help="write the report here")
-    p.add_argument("--store", type=Path, help="store directory for the daemon (default: a temp dir, removed)")
+    p.add_argument("--store", help="store directory or redis:// URL for the daemon (default: a temp dir, removed)")
+    p.add_argument("--daemons", type=positive_int, default=1,
+                   help="daemons on the store (more than one needs a redis:// --store); clients use them all")
     p.add_argument("--target", help="HOST:PORT of a running daemon instead (needs --token; no RSS figures)")
     p.add_argument("--token", help="admin token for --target")
     p.add_argument("--entries", type=positive_int, default=spec.entries, help="seeded entries")
@@ -240,13 +245,16 @@ def _code_of(exc: AttnStoreError) -> str:
 # ---- the daemon under test ------------------------------------------------------------------
 
 
-def _start_daemon(store: Path, workdir: Path, caps: DaemonCaps) -> tuple[ServeProcess, str]:
+def _start_daemon(
+    store: Path | str, workdir: Path, caps: DaemonCaps, admin: str | None = None
+) -> tuple[ServeProcess, str]:
     """``attnstore serve`` with ``caps`` and a fresh token file; returns it, serving, and its admin token.
 
     Raises:
         DaemonProcessError: it exited or did not serve within a minute (its log is in the message).
     """
-    admin = secrets.token_hex(16)
+    admin = admin or secrets.token_hex(16)
+    workdir.mkdir(parents=True, exist_ok=True)
     tokens = workdir / "tokens.txt"
     tokens.write_text(f"admin {admin}\n", encoding="utf-8")
     tokens.chmod(0o600)
@@ -318,16 +326,27 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.target is not None and not args.token:
         raise SystemExit("attnstore bench load: --target needs --token (an admin token)")
+    store = None if args.store is None else store_location(args.store)
+    if args.daemons > 1 and not is_redis_url(store):
+        raise SystemExit("attnstore bench load: --daemons > 1 needs a shared store: --store redis://HOST:PORT/...")
     with tempfile.TemporaryDirectory(prefix="attnstore-load-") as scratch:
         workdir = Path(scratch)
+        daemons: list[ServeProcess] = []
         daemon = None
-        if args.target is None:
-            daemon, token = _start_daemon(args.store or workdir / "store", workdir, caps)
-            target = daemon.target
-        else:
-            target, token = args.target, args.token
         try:
+            if args.target is None:
+                token = secrets.token_hex(16)
+                for i in range(args.daemons):
+                    daemons.append(_start_daemon(store or workdir / "store", workdir / f"daemon-{i}", caps, token)[0])
+                daemon = daemons[0]
+                target = ",".join(d.target for d in daemons)
+            else:
+                target, token = args.target, args.token
             entry_ids = _seed(target, token, spec)
+            if len(daemons) > 1:
+                from attnstore.service.follower import FOLLOW_SECONDS  # here: client processes never load the service
+
+                time.sleep(FOLLOW_SECONDS + 1.0)  # every daemon's index has the seeded entries: past the bound
             sampler = _RssSampler(daemon.pid) if daemon else None
             idle = sampler.read() if sampler else None
             results = _run_clients(
@@ -335,10 +354,10 @@ def run(args: argparse.Namespace) -> int:
             )
             report = _report(args, spec, caps, results, sampler, idle, daemon is not None)
         finally:
-            if daemon is not None:
-                code = daemon.stop(timeout=60)
+            for process in daemons:
+                code = process.stop(timeout=60)
                 if code != 0:
-                    logger.error("the daemon exited with %s; see %s", code, daemon.log_path)
+                    logger.error("the daemon exited with %s; see %s", code, process.log_path)
     _print_table(report)
     if args.json:
         write_json(args.json, report)
@@ -398,6 +417,8 @@ def _report(
     report = {
         "command": "attnstore bench load " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "load"] else []),
         "clients": args.clients,
+        "daemons": args.daemons if own_daemon else None,
+        "store": "lmdb" if args.store is None or not is_redis_url(args.store) else shown_location(args.store),
         "duration_s": args.duration,
         "cpu_count": os.cpu_count(),
         "load_average_after": os.getloadavg(),
@@ -411,7 +432,7 @@ def _report(
     if own_daemon and sampler is not None and idle is not None:
         samples = sampler.samples
         peak_anon = max(s["anon"] for s in samples)
-        report["daemon"] = {
+        report["daemon"] = {  # the first daemon's, when there are several
             "caps": asdict(caps),
             "anon_budget_bytes": caps.anon_budget,
             "rss_idle": idle,
@@ -425,7 +446,8 @@ def _report(
 
 
 def _print_table(report: dict) -> None:
-    print(f"load: {report['clients']} client processes for {report['duration_s']:g} s,"
+    print(f"load: {report['clients']} client processes for {report['duration_s']:g} s against"
+          f" {report['daemons'] or 'a running'} daemon(s) on {report['store']},"
           f" {report['cpu_count']} cores, batch {report['spec']['batch']}, L={report['spec']['length']}")
     print(f"{'rpc':<8} {'calls':>7} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for name, r in report["rpcs"].items():

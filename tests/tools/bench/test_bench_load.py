@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from attnstore_tools.bench.load import DaemonCaps, LoadSpec, synthetic_entry
 from attnstore_tools.cli import main as cli_main
 
@@ -33,3 +35,18 @@ def test_short_load_run_has_no_errors_and_reports_latency_and_daemon_rss(tmp_pat
     assert report["rows"]["map"] > 0 and report["rows"]["exact"] > 0 and report["rows"]["miss"] > 0
     daemon = report["daemon"]
     assert daemon["anon_within_budget"] and daemon["samples"] and daemon["rss_idle"]["rss"] > 0
+
+
+def test_a_short_load_run_on_two_daemons_sharing_a_redis_cluster_has_no_errors(redis_cluster, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    code = cli_main(["bench", "load", "--clients", "2", "--duration", "3", "--entries", "16", "--daemons", "2",
+                     "--store", redis_cluster.url(), "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["errors_total"] == 0, report["errors"]
+    assert report["daemons"] == 2 and report["store"].startswith("redis://")
+    assert report["rows"]["map"] > 0 and report["rows"]["exact"] > 0 and report["rpcs"]["Ingest"]["calls"] > 0
+
+
+def test_several_daemons_need_a_shared_redis_store() -> None:
+    with pytest.raises(SystemExit, match="needs a shared store"):
+        cli_main(["bench", "load", "--daemons", "2"])
