@@ -82,8 +82,10 @@ class RedisServer:
                 "--dir", str(self.workdir), "--logfile", "redis.log", *extra]
         if cluster:
             # A short node timeout makes a replica take over about 2 s after its master dies.
+            # A replica that never synced with its master will not take over from it: sync at once, not
+            # after Redis's default 5 s diskless delay.
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                     "--cluster-node-timeout", "2000"]
+                     "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self._wait_ready()
 
@@ -167,10 +169,10 @@ class RedisClusterServers:
         return [s for s in self.servers if s.process.poll() is None]
 
     def wait_ok(self, timeout: float = 30.0) -> None:
-        """Wait until every running node reports ``cluster_state:ok`` and agrees on 3 masters with slots."""
+        """Wait until every running node reports ``cluster_state:ok`` and every replica is in sync with its master."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(self._ok(server) for server in self.live()):
+            if all(self._ok(server) and self._synced(server) for server in self.live()):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"the cluster did not reach cluster_state:ok within {timeout:g} s")
@@ -184,6 +186,15 @@ class RedisClusterServers:
             return False
         text = info.decode() if isinstance(info, bytes) else str(info)
         return "cluster_state:ok" in text
+
+    @staticmethod
+    def _synced(server: RedisServer) -> bool:
+        try:
+            with server.client() as client:
+                info = client.info("replication")
+        except redis.RedisError:
+            return False
+        return info.get("role") == "master" or info.get("master_link_status") == "up"
 
     def master_of(self, key: str) -> RedisServer:
         """The server that is master of ``key``'s hash slot now."""

@@ -30,15 +30,16 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from attnstore.errors import ConfigError, StorageError, StoreFullError, UnavailableError
+from attnstore.store.redis.retrying import FAILOVER_SECONDS, RetryingClient
 from attnstore.store.urls import REDIS_SCHEMES, is_redis_url
 
 DEFAULT_PREFIX = "attnstore"
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
-# Retries of a failed command: they span a replica's takeover of a dead master
-# (about 2 s past cluster-node-timeout), so a failover costs latency, not errors.
-_RETRIES = 12
-_BACKOFF = ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+# redis-py's own retries of a command are few and quick (a dropped connection); waiting out a failover
+# is ``retrying``'s, above them.
+_RETRIES = 2
+_BACKOFF = ExponentialWithJitterBackoff(base=0.02, cap=0.1)
 _CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 2.0}
 
 # Failures that pass: the server is unreachable, loading, or failing over.
@@ -122,22 +123,23 @@ class RedisConnection:
     Thread-safe: redis-py clients keep a connection pool per server.
     """
 
-    def __init__(self, location: RedisLocation) -> None:
+    def __init__(self, location: RedisLocation, *, failover_seconds: float = FAILOVER_SECONDS) -> None:
         self.location = location
         retry = Retry(_BACKOFF, _RETRIES)
         options = {key: value for key, value in _CLIENT_DEFAULTS.items() if key not in location.options}
         # Typed Any on purpose: redis-py types its commands for its sync and asyncio clients at once
         # (``Awaitable[T] | T``), which would need a cast at every call; ours is always the sync client.
-        self.client: Any
+        raw: Any
         with translated(f"connecting to {location.display}"):
             if location.cluster:
-                self.client = RedisCluster.from_url(location.client_url, retry=retry, **options)
+                raw = RedisCluster.from_url(location.client_url, retry=retry, **options)
             else:
-                self.client = redis.Redis.from_url(
+                raw = redis.Redis.from_url(
                     location.client_url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
                     **options,
                 )
-            self.client.ping()
+            raw.ping()  # once, not retried: a Redis that is not there at start is a configuration problem
+        self.client: Any = RetryingClient(raw, failover_seconds)
 
     def eval(self, script: str, keys: Sequence[str], args: Sequence[bytes | str | int | float]) -> Any:
         """Run a Lua script on the shard of ``keys`` (all in one hash slot)."""
@@ -145,9 +147,10 @@ class RedisConnection:
 
     def primaries(self) -> list[Any]:
         """A client of each primary (the server itself when not a cluster), for per-server admin calls."""
-        if isinstance(self.client, RedisCluster):
-            return [node.redis_connection for node in self.client.get_primaries() if node.redis_connection]
-        return [self.client]
+        raw = self.client.raw
+        if isinstance(raw, RedisCluster):
+            return [node.redis_connection for node in raw.get_primaries() if node.redis_connection]
+        return [raw]
 
     def scan(self, match: str, count: int = 1000) -> Iterator[bytes]:
         """Every key matching ``match`` on every primary (SCAN: no server blocks)."""
@@ -156,4 +159,4 @@ class RedisConnection:
 
     def close(self) -> None:
         """Close every connection."""
-        self.client.close()
+        self.client.raw.close()

@@ -93,10 +93,10 @@ class RedisChangeFeed(ChangeFeed):
         info = self._catalog.get(namespace)
         keys = self._keys.namespace(namespace)
         with translated(f"reading the log of {namespace!r}"):
-            pipe = self._redis.client.pipeline(transaction=True)  # one slot: both as of one moment
-            pipe.get(keys.trimmed)
-            pipe.xrange(keys.log, min=f"({position}", max="+", count=limit)
-            trimmed, entries = pipe.execute()
+            # The log first, the trim mark second: the mark only grows, so one at or below the position read
+            # after the log means nothing after the position was gone when the log was read.
+            entries = self._redis.client.xrange(keys.log, min=f"({position}", max="+", count=limit)
+            trimmed = self._redis.client.get(keys.trimmed)
         if trimmed is not None and stream_id(trimmed) > stream_id(position):
             return ChangeBatch([], position, rebuild=True)
         changes = [_decode(fields, info.layout.feature_dim) for _, fields in entries]

@@ -91,9 +91,14 @@ def commit(
         elif text == "m":
             outcome[entry.token_hash] = ("m", 0)
         else:
-            outcome[entry.token_hash] = (text[0], _ref_id(text[2:]))
-            if entry.token_hash in id_of:  # another call registered the same tokens first
-                lost.append(store_keys.entry(namespace, id_of[entry.token_hash]))
+            found = _ref_id(text[2:])
+            if found == id_of.get(entry.token_hash):
+                # Our own registration, seen again: the script ran, the reply was lost, and it was sent again.
+                outcome[entry.token_hash] = ("a", found)
+            else:
+                outcome[entry.token_hash] = (text[0], found)
+                if entry.token_hash in id_of:  # another call registered the same tokens first
+                    lost.append(store_keys.entry(namespace, id_of[entry.token_hash]))
     admin.delete_keys_quietly(connection, lost)
     return outcome
 

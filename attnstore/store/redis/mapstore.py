@@ -94,9 +94,10 @@ class RedisMapStore(MapStoreBase):
             StoreNotFoundError: no store under this prefix and ``create`` is False.
             FormatVersionError: the store was written in a format version this code does not read.
         """
-        connection = RedisConnection(RedisLocation.parse(url))
+        settings = settings or RedisSettings()
+        connection = RedisConnection(RedisLocation.parse(url), failover_seconds=settings.failover_seconds)
         try:
-            return cls(connection, settings or RedisSettings(), create=create)
+            return cls(connection, settings, create=create)
         except BaseException:
             connection.close()
             raise

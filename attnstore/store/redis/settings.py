@@ -30,6 +30,9 @@ class RedisSettings:
     entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS
     # Each namespace's log keeps about this many changes: a daemon further behind rebuilds its index from the keys.
     log_max_events: int = 100_000
+    # A failed Redis call is sent again for this long: a replica's takeover of a dead master costs latency, not
+    # errors. Past it the call raises UnavailableError.
+    failover_seconds: float = 20.0
     orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
 
     def __post_init__(self) -> None:
@@ -47,6 +50,6 @@ class RedisSettings:
         for name in ("entry_ttl_seconds", "log_max_events"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"RedisSettings.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("orphan_grace_seconds",):
+        for name in ("orphan_grace_seconds", "failover_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"RedisSettings.{name} must be >= 0, got {getattr(self, name)}")
