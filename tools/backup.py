@@ -19,7 +19,7 @@ from pathlib import Path
 from attnstore.errors import ConfigError
 from attnstore.store.base import MapStoreBase
 from attnstore.store.lmdb.backup import backup_store
-from attnstore.store.urls import is_redis_url, store_location
+from attnstore.store.redis.urls import is_redis_url, store_location
 from attnstore_tools.output import write_json
 
 
@@ -65,8 +65,8 @@ def _open(location: str | Path, *, create: bool) -> MapStoreBase:
 
 
 def _transfer(args: argparse.Namespace, source: str | Path, destination: str | Path) -> int:
-    from attnstore.store.transfer import copy_namespaces
-    from attnstore.store.urls import shown_location
+    from attnstore.store.redis.transfer import copy_namespaces
+    from attnstore.store.redis.urls import shown_location
 
     with _open(source, create=False) as src, _open(destination, create=True) as dst:
         report = copy_namespaces(src, dst, args.namespace)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnstore.errors import ConfigError
-from attnstore.store.urls import is_redis_url, store_location
+from attnstore.store.redis.urls import is_redis_url, store_location
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 # Chunks carry at most 4 MiB of data (attnstore.protocol.wire); 8 MiB leaves room for a
@@ -51,7 +51,7 @@ class DaemonConfig:
         ConfigError: a value is out of range, or TLS files are given without their pair.
     """
 
-    store: Path | str  # map store directory, or a redis:// URL (see attnstore.store.urls)
+    store: Path | str  # map store directory, or a redis:// URL (see attnstore.store.redis.urls)
     listen: str = DEFAULT_LISTEN  # HOST:PORT; loopback by default, port 0 picks a free one
     create: bool = False  # create the store when it does not exist
     readonly: bool = False  # read-only store: admin writes fail; the index is built once, at start

@@ -29,8 +29,8 @@ from attnstore.server.config import DaemonConfig, split_host_port
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
+from attnstore.store.redis.urls import shown_location
 from attnstore.store.reports import StoreStats
-from attnstore.store.urls import shown_location
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
+from attnstore.store.redis.urls import is_redis_url, open_redis_store
 from attnstore.store.reports import PrefetchReport
-from attnstore.store.urls import is_redis_url, open_redis_store
 
 
 class AttnStoreService:

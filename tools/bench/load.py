@@ -42,7 +42,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, lookup_request
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.store.urls import is_redis_url, shown_location, store_location
+from attnstore.store.redis.urls import is_redis_url, shown_location, store_location
 from attnstore_tools.arguments import positive_int
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.output import write_json

@@ -9,17 +9,21 @@ query parameters are redis-py's connection options (``socket_timeout=...``).
 
 from __future__ import annotations
 
+import logging
+import random
 import re
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import (
+    ClusterDownError,
     ClusterError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -30,14 +34,15 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from attnstore.errors import ConfigError, StorageError, StoreFullError, UnavailableError
-from attnstore.store.redis.retrying import FAILOVER_SECONDS, RetryingClient
-from attnstore.store.urls import REDIS_SCHEMES, is_redis_url
+from attnstore.store.redis.urls import REDIS_SCHEMES, is_redis_url
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "attnstore"
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 # redis-py's own retries of a command are few and quick (a dropped connection); waiting out a failover
-# is ``retrying``'s, above them.
+# is ``RetryingClient``'s, above them.
 _RETRIES = 2
 _BACKOFF = ExponentialWithJitterBackoff(base=0.02, cap=0.1)
 _CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_timeout": 2.0}
@@ -46,6 +51,92 @@ _CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_time
 _TRANSIENT: tuple[type[BaseException], ...] = (
     redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError, RedisClusterException,
 )
+
+
+# ---- waiting out failovers ----------------------------------------------------------------------
+#
+# A Redis Cluster replica takes over a dead master about cluster-node-timeout after it died (plus an
+# election); redis-py retries a few times at once and then gives up, so without this a failover would
+# surface as errors. A pipeline is recorded and replayed whole on a fresh pipeline, since redis-py drops
+# the queued commands of one that failed. Every command our code sends may then run twice when a
+# connection breaks after Redis ran it: each is idempotent, or harmless twice (an id counter skips ids;
+# a hit count is a statistic), or checked by its caller (see ``ingest``).
+
+FAILOVER_SECONDS = 20.0  # a failover with cluster-node-timeout up to about 15 s costs latency, not errors
+_FIRST_PAUSE = 0.05
+_MAX_PAUSE = 1.0
+
+# Failures worth waiting out: the server is unreachable, loading, or its slots are moving to a replica.
+RETRIED: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, ClusterDownError, ClusterError, TryAgainError, ReadOnlyError,
+)
+T = TypeVar("T")
+
+
+def retried(call: Callable[[], T], seconds: float) -> T:
+    """``call()``, sent again after a transient failure until ``seconds`` have passed (then its error)."""
+    deadline = time.monotonic() + seconds
+    pause = _FIRST_PAUSE
+    while True:
+        try:
+            return call()
+        except RETRIED as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.debug("redis call failed (%r); again in %.2fs", exc, pause)
+            time.sleep(pause * (0.5 + random.random() / 2))
+            pause = min(pause * 2, _MAX_PAUSE)
+
+
+class RetryingPipeline:
+    """A recorded pipeline: commands are queued here and replayed on a new redis-py pipeline per attempt."""
+
+    def __init__(self, client: Any, seconds: float, options: dict[str, Any]) -> None:
+        self._client = client
+        self._seconds = seconds
+        self._options = options
+        self._queued: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., RetryingPipeline]:
+        def queue(*args: Any, **kwargs: Any) -> RetryingPipeline:
+            self._queued.append((name, args, kwargs))
+            return self
+
+        return queue
+
+    def execute(self) -> list[Any]:
+        """Send every queued command; their replies in order."""
+        queued, self._queued = self._queued, []
+
+        def attempt() -> list[Any]:
+            pipe = self._client.pipeline(**self._options)
+            for name, args, kwargs in queued:
+                getattr(pipe, name)(*args, **kwargs)
+            return list(pipe.execute())
+
+        return retried(attempt, self._seconds)
+
+
+class RetryingClient:
+    """A redis-py client whose commands are retried through failovers (see the module docstring)."""
+
+    def __init__(self, client: Any, seconds: float = FAILOVER_SECONDS) -> None:
+        self.raw = client
+        self._seconds = seconds
+
+    def pipeline(self, **options: Any) -> RetryingPipeline:
+        """A recorded pipeline (``transaction=True`` is one MULTI/EXEC, on one slot in a cluster)."""
+        return RetryingPipeline(self.raw, self._seconds, options)
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.raw, name)
+        if not callable(attribute) or name in ("close", "scan_iter", "get_node_from_key", "get_primaries"):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return retried(lambda: getattr(self.raw, name)(*args, **kwargs), self._seconds)
+
+        return call
 
 
 @dataclass(frozen=True, slots=True)
