@@ -3,7 +3,11 @@
 A namespace's record (``{P/ns}:info``) sits beside its index keys so that the
 scripts that must see it (ingest checks the projector version, a projector
 replacement drops the features) run on one slot. Projectors (megabytes) are
-fetched once per version and cached: the lookup path reads only the small record.
+fetched once per version and cached, and a record read is reused for
+``INFO_SECONDS`` (what this process changes is seen at once): a lookup does not
+pay a round trip per namespace check. The scripts that must see the current
+record (ingest's projector version, the projector's compare-and-set) read it
+themselves.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from attnstore.protocol.records import FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS
 from attnstore.store.redis import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
+
+INFO_SECONDS = 0.25  # another daemon's namespace change is seen this late at most (as the index follower's bound)
 
 
 def _unknown_format(what: str, version: object) -> FormatVersionError:
@@ -47,6 +53,7 @@ class Catalog:
         self._log_cap = log_cap
         self._lock = threading.Lock()
         self._projectors: dict[str, tuple[tuple[float, int], bytes | None]] = {}  # name -> ((created, version), blob)
+        self._infos: dict[str, tuple[float, bytes | None]] = {}  # name -> (monotonic time read, record)
         marker = json.dumps({"format_version": FORMAT_VERSION, "created": time.time()})
         with translated("opening the store"):
             if create:
@@ -61,11 +68,25 @@ class Catalog:
         if version not in SUPPORTED_FORMAT_VERSIONS:
             raise _unknown_format(f"the store at {connection.location.display}", version)
 
-    def raw_info(self, name: str) -> bytes | None:
-        """The namespace's stored record (JSON), or None."""
+    def raw_info(self, name: str, *, fresh: bool = False) -> bytes | None:
+        """The namespace's stored record (JSON), or None; read again unless read within ``INFO_SECONDS``."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._infos.get(name)
+        if not fresh and cached is not None and cached[1] is not None and now - cached[0] < INFO_SECONDS:
+            return cached[1]  # a missing namespace is asked again each time: it may have been made meanwhile
         with translated(f"reading namespace {name!r}"):
             raw = self._redis.client.get(self._keys.namespace(name).info)
-        return None if raw is None else bytes(raw)
+        found = None if raw is None else bytes(raw)
+        with self._lock:
+            self._infos[name] = (now, found)
+        return found
+
+    def forget(self, name: str) -> None:
+        """Drop what is cached of the namespace (this process just changed it)."""
+        with self._lock:
+            self._infos.pop(name, None)
+            self._projectors.pop(name, None)
 
     def get(self, name: str) -> NamespaceInfo:
         """The namespace called ``name``, with its projector.
@@ -105,7 +126,7 @@ class Catalog:
         """Every namespace, sorted by name (one dropped meanwhile is left out)."""
         found = []
         for name in self.names():
-            raw = self.raw_info(name)
+            raw = self.raw_info(name, fresh=True)  # listings are admin work and the followers': never stale
             if raw is not None:
                 found.append(self._with_projector(name, raw))
         return found
@@ -118,12 +139,15 @@ class Catalog:
         """
         info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
         keys = self._keys.namespace(name)
+        self.forget(name)
         with translated(f"creating namespace {name!r}"):
             found = self._redis.eval(scripts.CREATE_NAMESPACE, [keys.info], [json.dumps(info.to_json_dict())])
-            self._redis.client.hset(self._keys.namespaces, name, repr(info.created))
+        existing = info if not found else self._with_projector(name, bytes(found))
+        with translated(f"creating namespace {name!r}"):
+            # The created time of the record that won: followers rebuild a namespace whose created time changed.
+            self._redis.client.hset(self._keys.namespaces, name, repr(existing.created))
         if not found:
             return info
-        existing = self._with_projector(name, bytes(found))
         if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
             return existing
         raise NamespaceExistsError(
@@ -142,6 +166,7 @@ class Catalog:
         """
         keys = self._keys.namespace(name)
         assert after.projector is not None
+        self.forget(name)
         with translated(f"storing the projector of {name!r}"):
             done = int(self._redis.eval(
                 scripts.SET_PROJECTOR, [keys.info, keys.projector, keys.features, keys.log, keys.trimmed],
@@ -154,7 +179,6 @@ class Catalog:
 
     def unlist(self, name: str) -> None:
         """Take the name off the list (the first step of a drop: listings stop showing it)."""
+        self.forget(name)
         with translated(f"dropping namespace {name!r}"):
             self._redis.client.hdel(self._keys.namespaces, name)
-        with self._lock:
-            self._projectors.pop(name, None)

@@ -146,6 +146,7 @@ class RedisMapStore(MapStoreBase):
         self._catalog.unlist(name)
         with translated(f"dropping namespace {name!r}"):
             self._redis.client.delete(*keys.all_keys())  # one slot: one atomic command
+        self._catalog.forget(name)
         stored = [self._keys.entry(name, i) for i in admin.entry_ids_stored(self._redis, self._keys, name)]
         admin.delete_keys(self._redis, stored)
         self._states.pop(name, None)
@@ -157,10 +158,10 @@ class RedisMapStore(MapStoreBase):
         """See :meth:`MapStoreBase.set_projector`: decided on the record read, stored only if it is still that."""
         self._check_writable()
         for _ in range(10):
-            raw = self._catalog.raw_info(name)
+            raw = self._catalog.raw_info(name, fresh=True)
             if raw is None:
                 break
-            info = self._catalog.get(name)
+            info = self._catalog.get(name)  # the record just read, with its projector
             update = projector_update(info, blob, replace=replace)
             if update is None:
                 return info
