@@ -224,13 +224,11 @@ def _lookup_and_check(
         if kind == "miss":
             continue  # evicted by the byte cap, or a deliberate miss: never wrong
         want = expected.get(match.entry_id)
-        wrong_entry = role == "miss" or want is None or want[0] != int(key)  # a hit on another entry than its own
-        damaged = not wrong_entry and want is not None and (
-            (kind == "exact" and crc32c.crc32c(result.outputs[row].tobytes()) != want[2])
-            or (kind == "map" and row not in result.row_errors
-                and crc32c.crc32c(result.maps[row].tobytes()) != want[1])
-        )
-        if wrong_entry or damaged:
+        if role == "miss" or want is None or want[0] != int(key):
+            errors["WRONG_ROW"] += 1  # a hit on another entry than the one the row came from
+        elif (kind == "exact" and crc32c.crc32c(result.outputs[row].tobytes()) != want[2]) or (
+            kind == "map" and row not in result.row_errors and crc32c.crc32c(result.maps[row].tobytes()) != want[1]
+        ):
             errors["WRONG_ROW"] += 1
     for error in result.row_errors.values():
         errors[f"ROW_{error.code}"] += 1

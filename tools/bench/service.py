@@ -304,6 +304,6 @@ def format_table(timings: list[VariantTiming], report: dict) -> str:
             f"{t.max_abs_diff:>10.2e}"
         )
     for name, target in report["targets"].items():
-        met = "met" if target["met"] else "NOT met"
-        lines.append(f"{name}: {target['ratio']:.3f} (target {target['target']}) {met}")
+        verdict = "met" if target["met"] else "NOT met"
+        lines.append(f"{name}: {target['ratio']:.3f} (target {target['target']}) {verdict}")
     return "\n".join(lines)
