@@ -295,7 +295,7 @@ class AttnStoreService:
                 namespace,
                 [entry_id for entry_id, _ in rows],
                 np.stack([np.asarray(e.feature, dtype=np.float32) for _, e in rows]),
-                [int(e.maps.shape[-1]) for _, e in rows],
+                [_length_of(e) for _, e in rows],
             )
         self._indexes.remove(report.evicted)
         return IngestResult(entry_ids=list(report.entry_ids), duplicates=report.duplicates)
@@ -372,3 +372,10 @@ class AttnStoreService:
                 f"cannot be cropped to length {length}"
             )
         return maps[..., :length, :length]
+
+
+def _length_of(entry: NewEntry) -> int:
+    """An entry's token length: its maps' (an entry with a feature has maps), else its outputs'."""
+    array = entry.maps if entry.maps is not None else entry.outputs
+    assert array is not None  # the store refused an entry with neither
+    return int(array.shape[-1] if entry.maps is not None else array.shape[0])
