@@ -22,7 +22,6 @@ from attnstore.errors import (
     ConfigError,
     CorpusError,
     EntryNotFoundError,
-    WriteBackOffError,
     FeatureSourceError,
     FingerprintMismatchError,
     FormatVersionError,
@@ -43,6 +42,7 @@ from attnstore.errors import (
     UnsupportedModelError,
     VectorIndexError,
     WireFormatError,
+    WriteBackOffError,
 )
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ eviction and compaction.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,12 @@ from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.service.admission import Admission
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
+from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, entries_to_store
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
@@ -56,6 +59,9 @@ class AttnStoreService:
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
         # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
         self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
+        # Counts the exact tier's asks and admits repeated misses for write-back (the daemon sets its rule).
+        self.admission = Admission()
+        self.write_backs = WriteBackCounter()
 
     @classmethod
     def open(
@@ -213,7 +219,34 @@ class AttnStoreService:
         hit_ids = [r.entry_id for r in results.values() if r.entry_id is not None]
         if hit_ids:
             self._store.record_hits(namespace, hit_ids)
+        if exact and self.admission.enabled:
+            missed = [results[row].kind != "exact" for row in range(len(queries))]
+            admitted = self.admission.observe(namespace, [q.token_hash for q in queries], missed)
+            results.update({row: replace(results[row], admit=True) for row, yes in enumerate(admitted) if yes})
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
+
+    def write_back(self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow]) -> WriteBackResult:
+        """Store the admitted rows' outputs as outputs-only entries, visible to every lookup at once.
+
+        Rows the admission rule has not admitted are skipped; rows already stored count as duplicates.
+
+        Raises:
+            NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
+            WriteBackOffError: the admission rule turns write-back off (nothing is stored).
+            MapShapeError: a row's outputs disagree with its tokens (nothing is stored).
+            StoreFullError: the store or its disk is full (nothing is stored).
+        """
+        info = self.check_fingerprint(namespace, fingerprint)
+        entries, not_admitted = entries_to_store(namespace, rows, self.admission, hidden=info.layout.hidden)
+        stored = duplicates = nbytes = 0
+        if entries:
+            report = self.ingest(namespace, fingerprint, entries)
+            duplicates = report.duplicates
+            stored = len(entries) - duplicates
+            nbytes = sum(2 * int(e.outputs.size) for e in entries if e.outputs is not None)  # fp16 as stored
+        result = WriteBackResult(stored, duplicates, not_admitted, nbytes)
+        self.write_backs.add(result)
+        return result
 
     def read_exact_outputs(
         self, namespace: str, results: Sequence[MatchResult], on_read: Callable[[float], None] | None = None
