@@ -21,7 +21,7 @@ from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
-from attnstore.service.admission import Admission
+from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
@@ -59,8 +59,9 @@ class AttnStoreService:
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
         # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
         self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
-        # Counts the exact tier's asks and admits repeated misses for write-back (the daemon sets its rule).
-        self.admission = Admission()
+        # Counts the exact tier's asks and admits repeated misses for write-back. Off here (embedded mode
+        # cannot write back, and should not pay for counting); the daemon sets its --admit-after rule.
+        self.admission = Admission(AdmissionConfig(admit_after=0))
         self.write_backs = WriteBackCounter()
 
     @classmethod
@@ -243,7 +244,7 @@ class AttnStoreService:
             report = self.ingest(namespace, fingerprint, entries)
             duplicates = report.duplicates
             stored = len(entries) - duplicates
-            nbytes = sum(2 * int(e.outputs.size) for e in entries if e.outputs is not None)  # fp16 as stored
+            nbytes = sum(2 * int(np.size(e.outputs)) for e in entries if e.outputs is not None)  # fp16 as stored
         result = WriteBackResult(stored, duplicates, not_admitted, nbytes)
         self.write_backs.add(result)
         return result

@@ -24,6 +24,12 @@ def _row(seed: int, length: int = 5) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(0, 1000, size=length), rng.normal(size=(length, LAYOUT.hidden)).astype(np.float32)
 
 
+def _service(admit_after: int = 2):
+    service = memory_service()
+    service.admission = Admission(AdmissionConfig(admit_after=admit_after))
+    return service
+
+
 def _ask(remote, rows) -> list[pb.Match]:
     request = exact_request("ns", FP, [hash_token_ids(ids) for ids, _ in rows], [len(ids) for ids, _ in rows])
     return remote.lookup(request).matches
@@ -31,14 +37,14 @@ def _ask(remote, rows) -> list[pb.Match]:
 
 def test_lookup_marks_a_miss_admit_on_its_second_ask_by_default():
     row = _row(1)
-    with served(memory_service()) as (_, remote):
+    with served(_service()) as (_, remote):
         assert [m.admit for m in _ask(remote, [row])] == [False]
         assert [m.admit for m in _ask(remote, [row])] == [True]
 
 
 def test_written_back_row_is_an_exact_hit_for_the_next_lookup_with_its_outputs():
     row = _row(2)
-    with served(memory_service()) as (_, remote):
+    with served(_service()) as (_, remote):
         _ask(remote, [row]), _ask(remote, [row])
         reply = remote.write_back("ns", FP, [row_to_pb(*row)])
         assert (reply.stored, reply.duplicates, reply.not_admitted) == (1, 0, 0)
@@ -56,7 +62,7 @@ def test_written_back_row_is_an_exact_hit_for_the_next_lookup_with_its_outputs()
 
 def test_rows_not_yet_admitted_are_skipped_and_counted():
     row = _row(3)
-    with served(memory_service()) as (_, remote):
+    with served(_service()) as (_, remote):
         _ask(remote, [row])
         reply = remote.write_back("ns", FP, [row_to_pb(*row)])
         assert (reply.stored, reply.not_admitted) == (0, 1)
@@ -65,7 +71,7 @@ def test_rows_not_yet_admitted_are_skipped_and_counted():
 
 def test_outputs_whose_length_disagrees_with_the_tokens_are_invalid_argument_and_nothing_is_stored():
     good, (ids, outputs) = _row(4), _row(5, length=6)
-    with served(memory_service()) as (_, remote):
+    with served(_service()) as (_, remote):
         for _ in range(2):
             _ask(remote, [good, (ids, outputs)])
         with pytest.raises(MapShapeError, match=r"outputs shape \(6, 8\) disagrees with its 5 tokens") as info:
@@ -78,13 +84,12 @@ def test_outputs_whose_length_disagrees_with_the_tokens_are_invalid_argument_and
 def test_outputs_bytes_that_disagree_with_their_shape_are_refused():
     row = row_to_pb(*_row(6))
     row.shape[0] = 7
-    with served(memory_service()) as (_, remote), pytest.raises(WireFormatError, match="bytes of outputs"):
+    with served(_service()) as (_, remote), pytest.raises(WireFormatError, match="bytes of outputs"):
         remote.write_back("ns", FP, [row])
 
 
 def test_a_daemon_with_admit_after_zero_marks_nothing_and_refuses_write_back():
-    service = memory_service()
-    service.admission = Admission(AdmissionConfig(admit_after=0))
+    service = _service(0)
     row = _row(7)
     with served(service) as (_, remote):
         assert [m.admit for m in _ask(remote, [row]) + _ask(remote, [row])] == [False, False]
@@ -94,8 +99,7 @@ def test_a_daemon_with_admit_after_zero_marks_nothing_and_refuses_write_back():
 
 @pytest.mark.parametrize(("token", "allowed"), [(READ, False), (WRITE, True), (ADMIN, True)])
 def test_write_back_needs_a_write_or_admin_token(token, allowed):
-    service = memory_service()
-    service.admission = Admission(AdmissionConfig(admit_after=1))
+    service = _service(1)
     row = _row(8)
     with served(service, tokens=TOKENS, client_token=token) as (_, remote):
         _ask(remote, [row])
@@ -108,7 +112,7 @@ def test_write_back_needs_a_write_or_admin_token(token, allowed):
 
 @pytest.mark.parametrize("call", ["delete", "compact", "verify"])
 def test_a_write_token_cannot_delete_compact_or_verify(call):
-    with served(memory_service(), tokens=TOKENS, client_token=WRITE) as (_, remote):
+    with served(_service(), tokens=TOKENS, client_token=WRITE) as (_, remote):
         method = getattr(remote, call)
         with pytest.raises(AuthError, match="needs an admin token; this is a write token"):
             method("ns", [1]) if call == "delete" else method()
