@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import plain_hidden, sentences, tiny_loaded
+from cache_helpers import plain_hidden, tiny_loaded
 from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AttnStoreError, MapShapeError
