@@ -60,8 +60,9 @@ def main() -> None:
     on.write_back.flush(60)
     print("write-back:", on.write_back.stats())  # noqa: T201 (a measurement script prints its figures)
     for what, stat in (("median", statistics.median), ("mean", statistics.mean)):
-        print(f"{what} s/call: on {stat(times['on']):.4f} off {stat(times['off']):.4f}"
-              f" ratio {stat(times['on']) / stat(times['off']):.4f}")  # noqa: T201
+        ratio = stat(times["on"]) / stat(times["off"])
+        line = f"{what} s/call: on {stat(times['on']):.4f} off {stat(times['off']):.4f} ratio {ratio:.4f}"
+        print(line)  # noqa: T201
     on.close()
     off.close()
     daemon.stop()
