@@ -29,16 +29,16 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import CorpusError, NamespaceNotFoundError
-from attnstore.service import AttnStoreService
 from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry
+from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.batch import batch_from_ids
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
-from attnstore_tools.corpus import read_texts
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport, calibrate_projector
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport, train_projector
+from attnstore_tools.corpus import read_texts
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class BuildConfig:
     ingest_bytes: int = 256 << 20  # cap on one ingest transaction's fp16 maps
     train_limit: int = 8000  # inputs the projector trains on (a seeded sample)
     seed: int = 0
-    train: TrainConfig = field(default_factory=TrainConfig)  # ``causal`` and ``seed`` are set from the model and ``seed``
+    # ``causal`` and ``seed`` are set from the model and ``seed``
+    train: TrainConfig = field(default_factory=TrainConfig)
     # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
 
