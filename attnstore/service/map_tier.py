@@ -54,7 +54,7 @@ def gated_matches(
     for row, (pick, probability) in zip(rows, picks, strict=True):
         if pick is None:
             found[row] = MatchResult("miss", None, float("inf"), None)
-        elif probability >= gate.min_probability:
+        elif probability >= gate.cutoff:
             found[row] = MatchResult("map", pick.entry_id, pick.distance, pick.stored_length, probability)
         else:
             found[row] = MatchResult("miss", None, pick.distance, None, probability)

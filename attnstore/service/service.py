@@ -261,7 +261,7 @@ class AttnStoreService:
         """Each query's most probable candidate under ``gate`` and its probability, hit or not.
 
         What a gated lookup decides on (it serves the pick when the probability reaches
-        ``gate.min_probability``); for evaluations, which need the pick of a miss too.
+        ``gate.cutoff``); for evaluations, which need the pick of a miss too.
 
         Raises:
             as ``lookup``.

@@ -35,6 +35,11 @@ def test_probability_falls_as_the_distance_and_the_differing_tokens_grow() -> No
     assert near > far and same > edited and 0.0 < edited < same < 1.0
 
 
+def test_the_cutoff_is_the_larger_of_the_set_level_threshold_and_the_precision() -> None:
+    assert _gate(min_probability=0.8, precision=0.95).cutoff == 0.95
+    assert _gate(min_probability=0.97, precision=0.95).cutoff == 0.97
+
+
 def test_a_gate_round_trips_through_json_and_bad_ones_are_refused() -> None:
     gate = _gate()
     assert FidelityGate.from_json(gate.to_json()) == gate

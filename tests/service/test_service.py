@@ -193,11 +193,11 @@ def test_reopened_lmdb_store_rebuilds_its_index_from_stored_features(tmp_path) -
         assert match.entry_id == entry_id
 
 
-def _gated_service(store=None) -> AttnStoreService:
-    """A namespace whose projector blob carries a gate that trusts entries with the query's tokens."""
+def _gated_service(store=None, gate: FidelityGate | None = None) -> AttnStoreService:
+    """A namespace whose projector blob carries a gate (by default one that trusts entries with the query's tokens)."""
     service = _service(store=store)
-    gate = FidelityGate(weights=(-1.0, 0.0, 0.0, 0.0, -5.0, 0.0), bias=3.0, min_probability=0.9, candidates=2,
-                        fidelity=0.99, precision=0.95)
+    gate = gate or FidelityGate(weights=(-1.0, 0.0, 0.0, 0.0, -5.0, 0.0), bias=3.0, min_probability=0.9,
+                                candidates=2, fidelity=0.99, precision=0.95)
     blob = safetensors.numpy.save({"weight": np.zeros(1, np.float32)}, metadata={GATE_METADATA_KEY: gate.to_json()})
     service.set_projector("ns", blob)
     return service
@@ -220,6 +220,21 @@ def test_a_gated_lookup_serves_the_candidate_whose_tokens_match_over_the_nearer_
     assert miss.kind == "miss" and miss.entry_id is None and miss.probability < 0.9
     (plain,) = service.lookup("ns", FP, [Query(feature, 5)], max_distance=0.5)
     assert plain.entry_id == near  # the distance rule alone takes the nearer entry
+
+
+@pytest.mark.parametrize(("precision", "served"), [(0.95, False), (0.85, True)])
+def test_a_gated_candidate_needs_the_gates_precision_as_its_own_probability_not_only_min_probability(
+    precision: float, served: bool
+) -> None:
+    # Every candidate is P(faithful) = sigmoid(2.2) = 0.90: over min_probability, under a 0.95 precision.
+    gate = FidelityGate(weights=(0.0,) * 6, bias=2.2, min_probability=0.5, candidates=2, fidelity=0.99,
+                        precision=precision)
+    service = _gated_service(gate=gate)
+    (entry_id,) = service.ingest("ns", FP, [_with_tokens(_entry(5, 1, [0, 0, 0, 0]), [1, 2, 3, 4, 5])]).entry_ids
+    (match,) = service.lookup("ns", FP, [Query(np.zeros(4, np.float32), 5, token_ids=np.array([1, 2, 3, 4, 6]))],
+                              max_distance=0.0, gate=True)
+    assert match.probability == pytest.approx(0.900, abs=1e-3)
+    assert (match.kind, match.entry_id) == (("map", entry_id) if served else ("miss", None))
 
 
 def test_entries_stored_without_token_ids_are_never_gated_hits() -> None:

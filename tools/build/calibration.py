@@ -23,7 +23,8 @@ Then the fidelity gate (``attnstore.protocol.gate``): for each pseudo-query, its
 projector are replayed too; a logistic fit over the gate's features (distance,
 length, differing tokens, rank) gives P(faithful), and the lowest probability at
 which the most probable candidate per pseudo-query is still ``precision``
-faithful becomes the gate's ``min_probability``. The gate is stored with the
+faithful becomes the gate's ``min_probability`` (a hit needs its ``cutoff``: that,
+and at least ``precision`` itself). The gate is stored with the
 projector and decides hits when clients leave ``max_distance`` unset.
 
 Pseudo-queries are neighbours inside the store, which are closer than held-out
@@ -193,8 +194,10 @@ def _fit_gate(
     if threshold is None:
         return None, 0.0, None
     gate = dataclasses.replace(fitted, min_probability=max(1.0 - threshold, 1e-6))
-    served = probability[best] >= gate.min_probability
-    return gate, float(served.mean()), float(faithful[best][served].mean()) if served.any() else None
+    served = probability[best] >= gate.cutoff
+    if not served.any():
+        return None, 0.0, None  # no pick is trusted on its own: a gate would serve nothing
+    return gate, float(served.mean()), float(faithful[best][served].mean())
 
 
 def _logistic(

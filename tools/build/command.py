@@ -55,7 +55,7 @@ class BuildConfig:
     ingest_bytes: int = 256 << 20  # cap on one ingest transaction's fp16 maps
     train_limit: int = 8000  # inputs the projector trains on (a seeded sample)
     seed: int = 0
-    # ``causal`` and ``seed`` are set from the model and ``seed``
+    # ``causal`` and ``seed`` are set from the model and ``seed``.
     train: TrainConfig = field(default_factory=TrainConfig)
     # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
@@ -419,8 +419,9 @@ def format_report(report: BuildReport) -> str:
         if c.gate is not None:
             precision = "" if c.gate_hit_precision is None else f", {c.gate_hit_precision:.1%} faithful"
             lines.append(
-                f"fidelity gate: {c.gate.candidates} candidates per query, min probability"
-                f" {c.gate.min_probability:.3f}; serves {c.gate_hit_rate:.1%} of the pseudo-queries{precision}"
+                f"fidelity gate: {c.gate.candidates} candidates per query, cutoff {c.gate.cutoff:.3f} (set-level"
+                f" threshold {c.gate.min_probability:.3f}); serves {c.gate_hit_rate:.1%} of the pseudo-queries"
+                f"{precision}"
             )
         else:
             lines.append("fidelity gate: none (no rule reached the target precision on the pseudo-queries)")

@@ -14,7 +14,7 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
 from attnstore_client.projector import Calibration, Projector, ProjectorConfig
-from attnstore_tools.build.calibration import _length_exponent, _threshold
+from attnstore_tools.build.calibration import CalibrationConfig, _length_exponent, _threshold
 from attnstore_tools.build.command import BuildConfig, BuildReport, build_namespace
 from attnstore_tools.build.training import TrainConfig
 
@@ -71,12 +71,13 @@ def test_a_malformed_calibration_in_the_blob_is_a_format_error():
         Projector.from_safetensors_bytes(broken)
 
 
-def _build(model, texts: list[str], path) -> tuple[BuildReport, Projector]:
+def _build(
+    model, texts: list[str], path, calibration: CalibrationConfig = CalibrationConfig()
+) -> tuple[BuildReport, Projector]:
     """A calibrated namespace "ns" at ``path``: the build's report and the stored projector."""
     with AttnStoreService.open(path, create=True) as service:
-        report = build_namespace(model, texts, service,
-                                 BuildConfig(namespace="ns", train=TrainConfig(max_epochs=2, patience=1)),
-                                 progress=False)
+        config = BuildConfig(namespace="ns", train=TrainConfig(max_epochs=2, patience=1), calibration=calibration)
+        report = build_namespace(model, texts, service, config, progress=False)
         return report, Projector.from_safetensors_bytes(service.get_namespace("ns").projector)
 
 
@@ -98,15 +99,25 @@ def test_build_fits_a_fidelity_gate_and_stores_it_with_the_projector(minilm_mode
     texts = [f"the nightly backup job of service {s} on node {n} finished without errors and the archive was"
              " verified by the scheduler" for s in ("alpha", "beta", "gamma", "delta") for n in ("one", "two", "three")]
     texts += [f"{a} {b}." for a in ("red", "green", "blue", "black") for b in ("cat", "dog", "owl")]
-    report, stored = _build(minilm_model, texts, tmp_path / "store")
+    # Two dozen pseudo-queries give a cautious fit (no pick above P = 0.6): ask for 55% precision.
+    report, stored = _build(minilm_model, texts, tmp_path / "store", CalibrationConfig(precision=0.55))
     with AttnStoreService.open(tmp_path / "store", readonly=True) as service:
         assert service.gate("ns") == stored.gate
         entry = next(iter(service.store.entries("ns")))
     gate = report.calibration.gate
-    assert gate is not None and stored.gate == gate and gate.candidates == 4
-    assert report.calibration.gate_hit_rate > 0 and report.calibration.gate_hit_precision >= 0.95
+    assert gate is not None and stored.gate == gate and gate.candidates == 4 and gate.cutoff >= 0.55
+    assert report.calibration.gate_hit_rate > 0 and report.calibration.gate_hit_precision >= 0.55
     assert entry.token_ids is not None and len(entry.token_ids) == entry.length
 
+
+
+def test_a_gate_whose_picks_never_reach_the_precision_on_their_own_is_not_stored(minilm_model, tmp_path):
+    texts = [f"the nightly backup job of service {s} on node {n} finished without errors and the archive was"
+             " verified by the scheduler" for s in ("alpha", "beta", "gamma", "delta") for n in ("one", "two", "three")]
+    texts += [f"{a} {b}." for a in ("red", "green", "blue", "black") for b in ("cat", "dog", "owl")]
+    report, stored = _build(minilm_model, texts, tmp_path / "store")  # precision 0.95: no pick is that sure
+    assert report.calibration.gate is None and stored.gate is None
+    assert stored.calibration is not None  # the calibrated threshold still decides
 
 def test_the_cache_lets_the_namespaces_gate_decide_unless_given_a_max_distance(minilm_model, tmp_path):
     texts = [f"the {c} {a} sat on the mat." for c in ("red", "green", "blue", "black") for a in ("cat", "dog", "owl")]

@@ -198,11 +198,11 @@ def evaluate_oracle(
     oracle = "oracle_crop" if causal and config.crop else "oracle_same_length"
     thresholds, calibrated_on = calibrate_all(results, thresholded, config.target_precision, config.fidelity)
     calibrated = thresholds["projector"]
-    recommended = _recommended_threshold(info.projector) if gate is None else 1.0 - gate.min_probability
+    recommended = _recommended_threshold(info.projector) if gate is None else 1.0 - gate.cutoff
     if config.max_distance is not None:
         thresholds["projector"], source = config.max_distance, "fixed"
     elif gate is not None:
-        # The gate's own decision: its pick's 1 - P(faithful) within 1 - min_probability.
+        # The gate's own decision: its pick's 1 - P(faithful) within 1 - cutoff.
         thresholds["projector"], source = recommended, "namespace gate"
     elif recommended is not None:
         # What clients use by default: the namespace's build-time calibration, no query data.

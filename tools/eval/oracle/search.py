@@ -11,7 +11,7 @@
   queries search their own length's stored feature vectors exactly. When the
   namespace has a fidelity gate, the pick is the gate's (the most probable of the
   nearest candidates) and its "distance" is ``1 - P(faithful)``, so a threshold of
-  ``1 - min_probability`` is the gate's own decision.
+  ``1 - cutoff`` is the gate's own decision.
 - The **simple keys** need each entry's feature source, recomputed from the
   build corpus: L2 between mean-pooled input embeddings, and position-wise L2
   between the input embeddings (defined for equal lengths; for a crop, over the
