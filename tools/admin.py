@@ -248,7 +248,7 @@ def _local_entries(store: Any, namespace: str) -> Iterator[NewEntry]:
         try:
             maps = store.read_maps(namespace, info.id)  # (layers, heads, L, L) fp16
         except MapsNotStoredError:
-            maps = None  # an outputs-only entry (written back): copied for the exact tier
+            continue  # an outputs-only (written-back) entry: an Ingest stream carries maps; traffic refills it
         yield NewEntry(
             maps=maps,
             token_hash=info.token_hash,
