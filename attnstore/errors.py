@@ -151,3 +151,12 @@ class MapsUnavailableError(AttnStoreError, LookupError):
         super().__init__(message)
         self.row = row
         self.cause = cause
+
+
+class MapsNotStoredError(EntryNotFoundError):
+    """The entry stores outputs only (written back by a node for the exact tier): it has no maps to replay."""
+
+
+class WriteBackOffError(AttnStoreError, RuntimeError):
+    """Write-back is turned off where it was asked for (the daemon runs with ``--admit-after 0``, or the
+    client is embedded: write-back needs the daemon)."""

@@ -43,6 +43,7 @@ from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precis
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class AttnCache:
         cost: how the cost model decides which rows are worth a map lookup.
         retry: retries of a failed store call (only outages, only within ``timeout``).
         breaker: when to stop asking a failing store, and when to try again.
+        write_back: send computed rows the daemon admits to its exact tier (needs a daemon, a write token).
 
     Raises:
         ConfigError: a bad option or store URL.
@@ -130,6 +132,7 @@ class AttnCache:
         cost: CostSettings = CostSettings(),
         retry: RetryPolicy = RetryPolicy(),
         breaker: BreakerPolicy = BreakerPolicy(),
+        write_back: bool | WriteBackSettings = False,
     ) -> None:
         if max_distance is not None and not max_distance >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {max_distance}")
@@ -166,13 +169,14 @@ class AttnCache:
         self._namespace_read = False  # False while the store has not answered yet
         self._prefill.reload_namespace = self._check_namespace  # follows a replaced projector
         try:
+            self._prefill.write_back = start_write_back(self.connection, namespace, self.fingerprint, write_back)
             self._check_namespace()
         except UnavailableError as exc:
             # The store can only make a call faster: compute until it answers (see _refresh_namespace).
             log.warning("store %s is unreachable: computing every row until it answers (%s)", self.connection.url, exc)
             self._prefill.breaker.record_failure()
         except BaseException:
-            self.connection.close()
+            self.close()
             raise
         self.last_stats = CacheStats()
         self.stats = CacheStats()
@@ -341,8 +345,15 @@ class AttnCache:
         """Zero the cumulative stats."""
         self.stats = CacheStats()
 
+    @property
+    def write_back(self) -> WriteBackWorker | None:
+        """The write-back worker (its ``stats()``, ``flush()``), or None when write-back is off."""
+        return self._prefill.write_back
+
     def close(self) -> None:
-        """Close the store connection."""
+        """Send the rows queued for write-back (a few seconds at most), then close the store connection."""
+        if self._prefill.write_back is not None:
+            self._prefill.write_back.close()
         self.connection.close()
 
     def __enter__(self) -> AttnCache:

@@ -42,6 +42,7 @@ from attnstore_client.projector import Projector
 from attnstore_client.resilience import CircuitBreaker, RetryPolicy, call_with_retries, cause_of
 from attnstore_client.tiers.cost_model import CostModel
 from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.write_back import WriteBackWorker
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class Prefill:
         projector_version: the namespace's version of ``projector``; searches state it.
         reload_namespace: reads the namespace again (its projector, version, threshold and gate)
             when a search is told its projector was replaced; None leaves that a failed call.
+        write_back: where the rows this node computes go when the store admits them; None: nowhere.
     """
 
     def __init__(
@@ -168,6 +170,7 @@ class Prefill:
         self._rng = random.Random(seed)
         self.projector_version = 0
         self.reload_namespace: Callable[[], None] | None = None
+        self.write_back: WriteBackWorker | None = None
 
     def hidden_states(
         self, rows: Sequence[Sequence[int]], counts: CallCounts, *, batch_size: int, progress: bool = False
@@ -193,8 +196,9 @@ class Prefill:
         counts.local_hits += local
         pending = [i for i in distinct if i not in done]
         reachable = bool(pending) and self._store_allowed(pending, kinds, counts)
+        admitted: set[int] = set()  # missed rows the store asks this node to write back
         if reachable and self.settings.exact:
-            reachable = self._from_store_exact(pending, rows, keys, done, kinds, counts)
+            reachable = self._from_store_exact(pending, rows, keys, done, kinds, counts, admitted)
         rest = [i for i in distinct if i not in done]
         hits: dict[int, Match] = {}
         if reachable and self.settings.maps and self.projector is not None and rest:
@@ -212,7 +216,10 @@ class Prefill:
             kinds.setdefault(i, "miss")
             if self.settings.exact:
                 # Only what the plain model computed: replayed rows are within the maps' fidelity, not exact.
-                self.local_tier.put(self._local_key(keys[i]), done[i].cpu().numpy())
+                outputs = done[i].cpu().numpy()  # (L, hidden) fp32
+                self.local_tier.put(self._local_key(keys[i]), outputs)
+                if i in admitted and self.write_back is not None:
+                    self.write_back.put(rows[i], outputs)  # never blocks: a full queue drops the row
         counts.exact_hits += sum(kinds[i] == "exact" for i in distinct) - local
         counts.map_hits += sum(kinds[i] == "map" for i in distinct)
         counts.misses += sum(kinds[i] == "miss" for i in distinct)
@@ -247,15 +254,20 @@ class Prefill:
 
     def _from_store_exact(
         self, rows: list[int], tokens: Sequence[Sequence[int]], keys: list[bytes], done: dict[int, torch.Tensor],
-        kinds: dict[int, str], counts: CallCounts,
+        kinds: dict[int, str], counts: CallCounts, admitted: set[int],
     ) -> bool:
-        """Ask the store's exact tier a window at a time; False (rows counted as fallbacks) when it failed."""
+        """Ask the store's exact tier a window at a time; False (rows counted as fallbacks) when it failed.
+
+        The missed rows the store admits for write-back are added to ``admitted``.
+        """
         for start in range(0, len(rows), self.settings.window):
             window = rows[start : start + self.settings.window]
             lengths = [len(tokens[i]) for i in window]
-            found = self._call(partial(self._exact, [keys[i] for i in window], lengths), rows[start:], kinds, counts)
-            if found is None:
+            reply = self._call(partial(self._exact, [keys[i] for i in window], lengths), rows[start:], kinds, counts)
+            if reply is None:
                 return False
+            found, admit = reply
+            admitted.update(window[position] for position in admit)
             for position, outputs in found.items():
                 i = window[position]
                 counts.bytes_fetched += outputs.nbytes
@@ -292,8 +304,13 @@ class Prefill:
                 self.cost_model.record_lookup(length, len(group), group_hits, seconds * len(group) / len(chunk))
         return hits
 
-    def _exact(self, hashes: list[bytes], lengths: list[int], remaining: float | None) -> dict[int, np.ndarray]:
-        return self.connection.exact(self.settings.namespace, self.fingerprint, hashes, lengths, timeout=remaining)
+    def _exact(
+        self, hashes: list[bytes], lengths: list[int], remaining: float | None
+    ) -> tuple[dict[int, np.ndarray], frozenset[int]]:
+        namespace, fingerprint = self.settings.namespace, self.fingerprint
+        if self.write_back is None:
+            return self.connection.exact(namespace, fingerprint, hashes, lengths, timeout=remaining), frozenset()
+        return self.connection.exact_admitting(namespace, fingerprint, hashes, lengths, timeout=remaining)
 
     def _search_request(self, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]]) -> LookupBatch:
         return LookupBatch(

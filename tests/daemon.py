@@ -15,11 +15,15 @@ from attnstore_tools.launcher import ServeProcess
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
+WRITE_TOKEN = "write-token-0123456789abcdef"
 
 
 def write_token_file(path: Path) -> Path:
-    """A token file with one admin and one read token (mode 600)."""
-    path.write_text(f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\n", encoding="utf-8")
+    """A token file with one admin, one read and one write token (mode 600)."""
+    path.write_text(
+        f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\nwrite {WRITE_TOKEN}  # a node\n",
+        encoding="utf-8",
+    )
     path.chmod(0o600)
     return path
 

@@ -1,7 +1,8 @@
 """``attnstore admin``: commands against a running daemon.
 
 ``namespaces``, ``stats`` (a read token suffices), ``verify``, ``compact``,
-``delete`` and ``ingest`` (admin token). ``ingest`` copies one namespace of a
+``delete``, ``ingest`` and ``create-namespace`` (admin token; an exact-tier-only
+namespace for a model, filled by write-back: ``attnstore_tools.cold_start``). ``ingest`` copies one namespace of a
 local map store (built offline by ``attnstore build``) into the daemon, in
 streams of ``--batch-entries`` entries, each committed on its own. Every command
 prints a table; ``--json PATH`` also writes the answer as JSON (``-``: the JSON
@@ -24,9 +25,10 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.remote import DEFAULT_TARGET, TARGET_FORMS, RemoteStore
+from attnstore_tools import cold_start
 from attnstore_tools.arguments import DefaultsHelpFormatter
 
 TOKEN_ENV = "ATTNSTORE_TOKEN"
@@ -60,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delete = add("delete", "delete entries by id", _delete)
     delete.add_argument("--namespace", required=True)
     delete.add_argument("ids", type=int, nargs="+", help="entry ids")
+    create = add("create-namespace", "an empty exact-tier-only namespace for a model (fills by write-back)",
+                 _create_namespace)
+    cold_start.add_arguments(create)
     ingest = add("ingest", "copy a namespace of a local store into the daemon", _ingest)
     ingest.add_argument("--from-store", type=Path, required=True, help="local map store directory")
     ingest.add_argument("--namespace", required=True, help="namespace to copy")
@@ -230,10 +235,22 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _create_namespace(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        info = cold_start.run(args, remote)
+    _table(["namespace", "model", "fingerprint", "projector"], [(info.name, info.model, info.fingerprint[:12], "none")])
+    _write_json(args, _as_dict(info) | {"projector": ""})
+    return 0
+
+
 def _local_entries(store: Any, namespace: str) -> Iterator[NewEntry]:
     for info in store.entries(namespace):
+        try:
+            maps = store.read_maps(namespace, info.id)  # (layers, heads, L, L) fp16
+        except MapsNotStoredError:
+            continue  # an outputs-only (written-back) entry: an Ingest stream carries maps; traffic refills it
         yield NewEntry(
-            maps=store.read_maps(namespace, info.id),  # (layers, heads, L, L) fp16
+            maps=maps,
             token_hash=info.token_hash,
             outputs=store.read_outputs(namespace, info.id),
             feature=info.feature,

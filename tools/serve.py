@@ -59,7 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dram-bytes", type=parse_size, help="DRAM tier of decoded maps (default: the store's, 1GiB)")
     p.add_argument("--max-bytes", type=parse_size, help="cap on stored bytes; least recently hit entries are evicted")
     p.add_argument("--map-size", type=parse_size, help="LMDB map size (default: the store's, 1TiB of address space)")
-    p.add_argument("--token-file", type=Path, help="'role token' lines (roles: read, admin); without it auth is OFF")
+    p.add_argument(
+        "--token-file", type=Path, help="'role token' lines (roles: read, write, admin); without it auth is OFF"
+    )
+    p.add_argument(
+        "--admit-after", type=int, default=2,
+        help="exact-tier asks before a missed row is admitted for write-back (1: every miss; 0: write-back off)",
+    )
     p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM); needs --tls-key")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (mTLS)")
@@ -106,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         tls_client_ca=args.tls_client_ca,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        admit_after=args.admit_after,
         limits=ServerLimits(
             max_message_bytes=args.max_message_bytes,
             max_workers=args.workers,

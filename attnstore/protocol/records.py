@@ -203,9 +203,13 @@ class NamespaceInfo:
 
 @dataclass(frozen=True, slots=True)
 class NewEntry:
-    """One input to ingest: its maps, exact-tier key, final outputs, feature vector and token ids."""
+    """One input to ingest: its maps, exact-tier key, final outputs, feature vector and token ids.
 
-    maps: np.ndarray | torch.Tensor  # (layers, heads, L, L) fp32 or fp16
+    ``maps`` may be None for an exact-tier-only entry (a node's written-back row): then
+    ``outputs`` is required, and the entry is never searched or replayed.
+    """
+
+    maps: np.ndarray | torch.Tensor | None  # (layers, heads, L, L) fp32 or fp16; None: outputs only
     token_hash: bytes  # sha256 of the token ids (32 bytes): exact-tier key
     outputs: np.ndarray | torch.Tensor | None = None  # (L, hidden) last hidden states, stored fp16
     feature: np.ndarray | torch.Tensor | None = None  # (feature_dim,) projector output, stored fp32

@@ -441,6 +441,13 @@ class RemoteStore:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from exc
 
+    def write_back(
+        self, namespace: str, fingerprint: str, rows: Sequence[pb.WrittenRow], timeout: float | None = None
+    ) -> pb.WriteBackResponse:
+        """Store computed rows' outputs for the exact tier (write or admin token); see ``protocol.write_back``."""
+        request = pb.WriteBackRequest(namespace=namespace, fingerprint=fingerprint, rows=list(rows))
+        return self._unary(self._stub.WriteBack, request, timeout)
+
     def delete(self, namespace: str, entry_ids: Sequence[int]) -> int:
         """Delete entries (admin); returns how many existed."""
         return self._unary(self._stub.Delete, pb.DeleteRequest(namespace=namespace, entry_ids=list(entry_ids))).deleted

@@ -42,6 +42,7 @@ from attnstore.errors import (
     UnsupportedModelError,
     VectorIndexError,
     WireFormatError,
+    WriteBackOffError,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (FingerprintMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (FormatVersionError, grpc.StatusCode.FAILED_PRECONDITION),
     (NamespaceNotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (WriteBackOffError, grpc.StatusCode.FAILED_PRECONDITION),
     (ProjectorChangedError, grpc.StatusCode.FAILED_PRECONDITION),
     (ReadOnlyStoreError, grpc.StatusCode.FAILED_PRECONDITION),
     (RequestLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),

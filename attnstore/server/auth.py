@@ -1,8 +1,10 @@
 """Bearer tokens: the token file, and the interceptor that checks every call.
 
-Token file: one ``role token`` pair per line, role ``read`` or ``admin``; blank
-lines and ``#`` comments are ignored. An admin token may make every call; a
-read token every call but the admin ones (:data:`ADMIN_METHODS`). Health and
+Token file: one ``role token`` pair per line, role ``read``, ``write`` or
+``admin``; blank lines and ``#`` comments are ignored. An admin token may make
+every call; a write token every call but the admin ones (:data:`ADMIN_METHODS`):
+lookups plus write-back (:data:`WRITE_METHODS`), for inference nodes whose
+computed rows every node will trust; a read token every call but those two kinds. Health and
 reflection need no token: they reveal liveness and the service schema only, so
 load balancers can probe the daemon and stock reflection clients (grpcurl) list
 its services without an interceptor. Tokens are compared in constant time and
@@ -28,21 +30,26 @@ from attnstore.server.reflection import REFLECTION_SERVICES
 
 log = logging.getLogger(__name__)
 
-Role = Literal["read", "admin"]
+Role = Literal["read", "write", "admin"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 # Calls that change the store or cost a walk over all of it. Stats is cheap and
 # read-only, so a read token (a monitoring agent) may call it.
 ADMIN_METHODS: frozenset[str] = frozenset({"CreateNamespace", "Ingest", "Delete", "Compact", "Verify"})
+# Calls that add rows every node will be served, but cannot delete, compact, verify or administer
+# namespaces: what an inference node running the namespace's model needs to write back.
+WRITE_METHODS: frozenset[str] = frozenset({"WriteBack"})
+# Each role's rank: a token may make the calls of its role and of every role below it.
+_RANK: dict[Role, int] = {"read": 0, "write": 1, "admin": 2}
 # Calls any client may make without a token: liveness and the schema, no data.
 OPEN_SERVICES: frozenset[str] = frozenset({"grpc.health.v1.Health", *REFLECTION_SERVICES})
 # Shorter tokens are guessable; refuse them rather than serve behind them.
 MIN_TOKEN_CHARS = 16
 
 _METHODS = {m.name for m in pb.DESCRIPTOR.services_by_name["AttnStore"].methods}
-if not ADMIN_METHODS <= _METHODS:
-    raise ImportError(f"auth.ADMIN_METHODS names RPCs the proto lacks: {sorted(ADMIN_METHODS - _METHODS)}")
+if not ADMIN_METHODS | WRITE_METHODS <= _METHODS:
+    raise ImportError(f"auth names RPCs the proto lacks: {sorted((ADMIN_METHODS | WRITE_METHODS) - _METHODS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,8 @@ def required_role(method: str) -> Role | None:
         return None
     if service == SERVICE_NAME and name in ADMIN_METHODS:
         return "admin"
+    if service == SERVICE_NAME and name in WRITE_METHODS:
+        return "write"
     return "read"
 
 
@@ -177,7 +186,8 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         with self._lock:
             self._tokens = tokens
         log.info(
-            "event=tokens_loaded source=%s read=%d admin=%d", tokens.source, tokens.count("read"), tokens.count("admin")
+            "event=tokens_loaded source=%s read=%d write=%d admin=%d", tokens.source, tokens.count("read"),
+            tokens.count("write"), tokens.count("admin"),
         )
 
     def intercept_service(
@@ -200,10 +210,11 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
             role = self._tokens.role_of(token)
         if role is None:
             return self._refuse(handler, method, "unknown_token", grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        if needed == "admin" and role != "admin":
+        if _RANK[role] < _RANK[needed]:
+            allowed = "an admin token" if needed == "admin" else "a write or admin token"
             return self._refuse(
-                handler, method, "needs_admin",
-                grpc.StatusCode.PERMISSION_DENIED, f"{method} needs an admin token; this is a read token",
+                handler, method, f"needs_{needed}",
+                grpc.StatusCode.PERMISSION_DENIED, f"{method} needs {allowed}; this is a {role} token",
             )
         return handler
 

@@ -67,6 +67,8 @@ class DaemonConfig:
     limits: ServerLimits = ServerLimits()  # message sizes, threads and per-call limits
     grace_seconds: float = 10.0  # on SIGTERM, time for calls in flight to finish before they are cancelled
     ready_file: Path | None = None  # JSON {address, port, metrics_port, pid} written once SERVING
+    # Exact-tier asks before a missed row is admitted for write-back; 1 admits every miss, 0 turns write-back off.
+    admit_after: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store", store_location(self.store))  # a bad Redis URL fails here, named
@@ -83,6 +85,8 @@ class DaemonConfig:
             raise ConfigError("a read-only daemon cannot create its store: drop --create or --readonly")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
+        if self.admit_after < 0:
+            raise ConfigError(f"--admit-after must be >= 0 (0 turns write-back off), got {self.admit_after}")
         if self.grace_seconds < 0:
             raise ConfigError(f"grace_seconds must be >= 0, got {self.grace_seconds}")
         for name in ("dram_bytes", "max_bytes", "map_size"):

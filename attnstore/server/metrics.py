@@ -194,6 +194,18 @@ class DaemonMetrics:
         self._ingested_bytes = Counter(
             "attnstore_ingested_bytes", "Array bytes received by committed Ingest streams", ["namespace"], registry=reg
         )
+        self._written_back = Counter(
+            "attnstore_written_back_entries", "Entries stored by WriteBack (new ones only)", ["namespace"], registry=reg
+        )
+        self._written_back_bytes = Counter(
+            "attnstore_written_back_bytes", "Outputs bytes stored by WriteBack (fp16)", ["namespace"], registry=reg
+        )
+        self._not_admitted = Counter(
+            "attnstore_write_back_not_admitted", "Written-back rows skipped: not admitted", ["namespace"], registry=reg
+        )
+        self._admitted = Counter(
+            "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
+        )
         reg.register(_StoreCollector(stats))
         for method in RPC_METHODS:
             for code in RPC_CODES:
@@ -221,6 +233,8 @@ class DaemonMetrics:
             self._row_errors.labels(namespace, code)
         self._ingested.labels(namespace)
         self._ingested_bytes.labels(namespace)
+        for counter in (self._written_back, self._written_back_bytes, self._not_admitted, self._admitted):
+            counter.labels(namespace)
 
     def refused(self, method: str, code: str) -> None:
         """A call to ``method`` was refused before it ran (auth), with status ``code``."""
@@ -275,6 +289,16 @@ class DaemonMetrics:
         """An Ingest stream committed ``entries`` entries of ``nbytes`` array bytes."""
         self._ingested.labels(namespace).inc(entries)
         self._ingested_bytes.labels(namespace).inc(nbytes)
+
+    def written_back(self, namespace: str, entries: int, nbytes: int, not_admitted: int) -> None:
+        """A WriteBack stored ``entries`` new entries of ``nbytes`` and skipped ``not_admitted`` rows."""
+        self._written_back.labels(namespace).inc(entries)
+        self._written_back_bytes.labels(namespace).inc(nbytes)
+        self._not_admitted.labels(namespace).inc(not_admitted)
+
+    def admitted(self, namespace: str, rows: int) -> None:
+        """A Lookup marked ``rows`` misses admit."""
+        self._admitted.labels(namespace).inc(rows)
 
     # ---- export -------------------------------------------------------------
 

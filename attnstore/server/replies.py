@@ -34,6 +34,7 @@ def match_to_pb(query_index: int, result: MatchResult) -> pb.Match:
         entry_id=result.entry_id or 0,
         distance=result.distance,
         stored_length=result.stored_length or 0,
+        admit=result.admit,
     )
 
 

@@ -31,11 +31,13 @@ from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import map_chunks, output_chunks
+from attnstore.protocol.write_back import row_from_pb
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.replies import match_to_pb, namespace_to_pb, stats_to_pb
 from attnstore.service import ROW_ERRORS, AttnStoreService, Query
+from attnstore.service.write_back import WrittenRow
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +158,9 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)
             results, outputs = served.results, served.outputs
             self._metrics.matched(namespace, [r.kind for r in results], seconds, lookup=True)
+            admitted = sum(r.admit for r in results)
+            if admitted:
+                self._metrics.admitted(namespace, admitted)
             yield pb.LookupResponse(matches=pb.Matches(matches=[match_to_pb(i, r) for i, r in enumerate(results)]))
             for query_index, (entry_id, array) in outputs.items():
                 self._metrics.streamed("outputs", array.nbytes)
@@ -251,6 +256,21 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 bytes=staging.received_bytes,
             )
 
+    def WriteBack(self, request: pb.WriteBackRequest, context: grpc.ServicerContext) -> pb.WriteBackResponse:
+        with self._call("WriteBack", context) as service:
+            self._check_count("WriteBack", len(request.rows), "rows")
+            rows = [WrittenRow(*row_from_pb(row, i)) for i, row in enumerate(request.rows)]
+            result = service.write_back(request.namespace, request.fingerprint, rows)
+            self._metrics.written_back(request.namespace, result.stored, result.bytes, result.not_admitted)
+            log.info(
+                "event=written_back namespace=%s rows=%d stored=%d duplicates=%d not_admitted=%d bytes=%d",
+                request.namespace, len(rows), result.stored, result.duplicates, result.not_admitted, result.bytes,
+            )
+            return pb.WriteBackResponse(
+                stored=result.stored, duplicates=result.duplicates, not_admitted=result.not_admitted,
+                bytes=result.bytes,
+            )
+
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
         with self._call("Delete", context) as service:
             deleted = service.delete(request.namespace, [int(i) for i in request.entry_ids])
@@ -296,7 +316,14 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._call("Stats", context) as service:
-            return stats_to_pb(service.stats())
+            reply = stats_to_pb(service.stats())
+            written, admission = service.write_backs.stats(), service.admission.stats()
+            reply.written_back_entries, reply.written_back_bytes = written.entries, written.bytes
+            reply.written_back_duplicates, reply.written_back_not_admitted = written.duplicates, written.not_admitted
+            reply.admission_asked, reply.admission_admitted = admission.asked, admission.admitted
+            reply.admission_sketch_bytes = admission.sketch_bytes
+            reply.admit_after = service.admission.config.admit_after
+            return reply
 
     # ---- helpers ------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class MatchResult:
     distance: float  # predicted map distance (0 for exact hits, nearest candidate's on a miss)
     stored_length: int | None  # >= the query length for causal crops; None on a miss
     probability: float | None = None  # gated lookups: the fidelity gate's P(faithful) of the best candidate
+    admit: bool = False  # a miss of the exact tier that the admission rule admits: write its outputs back
 
 
 MISS = MatchResult("miss", None, float("inf"), None)

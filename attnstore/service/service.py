@@ -11,6 +11,7 @@ eviction and compaction.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,14 @@ from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
 from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
+from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, entries_to_store
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
@@ -61,6 +64,10 @@ class AttnStoreService:
         self._follower = IndexFollower(self._indexes) if store.change_feed() is not None else None
         # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
         self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
+        # Counts the exact tier's asks and admits repeated misses for write-back. Off here (embedded mode
+        # cannot write back, and should not pay for counting); the daemon sets its --admit-after rule.
+        self.admission = Admission(AdmissionConfig(admit_after=0))
+        self.write_backs = WriteBackCounter()
 
     @classmethod
     def open(
@@ -224,7 +231,34 @@ class AttnStoreService:
         hit_ids = [r.entry_id for r in results.values() if r.entry_id is not None]
         if hit_ids:
             self._store.record_hits(namespace, hit_ids)
+        if exact and self.admission.enabled:
+            missed = [results[row].kind != "exact" for row in range(len(queries))]
+            admitted = self.admission.observe(namespace, [q.token_hash for q in queries], missed)
+            results.update({row: replace(results[row], admit=True) for row, yes in enumerate(admitted) if yes})
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
+
+    def write_back(self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow]) -> WriteBackResult:
+        """Store the admitted rows' outputs as outputs-only entries, visible to every lookup at once.
+
+        Rows the admission rule has not admitted are skipped; rows already stored count as duplicates.
+
+        Raises:
+            NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
+            WriteBackOffError: the admission rule turns write-back off (nothing is stored).
+            MapShapeError: a row's outputs disagree with its tokens (nothing is stored).
+            StoreFullError: the store or its disk is full (nothing is stored).
+        """
+        info = self.check_fingerprint(namespace, fingerprint)
+        entries, not_admitted = entries_to_store(namespace, rows, self.admission, hidden=info.layout.hidden)
+        stored = duplicates = nbytes = 0
+        if entries:
+            report = self.ingest(namespace, fingerprint, entries)
+            duplicates = report.duplicates
+            stored = len(entries) - duplicates
+            nbytes = sum(2 * int(np.size(e.outputs)) for e in entries if e.outputs is not None)  # fp16 as stored
+        result = WriteBackResult(stored, duplicates, not_admitted, nbytes)
+        self.write_backs.add(result)
+        return result
 
     def read_exact_outputs(
         self, namespace: str, results: Sequence[MatchResult], on_read: Callable[[float], None] | None = None
@@ -306,7 +340,7 @@ class AttnStoreService:
                 namespace,
                 [entry_id for entry_id, _ in rows],
                 np.stack([np.asarray(e.feature, dtype=np.float32) for _, e in rows]),
-                [int(e.maps.shape[-1]) for _, e in rows],
+                [_length_of(e) for _, e in rows],
             )
         self._indexes.remove(report.evicted)
         return IngestResult(entry_ids=list(report.entry_ids), duplicates=report.duplicates)
@@ -388,3 +422,10 @@ class AttnStoreService:
                 f"cannot be cropped to length {length}"
             )
         return maps[..., :length, :length]
+
+
+def _length_of(entry: NewEntry) -> int:
+    """An entry's token length: its maps' (an entry with a feature has maps), else its outputs'."""
+    array = entry.maps if entry.maps is not None else entry.outputs
+    assert array is not None  # the store refused an entry with neither
+    return int(array.shape[-1] if entry.maps is not None else array.shape[0])

@@ -21,6 +21,7 @@ from attnstore.errors import (
     ConfigError,
     EntryNotFoundError,
     MapShapeError,
+    MapsNotStoredError,
     NamespaceExistsError,
     NamespaceNotFoundError,
     shown,
@@ -170,13 +171,16 @@ class MemoryMapStore(MapStoreBase):
                         featured.append(existing)
                     ids.append(existing)
                     continue
-                chunks = [
-                    tuple(bytes(c) for c in state.codec.encode_layer(p.maps[layer]))
+                maps = p.maps
+                chunks = [] if maps is None else [  # an outputs-only entry has no map chunks
+                    tuple(bytes(c) for c in state.codec.encode_layer(maps[layer]))
                     for layer in range(state.layout.layers)
                 ]
                 outputs = None if p.outputs is None else p.outputs.tobytes()
                 nbytes = sum(len(c) for layer in chunks for c in layer) + (len(outputs) if outputs else 0)
-                raw = state.layout.map_nbytes(p.length) + (state.layout.outputs_nbytes(p.length) if outputs else 0)
+                raw = (state.layout.map_nbytes(p.length) if chunks else 0) + (
+                    state.layout.outputs_nbytes(p.length) if outputs else 0
+                )
                 entry = _Entry(
                     id=self._next_id,
                     length=p.length,
@@ -226,6 +230,11 @@ class MemoryMapStore(MapStoreBase):
         return evicted
 
     def _decode(self, ns: _Namespace, entry: _Entry, layers: Iterable[int], out: np.ndarray) -> None:
+        if not entry.chunks:
+            raise MapsNotStoredError(
+                f"entry {entry.id} of namespace {ns.info.name!r} stores outputs only (written back for the exact"
+                " tier): it has no maps to replay"
+            )
         per_layer = []
         for layer in layers:
             chunks = entry.chunks[layer]

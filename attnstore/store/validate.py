@@ -27,7 +27,7 @@ _FP16_PROB_MAX_BITS = np.uint16(0x3C01)
 class PreparedEntry:
     """A checked entry, in the dtypes it is stored from."""
 
-    maps: np.ndarray  # (layers, heads, L, L) float16 (lossless codecs) or float32 (q8), C-contiguous
+    maps: np.ndarray | None  # (layers, heads, L, L) float16 (lossless codecs) or float32 (q8); None: outputs only
     token_hash: bytes
     outputs: np.ndarray | None  # (L, hidden) float16
     feature: np.ndarray | None  # (feature_dim,) float32
@@ -36,7 +36,10 @@ class PreparedEntry:
     @property
     def length(self) -> int:
         """Token length L."""
-        return self.maps.shape[-1]
+        if self.maps is not None:
+            return self.maps.shape[-1]
+        assert self.outputs is not None  # prepare_entry refuses an entry with neither
+        return self.outputs.shape[0]
 
 
 def _to_numpy(value: object, what: str, float_dtypes_only: bool) -> np.ndarray:
@@ -121,10 +124,21 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
     where = f"entry {index}"
     if not isinstance(entry, NewEntry):
         raise MapShapeError(f"{where}: expected a NewEntry, got {type(entry).__name__}")
-    maps = _to_numpy(entry.maps, f"{where}: maps", float_dtypes_only=True)
-    _check_maps(maps, layout, where)
-    length = maps.shape[-1]
-    maps = np.ascontiguousarray(maps, dtype=np.float32) if layout.codec.startswith("q8") else to_fp16(maps)
+    maps: np.ndarray | None = None
+    if entry.maps is None:
+        # An exact-tier-only entry: its length is its outputs' (checked just below).
+        if entry.outputs is None:
+            raise MapShapeError(f"{where}: an entry without maps needs outputs (it serves the exact tier only)")
+        length = int(np.shape(entry.outputs)[0]) if np.ndim(entry.outputs) == 2 else -1
+        if length < 1:
+            raise MapShapeError(
+                f"{where}: outputs shape {tuple(np.shape(entry.outputs))} does not match: expected (L, {layout.hidden})"
+            )
+    else:
+        maps = _to_numpy(entry.maps, f"{where}: maps", float_dtypes_only=True)
+        _check_maps(maps, layout, where)
+        length = maps.shape[-1]
+        maps = np.ascontiguousarray(maps, dtype=np.float32) if layout.codec.startswith("q8") else to_fp16(maps)
 
     token_hash = entry.token_hash
     if not isinstance(token_hash, bytes | bytearray | memoryview) or len(token_hash) != TOKEN_HASH_BYTES:
@@ -143,6 +157,9 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
             raise MapShapeError(f"{where}: outputs hold NaN or inf (after conversion to fp16)")
 
     feature = None
+    if entry.feature is not None and maps is None:
+        # A feature would put the entry in the map tier, which has no maps of it to replay.
+        raise MapShapeError(f"{where}: an entry without maps cannot have a feature vector (nothing to replay)")
     if entry.feature is not None:
         raw = _to_numpy(entry.feature, f"{where}: feature", float_dtypes_only=False)
         if raw.shape != (layout.feature_dim,) or raw.dtype.kind != "f":

@@ -8,7 +8,9 @@ from attnstore_client.connection.base import (
     MatchKind,
     NamespaceHandle,
     StoreConnection,
+    WriteBackCounts,
     connect,
 )
 
-__all__ = ["URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "StoreConnection", "connect"]
+__all__ = ["URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "StoreConnection", "WriteBackCounts",
+           "connect"]

@@ -21,7 +21,7 @@ from typing import Literal
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, ConfigError
+from attnstore.errors import ChecksumError, ConfigError, WriteBackOffError
 from attnstore.protocol.records import LookupBatch
 
 MatchKind = Literal["miss", "exact", "map"]
@@ -42,6 +42,15 @@ class NamespaceHandle:
     feature_dim: int
     projector: bytes | None  # safetensors bytes; None until a build has finished
     projector_version: int = 0  # 0 without a projector; +1 each time the namespace's is replaced
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBackCounts:
+    """What the store did with one write-back call."""
+
+    stored: int  # new entries
+    duplicates: int  # rows stored already (another node was first)
+    not_admitted: int  # rows the store's admission rule skipped
 
 
 def checked_projector(name: str, projector: bytes | None, crc: int | None) -> bytes | None:
@@ -135,6 +144,30 @@ class StoreConnection(ABC):
         Raises:
             AttnStoreError: the call failed (the caller computes the rows).
         """
+
+    def exact_admitting(
+        self, namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int], *,
+        timeout: float | None,
+    ) -> tuple[dict[int, np.ndarray], frozenset[int]]:
+        """As :meth:`exact`, plus the missed rows the store admits for write-back (none where it cannot take them)."""
+        return self.exact(namespace, fingerprint, token_hashes, lengths, timeout=timeout), frozenset()
+
+    @property
+    def supports_write_back(self) -> bool:
+        """Whether :meth:`write_back` can store rows (a daemon can; an embedded store cannot)."""
+        return False
+
+    def write_back(
+        self, namespace: str, fingerprint: str, rows: Sequence[tuple[Sequence[int], np.ndarray]], *,
+        timeout: float | None,
+    ) -> WriteBackCounts:
+        """Store computed rows ``(token ids, outputs (L, hidden))`` for the exact tier of every node.
+
+        Raises:
+            WriteBackOffError: this connection cannot write back (see ``supports_write_back``).
+            AttnStoreError: the call failed (the rows are dropped: they are only a cache's fill).
+        """
+        raise WriteBackOffError(f"{type(self).__name__} cannot write back: write-back needs a daemon (grpc://)")
 
     @abstractmethod
     def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:

@@ -35,12 +35,14 @@ from attnstore.protocol.remote import (
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler
+from attnstore.protocol.write_back import row_to_pb
 from attnstore_client.connection.base import (
     MapStream,
     Match,
     MatchKind,
     NamespaceHandle,
     StoreConnection,
+    WriteBackCounts,
     checked_projector,
 )
 from attnstore_client.resilience import cause_of
@@ -105,6 +107,29 @@ class RemoteConnection(StoreConnection):
         """See :meth:`StoreConnection.exact`."""
         request = exact_request(namespace, fingerprint, token_hashes, lengths)
         return dict(self._remote.lookup(request, timeout=timeout).outputs)
+
+    def exact_admitting(
+        self, namespace: str, fingerprint: str, token_hashes: Sequence[bytes], lengths: Sequence[int], *,
+        timeout: float | None,
+    ) -> tuple[dict[int, np.ndarray], frozenset[int]]:
+        """See :meth:`StoreConnection.exact_admitting`: the daemon marks admitted misses in the matches."""
+        result = self._remote.lookup(exact_request(namespace, fingerprint, token_hashes, lengths), timeout=timeout)
+        return dict(result.outputs), frozenset(m.query_index for m in result.matches if m.admit)
+
+    @property
+    def supports_write_back(self) -> bool:
+        """A daemon takes written-back rows (given a write or admin token)."""
+        return True
+
+    def write_back(
+        self, namespace: str, fingerprint: str, rows: Sequence[tuple[Sequence[int], np.ndarray]], *,
+        timeout: float | None,
+    ) -> WriteBackCounts:
+        """See :meth:`StoreConnection.write_back`: one WriteBack call."""
+        reply = self._remote.write_back(
+            namespace, fingerprint, [row_to_pb(ids, outputs) for ids, outputs in rows], timeout=timeout
+        )
+        return WriteBackCounts(reply.stored, reply.duplicates, reply.not_admitted)
 
     def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
         """See :meth:`StoreConnection.search`."""

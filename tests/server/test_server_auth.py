@@ -13,6 +13,7 @@ from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_reque
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.auth import (
     ADMIN_METHODS,
+    SERVICE_NAME,
     BearerTokenInterceptor,
     bearer_token,
     load_tokens,
@@ -134,3 +135,11 @@ def test_replaced_tokens_take_effect_for_new_calls() -> None:
 def test_server_without_auth_cannot_load_tokens_while_serving() -> None:
     with served(memory_service()) as (server, _), pytest.raises(ConfigError, match="without auth"):
         server.replace_tokens(TOKENS)
+
+
+def test_write_role_parses_and_needs_write_for_write_back_only() -> None:
+    table = parse_tokens("write " + "w" * 16 + "\nread " + "r" * 16)
+    assert table.role_of("w" * 16) == "write" and table.count("write") == 1
+    assert required_role(f"/{SERVICE_NAME}/WriteBack") == "write"
+    assert required_role(f"/{SERVICE_NAME}/Ingest") == "admin"
+    assert required_role(f"/{SERVICE_NAME}/Lookup") == "read"

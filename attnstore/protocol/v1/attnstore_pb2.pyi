@@ -125,18 +125,20 @@ class LookupRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[Query, _Mapping]]] = ..., max_distance: _Optional[float] = ..., want_maps: _Optional[bool] = ..., want_outputs: _Optional[bool] = ..., gate: _Optional[bool] = ..., exact_only: _Optional[bool] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class Match(_message.Message):
-    __slots__ = ("query_index", "kind", "entry_id", "distance", "stored_length")
+    __slots__ = ("query_index", "kind", "entry_id", "distance", "stored_length", "admit")
     QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     DISTANCE_FIELD_NUMBER: _ClassVar[int]
     STORED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
     query_index: int
     kind: MatchKind
     entry_id: int
     distance: float
     stored_length: int
-    def __init__(self, query_index: _Optional[int] = ..., kind: _Optional[_Union[MatchKind, str]] = ..., entry_id: _Optional[int] = ..., distance: _Optional[float] = ..., stored_length: _Optional[int] = ...) -> None: ...
+    admit: bool
+    def __init__(self, query_index: _Optional[int] = ..., kind: _Optional[_Union[MatchKind, str]] = ..., entry_id: _Optional[int] = ..., distance: _Optional[float] = ..., stored_length: _Optional[int] = ..., admit: _Optional[bool] = ...) -> None: ...
 
 class Matches(_message.Message):
     __slots__ = ("matches",)
@@ -332,6 +334,42 @@ class IngestSummary(_message.Message):
     bytes: int
     def __init__(self, entry_ids: _Optional[_Iterable[int]] = ..., entries: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
+class WrittenRow(_message.Message):
+    __slots__ = ("token_ids", "dtype", "shape", "outputs", "crc32c")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    outputs: bytes
+    crc32c: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., outputs: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class WriteBackRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "rows")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    rows: _containers.RepeatedCompositeFieldContainer[WrittenRow]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[WrittenRow, _Mapping]]] = ...) -> None: ...
+
+class WriteBackResponse(_message.Message):
+    __slots__ = ("stored", "duplicates", "not_admitted", "bytes")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    NOT_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    duplicates: int
+    not_admitted: int
+    bytes: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., not_admitted: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
 class DeleteRequest(_message.Message):
     __slots__ = ("namespace", "entry_ids")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -417,7 +455,7 @@ class BucketStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes")
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +471,14 @@ class StatsResponse(_message.Message):
     DRAM_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STALE_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     STALE_GENERATION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_NOT_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_ASKED_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_SKETCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
     entries: int
     stored_bytes: int
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
@@ -448,4 +494,12 @@ class StatsResponse(_message.Message):
     dram_entries: int
     stale_generations: int
     stale_generation_bytes: int
-    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ...) -> None: ...
+    written_back_entries: int
+    written_back_bytes: int
+    written_back_duplicates: int
+    written_back_not_admitted: int
+    admission_asked: int
+    admission_admitted: int
+    admission_sketch_bytes: int
+    admit_after: int
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ...) -> None: ...

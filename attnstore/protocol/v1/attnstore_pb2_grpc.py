@@ -79,6 +79,11 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.IngestRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.IngestSummary.FromString,
                 _registered_method=True)
+        self.WriteBack = channel.unary_unary(
+                '/attnstore.v1.AttnStore/WriteBack',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.WriteBackRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.WriteBackResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/attnstore.v1.AttnStore/Delete',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.DeleteRequest.SerializeToString,
@@ -172,6 +177,13 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteBack(self, request, context):
+        """Rows a node computed, for the exact tier (a write or admin token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Delete(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -244,6 +256,11 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.Ingest,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.IngestRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.IngestSummary.SerializeToString,
+            ),
+            'WriteBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteBack,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.WriteBackRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.WriteBackResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -509,6 +526,33 @@ class AttnStore:
             '/attnstore.v1.AttnStore/Ingest',
             attnstore_dot_v1_dot_attnstore__pb2.IngestRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.IngestSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/WriteBack',
+            attnstore_dot_v1_dot_attnstore__pb2.WriteBackRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.WriteBackResponse.FromString,
             options,
             channel_credentials,
             insecure,

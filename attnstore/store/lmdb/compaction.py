@@ -235,7 +235,7 @@ def _copy_namespace(
                 writer.put(key, hits, ddb.hits)
             slot += 1
             stored += record.nbytes
-            raw += raw_nbytes(state, length, record.outputs_crc is not None)
+            raw += raw_nbytes(state, length, record.outputs_crc is not None, bool(record.crcs))
         entries += slot
         if slot:
             bucket = BucketRecord(next_slot=slot, capacity=slot, live=slot, stored_bytes=stored, raw_bytes=raw)

@@ -70,9 +70,10 @@ def find_existing(txn: lmdb.Transaction, db: Databases, namespace: str, token_ha
     return entry_id if txn.get(entry_key(namespace, entry_id), db=db.entries) is not None else None
 
 
-def raw_nbytes(state: NamespaceState, length: int, has_outputs: bool) -> int:
+def raw_nbytes(state: NamespaceState, length: int, has_outputs: bool, has_maps: bool = True) -> int:
     """fp16 bytes of an entry's maps (and outputs): the basis of compression ratios."""
-    return state.layout.map_nbytes(length) + (state.layout.outputs_nbytes(length) if has_outputs else 0)
+    maps = state.layout.map_nbytes(length) if has_maps else 0
+    return maps + (state.layout.outputs_nbytes(length) if has_outputs else 0)
 
 
 def write_entry(
@@ -94,7 +95,9 @@ def write_entry(
     crcs: list[int] = []
     nbytes = 0
     arrays = state.arrays(length)
-    for layer in range(layers):
+    # An outputs-only entry (written back for the exact tier) has no map chunks: crcs stays empty.
+    for layer in range(layers if entry.maps is not None else 0):
+        assert entry.maps is not None
         chunks = state.codec.encode_layer(entry.maps[layer])  # one per array
         for array, chunk in zip(arrays, chunks, strict=True):
             txn.put(array.chunk_key(name, length, slot, layer), chunk, db=db.zarr)
@@ -127,7 +130,7 @@ def write_entry(
         capacity=capacity,
         live=bucket.live + 1,
         stored_bytes=bucket.stored_bytes + nbytes,
-        raw_bytes=bucket.raw_bytes + raw_nbytes(state, length, outputs_crc is not None),
+        raw_bytes=bucket.raw_bytes + raw_nbytes(state, length, outputs_crc is not None, entry.maps is not None),
     )
     txn.put(bucket_key(name, length), bucket.to_bytes(), db=db.buckets)
     return record
@@ -228,7 +231,7 @@ def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, en
         bucket,
         live=bucket.live - 1,
         stored_bytes=bucket.stored_bytes - record.nbytes,
-        raw_bytes=bucket.raw_bytes - raw_nbytes(state, length, record.outputs_crc is not None),
+        raw_bytes=bucket.raw_bytes - raw_nbytes(state, length, record.outputs_crc is not None, bool(record.crcs)),
     )
     txn.put(bucket_key(name, length), bucket.to_bytes(), db=db.buckets)
     return record.nbytes

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError
+from attnstore.errors import ChecksumError, EntryNotFoundError, WriteBackOffError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.records import EntryRecord
 from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, chunk_field
@@ -24,7 +24,16 @@ Fields = Mapping[bytes, bytes]
 def encode_entry(
     state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
 ) -> tuple[EntryRecord, dict[bytes, bytes]]:
-    """The entry's record and every field of its hash."""
+    """The entry's record and every field of its hash.
+
+    Raises:
+        WriteBackOffError: an entry without maps (written back from traffic): the Redis
+            store does not keep outputs-only entries yet.
+    """
+    if entry.maps is None:
+        raise WriteBackOffError(
+            "the Redis store keeps entries with maps only: outputs-only (written-back) entries need an LMDB store"
+        )
     fields: dict[bytes, bytes] = {}
     crcs: list[int] = []
     arrays = state.arrays(entry.length)

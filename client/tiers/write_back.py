@@ -1,0 +1,191 @@
+"""Write-back: the rows this node computed and the store admitted, sent to the store off the critical path.
+
+``encode`` only puts a row on a bounded queue (no copy, no serialisation, no
+waiting); one worker thread takes rows off it in batches, converts them to fp16
+and sends them in one ``WriteBack`` call per batch. Written-back rows are a
+cache's fill, never data: a full queue drops the new row, a failed call (the
+daemon unreachable, a refused token) drops its batch, and both are counted, so
+write-back can neither block nor fail a call. A refused token (PERMISSION_DENIED)
+or a daemon with write-back off turns the worker off with one warning rather
+than failing every batch again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnstore.errors import AttnStoreError, AuthError, ConfigError, WriteBackOffError
+from attnstore_client.connection import StoreConnection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBackSettings:
+    """How a client writes back (see ``AttnCache(write_back=...)``)."""
+
+    max_queued: int = 4096  # rows waiting at most; past it new rows are dropped (counted)
+    batch_rows: int = 256  # rows per WriteBack call at most
+    batch_bytes: int = 2 << 20  # fp16 outputs bytes per call at most: well under the daemon's message cap
+    timeout: float = 10.0  # deadline of one WriteBack call, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBackStats:
+    """What the worker has done since it started."""
+
+    queued: int  # rows put on the queue
+    stored: int  # rows the store added
+    duplicates: int  # rows the store had already (another node wrote them first)
+    not_admitted: int  # rows the store's admission rule skipped
+    dropped_full: int  # rows dropped because the queue was full
+    dropped_failed: int  # rows dropped with a failed call (daemon unreachable, refused)
+    calls: int  # WriteBack calls made
+    pending: int  # rows queued or in flight now
+    disabled: str | None  # why the worker stopped writing back, or None
+
+
+_Row = tuple[Sequence[int], np.ndarray]  # (L,) token ids, (L, hidden) outputs
+
+
+class WriteBackWorker:
+    """A bounded queue and one thread that writes rows back to ``connection``'s namespace.
+
+    Args:
+        connection: the store (it must support write-back).
+        namespace: the namespace rows go to.
+        fingerprint: the model's fingerprint.
+        settings: queue size, batch size, deadline.
+    """
+
+    def __init__(
+        self, connection: StoreConnection, namespace: str, fingerprint: str, settings: WriteBackSettings
+    ) -> None:
+        self._connection = connection
+        self._namespace = namespace
+        self._fingerprint = fingerprint
+        self.settings = settings
+        self._queue: queue.Queue[_Row | None] = queue.Queue(maxsize=settings.max_queued)  # None: stop
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._counts = {k: 0 for k in ("queued", "stored", "duplicates", "not_admitted", "dropped_full",
+                                        "dropped_failed", "calls", "pending")}
+        self._disabled: str | None = None
+        self._thread = threading.Thread(target=self._run, name="attnstore-write-back", daemon=True)
+        self._thread.start()
+
+    def put(self, token_ids: Sequence[int], outputs: np.ndarray) -> bool:
+        """Queue one computed row ``(L,)`` ids and ``(L, hidden)`` outputs; False when it was dropped. Never blocks."""
+        if self._disabled is not None:
+            self._add(dropped_failed=1)
+            return False
+        try:
+            self._queue.put_nowait((token_ids, outputs))
+        except queue.Full:
+            self._add(dropped_full=1)
+            return False
+        self._add(queued=1, pending=1)
+        return True
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued row was sent (or dropped); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._counts["pending"] == 0, timeout)
+
+    def stats(self) -> WriteBackStats:
+        """The counts so far."""
+        with self._lock:
+            return WriteBackStats(**self._counts, disabled=self._disabled)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued (up to ``timeout`` seconds), then stop the thread."""
+        self.flush(timeout)
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return  # the thread is stuck in a call: it is a daemon thread, and dies with the process
+        self._thread.join(timeout)
+
+    # ---- the worker thread ------------------------------------------------------
+
+    def _add(self, **deltas: int) -> None:
+        with self._idle:
+            for key, n in deltas.items():
+                self._counts[key] += n
+            if self._counts["pending"] == 0:
+                self._idle.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            nbytes = _fp16_bytes(item)
+            # Take what else is waiting, up to one call's worth: batching without waiting for more.
+            while len(batch) < self.settings.batch_rows and nbytes < self.settings.batch_bytes:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._send(batch)
+                    return
+                batch.append(more)
+                nbytes += _fp16_bytes(more)
+            self._send(batch)
+
+    def _send(self, batch: list[_Row]) -> None:
+        rows = [(ids, np.asarray(out, dtype=np.float16)) for ids, out in batch]  # (L, hidden) fp16, as stored
+        started = time.perf_counter()
+        try:
+            if self._disabled is not None:
+                raise WriteBackOffError(self._disabled)
+            counts = self._connection.write_back(
+                self._namespace, self._fingerprint, rows, timeout=self.settings.timeout
+            )
+        except (AuthError, WriteBackOffError) as exc:
+            if self._disabled is None:
+                self._disabled = str(exc)
+                log.warning("write-back turned off for namespace %r: %s", self._namespace, exc)
+            self._add(dropped_failed=len(rows), calls=1, pending=-len(rows))
+        except AttnStoreError as exc:
+            log.info("write-back of %d rows dropped (%.3f s): %s", len(rows), time.perf_counter() - started, exc)
+            self._add(dropped_failed=len(rows), calls=1, pending=-len(rows))
+        else:
+            self._add(stored=counts.stored, duplicates=counts.duplicates, not_admitted=counts.not_admitted,
+                      calls=1, pending=-len(rows))
+
+
+def _fp16_bytes(item: _Row) -> int:
+    return 2 * int(np.size(item[1]))
+
+
+def start_write_back(
+    connection: StoreConnection, namespace: str, fingerprint: str, setting: bool | WriteBackSettings
+) -> WriteBackWorker | None:
+    """The worker ``AttnCache(write_back=setting)`` asks for; None when write-back is off.
+
+    Embedded mode (``local:PATH``) cannot write back: every process opens the
+    store on its own, and LMDB takes one writer, so rows go through the daemon.
+
+    Raises:
+        ConfigError: write-back asked of a connection that cannot write back (embedded mode).
+    """
+    if setting is False:
+        return None
+    if not connection.supports_write_back:
+        raise ConfigError(
+            f"AttnCache: write_back needs a daemon (grpc:// or grpcs://), not {connection.url}: an embedded"
+            " store takes no write-back; serve it with `attnstore serve` and connect with a write token"
+        )
+    settings = setting if isinstance(setting, WriteBackSettings) else WriteBackSettings()
+    log.info("write-back on: namespace %r, up to %d queued rows", namespace, settings.max_queued)
+    return WriteBackWorker(connection, namespace, fingerprint, settings)

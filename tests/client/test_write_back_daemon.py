@@ -1,0 +1,161 @@
+"""Write-back against the real daemon (a subprocess, real LMDB) and client processes.
+
+A cold-start namespace (exact tier only, made by ``admin create-namespace``'s
+code) fills from what the client processes compute.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cache_helpers import plain_hidden, tiny_loaded
+from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+
+from attnstore.errors import AttnStoreError, MapShapeError
+from attnstore.protocol.remote import exact_request
+from attnstore.protocol.write_back import row_to_pb
+from attnstore.service.write_back import hash_token_ids
+from attnstore_client.keys import token_hash
+from attnstore_tools.cold_start import create_exact_namespace
+
+TESTS = Path(__file__).resolve().parents[1]
+COUNT = 10
+
+
+def _child(url: str, token: str, seed: int) -> dict:
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "write_back_child.py"), url, token, str(seed), str(COUNT)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _daemon(workdir: Path, admit_after: int) -> DaemonProcess:
+    process = DaemonProcess(workdir / "store", workdir, extra_args=("--admit-after", str(admit_after))).start()
+    with process.client(ADMIN_TOKEN) as admin:
+        create_exact_namespace(admin, tiny_loaded("bert"), "default")
+    return process
+
+
+@pytest.fixture(scope="module")
+def admit_every_miss(tmp_path_factory: pytest.TempPathFactory):
+    process = _daemon(tmp_path_factory.mktemp("write-back-1"), 1)
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+@pytest.fixture(scope="module")
+def admit_second_ask(tmp_path_factory: pytest.TempPathFactory):
+    process = _daemon(tmp_path_factory.mktemp("write-back-2"), 2)
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_the_daemon_hashes_token_ids_as_the_client_does() -> None:
+    ids = np.array([101, 7, 2000, 102])
+    assert hash_token_ids(ids) == token_hash(ids) == token_hash(ids.tolist())
+
+
+def test_a_row_computed_by_one_client_process_is_an_exact_hit_for_another(admit_every_miss: DaemonProcess) -> None:
+    url = f"grpc://{admit_every_miss.target}"
+    first = _child(url, WRITE_TOKEN, 1)
+    assert first["stats"]["misses"] == COUNT and first["written"]["stored"] == COUNT
+    # Encode results are the plain model's whether written back or served from written-back rows (fp16 budget).
+    assert first["max_diff"] < 1e-5
+    second = _child(url, WRITE_TOKEN, 1)
+    assert (second["stats"]["exact_hits"], second["stats"]["misses"]) == (COUNT, 0)
+    assert second["written"]["queued"] == 0
+    assert second["max_diff"] < 2e-3
+    with admit_every_miss.client(READ_TOKEN) as reader:
+        stats = reader.stats()
+    assert stats.written_back_entries >= COUNT and stats.admit_after == 1
+
+
+def test_the_admission_threshold_is_respected(admit_second_ask: DaemonProcess) -> None:
+    url = f"grpc://{admit_second_ask.target}"
+    first = _child(url, WRITE_TOKEN, 2)
+    assert first["written"]["queued"] == 0  # asked once: nothing admitted
+    second = _child(url, WRITE_TOKEN, 2)
+    assert second["stats"]["misses"] == COUNT and second["written"]["stored"] == COUNT
+    third = _child(url, WRITE_TOKEN, 2)
+    assert third["stats"]["exact_hits"] == COUNT
+
+
+def test_a_read_token_cannot_write_back_and_encode_still_answers(admit_every_miss: DaemonProcess) -> None:
+    report = _child(f"grpc://{admit_every_miss.target}", READ_TOKEN, 3)
+    assert report["written"]["stored"] == 0 and report["written"]["dropped_failed"] == COUNT
+    assert "write or admin token" in report["written"]["disabled"]
+    assert report["max_diff"] < 1e-5
+    again = _child(f"grpc://{admit_every_miss.target}", READ_TOKEN, 3)
+    assert again["stats"]["exact_hits"] == 0
+
+
+def test_outputs_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(
+    admit_every_miss: DaemonProcess,
+) -> None:
+    ids = np.arange(5, 11)
+    with admit_every_miss.client(WRITE_TOKEN) as writer:
+        before = writer.stats().entries
+        namespace = writer.get_namespace("default")
+        writer.lookup(exact_request("default", namespace.fingerprint, [hash_token_ids(ids)], [len(ids)]))
+        bad = row_to_pb(ids, np.zeros((len(ids) + 1, namespace.layout.hidden), np.float32))
+        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*disagrees with its 6 tokens"):
+            writer.write_back("default", namespace.fingerprint, [bad])
+        assert writer.stats().entries == before
+
+
+def test_the_daemon_going_away_mid_write_back_loses_no_committed_entry(tmp_path: Path) -> None:
+    process = _daemon(tmp_path, 1)
+    loaded = tiny_loaded("bert")
+    hidden = plain_hidden(loaded, ["x"])[0].shape[-1]
+    rng = np.random.default_rng(0)
+    rows = [(rng.integers(0, 1000, size=12), rng.normal(size=(12, hidden)).astype(np.float32)) for _ in range(4000)]
+    committed: list[int] = []  # indices of rows whose WriteBack call returned OK
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        with process.client(WRITE_TOKEN) as writer:
+            fingerprint = writer.get_namespace("default").fingerprint
+            for start in range(0, len(rows), 50):
+                batch = rows[start : start + 50]
+                try:
+                    writer.lookup(exact_request("default", fingerprint, [hash_token_ids(i) for i, _ in batch],
+                                                [12] * len(batch)))
+                    writer.write_back("default", fingerprint, [row_to_pb(i, o) for i, o in batch], timeout=5.0)
+                except AttnStoreError as exc:
+                    failed.append(exc)
+                    return
+                committed.extend(range(start, start + len(batch)))
+                if len(committed) == 500:
+                    process.process.send_signal(signal.SIGKILL)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join(120)
+    process.process.wait(30)
+    assert failed and committed, "the daemon was killed mid-write-back"
+    (tmp_path / "again").mkdir()
+    restarted = DaemonProcess(tmp_path / "store", tmp_path / "again").start()
+    try:
+        with restarted.client(ADMIN_TOKEN) as admin:
+            fingerprint = admin.get_namespace("default").fingerprint
+            report = admin.verify()
+            assert not report.corrupt and not report.store_problems
+            for start in range(0, len(committed), 500):
+                chunk = committed[start : start + 500]
+                result = admin.lookup(exact_request("default", fingerprint,
+                                                    [hash_token_ids(rows[i][0]) for i in chunk], [12] * len(chunk)))
+                assert len(result.outputs) == len(chunk)
+                for k, i in enumerate(chunk):
+                    np.testing.assert_array_equal(result.outputs[k], rows[i][1].astype(np.float16))
+            assert report.entries_checked >= len(committed)
+    finally:
+        assert restarted.stop() == 0, restarted.log()

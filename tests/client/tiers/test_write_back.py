@@ -1,0 +1,96 @@
+"""The write-back worker: batches rows to a real (in-process) daemon, never blocks, drops and counts on trouble."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import numpy as np
+import pytest
+from server_fixtures import FP, LAYOUT, memory_service
+
+from attnstore.errors import ConfigError
+from attnstore.server.auth import TokenTable
+from attnstore.server.server import create_server
+from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore.service.write_back import hash_token_ids
+from attnstore_client.connection import connect
+from attnstore_client.connection.local import LocalConnection
+from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
+
+READ, WRITE = "r" * 20, "w" * 20
+
+
+def _rows(count: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 1000, size=6), rng.normal(size=(6, LAYOUT.hidden)).astype(np.float32))
+            for _ in range(count)]
+
+
+@pytest.fixture
+def daemon():
+    service = memory_service()
+    service.admission = Admission(AdmissionConfig(admit_after=1))
+    server, port = create_server(service, "127.0.0.1:0", tokens=TokenTable((("read", READ), ("write", WRITE))))
+    server.start()
+    yield service, f"grpc://127.0.0.1:{port}"
+    server.stop(0)
+
+
+def _admit(connection, rows) -> None:
+    _, admitted = connection.exact_admitting("ns", FP, [hash_token_ids(i) for i, _ in rows], [6] * len(rows),
+                                             timeout=10.0)
+    assert admitted == frozenset(range(len(rows)))
+
+
+def test_queued_rows_reach_the_store_in_batches_and_are_counted(daemon) -> None:
+    service, url = daemon
+    rows = _rows(10)
+    with connect(url, token=WRITE) as connection:
+        _admit(connection, rows)
+        worker = WriteBackWorker(connection, "ns", FP, WriteBackSettings(batch_rows=4))
+        assert all(worker.put(ids, out) for ids, out in rows)
+        assert worker.flush(10.0)
+        stats = worker.stats()
+        worker.close()
+    assert (stats.queued, stats.stored, stats.pending, stats.disabled) == (10, 10, 0, None)
+    assert 3 <= stats.calls <= 10
+    assert service.write_backs.stats().entries == 10
+
+
+def test_a_full_queue_drops_new_rows_without_blocking_and_counts_them() -> None:
+    with socket.socket() as sock:  # a port nobody listens on: every call fails after its deadline
+        sock.bind(("127.0.0.1", 0))
+        url = f"grpc://127.0.0.1:{sock.getsockname()[1]}"
+    with connect(url, token=WRITE) as connection:
+        worker = WriteBackWorker(connection, "ns", FP, WriteBackSettings(max_queued=2, timeout=0.5))
+        started = time.perf_counter()
+        accepted = sum(worker.put(ids, out) for ids, out in _rows(50))
+        assert time.perf_counter() - started < 0.5  # never waits for the store
+        assert worker.flush(30.0)
+        stats = worker.stats()
+        worker.close()
+    assert accepted <= 3 and stats.dropped_full == 50 - accepted
+    assert stats.dropped_failed == accepted and stats.stored == 0
+
+
+def test_a_read_token_turns_the_worker_off_with_one_warning(daemon, caplog: pytest.LogCaptureFixture) -> None:
+    _, url = daemon
+    with connect(url, token=READ) as connection, caplog.at_level(logging.WARNING):
+        worker = WriteBackWorker(connection, "ns", FP, WriteBackSettings())
+        for ids, out in _rows(3):
+            worker.put(ids, out)
+            worker.flush(10.0)
+        stats = worker.stats()
+        worker.close()
+    assert stats.stored == 0 and stats.dropped_failed == 3
+    assert stats.disabled is not None and "needs a write or admin token" in stats.disabled
+    assert sum("write-back turned off" in r.message for r in caplog.records) == 1
+
+
+def test_embedded_mode_refuses_write_back_with_a_clear_error() -> None:
+    connection = LocalConnection("local:/nowhere", memory_service())
+    assert start_write_back(connection, "ns", FP, False) is None
+    with pytest.raises(ConfigError, match="write_back needs a daemon"):
+        start_write_back(connection, "ns", FP, True)

@@ -1,0 +1,118 @@
+"""WriteBack over gRPC: admission marks in Lookup, the write scope, validation, visibility, stats."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from server_fixtures import FP, LAYOUT, memory_service, served
+
+from attnstore.errors import AuthError, MapShapeError, WireFormatError, WriteBackOffError
+from attnstore.protocol.remote import exact_request
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.write_back import row_to_pb
+from attnstore.server.auth import TokenTable
+from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore.service.write_back import hash_token_ids
+
+READ, WRITE, ADMIN = "r" * 20, "w" * 20, "a" * 20
+TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN)))
+
+
+def _row(seed: int, length: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 1000, size=length), rng.normal(size=(length, LAYOUT.hidden)).astype(np.float32)
+
+
+def _service(admit_after: int = 2):
+    service = memory_service()
+    service.admission = Admission(AdmissionConfig(admit_after=admit_after))
+    return service
+
+
+def _ask(remote, rows) -> list[pb.Match]:
+    request = exact_request("ns", FP, [hash_token_ids(ids) for ids, _ in rows], [len(ids) for ids, _ in rows])
+    return remote.lookup(request).matches
+
+
+def test_lookup_marks_a_miss_admit_on_its_second_ask_by_default():
+    row = _row(1)
+    with served(_service()) as (_, remote):
+        assert [m.admit for m in _ask(remote, [row])] == [False]
+        assert [m.admit for m in _ask(remote, [row])] == [True]
+
+
+def test_written_back_row_is_an_exact_hit_for_the_next_lookup_with_its_outputs():
+    row = _row(2)
+    with served(_service()) as (_, remote):
+        _ask(remote, [row]), _ask(remote, [row])
+        reply = remote.write_back("ns", FP, [row_to_pb(*row)])
+        assert (reply.stored, reply.duplicates, reply.not_admitted) == (1, 0, 0)
+        assert reply.bytes == row[1].size * 2
+        request = exact_request("ns", FP, [hash_token_ids(row[0])], [len(row[0])])
+        result = remote.lookup(request)
+        assert result.matches[0].kind == pb.MATCH_KIND_EXACT and not result.matches[0].admit
+        np.testing.assert_array_equal(result.outputs[0], row[1].astype(np.float16))
+        again = remote.write_back("ns", FP, [row_to_pb(*row)])
+        assert (again.stored, again.duplicates) == (0, 1)
+        stats = remote.stats()
+        assert (stats.written_back_entries, stats.written_back_duplicates, stats.admit_after) == (1, 1, 2)
+        assert stats.admission_admitted == 1 and stats.admission_asked == 3
+
+
+def test_rows_not_yet_admitted_are_skipped_and_counted():
+    row = _row(3)
+    with served(_service()) as (_, remote):
+        _ask(remote, [row])
+        reply = remote.write_back("ns", FP, [row_to_pb(*row)])
+        assert (reply.stored, reply.not_admitted) == (0, 1)
+        assert _ask(remote, [row])[0].kind == pb.MATCH_KIND_MISS
+
+
+def test_outputs_whose_length_disagrees_with_the_tokens_are_invalid_argument_and_nothing_is_stored():
+    good, (ids, outputs) = _row(4), _row(5, length=6)
+    with served(_service()) as (_, remote):
+        for _ in range(2):
+            _ask(remote, [good, (ids, outputs)])
+        with pytest.raises(MapShapeError, match=r"outputs shape \(6, 8\) disagrees with its 5 tokens") as info:
+            remote.write_back("ns", FP, [row_to_pb(*good), row_to_pb(ids[:5], outputs)])
+        assert isinstance(info.value.__cause__, grpc.RpcError)
+        assert info.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert remote.stats().entries == 0
+
+
+def test_outputs_bytes_that_disagree_with_their_shape_are_refused():
+    row = row_to_pb(*_row(6))
+    row.shape[0] = 7
+    with served(_service()) as (_, remote), pytest.raises(WireFormatError, match="bytes of outputs"):
+        remote.write_back("ns", FP, [row])
+
+
+def test_a_daemon_with_admit_after_zero_marks_nothing_and_refuses_write_back():
+    service = _service(0)
+    row = _row(7)
+    with served(service) as (_, remote):
+        assert [m.admit for m in _ask(remote, [row]) + _ask(remote, [row])] == [False, False]
+        with pytest.raises(WriteBackOffError, match="--admit-after 0"):
+            remote.write_back("ns", FP, [row_to_pb(*row)])
+
+
+@pytest.mark.parametrize(("token", "allowed"), [(READ, False), (WRITE, True), (ADMIN, True)])
+def test_write_back_needs_a_write_or_admin_token(token, allowed):
+    service = _service(1)
+    row = _row(8)
+    with served(service, tokens=TOKENS, client_token=token) as (_, remote):
+        _ask(remote, [row])
+        if allowed:
+            assert remote.write_back("ns", FP, [row_to_pb(*row)]).stored == 1
+        else:
+            with pytest.raises(AuthError, match="needs a write or admin token; this is a read token"):
+                remote.write_back("ns", FP, [row_to_pb(*row)])
+
+
+@pytest.mark.parametrize("call", ["delete", "compact", "verify"])
+def test_a_write_token_cannot_delete_compact_or_verify(call):
+    with served(_service(), tokens=TOKENS, client_token=WRITE) as (_, remote):
+        method = getattr(remote, call)
+        with pytest.raises(AuthError, match="needs an admin token; this is a write token"):
+            method("ns", [1]) if call == "delete" else method()

@@ -1,0 +1,40 @@
+"""A client process of the write-back tests: encode through a cache that writes back, then report.
+
+    python write_back_child.py URL TOKEN SEED COUNT
+
+Prints one JSON line: the call's stats, the write-back worker's stats after a
+flush, and the largest difference of the embeddings from the plain model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from cache_helpers import plain_hidden, sentences, tiny_loaded
+
+from attnstore_client.cache import AttnCache
+
+
+def main(url: str, token: str, seed: str, count: str) -> None:
+    loaded = tiny_loaded("bert")
+    texts = sentences(int(count), seed=int(seed))
+    with AttnCache(loaded, url, token=token, write_back=True) as cache:
+        embeddings = torch.from_numpy(cache.encode(texts, batch_size=8))
+        assert cache.write_back is not None
+        cache.write_back.flush(30.0)
+        written = dataclasses.asdict(cache.write_back.stats())
+    expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)])
+    max_diff = (embeddings - expected).abs().max().item()
+    print(json.dumps({"stats": cache.last_stats.to_json_dict(), "written": written, "max_diff": max_diff}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,256 @@
+"""``attnstore bench stream``: Loghub lines streamed by several node processes sharing one daemon.
+
+The 8 Loghub systems of ``../shared/data/loghub``: the first ``--build-lines``
+lines of each fill the store (and the dict caches); the stream is the rest, in
+their original order, systems interleaved in blocks of 50 lines, cut to
+``--limit`` lines. ``--nodes`` processes (``--threads`` torch threads each) take
+batches of ``--batch`` rows dealt round-robin, all starting together. Variants,
+each on the same stream and the same number of processes, one after the other:
+
+- ``plain``: sentence-transformers ``encode``;
+- ``dict``: each process its own dict output cache, pre-filled with the build lines;
+- ``attnstore``: ``AttnCache`` against the daemon, write-back off (exact tiers:
+  the node's own and the store's, pre-filled with the build lines);
+- ``attnstore_write_back``: the same with write-back on (its own namespace, pre-filled alike).
+
+The namespaces are exact-tier only (``admin create-namespace``: cold start), so
+there are no map hits here: the margin over the dict is what sharing and
+write-back alone earn. Reports rows/s per variant, hit rates by kind, fidelity
+(cosine per row to ``plain``), store bytes and daemon RSS at the end, errors,
+and a PNG of the hit rate over the stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnstore.errors import ConfigError
+from attnstore_tools.arguments import documented_parser
+from attnstore_tools.launcher import ServeProcess
+from attnstore_tools.output import write_json
+
+VARIANTS = ("plain", "dict", "attnstore", "attnstore_write_back")
+LOGHUB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "loghub"
+_ADMIN, _WRITE = "bench-admin-token-0123456789", "bench-write-token-0123456789"
+_BLOCK = 50  # lines of one system before the next system's
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``stream`` to the ``bench`` group."""
+    p = documented_parser(subparsers, "stream", __doc__, summary="Loghub stream, node processes sharing a daemon")
+    p.add_argument("--data", type=Path, default=LOGHUB, help="folder of the Loghub .tsv files")
+    p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
+    p.add_argument("--build-lines", type=int, default=500, help="lines per system that fill the store")
+    p.add_argument("--limit", type=int, default=12_000, help="stream lines at most")
+    p.add_argument("--nodes", type=int, default=4, help="node processes")
+    p.add_argument("--batch", type=int, default=32, help="rows per encode call")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per node")
+    p.add_argument("--admit-after", type=int, default=2, help="the daemon's --admit-after")
+    p.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    p.add_argument("--plot", type=Path, default=None, help="write the hit-rate plot here (PNG)")
+    p.set_defaults(func=run)
+
+
+def load_stream(data: Path, build_lines: int, limit: int) -> tuple[list[str], list[str]]:
+    """The build lines (first ``build_lines`` of each system) and the stream (the rest, interleaved, cut)."""
+    systems = []
+    for path in sorted(data.glob("*.tsv")):
+        with path.open(encoding="utf-8", newline="") as f:
+            systems.append([row["content"] for row in csv.DictReader(f, delimiter="\t")])
+    if not systems:
+        raise ConfigError(f"bench stream: no .tsv files in {data}")
+    build = [line for lines in systems for line in lines[:build_lines]]
+    rests = [lines[build_lines:] for lines in systems]
+    stream: list[str] = []
+    for start in range(0, max(len(r) for r in rests), _BLOCK):
+        for rest in rests:
+            stream += rest[start : start + _BLOCK]
+    return build, stream[:limit]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the table, write the JSON (and the plot); returns the exit code."""
+    if min(args.build_lines, args.limit, args.nodes, args.batch, args.threads) < 1 or args.admit_after < 1:
+        raise ConfigError(
+            "need --build-lines, --limit, --nodes, --batch, --threads and --admit-after >= 1; got "
+            f"{args.build_lines}, {args.limit}, {args.nodes}, {args.batch}, {args.threads}, {args.admit_after}"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    build, stream = load_stream(args.data, args.build_lines, args.limit)
+    work = Path(tempfile.mkdtemp(prefix="attnstore-bench-stream-"))
+    (work / "stream.json").write_text(json.dumps(stream), encoding="utf-8")
+    (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
+    tokens = work / "tokens"
+    tokens.write_text(f"admin {_ADMIN}\nwrite {_WRITE}\n", encoding="utf-8")
+    tokens.chmod(0o600)
+    daemon = ServeProcess(work / "store", work, args=("--token-file", str(tokens), "--admit-after",
+                                                      str(args.admit_after))).start()
+    try:
+        url = f"grpc://{daemon.target}"
+        _prefill(args, daemon, url, build, work)
+        reports = {v: _run_variant(args, v, url, work, len(stream)) for v in VARIANTS}
+        with daemon.client(_ADMIN) as admin:
+            stats = admin.stats()
+        rss = _rss_bytes(daemon.pid)
+    finally:
+        daemon.stop()
+    result = _summarise(args, reports, len(stream), stats.stored_bytes, rss)
+    _print(result)
+    if args.plot is not None:
+        _plot(reports, args.plot)
+    if args.json is not None:
+        write_json(args.json, result)
+    return 0 if result["errors"] == 0 else 1
+
+
+def _prefill(args: argparse.Namespace, daemon: ServeProcess, url: str, build: list[str], work: Path) -> None:
+    """Create both namespaces (cold start), fill each with the build lines by write-back, embed them for the dicts."""
+    import torch
+
+    from attnstore_client.cache import AttnCache
+    from attnstore_client.models import load_model
+    from attnstore_tools.cold_start import create_exact_namespace
+
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    assert loaded.sentence_transformer is not None, "bench stream needs a sentence-transformers model"
+    with daemon.client(_ADMIN) as admin:
+        for namespace in VARIANTS[2:]:
+            create_exact_namespace(admin, loaded, namespace)
+    for namespace in VARIANTS[2:]:
+        with AttnCache(loaded, url, namespace=namespace, token=_WRITE, write_back=True, exact_cache_bytes=0) as cache:
+            for _ in range(args.admit_after):  # the last pass is admitted and written back
+                cache.encode(build, batch_size=args.batch)
+            assert cache.write_back is not None
+            cache.write_back.flush(120.0)
+    np.save(work / "build.npy", loaded.sentence_transformer.encode(build, batch_size=args.batch))
+
+
+def _run_variant(args: argparse.Namespace, variant: str, url: str, work: Path, count: int) -> list[dict[str, Any]]:
+    """Start the nodes, wait until all loaded, start them together, collect their reports."""
+    procs = []
+    for node in range(args.nodes):
+        spec = {"variant": variant, "node": node, "nodes": args.nodes, "batch": args.batch, "url": url,
+                "token": _WRITE, "namespace": variant, "work": str(work), "threads": args.threads,
+                "model": args.model}
+        path = work / f"spec-{variant}-{node}.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        with (work / f"{variant}-{node}.log").open("wb") as log:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen([sys.executable, "-m", "attnstore_tools.bench.stream_node", str(path)],
+                                          stdout=subprocess.DEVNULL, stderr=log))
+    while not all((work / f"ready-{variant}-{n}").exists() for n in range(args.nodes)):
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.05)
+    (work / f"go-{variant}").touch()
+    reports = []
+    for node, proc in enumerate(procs):
+        proc.wait()
+        out = work / f"{variant}-{node}.json"
+        if proc.returncode != 0 or not out.exists():
+            log = (work / f"{variant}-{node}.log").read_text(encoding="utf-8", errors="replace")[-2000:]
+            reports.append({"rows": [], "kinds": [], "start": 0.0, "end": 0.0, "written": None,
+                            "error": f"node exited {proc.returncode}: {log}", "embeddings": np.zeros((0, 1))})
+            continue
+        report = json.loads(out.read_text(encoding="utf-8"))
+        report["embeddings"] = np.load(work / f"{variant}-{node}.npy")
+        reports.append(report)
+    return reports
+
+
+def _in_stream_order(reports: list[dict[str, Any]], count: int) -> tuple[np.ndarray | None, list[str]]:
+    kinds = [""] * count
+    dim = max((r["embeddings"].shape[1] for r in reports if len(r["rows"])), default=0)
+    out = np.zeros((count, dim), np.float32) if dim else None
+    for r in reports:
+        for k, row in enumerate(r["rows"]):
+            kinds[row] = r["kinds"][k]
+            if out is not None:
+                out[row] = r["embeddings"][k]
+    return out, kinds
+
+
+def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]], count: int, store_bytes: int,
+               rss: int | None) -> dict[str, Any]:
+    plain, _ = _in_stream_order(reports["plain"], count)
+    variants: dict[str, Any] = {}
+    errors = 0
+    for variant, nodes in reports.items():
+        embeddings, kinds = _in_stream_order(nodes, count)
+        failed = [r["error"] for r in nodes if r["error"]]
+        errors += len(failed) + kinds.count("")  # a node that failed, rows no node answered
+        seconds = max(r["end"] for r in nodes) - min(r["start"] for r in nodes)
+        cosine = None
+        if embeddings is not None and plain is not None and embeddings.shape == plain.shape:
+            a = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+            b = plain / np.linalg.norm(plain, axis=1, keepdims=True)
+            cosine = (a * b).sum(axis=1)
+        variants[variant] = {
+            "rows_per_s": count / seconds if seconds > 0 else 0.0, "seconds": seconds,
+            "hit_rate": {k: kinds.count(k) / count for k in ("exact", "map", "miss", "fallback")},
+            "frac_cos_099": None if cosine is None else float((cosine >= 0.99).mean()),
+            "min_cos": None if cosine is None else float(cosine.min()),
+            "written_back": [r["written"] for r in nodes if r["written"]], "errors": failed,
+        }
+    best, rate = variants["attnstore_write_back"], lambda v: variants[v]["rows_per_s"] or float("nan")
+    return {
+        "stream_rows": count, "nodes": args.nodes, "batch": args.batch, "threads": args.threads,
+        "model": args.model, "admit_after": args.admit_after, "build_lines": args.build_lines,
+        "speedup_vs_plain": rate("attnstore_write_back") / rate("plain"),
+        "speedup_vs_dict": rate("attnstore_write_back") / rate("dict"),
+        "frac_cos_099": best["frac_cos_099"], "min_cos": best["min_cos"], "errors": errors,
+        "store_bytes": store_bytes, "daemon_rss_bytes": rss, "variants": variants,
+    }
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"{'variant':22} {'rows/s':>8} {'exact':>6} {'miss':>6} {'cos>=.99':>8} {'min cos':>8}")
+    for name, v in result["variants"].items():
+        frac = "-" if v["frac_cos_099"] is None else f"{v['frac_cos_099']:.4f}"
+        low = "-" if v["min_cos"] is None else f"{v['min_cos']:.4f}"
+        print(f"{name:22} {v['rows_per_s']:8.1f} {v['hit_rate']['exact']:6.3f} {v['hit_rate']['miss']:6.3f}"
+              f" {frac:>8} {low:>8}")
+    print(f"speedup vs plain {result['speedup_vs_plain']:.3f}, vs dict {result['speedup_vs_dict']:.3f};"
+          f" store {result['store_bytes']} B, daemon RSS {result['daemon_rss_bytes']} B, errors {result['errors']}")
+
+
+def _plot(reports: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for variant in VARIANTS[1:]:
+        count = sum(len(r["rows"]) for r in reports[variant])
+        _, kinds = _in_stream_order(reports[variant], count)
+        hits = np.array([k == "exact" for k in kinds], dtype=np.float64)
+        window = max(1, min(500, len(hits) // 10))
+        ax.plot(np.convolve(hits, np.ones(window) / window, mode="valid"), label=f"{variant}: exact hits")
+    ax.set_xlabel("stream position (rows)")
+    ax.set_ylabel("hit rate (rolling mean)")
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

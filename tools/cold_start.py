@@ -1,0 +1,52 @@
+"""``attnstore admin create-namespace``: an empty namespace for a model, filled from traffic.
+
+Cold start: no corpus, no build. The namespace gets the model's layout and
+fingerprint and no projector, so it serves the exact tier alone; nodes that run
+the model with a write token fill it by write-back (``AttnCache(write_back=True)``)
+as traffic repeats. Map hits need a projector, which a build trains from a
+corpus with maps (``attnstore build`` then ``admin ingest --replace-projector``):
+training one from written-back rows is not done yet (they carry no maps).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from attnstore.protocol.records import Codec, NamespaceLayout
+from attnstore.protocol.remote import RemoteStore
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore_client.adapters import adapter_for
+from attnstore_client.keys import model_fingerprint
+from attnstore_client.models import LoadedModel, load_model
+from attnstore_client.projector import ProjectorConfig
+
+
+def exact_tier_layout(loaded: LoadedModel, codec: Codec = "fp16") -> NamespaceLayout:
+    """The layout of ``loaded``'s namespace, with the default projector's feature size (for a later projector)."""
+    adapter = adapter_for(loaded)
+    return NamespaceLayout(
+        layers=adapter.num_layers, heads=adapter.num_heads, causal=adapter.causal, hidden=adapter.hidden_size,
+        feature_dim=ProjectorConfig(hidden=adapter.hidden_size).dim, codec=codec,
+    )
+
+
+def create_exact_namespace(remote: RemoteStore, loaded: LoadedModel, name: str) -> pb.Namespace:
+    """Create (or find, if it exists with the same model and layout) an exact-tier-only namespace.
+
+    Raises:
+        NamespaceExistsError: ``name`` exists with another model or layout.
+        AuthError: the token is not an admin token.
+    """
+    fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+    return remote.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=exact_tier_layout(loaded))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``admin create-namespace``."""
+    parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or local model path")
+    parser.add_argument("--namespace", required=True, help="name of the namespace to create")
+
+
+def run(args: argparse.Namespace, remote: RemoteStore) -> pb.Namespace:
+    """Create the namespace ``args`` name for ``args.model``."""
+    return create_exact_namespace(remote, load_model(args.model), args.namespace)
