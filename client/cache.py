@@ -6,8 +6,8 @@
 
 A call resolves its rows tier by tier, each tier asked only for the rows still
 open (``attnstore_client.prefill``): repeats within the call, this process's own
-exact tier, the store's exact tier, then map hits where the cost model expects a
-lookup to pay; the rest compute normally. The store can only make a call faster:
+exact tier, the store's exact tier, stored prefixes (causal models), then map hits
+where the cost model expects a lookup to pay; the rest compute normally. The store can only make a call faster:
 a miss, timeout, checksum failure or outage computes the affected rows with the
 plain model (counted in the stats), also when the daemon is down at start.
 """
@@ -24,17 +24,12 @@ from typing import Any, Literal
 
 import torch
 
-from attnstore.errors import (
-    ConfigError,
-    FingerprintMismatchError,
-    UnavailableError,
-    UnsupportedModelError,
-)
+from attnstore.errors import ConfigError, FingerprintMismatchError, UnavailableError, UnsupportedModelError
 from attnstore_client.adapters import adapter_for
 from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
-from attnstore_client.models import LoadedModel, load_model
+from attnstore_client.models import LoadedModel, load_model, torch_device
 from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
@@ -43,6 +38,7 @@ from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precis
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.prefix import DEFAULT_MIN_PREFIX_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +95,7 @@ class AttnCache:
             sentence-transformers ``max_seq_length``, else its context).
         device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: the CPU).
         exact_cache_bytes: cap of this process's exact tier (0 turns it off).
+        prefix_min_tokens: shortest stored prefix fetched (causal models; ``prefix = False`` turns the tier off).
         cost: how the cost model decides which rows are worth a map lookup.
         retry: retries of a failed store call (only outages, only within ``timeout``).
         breaker: when to stop asking a failing store, and when to try again.
@@ -127,6 +124,7 @@ class AttnCache:
         max_length: int | None = None,
         device: str | torch.device | None = None,
         exact_cache_bytes: int = DEFAULT_EXACT_CACHE_BYTES,
+        prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS,
         cost: CostSettings = CostSettings(),
         retry: RetryPolicy = RetryPolicy(),
         breaker: BreakerPolicy = BreakerPolicy(),
@@ -139,7 +137,7 @@ class AttnCache:
             raise ConfigError(f"AttnCache: max_length must be >= 1 or None, got {max_length}")
         if not isinstance(store, str) and (token, tls_ca, client_cert, client_key) != (None, None, None, None):
             raise ConfigError("AttnCache: token and TLS files go with a store URL; this connection is already open")
-        self.device = _device(device)
+        self.device = torch_device(device)
         self.loaded = load_model(model) if isinstance(model, str) else model
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
         self._move(self.device)
@@ -156,7 +154,8 @@ class AttnCache:
             self.connection,
             fingerprint=self.fingerprint,
             projector=None,
-            settings=PrefillSettings(namespace, _threshold(max_distance, None), exact, stream, timeout, retry),
+            settings=PrefillSettings(namespace, _threshold(max_distance, None), exact, stream, timeout, retry,
+                                     prefix_min_tokens=prefix_min_tokens),
             breaker=CircuitBreaker(breaker),
             local_tier=LocalExactTier(exact_cache_bytes),
             cost_model=CostModel(cost),
@@ -198,6 +197,7 @@ class AttnCache:
                 f"{self.fingerprint[:16]}...: a different model, tokenizer or weights, so its maps would be wrong. "
                 "Build a namespace with this model, or pick the namespace built for it."
             )
+        self._prefill.prefix_layout = handle.prefix if self.adapter.causal else None
         if handle.projector is None:
             log.info("namespace %r has no projector yet: exact hits only until it has one", self.namespace)
             return
@@ -263,6 +263,15 @@ class AttnCache:
         self._prefill.settings = dataclasses.replace(self._prefill.settings, maps=bool(value))
 
     @property
+    def prefix(self) -> bool:
+        """Whether rows start from stored prefixes of their keys and values (causal models); settable."""
+        return self._prefill.settings.prefix
+
+    @prefix.setter
+    def prefix(self, value: bool) -> None:
+        self._prefill.settings = dataclasses.replace(self._prefill.settings, prefix=bool(value))
+
+    @property
     def breaker(self) -> CircuitBreaker:
         """The circuit breaker in front of the store."""
         return self._prefill.breaker
@@ -318,7 +327,7 @@ class AttnCache:
 
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""
-        self.device = _device(device)
+        self.device = torch_device(device)
         self._move(self.device)
         self._prefill.device = self.device
         if self._prefill.projector is not None:
@@ -399,7 +408,7 @@ class AttnCache:
             raise ConfigError("encode() needs the texts: encode(texts) or encode(sentences=texts)")
         options = OutputOptions(output_value, precision, convert_to_numpy, convert_to_tensor, normalize_embeddings,
                                 truncate_dim)
-        if device is not None and _device(device) != self.device:
+        if device is not None and torch_device(device) != self.device:
             self.to(device)
         single = isinstance(texts, str)
         rows = [texts] if isinstance(texts, str) else list(texts)
@@ -436,6 +445,7 @@ class AttnCache:
         self.last_stats = CacheStats(
             rows=counts.rows, deduplicated=counts.deduplicated, exact_hits=counts.exact_hits + counts.local_hits,
             local_hits=counts.local_hits, map_hits=counts.map_hits, misses=counts.misses, skipped=counts.skipped,
+            prefix_hits=counts.prefix_hits, prefix_tokens=counts.prefix_tokens,
             fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
             projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
             forward_s=counts.forward_s, total_s=total_s, estimates=self.cost_model.estimates(),
@@ -482,19 +492,3 @@ class AttnCache:
         hidden = self.hidden_states(tokens, batch_size=batch_size, show_progress_bar=show_progress_bar)
         return next_token_choice(head, torch.stack([states[-1] for states in hidden]), ids)
 
-
-def _device(device: str | torch.device | None) -> torch.device:
-    """A torch device, checked.
-
-    Raises:
-        ConfigError: not a device name, or a CUDA device this machine does not have.
-    """
-    try:
-        chosen = torch.device(device or "cpu")
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"AttnCache: device {device!r} is not a torch device ({exc})") from None
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"AttnCache: device {device!r} asked for, but this machine has no CUDA device")
-    if chosen.type not in ("cpu", "cuda"):
-        raise ConfigError(f"AttnCache: device {device!r}: only 'cpu' and 'cuda' devices are supported")
-    return chosen

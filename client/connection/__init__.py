@@ -7,8 +7,11 @@ from attnstore_client.connection.base import (
     Match,
     MatchKind,
     NamespaceHandle,
+    PrefixStream,
     StoreConnection,
     connect,
 )
 
-__all__ = ["URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "StoreConnection", "connect"]
+__all__ = [
+    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "StoreConnection", "connect",
+]
