@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -110,7 +111,7 @@ def forward_with_prefix(adapter: Adapter, suffix: Batch, prefix_length: int, str
     device = suffix.input_ids.device
     cache = DynamicCache()
     cache.layers = [
-        _StreamedLayer(lambda layer=layer: stacked_layer(stream, suffix.size, layer, device), prefix_length)
+        _StreamedLayer(partial(stacked_layer, stream, suffix.size, layer, device), prefix_length)
         for layer in range(adapter.num_layers)
     ]
     past = suffix.attention_mask.new_ones((suffix.size, prefix_length))  # (B, p)

@@ -9,10 +9,12 @@ Right padding leaves a row's real positions as they are in its own forward.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from attnstore.errors import UnsupportedModelError
 from attnstore.protocol.prefix import DEFAULT_BLOCK_SIZE, PrefixBlock, PrefixDtype, PrefixLayout, chain_hashes
@@ -55,8 +57,9 @@ def capture_prefix_blocks(
         output = adapter.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                past_key_values=cache, use_cache=True)
     dtype = np.dtype(layout.dtype)
-    keys = torch.stack([layer.keys for layer in cache.layers])  # (layers, B, KVH, P, d)
-    values = torch.stack([layer.values for layer in cache.layers])  # (layers, B, KVH, P, d)
+    layers = [cast(DynamicLayer, layer) for layer in cache.layers]  # a plain DynamicCache's own layers
+    keys = torch.stack([cast(torch.Tensor, layer.keys) for layer in layers])  # (layers, B, KVH, P, d)
+    values = torch.stack([cast(torch.Tensor, layer.values) for layer in layers])  # (layers, B, KVH, P, d)
     kv = torch.stack([keys, values], dim=2).float().cpu().numpy()  # (layers, B, 2, KVH, P, d)
     hidden = output.last_hidden_state.float().cpu().numpy()  # (B, P, hidden)
     size = layout.block_size

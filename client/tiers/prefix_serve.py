@@ -81,7 +81,7 @@ def _forward_group(
         suffix = batch_from_ids([tokens[c.row][prefix_length:] for c in group], prefill._pad).to(prefill.device)
         try:
             out = forward_with_prefix(prefill.adapter, suffix, prefix_length, stream)  # (B, S, hidden)
-            hidden = [torch.from_numpy(stream.hidden(b)).to(prefill.device) for b in range(len(group))]  # (p, hidden)
+            hidden = [torch.tensor(stream.hidden(b), device=prefill.device) for b in range(len(group))]  # (p, hidden)
         except MapsUnavailableError as exc:
             failed = group[exc.row]
             log.warning("prefix of row %d unavailable (%s): computing it", failed.row, exc)
