@@ -240,6 +240,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     except ROW_ERRORS as exc:
                         # A corrupt or vanished block loses this row only; the client computes it.
                         failed.add(row)
+                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d error=%r",
+                                    request.namespace, row, chunk, exc)
                         code, message = status_for(exc)
                         self._metrics.row_error(request.namespace, code.name)
                         yield pb.PrefixChunk(row=row, chunk=chunk,
