@@ -378,6 +378,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="store the prompts' prefix blocks (keys and values of whole blocks of tokens, for the"
                              " prefix tier); default: on for causal models")
     parser.add_argument("--prefix-block-size", type=int, default=32, help="tokens per prefix block (default 32)")
+    parser.add_argument("--prefix-min-shared", type=int, default=2,
+                        help="store a prefix block only when this many prompts start with it (default 2; 1: all)")
     parser.add_argument("--prefix-dtype", choices=["float32", "float16"],
                         help="prefix blocks' dtype (default: the model's, exact; float16 halves the bytes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -399,7 +401,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         calibration=None if args.no_calibration else CalibrationConfig(),
         prefix_blocks=args.prefix_blocks,
-        prefix=PrefixBuildConfig(block_size=args.prefix_block_size, dtype=args.prefix_dtype),
+        prefix=PrefixBuildConfig(block_size=args.prefix_block_size, dtype=args.prefix_dtype,
+                                 min_shared=args.prefix_min_shared),
     )
     with AttnStoreService.open(args.store, create=True) as service:
         report = build_namespace(loaded, texts, service, config, progress=not args.no_progress)

@@ -1,15 +1,21 @@
 """``attnstore build --prefix-blocks``: the prefix blocks of a corpus of prompts (causal models).
 
-Each prompt's whole blocks of tokens are stored with their keys, values and
-last hidden states (``attnstore_client.tiers.prefix_capture``); a block already
-stored (another prompt with the same start) is stored once, and a prompt whose
-blocks are all stored is not run at all. A prompt's blocks go in one write, so
-an interrupted build leaves whole chains only.
+A block is stored when at least ``min_shared`` prompts of the corpus start with
+it (default 2: a start that several prompts share, such as an instruction or
+few-shot exemplars, is likely to start future prompts too; a prompt's own text
+is not). Since a block's key covers every token before it, the blocks a prompt
+shares with others are always its first ones: each prompt stores a prefix of
+its chain. Blocks are stored with their keys, values and last hidden states
+(``attnstore_client.tiers.prefix_capture``), each once; a prompt whose kept
+blocks are all stored is not run at all, and one that is run is run on its
+kept blocks only. A prompt's blocks go in one write, so an interrupted build
+leaves whole chains only.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +34,7 @@ class PrefixBuildConfig:
     block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block (recorded in the namespace)
     dtype: PrefixDtype | None = None  # None: the model's compute dtype (exact); "float16" halves the bytes
     batch_size: int = 8  # prompts per forward (a 650-token SmolLM2 prompt's keys and values are 30 MB fp32)
+    min_shared: int = 2  # prompts of the corpus that must start with a block for it to be stored (1: every block)
 
 
 @dataclass(frozen=True)
@@ -55,11 +62,13 @@ def store_prefix_blocks(
     layout = store.set_prefix_layout(
         namespace, prefix_layout_of(adapter, block_size=config.block_size, dtype=config.dtype)
     )
+    chains = [chain_hashes(row, layout.block_size) for row in rows]
+    starts = Counter(h for chain in chains for h in set(chain))
     todo = []
-    for row in rows:
-        hashes = chain_hashes(row, layout.block_size)
-        if hashes and store.match_prefix(namespace, hashes) < len(hashes):
-            todo.append(list(row))
+    for row, chain in zip(rows, chains, strict=True):
+        kept = sum(1 for h in chain if starts[h] >= config.min_shared)  # counts fall along a chain: a prefix
+        if kept and store.match_prefix(namespace, chain[:kept]) < kept:
+            todo.append(list(row[: kept * layout.block_size]))
     todo.sort(key=len, reverse=True)  # batches of alike lengths pad little
     added = 0
     with tqdm(total=len(todo), desc="prefix blocks", unit="prompt", disable=not progress) as bar:

@@ -33,7 +33,7 @@ def _prompts(count: int) -> list[str]:
 
 def test_build_stores_each_prompts_blocks_once_and_a_second_build_runs_no_prompt_again(decoder, tmp_path):
     prompts = _prompts(20)
-    config = BuildConfig(calibration=None, prefix=PrefixBuildConfig(block_size=8))
+    config = BuildConfig(calibration=None, prefix=PrefixBuildConfig(block_size=8, min_shared=1))
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         report = build_namespace(decoder, prompts, service, config, progress=False)
         assert report.prefix is not None and report.prefix.prompts == 20
@@ -52,3 +52,16 @@ def test_build_without_prefix_blocks_stores_none(decoder, tmp_path):
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         report = build_namespace(decoder, _prompts(20), service, config, progress=False)
         assert report.prefix is None and service.prefix_layout("default") is None
+
+
+def test_by_default_only_blocks_that_several_prompts_start_with_are_stored(decoder, tmp_path):
+    prompts = _prompts(20)
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        report = build_namespace(decoder, prompts, service, BuildConfig(calibration=None), progress=False)
+        ids = [decoder.tokenizer(p)["input_ids"] for p in prompts]
+        shared = min(len(a) for a in ids)
+        while len({tuple(row[:shared]) for row in ids}) > 1:
+            shared -= 1
+        blocks = shared // 32  # the default block size
+        assert blocks >= 1 and report.prefix.blocks == blocks
+        assert all(service.store.match_prefix("default", chain_hashes(row, 32)) == blocks for row in ids)
