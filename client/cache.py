@@ -29,7 +29,7 @@ from attnstore_client.adapters import adapter_for
 from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
-from attnstore_client.models import LoadedModel, load_model, torch_device
+from attnstore_client.models import LoadedModel, load_model, resolve_device
 from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
@@ -137,7 +137,7 @@ class AttnCache:
             raise ConfigError(f"AttnCache: max_length must be >= 1 or None, got {max_length}")
         if not isinstance(store, str) and (token, tls_ca, client_cert, client_key) != (None, None, None, None):
             raise ConfigError("AttnCache: token and TLS files go with a store URL; this connection is already open")
-        self.device = torch_device(device)
+        self.device = resolve_device(device)
         self.loaded = load_model(model) if isinstance(model, str) else model
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
         self._move(self.device)
@@ -278,8 +278,12 @@ class AttnCache:
 
     @property
     def cost_model(self) -> CostModel:
-        """What decides which rows are worth a map lookup (``estimates()`` shows its figures)."""
+        """What decides which rows are worth a map lookup (``estimates()`` shows its figures); settable."""
         return self._prefill.cost_model
+
+    @cost_model.setter
+    def cost_model(self, model: CostModel) -> None:
+        self._prefill.cost_model = model
 
     @property
     def local_tier(self) -> LocalExactTier:
@@ -327,7 +331,7 @@ class AttnCache:
 
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""
-        self.device = torch_device(device)
+        self.device = resolve_device(device)
         self._move(self.device)
         self._prefill.device = self.device
         if self._prefill.projector is not None:
@@ -408,7 +412,7 @@ class AttnCache:
             raise ConfigError("encode() needs the texts: encode(texts) or encode(sentences=texts)")
         options = OutputOptions(output_value, precision, convert_to_numpy, convert_to_tensor, normalize_embeddings,
                                 truncate_dim)
-        if device is not None and torch_device(device) != self.device:
+        if device is not None and resolve_device(device) != self.device:
             self.to(device)
         single = isinstance(texts, str)
         rows = [texts] if isinstance(texts, str) else list(texts)

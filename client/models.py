@@ -199,8 +199,8 @@ def _family_of(config: PretrainedConfig, name: str) -> Literal["llama", "bert"]:
     return family
 
 
-def torch_device(device: str | torch.device | None) -> torch.device:
-    """A torch device, checked.
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A torch device for ``AttnCache(device=...)``, checked (None: the CPU).
 
     Raises:
         ConfigError: not a device name, or a CUDA device this machine does not have.
@@ -208,9 +208,9 @@ def torch_device(device: str | torch.device | None) -> torch.device:
     try:
         chosen = torch.device(device or "cpu")
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device {device!r} is not a torch device ({exc})") from None
+        raise ConfigError(f"AttnCache: device {device!r} is not a torch device ({exc})") from None
     if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but this machine has no CUDA device")
+        raise ConfigError(f"AttnCache: device {device!r} asked for, but this machine has no CUDA device")
     if chosen.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device {device!r}: only 'cpu' and 'cuda' devices are supported")
+        raise ConfigError(f"AttnCache: device {device!r}: only 'cpu' and 'cuda' devices are supported")
     return chosen

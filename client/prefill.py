@@ -8,9 +8,10 @@
    blocks of tokens are stored run their forward on the rest only.
 4. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
    sending for maps; those are projected and searched.
-5. The rows left are batched by length after the lookups: map hits together
-   (their maps stream layer by layer into a forward that skips q/k for every
-   row), the rest together (the plain forward), so no batch is half empty.
+5. The rows left are batched by length after the lookups, map hits and the
+   rest together: a hit's maps stream layer by layer into the forward, which
+   skips q/k for that row and computes the others, so the batches pad no more
+   than the plain model's and no batch is half empty.
 
 A hit whose maps cannot be delivered (a row error, a bad checksum, the daemon
 going away, the deadline) is computed instead and counted as a fallback; the
@@ -214,13 +215,12 @@ class Prefill:
             counts.skipped += sum(i not in kinds for i in rest) - len(asked)
             hits = self._search(asked, rows, kinds, counts, batch_size)
         with tqdm(total=len(rest), desc="rows", unit="row", disable=not progress) as bar:
-            for batch_rows, batch in self._batches(sorted(hits, key=lambda i: -len(rows[i])), rows, batch_size):
-                self._replay_batch(batch_rows, batch, hits, done, kinds, counts)
+            # Hits and the rows to compute share length-sorted batches: a hit replays inside its
+            # batch, so batching after the lookup pads no more than the plain model does.
+            for batch_rows, batch in self._batches(sorted(rest, key=lambda i: -len(rows[i])), rows, batch_size):
+                self._forward_batch(batch_rows, batch, hits, done, kinds, counts)
                 bar.update(len(batch_rows))
-            computed = [i for i in rest if i not in done]
-            for batch_rows, batch in self._batches(sorted(computed, key=lambda i: -len(rows[i])), rows, batch_size):
-                self._compute_batch(batch_rows, batch, done, counts)
-                bar.update(len(batch_rows))
+        computed = [i for i in rest if kinds.get(i) != "map"]
         for i in computed:
             kinds.setdefault(i, "miss")
             if self.settings.exact:
@@ -363,77 +363,87 @@ class Prefill:
             chunk = ordered[start : start + batch_size]
             yield chunk, self._batch([tokens[i] for i in chunk])
 
-    def _compute_batch(self, rows: list[int], batch: Batch, done: dict[int, torch.Tensor], counts: CallCounts) -> None:
-        started = time.perf_counter()
-        out = self.adapter.forward(batch)  # (B, P, hidden)
-        seconds = time.perf_counter() - started
-        counts.forward_s += seconds
-        self._record_forward(batch, seconds, replayed=False)
-        for position, i in enumerate(rows):
-            done[i] = out[position, : batch.lengths[position]]  # (L, hidden)
-
-    def _record_forward(self, batch: Batch, seconds: float, *, replayed: bool) -> None:
-        """Every row of a batch took the batch's time per row (it ran padded to the longest)."""
-        for length, group in _by_band(batch.lengths).items():
-            self.cost_model.record_forward(length, len(group), seconds * len(group) / batch.size, replayed=replayed)
-
-    def _replay_batch(
+    def _forward_batch(
         self, rows: list[int], batch: Batch, hits: dict[int, Match], done: dict[int, torch.Tensor],
         kinds: dict[int, str], counts: CallCounts,
     ) -> None:
-        """One forward of map hits replaying their entries' maps; rows whose maps fail are computed in it."""
+        """One forward of ``batch``: its map hits replay their entries' maps, the other rows compute.
+
+        A hit whose maps fail (fetch, checksum, deadline, outage) is computed in the same
+        forward and counted as a fallback.
+        """
         started = time.perf_counter()
-        entries = [(int(hits[i].entry_id or 0), batch.lengths[position]) for position, i in enumerate(rows)]
+        slots = {position: i for position, i in enumerate(rows) if i in hits}  # batch position -> row
+        replayed: list[int] = []
+        if not slots:
+            out = self.adapter.forward(batch)  # (B, P, hidden)
+        else:
+            out, replayed = self._replaying(batch, slots, hits, kinds, counts)
+        seconds = time.perf_counter() - started
+        counts.forward_s += seconds
+        padded = max(batch.lengths)
+        self.cost_model.record_forward(
+            padded, computed_tokens=padded * (batch.size - len(replayed)), replayed_tokens=padded * len(replayed),
+            seconds=seconds,
+        )
+        for position, i in enumerate(rows):
+            done[i] = out[position, : batch.lengths[position]]  # (L, hidden)
+        for position in replayed:
+            kinds[rows[position]] = "map"
+
+    def _replaying(
+        self, batch: Batch, slots: dict[int, int], hits: dict[int, Match], kinds: dict[int, str], counts: CallCounts
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The forward of a batch with hits (batch position -> row in ``slots``) and the positions that replayed."""
+        positions = sorted(slots)
+        entries = [(int(hits[slots[p]].entry_id or 0), batch.lengths[p]) for p in positions]
         try:
             stream = self.connection.fetch_maps(
                 self.settings.namespace, self.fingerprint, entries, timeout=self.settings.timeout
             )
         except AttnStoreError as exc:
-            log.warning("maps of %d hits could not be fetched, computing them: %s", len(rows), exc)
+            log.warning("maps of %d hits could not be fetched, computing them: %s", len(positions), exc)
             self.breaker.record_failure()
-            counts.fallback(cause_of(exc), len(rows))
-            kinds.update({i: "fallback" for i in rows})
-            self._compute_batch(rows, batch, done, counts)
-            return
-        failed: dict[int, str] = {}
+            counts.fallback(cause_of(exc), len(positions))
+            kinds.update({slots[p]: "fallback" for p in positions})
+            return self.adapter.forward(batch), []  # (B, P, hidden)
+        failed: dict[int, str] = {}  # stream row -> cause
         try:
             if not self.settings.stream:
                 stream.wait()
-            out = self._forward_replaying(batch, stream, failed)  # (B, P, hidden)
+            out = self._forward_replaying(batch, positions, stream, failed)  # (B, P, hidden)
         finally:
             stream.close()
             counts.bytes_fetched += stream.bytes_fetched
             counts.fetch_s += stream.fetch_seconds
-        seconds = time.perf_counter() - started
-        counts.forward_s += seconds
         if stream.outage is not None:
             self.breaker.record_failure()
-        elif not failed:
-            self._record_forward(batch, seconds, replayed=True)
-        for position, i in enumerate(rows):
-            done[i] = out[position, : batch.lengths[position]]  # (L, hidden)
-            kinds[i] = "fallback" if position in failed else "map"
-        for cause in failed.values():
+        for k, cause in failed.items():
+            kinds[slots[positions[k]]] = "fallback"
             counts.fallback(cause, 1)
+        return out, [p for k, p in enumerate(positions) if k not in failed]
 
-    def _forward_replaying(self, batch: Batch, stream: MapStream, failed: dict[int, str]) -> torch.Tensor:
-        """The forward with every row replaying from ``stream``, less those whose maps fail (added to ``failed``).
+    def _forward_replaying(
+        self, batch: Batch, positions: list[int], stream: MapStream, failed: dict[int, str]
+    ) -> torch.Tensor:
+        """The forward with the batch rows at ``positions`` replaying stream rows 0, 1, ..., less those whose
+        maps fail (added to ``failed`` by stream row).
 
         Each rerun after a row's maps stopped mid-forward drops at least that row,
-        so there are at most ``batch.size`` reruns.
+        so there are at most ``len(positions)`` reruns.
         """
-        for _ in range(batch.size + 1):
+        for _ in range(len(positions) + 1):
             failed.update(stream.failed())
             replay = {
-                row: _StreamedLayers(stream, row, self.adapter.num_layers, self.device)
-                for row in range(batch.size)
-                if row not in failed
+                position: _StreamedLayers(stream, k, self.adapter.num_layers, self.device)
+                for k, position in enumerate(positions)
+                if k not in failed
             }
             try:
                 return self.adapter.forward(batch, replay)  # (B, P, hidden)
             except MapsUnavailableError as exc:
                 # Let the stream settle, then run again with every failed row computed.
-                log.warning("replay of row %d interrupted (%s); running the batch again", exc.row, exc.cause)
+                log.warning("replay of a row interrupted (%s); running the batch again", exc.cause)
                 failed.setdefault(exc.row, exc.cause)
                 stream.wait()
         raise AssertionError("a replaying forward kept failing with no row left to drop")  # each pass drops one

@@ -1,21 +1,25 @@
 """When to ask the store for maps: a running estimate, per length band, of what a map lookup earns.
 
-A map hit saves part of a row's forward (attention's q/k work: ~20-35% of a
-forward for the models here; MLPs are the rest), and only the rows that hit
-save anything, while every row asked for maps pays its projection and search.
-So per band of token lengths (1-8, 9-16, 17-32, ... tokens) this keeps:
+A map hit saves part of its row's forward (the q/k work and softmax of every
+layer: 10-35% for the models here, more for longer rows; the MLPs are the rest),
+and only the rows that hit save anything, while every row asked for maps pays its
+projection and search. Hits replay inside the same length-sorted batches as the
+rows computed (``attnstore_client.prefill``), so a forward's time is about
+``c * computed + r * replayed`` in padded tokens. Per band of token lengths
+(1-8, 9-16, 17-32, ... tokens) this keeps:
 
 - ``hit_rate``: the share of rows asked that came back map hits;
-- ``saving``: forward seconds per row of a computed batch less those of a
-  replaying batch (its maps' fetch included) — until a replaying batch of the
-  band has run, ``PRIOR_SAVING`` of the computed row's time;
+- ``c`` and ``r``: seconds per padded token of a computed and of a replayed row,
+  fitted by least squares over the band's forwards (their maps' fetch included),
+  starting from the prior that a replayed token costs ``1 - PRIOR_SAVING`` of a
+  computed one; a hit of ``L`` tokens saves ``(c - r) * L``;
 - ``cost``: projection and search seconds per row asked.
 
 A row is sent for maps when ``hit_rate * saving > cost``. The first
 ``min_samples`` rows of a band are always sent (there is nothing to estimate
 from yet), and afterwards a share ``explore`` of the rows the rule would not
-send is sent anyway, so a band whose traffic changes is noticed. Rates and times
-are exponentially weighted (``decay`` per recorded batch) so they follow the
+send is sent anyway, so a band whose traffic changes is noticed. Sums are
+exponentially weighted (``decay`` per recorded batch) so they follow the
 traffic. The same model serves a daemon and an embedded store: it only sees times.
 """
 
@@ -60,32 +64,63 @@ class BandEstimate:
     asked: int  # rows sent for maps (all time)
     skipped: int  # rows the rule kept from a lookup (all time)
     hit_rate: float | None  # None: nothing asked yet
-    saving_ms: float | None  # forward time a map hit saves, per row
+    saving_ms: float | None  # forward time a map hit of the band's longest length saves
     cost_ms: float | None  # projection and search time per row asked
-    # Whether the rule sends this band's rows now (past the first min_samples); None while a figure is
-    # missing (no computed or no asked row yet): then every row is sent.
+    # Whether the rule sends rows of the band's longest length now (past the first min_samples); None
+    # while a figure is missing (no forward or no asked row yet): then every row is sent.
     worth: bool | None
+
+
+_SUMS = ("asked", "hits", "lookup_s", "forwards", "tokens", "replayed", "seconds", "cc", "cr", "rr", "ct", "rt")
 
 
 @dataclass
 class _Band:
     asked_total: int = 0
     skipped_total: int = 0
-    # Exponentially weighted sums.
+    # Exponentially weighted sums: of lookups, and the normal equations of
+    # seconds ~ c * computed tokens + r * replayed tokens over forwards.
     asked: float = 0.0
     hits: float = 0.0
     lookup_s: float = 0.0
-    miss_rows: float = 0.0
-    miss_s: float = 0.0
-    hit_rows: float = 0.0
-    hit_s: float = 0.0
+    forwards: float = 0.0
+    tokens: float = 0.0
+    replayed: float = 0.0
+    seconds: float = 0.0
+    cc: float = 0.0
+    cr: float = 0.0
+    rr: float = 0.0
+    ct: float = 0.0
+    rt: float = 0.0
 
-    def worth(self) -> bool | None:
-        """Whether a lookup earns more than it costs; None while a figure is missing."""
-        if self.asked <= 0 or self.miss_rows <= 0:
+    def token_seconds(self) -> tuple[float, float] | None:
+        """``(c, r)``: seconds per padded token computed and replayed; None before any forward.
+
+        Two pseudo-forwards of a mean forward's tokens, one computed and one replayed at
+        ``1 - PRIOR_SAVING`` of its rate, keep the fit at the prior until the band's
+        forwards tell the two apart (no hit yet, every row a hit, or every batch alike).
+        """
+        if self.forwards <= 0 or self.tokens <= 0:
             return None
-        miss_row = self.miss_s / self.miss_rows
-        saving = miss_row - self.hit_s / self.hit_rows if self.hit_rows > 0 else PRIOR_SAVING * miss_row
+        # The prior's computed rate: the one that, with replayed tokens at 1 - PRIOR_SAVING
+        # of it, gives the band's mean rate over its mix of computed and replayed tokens.
+        rate = self.seconds / self.tokens / (1.0 - PRIOR_SAVING * self.replayed / self.tokens)
+        prior = (self.tokens / self.forwards) ** 2  # weight of one pseudo-forward
+        a, b, d = self.cc + prior, self.cr, self.rr + prior
+        y1, y2 = self.ct + prior * rate, self.rt + prior * rate * (1.0 - PRIOR_SAVING)
+        det = a * d - b * b  # > 0: the prior makes the system positive definite
+        return (y1 * d - b * y2) / det, (a * y2 - b * y1) / det
+
+    def saving(self, length: int) -> float | None:
+        """Forward seconds a map hit of ``length`` tokens saves; None before any forward."""
+        fitted = self.token_seconds()
+        return None if fitted is None else (fitted[0] - fitted[1]) * length
+
+    def worth(self, length: int) -> bool | None:
+        """Whether a lookup earns more than it costs; None while a figure is missing."""
+        saving = self.saving(length)
+        if self.asked <= 0 or saving is None:
+            return None
         return (self.hits / self.asked) * saving > self.lookup_s / self.asked
 
 
@@ -113,7 +148,7 @@ class CostModel:
         """Whether a row of ``length`` tokens should be sent for maps (counted as asked or skipped)."""
         with self._lock:
             band = self._bands.setdefault(self.band_of(length), _Band())
-            worth = band.worth()
+            worth = band.worth(length)
             ask = (
                 band.asked_total < self.settings.min_samples
                 or worth is None
@@ -133,16 +168,20 @@ class CostModel:
             band.hits += hits
             band.lookup_s += seconds
 
-    def record_forward(self, length: int, rows: int, seconds: float, *, replayed: bool) -> None:
-        """A batch of ``rows`` of this band took ``seconds`` (maps fetched and replayed, or computed)."""
+    def record_forward(self, length: int, *, computed_tokens: int, replayed_tokens: int, seconds: float) -> None:
+        """A forward padded to ``length`` tokens took ``seconds``: ``computed_tokens`` of its padded tokens
+        computed, ``replayed_tokens`` replayed maps (fetched during the forward)."""
         with self._lock:
             band = self._decayed(length)
-            if replayed:
-                band.hit_rows += rows
-                band.hit_s += seconds
-            else:
-                band.miss_rows += rows
-                band.miss_s += seconds
+            band.forwards += 1
+            band.tokens += computed_tokens + replayed_tokens
+            band.replayed += replayed_tokens
+            band.seconds += seconds
+            band.cc += computed_tokens * computed_tokens
+            band.cr += computed_tokens * replayed_tokens
+            band.rr += replayed_tokens * replayed_tokens
+            band.ct += computed_tokens * seconds
+            band.rt += replayed_tokens * seconds
 
     def estimates(self) -> tuple[BandEstimate, ...]:
         """Every band seen so far, shortest first."""
@@ -152,7 +191,7 @@ class CostModel:
     def _decayed(self, length: int) -> _Band:
         band = self._bands.setdefault(self.band_of(length), _Band())
         decay = self.settings.decay
-        for name in ("asked", "hits", "lookup_s", "miss_rows", "miss_s", "hit_rows", "hit_s"):
+        for name in _SUMS:
             setattr(band, name, getattr(band, name) * decay)
         return band
 
@@ -160,10 +199,7 @@ class CostModel:
     def _estimate(index: int, band: _Band) -> BandEstimate:
         high = _FIRST_BAND_HIGH << index
         low = 1 if index == 0 else high // 2 + 1
-        miss_row = band.miss_s / band.miss_rows if band.miss_rows > 0 else None
-        saving = None
-        if miss_row is not None:
-            saving = miss_row - band.hit_s / band.hit_rows if band.hit_rows > 0 else PRIOR_SAVING * miss_row
+        saving = band.saving(high)
         return BandEstimate(
             low=low,
             high=high,
@@ -172,5 +208,5 @@ class CostModel:
             hit_rate=band.hits / band.asked if band.asked > 0 else None,
             saving_ms=None if saving is None else 1000.0 * saving,
             cost_ms=1000.0 * band.lookup_s / band.asked if band.asked > 0 else None,
-            worth=band.worth(),
+            worth=band.worth(high),
         )

@@ -193,16 +193,19 @@ def _queries(loaded, head, texts: Sequence[str], batch_size: int):
     from attnstore_client.sentence.heads import TransformersPipelineHead
     from attnstore_tools.eval.variants import Queries
 
-    if isinstance(head, TransformersPipelineHead):
-        ids, _ = head.tokenize(texts, None)
-    else:
-        ids = loaded.tokenizer(list(texts), add_special_tokens=True, truncation=True,
-                               max_length=head.max_length)["input_ids"]
+    def tokenize(rows: list[str]) -> list[list[int]]:
+        if isinstance(head, TransformersPipelineHead):
+            return head.tokenize(rows, None)[0]
+        return loaded.tokenizer(rows, add_special_tokens=True, truncation=True,
+                                max_length=head.max_length)["input_ids"]
+
+    ids = tokenize(list(texts))
     truncated = sum(len(row) == head.max_length for row in ids)
     if truncated:
         log.warning("%d of %d inputs reach the model's limit of %d tokens and are truncated to it",
                     truncated, len(ids), head.max_length)
-    return Queries(texts=list(texts), ids=ids, pad_id=loaded.tokenizer.pad_token_id, batch_size=batch_size)
+    return Queries(texts=list(texts), ids=ids, pad_id=loaded.tokenizer.pad_token_id, batch_size=batch_size,
+                   tokenize=tokenize)
 
 
 def _simple_alternatives(loaded, head, plain, task: Task, queries) -> list:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,16 +31,27 @@ from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
 from attnstore_client.cache import AttnCache
 from attnstore_client.sentence.heads import SentenceHead
+from attnstore_client.tiers.cost_model import CostModel
 
 
 @dataclass(frozen=True)
 class Queries:
-    """A task's queries as every variant gets them."""
+    """A task's queries as every variant gets them.
+
+    A timed call starts from the texts, as a user's does: variants that run token
+    rows get them from ``tokenized`` inside the call (sentence-transformers and the
+    dict tokenize inside their own calls), so every variant pays its tokenization.
+    """
 
     texts: list[str]  # as the task gives them (decoders: already in their prompt)
     ids: list[list[int]]  # the same, tokenized and truncated as the model's head does
     pad_id: int
     batch_size: int
+    tokenize: Callable[[list[str]], list[list[int]]]  # what made ``ids`` from ``texts``
+
+    def tokenized(self, indices: Sequence[int]) -> list[list[int]]:
+        """The token rows of the queries at ``indices``, tokenized now (the same rows as ``ids``)."""
+        return self.tokenize([self.texts[i] for i in indices])
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,13 +111,14 @@ class BatchVariant(Variant):
 
     def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
         """See :meth:`Variant.embed`."""
-        order = sorted(range(len(indices)), key=lambda k: -len(queries.ids[indices[k]]))
+        ids = queries.tokenized(indices)
+        order = sorted(range(len(indices)), key=lambda k: -len(ids[k]))
         embeddings = np.zeros((len(indices), 0), dtype=np.float32)
         retrieval = inline = 0.0
         map_hits = layer_replays = 0
         for start in range(0, len(order), queries.batch_size):
             chunk = order[start : start + queries.batch_size]
-            run = self.run(batch_from_ids([queries.ids[indices[k]] for k in chunk], queries.pad_id))
+            run = self.run(batch_from_ids([ids[k] for k in chunk], queries.pad_id))
             pooled = head.embed(run.hidden, 0).float().cpu().numpy()  # (B, dim)
             if embeddings.shape[1] == 0:
                 embeddings = np.zeros((len(indices), pooled.shape[1]), dtype=np.float32)
@@ -137,6 +149,8 @@ class CacheVariant(Variant):
     ``maps=False`` makes it a plain output cache (the exact tiers only, nothing
     searched). Every call starts with the client's own exact tier empty, so calls
     (passes, timing rounds) are alike and only the store knows the build corpus.
+    The variants share one client but each has its own cost model, as a user running
+    one setting would: what one threshold's lookups earn says nothing of another's.
     """
 
     def __init__(self, cache: AttnCache, threshold: float | None, *, maps: bool = True) -> None:
@@ -145,17 +159,19 @@ class CacheVariant(Variant):
         self.setting = threshold if maps else None
         self._threshold = threshold
         self._maps = maps
+        self.cost_model = CostModel(cache.cost_model.settings)
 
     def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
         """See :meth:`Variant.embed`."""
         self.cache.maps = self._maps
         self.cache.prefix = self._maps  # the plain output cache has the exact tiers only
+        self.cache.cost_model = self.cost_model
         if self._maps and self._threshold is None:
             self.cache.gated = True
         elif self._maps and self._threshold is not None:
             self.cache.max_distance = self._threshold
         self.cache.local_tier.clear()
-        hidden = self.cache.hidden_states([queries.ids[i] for i in indices], batch_size=queries.batch_size,
+        hidden = self.cache.hidden_states(queries.tokenized(indices), batch_size=queries.batch_size,
                                           show_progress_bar=False)
         stats = self.cache.last_stats
         kinds = self.cache.last_row_kinds

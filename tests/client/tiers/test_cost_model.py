@@ -16,41 +16,76 @@ def test_bands_double_from_eight_tokens() -> None:
     assert [CostModel.band_of(n) for n in (1, 8, 9, 16, 17, 32, 33, 256, 257)] == [0, 0, 1, 1, 2, 2, 3, 5, 6]
 
 
+def _forwards(model: CostModel, length: int, *, computed: int, replayed: int, seconds: float, times: int = 1) -> None:
+    for _ in range(times):
+        model.record_forward(length, computed_tokens=computed, replayed_tokens=replayed, seconds=seconds)
+
+
 def test_every_row_is_asked_until_the_band_has_its_samples_and_a_forward_time() -> None:
     model = CostModel(CostSettings(min_samples=10, explore=0.0))
     assert _asked(model, 20, 50) == 50  # nothing recorded yet
     model.record_lookup(20, rows=10, hits=0, seconds=0.01)
     assert _asked(model, 20, 50) == 50  # no forward time yet: the saving is unknown
-    model.record_forward(20, rows=10, seconds=0.1, replayed=False)
+    _forwards(model, 20, computed=200, replayed=0, seconds=0.1)
     assert _asked(model, 20, 50) == 0  # no hits: nothing to save
     assert _asked(model, 5, 3) == 3  # another band is not affected
 
 
+def test_the_per_token_times_of_computed_and_replayed_rows_are_fitted_from_mixed_forwards() -> None:
+    model = CostModel(CostSettings(decay=1.0))
+    c, r = 0.5e-3, 0.3e-3  # seconds per padded token
+    for replayed in (0, 64, 128, 256, 512):
+        _forwards(model, 20, computed=512 - replayed, replayed=replayed, seconds=c * (512 - replayed) + r * replayed,
+                  times=20)
+    [band] = model.estimates()
+    assert band.saving_ms == pytest.approx(1000 * (c - r) * 32, rel=0.05)  # a hit of the band's longest length
+
+
 def test_lookups_are_asked_where_the_expected_saving_beats_their_cost() -> None:
     model = CostModel(CostSettings(min_samples=0, explore=0.0, decay=1.0))
-    model.record_forward(20, rows=10, seconds=0.1, replayed=False)  # 10 ms a computed row
-    model.record_forward(20, rows=10, seconds=0.05, replayed=True)  # 5 ms a replayed row: 5 ms saved per hit
+    # 0.5 ms a computed token, 0.25 ms a replayed one: a 20-token hit saves 5 ms.
+    _forwards(model, 20, computed=200, replayed=0, seconds=0.1, times=50)
+    _forwards(model, 20, computed=0, replayed=200, seconds=0.05, times=50)
     model.record_lookup(20, rows=10, hits=5, seconds=0.02)  # 2 ms a row asked; half hit: 2.5 ms expected saving
     assert _asked(model, 20, 20) == 20
     model.record_lookup(20, rows=30, hits=0, seconds=0.06)  # hit rate now 5/40: 0.625 ms against 2 ms
     assert _asked(model, 20, 20) == 0
     [band] = model.estimates()
     assert (band.low, band.high) == (17, 32)
-    assert band.hit_rate == pytest.approx(0.125) and band.saving_ms == pytest.approx(5.0)
+    assert band.hit_rate == pytest.approx(0.125) and band.saving_ms == pytest.approx(0.25 * 32, rel=0.05)
     assert band.cost_ms == pytest.approx(2.0) and band.worth is False and band.skipped == 20
+
+
+def test_the_saving_grows_with_the_row_length_within_a_band() -> None:
+    model = CostModel(CostSettings(min_samples=0, explore=0.0, decay=1.0))
+    # 1 ms a computed token, 0.5 ms a replayed one: a hit of L tokens saves L / 2 ms.
+    _forwards(model, 60, computed=1920, replayed=0, seconds=1.92, times=50)
+    _forwards(model, 60, computed=0, replayed=1920, seconds=0.96, times=50)
+    model.record_lookup(60, rows=10, hits=1, seconds=0.0185)  # 1.85 ms a row asked at 10% hits: 18.5 ms to save
+    assert _asked(model, 34, 5) == 0 and _asked(model, 40, 5) == 5  # 17 ms and 20 ms saved per hit
 
 
 def test_before_any_replay_is_timed_the_saving_is_the_prior_share_of_a_forward() -> None:
     model = CostModel(CostSettings(min_samples=0, explore=0.0, decay=1.0))
-    model.record_forward(100, rows=1, seconds=0.010, replayed=False)
+    _forwards(model, 100, computed=100, replayed=0, seconds=0.010)  # 0.1 ms a token
     model.record_lookup(100, rows=1, hits=1, seconds=0.001)
     [band] = model.estimates()
-    assert band.saving_ms == pytest.approx(PRIOR_SAVING * 10.0) and band.worth is True
+    assert band.saving_ms == pytest.approx(PRIOR_SAVING * 0.1 * 128) and band.worth is True
+
+
+def test_a_band_whose_rows_all_hit_prices_a_computed_row_by_the_prior_and_keeps_asking() -> None:
+    model = CostModel(CostSettings(min_samples=0, explore=0.0, decay=1.0))
+    _forwards(model, 20, computed=0, replayed=320, seconds=0.08, times=10)  # 0.25 ms a replayed token
+    model.record_lookup(20, rows=100, hits=100, seconds=0.1)  # 1 ms a row asked, every row a hit
+    [band] = model.estimates()
+    # A computed token at 0.25 / (1 - PRIOR_SAVING) ms: a 32-token hit saves 32 * 0.0625 = 2 ms.
+    assert band.saving_ms == pytest.approx(32 * 0.25 * PRIOR_SAVING / (1 - PRIOR_SAVING), rel=0.05)
+    assert band.worth is True and _asked(model, 20, 5) == 5
 
 
 def test_a_skipped_band_explores_about_its_share_of_rows() -> None:
     model = CostModel(CostSettings(min_samples=0, explore=0.1, seed=1))
-    model.record_forward(20, rows=10, seconds=0.1, replayed=False)
+    _forwards(model, 20, computed=200, replayed=0, seconds=0.1)
     model.record_lookup(20, rows=10, hits=0, seconds=0.01)
     asked = _asked(model, 20, 2000)
     assert 150 <= asked <= 250
@@ -58,8 +93,8 @@ def test_a_skipped_band_explores_about_its_share_of_rows() -> None:
 
 def test_old_batches_weigh_less_so_a_band_whose_traffic_changes_is_followed() -> None:
     model = CostModel(CostSettings(min_samples=0, explore=0.0, decay=0.5))
-    model.record_forward(20, rows=10, seconds=0.1, replayed=False)
-    model.record_forward(20, rows=10, seconds=0.02, replayed=True)
+    _forwards(model, 20, computed=200, replayed=0, seconds=0.1)
+    _forwards(model, 20, computed=0, replayed=200, seconds=0.02)
     for _ in range(5):
         model.record_lookup(20, rows=10, hits=0, seconds=0.001)
     assert _asked(model, 20, 5) == 0

@@ -151,3 +151,49 @@ def test_a_gated_namespace_is_evaluated_under_its_gate_by_default_also_through_a
     assert gated["default"] and report["default_rule"] == "gate"
     assert (gated["exact_hits"], gated["map_hits"], gated["fallbacks"]) == (4, 0, 0)
     assert "attncache" in format_report(report)
+
+
+def test_variants_that_run_token_rows_tokenize_inside_their_timed_call(minilm_model, store):
+    from attnstore_client.adapters import adapter_for
+    from attnstore_client.cache import AttnCache
+    from attnstore_client.sentence.heads import sentence_head
+    from attnstore_tools.eval.variants import CacheVariant, PlainVariant, Queries
+
+    head = sentence_head(minilm_model)
+    tokenized: list[int] = []
+
+    def tokenize(rows: list[str]) -> list[list[int]]:
+        tokenized.append(len(rows))
+        return head.tokenize(rows, None)[0]
+
+    texts = _corpus()[:5]
+    queries = Queries(texts=texts, ids=tokenize(texts), pad_id=minilm_model.tokenizer.pad_token_id, batch_size=4,
+                      tokenize=tokenize)
+    tokenized.clear()
+    with AttnCache(minilm_model, f"local:{store}", namespace="ns") as cache:
+        plain = PlainVariant(adapter_for(minilm_model)).embed(queries, [0, 2, 4], head)
+        cached = CacheVariant(cache, 0.0, maps=False).embed(queries, [0, 2, 4], head)
+    assert tokenized == [3, 3]  # the plain model's and the cache's calls each tokenized their three texts
+    np.testing.assert_allclose(cached.embeddings, plain.embeddings, atol=1e-3)  # stored outputs are fp16
+
+
+def test_each_cache_variant_keeps_its_own_cost_model(minilm_model, store):
+    from attnstore_client.cache import AttnCache
+    from attnstore_client.sentence.heads import sentence_head
+    from attnstore_tools.eval.variants import CacheVariant, Queries
+
+    head = sentence_head(minilm_model)
+    texts = [f"a {c} {a} ran past the old house." for c in _COLOURS for a in _ANIMALS]
+
+    def tokenize(rows: list[str]) -> list[list[int]]:
+        return head.tokenize(rows, None)[0]
+
+    queries = Queries(texts=texts, ids=tokenize(texts), pad_id=minilm_model.tokenizer.pad_token_id, batch_size=8,
+                      tokenize=tokenize)
+    with AttnCache(minilm_model, f"local:{store}", namespace="ns") as cache:
+        looked_up, output_cache = CacheVariant(cache, 0.0), CacheVariant(cache, 0.0, maps=False)
+        looked_up.embed(queries, range(len(texts)), head)
+        before = looked_up.cost_model.estimates()
+        output_cache.embed(queries, range(len(texts)), head)  # its forwards go to its own model
+        assert looked_up.cost_model.estimates() == before
+        assert output_cache.cost_model.estimates() != before and cache.cost_model is output_cache.cost_model

@@ -1,0 +1,1 @@
+"""``attnstore bench ...``: benchmarks that print a table and write JSON."""

@@ -1,0 +1,1 @@
+"""``attnstore build``: capture a corpus, train and calibrate the projector, ingest."""
