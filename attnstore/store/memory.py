@@ -35,7 +35,7 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
-from attnstore.store.prefix_memory import MemoryPrefixBlocks, _Blocks
+from attnstore.store.prefix.memory import MemoryPrefixBlocks, _Blocks
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -93,7 +93,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         self._evicted_entries = 0
         self._evicted_bytes = 0
         self._lock = threading.RLock()
-        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see prefix_memory)
+        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.prefix.memory)
 
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)

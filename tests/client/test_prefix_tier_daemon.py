@@ -12,11 +12,14 @@ from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.prefix import chain_hashes
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
+from attnstore.store.lmdb.prefix_blocks import chunk_key
 from attnstore_client.adapters import adapter_for
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.tiers.prefix_capture import capture_prefix_blocks, prefix_layout_of
+
+SHARED_C = _rows([24], seed=12)[0]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,15 @@ def daemon(tmp_path_factory, llama):
         service.create_namespace("default", model=llama.name,
                                  fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
         prefix_layout = service.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
-        for blocks in capture_prefix_blocks(adapter, [SHARED_A + [7, 8], SHARED_B + [9]], prefix_layout, pad_id=0):
+        rows = [SHARED_A + [7, 8], SHARED_B + [9], SHARED_C]
+        for blocks in capture_prefix_blocks(adapter, rows, prefix_layout, pad_id=0):
             service.store.put_prefix_blocks("default", blocks)
+        store = service.store
+        with store._live.write() as (gen, txn):  # bit rot in SHARED_C's second block, layer 1
+            key = chunk_key("default", chain_hashes(SHARED_C, BLOCK)[1], 1)
+            raw = bytearray(txn.get(key, db=gen.db.prefix))
+            raw[3] ^= 0x10
+            txn.put(key, bytes(raw), db=gen.db.prefix)
     process = DaemonProcess(workdir / "store", workdir).start()
     yield process
     process.stop()
@@ -61,6 +71,16 @@ def test_a_request_of_another_block_size_or_fingerprint_is_failed_precondition(l
             connection.match_prefix("default", fingerprint, 16, [chain_hashes(SHARED_A, 16)], timeout=10)
         with pytest.raises(FingerprintMismatchError):
             connection.match_prefix("default", "0" * 64, BLOCK, [chain_hashes(SHARED_A, BLOCK)], timeout=10)
+
+
+def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fallbacks(llama, daemon):
+    queries = _rows([5], seed=8, prefix=SHARED_C) + _rows([3], seed=5, prefix=SHARED_A)
+    with AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16) as cache:
+        hidden = cache.hidden_states(queries)
+        assert cache.last_row_kinds == ("fallback", "prefix")
+        assert cache.last_stats.fallbacks == {"checksum": 1}
+    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+        assert torch.allclose(got, want, atol=2e-5)
 
 
 def test_with_the_daemon_gone_rows_are_computed_normally_with_unchanged_results(llama, tmp_path_factory, daemon):

@@ -8,7 +8,8 @@ from store_helpers import small_layout
 
 from attnstore.errors import ChecksumError, ConfigError, FingerprintMismatchError, MapShapeError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes, usable_blocks
-from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, prefix_records
+from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from attnstore.store.prefix import records as prefix_records
 
 LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
 
@@ -92,7 +93,7 @@ def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeyp
         return real(block)
 
     monkeypatch.setattr("attnstore.store.lmdb.prefix_blocks.block_chunks", failing)
-    monkeypatch.setattr("attnstore.store.prefix_memory.block_chunks", failing)
+    monkeypatch.setattr("attnstore.store.prefix.memory.block_chunks", failing)
     with pytest.raises(OSError):
         store.put_prefix_blocks("ns", blocks)
     assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 0

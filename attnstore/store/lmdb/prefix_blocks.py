@@ -28,7 +28,7 @@ from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
-from attnstore.store.prefix_records import BlockRecord, block_chunks, gather_chunks, new_record
+from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
 
 if TYPE_CHECKING:
     from attnstore.protocol.records import NamespaceInfo

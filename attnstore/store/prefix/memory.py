@@ -12,7 +12,7 @@ import numpy as np
 from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.protocol.records import NamespaceInfo
-from attnstore.store.prefix_records import BlockRecord, block_chunks, gather_chunks, new_record
+from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
 
 
 @dataclass
