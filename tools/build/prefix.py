@@ -51,7 +51,8 @@ def store_prefix_blocks(
     adapter: Adapter, rows: Sequence[Sequence[int]], service: AttnStoreService, namespace: str,
     config: PrefixBuildConfig, *, pad_id: int, progress: bool = False,
 ) -> PrefixBuildReport:
-    """Store the whole blocks of every row in ``namespace`` (recording its prefix layout on first use).
+    """Store the shared blocks of the rows in ``namespace``, recording its prefix layout with the first ones
+    (a namespace without blocks gets no layout, so clients never ask it for prefixes).
 
     Raises:
         UnsupportedModelError: the model is not causal, or has a sliding window.
@@ -59,17 +60,20 @@ def store_prefix_blocks(
     """
     started = time.perf_counter()
     store = service.store
-    layout = store.set_prefix_layout(
-        namespace, prefix_layout_of(adapter, block_size=config.block_size, dtype=config.dtype)
-    )
+    layout = prefix_layout_of(adapter, block_size=config.block_size, dtype=config.dtype)
+    stored = store.prefix_layout(namespace)
+    if stored is not None and stored != layout:
+        layout = store.set_prefix_layout(namespace, layout)  # refused: the namespace records another layout
     chains = [chain_hashes(row, layout.block_size) for row in rows]
     starts = Counter(h for chain in chains for h in set(chain))
     todo = []
     for row, chain in zip(rows, chains, strict=True):
         kept = sum(1 for h in chain if starts[h] >= config.min_shared)  # counts fall along a chain: a prefix
-        if kept and store.match_prefix(namespace, chain[:kept]) < kept:
+        if kept and (stored is None or store.match_prefix(namespace, chain[:kept]) < kept):
             todo.append(list(row[: kept * layout.block_size]))
     todo.sort(key=len, reverse=True)  # batches of alike lengths pad little
+    if todo and stored is None:
+        store.set_prefix_layout(namespace, layout)
     added = 0
     with tqdm(total=len(todo), desc="prefix blocks", unit="prompt", disable=not progress) as bar:
         for start in range(0, len(todo), config.batch_size):

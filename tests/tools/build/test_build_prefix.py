@@ -54,6 +54,14 @@ def test_build_without_prefix_blocks_stores_none(decoder, tmp_path):
         assert report.prefix is None and service.prefix_layout("default") is None
 
 
+def test_a_corpus_whose_prompts_share_no_block_records_no_prefix_layout(decoder, tmp_path):
+    config = BuildConfig(calibration=None, prefix=PrefixBuildConfig(block_size=8))
+    prompts = [f"{i} " + p for i, p in enumerate(_prompts(20))]  # each starts differently
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        report = build_namespace(decoder, prompts, service, config, progress=False)
+        assert report.prefix.blocks == 0 and service.prefix_layout("default") is None
+
+
 def test_by_default_only_blocks_that_several_prompts_start_with_are_stored(decoder, tmp_path):
     prompts = _prompts(20)
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
