@@ -36,9 +36,8 @@ import grpc
 import numpy as np
 
 from attnstore.errors import AttnStoreError
-from attnstore.protocol.records import LookupBatch
+from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
 from attnstore.protocol.remote import RemoteStore, lookup_request
-from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_tools.arguments import positive_int
 from attnstore_tools.launcher import ServeProcess
@@ -222,12 +221,12 @@ def _lookup_and_check(
         want = expected.get(match.entry_id)
         if role == "miss" or want is None or want[0] != int(key):
             errors["WRONG_ROW"] += 1  # a hit on another entry than the one the row came from
-        elif kind == "exact" and crc32c.crc32c(result.outputs[row].tobytes()) != want[2]:
-            errors["WRONG_ROW"] += 1
-        elif kind == "map" and row not in result.row_errors and (
-            crc32c.crc32c(result.maps[row].tobytes()) != want[1]
-        ):
-            errors["WRONG_ROW"] += 1
+        else:
+            wrong_outputs = kind == "exact" and crc32c.crc32c(result.outputs[row].tobytes()) != want[2]
+            wrong_maps = (kind == "map" and row not in result.row_errors
+                          and crc32c.crc32c(result.maps[row].tobytes()) != want[1])
+            if wrong_outputs or wrong_maps:
+                errors["WRONG_ROW"] += 1
     for error in result.row_errors.values():
         errors[f"ROW_{error.code}"] += 1
 

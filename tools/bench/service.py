@@ -149,11 +149,11 @@ def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.connection import connect
     from attnstore_client.keys import model_fingerprint, token_hash
-    from attnstore_client.tiers.cost_model import CostModel, CostSettings
-    from attnstore_client.tiers.local_exact import LocalExactTier
     from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import CircuitBreaker, RetryPolicy
+    from attnstore_client.tiers.cost_model import CostModel, CostSettings
+    from attnstore_client.tiers.local_exact import LocalExactTier
 
     loaded = adapter.loaded
     vocab = loaded.model.config.vocab_size
@@ -304,5 +304,6 @@ def format_table(timings: list[VariantTiming], report: dict) -> str:
             f"{t.max_abs_diff:>10.2e}"
         )
     for name, target in report["targets"].items():
-        lines.append(f"{name}: {target['ratio']:.3f} (target {target['target']}) {'met' if target['met'] else 'NOT met'}")
+        met = "met" if target["met"] else "NOT met"
+        lines.append(f"{name}: {target['ratio']:.3f} (target {target['target']}) {met}")
     return "\n".join(lines)

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnstore.store.codecs import q8_error_bound
 from attnstore.protocol.records import CODECS, NamespaceLayout, NewEntry
+from attnstore.store.codecs import q8_error_bound
 from attnstore.store.lmdb.env import DATA_FILE, read_current
 from attnstore.store.lmdb.mapstore import MapStore
 from attnstore_tools.output import write_json

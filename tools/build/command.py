@@ -56,7 +56,8 @@ class BuildConfig:
     ingest_bytes: int = 256 << 20  # cap on one ingest transaction's fp16 maps
     train_limit: int = 8000  # inputs the projector trains on (a seeded sample)
     seed: int = 0
-    train: TrainConfig = field(default_factory=TrainConfig)  # ``causal`` and ``seed`` are set from the model and ``seed``
+    # ``causal`` and ``seed`` are set from the model and ``seed``
+    train: TrainConfig = field(default_factory=TrainConfig)
     # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
     # Stores the corpus's prefix blocks (keys and values of whole blocks of tokens); None: for causal models.

@@ -261,7 +261,7 @@ def _check_corpus(sources: Sequence[torch.Tensor], maps: Sequence[torch.Tensor],
         )
     lengths = np.array([int(s.shape[0]) for s in sources], dtype=np.int64)
     layout = tuple(maps[0].shape[:2])
-    for i, (length, m) in enumerate(zip(lengths, maps)):
+    for i, (length, m) in enumerate(zip(lengths, maps, strict=True)):
         if m.ndim != 4 or tuple(m.shape[:2]) != layout or tuple(m.shape[2:]) != (length, length):
             expected = layout + (int(length), int(length))
             raise MapShapeError(f"train_projector(): maps {i} have shape {tuple(m.shape)}, expected {expected}")
@@ -284,7 +284,7 @@ def _split(
     same-length prompts rely on.
     """
     values, counts = np.unique(lengths, return_counts=True)
-    left_in_train = dict(zip(values.tolist(), counts.tolist()))
+    left_in_train = dict(zip(values.tolist(), counts.tolist(), strict=True))
     target = max(1, int(round(val_fraction * lengths.size)))
     longest = int(lengths.max())
     val = []
@@ -326,7 +326,7 @@ def _sample_pairs(
             distance = torch.cdist(torch.from_numpy(cheap[block]), pool_features).numpy()  # (b, |p|)
             distance[block[:, None] == p[None, :]] = np.inf  # never a self-pair here
             nearest = np.argpartition(distance, k - 1, axis=1)[:, :k]  # (b, k)
-            for row, cols in zip(block, nearest):
+            for row, cols in zip(block, nearest, strict=True):
                 pairs.update(_ordered(int(row), int(p[c]), symmetric) for c in cols)
         for row in q:
             others = p[p != row]
