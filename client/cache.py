@@ -6,10 +6,11 @@
 
 A call resolves its rows tier by tier, each tier asked only for the rows still
 open (``attnstore_client.prefill``): repeats within the call, this process's own
-exact tier, the store's exact tier, then map hits where the cost model expects a
-lookup to pay; the rest compute normally. The store can only make a call faster:
-a miss, timeout, checksum failure or outage computes the affected rows with the
-plain model (counted in the stats), also when the daemon is down at start.
+exact tier, the store's exact tier, stored prefixes (causal models), then map
+hits where the cost model expects a lookup to pay; the rest compute normally.
+The store can only make a call faster: a miss, timeout, checksum failure or
+outage computes the affected rows with the plain model (counted in the stats),
+also when the daemon is down at start.
 """
 
 from __future__ import annotations
@@ -24,12 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from attnstore.errors import (
-    ConfigError,
-    FingerprintMismatchError,
-    UnavailableError,
-    UnsupportedModelError,
-)
+from attnstore.errors import ConfigError, FingerprintMismatchError, UnavailableError, UnsupportedModelError
 from attnstore_client.adapters import adapter_for
 from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
 from attnstore_client.connection import StoreConnection, connect
@@ -43,36 +39,18 @@ from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precis
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_threshold
+from attnstore_client.tiers.prefix import DEFAULT_MIN_PREFIX_TOKENS
 from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MAX_DISTANCE", "PROMPT_EOL", "AttnCache", "ChoiceScores"]
 
-# Threshold on the predicted map distance for namespaces whose projector carries no
-# calibration (built before calibration existed, or with --no-calibration). Measured on
-# the demo's store (all-MiniLM-L6-v2, 3,000 STS-B train sentences, 8-epoch projector),
-# 737 held-out dev sentences that are not exact duplicates: at 0.008, 11 map hits, 8 of
-# them at cosine >= 0.99 to the plain model, the worst 0.977; at 0.01, 35 hits, 21
-# faithful, the worst 0.885. A calibrated namespace recommends its own threshold.
-DEFAULT_MAX_DISTANCE = 0.008
 # Node-local exact tier: about 11,000 rows of 30 tokens of a 384-wide model.
 DEFAULT_EXACT_CACHE_BYTES = 256 * 2**20
 # A namespace unreachable at start, or without a projector yet, is asked again this often.
 NAMESPACE_RETRY_SECONDS = 30.0
-
-
-def _threshold(max_distance: float | None, projector: Projector | None) -> float:
-    """The threshold in use: the caller's, else the namespace's calibrated one, else the default."""
-    if max_distance is not None:
-        return float(max_distance)
-    calibration = None if projector is None else projector.calibration
-    if calibration is None:
-        return DEFAULT_MAX_DISTANCE
-    if calibration.max_distance is None:
-        log.info("the namespace's calibration found no threshold with precise enough map hits: exact hits only")
-        return 0.0
-    return calibration.max_distance
 
 
 class AttnCache:
@@ -100,6 +78,7 @@ class AttnCache:
             sentence-transformers ``max_seq_length``, else its context).
         device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: the CPU).
         exact_cache_bytes: cap of this process's exact tier (0 turns it off).
+        prefix_min_tokens: shortest stored prefix fetched (causal models; ``prefix = False`` turns the tier off).
         cost: how the cost model decides which rows are worth a map lookup.
         retry: retries of a failed store call (only outages, only within ``timeout``).
         breaker: when to stop asking a failing store, and when to try again.
@@ -129,6 +108,7 @@ class AttnCache:
         max_length: int | None = None,
         device: str | torch.device | None = None,
         exact_cache_bytes: int = DEFAULT_EXACT_CACHE_BYTES,
+        prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS,
         cost: CostSettings = CostSettings(),
         retry: RetryPolicy = RetryPolicy(),
         breaker: BreakerPolicy = BreakerPolicy(),
@@ -159,7 +139,8 @@ class AttnCache:
             self.connection,
             fingerprint=self.fingerprint,
             projector=None,
-            settings=PrefillSettings(namespace, _threshold(max_distance, None), exact, stream, timeout, retry),
+            settings=PrefillSettings(namespace, map_threshold(max_distance, None), exact, stream, timeout, retry,
+                                     prefix_min_tokens=prefix_min_tokens),
             breaker=CircuitBreaker(breaker),
             local_tier=LocalExactTier(exact_cache_bytes),
             cost_model=CostModel(cost),
@@ -202,6 +183,7 @@ class AttnCache:
                 f"{self.fingerprint[:16]}...: a different model, tokenizer or weights, so its maps would be wrong. "
                 "Build a namespace with this model, or pick the namespace built for it."
             )
+        self._prefill.prefix_layout = handle.prefix if self.adapter.causal else None
         if handle.projector is None:
             log.info("namespace %r has no projector yet: exact hits only until it has one", self.namespace)
             return
@@ -210,7 +192,7 @@ class AttnCache:
         self._prefill.projector_version = handle.projector_version
         self._prefill.settings = dataclasses.replace(
             self._prefill.settings,
-            max_distance=_threshold(self._max_distance, projector),
+            max_distance=map_threshold(self._max_distance, projector),
             gate=self._max_distance is None and projector.gate is not None,
         )
 
@@ -265,6 +247,15 @@ class AttnCache:
     @maps.setter
     def maps(self, value: bool) -> None:
         self._prefill.settings = dataclasses.replace(self._prefill.settings, maps=bool(value))
+
+    @property
+    def prefix(self) -> bool:
+        """Whether rows start from stored prefixes of their keys and values (causal models); settable."""
+        return self._prefill.settings.prefix
+
+    @prefix.setter
+    def prefix(self, value: bool) -> None:
+        self._prefill.settings = dataclasses.replace(self._prefill.settings, prefix=bool(value))
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -451,6 +442,7 @@ class AttnCache:
         self.last_stats = CacheStats(
             rows=counts.rows, deduplicated=counts.deduplicated, exact_hits=counts.exact_hits + counts.local_hits,
             local_hits=counts.local_hits, map_hits=counts.map_hits, misses=counts.misses, skipped=counts.skipped,
+            prefix_hits=counts.prefix_hits, prefix_tokens=counts.prefix_tokens,
             fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
             projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
             forward_s=counts.forward_s, total_s=total_s, estimates=self.cost_model.estimates(),

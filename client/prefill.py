@@ -4,6 +4,8 @@
 2. The node-local exact tier (``tiers.local_exact``) answers the rows this process saw.
 3. The store's exact tier answers by token hash, a window of rows per call,
    nothing projected.
+3b. The prefix tier (``tiers.prefix_serve``, causal models): rows whose first
+   blocks of tokens are stored run their forward on the rest only.
 4. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
    sending for maps; those are projected and searched.
 5. The rows left are batched by length after the lookups, map hits and the
@@ -33,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChangedError
+from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch, batch_from_ids
@@ -42,6 +45,8 @@ from attnstore_client.projector import Projector
 from attnstore_client.resilience import CircuitBreaker, RetryPolicy, call_with_retries, cause_of
 from attnstore_client.tiers.cost_model import CostModel
 from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.prefix import DEFAULT_MIN_PREFIX_TOKENS
+from attnstore_client.tiers.prefix_serve import serve_prefixes
 from attnstore_client.tiers.write_back import WriteBackWorker
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,8 @@ class PrefillSettings:
     gate: bool = False  # decide map hits with the namespace's fidelity gate instead of max_distance
     maps: bool = True  # use the map tier (search and replay) at all
     window: int = 512  # rows per exact-tier call (at most the daemon's --max-queries)
+    prefix: bool = True  # start rows from stored prefixes (causal namespaces that store prefix blocks)
+    prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS  # shorter stored prefixes are not fetched
 
 
 @dataclass(slots=True)
@@ -73,6 +80,8 @@ class CallCounts:
     local_hits: int = 0  # distinct rows the node-local exact tier answered
     exact_hits: int = 0  # distinct rows the store's exact tier answered
     map_hits: int = 0
+    prefix_hits: int = 0  # distinct rows whose forward ran on the suffix only
+    prefix_tokens: int = 0  # prompt tokens those rows took from stored prefixes (not computed)
     misses: int = 0
     skipped: int = 0  # distinct rows the cost model kept from a map lookup (computed)
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -81,7 +90,7 @@ class CallCounts:
     lookup_s: float = 0.0  # exact-tier calls and searches, retries included
     fetch_s: float = 0.0
     forward_s: float = 0.0
-    # Per input row, in input order: "exact", "map", "miss" or "fallback" (a copy takes its original's).
+    # Per input row, in input order: "exact", "prefix", "map", "miss" or "fallback" (a copy takes its original's).
     row_kinds: list[str] = field(default_factory=list)
 
     def fallback(self, cause: str, rows: int) -> None:
@@ -169,6 +178,7 @@ class Prefill:
         self._pad = adapter.loaded.tokenizer.pad_token_id
         self._rng = random.Random(seed)
         self.projector_version = 0
+        self.prefix_layout: PrefixLayout | None = None  # the namespace's, for a causal model; None: no prefix tier
         self.reload_namespace: Callable[[], None] | None = None
         self.write_back: WriteBackWorker | None = None
 
@@ -200,6 +210,9 @@ class Prefill:
         if reachable and self.settings.exact:
             reachable = self._from_store_exact(pending, rows, keys, done, kinds, counts, admitted)
         rest = [i for i in distinct if i not in done]
+        if reachable and self.settings.prefix and self.prefix_layout is not None and rest:
+            reachable = serve_prefixes(self, self.prefix_layout, rest, rows, done, kinds, counts, batch_size)
+            rest = [i for i in rest if i not in done]
         hits: dict[int, Match] = {}
         if reachable and self.settings.maps and self.projector is not None and rest:
             asked = [i for i in rest if i not in kinds and self.cost_model.should_ask(len(rows[i]))]
@@ -222,6 +235,7 @@ class Prefill:
                     self.write_back.put(rows[i], outputs)  # never blocks: a full queue drops the row
         counts.exact_hits += sum(kinds[i] == "exact" for i in distinct) - local
         counts.map_hits += sum(kinds[i] == "map" for i in distinct)
+        counts.prefix_hits += sum(kinds[i] == "prefix" for i in distinct)
         counts.misses += sum(kinds[i] == "miss" for i in distinct)
         counts.row_kinds.extend(kinds[first[key]] for key in keys)
         return [done[first[key]] for key in keys]

@@ -34,6 +34,8 @@ class CacheStats:
     exact_hits: int = 0  # distinct rows answered by stored outputs, ``local_hits`` included
     local_hits: int = 0  # ... of which this process's node-local exact tier answered
     map_hits: int = 0
+    prefix_hits: int = 0  # distinct rows whose forward ran on the suffix only, the prefix's keys and values stored
+    prefix_tokens: int = 0  # prompt tokens those rows took from stored prefixes instead of computing them
     misses: int = 0
     skipped: int = 0  # misses the cost model did not send for maps (a lookup would not have paid)
     fallbacks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cause -> rows
@@ -75,6 +77,7 @@ class CacheStats:
         fallbacks = ", ".join(f"{cause} {n}" for cause, n in sorted(self.fallbacks.items())) or "none"
         return (
             f"{self.rows} rows ({self.deduplicated} repeats): {self.exact_hits} exact hits ({self.local_hits} local), "
+            f"{self.prefix_hits} prefix hits ({self.prefix_tokens} tokens), "
             f"{self.map_hits} map hits, {self.misses} misses ({self.skipped} not looked up), "
             f"fallbacks: {fallbacks}; hit rate {self.hit_rate:.1%}; {self.bytes_fetched / 2**20:.1f} MiB fetched; "
             f"time {self.total_s:.2f} s (projection {self.projection_s:.2f}, lookup {self.lookup_s:.2f}, "

@@ -21,7 +21,8 @@ _COMMANDS: tuple[str, ...] = ("demo", "build.command", "serve", "admin", "backup
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bench": (
         "benchmarks: print a table and write JSON",
-        ("bench.store", "bench.replay", "bench.search", "bench.load", "bench.service", "bench.stream"),
+        ("bench.store", "bench.replay", "bench.search", "bench.load", "bench.service", "bench.stream",
+         "bench.prefix"),
     ),
     "eval": (
         "evaluation: tasks against the full model, the oracle comparison and its corpora",

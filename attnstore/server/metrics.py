@@ -277,7 +277,7 @@ class DaemonMetrics:
         """One layer (or one entry's outputs) was read from the store in ``seconds``."""
         self._fetch.observe(seconds)
 
-    def streamed(self, kind: Literal["maps", "outputs"], nbytes: int) -> None:
+    def streamed(self, kind: Literal["maps", "outputs", "prefix"], nbytes: int) -> None:
         """``nbytes`` of array data went out to a client."""
         self._bytes.labels(kind).inc(nbytes)
 

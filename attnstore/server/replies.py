@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from attnstore.protocol.messages import layout_to_pb
+from attnstore.protocol.prefix import PrefixLayout
+from attnstore.protocol.prefix_wire import prefix_layout_to_pb
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.service import MatchResult
@@ -11,8 +13,8 @@ from attnstore.store.reports import StoreStats
 KIND_TO_PB = {"miss": pb.MATCH_KIND_MISS, "exact": pb.MATCH_KIND_EXACT, "map": pb.MATCH_KIND_MAP}
 
 
-def namespace_to_pb(info: NamespaceInfo, *, projector: bool) -> pb.Namespace:
-    """A namespace as its wire message, with or without the projector bytes."""
+def namespace_to_pb(info: NamespaceInfo, *, projector: bool, prefix: PrefixLayout | None = None) -> pb.Namespace:
+    """A namespace as its wire message, with or without the projector bytes, with its prefix layout if any."""
     return pb.Namespace(
         name=info.name,
         model=info.model,
@@ -23,6 +25,7 @@ def namespace_to_pb(info: NamespaceInfo, *, projector: bool) -> pb.Namespace:
         projector=(info.projector or b"") if projector else b"",
         projector_crc32c=info.projector_crc32c,
         projector_version=info.projector_version,
+        prefix=None if prefix is None else prefix_layout_to_pb(prefix),
     )
 
 

@@ -26,6 +26,8 @@ from attnstore.errors import (
     WireFormatError,
 )
 from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.prefix import check_prefix_request
+from attnstore.protocol.prefix_wire import prefix_chunk
 from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -124,11 +126,13 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     )
             self._metrics.namespace_known(request.name)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
-            return namespace_to_pb(service.get_namespace(request.name), projector=True)
+            return namespace_to_pb(service.get_namespace(request.name), projector=True,
+                                   prefix=service.prefix_layout(request.name))
 
     def GetNamespace(self, request: pb.GetNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
         with self._call("GetNamespace", context) as service:
-            return namespace_to_pb(service.get_namespace(request.name), projector=True)
+            return namespace_to_pb(service.get_namespace(request.name), projector=True,
+                                   prefix=service.prefix_layout(request.name))
 
     def ListNamespaces(
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
@@ -214,6 +218,42 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             self._check_count("FetchMaps", len(request.rows), "rows")
             rows = [_Row(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
             yield from self._row_stream(service, request.namespace, rows, context)
+
+    def PrefixMatch(self, request: pb.PrefixMatchRequest, context: grpc.ServicerContext) -> pb.PrefixMatchResponse:
+        with self._call("PrefixMatch", context) as service:
+            self._check_count("PrefixMatch", len(request.rows), "rows")
+            rows = [list(row.chain_hashes) for row in request.rows]
+            blocks = service.prefix_matches(request.namespace, request.fingerprint, int(request.block_size), rows)
+            return pb.PrefixMatchResponse(blocks=blocks)
+
+    def FetchPrefix(self, request: pb.FetchPrefixRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefixChunk]:
+        """Chunk 0 (layer 0) of every row, then chunk 1, ...; last the hidden states: the client's forward
+        starts on layer 0 while later layers are still on their way."""
+        with self._call("FetchPrefix", context) as service:
+            service.check_fingerprint(request.namespace, request.fingerprint)
+            self._check_count("FetchPrefix", len(request.rows), "rows")
+            layout = check_prefix_request(service.prefix_layout(request.namespace), request.namespace,
+                                          int(request.block_size))
+            rows = [list(row.chain_hashes) for row in request.rows]
+            failed: set[int] = set()
+            for chunk in range(layout.layers + 1):
+                for row, chain in enumerate(rows):
+                    if row in failed or not context.is_active():
+                        continue
+                    try:
+                        array = service.read_prefix(request.namespace, layout.block_size, chain, chunk)
+                    except ROW_ERRORS as exc:
+                        # A corrupt or vanished block loses this row only; the client computes it.
+                        failed.add(row)
+                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d error=%r",
+                                    request.namespace, row, chunk, exc)
+                        code, message = status_for(exc)
+                        self._metrics.row_error(request.namespace, code.name)
+                        yield pb.PrefixChunk(row=row, chunk=chunk,
+                                             error=pb.RowError(query_index=row, code=code.name, message=message))
+                        continue
+                    self._metrics.streamed("prefix", array.nbytes)
+                    yield prefix_chunk(row, chunk, array)
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:

@@ -19,6 +19,7 @@ import numpy as np
 from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotReadyError
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
+from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
 from attnstore.service.admission import Admission, AdmissionConfig
@@ -27,6 +28,7 @@ from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
 from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
+from attnstore.service.prefix_tier import prefix_matches, read_prefix
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, entries_to_store
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
@@ -298,6 +300,25 @@ class AttnStoreService:
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """An entry's stored final outputs ``(L, hidden)`` fp16, or None."""
         return self._store.read_outputs(namespace, entry_id)
+
+    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        """How the namespace stores prefix blocks; None when it stores none."""
+        return self._store.prefix_layout(namespace)
+
+    def prefix_matches(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]
+    ) -> list[int]:
+        """Each row's stored prefix in whole blocks (see ``prefix_tier.prefix_matches``).
+
+        Raises:
+            FingerprintMismatchError: another model, or blocks of another size (or none).
+        """
+        self.check_fingerprint(namespace, fingerprint)
+        return prefix_matches(self._store, namespace, block_size, rows)
+
+    def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
+        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``)."""
+        return read_prefix(self._store, namespace, block_size, chain, chunk)
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
         """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""

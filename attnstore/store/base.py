@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Self
 
 import crc32c
 
-from attnstore.errors import ConfigError, MapShapeError, NamespaceExistsError, ProjectorChangedError
+from attnstore.errors import (
+    ConfigError,
+    EntryNotFoundError,
+    FingerprintMismatchError,
+    MapShapeError,
+    NamespaceExistsError,
+    ProjectorChangedError,
+)
+from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout, check_block
 from attnstore.protocol.projector_blob import projector_metadata, same_weights
 from attnstore.protocol.records import (
     TOKEN_HASH_BYTES,
@@ -33,6 +41,15 @@ if TYPE_CHECKING:
     import numpy as np
 
     from attnstore.store.feed import ChangeFeed
+
+
+def _checked_hashes(method: str, chain_hashes: Sequence[bytes]) -> list[bytes]:
+    checked = []
+    for position, value in enumerate(chain_hashes):
+        if not isinstance(value, bytes | bytearray | memoryview) or len(value) != CHAIN_HASH_BYTES:
+            raise MapShapeError(f"{method}(): chain hash {position} must be {CHAIN_HASH_BYTES} bytes, got {value!r:.9}")
+        checked.append(bytes(value))
+    return checked
 
 
 def check_projector_version(info: NamespaceInfo, version: int | None) -> None:
@@ -312,6 +329,104 @@ class MapStoreBase(ABC):
         """Why the store's storage can no longer be trusted (its directory was removed, its database is
         damaged), or None while it is sound; a store with a fault needs a restart on sound storage."""
         return None
+
+    # ---- prefix blocks (causal namespaces; see attnstore.protocol.prefix) -----------------
+
+    def set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+        """Record how ``namespace`` stores prefix blocks; its own layout again changes nothing.
+
+        Raises:
+            ConfigError: ``layout`` is not a PrefixLayout.
+            NamespaceNotFoundError: no such namespace.
+            FingerprintMismatchError: the namespace records another layout (another block size, say).
+        """
+        if not isinstance(layout, PrefixLayout):
+            raise ConfigError(f"set_prefix_layout(): layout must be a PrefixLayout, got {type(layout).__name__}")
+        return self._set_prefix_layout(namespace, layout)
+
+    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        """The namespace's prefix layout, or None while it stores no prefix blocks.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+        """
+        return self._prefix_layout(namespace)
+
+    def put_prefix_blocks(self, namespace: str, blocks: Sequence[PrefixBlock]) -> int:
+        """Store prefix blocks, all or nothing; returns how many were new (a stored hash is kept as it is).
+
+        A block's ``parent`` must be stored already or come earlier in ``blocks``, so a chain
+        is never visible with a gap; a crash mid-call leaves none of the call's blocks.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+            FingerprintMismatchError: the namespace has no prefix layout.
+            MapShapeError: a block that does not fit the layout, or whose parent is not stored.
+            StoreFullError: no room (nothing is written).
+        """
+        layout = self.prefix_layout(namespace)
+        if layout is None:
+            raise FingerprintMismatchError(f"put_prefix_blocks(): namespace {namespace!r} has no prefix layout")
+        return self._put_prefix_blocks(namespace, layout, [check_block(layout, b, i) for i, b in enumerate(blocks)])
+
+    def match_prefix(self, namespace: str, chain_hashes: Sequence[bytes]) -> int:
+        """How many of ``chain_hashes`` (one row's chain, from its first block) are stored, counted from the
+        start up to the first one that is not: a lookup stops at the first missing block.
+
+        Raises:
+            MapShapeError: a hash that is not 32 bytes.
+            NamespaceNotFoundError: no such namespace.
+        """
+        return self._match_prefix(namespace, _checked_hashes("match_prefix", chain_hashes))
+
+    def read_prefix_layer(self, namespace: str, chain_hashes: Sequence[bytes], layer: int) -> np.ndarray:
+        """The keys and values of one layer over the blocks of ``chain_hashes``, in order:
+        ``(2, kv_heads, blocks * block_size, head_dim)`` in the layout's dtype, one contiguous buffer.
+
+        Raises:
+            EntryNotFoundError: a block is not stored (any more).
+            ChecksumError: a block's stored bytes are corrupt (the message names it).
+            MapShapeError: a bad hash or ``layer``.
+        """
+        layout = self._layout_or_refuse(namespace)
+        if not isinstance(layer, int) or not 0 <= layer < layout.layers:
+            raise MapShapeError(f"read_prefix_layer(): layer must be in 0..{layout.layers - 1}, got {layer!r}")
+        return self._read_prefix_chunks(namespace, layout, _checked_hashes("read_prefix_layer", chain_hashes), layer)
+
+    def read_prefix_hidden(self, namespace: str, chain_hashes: Sequence[bytes]) -> np.ndarray:
+        """The last hidden states of the blocks' tokens, ``(blocks * block_size, hidden)`` in the layout's dtype.
+
+        Raises:
+            EntryNotFoundError, ChecksumError, MapShapeError: as :meth:`read_prefix_layer`.
+        """
+        layout = self._layout_or_refuse(namespace)
+        hashes = _checked_hashes("read_prefix_hidden", chain_hashes)
+        return self._read_prefix_chunks(namespace, layout, hashes, layout.layers)
+
+    def _layout_or_refuse(self, namespace: str) -> PrefixLayout:
+        layout = self.prefix_layout(namespace)
+        if layout is None:
+            raise FingerprintMismatchError(f"namespace {namespace!r} stores no prefix blocks")
+        return layout
+
+    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+        raise ConfigError(f"{type(self).__name__} stores no prefix blocks (set_prefix_layout({namespace!r}))")
+
+    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        self.get_namespace(namespace)
+        return None  # a backend without prefix blocks: every namespace has none
+
+    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
+        raise ConfigError(f"{type(self).__name__} stores no prefix blocks (put_prefix_blocks({namespace!r}))")
+
+    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
+        return 0
+
+    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+                            ) -> np.ndarray:
+        """Chunk ``chunk`` (a layer, or ``layout.layers`` for the hidden states) of every block, concatenated
+        along the tokens."""
+        raise EntryNotFoundError(f"{type(self).__name__} stores no prefix blocks")
 
     @abstractmethod
     def compact(self) -> CompactReport:

@@ -36,6 +36,7 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
+from attnstore.store.prefix.memory import MemoryPrefixBlocks, _Blocks
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -76,7 +77,7 @@ class _Namespace:
     hashes: dict[bytes, int] = field(default_factory=dict)
 
 
-class MemoryMapStore(MapStoreBase):
+class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
     """In-memory map store.
 
     Args:
@@ -93,6 +94,7 @@ class MemoryMapStore(MapStoreBase):
         self._evicted_entries = 0
         self._evicted_bytes = 0
         self._lock = threading.RLock()
+        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.prefix.memory)
 
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)
@@ -135,6 +137,7 @@ class MemoryMapStore(MapStoreBase):
         with self._lock:
             self._ns(name)
             del self._namespaces[name]
+            self._prefix.pop(name, None)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
         """See :meth:`MapStoreBase.set_projector`."""
@@ -369,7 +372,9 @@ class MemoryMapStore(MapStoreBase):
                         if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
                             corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} chunk: crc32c mismatch"))
                             break
-        return VerifyReport(entries, checked, tuple(corrupt), 0, time.perf_counter() - start)
+            blocks, problems = self._prefix_problems()
+        return VerifyReport(entries, checked, tuple(corrupt), 0, time.perf_counter() - start, tuple(problems),
+                            prefix_blocks_checked=blocks)
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""
@@ -399,6 +404,7 @@ class MemoryMapStore(MapStoreBase):
                         buckets,
                     )
                 )
+            prefix_blocks, prefix_bytes = self._prefix_usage()
         return StoreStats(
             path="memory",
             generation="memory",
@@ -414,6 +420,8 @@ class MemoryMapStore(MapStoreBase):
             pending_hits=0,
             namespaces=tuple(namespaces),
             dram=DramStats(0, 0, 0, 0, 0, 0, 0),
+            prefix_blocks=prefix_blocks,
+            prefix_bytes=prefix_bytes,
         )
 
     def close(self) -> None:

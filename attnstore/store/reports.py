@@ -103,6 +103,9 @@ class StoreStats:
     # generations other than the live one still on disk (held by a reader, or left by a killed compaction)
     stale_generations: int = 0
     stale_generation_bytes: int = 0
+    # prefix blocks (keys and values of prompt prefixes, causal namespaces): outside stored_bytes and max_bytes
+    prefix_blocks: int = 0
+    prefix_bytes: int = 0
 
     @property
     def ratio(self) -> float:
@@ -138,8 +141,10 @@ class VerifyReport:
     corrupt: tuple[CorruptEntry, ...]
     orphan_chunks: int  # chunk keys no live entry owns (invisible; compaction drops them)
     seconds: float
-    # damage not tied to one entry: the database's structure, a projector failing its checksum
+    # damage not tied to one entry: the database's structure, a projector failing its checksum, a corrupt
+    # prefix block (named by its chain hash)
     problems: tuple[str, ...] = ()
+    prefix_blocks_checked: int = 0
 
     @property
     def ok(self) -> bool:

@@ -7,10 +7,13 @@ from attnstore_client.connection.base import (
     Match,
     MatchKind,
     NamespaceHandle,
+    PrefixStream,
     StoreConnection,
     WriteBackCounts,
     connect,
 )
 
-__all__ = ["URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "StoreConnection", "WriteBackCounts",
-           "connect"]
+__all__ = [
+    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "StoreConnection",
+    "WriteBackCounts", "connect",
+]

@@ -21,7 +21,8 @@ from typing import Literal
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, ConfigError, WriteBackOffError
+from attnstore.errors import ChecksumError, ConfigError, MapsUnavailableError, WriteBackOffError
+from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.records import LookupBatch
 
 MatchKind = Literal["miss", "exact", "map"]
@@ -42,6 +43,7 @@ class NamespaceHandle:
     feature_dim: int
     projector: bytes | None  # safetensors bytes; None until a build has finished
     projector_version: int = 0  # 0 without a projector; +1 each time the namespace's is replaced
+    prefix: PrefixLayout | None = None  # how it stores prefix blocks (causal models); None: it stores none
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,38 @@ class MapStream(ABC):
 
     def close(self) -> None:  # noqa: B027 (optional: a stream that holds nothing has nothing to close)
         """Stop receiving (a no-op once everything arrived)."""
+
+
+class PrefixStream(ABC):
+    """The stored prefixes of chosen rows, one chunk at a time as the forward asks for it.
+
+    Attributes:
+        bytes_fetched: array bytes received so far.
+        fetch_seconds: time spent receiving.
+    """
+
+    def __init__(self) -> None:
+        self.bytes_fetched = 0
+        self.fetch_seconds = 0.0
+
+    @abstractmethod
+    def layer(self, row: int, layer: int) -> np.ndarray:
+        """One row's keys and values of one layer, ``(2, kv_heads, p, head_dim)``.
+
+        Raises:
+            MapsUnavailableError: the row's prefix cannot be delivered (its ``cause`` says why).
+        """
+
+    @abstractmethod
+    def hidden(self, row: int) -> np.ndarray:
+        """One row's last hidden states over its prefix, ``(p, hidden)``.
+
+        Raises:
+            MapsUnavailableError: as :meth:`layer`.
+        """
+
+    def close(self) -> None:  # noqa: B027 (optional: a stream that holds nothing has nothing to close)
+        """Stop receiving."""
 
 
 class StoreConnection(ABC):
@@ -186,6 +220,31 @@ class StoreConnection(ABC):
         Raises:
             AttnStoreError: the call failed before any map arrived (the caller computes the rows).
         """
+
+    def match_prefix(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
+        timeout: float | None,
+    ) -> list[int]:
+        """Each row's stored prefix in whole blocks, from its first block on (rows: chains of block hashes).
+
+        A connection without a prefix tier answers 0 for every row.
+
+        Raises:
+            FingerprintMismatchError: another model, or a namespace of another block size.
+            AttnStoreError: the call failed (the caller computes the rows).
+        """
+        return [0] * len(rows)
+
+    def fetch_prefix(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
+        timeout: float | None,
+    ) -> PrefixStream:
+        """Start delivering the stored prefixes of ``rows`` (each the chain of blocks it takes).
+
+        Raises:
+            AttnStoreError: the call failed before anything arrived (the caller computes the rows).
+        """
+        raise MapsUnavailableError(f"{type(self).__name__} has no prefix tier", row=0, cause="row_error")
 
     @abstractmethod
     def health(self) -> str:

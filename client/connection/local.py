@@ -23,7 +23,14 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.records import LookupBatch
-from attnstore_client.connection.base import MapStream, Match, NamespaceHandle, StoreConnection, checked_projector
+from attnstore_client.connection.base import (
+    MapStream,
+    Match,
+    NamespaceHandle,
+    PrefixStream,
+    StoreConnection,
+    checked_projector,
+)
 from attnstore_client.resilience import cause_of
 
 if TYPE_CHECKING:
@@ -97,7 +104,7 @@ class LocalConnection(StoreConnection):
             name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
             projector=checked_projector(info.name, info.projector, info.projector_crc32c),
-            projector_version=info.projector_version,
+            projector_version=info.projector_version, prefix=self._service.prefix_layout(name),
         )
 
     def exact(
@@ -137,6 +144,21 @@ class LocalConnection(StoreConnection):
         """See :meth:`StoreConnection.fetch_maps`: layers are read from the store when the forward asks."""
         self._service.check_fingerprint(namespace, fingerprint)
         return _LocalMaps(self._service, namespace, list(rows))
+
+    def match_prefix(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
+        timeout: float | None,
+    ) -> list[int]:
+        """See :meth:`StoreConnection.match_prefix` (in-process: ``timeout`` does not apply)."""
+        return self._service.prefix_matches(namespace, fingerprint, block_size, rows)
+
+    def fetch_prefix(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
+        timeout: float | None,
+    ) -> PrefixStream:
+        """See :meth:`StoreConnection.fetch_prefix`: each layer is read from the store when the forward asks."""
+        self._service.check_fingerprint(namespace, fingerprint)
+        return _LocalPrefix(self._service, namespace, block_size, [list(row) for row in rows])
 
     def health(self) -> str:
         """``"SERVING"`` while the store's background threads live."""
@@ -181,3 +203,35 @@ class _LocalMaps(MapStream):
 
     def wait(self) -> None:
         """Nothing to wait for: layers are read when asked for."""
+
+
+class _LocalPrefix(PrefixStream):
+    """Each row's prefix read from the store, one layer when the forward reaches it."""
+
+    def __init__(self, service: AttnStoreService, namespace: str, block_size: int, rows: list[list[bytes]]) -> None:
+        super().__init__()
+        self._service = service
+        self._namespace = namespace
+        self._block_size = block_size
+        self._rows = rows
+
+    def _read(self, row: int, chunk: int) -> np.ndarray:
+        start = time.perf_counter()
+        try:
+            array = self._service.read_prefix(self._namespace, self._block_size, self._rows[row], chunk)
+        except AttnStoreError as exc:
+            cause = "checksum" if cause_of(exc) == "checksum" else "row_error"
+            raise MapsUnavailableError(f"row {row}: prefix chunk {chunk}: {exc}", row=row, cause=cause) from exc
+        self.bytes_fetched += array.nbytes
+        self.fetch_seconds += time.perf_counter() - start
+        return array
+
+    def layer(self, row: int, layer: int) -> np.ndarray:
+        """See :meth:`PrefixStream.layer`."""
+        return self._read(row, layer)
+
+    def hidden(self, row: int) -> np.ndarray:
+        """See :meth:`PrefixStream.hidden`."""
+        layout = self._service.prefix_layout(self._namespace)
+        assert layout is not None  # the rows were matched against it
+        return self._read(row, layout.layers)

@@ -21,8 +21,17 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from attnstore.errors import AttnStoreError, ChecksumError, ConfigError, MapsUnavailableError, WireFormatError
+from attnstore.errors import (
+    AttnStoreError,
+    ChecksumError,
+    ConfigError,
+    FingerprintMismatchError,
+    MapsUnavailableError,
+    WireFormatError,
+)
 from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.prefix import PrefixLayout
+from attnstore.protocol.prefix_wire import chains_to_pb, prefix_layout_from_pb
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -41,10 +50,12 @@ from attnstore_client.connection.base import (
     Match,
     MatchKind,
     NamespaceHandle,
+    PrefixStream,
     StoreConnection,
     WriteBackCounts,
     checked_projector,
 )
+from attnstore_client.connection.remote_prefix import StreamedPrefix
 from attnstore_client.resilience import cause_of
 
 log = logging.getLogger(__name__)
@@ -83,6 +94,7 @@ class RemoteConnection(StoreConnection):
             raise ConfigError("mTLS needs both a client certificate and its key")
         pem = {name: _read_pem(path) for name, path in
                (("root_certificates", tls_ca), ("certificate_chain", client_cert), ("private_key", client_key))}
+        self._prefix_layouts: dict[str, PrefixLayout] = {}  # by namespace, as namespace() last read them
         self._remote = RemoteStore(target, token=token, timeout=None, channel=_channel(
             target, tls=tls, pem=pem, max_message_bytes=max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES))
 
@@ -98,6 +110,8 @@ class RemoteConnection(StoreConnection):
                 info.projector_crc32c if info.HasField("projector_crc32c") else None,
             ),
             projector_version=info.projector_version,
+            prefix=self._prefix_layouts.setdefault(name, prefix_layout_from_pb(info.prefix))
+            if info.HasField("prefix") else None,
         )
 
     def exact(
@@ -150,6 +164,28 @@ class RemoteConnection(StoreConnection):
         # The raw call, not a RemoteStore helper: the reader thread must be able to cancel it.
         call = self._remote.stub.FetchMaps(request, metadata=self._remote.metadata, timeout=timeout)
         return _StreamedMaps(call, len(rows), None if timeout is None else time.monotonic() + timeout)
+
+    def match_prefix(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
+        timeout: float | None,
+    ) -> list[int]:
+        """See :meth:`StoreConnection.match_prefix`: one PrefixMatch."""
+        request = pb.PrefixMatchRequest(namespace=namespace, fingerprint=fingerprint, block_size=block_size,
+                                        rows=chains_to_pb(rows))
+        return list(self._remote._unary(self._remote.stub.PrefixMatch, request, timeout).blocks)
+
+    def fetch_prefix(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
+        timeout: float | None,
+    ) -> PrefixStream:
+        """See :meth:`StoreConnection.fetch_prefix`: one FetchPrefix, received on a reader thread."""
+        layout = self._prefix_layouts.get(namespace) or self.namespace(namespace).prefix
+        if layout is None:
+            raise FingerprintMismatchError(f"namespace {namespace!r} stores no prefix blocks")
+        request = pb.FetchPrefixRequest(namespace=namespace, fingerprint=fingerprint, block_size=block_size,
+                                        rows=chains_to_pb(rows))
+        call = self._remote.stub.FetchPrefix(request, metadata=self._remote.metadata, timeout=timeout)
+        return StreamedPrefix(call, len(rows), layout.layers, None if timeout is None else time.monotonic() + timeout)
 
     def health(self) -> str:
         """See :meth:`StoreConnection.health`."""

@@ -37,6 +37,7 @@ from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport, calibrate_projector
+from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport, train_projector
 from attnstore_tools.corpus import read_texts
 
@@ -59,6 +60,9 @@ class BuildConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
+    # Stores the corpus's prefix blocks (keys and values of whole blocks of tokens); None: for causal models.
+    prefix_blocks: bool | None = None
+    prefix: PrefixBuildConfig = field(default_factory=PrefixBuildConfig)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class BuildReport:
     seconds: float
     train: TrainReport | None  # None when an existing namespace's projector was reused
     calibration: CalibrationReport | None = None  # None when reused or not calibrated
+    prefix: PrefixBuildReport | None = None  # None when no prefix blocks were stored
 
 
 @dataclass(frozen=True)
@@ -165,8 +170,12 @@ def build_namespace(
             service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
                                      layout=_layout(adapter, projector, config.codec))
         added: list[int] = []
+        prefix = None
         try:
             _ingest(service, config.namespace, fingerprint, captured, projector, config, added, progress)
+            if adapter.causal if config.prefix_blocks is None else config.prefix_blocks:
+                prefix = store_prefix_blocks(adapter, [r.ids for r in rows], service, config.namespace, config.prefix,
+                                             pad_id=loaded.tokenizer.pad_token_id, progress=progress)
             if created:
                 service.set_projector(config.namespace, projector.to_safetensors_bytes())
         except BaseException:
@@ -183,6 +192,7 @@ def build_namespace(
         seconds=time.perf_counter() - started,
         train=train_report,
         calibration=calibration,
+        prefix=prefix,
     )
 
 
@@ -365,6 +375,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-calibration", action="store_true",
                         help="skip calibrating the projector's distances to replay fidelity and fitting"
                              " the fidelity gate (see the docs)")
+    parser.add_argument("--prefix-blocks", action=argparse.BooleanOptionalAction, default=None,
+                        help="store the prompts' prefix blocks (keys and values of whole blocks of tokens, for the"
+                             " prefix tier); default: on for causal models")
+    parser.add_argument("--prefix-block-size", type=int, default=32, help="tokens per prefix block (default 32)")
+    parser.add_argument("--prefix-min-shared", type=int, default=2,
+                        help="store a prefix block only when this many prompts start with it (default 2; 1: all)")
+    parser.add_argument("--prefix-dtype", choices=["float32", "float16"],
+                        help="prefix blocks' dtype (default: the model's, exact; float16 halves the bytes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
 
@@ -383,6 +401,9 @@ def run(args: argparse.Namespace) -> int:
         train_limit=args.train_limit,
         seed=args.seed,
         calibration=None if args.no_calibration else CalibrationConfig(),
+        prefix_blocks=args.prefix_blocks,
+        prefix=PrefixBuildConfig(block_size=args.prefix_block_size, dtype=args.prefix_dtype,
+                                 min_shared=args.prefix_min_shared),
     )
     with AttnStoreService.open(args.store, create=True) as service:
         report = build_namespace(loaded, texts, service, config, progress=not args.no_progress)
@@ -404,6 +425,10 @@ def format_report(report: BuildReport) -> str:
             f"projector: {t.train_items} train / {t.val_items} val inputs, best epoch {t.best_epoch} of {t.epochs},"
             f" val Spearman {t.val_spearman:.3f} (mean-pooled key {t.val_spearman_mean_pooled:.3f})"
         )
+    if report.prefix is not None:
+        p = report.prefix
+        lines.append(f"prefix blocks: {p.blocks} added ({p.bytes / 2**20:.1f} MiB) from {p.prompts} prompts"
+                     f" in {p.seconds:.1f} s")
     c = report.calibration
     if c is not None and c.calibration is not None:
         cal = c.calibration

@@ -49,6 +49,8 @@ class Pass:
     fallbacks: int
     layer_replays: int
     seconds: float
+    tokens: int = 0  # prompt tokens of the queries
+    computed_tokens: int = 0  # of which the forward computed (not exact hits, not stored prefixes)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,9 @@ def run_pass(
         fallbacks=run.fallbacks,
         layer_replays=run.layer_replays,
         seconds=seconds,
+        tokens=sum(len(ids) for ids in queries.ids),
+        computed_tokens=sum(len(ids) for ids, kind in zip(queries.ids, kinds, strict=True) if kind != "exact")
+        - run.prefix_tokens,
     )
 
 

@@ -119,6 +119,10 @@ def build_report(
             "hit_rate": _nan_to_none((run.exact_hits + run.map_hits) / len(run.kinds)),
             "exact_hits": run.exact_hits,
             "map_hits": run.map_hits,
+            "prefix_hits": int(sum(kind == "prefix" for kind in kinds)),
+            "tokens": {"prompt": run.tokens, "computed": run.computed_tokens},
+            # the share of queries whose answer (the arg max over the choices) is the full model's
+            "answers_agree": _agreement(run.logits, full_pass.logits),
             "misses": run.misses,
             "fallbacks": run.fallbacks,
             "layer_replays": run.layer_replays,
@@ -202,6 +206,12 @@ def _store_stats(store_url: str, namespace: str) -> dict[str, object]:
     return {}
 
 
+def _agreement(logits: np.ndarray | None, full: np.ndarray | None) -> float | None:
+    if logits is None or full is None:
+        return None
+    return float(np.mean(np.argmax(logits, axis=1) == np.argmax(full, axis=1)))
+
+
 def format_report(report: dict[str, object]) -> str:
     """The printed table: one line per variant."""
     full = report["full"]
@@ -210,9 +220,10 @@ def format_report(report: dict[str, object]) -> str:
         f"{report['task']} / {report['model']}: {report['queries']} queries, metric {report['metric']['name']} "
         f"({unit}); timing: {report['timing']['queries']} queries, median of {report['timing']['rounds']} rounds",
         f"{'method':<13} {'setting':>8} {'metric':>8} {'delta':>7} {'hit':>7} {'exact':>6} {'map':>6} "
+        f"{'prefix':>6} {'computed':>8} {'agree':>6} {'cos min':>8} "
         f"{'cos>=.99':>8} {'e2e ex':>7} {'e2e in':>7} {'att ex':>7} {'att in':>7} {'gamma':>7}",
-        f"{'full':<13} {'':>8} {full['metric']:>8.2f} {'':>7} {'':>7} {'':>6} {'':>6} {'':>8} "
-        f"{'1.00':>7} {'1.00':>7} {'1.00':>7} {'1.00':>7} {'':>7}",
+        f"{'full':<13} {'':>8} {full['metric']:>8.2f} {'':>7} {'':>7} {'':>6} {'':>6} {'':>6} {'':>8} {'':>6} "
+        f"{'':>8} {'':>8} {'1.00':>7} {'1.00':>7} {'1.00':>7} {'1.00':>7} {'':>7}",
     ]
     for row in report["rows"]:
         setting = "" if row["setting"] is None else f"{row['setting']:g}"
@@ -221,7 +232,8 @@ def format_report(report: dict[str, object]) -> str:
         mark = "*" if row["default"] else ""
         lines.append(
             f"{row['method'] + mark:<13} {setting:>8} {_num(row['metric']):>8} {_num(row['delta']):>7} "
-            f"{_pct(row['hit_rate']):>7} {row['exact_hits']:>6} {row['map_hits']:>6} "
+            f"{_pct(row['hit_rate']):>7} {row['exact_hits']:>6} {row['map_hits']:>6} {row['prefix_hits']:>6} "
+            f"{_computed(row['tokens']):>8} {_pct(row['answers_agree']):>6} {_cos(row['cosine']['min']):>8} "
             f"{_pct(row['cosine']['share_099']):>8} {_num(speed['e2e_excl']):>7} {_num(speed['e2e_incl']):>7} "
             f"{_num(speed['attn_excl']):>7} {_num(speed['attn_incl']):>7} {gamma:>7}"
         )
@@ -235,3 +247,12 @@ def _num(value: float | None) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
+
+
+def _computed(tokens: dict[str, int]) -> str:
+    """Tokens computed as a share of the prompts' tokens."""
+    return "-" if not tokens["prompt"] else f"{tokens['computed'] / tokens['prompt']:.1%}"
+
+
+def _cos(value: float | None) -> str:
+    return "-" if value is None else f"{value:.5f}"

@@ -67,7 +67,8 @@ class CallRun:
     map_hits: int = 0  # queries that replayed stored maps
     layer_replays: int = 0  # (row, layer) pairs whose maps were not computed (layer-level methods)
     fallbacks: int = 0  # queries the store should have served but could not
-    kinds: tuple[str, ...] = ()  # per query, for store-backed variants: "exact", "map", "miss" or "fallback"
+    kinds: tuple[str, ...] = ()  # per query, for store-backed variants: "exact", "prefix", "map", "miss", "fallback"
+    prefix_tokens: int = 0  # prompt tokens taken from stored prefixes (keys and values), not computed
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,7 @@ class CacheVariant(Variant):
     def embed(self, queries: Queries, indices: Sequence[int], head: SentenceHead) -> CallRun:
         """See :meth:`Variant.embed`."""
         self.cache.maps = self._maps
+        self.cache.prefix = self._maps  # the plain output cache has the exact tiers only
         self.cache.cost_model = self.cost_model
         if self._maps and self._threshold is None:
             self.cache.gated = True
@@ -183,6 +185,7 @@ class CacheVariant(Variant):
             map_hits=kinds.count("map"),
             fallbacks=kinds.count("fallback"),
             kinds=kinds,
+            prefix_tokens=stats.prefix_tokens,
         )
 
 

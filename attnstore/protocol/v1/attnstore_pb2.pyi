@@ -37,7 +37,7 @@ class Layout(_message.Message):
     def __init__(self, layers: _Optional[int] = ..., heads: _Optional[int] = ..., causal: _Optional[bool] = ..., hidden: _Optional[int] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class Namespace(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version")
+    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version", "prefix")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class Namespace(_message.Message):
     PROJECTOR_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_CRC32C_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
@@ -56,7 +57,24 @@ class Namespace(_message.Message):
     projector: bytes
     projector_crc32c: int
     projector_version: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ...) -> None: ...
+    prefix: PrefixLayout
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ..., prefix: _Optional[_Union[PrefixLayout, _Mapping]] = ...) -> None: ...
+
+class PrefixLayout(_message.Message):
+    __slots__ = ("block_size", "layers", "kv_heads", "head_dim", "hidden", "dtype")
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    block_size: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    dtype: str
+    def __init__(self, block_size: _Optional[int] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., hidden: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class CreateNamespaceRequest(_message.Message):
     __slots__ = ("name", "model", "fingerprint", "layout", "projector", "replace_projector")
@@ -503,3 +521,57 @@ class StatsResponse(_message.Message):
     admission_sketch_bytes: int
     admit_after: int
     def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ...) -> None: ...
+
+class PrefixChain(_message.Message):
+    __slots__ = ("chain_hashes",)
+    CHAIN_HASHES_FIELD_NUMBER: _ClassVar[int]
+    chain_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, chain_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PrefixMatchRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "block_size", "rows")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    block_size: int
+    rows: _containers.RepeatedCompositeFieldContainer[PrefixChain]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PrefixChain, _Mapping]]] = ...) -> None: ...
+
+class PrefixMatchResponse(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FetchPrefixRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "block_size", "rows")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    block_size: int
+    rows: _containers.RepeatedCompositeFieldContainer[PrefixChain]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PrefixChain, _Mapping]]] = ...) -> None: ...
+
+class PrefixChunk(_message.Message):
+    __slots__ = ("row", "chunk", "dtype", "shape", "data", "crc32c", "error")
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    row: int
+    chunk: int
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    crc32c: int
+    error: RowError
+    def __init__(self, row: _Optional[int] = ..., chunk: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...

@@ -74,6 +74,16 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefetchRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefetchResponse.FromString,
                 _registered_method=True)
+        self.PrefixMatch = channel.unary_unary(
+                '/attnstore.v1.AttnStore/PrefixMatch',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixMatchRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixMatchResponse.FromString,
+                _registered_method=True)
+        self.FetchPrefix = channel.unary_stream(
+                '/attnstore.v1.AttnStore/FetchPrefix',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.FromString,
+                _registered_method=True)
         self.Ingest = channel.stream_unary(
                 '/attnstore.v1.AttnStore/Ingest',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.IngestRequest.SerializeToString,
@@ -170,6 +180,23 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefixMatch(self, request, context):
+        """The prefix tier (causal namespaces): per row, how many blocks of its chain are stored
+        from its first block on (a lookup stops at the first missing block); then their keys
+        and values layer by layer, and last their hidden states. A row of another block size or
+        fingerprint is FAILED_PRECONDITION; a row that cannot be served gets one PrefixChunk
+        with its error and nothing more, the others go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchPrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request_iterator, context):
         """Admin: need the admin token.
         """
@@ -251,6 +278,16 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.Prefetch,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefetchRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefetchResponse.SerializeToString,
+            ),
+            'PrefixMatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefixMatch,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixMatchRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixMatchResponse.SerializeToString,
+            ),
+            'FetchPrefix': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchPrefix,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.SerializeToString,
             ),
             'Ingest': grpc.stream_unary_rpc_method_handler(
                     servicer.Ingest,
@@ -499,6 +536,60 @@ class AttnStore:
             '/attnstore.v1.AttnStore/Prefetch',
             attnstore_dot_v1_dot_attnstore__pb2.PrefetchRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.PrefetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefixMatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/PrefixMatch',
+            attnstore_dot_v1_dot_attnstore__pb2.PrefixMatchRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.PrefixMatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/FetchPrefix',
+            attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -145,6 +145,11 @@ def compact_into(
                 with txn.cursor(db=getattr(sdb, name)) as cursor:
                     for raw_key, value in cursor.iternext():
                         writer.put(bytes(raw_key), value, getattr(ddb, name))
+            if sdb.prefix is not None and ddb.prefix is not None:
+                # Prefix blocks are copied as they are: their keys hold nothing deleted (drops delete them).
+                with txn.cursor(db=sdb.prefix) as cursor:
+                    for raw_key, value in cursor.iternext():
+                        writer.put(bytes(raw_key), value, ddb.prefix)
             total_chunks = 0
             with txn.cursor(db=sdb.zarr) as cursor:
                 for raw_key, value in cursor.iternext():

@@ -51,6 +51,8 @@ DISK_FULL_FREE_BYTES = 16 << 20
 # Sub-database names; "index" is reserved for the vector index (raw bytes).
 DB_NAMES: tuple[str, ...] = ("meta", "catalog", "projectors", "entries", "lengths", "hashes", "hits", "buckets", "zarr")
 RESERVED_DB_NAMES: tuple[str, ...] = ("index",)
+# Prefix blocks: created by a writer when missing, so stores from before them open as they are.
+PREFIX_DB_NAME = "prefix"
 _MAX_DBS = 16
 _MAX_READERS = 512
 # Size LMDB gives a new lock file: its header (two 64-byte cache lines) and one 64-byte slot per
@@ -194,6 +196,9 @@ class Databases:
     hits: DbHandle  # ns NUL id -> HitRecord
     buckets: DbHandle  # ns NUL L -> BucketRecord
     zarr: DbHandle  # zarr key -> zarr.json or chunk bytes
+    # ns NUL kind ... -> prefix layout, block records and chunks (prefix_blocks.py); None in a read-only
+    # opening of a store written before prefix blocks existed (it has none)
+    prefix: DbHandle | None = None
 
 
 def free_disk_bytes(path: Path) -> int:
@@ -329,7 +334,8 @@ class Generation:
                 meminit=False,
                 lock=True,
             )
-            self.db = Databases(**{n: self.env.open_db(n.encode(), create=not readonly) for n in DB_NAMES})
+            handles = {n: self.env.open_db(n.encode(), create=not readonly) for n in DB_NAMES}
+            self.db = Databases(**handles, prefix=_open_optional_db(self.env, PREFIX_DB_NAME, readonly=readonly))
         except lmdb.Error as exc:
             release_lock(self._holder_fd)
             if getattr(self, "env", None) is not None:
@@ -383,6 +389,14 @@ class Generation:
             logger.debug("closed generation %s", self.path)
             if self.on_closed is not None:
                 self.on_closed()
+
+
+def _open_optional_db(env: lmdb.Environment, name: str, *, readonly: bool) -> DbHandle | None:
+    """The sub-database ``name``; a read-only opening of an environment without it gets None."""
+    try:
+        return env.open_db(name.encode(), create=not readonly)
+    except lmdb.NotFoundError:
+        return None
 
 
 def items_with_prefix(

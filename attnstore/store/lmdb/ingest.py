@@ -17,6 +17,7 @@ import lmdb
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.env import Databases, items_with_prefix
+from attnstore.store.lmdb.prefix_blocks import drop_prefix_keys
 from attnstore.store.lmdb.records import (
     BucketRecord,
     EntryRecord,
@@ -357,4 +358,4 @@ def drop_namespace_keys(txn: lmdb.Transaction, db: Databases, name: str) -> int:
                 removed += bool(txn.delete(key, db=handle))
     for handle in (db.catalog, db.projectors):
         removed += bool(txn.delete(name.encode(), db=handle))
-    return removed
+    return removed + drop_prefix_keys(txn, db.prefix, name)

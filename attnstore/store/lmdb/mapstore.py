@@ -30,14 +30,7 @@ from attnstore.errors import (
     StoreOpenError,
     shown,
 )
-from attnstore.protocol.records import (
-    FORMAT_VERSION,
-    EntryInfo,
-    EntryRef,
-    NamespaceInfo,
-    NamespaceLayout,
-    NewEntry,
-)
+from attnstore.protocol.records import FORMAT_VERSION, EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.hit_buffer import HitBuffer
@@ -58,6 +51,7 @@ from attnstore.store.lmdb.ingest import (
     write_entries,
 )
 from attnstore.store.lmdb.live import LiveGeneration
+from attnstore.store.lmdb.prefix_blocks import LmdbPrefixBlocks
 from attnstore.store.lmdb.reader import (
     decode_layers,
     entry_page,
@@ -90,7 +84,7 @@ logger = logging.getLogger(__name__)
 _PAGE = 256
 
 
-class MapStore(MapStoreBase):
+class MapStore(LmdbPrefixBlocks, MapStoreBase):
     """The LMDB-backed map store. Open with :meth:`open`; use as a context manager.
 
     Hit counters: :meth:`record_hits` counts in memory. The counts are written in

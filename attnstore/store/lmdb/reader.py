@@ -21,6 +21,7 @@ from attnstore.protocol.records import FORMAT_VERSION, EntryRef
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
 from attnstore.store.lmdb.ingest import META_EVICTED_BYTES, META_EVICTED_ENTRIES, find_existing, read_counter
+from attnstore.store.lmdb.prefix_blocks import prefix_usage
 from attnstore.store.lmdb.records import (
     BucketRecord,
     EntryRecord,
@@ -288,6 +289,7 @@ def store_stats(
 ) -> StoreStats:
     """The whole store's statistics, read in ``txn`` on ``gen``."""
     namespaces = namespace_stats(txn, gen.db, states)
+    prefix_blocks, prefix_bytes = prefix_usage(txn, gen.db.prefix)
     return StoreStats(
         path=str(gen.path.parent),
         generation=gen.name,
@@ -303,4 +305,6 @@ def store_stats(
         pending_hits=pending_hits,
         namespaces=namespaces,
         dram=dram,
+        prefix_blocks=prefix_blocks,
+        prefix_bytes=prefix_bytes,
     )

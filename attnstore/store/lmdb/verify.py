@@ -24,6 +24,7 @@ from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.catalog import decode_namespace, namespace_names
 from attnstore.store.lmdb.env import DB_NAMES, Generation, items_with_prefix
 from attnstore.store.lmdb.live import LiveGeneration
+from attnstore.store.lmdb.prefix_blocks import prefix_problems
 from attnstore.store.lmdb.records import (
     BucketRecord,
     EntryRecord,
@@ -134,11 +135,14 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
     corrupt: list[CorruptEntry] = []
     problems: list[str] = []
     counts = [0, 0, 0]  # entries, chunks, orphans: kept by the walk when it fails part way
+    blocks_checked = 0
     try:
         with gen.env.begin(buffers=True) as txn:
             _walk_entries(txn, gen, states, corrupt, counts)
             problems += _structure_problems(txn, gen)
             problems += _projector_problems(txn, gen)
+            blocks_checked, block_problems = prefix_problems(txn, gen.db.prefix)
+            problems += block_problems
     except (lmdb.Error, AttnStoreError) as exc:
         problems.append(f"the database cannot be walked ({type(exc).__name__}: {exc}): it is damaged")
     return VerifyReport(
@@ -148,6 +152,7 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
         orphan_chunks=counts[2],
         seconds=time.perf_counter() - start,
         problems=tuple(problems),
+        prefix_blocks_checked=blocks_checked,
     )
 
 

@@ -1,0 +1,190 @@
+"""Prefix blocks in the LMDB store: their own sub-database, one write transaction per call.
+
+Keys (the namespace name holds no NUL, so no namespace's keys reach another's)::
+
+    ns NUL "L"                       -> the namespace's PrefixLayout (JSON)
+    ns NUL "R" chain_hash            -> BlockRecord (parent, crc32c per chunk)
+    ns NUL "C" chain_hash layer(>H)  -> chunk bytes: layers 0..n-1, then n = the hidden states
+
+A block's chunks are adjacent in key order (layer-contiguous, like maps) and are
+written in the transaction that writes its record, so a block is visible with
+all its bytes or not at all; a call's blocks commit together, so a crash
+mid-ingest leaves no partial chain. Lookups read records from a row's first
+block on and stop at the first missing one.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import lmdb
+import numpy as np
+
+from attnstore.errors import FingerprintMismatchError, MapShapeError
+from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout
+from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
+from attnstore.store.lmdb.records import ns_prefix
+from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
+
+if TYPE_CHECKING:
+    from attnstore.protocol.records import NamespaceInfo
+    from attnstore.store.lmdb.live import LiveGeneration
+
+_LAYOUT = b"L"
+_RECORD = b"R"
+_CHUNK = b"C"
+
+
+def layout_key(namespace: str) -> bytes:
+    """Key of the namespace's prefix layout."""
+    return ns_prefix(namespace) + _LAYOUT
+
+
+def record_key(namespace: str, chain_hash: bytes) -> bytes:
+    """Key of one block's record."""
+    return ns_prefix(namespace) + _RECORD + chain_hash
+
+
+def chunk_key(namespace: str, chain_hash: bytes, chunk: int) -> bytes:
+    """Key of one block's chunk ``chunk`` (a layer, or the layer count for the hidden states)."""
+    return ns_prefix(namespace) + _CHUNK + chain_hash + struct.pack(">H", chunk)
+
+
+def read_layout(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> PrefixLayout | None:
+    """The namespace's prefix layout in ``txn``, or None."""
+    raw = None if db is None else txn.get(layout_key(namespace), db=db)
+    return None if raw is None else PrefixLayout.from_dict(json.loads(bytes(raw)))
+
+
+def drop_prefix_keys(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> int:
+    """Delete the namespace's layout and blocks in ``txn`` (with the namespace); returns how many keys."""
+    if db is None:
+        return 0
+    with txn.cursor(db=db) as cursor:
+        keys = [key for key, _ in items_with_prefix(cursor, ns_prefix(namespace))]
+    return sum(bool(txn.delete(key, db=db)) for key in keys)
+
+
+def prefix_usage(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, int]:
+    """Blocks (records) and chunk bytes over every namespace."""
+    if db is None:
+        return 0, 0
+    blocks = nbytes = 0
+    with txn.cursor(db=db) as cursor:
+        for raw_key, value in cursor.iternext():
+            kind = _kind(bytes(raw_key))
+            blocks += kind == _RECORD
+            nbytes += len(value) if kind == _CHUNK else 0
+    return blocks, nbytes
+
+
+def _kind(key: bytes) -> bytes:
+    return key[key.index(b"\x00") + 1 : key.index(b"\x00") + 2]
+
+
+def prefix_problems(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, list[str]]:
+    """Blocks checked, and a line naming each block whose chunk is missing or fails its crc32c."""
+    if db is None:
+        return 0, []
+    import crc32c  # the store's checksum; imported here with the walk that needs it
+
+    checked, problems = 0, []
+    records: list[tuple[bytes, BlockRecord]] = []
+    with txn.cursor(db=db) as cursor:
+        for raw_key, value in cursor.iternext():
+            key = bytes(raw_key)
+            if _kind(key) == _RECORD:
+                records.append((key, BlockRecord.decode(bytes(value))))
+    for key, record in records:
+        checked += 1
+        name = key[: key.index(b"\x00")].decode()
+        chain_hash = key[-CHAIN_HASH_BYTES:]
+        for chunk, crc in enumerate(record.crcs):
+            raw = txn.get(chunk_key(name, chain_hash, chunk), db=db)
+            if raw is None or crc32c.crc32c(raw) != crc:
+                why = "is missing" if raw is None else "fails its crc32c"
+                problems.append(f"prefix block {chain_hash.hex()} of namespace {name!r}: chunk {chunk} {why}")
+                break
+    return checked, problems
+
+
+class LmdbPrefixBlocks:
+    """The prefix-block hooks of ``MapStoreBase`` for ``MapStore`` (a mixin before ``MapStoreBase``)."""
+
+    _live: LiveGeneration
+
+    if TYPE_CHECKING:
+
+        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
+
+    @contextmanager
+    def _prefix_read(self, namespace: str) -> Iterator[tuple[Generation, lmdb.Transaction, PrefixLayout | None]]:
+        self.get_namespace(namespace)
+        with self._live.read() as (gen, txn):
+            yield gen, txn, read_layout(txn, gen.db.prefix, namespace)
+
+    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+        self.get_namespace(namespace)
+        with self._live.write() as (gen, txn):
+            assert gen.db.prefix is not None  # a writer opens (creates) it
+            stored = read_layout(txn, gen.db.prefix, namespace)
+            if stored is not None and stored != layout:
+                raise FingerprintMismatchError(
+                    f"namespace {namespace!r} stores prefix blocks as {stored}; asked for {layout}"
+                )
+            if stored is None:
+                txn.put(layout_key(namespace), json.dumps(layout.to_dict()).encode(), db=gen.db.prefix)
+        return layout
+
+    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        with self._prefix_read(namespace) as (_, _, layout):
+            return layout
+
+    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
+        self.get_namespace(namespace)
+        added = 0
+        with self._live.write() as (gen, txn):
+            db = gen.db.prefix
+            assert db is not None
+            if read_layout(txn, db, namespace) != layout:
+                raise FingerprintMismatchError(f"namespace {namespace!r}: its prefix layout changed meanwhile")
+            for position, block in enumerate(blocks):
+                if txn.get(record_key(namespace, block.chain_hash), db=db) is not None:
+                    continue
+                if block.parent is not None and txn.get(record_key(namespace, block.parent), db=db) is None:
+                    # Raising aborts the transaction: none of this call's blocks stay.
+                    raise MapShapeError(f"prefix block {position}: its parent {block.parent.hex()} is not stored")
+                chunks = block_chunks(block)
+                for chunk, raw in enumerate(chunks):
+                    txn.put(chunk_key(namespace, block.chain_hash, chunk), raw, db=db)
+                txn.put(record_key(namespace, block.chain_hash), new_record(block, chunks).encode(), db=db)
+                added += 1
+        return added
+
+    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
+        with self._prefix_read(namespace) as (gen, txn, layout):
+            if layout is None:
+                return 0
+            count = 0
+            for chain_hash in chain_hashes:
+                if txn.get(record_key(namespace, chain_hash), db=gen.db.prefix) is None:
+                    break
+                count += 1
+            return count
+
+    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+                            ) -> np.ndarray:
+        with self._prefix_read(namespace) as (gen, txn, _):
+            db = gen.db.prefix
+
+            def read(chain_hash: bytes) -> tuple[BlockRecord, bytes | memoryview] | None:
+                record = txn.get(record_key(namespace, chain_hash), db=db)
+                raw = txn.get(chunk_key(namespace, chain_hash, chunk), db=db)
+                return None if record is None or raw is None else (BlockRecord.decode(record), raw)
+
+            # Copies out of the transaction's pages (zero-copy views) before it ends.
+            return gather_chunks(namespace, layout, chain_hashes, chunk, read)

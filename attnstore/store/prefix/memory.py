@@ -1,0 +1,114 @@
+"""Prefix blocks of MemoryMapStore: the same behaviour as the LMDB backend's, in dicts."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import crc32c
+import numpy as np
+
+from attnstore.errors import FingerprintMismatchError, MapShapeError
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
+from attnstore.protocol.records import NamespaceInfo
+from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
+
+
+@dataclass
+class _Blocks:
+    layout: PrefixLayout
+    records: dict[bytes, BlockRecord] = field(default_factory=dict)
+    chunks: dict[bytes, list[bytes]] = field(default_factory=dict)
+
+
+class MemoryPrefixBlocks:
+    """The prefix-block hooks of ``MapStoreBase`` for the in-memory store (a mixin before ``MapStoreBase``:
+    it needs the store's ``get_namespace``, ``_lock`` and a ``_prefix`` dict)."""
+
+    _lock: threading.RLock
+    _prefix: dict[str, _Blocks]
+
+    if TYPE_CHECKING:
+
+        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
+
+    def _prefix_of(self, namespace: str) -> _Blocks | None:
+        self.get_namespace(namespace)
+        return self._prefix.get(namespace)
+
+    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+        with self._lock:
+            blocks = self._prefix_of(namespace)
+            if blocks is None:
+                self._prefix[namespace] = _Blocks(layout)
+                return layout
+            if blocks.layout != layout:
+                raise FingerprintMismatchError(
+                    f"namespace {namespace!r} stores prefix blocks as {blocks.layout}; asked for {layout}"
+                )
+            return layout
+
+    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        blocks = self._prefix_of(namespace)
+        return None if blocks is None else blocks.layout
+
+    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, new: list[PrefixBlock]) -> int:
+        with self._lock:
+            blocks = self._prefix_of(namespace)
+            assert blocks is not None  # the base checked the layout
+            staged: dict[bytes, tuple[BlockRecord, list[bytes]]] = {}
+            for position, block in enumerate(new):
+                if block.chain_hash in blocks.records or block.chain_hash in staged:
+                    continue
+                if block.parent is not None and block.parent not in blocks.records and block.parent not in staged:
+                    raise MapShapeError(f"prefix block {position}: its parent {block.parent.hex()} is not stored")
+                chunks = block_chunks(block)
+                staged[block.chain_hash] = (new_record(block, chunks), chunks)
+            for chain_hash, (record, chunks) in staged.items():
+                blocks.records[chain_hash] = record
+                blocks.chunks[chain_hash] = chunks
+            return len(staged)
+
+    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
+        blocks = self._prefix_of(namespace)
+        if blocks is None:
+            return 0
+        count = 0
+        for chain_hash in chain_hashes:
+            if chain_hash not in blocks.records:
+                break
+            count += 1
+        return count
+
+    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+                            ) -> np.ndarray:
+        blocks = self._prefix_of(namespace)
+        assert blocks is not None
+
+        def read(chain_hash: bytes) -> tuple[BlockRecord, bytes] | None:
+            record = blocks.records.get(chain_hash)
+            return None if record is None else (record, blocks.chunks[chain_hash][chunk])
+
+        return gather_chunks(namespace, layout, chain_hashes, chunk, read)
+
+    def _prefix_usage(self) -> tuple[int, int]:
+        """Blocks and their bytes over every namespace."""
+        prefix = self._prefix
+        count = sum(len(b.records) for b in prefix.values())
+        nbytes = sum(len(c) for b in prefix.values() for chunks in b.chunks.values() for c in chunks)
+        return count, nbytes
+
+    def _prefix_problems(self) -> tuple[int, list[str]]:
+        """Blocks checked, and a line naming each corrupt one."""
+        problems = []
+        checked = 0
+        for name, blocks in sorted(self._prefix.items()):
+            for chain_hash, record in blocks.records.items():
+                checked += 1
+                for chunk, raw in enumerate(blocks.chunks[chain_hash]):
+                    if crc32c.crc32c(raw) != record.crcs[chunk]:
+                        problems.append(f"prefix block {chain_hash.hex()} of namespace {name!r}: chunk {chunk}"
+                                        " fails its crc32c")
+                        break
+        return checked, problems

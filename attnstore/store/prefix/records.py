@@ -1,0 +1,98 @@
+"""How a prefix block is kept, shared by every backend: one chunk per layer, then the hidden states.
+
+A block's chunks are its keys and values of layer 0, 1, ... (each
+``(2, kv_heads, block_size, head_dim)``, layer-contiguous like maps) and last
+its tokens' hidden states ``(block_size, hidden)``, each with a crc32c in the
+block's record. The record is written in the same transaction as the chunks:
+a block is visible exactly when its record is.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import crc32c
+import numpy as np
+
+from attnstore.errors import ChecksumError, EntryNotFoundError
+from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout
+
+_HEAD = struct.Struct("<dI")  # created (unix seconds), chunk count
+_NO_PARENT = bytes(CHAIN_HASH_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    """A stored block's metadata: its parent in the chain and its chunks' checksums."""
+
+    created: float
+    parent: bytes | None
+    crcs: tuple[int, ...]  # per layer, then the hidden states
+
+    def encode(self) -> bytes:
+        """Bytes on disk: created, count, parent (zeros for none), crc32c per chunk."""
+        crcs = struct.pack(f"<{len(self.crcs)}I", *self.crcs)
+        return _HEAD.pack(self.created, len(self.crcs)) + (self.parent or _NO_PARENT) + crcs
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> BlockRecord:
+        """The record ``encode`` wrote."""
+        created, count = _HEAD.unpack_from(raw, 0)
+        parent = bytes(raw[_HEAD.size : _HEAD.size + CHAIN_HASH_BYTES])
+        crcs = struct.unpack_from(f"<{count}I", raw, _HEAD.size + CHAIN_HASH_BYTES)
+        return cls(created, None if parent == _NO_PARENT else parent, crcs)
+
+
+def block_chunks(block: PrefixBlock) -> list[bytes]:
+    """The chunks of a checked block, in key order: every layer's keys and values, then the hidden states."""
+    return [block.kv[layer].tobytes() for layer in range(block.kv.shape[0])] + [block.hidden.tobytes()]
+
+
+def new_record(block: PrefixBlock, chunks: Sequence[bytes]) -> BlockRecord:
+    """The record of a block about to be stored."""
+    return BlockRecord(time.time(), block.parent, tuple(crc32c.crc32c(c) for c in chunks))
+
+
+def chunk_shape(layout: PrefixLayout, chunk: int) -> tuple[int, ...]:
+    """Shape of chunk ``chunk`` of one block (a layer's keys and values, or ``layers``: the hidden states)."""
+    return (layout.block_size, layout.hidden) if chunk == layout.layers else layout.layer_shape
+
+
+def gather_chunks(
+    namespace: str, layout: PrefixLayout, chain_hashes: Sequence[bytes], chunk: int,
+    read: Callable[[bytes], tuple[BlockRecord, bytes | memoryview] | None],
+) -> np.ndarray:
+    """Chunk ``chunk`` of every block, checked and concatenated along the tokens into one new array.
+
+    Args:
+        read: a block's record and chunk bytes by chain hash, or None when the block is not stored.
+
+    Raises:
+        EntryNotFoundError: a block is not stored.
+        ChecksumError: a chunk fails its crc32c (the message names the block).
+    """
+    dtype = np.dtype(layout.dtype)
+    shape = chunk_shape(layout, chunk)
+    axis = 0 if chunk == layout.layers else 2  # the token axis
+    out_shape = list(shape)
+    out_shape[axis] *= len(chain_hashes)
+    out = np.empty(out_shape, dtype=dtype)
+    step = layout.block_size
+    for position, chain_hash in enumerate(chain_hashes):
+        found = read(chain_hash)
+        if found is None:
+            raise EntryNotFoundError(f"prefix block {chain_hash.hex()} of namespace {namespace!r} is not stored")
+        record, raw = found
+        if crc32c.crc32c(raw) != record.crcs[chunk]:
+            raise ChecksumError(
+                f"prefix block {chain_hash.hex()} of namespace {namespace!r}: chunk {chunk} fails its crc32c"
+            )
+        piece = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if axis == 0:
+            out[position * step : (position + 1) * step] = piece
+        else:
+            out[:, :, position * step : (position + 1) * step] = piece
+    return out

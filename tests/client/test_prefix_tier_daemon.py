@@ -1,0 +1,94 @@
+"""The prefix tier through the real daemon (a subprocess on a free loopback port, real LMDB)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cache_helpers import tiny_loaded
+from daemon import READ_TOKEN, DaemonProcess
+from test_prefix_tier import BLOCK, SHARED_A, SHARED_B, _plain, _rows
+
+from attnstore.errors import FingerprintMismatchError
+from attnstore.protocol.prefix import chain_hashes
+from attnstore.protocol.records import NamespaceLayout
+from attnstore.service import AttnStoreService
+from attnstore.store.lmdb.prefix_blocks import chunk_key
+from attnstore_client.adapters import adapter_for
+from attnstore_client.cache import AttnCache
+from attnstore_client.connection import connect
+from attnstore_client.keys import model_fingerprint
+from attnstore_client.tiers.prefix_capture import capture_prefix_blocks, prefix_layout_of
+
+SHARED_C = _rows([24], seed=12)[0]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_loaded("llama")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, llama):
+    workdir = tmp_path_factory.mktemp("prefix-daemon")
+    adapter = adapter_for(llama)
+    with AttnStoreService.open(workdir / "store", create=True) as service:
+        layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
+                                 hidden=adapter.hidden_size, feature_dim=16)
+        service.create_namespace("default", model=llama.name,
+                                 fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
+        prefix_layout = service.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
+        rows = [SHARED_A + [7, 8], SHARED_B + [9], SHARED_C]
+        for blocks in capture_prefix_blocks(adapter, rows, prefix_layout, pad_id=0):
+            service.store.put_prefix_blocks("default", blocks)
+        store = service.store
+        with store._live.write() as (gen, txn):  # bit rot in SHARED_C's second block, layer 1
+            key = chunk_key("default", chain_hashes(SHARED_C, BLOCK)[1], 1)
+            raw = bytearray(txn.get(key, db=gen.db.prefix))
+            raw[3] ^= 0x10
+            txn.put(key, bytes(raw), db=gen.db.prefix)
+    process = DaemonProcess(workdir / "store", workdir).start()
+    yield process
+    process.stop()
+
+
+def test_rows_served_through_the_daemon_equal_the_full_forward(llama, daemon):
+    queries = _rows([3, 17], seed=5, prefix=SHARED_A) + _rows([6], seed=6, prefix=SHARED_B)
+    with AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16) as cache:
+        hidden = cache.hidden_states(queries)
+        assert cache.last_row_kinds == ("prefix", "prefix", "prefix")
+        assert cache.last_stats.prefix_tokens == 40 + 40 + 16 and cache.last_stats.bytes_fetched > 0
+    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+        assert torch.allclose(got, want, atol=2e-5)
+
+
+def test_a_request_of_another_block_size_or_fingerprint_is_failed_precondition(llama, daemon):
+    fingerprint = model_fingerprint(llama.model, llama.tokenizer)
+    with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as connection:
+        assert connection.namespace("default").prefix.block_size == BLOCK
+        assert connection.match_prefix("default", fingerprint, BLOCK, [chain_hashes(SHARED_A, BLOCK)],
+                                       timeout=10) == [5]
+        with pytest.raises(FingerprintMismatchError, match="16"):
+            connection.match_prefix("default", fingerprint, 16, [chain_hashes(SHARED_A, 16)], timeout=10)
+        with pytest.raises(FingerprintMismatchError):
+            connection.match_prefix("default", "0" * 64, BLOCK, [chain_hashes(SHARED_A, BLOCK)], timeout=10)
+
+
+def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fallbacks(llama, daemon):
+    queries = _rows([5], seed=8, prefix=SHARED_C) + _rows([3], seed=5, prefix=SHARED_A)
+    with AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16) as cache:
+        hidden = cache.hidden_states(queries)
+        assert cache.last_row_kinds == ("fallback", "prefix")
+        assert cache.last_stats.fallbacks == {"checksum": 1}
+    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+        assert torch.allclose(got, want, atol=2e-5)
+
+
+def test_with_the_daemon_gone_rows_are_computed_normally_with_unchanged_results(llama, tmp_path_factory, daemon):
+    queries = _rows([3], seed=5, prefix=SHARED_A)
+    cache = AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16,
+                      timeout=2.0)
+    daemon.stop()
+    hidden = cache.hidden_states(queries)
+    assert cache.last_row_kinds == ("fallback",)
+    assert torch.allclose(hidden[0], _plain(llama, queries)[0], atol=2e-5)
+    cache.close()

@@ -1,0 +1,173 @@
+"""Prefix blocks in every store backend (LMDB and in-memory): the same suite for both."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from store_helpers import small_layout
+
+from attnstore.errors import ChecksumError, ConfigError, FingerprintMismatchError, MapShapeError
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes, usable_blocks
+from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from attnstore.store.prefix import records as prefix_records
+
+LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
+
+
+@pytest.fixture(params=["lmdb", "memory"])
+def store(request, tmp_path):
+    if request.param == "lmdb":
+        opened: MapStoreBase = MapStore.open(tmp_path / "store", create=True, dram_bytes=1 << 20)
+    else:
+        opened = MemoryMapStore()
+    opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+    yield opened
+    opened.close()
+
+
+def _chain(tokens: list[int], layout: PrefixLayout = LAYOUT, seed: int = 0) -> list[PrefixBlock]:
+    rng = np.random.default_rng(seed)
+    hashes = chain_hashes(tokens, layout.block_size)
+    return [
+        PrefixBlock(
+            chain_hash,
+            hashes[i - 1] if i else None,
+            rng.standard_normal((layout.layers, *layout.layer_shape)).astype(layout.dtype),
+            rng.standard_normal((layout.block_size, layout.hidden)).astype(layout.dtype),
+        )
+        for i, chain_hash in enumerate(hashes)
+    ]
+
+
+def test_chain_hashes_depend_on_every_earlier_token_and_on_the_block_size():
+    a = chain_hashes(list(range(12)), 4)
+    b = chain_hashes([99, *range(1, 12)], 4)
+    assert len(a) == 3 and all(x != y for x, y in zip(a, b, strict=True))
+    assert chain_hashes(list(range(12)), 4)[:1] == chain_hashes(list(range(4)), 4)
+    assert chain_hashes(list(range(12)), 2)[1] != a[0]
+    assert usable_blocks(9, 4) == 2 and usable_blocks(8, 4) == 1 and usable_blocks(4, 4) == 0
+
+
+def test_blocks_round_trip_keys_values_and_hidden_states_concatenated_over_the_chain(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    blocks = _chain(list(range(12)))
+    assert store.put_prefix_blocks("ns", blocks) == 3
+    assert store.put_prefix_blocks("ns", blocks) == 0  # stored once
+    hashes = [b.chain_hash for b in blocks]
+    for layer in range(LAYOUT.layers):
+        expected = np.concatenate([b.kv[layer] for b in blocks], axis=2)  # (2, KVH, 12, d)
+        assert np.array_equal(store.read_prefix_layer("ns", hashes, layer), expected)
+    assert np.array_equal(store.read_prefix_hidden("ns", hashes[:2]), np.concatenate([b.hidden for b in blocks[:2]]))
+    assert store.prefix_layout("ns") == LAYOUT
+
+
+def test_a_lookup_stops_at_the_first_block_not_stored(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    stored = _chain(list(range(8)))
+    store.put_prefix_blocks("ns", stored)
+    longer = chain_hashes([*range(8), 50, 51, 52, 53], 4)
+    assert store.match_prefix("ns", longer) == 2
+    assert store.match_prefix("ns", chain_hashes([7, *range(1, 12)], 4)) == 0
+    assert store.match_prefix("ns", []) == 0
+
+
+def test_a_block_whose_parent_is_not_stored_is_refused_and_nothing_of_the_call_is_written(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    blocks = _chain(list(range(12)))
+    with pytest.raises(MapShapeError, match="parent"):
+        store.put_prefix_blocks("ns", [blocks[0], blocks[2]])
+    assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 0
+    assert store.stats().prefix_blocks == 0
+
+
+def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeypatch):
+    store.set_prefix_layout("ns", LAYOUT)
+    blocks = _chain(list(range(16)))
+    real = prefix_records.block_chunks
+    calls = []
+
+    def failing(block):
+        calls.append(block)
+        if len(calls) == 3:
+            raise OSError("disk gone mid-ingest")
+        return real(block)
+
+    monkeypatch.setattr("attnstore.store.lmdb.prefix_blocks.block_chunks", failing)
+    monkeypatch.setattr("attnstore.store.prefix.memory.block_chunks", failing)
+    with pytest.raises(OSError):
+        store.put_prefix_blocks("ns", blocks)
+    assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 0
+    assert store.stats().prefix_blocks == 0
+
+
+def test_another_block_size_or_shape_is_refused(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    other = PrefixLayout(8, LAYOUT.layers, LAYOUT.kv_heads, LAYOUT.head_dim, LAYOUT.hidden, LAYOUT.dtype)
+    with pytest.raises(FingerprintMismatchError):
+        store.set_prefix_layout("ns", other)
+    with pytest.raises(MapShapeError, match="kv must be"):
+        store.put_prefix_blocks("ns", _chain(list(range(8)), other))
+    half = _chain(list(range(4)))[0]
+    with pytest.raises(MapShapeError, match="float32"):
+        store.put_prefix_blocks("ns", [PrefixBlock(half.chain_hash, None, half.kv.astype(np.float16), half.hidden)])
+
+
+def test_a_namespace_without_a_prefix_layout_matches_nothing_and_refuses_blocks(store):
+    assert store.prefix_layout("ns") is None
+    assert store.match_prefix("ns", chain_hashes(list(range(8)), 4)) == 0
+    with pytest.raises(FingerprintMismatchError):
+        store.put_prefix_blocks("ns", _chain(list(range(4))))
+    with pytest.raises(ConfigError):
+        store.set_prefix_layout("ns", {"block_size": 4})
+
+
+def _corrupt(store: MapStoreBase, block: PrefixBlock, chunk: int) -> None:
+    if isinstance(store, MemoryMapStore):
+        chunks = store._prefix["ns"].chunks[block.chain_hash]
+        chunks[chunk] = b"\x00" + chunks[chunk][1:]
+        return
+    from attnstore.store.lmdb.prefix_blocks import chunk_key
+
+    with store._live.write() as (gen, txn):
+        raw = bytearray(txn.get(chunk_key("ns", block.chain_hash, chunk), db=gen.db.prefix))
+        raw[0] ^= 0xFF
+        txn.put(chunk_key("ns", block.chain_hash, chunk), bytes(raw), db=gen.db.prefix)
+
+
+def test_a_corrupt_block_fails_its_read_and_verify_names_it(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    blocks = _chain(list(range(12)))
+    store.put_prefix_blocks("ns", blocks)
+    _corrupt(store, blocks[1], 2)
+    hashes = [b.chain_hash for b in blocks]
+    with pytest.raises(ChecksumError, match=blocks[1].chain_hash.hex()):
+        store.read_prefix_layer("ns", hashes, 2)
+    assert store.read_prefix_layer("ns", hashes, 1).shape == (2, 2, 12, 5)  # other layers are sound
+    report = store.verify()
+    assert not report.ok and report.prefix_blocks_checked == 3
+    assert any(blocks[1].chain_hash.hex() in problem for problem in report.problems)
+
+
+def test_stats_count_blocks_and_their_bytes_and_dropping_the_namespace_removes_them(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    store.put_prefix_blocks("ns", _chain(list(range(12))))
+    stats = store.stats()
+    assert stats.prefix_blocks == 3 and stats.prefix_bytes == 3 * LAYOUT.block_bytes
+    store.drop_namespace("ns")
+    assert store.stats().prefix_blocks == 0
+    store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+    assert store.prefix_layout("ns") is None
+
+
+def test_lmdb_blocks_survive_compaction_and_are_read_by_a_read_only_opening(tmp_path):
+    path = tmp_path / "store"
+    blocks = _chain(list(range(8)))
+    with MapStore.open(path, create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        store.set_prefix_layout("ns", LAYOUT)
+        store.put_prefix_blocks("ns", blocks)
+        store.compact()
+        assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 2
+    with MapStore.open(path, readonly=True) as reader:
+        assert reader.prefix_layout("ns") == LAYOUT
+        assert np.array_equal(reader.read_prefix_hidden("ns", [blocks[0].chain_hash]), blocks[0].hidden)
