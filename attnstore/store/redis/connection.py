@@ -73,6 +73,16 @@ RETRIED: tuple[type[BaseException], ...] = (
 T = TypeVar("T")
 
 
+_RETRIED_OR_RACE: tuple[type[BaseException], ...] = (*RETRIED, AttributeError)
+
+
+def _dropped_under_us(exc: AttributeError) -> bool:
+    """Whether ``exc`` is redis-py's race, not a bug of ours: at a failover one thread's cluster client
+    resets the connection pools and disconnects connections another thread is reading from, whose
+    parser then finds its buffer gone ("'NoneType' object has no attribute 'readline'")."""
+    return "'NoneType' object has no attribute" in str(exc)
+
+
 def retried(call: Callable[[], T], seconds: float) -> T:
     """``call()``, sent again after a transient failure until ``seconds`` have passed (then its error)."""
     deadline = time.monotonic() + seconds
@@ -80,7 +90,9 @@ def retried(call: Callable[[], T], seconds: float) -> T:
     while True:
         try:
             return call()
-        except RETRIED as exc:
+        except _RETRIED_OR_RACE as exc:
+            if isinstance(exc, AttributeError) and not _dropped_under_us(exc):
+                raise
             if time.monotonic() + pause > deadline:
                 raise
             log.debug("redis call failed (%r); again in %.2fs", exc, pause)
