@@ -190,9 +190,9 @@ def splice_blocks(text: str, blocks: Sequence[Block], where: Path) -> Spliced:
 
 def _setup(run: EvalRun) -> str:
     m = run.machine
+    threads = None if m.torch_threads is None else f"{m.torch_threads} torch thread{'' if m.torch_threads == 1 else 's'}"
     facts = [m.cpu, None if m.cores is None else f"{m.cores} cores",
-             None if m.torch is None else f"torch {m.torch}",
-             None if m.torch_threads is None else f"{m.torch_threads} torch threads", m.date]
+             None if m.torch is None else f"torch {m.torch}", threads, m.date]
     machine = ", ".join(f for f in facts if f) or DASH
     return (f"Machine: {machine}. Queries: {_count(run.queries)}, batch size {_count(run.batch_size)}."
             f" Timing: {_count(run.timing_queries)} queries, {_count(run.timing_rounds)} rounds per method."
