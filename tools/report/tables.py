@@ -190,7 +190,8 @@ def splice_blocks(text: str, blocks: Sequence[Block], where: Path) -> Spliced:
 
 def _setup(run: EvalRun) -> str:
     m = run.machine
-    threads = None if m.torch_threads is None else f"{m.torch_threads} torch thread{'' if m.torch_threads == 1 else 's'}"
+    plural = "" if m.torch_threads == 1 else "s"
+    threads = None if m.torch_threads is None else f"{m.torch_threads} torch thread{plural}"
     facts = [m.cpu, None if m.cores is None else f"{m.cores} cores",
              None if m.torch is None else f"torch {m.torch}", threads, m.date]
     machine = ", ".join(f for f in facts if f) or DASH
