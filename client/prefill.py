@@ -3,15 +3,17 @@
 1. Rows with identical tokens are one row: computed once, every copy answered.
 2. The node-local exact tier (``tiers.local_exact``) answers the rows this process saw.
 3. The store's exact tier answers by token hash, a window of rows per call,
-   nothing projected.
-3b. The prefix tier (``tiers.prefix_serve``, causal models): rows whose first
+   nothing projected; it marks the missed rows the daemon admits for write-back.
+4. The prefix tier (``tiers.prefix_serve``, causal models): rows whose first
    blocks of tokens are stored run their forward on the rest only.
-4. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
+5. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
    sending for maps; those are projected and searched.
-5. The rows left are batched by length after the lookups, map hits and the
+6. The rows left are batched by length after the lookups, map hits and the
    rest together: a hit's maps stream layer by layer into the forward, which
    skips q/k for that row and computes the others, so the batches pad no more
    than the plain model's and no batch is half empty.
+7. Computed rows enter the node-local tier; admitted ones are queued for
+   write-back (``tiers.write_back``), off the call's path.
 
 A hit whose maps cannot be delivered (a row error, a bad checksum, the daemon
 going away, the deadline) is computed instead and counted as a fallback; the
