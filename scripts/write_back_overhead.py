@@ -1,6 +1,6 @@
 """Encode time with write-back on vs off: all-miss calls (every row admitted), the daemon a subprocess.
 
-    PYTHONPATH=build/pkgs python scripts/write_back_overhead.py
+    python scripts/write_back_overhead.py
 
 all-MiniLM-L6-v2, 1 torch thread, distinct Loghub lines in calls of 64 rows
 (batch 32), node-local exact tier off. "on" writes back to one namespace, "off"
