@@ -33,14 +33,25 @@ class StoreSettings:
     def __post_init__(self) -> None:
         if self.map_size < 1 << 20:
             raise ConfigError(f"map_size must be at least 1 MiB, got {self.map_size}")
-        if self.dram_bytes < 0:
-            raise ConfigError(f"dram_bytes must be >= 0, got {self.dram_bytes}")
-        if self.max_bytes is not None and self.max_bytes < 1:
-            raise ConfigError(f"max_bytes must be positive or None, got {self.max_bytes}")
-        if not 0.0 < self.evict_low_water <= 1.0:
-            raise ConfigError(f"evict_low_water must be in (0, 1], got {self.evict_low_water}")
-        if self.hit_flush_count < 1 or self.hit_flush_seconds < 0:
-            raise ConfigError(
-                f"hit_flush_count must be >= 1 and hit_flush_seconds >= 0,"
-                f" got {self.hit_flush_count} and {self.hit_flush_seconds}"
-            )
+        check_tier_settings(self.dram_bytes, self.max_bytes, self.evict_low_water, self.hit_flush_count,
+                            self.hit_flush_seconds)
+
+
+def check_tier_settings(
+    dram_bytes: int, max_bytes: int | None, evict_low_water: float, hit_flush_count: int, hit_flush_seconds: float
+) -> None:
+    """Check the DRAM tier, byte cap and hit-buffer settings every map store backend shares.
+
+    Raises:
+        ConfigError: a value out of range, named.
+    """
+    if dram_bytes < 0:
+        raise ConfigError(f"dram_bytes must be >= 0, got {dram_bytes}")
+    if max_bytes is not None and max_bytes < 1:
+        raise ConfigError(f"max_bytes must be positive or None, got {max_bytes}")
+    if not 0.0 < evict_low_water <= 1.0:
+        raise ConfigError(f"evict_low_water must be in (0, 1], got {evict_low_water}")
+    if hit_flush_count < 1 or hit_flush_seconds < 0:
+        raise ConfigError(
+            f"hit_flush_count must be >= 1 and hit_flush_seconds >= 0, got {hit_flush_count} and {hit_flush_seconds}"
+        )

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
-from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS
+from attnstore.store.lmdb.settings import (
+    DEFAULT_DRAM_BYTES,
+    DEFAULT_HIT_FLUSH_COUNT,
+    DEFAULT_HIT_FLUSH_SECONDS,
+    check_tier_settings,
+)
 
 # Entries carry a TTL this long (100 years: they never expire in practice) so that Redis's volatile-*
 # maxmemory policies may evict entries, and never the index keys, logs and catalog, which have none.
@@ -36,17 +41,8 @@ class RedisSettings:
     orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
 
     def __post_init__(self) -> None:
-        if self.dram_bytes < 0:
-            raise ConfigError(f"dram_bytes must be >= 0, got {self.dram_bytes}")
-        if self.max_bytes is not None and self.max_bytes < 1:
-            raise ConfigError(f"max_bytes must be positive or None, got {self.max_bytes}")
-        if not 0.0 < self.evict_low_water <= 1.0:
-            raise ConfigError(f"evict_low_water must be in (0, 1], got {self.evict_low_water}")
-        if self.hit_flush_count < 1 or self.hit_flush_seconds < 0:
-            raise ConfigError(
-                f"hit_flush_count must be >= 1 and hit_flush_seconds >= 0,"
-                f" got {self.hit_flush_count} and {self.hit_flush_seconds}"
-            )
+        check_tier_settings(self.dram_bytes, self.max_bytes, self.evict_low_water, self.hit_flush_count,
+                            self.hit_flush_seconds)
         for name in ("entry_ttl_seconds", "log_max_events"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"RedisSettings.{name} must be >= 1, got {getattr(self, name)}")
