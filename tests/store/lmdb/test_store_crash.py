@@ -9,13 +9,11 @@ verify is clean.
 
 from __future__ import annotations
 
-import os
 import random
-import select
-import signal
-import time
+from functools import partial
 
 import numpy as np
+from crash_helpers import run_until_killed
 from store_crash_child import LAYOUTS, crash_entry, run
 
 from attnstore.store import MapStore
@@ -50,21 +48,6 @@ class _Log:
         elif verb == "deleted":
             self.committed.pop((name, int(arg)), None)
             self.delete_in_flight = None
-
-
-def _read_lines(fd: int, until_ready: bool, timeout: float = 30.0) -> list[str]:
-    buffer = b""
-    deadline = time.monotonic() + timeout
-    while True:
-        if until_ready and b"ready\n" in buffer:
-            break
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, "the child made no progress (deadlocked after the previous kill?)"
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        buffer += chunk
-    return [line for line in buffer.decode().split("\n") if line]
 
 
 def _check_entry(store: MapStore, name: str, entry_id: int, k: int) -> None:
@@ -114,27 +97,8 @@ def test_sigkill_at_random_points_never_leaves_a_partial_entry_visible(tmp_path)
     log = _Log()
     kills_inside_a_call = 0
     for round_ in range(KILLS):
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            try:
-                run(path, log.next_k, write_fd, seed=round_)
-            finally:
-                os._exit(1)
-        os.close(write_fd)
-        try:
-            lines = _read_lines(read_fd, until_ready=True)
-            time.sleep(rng.uniform(0.0, 0.15))
-        finally:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        lines += _read_lines(read_fd, until_ready=False)
-        os.close(read_fd)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        for line in lines:
-            if line != "ready":
-                log.feed(line)
+        for line in run_until_killed(partial(run, path, log.next_k, seed=round_), rng.uniform(0.0, 0.15)):
+            log.feed(line)
         kills_inside_a_call += log.ingest_in_flight is not None or log.delete_in_flight is not None
         with MapStore.open(path, dram_bytes=0) as store:
             _check_store(store, log)
