@@ -4,7 +4,7 @@
 2. The node-local exact tier (``tiers.local_exact``) answers the rows this process saw.
 3. The store's exact tier answers by token hash, a window of rows per call,
    nothing projected; it marks the missed rows the daemon admits for write-back.
-4. The prefix tier (``tiers.prefix_serve``, causal models): rows whose first
+4. The prefix tier (``tiers.prefix``, causal models): rows whose first
    blocks of tokens are stored run their forward on the rest only.
 5. The cost model (``tiers.cost_model``) picks, per length band, the rows worth
    sending for maps; those are projected and searched.
@@ -47,8 +47,7 @@ from attnstore_client.projector import Projector
 from attnstore_client.resilience import CircuitBreaker, RetryPolicy, call_with_retries, cause_of
 from attnstore_client.tiers.cost_model import CostModel
 from attnstore_client.tiers.local_exact import LocalExactTier
-from attnstore_client.tiers.prefix import DEFAULT_MIN_PREFIX_TOKENS
-from attnstore_client.tiers.prefix_serve import serve_prefixes
+from attnstore_client.tiers.prefix import DEFAULT_MIN_PREFIX_TOKENS, serve_prefixes
 from attnstore_client.tiers.write_back import WriteBackWorker
 
 log = logging.getLogger(__name__)

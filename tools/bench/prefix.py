@@ -94,8 +94,7 @@ def _cell(adapter, path: Path, prefix: int, suffix: int, args: argparse.Namespac
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.connection.local import LocalConnection
     from attnstore_client.keys import model_fingerprint
-    from attnstore_client.tiers.prefix import forward_with_prefix
-    from attnstore_client.tiers.prefix_capture import capture_prefix_blocks, prefix_layout_of
+    from attnstore_client.tiers.prefix import capture_prefix_blocks, forward_with_prefix, prefix_layout_of
 
     generator = torch.Generator().manual_seed(args.seed + prefix * 7919 + suffix)
     vocab = adapter.loaded.model.config.vocab_size

@@ -6,7 +6,7 @@ few-shot exemplars, is likely to start future prompts too; a prompt's own text
 is not). Since a block's key covers every token before it, the blocks a prompt
 shares with others are always its first ones: each prompt stores a prefix of
 its chain. Blocks are stored with their keys, values and last hidden states
-(``attnstore_client.tiers.prefix_capture``), each once; a prompt whose kept
+(``attnstore_client.tiers.prefix.capture``), each once; a prompt whose kept
 blocks are all stored is not run at all, and one that is run is run on its
 kept blocks only. A prompt's blocks go in one write, so an interrupted build
 leaves whole chains only.
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from attnstore.protocol.prefix import DEFAULT_BLOCK_SIZE, PrefixDtype, chain_hashes
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter
-from attnstore_client.tiers.prefix_capture import capture_prefix_blocks, prefix_layout_of
+from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
 
 
 @dataclass(frozen=True)

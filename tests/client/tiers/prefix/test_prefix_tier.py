@@ -17,7 +17,7 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.connection import PrefixStream
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.keys import model_fingerprint
-from attnstore_client.tiers.prefix_capture import capture_prefix_blocks, prefix_layout_of
+from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
 
 BLOCK = 8
 

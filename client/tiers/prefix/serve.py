@@ -1,7 +1,7 @@
 """One call's prefix tier: which rows start from a stored prefix, grouped into forwards on their suffixes.
 
 Asked after the exact tiers, before the map tier, for the rows still open whose
-stored prefix could pay (``tiers.prefix.candidates``). Rows are grouped by
+stored prefix could pay (``tier.candidates``). Rows are grouped by
 their count of stored blocks, so a forward's rows share one past length; a row
 whose prefix cannot be read (a corrupt or vanished block, the daemon going
 away) is dropped from its forward, which runs again without it, and is
@@ -21,7 +21,7 @@ from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore_client.batch import batch_from_ids
 from attnstore_client.resilience import cause_of
-from attnstore_client.tiers.prefix import PrefixCandidate, candidates, forward_with_prefix
+from attnstore_client.tiers.prefix.tier import PrefixCandidate, candidates, forward_with_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
