@@ -55,13 +55,25 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     assert process.stop() == 0, process.log()
 
 
-@pytest.fixture
-def namespace(daemon: DaemonProcess, loaded: LoadedModel, request: pytest.FixtureRequest) -> str:
-    """A cold-start namespace of the test's own."""
-    name = request.node.name.removeprefix("test_")[:40]
+@pytest.fixture(scope="module")
+def redis_daemon(tmp_path_factory: pytest.TempPathFactory, redis_server):
+    workdir = tmp_path_factory.mktemp("redis-daemon")
+    process = DaemonProcess(redis_server.url(), workdir).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _cold_namespace(daemon: DaemonProcess, loaded: LoadedModel, name: str) -> str:
+    """A namespace as ``admin create-namespace`` leaves it."""
     with daemon.client(ADMIN_TOKEN) as admin:
         create_exact_namespace(admin, loaded, name)
     return name
+
+
+@pytest.fixture
+def namespace(daemon: DaemonProcess, loaded: LoadedModel, request: pytest.FixtureRequest) -> str:
+    """A cold-start namespace of the test's own."""
+    return _cold_namespace(daemon, loaded, request.node.originalname.removeprefix("test_")[:40])
 
 
 def _store_rows(admin: RemoteStore, loaded: LoadedModel, namespace: str, texts: list[str]) -> list[int]:
@@ -145,9 +157,12 @@ def _search_own_rows(
     )))
 
 
+@pytest.mark.parametrize("backend", ["lmdb", "redis"])
 def test_a_second_run_replaces_the_projector_and_refeatures_every_entry(
-    daemon: DaemonProcess, model_folder: Path, loaded: LoadedModel, namespace: str, tmp_path: Path
+    backend: str, model_folder: Path, loaded: LoadedModel, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    daemon: DaemonProcess = request.getfixturevalue("daemon" if backend == "lmdb" else "redis_daemon")
+    namespace = _cold_namespace(daemon, loaded, "second_run")
     with daemon.client(ADMIN_TOKEN) as admin:
         first_ids = _store_rows(admin, loaded, namespace, TEXTS[:24])
         assert _train(daemon, model_folder, namespace, "--no-calibration") == 0
