@@ -1,8 +1,10 @@
 """``attnstore admin``: commands against a running daemon.
 
 ``namespaces``, ``stats`` (a read token suffices), ``verify``, ``compact``,
-``delete``, ``ingest`` and ``create-namespace`` (admin token; an exact-tier-only
-namespace for a model, filled by write-back: ``attnstore_tools.cold_start``). ``ingest`` copies one namespace of a
+``delete``, ``ingest``, ``create-namespace`` (admin token; an exact-tier-only
+namespace for a model, filled by write-back: ``attnstore_tools.cold_start``) and
+``train-projector`` (admin token; its projector, trained from the maps it stores:
+``attnstore_tools.train_projector``). ``ingest`` copies one namespace of a
 local map store (built offline by ``attnstore build``) into the daemon, in
 streams of ``--batch-entries`` entries, each committed on its own. Every command
 prints a table; ``--json PATH`` also writes the answer as JSON (``-``: the JSON
@@ -28,8 +30,9 @@ from google.protobuf.json_format import MessageToDict
 from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.remote import DEFAULT_TARGET, TARGET_FORMS, RemoteStore
-from attnstore_tools import cold_start
+from attnstore_tools import cold_start, train_projector
 from attnstore_tools.arguments import DefaultsHelpFormatter
+from attnstore_tools.build.fit import format_fit
 
 TOKEN_ENV = "ATTNSTORE_TOKEN"
 
@@ -65,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create = add("create-namespace", "an empty exact-tier-only namespace for a model (fills by write-back)",
                  _create_namespace)
     cold_start.add_arguments(create)
+    train = add("train-projector", "train, calibrate and install a namespace's projector from its stored maps,"
+                " then give every entry with maps its feature vector (map hits start)", _train_projector)
+    train_projector.add_arguments(train)
     ingest = add("ingest", "copy a namespace of a local store into the daemon", _ingest)
     ingest.add_argument("--from-store", type=Path, required=True, help="local map store directory")
     ingest.add_argument("--namespace", required=True, help="namespace to copy")
@@ -240,6 +246,24 @@ def _create_namespace(args: argparse.Namespace) -> int:
         info = cold_start.run(args, remote)
     _table(["namespace", "model", "fingerprint", "projector"], [(info.name, info.model, info.fingerprint[:12], "none")])
     _write_json(args, _as_dict(info) | {"projector": ""})
+    return 0
+
+
+def _train_projector(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        report = train_projector.run(args, remote)
+    _table(
+        ["namespace", "entries", "projector_version", "featured", "missing", "without_tokens", "seconds"],
+        [(report.namespace, report.entries, report.projector_version, report.featured, report.missing,
+          report.without_tokens, f"{report.seconds:.2f}")],
+    )
+    for line in format_fit(report.fit.train, report.fit.calibration):
+        print(line)
+    _write_json(args, {
+        "namespace": report.namespace, "entries": report.entries, "projector_version": report.projector_version,
+        "featured": report.featured, "missing": report.missing, "without_tokens": report.without_tokens,
+        "seconds": report.seconds,
+    })
     return 0
 
 

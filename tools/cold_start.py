@@ -3,9 +3,11 @@
 Cold start: no corpus, no build. The namespace gets the model's layout and
 fingerprint and no projector, so it serves the exact tier alone; nodes that run
 the model with a write token fill it by write-back (``AttnCache(write_back=True)``)
-as traffic repeats. Map hits need a projector, which a build trains from a
-corpus with maps (``attnstore build`` then ``admin ingest --replace-projector``):
-training one from written-back rows is not done yet (they carry no maps).
+as traffic repeats. Map hits need a projector: ``admin train-projector``
+(``attnstore_tools.train_projector``) trains and installs one from the maps
+written back and gives every stored entry its feature vector, after which map
+hits start. (A corpus works too: ``attnstore build`` then ``admin ingest
+--replace-projector``.)
 """
 
 from __future__ import annotations

@@ -238,6 +238,7 @@ class EntryInfo:
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
     nbytes: int  # stored bytes of the entry's chunks (maps and outputs)
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (L,) uint32; None if not stored
+    has_maps: bool = True  # False: outputs only (written back for the exact tier), never searched or replayed
 
 
 @dataclass(frozen=True, slots=True)

@@ -463,3 +463,28 @@ class RemoteStore:
     def stats(self) -> pb.StatsResponse:
         """Store statistics (read token suffices)."""
         return self._unary(self._stub.Stats, pb.StatsRequest())
+
+    def iter_entries(
+        self, namespace: str, *, maps_only: bool = False, timeout: float | None = None
+    ) -> Iterator[pb.StoredEntry]:
+        """The namespace's live entries in id order, without maps (admin); ``maps_only`` leaves out
+        entries that store outputs only."""
+        request = pb.ListEntriesRequest(namespace=namespace, maps_only=maps_only)
+        try:
+            yield from self._stub.ListEntries(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def set_features(
+        self, namespace: str, projector_version: int, entry_ids: Sequence[int], features: np.ndarray,
+        timeout: float | None = None,
+    ) -> pb.SetFeaturesResponse:
+        """Give stored entries feature vectors (``(len(entry_ids), feature_dim)``) of the namespace's projector
+        ``projector_version`` (admin); the reply counts them and lists ids no live entry has."""
+        rows = np.asarray(features, dtype=np.float32)
+        request = pb.SetFeaturesRequest(
+            namespace=namespace, projector_version=projector_version,
+            features=[pb.EntryFeature(entry_id=int(i), feature=row.tolist())
+                      for i, row in zip(entry_ids, rows, strict=True)],
+        )
+        return self._unary(self._stub.SetFeatures, request, timeout)

@@ -36,7 +36,9 @@ ROLES: tuple[Role, ...] = get_args(Role)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 # Calls that change the store or cost a walk over all of it. Stats is cheap and
 # read-only, so a read token (a monitoring agent) may call it.
-ADMIN_METHODS: frozenset[str] = frozenset({"CreateNamespace", "Ingest", "Delete", "Compact", "Verify"})
+ADMIN_METHODS: frozenset[str] = frozenset(
+    {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify", "ListEntries", "SetFeatures"}
+)
 # Calls that add rows every node will be served, but cannot delete, compact, verify or administer
 # namespaces: what an inference node running the namespace's model needs to write back.
 WRITE_METHODS: frozenset[str] = frozenset({"WriteBack"})

@@ -21,6 +21,7 @@ import numpy as np
 
 from attnstore.errors import (
     AttnStoreError,
+    MapShapeError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
@@ -364,6 +365,39 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             reply.admission_sketch_bytes = admission.sketch_bytes
             reply.admit_after = service.admission.config.admit_after
             return reply
+
+    def ListEntries(self, request: pb.ListEntriesRequest, context: grpc.ServicerContext) -> Iterator[pb.StoredEntry]:
+        with self._call("ListEntries", context) as service:
+            for info in service.store.entries(request.namespace):
+                if not context.is_active():
+                    return
+                if request.maps_only and not info.has_maps:
+                    continue
+                yield pb.StoredEntry(
+                    entry_id=info.id, length=info.length, token_hash=info.token_hash,
+                    token_ids=[] if info.token_ids is None else info.token_ids.tolist(),
+                    has_maps=info.has_maps, has_feature=info.feature is not None,
+                )
+
+    def SetFeatures(self, request: pb.SetFeaturesRequest, context: grpc.ServicerContext) -> pb.SetFeaturesResponse:
+        with self._call("SetFeatures", context) as service:
+            self._check_count("SetFeatures", len(request.features), "features")
+            ids = [int(f.entry_id) for f in request.features]
+            dim = service.get_namespace(request.namespace).layout.feature_dim
+            widths = {len(f.feature) for f in request.features}
+            if widths - {dim}:
+                raise MapShapeError(
+                    f"SetFeatures: feature vectors of {sorted(widths - {dim})} floats; namespace"
+                    f" {request.namespace!r} has feature_dim {dim}"
+                )
+            features = np.array([list(f.feature) for f in request.features], dtype=np.float32).reshape(len(ids), dim)
+            report = service.set_features(request.namespace, ids, features,
+                                          projector_version=int(request.projector_version))
+            log.info(
+                "event=features_set namespace=%s projector_version=%d updated=%d missing=%d",
+                request.namespace, request.projector_version, len(report.updated), len(report.missing),
+            )
+            return pb.SetFeaturesResponse(updated=len(report.updated), missing=report.missing)
 
     # ---- helpers ------------------------------------------------------------
 

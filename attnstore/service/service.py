@@ -35,7 +35,7 @@ from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, V
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
-from attnstore.store.reports import PrefetchReport
+from attnstore.store.reports import FeaturesReport, PrefetchReport
 
 
 class AttnStoreService:
@@ -365,6 +365,24 @@ class AttnStoreService:
             )
         self._indexes.remove(report.evicted)
         return IngestResult(entry_ids=list(report.entry_ids), duplicates=report.duplicates)
+
+    def set_features(
+        self, namespace: str, entry_ids: Sequence[int], features: np.ndarray, *, projector_version: int
+    ) -> FeaturesReport:
+        """Give stored entries feature vectors of the namespace's projector and index them at once
+        (replacing their rows); see ``MapStoreBase.set_features``.
+
+        Raises:
+            ConfigError, MapShapeError, NamespaceNotFoundError, ProjectorChangedError: see the store
+                (nothing is written or indexed).
+        """
+        report = self._store.set_features(namespace, entry_ids, features, projector_version=projector_version)
+        if report.updated:
+            row_of = {entry_id: row for row, entry_id in enumerate(entry_ids)}
+            rows = np.asarray(features, dtype=np.float32)[[row_of[i] for i in report.updated]]
+            self._indexes.remove({namespace: report.updated})  # an entry's previous vector leaves with it
+            self._indexes.add(namespace, report.updated, rows, report.lengths)
+        return report
 
     def delete(self, namespace: str, entry_ids: Iterable[int]) -> int:
         """Delete entries from the store and the index; returns how many existed.

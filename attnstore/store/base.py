@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import crc32c
+import numpy as np
 
 from attnstore.errors import (
     ConfigError,
@@ -35,11 +37,16 @@ from attnstore.protocol.records import (
     check_entry_ids,
     check_namespace_name,
 )
-from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
+from attnstore.store.reports import (
+    CompactReport,
+    FeaturesReport,
+    IngestReport,
+    PrefetchReport,
+    StoreStats,
+    VerifyReport,
+)
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from attnstore.store.feed import ChangeFeed
 
 
@@ -90,6 +97,14 @@ def projector_update(info: NamespaceInfo, blob: bytes, *, replace: bool) -> Name
         )
     return dataclasses.replace(
         info, projector=blob, projector_version=info.projector_version + 1, projector_crc32c=crc32c.crc32c(blob)
+    )
+
+
+def outputs_only_feature_error(namespace: str, entry_id: int) -> MapShapeError:
+    """The refusal of a feature vector for an entry that stores outputs only (``set_features``)."""
+    return MapShapeError(
+        f"set_features(): entry {entry_id} of namespace {namespace!r} stores outputs only (written back for the"
+        " exact tier): a feature vector would send lookups to maps it does not have; nothing was written"
     )
 
 
@@ -201,6 +216,58 @@ class MapStoreBase(ABC):
             ProjectorChangedError: ``projector_version`` is not the namespace's (nothing is written).
             StoreFullError: the store or its disk is full (nothing is written).
         """
+
+    def set_features(
+        self, namespace: str, entry_ids: Sequence[int], features: np.ndarray, *, projector_version: int
+    ) -> FeaturesReport:
+        """Give stored entries feature vectors of the namespace's projector, all-or-nothing per call.
+
+        What ``admin train-projector`` calls after it installs a projector: every entry with maps
+        gets its vector of that projector, replacing any it had (of the same projector, as
+        ``projector_version`` is checked inside the write), so no search compares vectors of two
+        projectors. Ids no live entry has (deleted or evicted since they were listed) are skipped
+        and reported.
+
+        Args:
+            namespace: namespace name.
+            entry_ids: the entries, each at most once.
+            features: ``(len(entry_ids), feature_dim)`` finite floats, one row per id.
+            projector_version: the version of the projector the vectors come from; must be stated (>= 1).
+
+        Raises:
+            ConfigError: an id that is not a valid entry id, an id given twice, or no version stated.
+            MapShapeError: ``features`` of the wrong shape or not finite, or an entry that stores no
+                maps (outputs only: a vector would send lookups to maps it cannot serve); nothing is written.
+            NamespaceNotFoundError: no such namespace.
+            ProjectorChangedError: ``projector_version`` is not the namespace's (nothing is written).
+        """
+        ids = check_entry_ids(entry_ids)
+        repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+        if repeated:
+            raise ConfigError(f"set_features(): entry ids {repeated[:8]} are given more than once")
+        if isinstance(projector_version, bool) or not isinstance(projector_version, int) or projector_version < 1:
+            raise ConfigError(
+                f"set_features(): the projector version the vectors come from must be stated (>= 1),"
+                f" got {projector_version!r}"
+            )
+        dim = self.get_namespace(namespace).layout.feature_dim
+        array = np.asarray(features)
+        if array.shape != (len(ids), dim) or array.dtype.kind != "f":
+            raise MapShapeError(
+                f"set_features(): features have shape {tuple(array.shape)} dtype {array.dtype}; namespace"
+                f" {namespace!r} needs float ({len(ids)}, {dim}): one row of feature_dim {dim} per entry id"
+            )
+        checked = np.ascontiguousarray(array, dtype=np.float32)
+        if not np.isfinite(checked).all():
+            raise MapShapeError("set_features(): features hold NaN or inf")
+        return self._set_features(namespace, ids, checked, projector_version)
+
+    @abstractmethod
+    def _set_features(
+        self, namespace: str, entry_ids: list[int], features: np.ndarray, projector_version: int
+    ) -> FeaturesReport:
+        """``set_features`` with checked arguments: ``features`` ``(n, feature_dim)`` float32 (check the
+        version and that each entry has maps inside the write)."""
 
     @abstractmethod
     def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:

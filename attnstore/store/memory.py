@@ -35,13 +35,20 @@ from attnstore.protocol.records import (
     NewEntry,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
+from attnstore.store.base import (
+    MapStoreBase,
+    check_projector_version,
+    drops_features,
+    outputs_only_feature_error,
+    projector_update,
+)
 from attnstore.store.prefix.memory import MemoryPrefixBlocks, _Blocks
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
     CorruptEntry,
     DramStats,
+    FeaturesReport,
     IngestReport,
     NamespaceStats,
     PrefetchReport,
@@ -206,6 +213,25 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
             evicted = self._evict({(namespace, i) for i in added})
         return IngestReport(ids, added, evicted, featured)
 
+    def _set_features(
+        self, namespace: str, entry_ids: list[int], features: np.ndarray, projector_version: int
+    ) -> FeaturesReport:
+        """See :meth:`MapStoreBase.set_features`."""
+        ns = self._ns(namespace)
+        with self._lock:
+            check_projector_version(ns.info, projector_version)
+            live = [(i, row) for i, row in zip(entry_ids, features, strict=True) if i in ns.entries]
+            for entry_id, _ in live:
+                if not ns.entries[entry_id].chunks:
+                    raise outputs_only_feature_error(namespace, entry_id)
+            for entry_id, row in live:
+                ns.entries[entry_id].feature = row.copy()
+            return FeaturesReport(
+                updated=[entry_id for entry_id, _ in live],
+                lengths=[ns.entries[entry_id].length for entry_id, _ in live],
+                missing=[entry_id for entry_id in entry_ids if entry_id not in ns.entries],
+            )
+
     def _evict(self, protect: set[tuple[str, int]]) -> dict[str, list[int]]:
         """Evict least recently hit entries down to 90% of the cap; the evicted ids by namespace."""
         evicted: dict[str, list[int]] = {}
@@ -295,6 +321,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
             feature=entry.feature,
             nbytes=entry.nbytes,
             token_ids=entry.token_ids,
+            has_maps=bool(entry.chunks),
         )
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:

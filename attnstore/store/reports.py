@@ -29,6 +29,15 @@ class IngestReport:
 
 
 @dataclass(frozen=True, slots=True)
+class FeaturesReport:
+    """What one ``set_features`` call did, decided inside its write."""
+
+    updated: list[int]  # ids given their new feature vector, in call order
+    lengths: list[int]  # token length of each updated entry (its index bucket)
+    missing: list[int]  # ids no live entry has (deleted or evicted since they were listed)
+
+
+@dataclass(frozen=True, slots=True)
 class PrefetchReport:
     """What one prefetch call queued."""
 

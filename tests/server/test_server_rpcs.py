@@ -364,3 +364,34 @@ def test_verify_and_compact_report_through_the_wire() -> None:
         compacted = remote.compact()
     assert (report.entries_checked, list(report.corrupt)) == (2, [])
     assert compacted.entries == 2
+
+
+def test_list_entries_and_set_features_feature_stored_entries_for_lookups_at_once() -> None:
+    one = safetensors.numpy.save({"w": np.full(1, 1.0, np.float32)})
+    featured = _entries(1, 2, 3)
+    service = memory_service()
+    with served(service) as (_, remote):
+        remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, projector=one)
+        ids = list(remote.ingest("ns", FP, [make_entry(LAYOUT, L, s, feature=False) for s in (1, 2, 3)]).entry_ids)
+        outputs_only = make_entry(LAYOUT, L, 4, feature=False)
+        service.ingest("ns", FP, [NewEntry(maps=None, token_hash=outputs_only.token_hash,
+                                           outputs=outputs_only.outputs, token_ids=outputs_only.token_ids)])
+        listed = list(remote.iter_entries("ns"))
+        assert [(e.has_maps, e.has_feature, len(e.token_ids)) for e in listed] == [(True, False, L)] * 3 + [
+            (False, False, L)
+        ]
+        assert [e.entry_id for e in remote.iter_entries("ns", maps_only=True)] == ids
+        assert remote.lookup(_request(featured, projector_version=1)).matches[0].kind == pb.MATCH_KIND_MISS
+        features = np.stack([e.feature for e in featured])
+        with pytest.raises(ProjectorChangedError, match="FAILED_PRECONDITION.*version 1.*version 2"):
+            remote.set_features("ns", 2, ids, features)
+        with pytest.raises(MapShapeError, match=r"INVALID_ARGUMENT.*\[8\] floats.*feature_dim 16"):
+            remote.set_features("ns", 1, ids, features[:, :8])
+        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*outputs only"):
+            remote.set_features("ns", 1, [ids[0], listed[3].entry_id], features[:2])
+        assert not any(e.has_feature for e in remote.iter_entries("ns"))  # every refusal wrote nothing
+        remote.delete("ns", [ids[2]])
+        reply = remote.set_features("ns", 1, ids, features)
+        assert (reply.updated, list(reply.missing)) == (2, [ids[2]])
+        kinds = [m.kind for m in remote.lookup(_request(featured, projector_version=1)).matches]
+        assert kinds == [pb.MATCH_KIND_MAP, pb.MATCH_KIND_MAP, pb.MATCH_KIND_MISS]

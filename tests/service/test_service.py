@@ -271,3 +271,23 @@ def test_token_ids_of_the_wrong_length_are_refused_and_nothing_is_stored() -> No
     with pytest.raises(MapShapeError, match="token_ids shape"):
         service.ingest("ns", FP, [_with_tokens(_entry(5, 1, [0, 0, 0, 0]), [1, 2, 3])])
     assert list(service.store.entries("ns")) == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "lmdb"])
+def test_features_set_on_stored_entries_are_searchable_at_once_and_replace_their_old_rows(tmp_path, backend) -> None:
+    store = MemoryMapStore() if backend == "memory" else MapStore.open(tmp_path / "store", create=True)
+    service = _service(store=store)
+    service.set_projector("ns", safetensors.numpy.save({"w": np.zeros(2, np.float32)}))
+    featureless = [dataclasses.replace(_entry(5, seed, [0, 0, 0, 0]), feature=None) for seed in (1, 2)]
+    ids = service.ingest("ns", FP, featureless).entry_ids
+    origin = Query(np.zeros(DIM, np.float32), 5)
+    assert service.lookup("ns", FP, [origin], max_distance=10.0)[0].kind == "miss"  # nothing indexed yet
+
+    report = service.set_features("ns", ids, np.array([[1, 0, 0, 0], [3, 0, 0, 0]], np.float32), projector_version=1)
+    assert report.updated == ids
+    (hit,) = service.lookup("ns", FP, [origin], max_distance=10.0)
+    assert (hit.kind, hit.entry_id, hit.distance) == ("map", ids[0], pytest.approx(1.0))
+    service.set_features("ns", ids[:1], np.array([[5, 0, 0, 0]], np.float32), projector_version=1)
+    (hit,) = service.lookup("ns", FP, [origin], max_distance=10.0)  # the old row of ids[0] is gone
+    assert (hit.kind, hit.entry_id, hit.distance) == ("map", ids[1], pytest.approx(3.0))
+    service.close()

@@ -100,3 +100,14 @@ def _searched(indexes: NamespaceIndexes, store: RedisMapStore, seeds: list[int])
     features = np.stack([make_entry(small_layout(), 6, seed=s).feature for s in seeds])
     matches = indexes.search(info, features, np.full(len(seeds), 6), max_distance=0.01)
     return [m.entry_id if m.hit else None for m in matches]
+
+
+def test_features_set_through_one_service_are_searchable_through_the_other(pair):
+    a, b = pair
+    a.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
+    a.set_projector("ns", _weights(1.0))
+    entries = [make_entry(small_layout(), 6, seed=s, feature=False) for s in (1, 2)]
+    ids = a.ingest("ns", FP, entries).entry_ids
+    features = np.stack([make_entry(small_layout(), 6, seed=s).feature for s in (1, 2)])
+    a.set_features("ns", ids, features, projector_version=1)
+    _until(lambda: _kinds(b, [1, 2]) == [("map", i) for i in ids])

@@ -19,6 +19,7 @@ from attnstore.errors import (
     NamespaceNotFoundError,
     ProjectorChangedError,
     WireFormatError,
+    WriteBackOffError,
 )
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
 from attnstore.store.codecs import q8_error_bound
@@ -369,3 +370,77 @@ def test_a_projector_with_the_same_weights_and_a_new_gate_is_a_new_version_that_
     updated = store.set_projector(ns, _weights(1.0, tag="gate"))  # features project as before: no replace
     assert (updated.projector_version, updated.projector) == (2, _weights(1.0, tag="gate"))
     assert all(e.feature is not None for e in store.entries(ns))
+
+
+def _featureless(store: MapStoreBase, ns: str, count: int = 3) -> list[int]:
+    """Entries with maps and no feature vector, as write-back stores them; the namespace gets projector version 1."""
+    store.set_projector(ns, _weights(1.0))
+    entries = [make_entry(small_layout(), 5 + seed, seed=seed, feature=False) for seed in range(count)]
+    return store.ingest(ns, entries).entry_ids
+
+
+def _features(count: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(count, small_layout().feature_dim)).astype(np.float32)
+
+
+def test_set_features_gives_entries_vectors_replacing_old_ones_and_reports_gone_ids(store):
+    ns = _namespace(store)
+    ids = _featureless(store, ns)
+    store.delete(ns, [ids[2]])
+    first = _features(3)
+    report = store.set_features(ns, ids, first, projector_version=1)
+    assert (report.updated, report.lengths, report.missing) == (ids[:2], [5, 6], [ids[2]])
+    stored = {e.id: e.feature for e in store.entries(ns)}
+    np.testing.assert_array_equal(stored[ids[0]], first[0])
+    np.testing.assert_array_equal(stored[ids[1]], first[1])
+    again = _features(1, seed=1)
+    assert store.set_features(ns, ids[1:2], again, projector_version=1).updated == ids[1:2]
+    np.testing.assert_array_equal(store.entry(ns, ids[1]).feature, again[0])
+    np.testing.assert_array_equal(store.entry(ns, ids[0]).feature, first[0])  # untouched
+    assert all(e.has_maps for e in store.entries(ns))
+
+
+def test_set_features_of_another_projector_version_is_refused_and_writes_nothing(store):
+    ns = _namespace(store)
+    with pytest.raises(ProjectorChangedError, match="version 0.*version 1"):
+        store.set_features(ns, [], _features(0), projector_version=1)  # no projector yet
+    ids = _featureless(store, ns)
+    store.set_projector(ns, _weights(2.0), replace=True)
+    with pytest.raises(ProjectorChangedError, match="version 2.*version 1"):
+        store.set_features(ns, ids, _features(3), projector_version=1)
+    assert [e.feature for e in store.entries(ns)] == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("ids", "features", "version", "error", "match"),
+    [
+        ([1, 2, 3], _features(3)[:, :8], 1, MapShapeError, r"shape \(3, 8\).*\(3, 16\)"),
+        ([1, 2, 3], _features(2), 1, MapShapeError, r"shape \(2, 16\)"),
+        ([1, 2, 3], np.full((3, 16), np.nan, np.float32), 1, MapShapeError, "NaN or inf"),
+        ([1, 2, 1], _features(3), 1, ConfigError, r"entry ids \[1\] are given more than once"),
+        ([1, 0, 3], _features(3), 1, ConfigError, r"entry id 0 \(position 1\)"),
+        ([1, 2, 3], _features(3), 0, ConfigError, "must be stated"),
+        ([1, 2, 3], _features(3).astype(np.int64), 1, MapShapeError, "dtype int64"),
+    ],
+)
+def test_set_features_with_bad_arguments_is_refused_and_writes_nothing(store, ids, features, version, error, match):
+    ns = _namespace(store)
+    assert _featureless(store, ns) == [1, 2, 3]
+    with pytest.raises(error, match=match):
+        store.set_features(ns, ids, features, projector_version=version)
+    assert [e.feature for e in store.entries(ns)] == [None, None, None]
+
+
+def test_set_features_refuses_an_entry_that_stores_outputs_only_and_writes_nothing(store):
+    ns = _namespace(store)
+    ids = _featureless(store, ns, count=1)
+    entry = make_entry(small_layout(), 7, seed=9, feature=False)
+    try:
+        (outputs_only,) = store.ingest(ns, [NewEntry(maps=None, token_hash=entry.token_hash,
+                                                     outputs=entry.outputs, token_ids=entry.token_ids)]).entry_ids
+    except WriteBackOffError:
+        pytest.skip("this backend keeps no outputs-only entries")
+    assert [e.has_maps for e in store.entries(ns)] == [True, False]
+    with pytest.raises(MapShapeError, match=f"entry {outputs_only} .* stores outputs only"):
+        store.set_features(ns, [ids[0], outputs_only], _features(2), projector_version=1)
+    assert [e.feature for e in store.entries(ns)] == [None, None]

@@ -21,7 +21,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +36,10 @@ from attnstore_client.batch import batch_from_ids
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
-from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport, calibrate_projector
+from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
+from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
-from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport, train_projector
+from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
 from attnstore_tools.corpus import read_texts
 
 log = logging.getLogger(__name__)
@@ -96,21 +97,6 @@ class _Captured:
     outputs_path: Path  # (L, hidden) fp16 .npy
 
 
-class _SpilledMaps(Sequence[torch.Tensor]):
-    """Captured maps read back from the scratch folder on access (for projector training)."""
-
-    def __init__(self, captured: Sequence[_Captured]) -> None:
-        self._captured = captured
-
-    def __len__(self) -> int:
-        return len(self._captured)
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        return torch.from_numpy(np.load(self._captured[index].maps_path))
-
-
 def build_namespace(
     loaded: LoadedModel,
     texts: Sequence[str],
@@ -158,13 +144,8 @@ def build_namespace(
         train_report = calibration = None
         projector = existing
         if projector is None:
-            projector, train_report = _train(captured, adapter.causal, config, progress)
-            if config.calibration is not None:
-                calibration = calibrate_projector(
-                    adapter, projector, [c.row.ids for c in captured], [c.source for c in captured],
-                    _SpilledMaps(captured), _SpilledOutputs(captured),
-                    replace(config.calibration, seed=config.seed, progress=progress),
-                )
+            projector, fit = _train(adapter, captured, config, progress)
+            train_report, calibration = fit.train, fit.calibration
         created = existing is None and bool(captured)
         if created:
             service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
@@ -274,15 +255,15 @@ def _capture(
 
 
 def _train(
-    captured: list[_Captured], causal: bool, config: BuildConfig, progress: bool
-) -> tuple[Projector, TrainReport]:
-    sample = captured
-    if len(captured) > config.train_limit:
-        picks = np.random.default_rng(config.seed).choice(len(captured), config.train_limit, replace=False)
-        sample = [captured[i] for i in sorted(picks)]
-    train_config = replace(config.train, causal=causal, seed=config.seed, progress=progress)
+    adapter: Adapter, captured: list[_Captured], config: BuildConfig, progress: bool
+) -> tuple[Projector, FitReport]:
+    fit_config = FitConfig(train_limit=config.train_limit, seed=config.seed, train=config.train,
+                           calibration=config.calibration, progress=progress)
     try:
-        return train_projector([c.source for c in sample], _SpilledMaps(sample), config=train_config)
+        return fit_projector(
+            adapter, [c.row.ids for c in captured], [c.source for c in captured],
+            [c.maps_path for c in captured], [c.outputs_path for c in captured], fit_config,
+        )
     except CorpusError as exc:
         raise CorpusError(f"cannot train a projector on this corpus: {exc}") from None
 
@@ -329,15 +310,6 @@ def _ingest(
         added.extend(result.entry_ids)
         bar.update(len(items))
     bar.close()
-
-
-class _SpilledOutputs(_SpilledMaps):
-    """Captured last hidden states read back from the scratch folder on access (for calibration)."""
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        return torch.from_numpy(np.load(self._captured[index].outputs_path))
 
 
 def _undo(service: AttnStoreService, namespace: str, created: bool, added: list[int]) -> None:
@@ -419,37 +391,8 @@ def format_report(report: BuildReport) -> str:
         f" {report.skipped_empty} blank)",
         f"stored {report.stored_bytes / 2**20:.1f} MiB in {report.seconds:.1f} s",
     ]
-    if report.train is not None:
-        t = report.train
-        lines.append(
-            f"projector: {t.train_items} train / {t.val_items} val inputs, best epoch {t.best_epoch} of {t.epochs},"
-            f" val Spearman {t.val_spearman:.3f} (mean-pooled key {t.val_spearman_mean_pooled:.3f})"
-        )
     if report.prefix is not None:
         p = report.prefix
         lines.append(f"prefix blocks: {p.blocks} added ({p.bytes / 2**20:.1f} MiB) from {p.prompts} prompts"
                      f" in {p.seconds:.1f} s")
-    c = report.calibration
-    if c is not None and c.calibration is not None:
-        cal = c.calibration
-        threshold = "none reached the target" if cal.max_distance is None else f"{cal.max_distance:.4g}"
-        within = (
-            "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
-        )
-        lines.append(
-            f"calibration: {c.pairs} pseudo-queries, {c.faithful:.1%} faithful at cosine >= {cal.fidelity};"
-            f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"
-            f" (precision {cal.precision:.0%}{within})"
-        )
-        if c.gate is not None:
-            precision = "" if c.gate_hit_precision is None else f", {c.gate_hit_precision:.1%} faithful"
-            lines.append(
-                f"fidelity gate: {c.gate.candidates} candidates per query, cutoff {c.gate.cutoff:.3f} (set-level"
-                f" threshold {c.gate.min_probability:.3f}); serves {c.gate_hit_rate:.1%} of the pseudo-queries"
-                f"{precision}"
-            )
-        else:
-            lines.append("fidelity gate: none (no rule reached the target precision on the pseudo-queries)")
-    elif c is not None:
-        lines.append(f"calibration: skipped ({c.pairs} pseudo-queries)")
-    return "\n".join(lines)
+    return "\n".join(lines + format_fit(report.train, report.calibration))

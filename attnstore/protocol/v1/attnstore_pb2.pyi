@@ -522,6 +522,56 @@ class StatsResponse(_message.Message):
     admit_after: int
     def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ...) -> None: ...
 
+class ListEntriesRequest(_message.Message):
+    __slots__ = ("namespace", "maps_only")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MAPS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    maps_only: bool
+    def __init__(self, namespace: _Optional[str] = ..., maps_only: _Optional[bool] = ...) -> None: ...
+
+class StoredEntry(_message.Message):
+    __slots__ = ("entry_id", "length", "token_hash", "token_ids", "has_maps", "has_feature")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    HAS_MAPS_FIELD_NUMBER: _ClassVar[int]
+    HAS_FEATURE_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    length: int
+    token_hash: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    has_maps: bool
+    has_feature: bool
+    def __init__(self, entry_id: _Optional[int] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., has_maps: _Optional[bool] = ..., has_feature: _Optional[bool] = ...) -> None: ...
+
+class EntryFeature(_message.Message):
+    __slots__ = ("entry_id", "feature")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    feature: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, entry_id: _Optional[int] = ..., feature: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SetFeaturesRequest(_message.Message):
+    __slots__ = ("namespace", "projector_version", "features")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    projector_version: int
+    features: _containers.RepeatedCompositeFieldContainer[EntryFeature]
+    def __init__(self, namespace: _Optional[str] = ..., projector_version: _Optional[int] = ..., features: _Optional[_Iterable[_Union[EntryFeature, _Mapping]]] = ...) -> None: ...
+
+class SetFeaturesResponse(_message.Message):
+    __slots__ = ("updated", "missing")
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    updated: int
+    missing: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, updated: _Optional[int] = ..., missing: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class PrefixChain(_message.Message):
     __slots__ = ("chain_hashes",)
     CHAIN_HASHES_FIELD_NUMBER: _ClassVar[int]

@@ -114,6 +114,16 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.StatsRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.ListEntries = channel.unary_stream(
+                '/attnstore.v1.AttnStore/ListEntries',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.ListEntriesRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.StoredEntry.FromString,
+                _registered_method=True)
+        self.SetFeatures = channel.unary_unary(
+                '/attnstore.v1.AttnStore/SetFeatures',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesResponse.FromString,
+                _registered_method=True)
 
 
 class AttnStoreServicer:
@@ -236,6 +246,25 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEntries(self, request, context):
+        """Training a projector from the store's own entries (admin train-projector; admin):
+        ListEntries streams the namespace's live entries (no maps: Fetch sends those), in id
+        order. SetFeatures gives stored entries feature vectors of the namespace's projector,
+        replacing any they have, all-or-nothing, and indexes them at once: features of another
+        projector_version (or none stated) are FAILED_PRECONDITION, of the wrong dimension or for
+        an entry that stores outputs only INVALID_ARGUMENT (nothing is written). Ids no live entry
+        has are skipped and listed in the reply.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetFeatures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttnStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +347,16 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.StatsRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.StatsResponse.SerializeToString,
+            ),
+            'ListEntries': grpc.unary_stream_rpc_method_handler(
+                    servicer.ListEntries,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ListEntriesRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.StoredEntry.SerializeToString,
+            ),
+            'SetFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFeatures,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -752,6 +791,60 @@ class AttnStore:
             '/attnstore.v1.AttnStore/Stats',
             attnstore_dot_v1_dot_attnstore__pb2.StatsRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/ListEntries',
+            attnstore_dot_v1_dot_attnstore__pb2.ListEntriesRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.StoredEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/SetFeatures',
+            attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,9 +13,11 @@ from dataclasses import dataclass, replace
 
 import crc32c
 import lmdb
+import numpy as np
 
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.base import outputs_only_feature_error
 from attnstore.store.lmdb.env import Databases, items_with_prefix
 from attnstore.store.lmdb.prefix_blocks import drop_prefix_keys
 from attnstore.store.lmdb.records import (
@@ -32,6 +34,7 @@ from attnstore.store.lmdb.records import (
     split_entry_key,
     split_length_key,
 )
+from attnstore.store.reports import FeaturesReport
 from attnstore.store.validate import PreparedEntry
 from attnstore.store.zarr_layout import node_key
 
@@ -184,6 +187,36 @@ def _add_feature(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id:
         return False
     txn.put(key, replace(record, feature=entry.feature).to_bytes(), db=db.entries)
     return True
+
+
+def set_features(
+    txn: lmdb.Transaction, db: Databases, namespace: str, entry_ids: list[int], features: np.ndarray
+) -> FeaturesReport:
+    """Give each live entry its row of ``features`` (replacing the vector it has); see ``MapStoreBase.set_features``.
+
+    Ids without a readable record are reported missing (a corrupt one is never served; verify reports it).
+
+    Raises:
+        MapShapeError: an entry stores outputs only (raised before anything is put: the caller aborts).
+    """
+    records: list[tuple[bytes, EntryRecord, np.ndarray]] = []
+    missing: list[int] = []
+    for entry_id, row in zip(entry_ids, features, strict=True):
+        key = entry_key(namespace, entry_id)
+        raw = txn.get(key, db=db.entries)
+        try:
+            record = None if raw is None else EntryRecord.from_bytes(raw)
+        except ChecksumError:
+            record = None
+        if record is None:
+            missing.append(entry_id)
+            continue
+        if not record.crcs:
+            raise outputs_only_feature_error(namespace, entry_id)
+        records.append((key, record, row))
+    for key, record, row in records:
+        txn.put(key, replace(record, feature=row.copy()).to_bytes(), db=db.entries)
+    return FeaturesReport([r.id for _, r, _ in records], [r.length for _, r, _ in records], missing)
 
 
 def drop_features(txn: lmdb.Transaction, db: Databases, namespace: str) -> int:

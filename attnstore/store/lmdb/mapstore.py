@@ -48,6 +48,7 @@ from attnstore.store.lmdb.ingest import (
     drop_namespace_keys,
     evict_over_cap,
     flush_hits,
+    set_features,
     write_entries,
 )
 from attnstore.store.lmdb.live import LiveGeneration
@@ -72,7 +73,14 @@ from attnstore.store.lmdb.settings import (
     StoreSettings,
 )
 from attnstore.store.lmdb.verify import verify_live
-from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
+from attnstore.store.reports import (
+    CompactReport,
+    FeaturesReport,
+    IngestReport,
+    PrefetchReport,
+    StoreStats,
+    VerifyReport,
+)
 from attnstore.store.validate import prepare_entry
 
 if TYPE_CHECKING:
@@ -273,6 +281,21 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
                            self._root, max_bytes, evicted.count, evicted.nbytes)
         logger.debug("ingested %s entries into %r (%s new)", len(ids), namespace, len(new))
         return IngestReport(list(ids), list(new), {} if evicted is None else dict(evicted.ids), featured)
+
+    def _set_features(
+        self, namespace: str, entry_ids: list[int], features: np.ndarray, projector_version: int
+    ) -> FeaturesReport:
+        """See :meth:`MapStoreBase.set_features`: one write transaction; also raises ReadOnlyStoreError."""
+        self._live.check_writable()
+        self._state(namespace)
+        with self._live.write() as (gen, txn):
+            # Inside the write: a replacement cannot slip in between the check and the vectors.
+            check_projector_version(self._catalog.require(txn, gen.db, namespace, check_projector=False),
+                                    projector_version)
+            report = set_features(txn, gen.db, namespace, entry_ids, features)
+        logger.info("namespace %r: %s feature vectors set (projector version %s), %s entries gone",
+                    namespace, len(report.updated), projector_version, len(report.missing))
+        return report
 
     # --------------------------------------------------------------------- reads
 

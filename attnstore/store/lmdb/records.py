@@ -100,6 +100,7 @@ class EntryRecord:
         return EntryInfo(
             id=self.id, length=self.length, token_hash=self.token_hash, created=self.created, hits=hits,
             last_hit=last_hit, feature=self.feature, nbytes=self.nbytes, token_ids=self.token_ids,
+            has_maps=bool(self.crcs),
         )
 
     def to_bytes(self) -> bytes:

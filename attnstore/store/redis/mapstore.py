@@ -32,12 +32,19 @@ from attnstore.errors import (
     EntryNotFoundError,
     MapShapeError,
     NamespaceNotFoundError,
+    ProjectorChangedError,
     ReadOnlyStoreError,
     StorageError,
 )
 from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
+from attnstore.store.base import (
+    MapStoreBase,
+    check_projector_version,
+    drops_features,
+    outputs_only_feature_error,
+    projector_update,
+)
 from attnstore.store.feed import ChangeFeed
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
@@ -50,7 +57,14 @@ from attnstore.store.redis.feed import RedisChangeFeed
 from attnstore.store.redis.ingest import commit
 from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys
 from attnstore.store.redis.settings import RedisSettings
-from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
+from attnstore.store.reports import (
+    CompactReport,
+    FeaturesReport,
+    IngestReport,
+    PrefetchReport,
+    StoreStats,
+    VerifyReport,
+)
 from attnstore.store.validate import PreparedEntry, prepare_entry
 
 logger = logging.getLogger(__name__)
@@ -214,6 +228,39 @@ class RedisMapStore(MapStoreBase):
                     featured.append(entry_id)
         evicted = self._evict_over_cap(namespace, added) if self._settings.max_bytes is not None else {}
         return IngestReport([outcome[p.token_hash][1] for p in prepared], added, evicted, featured)
+
+    def _set_features(
+        self, namespace: str, entry_ids: list[int], features: np.ndarray, projector_version: int
+    ) -> FeaturesReport:
+        """See :meth:`MapStoreBase.set_features`: the records are checked for maps first (an entry's maps
+        never change), then one script checks the version and sets the vectors; also raises ReadOnlyStoreError."""
+        self._check_writable()
+        state = self._state(namespace)
+        raws = admin.records(self._redis, self._keys, namespace, entry_ids)
+        for entry_id, raw in zip(entry_ids, raws, strict=True):
+            try:
+                record = decode_record(state, entry_id, raw)
+            except (EntryNotFoundError, ChecksumError):
+                continue  # gone or corrupt: the script reports it missing or sets a vector that is never served
+            if not record.crcs:
+                raise outputs_only_feature_error(namespace, entry_id)
+        args: list[bytes | str | int | float] = [self._settings.log_max_events, projector_version]
+        for entry_id, row in zip(entry_ids, features, strict=True):
+            args += [entry_id, row.astype("<f4").tobytes()]
+        with translated(f"setting feature vectors in {namespace!r}"):
+            result = self._redis.eval(scripts.SET_FEATURES, self._keys.namespace(namespace).index_keys(), args)
+        status = bytes(result[0]).decode()
+        if status == "gone":
+            raise NamespaceNotFoundError(f"namespace {namespace!r} was dropped during the call")
+        if status != "ok":
+            raise ProjectorChangedError(
+                f"namespace {namespace!r} has projector version {status.split()[1]}; the feature vectors were"
+                f" projected with version {projector_version}: fetch the namespace again (its projector) and re-project"
+            )
+        lengths = [bytes(raw).decode() for raw in result[1:]]
+        updated = [(i, int(n)) for i, n in zip(entry_ids, lengths, strict=True) if n]
+        return FeaturesReport([i for i, _ in updated], [n for _, n in updated],
+                              [i for i, n in zip(entry_ids, lengths, strict=True) if not n])
 
     def _evict_over_cap(self, namespace: str, protect: list[int]) -> dict[str, list[int]]:
         self.flush_hits()  # recency must include the hits buffered here

@@ -79,6 +79,38 @@ return out
 """
 )
 
+# ARGV: log cap, projector version to check, then pairs id, feature bytes. Returns {status, per-id results}:
+# status "ok", "gone" (no such namespace) or "version <v>"; a result is the entry's length, or "" when the id
+# is not registered (deleted or evicted). Each registered entry's feature is replaced and the lot logged as an
+# add (followers replace rows of the same id).
+SET_FEATURES = (
+    _LOG
+    + """
+local info = redis.call('GET', KEYS[1])
+if not info then return {'gone'} end
+local version = tostring(cjson.decode(info)['projector_version'] or 0)
+if ARGV[2] ~= version then return {'version ' .. version} end
+local out, ids, lens, features = {'ok'}, {}, {}, {}
+for i = 3, #ARGV, 2 do
+  local id, feature = ARGV[i], ARGV[i + 1]
+  local meta = redis.call('HGET', KEYS[4], id)
+  if meta then
+    local len = string.match(string.sub(meta, 33), '^(%d+) ')
+    redis.call('HSET', KEYS[5], id, feature)
+    table.insert(ids, id); table.insert(lens, len); table.insert(features, feature)
+    table.insert(out, len)
+  else
+    table.insert(out, '')
+  end
+end
+if #ids > 0 then
+  LOG(KEYS[9], KEYS[10], 'op', 'add', 'ids', table.concat(ids, ','), 'lengths', table.concat(lens, ','),
+      'features', table.concat(features))
+end
+return out
+"""
+)
+
 # ARGV: log cap, reason ("delete", "evict" or "vanished"), then ids. Returns the ids that were
 # registered (and now are not). Evictions and entries found gone count as evicted.
 REMOVE = (

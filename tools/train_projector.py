@@ -1,0 +1,266 @@
+"""``attnstore admin train-projector``: a namespace's projector, trained from the maps it stores.
+
+The end of a cold start (see ``cold_start``): a namespace made by ``admin
+create-namespace`` fills from traffic, and write-back stores the maps of admitted
+rows; once enough are stored, this command gives it a projector, and map hits start:
+
+1. lists the namespace's entries with maps (``ListEntries``) and reads their maps
+   (``Fetch``) into a scratch folder;
+2. runs the model on their token ids for the feature sources, and the outputs
+   calibration compares replays with;
+3. trains and calibrates the projector and fits the fidelity gate exactly as
+   ``attnstore build`` does (``build.fit``);
+4. installs it (``CreateNamespace`` with ``replace_projector``: the version goes
+   up and every stored feature vector is dropped in the same write);
+5. projects every entry with maps and sends the vectors (``SetFeatures``,
+   stating the new version, so vectors of two projectors never meet in a
+   lookup); entries that arrived meanwhile without one are listed and projected too.
+
+Nothing on the daemon changes before step 4: too few entries, a failed training
+or Ctrl-C leave the namespace as it was. Running it again trains a new projector
+from every entry and replaces the old one the same way. Entries stored without
+token ids cannot be projected: they are counted and stay in the exact tier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from attnstore.errors import CorpusError, EntryNotFoundError, FingerprintMismatchError
+from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.records import NamespaceLayout
+from attnstore.protocol.remote import RemoteStore
+from attnstore_client.adapters import Adapter, adapter_for
+from attnstore_client.batch import batch_from_ids
+from attnstore_client.keys import model_fingerprint
+from attnstore_client.models import LoadedModel, load_model
+from attnstore_tools.build.calibration import CalibrationConfig
+from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
+from attnstore_tools.build.training import MIN_CORPUS
+
+
+@dataclass(frozen=True)
+class TrainProjectorConfig:
+    """Settings of ``train_namespace_projector``."""
+
+    # Training and calibration, as ``attnstore build`` does them (the projector's size comes from the namespace).
+    fit: FitConfig = field(default_factory=FitConfig)
+    batch_size: int = 32  # rows per model forward
+    fetch_bytes: int = 64 << 20  # fp16 maps per Fetch call
+    fetch_entries: int = 256  # entries per Fetch call (under the daemon's --max-queries)
+    features_per_call: int = 1024  # vectors per SetFeatures call (under the daemon's --max-queries)
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class TrainProjectorReport:
+    """What a run did."""
+
+    namespace: str
+    entries: int  # entries with maps the projector was trained and calibrated on
+    projector_version: int  # the version installed
+    featured: int  # entries given a vector of the new projector
+    missing: int  # entries gone (deleted, evicted) before they were read or featured
+    without_tokens: int  # entries with maps but no token ids: not projected, exact tier only
+    fit: FitReport
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Row:
+    entry_id: int
+    ids: list[int]
+
+
+def train_namespace_projector(
+    remote: RemoteStore, loaded: LoadedModel, namespace: str, config: TrainProjectorConfig = TrainProjectorConfig()
+) -> TrainProjectorReport:
+    """Train, calibrate and install ``namespace``'s projector from its stored maps; feature every entry.
+
+    Args:
+        remote: a daemon connection with an admin token.
+        loaded: the namespace's model.
+        namespace: the namespace.
+        config: settings.
+
+    Raises:
+        CorpusError: fewer than ``MIN_CORPUS`` entries with maps and token ids, or too few of one
+            length to train on (nothing is changed).
+        FingerprintMismatchError: ``loaded`` is not the namespace's model (nothing is changed).
+        NamespaceNotFoundError: no such namespace.
+        AuthError: the token is not an admin token.
+    """
+    started = time.perf_counter()
+    info = remote.get_namespace(namespace)
+    fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+    if fingerprint != info.fingerprint:
+        raise FingerprintMismatchError(
+            f"namespace {namespace!r} belongs to model {info.model!r} (fingerprint {info.fingerprint[:16]}...);"
+            f" {loaded.name!r} has fingerprint {fingerprint[:16]}...: train with the namespace's model"
+        )
+    layout = layout_from_pb(info.layout)
+    listed = list(remote.iter_entries(namespace, maps_only=True))
+    rows = [_Row(int(e.entry_id), list(e.token_ids)) for e in listed if len(e.token_ids) == e.length]
+    if len(rows) < MIN_CORPUS:
+        raise CorpusError(
+            f"namespace {namespace!r} has {len(rows)} entries with maps and token ids ({len(listed)} with maps);"
+            f" training a projector needs at least {MIN_CORPUS}: let write-back store more rows and run again"
+        )
+    adapter = adapter_for(loaded)
+    fit_config = replace(config.fit, train=replace(config.fit.train, dim=layout.feature_dim),
+                         progress=config.progress and config.fit.progress)
+    with tempfile.TemporaryDirectory(prefix="attnstore-train-projector-") as scratch:
+        read, maps, gone = _read_maps(remote, namespace, fingerprint, layout, rows, Path(scratch), config)
+        sources, outputs = _run_model(adapter, read, Path(scratch), config)
+        try:
+            projector, fit = fit_projector(adapter, [r.ids for r in read], sources, maps, outputs, fit_config)
+        except CorpusError as exc:
+            raise CorpusError(f"cannot train a projector on the entries of namespace {namespace!r}: {exc}") from None
+    installed = remote.create_namespace(
+        namespace, model=info.model, fingerprint=info.fingerprint, layout=layout,
+        projector=projector.to_safetensors_bytes(), replace_projector=True,
+    )
+    version = int(installed.projector_version)
+    featured, missing = _send_features(remote, namespace, version, read, projector.project(sources), config)
+    # Entries stored while this ran came with no vector (or one the replacement dropped).
+    later = [e for e in remote.iter_entries(namespace, maps_only=True) if not e.has_feature]
+    late_rows = [_Row(int(e.entry_id), list(e.token_ids)) for e in later if len(e.token_ids) == e.length]
+    if late_rows:
+        late_sources, _ = _run_model(adapter, late_rows, None, config)
+        more, gone_late = _send_features(remote, namespace, version, late_rows, projector.project(late_sources), config)
+        featured += more
+        missing += gone_late
+    return TrainProjectorReport(
+        namespace=namespace,
+        entries=len(read),
+        projector_version=version,
+        featured=featured,
+        missing=gone + missing,
+        without_tokens=len(later) - len(late_rows),
+        fit=fit,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _read_maps(
+    remote: RemoteStore, namespace: str, fingerprint: str, layout: NamespaceLayout, rows: list[_Row], scratch: Path,
+    config: TrainProjectorConfig,
+) -> tuple[list[_Row], list[Path], int]:
+    """Fetch the rows' maps into ``scratch``: the rows still there, their maps' files, and how many are gone."""
+    read: list[_Row] = []
+    paths: list[Path] = []
+    bar = tqdm(total=len(rows), desc="read maps", unit="entry", disable=not config.progress)
+    for group in _groups(rows, config.fetch_entries, config.fetch_bytes, lambda r: layout.map_nbytes(len(r.ids))):
+        for row, maps in _fetch(remote, namespace, fingerprint, group):
+            path = scratch / f"{row.entry_id}.maps.npy"
+            np.save(path, maps)
+            read.append(row)
+            paths.append(path)
+        bar.update(len(group))
+    bar.close()
+    return read, paths, len(rows) - len(read)
+
+
+def _fetch(
+    remote: RemoteStore, namespace: str, fingerprint: str, group: list[_Row]
+) -> Iterator[tuple[_Row, np.ndarray]]:
+    """Each row's ``(layers, heads, L, L)`` maps; rows whose entry went away since the listing are skipped."""
+    try:
+        yield from zip(group, remote.fetch(namespace, fingerprint, [r.entry_id for r in group]), strict=True)
+    except EntryNotFoundError:
+        # A Fetch naming a gone id sends nothing: read the group one by one to keep the others.
+        for row in group:
+            try:
+                (maps,) = remote.fetch(namespace, fingerprint, [row.entry_id])
+            except EntryNotFoundError:
+                continue
+            yield row, maps
+
+
+def _run_model(
+    adapter: Adapter, rows: list[_Row], scratch: Path | None, config: TrainProjectorConfig
+) -> tuple[list[torch.Tensor], list[Path]]:
+    """Each row's feature source, and (with ``scratch``) its last hidden states saved there as fp16."""
+    pad = adapter.loaded.tokenizer.pad_token_id
+    sources: list[torch.Tensor | None] = [None] * len(rows)
+    outputs: list[Path] = [Path()] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))  # batches pad little
+    bar = tqdm(total=len(rows), desc="features", unit="entry", disable=not config.progress)
+    for start in range(0, len(order), config.batch_size):
+        chunk = order[start : start + config.batch_size]
+        batch = batch_from_ids([rows[i].ids for i in chunk], pad)
+        for i, source in zip(chunk, adapter.feature_source(batch), strict=True):
+            sources[i] = source
+        if scratch is not None:
+            hidden = adapter.forward(batch)  # (B, P, hidden)
+            for row, i in enumerate(chunk):
+                outputs[i] = scratch / f"{rows[i].entry_id}.out.npy"
+                np.save(outputs[i], hidden[row, : batch.lengths[row]].to(torch.float16).numpy())
+        bar.update(len(chunk))
+    bar.close()
+    return [s for s in sources if s is not None], outputs
+
+
+def _send_features(
+    remote: RemoteStore, namespace: str, version: int, rows: Sequence[_Row], vectors: np.ndarray,
+    config: TrainProjectorConfig,
+) -> tuple[int, int]:
+    """Send each row's vector of projector ``version``; returns how many were set and how many entries are gone."""
+    updated = gone = 0
+    bar = tqdm(total=len(rows), desc="set features", unit="entry", disable=not config.progress)
+    for start in range(0, len(rows), config.features_per_call):
+        part = rows[start : start + config.features_per_call]
+        reply = remote.set_features(namespace, version, [r.entry_id for r in part],
+                                    vectors[start : start + len(part)])
+        updated += reply.updated
+        gone += len(reply.missing)
+        bar.update(len(part))
+    bar.close()
+    return updated, gone
+
+
+def _groups(rows: list[_Row], size: int, byte_cap: int, bytes_of: Callable[[_Row], int]) -> Iterator[list[_Row]]:
+    """Consecutive groups of at most ``size`` rows and about ``byte_cap`` bytes (at least one row each)."""
+    group: list[_Row] = []
+    total = 0
+    for row in rows:
+        nbytes = bytes_of(row)
+        if group and (len(group) == size or total + nbytes > byte_cap):
+            yield group
+            group, total = [], 0
+        group.append(row)
+        total += nbytes
+    if group:
+        yield group
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``admin train-projector``."""
+    parser.add_argument("--model", required=True, help="the namespace's model: alias (minilm, smollm2) or local path")
+    parser.add_argument("--namespace", required=True, help="namespace whose stored maps train its projector")
+    parser.add_argument("--train-limit", type=int, default=8000, help="entries the projector trains on (a sample)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of sampling and training")
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per model forward")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="skip calibrating the projector's distances and fitting the fidelity gate")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace, remote: RemoteStore) -> TrainProjectorReport:
+    """Train and install the projector of the namespace ``args`` name."""
+    if args.train_limit < 1 or args.batch_size < 1:
+        raise CorpusError(f"--train-limit and --batch-size must be >= 1, got {args.train_limit}, {args.batch_size}")
+    fit = FitConfig(train_limit=args.train_limit, seed=args.seed,
+                    calibration=None if args.no_calibration else CalibrationConfig())
+    config = TrainProjectorConfig(fit=fit, batch_size=args.batch_size, progress=not args.no_progress)
+    return train_namespace_projector(remote, load_model(args.model), args.namespace, config)
+
