@@ -35,7 +35,14 @@ from attnstore.protocol.records import (
     check_entry_ids,
     check_namespace_name,
 )
-from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
+from attnstore.store.reports import (
+    CompactReport,
+    IngestReport,
+    PrefetchReport,
+    RedisStats,
+    StoreStats,
+    VerifyReport,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -319,6 +326,10 @@ class MapStoreBase(ABC):
         A store with a feed may change behind this process's back: its users follow
         the feed to keep their indexes current and check entries still exist before serving them.
         """
+        return None
+
+    def redis_stats(self) -> RedisStats | None:
+        """A Redis-backed store's client figures (failures waited out, each primary's memory); None otherwise."""
         return None
 
     def dead_threads(self) -> list[str]:

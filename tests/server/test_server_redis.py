@@ -30,6 +30,7 @@ from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
 from attnstore.protocol.remote import RemoteStore, lookup_request, open_channel
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
+from attnstore.server.metrics import REDIS_METRIC_NAMES
 from attnstore.service.follower import FOLLOW_SECONDS
 
 LENGTH = 8
@@ -116,6 +117,35 @@ def test_an_entry_redis_lost_is_a_miss_through_either_daemon_never_an_error(daem
         assert 0 not in rows.maps  # a proposed entry that is gone sends no maps: the client computes the row
         # Found gone, it is forgotten: both indexes drop it.
         _until(lambda: _lookup(through_b, [3], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS)
+
+
+def _metrics(process: DaemonProcess) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_a_daemon_on_redis_exports_its_follower_lag_redis_retries_and_each_primarys_memory(daemons, redis_cluster):
+    a, b = daemons
+    before = _metrics(b)
+    assert {name.removesuffix("_total") for name, _ in before} >= set(REDIS_METRIC_NAMES)
+    with a.client() as through_a:
+        through_a.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 7)])
+    applied = ("attnstore_follower_changes_applied_total", ())
+    _until(lambda: _metrics(b)[applied] > before[applied], BOUND_SECONDS)  # a's ingest, applied by b
+    after = _metrics(b)
+    assert after[("attnstore_follower_seconds_since_read", ())] < BOUND_SECONDS
+    assert after[("attnstore_follower_failed_reads_total", ())] == 0
+    assert after[("attnstore_redis_gave_up_total", ())] == 0
+    used = {labels[0][1]: value for (name, labels), value in after.items()
+            if name == "attnstore_redis_used_memory_bytes"}
+    masters = {server.address for server in redis_cluster.servers if server.client().info("replication")["role"]
+               == "master"}
+    assert set(used) == masters and all(value > 0 for value in used.values())
 
 
 def test_a_restarted_daemon_rebuilds_its_indexes_from_the_store_and_serves_the_same_hits(store_url, tmp_path):
@@ -219,11 +249,7 @@ BIG_LENGTH = 128
 
 
 def _metric(process: DaemonProcess, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == name for s in f.samples)
+    return sum(value for (sample, _), value in _metrics(process).items() if sample == name)
 
 
 @pytest.fixture

@@ -50,7 +50,14 @@ from attnstore.store.redis.feed import RedisChangeFeed
 from attnstore.store.redis.ingest import commit
 from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys
 from attnstore.store.redis.settings import RedisSettings
-from attnstore.store.reports import CompactReport, IngestReport, PrefetchReport, StoreStats, VerifyReport
+from attnstore.store.reports import (
+    CompactReport,
+    IngestReport,
+    PrefetchReport,
+    RedisStats,
+    StoreStats,
+    VerifyReport,
+)
 from attnstore.store.validate import PreparedEntry, prepare_entry
 
 logger = logging.getLogger(__name__)
@@ -463,6 +470,10 @@ class RedisMapStore(MapStoreBase):
         if not report.ok:
             logger.warning("verify of %s found %s corrupt entries", self.location.display, len(report.corrupt))
         return report
+
+    def redis_stats(self) -> RedisStats:
+        """See :meth:`MapStoreBase.redis_stats`: one ``INFO memory`` per primary (a scrape's cost)."""
+        return RedisStats(retries=self._redis.retry_totals(), nodes=tuple(self._redis.node_memory()))
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`: ``file_bytes`` is Redis's used memory and ``map_size`` its
