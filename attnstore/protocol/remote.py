@@ -75,7 +75,9 @@ def split_target(target: str) -> tuple[str, bool | None]:
 
 
 # Several daemons: gRPC's round_robin spreads calls over every address that answers, and a call that
-# meets a daemon going away (UNAVAILABLE: nothing was done) is sent again, to another one.
+# meets a daemon going away (UNAVAILABLE) before any reply is sent again, to another one. Writes included:
+# an Ingest resent finds what it had stored as duplicates; one of more than gRPC's 256 KiB retry buffer
+# is not resent.
 _SEVERAL_RETRIES = {
     "methodConfig": [{
         "name": [{"service": SERVICE_NAME}],
