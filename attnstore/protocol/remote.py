@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +35,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the daemon's default; chunks are at most 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -71,7 +75,9 @@ def split_target(target: str) -> tuple[str, bool | None]:
 
 
 # Several daemons: gRPC's round_robin spreads calls over every address that answers, and a call that
-# meets a daemon going away (UNAVAILABLE: nothing was done) is sent again, to another one.
+# meets a daemon going away (UNAVAILABLE) before any reply is sent again, to another one. Writes included:
+# an Ingest resent finds what it had stored as duplicates; one of more than gRPC's 256 KiB retry buffer
+# is not resent.
 _SEVERAL_RETRIES = {
     "methodConfig": [{
         "name": [{"service": SERVICE_NAME}],
@@ -82,6 +88,38 @@ _SEVERAL_RETRIES = {
     }],
 }
 ADDRESS_FORMS = "HOST:PORT, IP:PORT,IP:PORT,... (several daemons) or dns:///NAME:PORT (every address NAME resolves to)"
+
+# gRPC's retries stop at a call's first reply message: a read-only stream (Lookup, Fetch, FetchMaps,
+# FetchPrefix) whose daemon dies after that ends UNAVAILABLE. Over several daemons it is sent again, whole,
+# this many times more (round_robin picks a daemon still there), within the call's deadline; what the broken
+# stream delivered is discarded. Write-type calls (Ingest, WriteBack, Delete) are never sent again mid-stream.
+STREAM_RETRIES = 2
+STREAM_RETRY_PAUSE_S = 0.05  # gRPC notices the dead daemon's connection meanwhile
+
+
+def retries_stream(exc: BaseException, attempt: int, retries: int, deadline: float | None) -> bool:
+    """Whether a read-only stream that failed with ``exc`` on ``attempt`` (0: the first) is sent again.
+
+    Only UNAVAILABLE (the daemon went away or refused the call), only ``retries`` times, and only while
+    the deadline (``time.monotonic()`` based; None: none) leaves time past the pause.
+    """
+    return (
+        isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE and attempt < retries
+        and (deadline is None or deadline - time.monotonic() > STREAM_RETRY_PAUSE_S)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamResend:
+    """How a stream received on a reader thread is sent again: ``retries`` times at most, each ``count``-ed."""
+
+    retries: int
+    count: Callable[[], None]
+
+
+def several_daemons(target: str) -> bool:
+    """Whether ``target`` names several daemons (a list, or a DNS name): calls are balanced over them."""
+    return bool(grpc_target(split_target(target)[0])[1])
 
 
 def grpc_target(address: str) -> tuple[str, list[tuple[str, str | int]]]:
@@ -265,6 +303,8 @@ class RemoteStore:
         timeout: default deadline per call in seconds (None: no deadline).
         channel: an open channel to use instead of making one (the TLS arguments are then ignored).
         tls, tls_ca, client_cert, client_key, max_message_bytes: see :func:`open_channel`.
+        stream_retries: times a read-only stream broken by UNAVAILABLE is sent again, whole (None:
+            ``STREAM_RETRIES`` when ``target`` names several daemons, else 0).
     """
 
     def __init__(
@@ -279,8 +319,13 @@ class RemoteStore:
         client_cert: bytes | str | Path | None = None,
         client_key: bytes | str | Path | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        stream_retries: int | None = None,
     ) -> None:
         self.target = target
+        self.stream_retries = (STREAM_RETRIES if several_daemons(target) else 0) if stream_retries is None \
+            else stream_retries
+        self._retried = 0
+        self._retried_lock = threading.Lock()
         self._channel = channel or open_channel(
             target, tls=tls, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key,
             max_message_bytes=max_message_bytes,
@@ -309,6 +354,33 @@ class RemoteStore:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata (the bearer token), for calls made on ``stub``."""
         return self._metadata
+
+    @property
+    def streams_retried(self) -> int:
+        """Read-only streams sent again after UNAVAILABLE so far (by this object and its users)."""
+        return self._retried
+
+    def stream_retried(self) -> None:
+        """Count one read-only stream sent again (the FetchMaps and FetchPrefix readers count theirs here)."""
+        with self._retried_lock:
+            self._retried += 1
+
+    def _read_stream(self, read: Callable[[float | None], T], timeout: float | None) -> T:
+        """``read(seconds left)``: one whole read-only stream, received and assembled; sent again, whole,
+        while :func:`retries_stream` says so (a broken stream's partial reply is dropped with it)."""
+        limit = timeout or self._timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        attempt = 0
+        while True:
+            try:
+                return read(None if deadline is None else deadline - time.monotonic())
+            except grpc.RpcError as exc:
+                if not retries_stream(exc, attempt, self.stream_retries, deadline):
+                    raise error_from_rpc(exc) from exc
+                log.info("a read-only stream broke (%s: %s); sending it again", exc.code().name, exc.details())
+            attempt += 1
+            self.stream_retried()
+            time.sleep(STREAM_RETRY_PAUSE_S)
 
     def _unary(self, method: Callable[..., T], request: object, timeout: float | None = None) -> T:
         try:
@@ -353,7 +425,10 @@ class RemoteStore:
     # ---- serving ------------------------------------------------------------
 
     def iter_lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> Iterator[pb.LookupResponse]:
-        """The raw Lookup stream (matches first, then chunks), for callers that consume it layer by layer."""
+        """The raw Lookup stream (matches first, then chunks), for callers that consume it layer by layer.
+
+        Never sent again: what was yielded cannot be taken back (:meth:`lookup` is).
+        """
         try:
             yield from self._stub.Lookup(request, metadata=self._metadata, timeout=timeout or self._timeout)
         except grpc.RpcError as exc:
@@ -362,34 +437,15 @@ class RemoteStore:
     def lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> LookupResult:
         """Run a Lookup and assemble every hit row's maps and outputs.
 
+        A stream broken by a daemon going away is sent again, whole (see ``STREAM_RETRIES``).
+
         Raises:
             ChecksumError: a chunk arrived damaged.
             WireFormatError: chunks are inconsistent, or a row's layers are incomplete.
         """
-        stream = self.iter_lookup(request, timeout)
-        first = next(stream, None)
-        if first is None or first.WhichOneof("body") != "matches":
-            raise WireFormatError("a Lookup stream must start with the matches")
-        result = LookupResult(matches=list(first.matches.matches))
-        layers: dict[int, dict[int, np.ndarray]] = {}
-        assembler = ChunkAssembler(max_array_bytes=1 << 40)
-        for message in stream:
-            kind = message.WhichOneof("body")
-            if kind == "error":
-                result.row_errors[message.error.query_index] = message.error
-                layers.pop(message.error.query_index, None)
-                continue
-            done = assembler.add(message.chunk if kind == "chunk" else message.outputs)
-            if done is None:
-                continue
-            (query_index, what), array = done
-            if what == "outputs":
-                result.outputs[query_index] = array
-            else:
-                layers.setdefault(query_index, {})[int(what)] = array
-        for query_index, by_layer in layers.items():
-            result.maps[query_index] = np.stack([by_layer[i] for i in sorted(by_layer)])  # (layers, heads, L, L)
-        return result
+        return self._read_stream(
+            lambda left: _assembled_lookup(self._stub.Lookup(request, metadata=self._metadata, timeout=left)), timeout
+        )
 
     def search(self, request: pb.SearchRequest, timeout: float | None = None) -> list[pb.Match]:
         """Matches only, no maps."""
@@ -408,17 +464,18 @@ class RemoteStore:
         request = pb.FetchRequest(
             namespace=namespace, fingerprint=fingerprint, entry_ids=list(entry_ids), length=length
         )
-        assembler = ChunkAssembler(max_array_bytes=1 << 40)
-        layers: dict[int, dict[int, np.ndarray]] = {}
-        try:
-            for chunk in self._stub.Fetch(request, metadata=self._metadata, timeout=timeout or self._timeout):
+
+        def read(left: float | None) -> list[np.ndarray]:
+            assembler = ChunkAssembler(max_array_bytes=1 << 40)
+            layers: dict[int, dict[int, np.ndarray]] = {}
+            for chunk in self._stub.Fetch(request, metadata=self._metadata, timeout=left):
                 done = assembler.add(chunk)
                 if done is not None:
                     (index, layer), array = done
                     layers.setdefault(index, {})[int(layer)] = array
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from exc
-        return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
+            return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
+
+        return self._read_stream(read, timeout)
 
     def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
         """Queue entries for the DRAM tier; the reply says how many were queued and how many ids are unknown."""
@@ -488,3 +545,30 @@ class RemoteStore:
                       for i, row in zip(entry_ids, rows, strict=True)],
         )
         return self._unary(self._stub.SetFeatures, request, timeout)
+
+
+def _assembled_lookup(stream: Iterator[pb.LookupResponse]) -> LookupResult:
+    """Every message of one Lookup stream, assembled (a broken stream raises its grpc.RpcError)."""
+    first = next(stream, None)
+    if first is None or first.WhichOneof("body") != "matches":
+        raise WireFormatError("a Lookup stream must start with the matches")
+    result = LookupResult(matches=list(first.matches.matches))
+    layers: dict[int, dict[int, np.ndarray]] = {}
+    assembler = ChunkAssembler(max_array_bytes=1 << 40)
+    for message in stream:
+        kind = message.WhichOneof("body")
+        if kind == "error":
+            result.row_errors[message.error.query_index] = message.error
+            layers.pop(message.error.query_index, None)
+            continue
+        done = assembler.add(message.chunk if kind == "chunk" else message.outputs)
+        if done is None:
+            continue
+        (query_index, what), array = done
+        if what == "outputs":
+            result.outputs[query_index] = array
+        else:
+            layers.setdefault(query_index, {})[int(what)] = array
+    for query_index, by_layer in layers.items():
+        result.maps[query_index] = np.stack([by_layer[i] for i in sorted(by_layer)])  # (layers, heads, L, L)
+    return result

@@ -30,8 +30,9 @@ from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore.service.follower import FollowerStatus
 from attnstore.store.redis.urls import shown_location
-from attnstore.store.reports import StoreStats
+from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,14 @@ class Daemon:
         service = self._service
         return None if service is None else service.stats()
 
+    def _follower_status(self) -> FollowerStatus | None:
+        service = self._service
+        return None if service is None else service.follower_status()
+
+    def _redis_stats(self) -> RedisStats | None:
+        service = self._service
+        return None if service is None else service.redis_stats()
+
     def run(self, *, handle_signals: bool = True) -> int:
         """Serve until asked to stop; returns the exit code (0 after a clean drain).
 
@@ -126,7 +135,7 @@ class Daemon:
         tls = read_tls(config)
         _warn_about_exposure(config, tokens)
         previous = self._install_signals() if handle_signals else {}
-        metrics = DaemonMetrics(stats=self._store_stats)
+        metrics = DaemonMetrics(stats=self._store_stats, follower=self._follower_status, redis=self._redis_stats)
         try:
             server, port = create_server(
                 None, config.listen, tokens=tokens, tls=tls, limits=config.limits, metrics=metrics

@@ -2,7 +2,9 @@
 
 Counters and histograms are updated by the servicer as calls run (and by the
 auth interceptor for the calls it refuses); store-wide figures (entries, DRAM
-tier usage, evictions) are read from the store's stats at scrape time. Namespace
+tier usage, evictions) are read from the store's stats at scrape time, and so
+are, on a Redis store, the index follower's lag and the Redis client's retries
+and each primary's memory (``REDIS_METRIC_NAMES``). Namespace
 labels are recorded only after the service accepted the namespace, so clients
 cannot grow the label set with made-up names.
 
@@ -36,11 +38,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.store.reports import StoreStats
+from attnstore.service.follower import FollowerStatus
+from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
 
 StatsSource = Callable[[], "StoreStats | None"]
+FollowerSource = Callable[[], "FollowerStatus | None"]
+RedisSource = Callable[[], "RedisStats | None"]
 
 # Search covers the exact tier and the vector search of one call; a fetch is one
 # layer of one entry (or one entry's outputs) read from the store.
@@ -88,6 +93,74 @@ METRIC_NAMES: tuple[str, ...] = (
     "attnstore_dram_evictions",
 )
 
+# Exported only by a daemon on a Redis store (one that follows a shared change log), read at scrape time.
+REDIS_METRIC_NAMES: tuple[str, ...] = (
+    "attnstore_follower_seconds_since_read",
+    "attnstore_follower_changes_applied",
+    "attnstore_follower_failed_reads",
+    "attnstore_redis_retries",
+    "attnstore_redis_waited_out",
+    "attnstore_redis_gave_up",
+    "attnstore_redis_used_memory_bytes",
+    "attnstore_redis_maxmemory_bytes",
+)
+
+
+class _SharedStoreCollector(Collector):
+    """The index follower's and the Redis client's figures, read at scrape time; nothing for an LMDB store."""
+
+    def __init__(self, follower: FollowerSource, redis: RedisSource) -> None:
+        self._follower = follower
+        self._redis = redis
+
+    def collect(self) -> Iterator[Metric]:
+        try:  # a scrape must not fail because the store is busy, closing or unreachable
+            follower = self._follower()
+            redis = self._redis()
+        except Exception as exc:
+            log.warning("event=metrics_redis_failed error=%r", exc)
+            return
+        if follower is not None:
+            yield GaugeMetricFamily(
+                "attnstore_follower_seconds_since_read",
+                "Seconds since the index follower last read the store's change log (the map tier's staleness)",
+                value=follower.seconds_since_read,
+            )
+            yield CounterMetricFamily(
+                "attnstore_follower_changes_applied",
+                "Change-log records (one per ingest or delete call, any daemon's) applied to this daemon's indexes",
+                value=follower.changes_applied,
+            )
+            yield CounterMetricFamily(
+                "attnstore_follower_failed_reads", "Reads of the change log that failed (Redis unreachable)",
+                value=follower.failed_reads,
+            )
+        if redis is None:
+            return
+        yield CounterMetricFamily(
+            "attnstore_redis_retries", "Redis commands sent again after a transient failure (dropped, failing over)",
+            value=redis.retries.retries,
+        )
+        yield CounterMetricFamily(
+            "attnstore_redis_waited_out", "Redis calls that failed transiently and then succeeded",
+            value=redis.retries.waited_out,
+        )
+        yield CounterMetricFamily(
+            "attnstore_redis_gave_up", "Redis calls still failing after the failover wait (answered UNAVAILABLE)",
+            value=redis.retries.gave_up,
+        )
+        used = GaugeMetricFamily(
+            "attnstore_redis_used_memory_bytes", "used_memory of each Redis primary", labels=["node"]
+        )
+        limit = GaugeMetricFamily(
+            "attnstore_redis_maxmemory_bytes", "maxmemory of each Redis primary (0: none set)", labels=["node"]
+        )
+        for node in redis.nodes:
+            used.add_metric([node.node], node.used_bytes)
+            limit.add_metric([node.node], node.max_bytes)
+        yield used
+        yield limit
+
 
 class _StoreCollector(Collector):
     """Store-wide figures read from the store's stats at scrape time."""
@@ -133,9 +206,14 @@ class DaemonMetrics:
     Args:
         stats: returns the store's stats at scrape time, or None while no store
             is open (loading, closed).
+        follower: the index follower's status at scrape time, or None (no store, or one no other daemon writes).
+        redis: the Redis client's figures at scrape time, or None (no store, or not a Redis one).
     """
 
-    def __init__(self, stats: StatsSource = lambda: None) -> None:
+    def __init__(
+        self, stats: StatsSource = lambda: None, *, follower: FollowerSource = lambda: None,
+        redis: RedisSource = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         # Instances of our own: the module-level ones are bound to the global registry.
@@ -207,6 +285,7 @@ class DaemonMetrics:
             "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
         )
         reg.register(_StoreCollector(stats))
+        reg.register(_SharedStoreCollector(follower, redis))
         for method in RPC_METHODS:
             for code in RPC_CODES:
                 self._rpcs.labels(method, code)

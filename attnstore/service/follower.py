@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from attnstore.errors import AttnStoreError
 from attnstore.service.indexes import NamespaceIndexes
@@ -20,6 +21,15 @@ log = logging.getLogger(__name__)
 FOLLOW_SECONDS = 0.25  # how often the log is read: the staleness bound of the map tier across daemons
 THREAD_NAME = "attnstore-index-follower"
 _ERROR_LOG_SECONDS = 30.0  # a store that stays unreachable is reported this often, not on every poll
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStatus:
+    """How current the follower is (the daemon's Redis metrics)."""
+
+    seconds_since_read: float  # since the last read of the log that succeeded (or the indexes' build)
+    changes_applied: int  # log records (one per ingest or delete call, any daemon's) applied since start
+    failed_reads: int  # reads of the log that failed (Redis unreachable or failing over)
 
 
 class IndexFollower:
@@ -34,8 +44,15 @@ class IndexFollower:
         self._indexes = indexes
         self._interval = interval
         self._stop = threading.Event()
+        self._last_read = time.monotonic()  # the indexes were just built from the store
+        self._applied = 0
+        self._failed = 0
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
+
+    def status(self) -> FollowerStatus:
+        """How current the indexes are now."""
+        return FollowerStatus(time.monotonic() - self._last_read, self._applied, self._failed)
 
     @property
     def alive(self) -> bool:
@@ -46,8 +63,10 @@ class IndexFollower:
         last_error = 0.0
         while not self._stop.wait(self._interval):
             try:
-                self._indexes.follow()
+                self._applied += self._indexes.follow()  # only this thread writes the counts
+                self._last_read = time.monotonic()
             except AttnStoreError as exc:  # Redis unreachable or failing over: catch up on a later poll
+                self._failed += 1
                 if time.monotonic() - last_error >= _ERROR_LOG_SECONDS:
                     last_error = time.monotonic()
                     log.warning("event=index_follow_failed error=%r detail='retrying every %.2fs'", exc,

@@ -25,7 +25,7 @@ from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
-from attnstore.service.follower import IndexFollower
+from attnstore.service.follower import FollowerStatus, IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.prefix_tier import prefix_matches, read_prefix
@@ -35,7 +35,7 @@ from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, V
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
-from attnstore.store.reports import FeaturesReport, PrefetchReport
+from attnstore.store.reports import FeaturesReport, PrefetchReport, RedisStats
 
 
 class AttnStoreService:
@@ -424,6 +424,14 @@ class AttnStoreService:
     def stats(self) -> StoreStats:
         """Store statistics (entries, bytes, codec ratios, DRAM tier, evictions)."""
         return self._store.stats()
+
+    def follower_status(self) -> FollowerStatus | None:
+        """How current the indexes are with a shared store's log; None for a store no one else writes."""
+        return None if self._follower is None else self._follower.status()
+
+    def redis_stats(self) -> RedisStats | None:
+        """See :meth:`MapStoreBase.redis_stats`."""
+        return self._store.redis_stats()
 
     def close(self) -> None:
         """Stop following the store's log, close the store (flushes hit counters). Idempotent."""

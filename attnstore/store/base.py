@@ -42,6 +42,7 @@ from attnstore.store.reports import (
     FeaturesReport,
     IngestReport,
     PrefetchReport,
+    RedisStats,
     StoreStats,
     VerifyReport,
 )
@@ -386,6 +387,10 @@ class MapStoreBase(ABC):
         A store with a feed may change behind this process's back: its users follow
         the feed to keep their indexes current and check entries still exist before serving them.
         """
+        return None
+
+    def redis_stats(self) -> RedisStats | None:
+        """A Redis-backed store's client figures (failures waited out, each primary's memory); None otherwise."""
         return None
 
     def dead_threads(self) -> list[str]:

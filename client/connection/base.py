@@ -277,8 +277,9 @@ def connect(
             TLS; ``tls_ca`` names its CA, else the system roots), or ``local:PATH``
             (the store at PATH in this process, opened read-only). Several daemons on one
             shared (Redis) store: ``grpc://IP:PORT,IP:PORT`` or ``grpc://dns:///NAME:PORT``;
-            calls are spread over them (round_robin), and one refused by a daemon going away
-            is retried on another.
+            calls are spread over them (round_robin), one refused by a daemon going away
+            is retried on another, and a read-only stream (Lookup, FetchMaps, FetchPrefix)
+            broken mid-way by one is sent again, whole, to another.
         token: bearer token for the daemon (a read token suffices).
         tls_ca: CA certificate (PEM file) of a ``grpcs://`` daemon.
         client_cert, client_key: this client's certificate chain and key (PEM files), for

@@ -4,8 +4,10 @@
 ``search`` one Search (matches only: the daemon reads the hits ahead into its
 DRAM tier); ``fetch_maps`` one FetchMaps whose chunks a reader thread receives,
 layer 0 of every row first, handing each completed layer to the forward, which
-may already be running. Anything that goes wrong once the maps stream (a row
-error, a bad checksum, the daemon going away, the deadline) marks the rows it
+may already be running. A stream whose daemon goes away (UNAVAILABLE) is sent
+again to the daemons still there (``STREAM_RETRIES`` times, over several
+daemons). Anything else that goes wrong once the maps stream (a row error, a
+bad checksum, the deadline, the last resend failing too) marks the rows it
 affects as failed; it never raises into the caller except through
 :meth:`MapStream.layer` as ``MapsUnavailableError``.
 """
@@ -35,10 +37,13 @@ from attnstore.protocol.prefix_wire import chains_to_pb, prefix_layout_from_pb
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    STREAM_RETRY_PAUSE_S,
     RemoteStore,
+    StreamResend,
     channel_options,
     exact_request,
     grpc_target,
+    retries_stream,
     search_request,
 )
 from attnstore.protocol.status_codes import error_from_rpc
@@ -162,8 +167,10 @@ class RemoteConnection(StoreConnection):
             rows=[pb.FetchRow(entry_id=entry_id, length=length) for entry_id, length in rows],
         )
         # The raw call, not a RemoteStore helper: the reader thread must be able to cancel it.
-        call = self._remote.stub.FetchMaps(request, metadata=self._remote.metadata, timeout=timeout)
-        return _StreamedMaps(call, len(rows), None if timeout is None else time.monotonic() + timeout)
+        return _StreamedMaps(
+            lambda left: self._remote.stub.FetchMaps(request, metadata=self._remote.metadata, timeout=left),
+            len(rows), None if timeout is None else time.monotonic() + timeout, self._resend,
+        )
 
     def match_prefix(
         self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
@@ -184,8 +191,19 @@ class RemoteConnection(StoreConnection):
             raise FingerprintMismatchError(f"namespace {namespace!r} stores no prefix blocks")
         request = pb.FetchPrefixRequest(namespace=namespace, fingerprint=fingerprint, block_size=block_size,
                                         rows=chains_to_pb(rows))
-        call = self._remote.stub.FetchPrefix(request, metadata=self._remote.metadata, timeout=timeout)
-        return StreamedPrefix(call, len(rows), layout.layers, None if timeout is None else time.monotonic() + timeout)
+        return StreamedPrefix(
+            lambda left: self._remote.stub.FetchPrefix(request, metadata=self._remote.metadata, timeout=left),
+            len(rows), layout.layers, None if timeout is None else time.monotonic() + timeout, self._resend,
+        )
+
+    @property
+    def streams_retried(self) -> int:
+        """Read-only streams sent again after UNAVAILABLE so far (see ``STREAM_RETRIES``)."""
+        return self._remote.streams_retried
+
+    @property
+    def _resend(self) -> StreamResend:
+        return StreamResend(self._remote.stream_retries, self._remote.stream_retried)
 
     def health(self) -> str:
         """See :meth:`StoreConnection.health`."""
@@ -223,56 +241,89 @@ def _channel(target: str, *, tls: bool, pem: dict[str, bytes | None], max_messag
 
 
 class _StreamedMaps(MapStream):
-    """The chunks of one FetchMaps stream, received on a reader thread."""
+    """The chunks of one FetchMaps stream, received on a reader thread.
 
-    def __init__(self, call: grpc.Call, rows: int, deadline: float | None) -> None:
+    ``open_call(seconds left)`` makes the call; ``resend`` says how often one broken by UNAVAILABLE is made
+    again. The rows name entry ids, and an entry's maps never change (ids are never reused), so layers
+    already whole stay and the new stream's copies of them are skipped; partial layers are dropped.
+    """
+
+    def __init__(
+        self, open_call: Callable[[float | None], grpc.Call], rows: int, deadline: float | None, resend: StreamResend,
+    ) -> None:
         super().__init__()
-        self._call = call
+        self._open_call = open_call
+        self._resend = resend
         self._deadline = deadline
         self._rows = range(rows)
-        self._assembler = ChunkAssembler(max_array_bytes=1 << 40)
         self._cond = threading.Condition()
         self._layers: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._done = False
-        self._reader = threading.Thread(target=self._read_maps, args=(call,), name="attnstore-maps", daemon=True)
+        self._call = open_call(self._left())
+        self._reader = threading.Thread(target=self._read_maps, name="attnstore-maps", daemon=True)
         self._reader.start()
 
-    def _read_maps(self, stream: Iterator[pb.LookupResponse]) -> None:
+    def _left(self) -> float | None:
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    def _read_maps(self) -> None:
         start = time.perf_counter()
         error: BaseException | None = None
         try:
-            for message in stream:
-                kind = message.WhichOneof("body")
-                if kind == "error":
-                    log.warning("store could not serve row %d (entry %d): %s %s", message.error.query_index,
-                                message.error.entry_id, message.error.code, message.error.message)
-                    cause = "checksum" if message.error.code == "DATA_LOSS" else "row_error"
-                    self._fail_row(message.error.query_index, cause)
-                    continue
-                if kind != "chunk":
-                    raise WireFormatError(f"unexpected {kind!r} message among the map chunks of a FetchMaps")
-                row = message.chunk.query_index
-                if row in self._failed:
-                    continue
-                self.bytes_fetched += len(message.chunk.data)
-                try:
-                    done = self._assembler.add(message.chunk)
-                except ChecksumError as exc:
-                    # Damaged in transit: only this row is lost, the others keep coming.
-                    log.warning("map chunk of row %d failed its checksum: %s", row, exc)
-                    self._fail_row(row, "checksum")
-                    continue
-                if done is not None:
-                    (row, layer), array = done
-                    with self._cond:
-                        self._layers[(row, int(layer))] = array  # (heads, L, L)
-                        self._cond.notify_all()
-        except (grpc.RpcError, AttnStoreError) as exc:
-            error = exc
+            error = self._receive_all()
         finally:
             self.fetch_seconds = time.perf_counter() - start
             self._finish(error)
+
+    def _receive_all(self) -> BaseException | None:
+        """Receive the stream, made again while ``resend`` allows; the error that ended it, or None."""
+        call, attempt = self._call, 0
+        while True:
+            try:
+                self._receive(call)
+                return None
+            except (grpc.RpcError, AttnStoreError) as exc:
+                if not retries_stream(exc, attempt, self._resend.retries, self._deadline):
+                    return exc
+                log.info("FetchMaps stream broke (%s); sending it again", exc)
+            time.sleep(STREAM_RETRY_PAUSE_S)
+            with self._cond:
+                if self._done:  # closed, or past its deadline, meanwhile
+                    return None
+                attempt += 1
+                self._resend.count()
+                call = self._call = self._open_call(self._left())
+
+    def _receive(self, stream: Iterator[pb.LookupResponse]) -> None:
+        """Take one attempt's messages (raises what breaks it)."""
+        assembler = ChunkAssembler(max_array_bytes=1 << 40)  # a fresh one: a broken stream's partial layers go
+        for message in stream:
+            kind = message.WhichOneof("body")
+            if kind == "error":
+                log.warning("store could not serve row %d (entry %d): %s %s", message.error.query_index,
+                            message.error.entry_id, message.error.code, message.error.message)
+                cause = "checksum" if message.error.code == "DATA_LOSS" else "row_error"
+                self._fail_row(message.error.query_index, cause)
+                continue
+            if kind != "chunk":
+                raise WireFormatError(f"unexpected {kind!r} message among the map chunks of a FetchMaps")
+            row = message.chunk.query_index
+            if row in self._failed or (row, message.chunk.layer) in self._layers:
+                continue
+            self.bytes_fetched += len(message.chunk.data)
+            try:
+                done = assembler.add(message.chunk)
+            except ChecksumError as exc:
+                # Damaged in transit: only this row is lost, the others keep coming.
+                log.warning("map chunk of row %d failed its checksum: %s", row, exc)
+                self._fail_row(row, "checksum")
+                continue
+            if done is not None:
+                (row, layer), array = done
+                with self._cond:
+                    self._layers[(row, int(layer))] = array  # (heads, L, L)
+                    self._cond.notify_all()
 
     def _fail_row(self, row: int, cause: str) -> None:
         with self._cond:

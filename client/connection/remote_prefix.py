@@ -2,7 +2,8 @@
 
 Chunks arrive layer by layer (every row's layer 0 first), so the forward's
 first layers run while later ones are on their way. A row error, a chunk
-damaged in transit, the daemon going away or the deadline fail the rows they
+damaged in transit, the deadline, or the daemon going away (once the stream
+sent again to the daemons still there has failed too) fail the rows they
 affect; the forward learns of it through ``MapsUnavailableError`` from
 :meth:`PrefixStream.layer` and computes those rows normally.
 """
@@ -12,13 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.prefix_wire import array_of
+from attnstore.protocol.remote import STREAM_RETRY_PAUSE_S, StreamResend, retries_stream
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.base import PrefixStream
@@ -30,11 +32,20 @@ _DEADLINE_SLACK_S = 1.0
 
 
 class StreamedPrefix(PrefixStream):
-    """The chunks of one FetchPrefix call; ``hidden_chunk`` is the chunk number of the hidden states."""
+    """The chunks of one FetchPrefix call; ``hidden_chunk`` is the chunk number of the hidden states.
 
-    def __init__(self, call: grpc.Call, rows: int, hidden_chunk: int, deadline: float | None) -> None:
+    ``open_call(seconds left)`` makes the call; ``resend`` says how often one broken by UNAVAILABLE is made
+    again. Each chunk is a whole array of one row's blocks, the same from every daemon: chunks already
+    received stay and the new stream's copies of them are skipped.
+    """
+
+    def __init__(
+        self, open_call: Callable[[float | None], grpc.Call], rows: int, hidden_chunk: int, deadline: float | None,
+        resend: StreamResend,
+    ) -> None:
         super().__init__()
-        self._call = call
+        self._open_call = open_call
+        self._resend = resend
         self._rows = rows
         self._hidden_chunk = hidden_chunk
         self._deadline = deadline
@@ -42,30 +53,15 @@ class StreamedPrefix(PrefixStream):
         self._chunks: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._done = False
-        self._reader = threading.Thread(target=self._read, args=(call,), name="attnstore-prefix", daemon=True)
+        self._call = open_call(None if deadline is None else deadline - time.monotonic())
+        self._reader = threading.Thread(target=self._read, name="attnstore-prefix", daemon=True)
         self._reader.start()
 
-    def _read(self, stream: Iterator[pb.PrefixChunk]) -> None:
+    def _read(self) -> None:
         start = time.perf_counter()
         error: BaseException | None = None
         try:
-            for message in stream:
-                if message.HasField("error"):
-                    log.warning("store could not serve the prefix of row %d: %s %s", message.row,
-                                message.error.code, message.error.message)
-                    self._fail(message.row, "checksum" if message.error.code == "DATA_LOSS" else "row_error")
-                    continue
-                try:
-                    array = array_of(message)
-                except AttnStoreError as exc:
-                    self._fail(message.row, cause_of(exc))
-                    continue
-                self.bytes_fetched += len(message.data)
-                with self._cond:
-                    self._chunks[(int(message.row), int(message.chunk))] = array
-                    self._cond.notify_all()
-        except grpc.RpcError as exc:
-            error = exc
+            error = self._receive_all()
         finally:
             self.fetch_seconds = time.perf_counter() - start
             with self._cond:
@@ -75,6 +71,46 @@ class StreamedPrefix(PrefixStream):
                     for row in range(self._rows):
                         self._failed.setdefault(row, cause)
                 self._done = True
+                self._cond.notify_all()
+
+    def _receive_all(self) -> grpc.RpcError | None:
+        """Receive the stream, made again while ``resend`` allows; the error that ended it, or None."""
+        call, attempt = self._call, 0
+        while True:
+            try:
+                self._receive(call)
+                return None
+            except grpc.RpcError as exc:
+                if not retries_stream(exc, attempt, self._resend.retries, self._deadline):
+                    return exc
+                log.info("FetchPrefix stream broke (%s); sending it again", exc.code().name)
+            time.sleep(STREAM_RETRY_PAUSE_S)
+            with self._cond:
+                if self._done:  # closed, or past its deadline, meanwhile
+                    return None
+                attempt += 1
+                self._resend.count()
+                call = self._call = self._open_call(None if self._deadline is None
+                                                    else self._deadline - time.monotonic())
+
+    def _receive(self, stream: Iterator[pb.PrefixChunk]) -> None:
+        """Take one attempt's messages (raises the grpc.RpcError that breaks it)."""
+        for message in stream:
+            if message.HasField("error"):
+                log.warning("store could not serve the prefix of row %d: %s %s", message.row,
+                            message.error.code, message.error.message)
+                self._fail(message.row, "checksum" if message.error.code == "DATA_LOSS" else "row_error")
+                continue
+            if (int(message.row), int(message.chunk)) in self._chunks:
+                continue  # a stream sent again repeats what the broken one delivered
+            try:
+                array = array_of(message)
+            except AttnStoreError as exc:
+                self._fail(message.row, cause_of(exc))
+                continue
+            self.bytes_fetched += len(message.data)
+            with self._cond:
+                self._chunks[(int(message.row), int(message.chunk))] = array
                 self._cond.notify_all()
 
     def _fail(self, row: int, cause: str) -> None:

@@ -143,6 +143,7 @@ def test_metrics_endpoint_serves_every_listed_metric(daemon: DaemonProcess, inge
         assert re.search(rf"^# TYPE {name}(_total)? ", text, re.MULTILINE), name
     assert 'attnstore_hits_total{kind="map",namespace="ns"}' in text
     assert 'attnstore_rpcs_total{code="OK",method="Lookup"}' in text
+    assert "attnstore_redis" not in text and "attnstore_follower" not in text  # an LMDB store no one else writes
 
 
 def test_a_repeated_map_hit_is_served_from_the_dram_tier_from_its_third_lookup(

@@ -12,8 +12,10 @@ from store_helpers import make_entry
 
 import attnstore.errors
 from attnstore.protocol.status_codes import status_for
-from attnstore.server.metrics import ROW_ERROR_CODES, RPC_CODES, RPC_METHODS, DaemonMetrics
+from attnstore.server.metrics import REDIS_METRIC_NAMES, ROW_ERROR_CODES, RPC_CODES, RPC_METHODS, DaemonMetrics
 from attnstore.service import ROW_ERRORS
+from attnstore.service.follower import FollowerStatus
+from attnstore.store.reports import NodeMemory, RedisStats, RetryTotals
 
 
 def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple], float]:
@@ -126,3 +128,30 @@ def test_refused_calls_are_counted_by_method_and_code() -> None:
 def test_process_and_platform_collectors_are_in_the_daemons_registry() -> None:
     names = {name for name, _ in _samples(DaemonMetrics())}
     assert {"process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"} <= names
+
+
+def test_redis_figures_are_read_at_scrape_time_and_absent_for_a_store_no_one_shares() -> None:
+    assert not any(name.startswith(("attnstore_redis", "attnstore_follower")) for name, _ in _samples(DaemonMetrics()))
+    redis = RedisStats(RetryTotals(retries=5, waited_out=2, gave_up=1),
+                       (NodeMemory("127.0.0.1:7000", 1000, 0), NodeMemory("127.0.0.1:7001", 2000, 4096)))
+    metrics = DaemonMetrics(follower=lambda: FollowerStatus(0.1, 7, 3), redis=lambda: redis)
+    samples = _samples(metrics)
+    assert samples[("attnstore_follower_seconds_since_read", ())] == 0.1
+    assert samples[("attnstore_follower_changes_applied_total", ())] == 7
+    assert samples[("attnstore_follower_failed_reads_total", ())] == 3
+    assert samples[("attnstore_redis_retries_total", ())] == 5
+    assert samples[("attnstore_redis_waited_out_total", ())] == 2
+    assert samples[("attnstore_redis_gave_up_total", ())] == 1
+    assert samples[("attnstore_redis_used_memory_bytes", (("node", "127.0.0.1:7001"),))] == 2000
+    assert samples[("attnstore_redis_maxmemory_bytes", (("node", "127.0.0.1:7001"),))] == 4096
+    assert samples[("attnstore_redis_maxmemory_bytes", (("node", "127.0.0.1:7000"),))] == 0
+    names = {name.removesuffix("_total") for name, _ in samples}
+    assert set(REDIS_METRIC_NAMES) <= names
+
+
+def test_a_failing_redis_source_does_not_break_the_scrape() -> None:
+    def unreachable() -> None:
+        raise attnstore.errors.UnavailableError("Redis is unavailable")
+
+    text = DaemonMetrics(redis=unreachable).render()
+    assert b"attnstore_rpcs_in_flight" in text and b"attnstore_redis" not in text

@@ -11,10 +11,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from daemon import ADMIN_TOKEN, DaemonProcess
@@ -22,9 +26,11 @@ from redis_servers import free_port
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
-from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, lookup_request
+from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
+from attnstore.protocol.remote import RemoteStore, lookup_request, open_channel
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
+from attnstore.server.metrics import REDIS_METRIC_NAMES
 from attnstore.service.follower import FOLLOW_SECONDS
 
 LENGTH = 8
@@ -111,6 +117,35 @@ def test_an_entry_redis_lost_is_a_miss_through_either_daemon_never_an_error(daem
         assert 0 not in rows.maps  # a proposed entry that is gone sends no maps: the client computes the row
         # Found gone, it is forgotten: both indexes drop it.
         _until(lambda: _lookup(through_b, [3], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS)
+
+
+def _metrics(process: DaemonProcess) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_a_daemon_on_redis_exports_its_follower_lag_redis_retries_and_each_primarys_memory(daemons, redis_cluster):
+    a, b = daemons
+    before = _metrics(b)
+    assert {name.removesuffix("_total") for name, _ in before} >= set(REDIS_METRIC_NAMES)
+    with a.client() as through_a:
+        through_a.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 7)])
+    applied = ("attnstore_follower_changes_applied_total", ())
+    _until(lambda: _metrics(b)[applied] > before[applied], BOUND_SECONDS)  # a's ingest, applied by b
+    after = _metrics(b)
+    assert after[("attnstore_follower_seconds_since_read", ())] < BOUND_SECONDS
+    assert after[("attnstore_follower_failed_reads_total", ())] == 0
+    assert after[("attnstore_redis_gave_up_total", ())] == 0
+    used = {labels[0][1]: value for (name, labels), value in after.items()
+            if name == "attnstore_redis_used_memory_bytes"}
+    masters = {server.address for server in redis_cluster.servers if server.client().info("replication")["role"]
+               == "master"}
+    assert set(used) == masters and all(value > 0 for value in used.values())
 
 
 def test_a_restarted_daemon_rebuilds_its_indexes_from_the_store_and_serves_the_same_hits(store_url, tmp_path):
@@ -203,3 +238,209 @@ def test_a_client_spreads_calls_over_two_daemons_and_one_killed_costs_retries_no
     finally:
         a.stop()
         assert b.stop() == 0, b.log()
+
+
+# ---- a daemon SIGKILLed while calls are in flight ------------------------------------------------------------
+
+# Maps big enough (512 KiB an entry, stored fp16) that a stream of many rows outlasts gRPC's and the socket's
+# buffers: the daemon is still sending when it is killed.
+BIG = NamespaceLayout(layers=4, heads=4, causal=True, hidden=8, feature_dim=16)
+BIG_LENGTH = 128
+
+
+def _metric(process: DaemonProcess, name: str) -> float:
+    return sum(value for (sample, _), value in _metrics(process).items() if sample == name)
+
+
+@pytest.fixture
+def two_daemons(redis_cluster, tmp_path: Path):
+    """Two daemons on one fresh store of the 3-master cluster, the namespace "big" made, and their list address."""
+    url = redis_cluster.url()
+    started: list[DaemonProcess] = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            started.append(DaemonProcess(url, tmp_path / name).start())
+        with started[0].client() as remote:
+            remote.create_namespace("big", model="tiny-synthetic", fingerprint=FP, layout=BIG)
+        yield started, ",".join(f"127.0.0.1:{d.port}" for d in started)
+    finally:
+        for process in started:
+            process.stop(signal.SIGKILL)
+
+
+class _KillsItsDaemonAfterTheFirstMessage(grpc.UnaryStreamClientInterceptor):
+    """SIGKILLs the daemon serving the first stream it sees, once that stream's first message has arrived."""
+
+    def __init__(self, daemons: list[DaemonProcess]) -> None:
+        self._daemons = daemons
+        self.killed: DaemonProcess | None = None
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        call = continuation(client_call_details, request)
+        return call if self.killed is not None else _FirstMessageHook(call, self._kill)
+
+    def _kill(self) -> None:
+        # One call in flight: the daemon serving it is the one counting an RPC in flight.
+        (serving,) = [d for d in self._daemons if _metric(d, "attnstore_rpcs_in_flight") == 1]
+        serving.stop(signal.SIGKILL)
+        self.killed = serving
+
+
+class _FirstMessageHook:
+    """A stream call that runs ``hook`` once its first message has arrived, before handing it on."""
+
+    def __init__(self, call, hook) -> None:
+        self._call = call
+        self._hook: Callable[[], None] | None = hook
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        message = next(self._call)
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook()
+        return message
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+
+def _ingest_big(remote: RemoteStore, seeds: list[int]) -> list[int]:
+    return list(remote.ingest("big", FP, [make_entry(BIG, BIG_LENGTH, s) for s in seeds]).entry_ids)
+
+
+def test_a_lookup_whose_daemon_is_killed_mid_stream_is_sent_again_and_answered_whole_by_the_other(two_daemons):
+    daemons, both = two_daemons
+    killer = _KillsItsDaemonAfterTheFirstMessage(daemons)
+    with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
+        (entry_id,) = _ingest_big(seeding, [1])
+    time.sleep(BOUND_SECONDS)  # both indexes hold it
+    entry = make_entry(BIG, BIG_LENGTH, 1)
+    rows = 48  # 24 MiB of maps in one stream
+    batch = LookupBatch("big", FP, np.stack([entry.feature] * rows), [BIG_LENGTH] * rows, max_distance=0.01)
+    channel = grpc.intercept_channel(open_channel(f"grpc://{both}"), killer)
+    with RemoteStore(both, token=ADMIN_TOKEN, channel=channel) as remote:
+        result = remote.lookup(lookup_request(batch))
+        assert killer.killed is not None and remote.streams_retried == 1
+    assert [(m.kind, m.entry_id) for m in result.matches] == [(pb.MATCH_KIND_MAP, entry_id)] * rows
+    assert sorted(result.maps) == list(range(rows)) and not result.row_errors
+    for maps in result.maps.values():
+        np.testing.assert_array_equal(maps, entry.maps.astype(np.float16))
+
+
+def test_a_fetch_maps_stream_whose_daemon_is_killed_mid_stream_delivers_every_layer_from_the_other(two_daemons):
+    from attnstore_client.connection import connect
+
+    daemons, both = two_daemons
+    killer = _KillsItsDaemonAfterTheFirstMessage(daemons)
+    with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
+        ids = _ingest_big(seeding, [2, 3])
+    rows = [(ids[i % 2], BIG_LENGTH) for i in range(48)]
+    node = connect(f"grpc://{both}", token=ADMIN_TOKEN)
+    try:
+        # The interceptor goes on the connection's own channel: what the node sends is unchanged.
+        remote = node._remote  # type: ignore[attr-defined]
+        remote._stub = pb_grpc.AttnStoreStub(grpc.intercept_channel(remote._channel, killer))
+        stream = node.fetch_maps("big", FP, rows, timeout=30)
+        layers = [[stream.layer(row, layer) for layer in range(BIG.layers)] for row in range(len(rows))]
+        stream.wait()
+        assert killer.killed is not None and stream.failed() == {} and node.streams_retried == 1
+    finally:
+        node.close()
+    for (entry_id, _), row_layers in zip(rows, layers, strict=True):
+        want = make_entry(BIG, BIG_LENGTH, 2 + ids.index(entry_id)).maps.astype(np.float16)
+        np.testing.assert_array_equal(np.stack(row_layers), want)
+
+
+def _load(
+    remote: RemoteStore, node, entries: dict[int, NewEntry], stop: threading.Event, tally: Counter[str],
+    problems: list[str], lock: threading.Lock, seed: int,
+) -> None:
+    """Exact lookups, map lookups (maps streamed) and the node's Search + FetchMaps, checked, until ``stop``."""
+    rng = np.random.default_rng(seed)
+    ids = list(entries)
+    while not stop.is_set():
+        picks = [ids[i] for i in rng.integers(0, len(ids), size=8)]
+        kind = ("exact", "map", "node")[int(rng.integers(0, 3))]
+        try:
+            if kind == "node":
+                wrong = _node_call(node, picks, entries)
+            else:
+                wrong = _lookup_call(remote, picks, entries, exact=kind == "exact")
+        except Exception as exc:  # every failure is counted and shown, none ends the load
+            with lock:
+                problems.append(f"{kind}: {exc!r}")
+            continue
+        with lock:
+            tally[kind] += 1
+            if wrong:
+                problems.append(f"{kind}: {wrong}")
+
+
+def _lookup_call(remote: RemoteStore, picks: list[int], entries: dict[int, NewEntry], *, exact: bool) -> str:
+    rows = [entries[i] for i in picks]
+    result = remote.lookup(lookup_request(LookupBatch(
+        "big", FP, np.stack([e.feature for e in rows]), [BIG_LENGTH] * len(rows),
+        token_hashes=[e.token_hash if exact else None for e in rows], max_distance=0.01,
+    ), want_maps=not exact))
+    want_kind = pb.MATCH_KIND_EXACT if exact else pb.MATCH_KIND_MAP
+    if [(m.kind, m.entry_id) for m in result.matches] != [(want_kind, i) for i in picks] or result.row_errors:
+        return f"matches {[(m.kind, m.entry_id) for m in result.matches]} for {picks}, errors {result.row_errors}"
+    got = result.outputs if exact else result.maps
+    for row, entry in enumerate(rows):
+        want = entry.outputs if exact else entry.maps
+        if row not in got or not np.array_equal(got[row], np.asarray(want).astype(np.float16)):
+            return f"row {row} (entry {picks[row]}) is not the entry's {'outputs' if exact else 'maps'}"
+    return ""
+
+
+def _node_call(node, picks: list[int], entries: dict[int, NewEntry]) -> str:
+    rows = [entries[i] for i in picks]
+    matches = node.search(LookupBatch(
+        "big", FP, np.stack([e.feature for e in rows]), [BIG_LENGTH] * len(rows), max_distance=0.01,
+    ), timeout=30)
+    if [m.entry_id for m in matches] != picks:
+        return f"search found {[m.entry_id for m in matches]} for {picks}"
+    stream = node.fetch_maps("big", FP, [(i, BIG_LENGTH) for i in picks], timeout=30)
+    try:
+        for row, entry in enumerate(rows):
+            got = np.stack([stream.layer(row, layer) for layer in range(BIG.layers)])
+            if not np.array_equal(got, entry.maps.astype(np.float16)):
+                return f"FetchMaps row {row} (entry {picks[row]}) is not the entry's maps"
+    finally:
+        stream.close()
+    return ""
+
+
+def test_one_daemon_sigkilled_mid_load_costs_no_errors_and_no_wrong_results(two_daemons):
+    from attnstore_client.connection import connect
+
+    daemons, both = two_daemons
+    with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
+        seeds = list(range(10, 22))
+        entries = dict(zip(_ingest_big(seeding, seeds), (make_entry(BIG, BIG_LENGTH, s) for s in seeds), strict=True))
+    time.sleep(BOUND_SECONDS)  # both indexes hold every entry: a map hit is due from either daemon
+    stop, lock = threading.Event(), threading.Lock()
+    tally: Counter[str] = Counter()
+    problems: list[str] = []
+    with RemoteStore(both, token=ADMIN_TOKEN, timeout=30) as remote:
+        node = connect(f"grpc://{both}", token=ADMIN_TOKEN)
+        workers = [threading.Thread(target=_load, args=(remote, node, entries, stop, tally, problems, lock, seed))
+                   for seed in range(4)]
+        try:
+            for worker in workers:
+                worker.start()
+            time.sleep(1.5)
+            before = sum(tally.values())
+            daemons[0].stop(signal.SIGKILL)  # calls of every kind are in flight on it, streams among them
+            time.sleep(2.5)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join(60)
+            node.close()
+    assert problems == []
+    assert before > 0 and sum(tally.values()) > before and set(tally) == {"exact", "map", "node"}, tally

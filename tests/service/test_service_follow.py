@@ -95,6 +95,24 @@ def test_a_follower_whose_log_position_was_trimmed_away_rebuilds_from_the_store(
         assert _searched(indexes, reader, [1, 2, 3, 4]) == [None, *later]
 
 
+def test_the_follower_status_counts_changes_applied_and_reads_within_the_bound(pair):
+    first, second = pair
+    first.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
+    time.sleep(BOUND)  # the second has indexed the new namespace: what follows reaches it through the log
+    assert second.follower_status().seconds_since_read < FOLLOW_SECONDS * 2  # read at every interval
+    before = second.follower_status().changes_applied
+    ids = first.ingest("ns", FP, [make_entry(small_layout(), 6, seed=s) for s in (1, 2)]).entry_ids
+    first.delete("ns", ids[:1])
+    _until(lambda: second.follower_status().changes_applied >= before + 2)  # one ingest, one delete logged
+    status = second.follower_status()
+    assert status.failed_reads == 0 and status.seconds_since_read < BOUND
+
+
+def test_a_service_on_a_store_no_one_shares_has_no_follower_status(tmp_path):
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        assert service.follower_status() is None and service.redis_stats() is None
+
+
 def _searched(indexes: NamespaceIndexes, store: RedisMapStore, seeds: list[int]) -> list[int | None]:
     info = store.get_namespace("ns")
     features = np.stack([make_entry(small_layout(), 6, seed=s).feature for s in seeds])

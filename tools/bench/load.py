@@ -15,6 +15,13 @@ must come from (crc32c of the bytes): a wrong or damaged row counts as an error
 Reported: calls, throughput, p50/p99 latency per RPC, errors by code, rows by
 kind, and the daemon's RSS sampled from ``/proc/PID/status`` over the run,
 against its configured caps plus a stated fixed overhead.
+
+``--kill-daemon-after SECONDS`` (with ``--daemons`` 2 or more) is a fault run:
+the last daemon is SIGKILLed that far into the traffic, and the clients go on
+with the others. Lookups broken mid-stream are sent again (counted as
+``streams_retried``); an Ingest in flight on the killed daemon may fail
+UNAVAILABLE (write-type calls are not sent again once under way), so a run that
+must show 0 errors takes ``--ingest-fraction 0``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import logging
 import multiprocessing
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import threading
@@ -118,6 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--fixed-overhead", type=int, default=caps.fixed_overhead, help="stated fixed RSS overhead")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--kill-daemon-after", type=float, metavar="SECONDS",
+                   help="fault run: SIGKILL the last daemon this far into the traffic (needs --daemons 2 or more)")
     p.set_defaults(func=run)
 
 
@@ -189,7 +199,9 @@ def client_main(job: ClientJob, barrier: multiprocessing.synchronize.Barrier) ->
                 errors[_code_of(exc)] += 1
                 continue
             latencies["Ingest" if ingest else "Lookup"].append(time.perf_counter() - start)
-    Path(job.out).write_text(json.dumps({"latencies": latencies, "errors": errors, "rows": rows}))
+        retried = remote.streams_retried
+    Path(job.out).write_text(json.dumps({"latencies": latencies, "errors": errors, "rows": rows,
+                                         "streams_retried": retried}))
 
 
 def _lookup_and_check(
@@ -323,13 +335,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.target is not None and not args.token:
         raise SystemExit("attnstore bench load: --target needs --token (an admin token)")
+    if args.kill_daemon_after is not None and (args.daemons < 2 or args.target is not None):
+        raise SystemExit("attnstore bench load: --kill-daemon-after needs --daemons 2 or more (its own daemons)"
+                         f" to go on with, got --daemons {args.daemons}" + (" and --target" if args.target else ""))
     store = None if args.store is None else store_location(args.store)
     if args.daemons > 1 and not is_redis_url(store):
         raise SystemExit("attnstore bench load: --daemons > 1 needs a shared store: --store redis://HOST:PORT/...")
     with tempfile.TemporaryDirectory(prefix="attnstore-load-") as scratch:
         workdir = Path(scratch)
         daemons: list[ServeProcess] = []
-        daemon = None
+        daemon = victim = None
         try:
             if args.target is None:
                 token = secrets.token_hex(16)
@@ -346,14 +361,16 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(FOLLOW_SECONDS + 1.0)  # every daemon's index has the seeded entries: past the bound
             sampler = _RssSampler(daemon.pid) if daemon else None
             idle = sampler.read() if sampler else None
+            victim = daemons[-1] if args.kill_daemon_after is not None else None
+            fault = None if victim is None else threading.Timer(args.kill_daemon_after, _kill, (victim,))
             results = _run_clients(
-                args.clients, args.duration, args.seed, target, token, spec, entry_ids, workdir, sampler
+                args.clients, args.duration, args.seed, target, token, spec, entry_ids, workdir, sampler, fault
             )
             report = _report(args, spec, caps, results, sampler, idle, daemon is not None)
         finally:
             for process in daemons:
                 code = process.stop(timeout=60)
-                if code != 0:
+                if code != 0 and process is not victim:
                     logger.error("the daemon exited with %s; see %s", code, process.log_path)
     _print_table(report)
     if args.json:
@@ -361,11 +378,20 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["errors_total"] == 0 else 1
 
 
+def _kill(daemon: ServeProcess) -> None:
+    """A fault run's fault: SIGKILL ``daemon`` (the clients go on with the others)."""
+    daemon.stop(signal.SIGKILL)
+    logger.warning("fault: SIGKILLed the daemon at %s", daemon.target)
+
+
 def _run_clients(
     clients: int, duration: float, seed: int, target: str, token: str, spec: LoadSpec,
-    entry_ids: dict[int, int], workdir: Path, sampler: _RssSampler | None,
+    entry_ids: dict[int, int], workdir: Path, sampler: _RssSampler | None, fault: threading.Timer | None = None,
 ) -> list[dict]:
-    """Start the client processes, release them together, wait; their results in client order."""
+    """Start the client processes, release them together, wait; their results in client order.
+
+    ``fault`` (a fault run's kill) is started with the traffic.
+    """
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(clients + 1)
     jobs = [
@@ -379,8 +405,13 @@ def _run_clients(
     barrier.wait(timeout=300)  # every client has imported, built its expectations and connected
     if sampler is not None:
         sampler.start()
+    if fault is not None:
+        fault.start()
     for process in processes:
         process.join(duration + 120)
+    if fault is not None:
+        fault.cancel()
+        fault.join()
     if sampler is not None:
         sampler.stop()
     failed = [p.name for p in processes if p.exitcode != 0]
@@ -425,6 +456,8 @@ def _report(
         "rows_served_per_s": round((rows["exact"] + rows["map"]) / args.duration, 1),
         "errors": dict(errors),
         "errors_total": sum(errors.values()),
+        "killed_daemon_after_s": args.kill_daemon_after,
+        "streams_retried": sum(r["streams_retried"] for r in results),
     }
     if own_daemon and sampler is not None and idle is not None:
         samples = sampler.samples
@@ -454,6 +487,9 @@ def _print_table(report: dict) -> None:
     print(f"rows: exact {rows.get('exact', 0)}, map {rows.get('map', 0)}, miss {rows.get('miss', 0)};"
           f" {report['rows_served_per_s']} served rows/s")
     print(f"errors: {report['errors_total']}" + (f" {report['errors']}" if report["errors"] else ""))
+    if report["killed_daemon_after_s"] is not None:
+        print(f"fault: one daemon SIGKILLed {report['killed_daemon_after_s']:g} s in;"
+              f" {report['streams_retried']} streams sent again")
     daemon = report.get("daemon")
     if daemon:
         mib = 1 << 20

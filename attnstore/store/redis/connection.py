@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from redis.retry import Retry
 
 from attnstore.errors import ConfigError, StorageError, StoreFullError, UnavailableError
 from attnstore.store.redis.urls import REDIS_SCHEMES, is_redis_url
+from attnstore.store.reports import NodeMemory, RetryTotals
 
 log = logging.getLogger(__name__)
 
@@ -83,30 +85,64 @@ def _dropped_under_us(exc: AttributeError) -> bool:
     return "'NoneType' object has no attribute" in str(exc)
 
 
-def retried(call: Callable[[], T], seconds: float) -> T:
-    """``call()``, sent again after a transient failure until ``seconds`` have passed (then its error)."""
+class RetryCounts:
+    """Thread-safe counters behind :class:`RetryTotals`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._retries = self._waited_out = self._gave_up = 0
+
+    def note(self, *, retries: int = 0, waited_out: int = 0, gave_up: int = 0) -> None:
+        """Add to the counts."""
+        with self._lock:
+            self._retries += retries
+            self._waited_out += waited_out
+            self._gave_up += gave_up
+
+    def totals(self) -> RetryTotals:
+        """The counts now."""
+        with self._lock:
+            return RetryTotals(self._retries, self._waited_out, self._gave_up)
+
+
+def retried(call: Callable[[], T], seconds: float, counts: RetryCounts | None = None) -> T:
+    """``call()``, sent again after a transient failure until ``seconds`` have passed (then its error).
+
+    ``counts`` (if given) notes each resend, and whether the call then succeeded or gave up.
+    """
     deadline = time.monotonic() + seconds
     pause = _FIRST_PAUSE
+    attempts = 0
     while True:
         try:
-            return call()
+            result = call()
         except _RETRIED_OR_RACE as exc:
             if isinstance(exc, AttributeError) and not _dropped_under_us(exc):
                 raise
             if time.monotonic() + pause > deadline:
+                if counts is not None:
+                    counts.note(gave_up=1)
                 raise
             log.debug("redis call failed (%r); again in %.2fs", exc, pause)
             time.sleep(pause * (0.5 + random.random() / 2))
             pause = min(pause * 2, _MAX_PAUSE)
+            attempts += 1
+            if counts is not None:
+                counts.note(retries=1)
+            continue
+        if attempts and counts is not None:
+            counts.note(waited_out=1)
+        return result
 
 
 class RetryingPipeline:
     """A recorded pipeline: commands are queued here and replayed on a new redis-py pipeline per attempt."""
 
-    def __init__(self, client: Any, seconds: float, options: dict[str, Any]) -> None:
+    def __init__(self, client: Any, seconds: float, options: dict[str, Any], counts: RetryCounts) -> None:
         self._client = client
         self._seconds = seconds
         self._options = options
+        self._counts = counts
         self._queued: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def __getattr__(self, name: str) -> Callable[..., RetryingPipeline]:
@@ -126,7 +162,7 @@ class RetryingPipeline:
                 getattr(pipe, name)(*args, **kwargs)
             return list(pipe.execute())
 
-        return retried(attempt, self._seconds)
+        return retried(attempt, self._seconds, self._counts)
 
 
 class RetryingClient:
@@ -135,10 +171,11 @@ class RetryingClient:
     def __init__(self, client: Any, seconds: float = FAILOVER_SECONDS) -> None:
         self.raw = client
         self._seconds = seconds
+        self.counts = RetryCounts()
 
     def pipeline(self, **options: Any) -> RetryingPipeline:
         """A recorded pipeline (``transaction=True`` is one MULTI/EXEC, on one slot in a cluster)."""
-        return RetryingPipeline(self.raw, self._seconds, options)
+        return RetryingPipeline(self.raw, self._seconds, options, self.counts)
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.raw, name)
@@ -146,7 +183,7 @@ class RetryingClient:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return retried(lambda: getattr(self.raw, name)(*args, **kwargs), self._seconds)
+            return retried(lambda: getattr(self.raw, name)(*args, **kwargs), self._seconds, self.counts)
 
         return call
 
@@ -242,7 +279,12 @@ class RedisConnection:
                     **options,
                 )
             raw.ping()  # once, not retried: a Redis that is not there at start is a configuration problem
-        self.client: Any = RetryingClient(raw, failover_seconds)
+        self._retrying = RetryingClient(raw, failover_seconds)
+        self.client: Any = self._retrying
+
+    def retry_totals(self) -> RetryTotals:
+        """What waiting out failures has cost so far."""
+        return self._retrying.counts.totals()
 
     def eval(self, script: str, keys: Sequence[str], args: Sequence[bytes | str | int | float]) -> Any:
         """Run a Lua script on the shard of ``keys`` (all in one hash slot)."""
@@ -254,6 +296,20 @@ class RedisConnection:
         if isinstance(raw, RedisCluster):
             return [node.redis_connection for node in raw.get_primaries() if node.redis_connection]
         return [raw]
+
+    def node_memory(self) -> list[NodeMemory]:
+        """``INFO memory`` of every primary that answers (one that does not is left out: not retried)."""
+        found = []
+        for server in self.primaries():
+            kwargs = server.connection_pool.connection_kwargs
+            try:
+                info = server.info("memory")
+            except RedisError as exc:
+                log.debug("INFO memory of %s:%s failed: %r", kwargs.get("host"), kwargs.get("port"), exc)
+                continue
+            found.append(NodeMemory(f"{kwargs.get('host')}:{kwargs.get('port')}", int(info["used_memory"]),
+                                    int(info.get("maxmemory", 0))))
+        return found
 
     def scan(self, match: str, count: int = 1000) -> Iterator[bytes]:
         """Every key matching ``match`` on every primary (SCAN: no server blocks)."""

@@ -62,6 +62,7 @@ from attnstore.store.reports import (
     FeaturesReport,
     IngestReport,
     PrefetchReport,
+    RedisStats,
     StoreStats,
     VerifyReport,
 )
@@ -510,6 +511,10 @@ class RedisMapStore(MapStoreBase):
         if not report.ok:
             logger.warning("verify of %s found %s corrupt entries", self.location.display, len(report.corrupt))
         return report
+
+    def redis_stats(self) -> RedisStats:
+        """See :meth:`MapStoreBase.redis_stats`: one ``INFO memory`` per primary (a scrape's cost)."""
+        return RedisStats(retries=self._redis.retry_totals(), nodes=tuple(self._redis.node_memory()))
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`: ``file_bytes`` is Redis's used memory and ``map_size`` its

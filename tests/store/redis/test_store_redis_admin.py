@@ -3,8 +3,10 @@ the two-phase ingest, and Redis errors as AttnStore's."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -18,6 +20,7 @@ from attnstore.store.redis.connection import RedisLocation
 from attnstore.store.redis.entries import encode_entry
 from attnstore.store.redis.mapstore import RedisMapStore
 from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.reports import RetryTotals
 from attnstore.store.validate import prepare_entry
 
 
@@ -143,3 +146,30 @@ def test_a_stopped_redis_makes_calls_raise_unavailable_never_a_redis_exception(t
     opened.close()
     with pytest.raises(UnavailableError, match=f"connecting to redis://127.0.0.1:{server.port}"):
         RedisMapStore.open(server.url())
+
+
+def test_redis_stats_count_failures_waited_out_and_given_up_and_show_each_primarys_memory(tmp_path):
+    require_redis()
+    server = RedisServer(tmp_path, extra=["--maxmemory", "64mb"])
+    url = server.url() + "&socket_timeout=0.2"  # a paused server times calls out quickly
+    opened = RedisMapStore.open(url, create=True, settings=RedisSettings(failover_seconds=4.0))
+    try:
+        opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        stats = opened.redis_stats()
+        assert stats.retries == RetryTotals(0, 0, 0)
+        ((node, used, limit),) = [(n.node, n.used_bytes, n.max_bytes) for n in stats.nodes]
+        assert node == server.address and used > 0 and limit == 64 << 20
+        server.process.send_signal(signal.SIGSTOP)  # a failover in progress, as a client sees it: no answers
+        # Paused past redis-py's own quick retries (under a second), within the failover wait.
+        threading.Timer(1.5, server.process.send_signal, (signal.SIGCONT,)).start()
+        assert [ns.name for ns in opened.list_namespaces()] == ["ns"]  # read from Redis (never cached): waited out
+        waited = opened.redis_stats().retries
+        assert waited.retries > 0 and waited.waited_out == 1 and waited.gave_up == 0
+        server.stop()
+        with pytest.raises(UnavailableError):
+            opened.list_namespaces()
+        gone = opened.redis_stats()
+        assert gone.retries.gave_up == 1 and gone.retries.retries > waited.retries and gone.nodes == ()
+    finally:
+        opened.close()
+        server.stop()

@@ -81,6 +81,8 @@ def test_killing_the_namespaces_master_mid_load_costs_latency_not_errors_and_no_
         assert not errors, errors[:3]
         assert not wrong and reads[0] > 0
         assert len(committed) > killed_at + 5  # ingests went on after the failover
+        waited = store.redis_stats().retries  # what a daemon's attnstore_redis_* metrics show of a failover
+        assert waited.retries > 0 and waited.waited_out > 0 and waited.gave_up == 0
         cluster.wait_ok()
         lost = 0
         for seed, entry_id in committed.items():

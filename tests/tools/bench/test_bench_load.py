@@ -50,3 +50,22 @@ def test_a_short_load_run_on_two_daemons_sharing_a_redis_cluster_has_no_errors(r
 def test_several_daemons_need_a_shared_redis_store() -> None:
     with pytest.raises(SystemExit, match="needs a shared store"):
         cli_main(["bench", "load", "--daemons", "2"])
+
+
+def test_a_fault_run_sigkills_one_of_two_daemons_mid_load_and_the_lookups_go_on_without_errors(
+    redis_cluster, tmp_path: Path
+) -> None:
+    out = tmp_path / "load.json"
+    code = cli_main(["bench", "load", "--clients", "2", "--duration", "4", "--entries", "16", "--daemons", "2",
+                     "--ingest-fraction", "0", "--kill-daemon-after", "1.5", "--store", redis_cluster.url(),
+                     "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["errors_total"] == 0, report["errors"]
+    assert report["killed_daemon_after_s"] == 1.5 and report["rows"]["map"] > 0 and report["rows"]["exact"] > 0
+
+
+@pytest.mark.parametrize("args", [["--kill-daemon-after", "1"], ["--kill-daemon-after", "1", "--target", "h:1",
+                                                                  "--token", "t", "--daemons", "2"]])
+def test_a_fault_run_needs_two_daemons_of_its_own(args: list[str]) -> None:
+    with pytest.raises(SystemExit, match="--kill-daemon-after needs --daemons 2 or more"):
+        cli_main(["bench", "load", *args])
