@@ -242,7 +242,8 @@ class DaemonMetrics:
             self._row_errors.labels(namespace, code)
         self._ingested.labels(namespace)
         self._ingested_bytes.labels(namespace)
-        for counter in (self._written_back, self._written_back_bytes, self._not_admitted, self._admitted):
+        for counter in (self._written_back, self._written_back_bytes, self._written_back_maps,
+                        self._written_back_map_bytes, self._not_admitted, self._admitted):
             counter.labels(namespace)
 
     def refused(self, method: str, code: str) -> None:
