@@ -1,9 +1,10 @@
 """A client process of the write-back tests: encode through a cache that writes back, then report.
 
-    python write_back_child.py URL TOKEN SEED COUNT
+    python write_back_child.py URL TOKEN SEED COUNT [TEXTS_JSON MAX_DISTANCE]
 
-Prints one JSON line: the call's stats, the write-back worker's stats after a
-flush, and the largest difference of the embeddings from the plain model's.
+Encodes ``sentences(COUNT, seed=SEED)``, or the texts of TEXTS_JSON (a JSON list) looked up with
+MAX_DISTANCE. Prints one JSON line: the call's stats, the write-back worker's stats after a flush,
+and the difference of the embeddings from the plain model's (the largest, and each row's).
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from cache_helpers import plain_hidden, sentences, tiny_loaded
 from attnstore_client.cache import AttnCache
 
 
-def main(url: str, token: str, seed: str, count: str) -> None:
+def main(url: str, token: str, seed: str, count: str, texts_json: str = "", max_distance: str = "") -> None:
     loaded = tiny_loaded("bert")
-    texts = sentences(int(count), seed=int(seed))
-    with AttnCache(loaded, url, token=token, write_back=True) as cache:
+    texts = json.loads(texts_json) if texts_json else sentences(int(count), seed=int(seed))
+    distance = float(max_distance) if max_distance else None
+    with AttnCache(loaded, url, token=token, write_back=True, max_distance=distance) as cache:
         embeddings = torch.from_numpy(cache.encode(texts, batch_size=8))
         assert cache.write_back is not None
         cache.write_back.flush(30.0)
         written = dataclasses.asdict(cache.write_back.stats())
     expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)])
-    max_diff = (embeddings - expected).abs().max().item()
-    print(json.dumps({"stats": cache.last_stats.to_json_dict(), "written": written, "max_diff": max_diff}))
+    row_diffs = (embeddings - expected).abs().amax(dim=1).tolist()
+    print(json.dumps({"stats": cache.last_stats.to_json_dict(), "written": written, "max_diff": max(row_diffs),
+                      "row_diffs": row_diffs}))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.service.follower import FollowerStatus
+from attnstore.service.write_back import WriteBackResult
 from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,15 @@ class DaemonMetrics:
             "attnstore_written_back_entries", "Entries stored by WriteBack (new ones only)", ["namespace"], registry=reg
         )
         self._written_back_bytes = Counter(
-            "attnstore_written_back_bytes", "Outputs bytes stored by WriteBack (fp16)", ["namespace"], registry=reg
+            "attnstore_written_back_bytes", "Bytes stored by WriteBack (fp16 outputs and maps)", ["namespace"],
+            registry=reg,
+        )
+        self._written_back_maps = Counter(
+            "attnstore_written_back_map_entries", "Entries stored by WriteBack with maps (map tier)", ["namespace"],
+            registry=reg,
+        )
+        self._written_back_map_bytes = Counter(
+            "attnstore_written_back_map_bytes", "Map bytes stored by WriteBack (fp16)", ["namespace"], registry=reg
         )
         self._not_admitted = Counter(
             "attnstore_write_back_not_admitted", "Written-back rows skipped: not admitted", ["namespace"], registry=reg
@@ -312,7 +321,8 @@ class DaemonMetrics:
             self._row_errors.labels(namespace, code)
         self._ingested.labels(namespace)
         self._ingested_bytes.labels(namespace)
-        for counter in (self._written_back, self._written_back_bytes, self._not_admitted, self._admitted):
+        for counter in (self._written_back, self._written_back_bytes, self._written_back_maps,
+                        self._written_back_map_bytes, self._not_admitted, self._admitted):
             counter.labels(namespace)
 
     def refused(self, method: str, code: str) -> None:
@@ -369,11 +379,13 @@ class DaemonMetrics:
         self._ingested.labels(namespace).inc(entries)
         self._ingested_bytes.labels(namespace).inc(nbytes)
 
-    def written_back(self, namespace: str, entries: int, nbytes: int, not_admitted: int) -> None:
-        """A WriteBack stored ``entries`` new entries of ``nbytes`` and skipped ``not_admitted`` rows."""
-        self._written_back.labels(namespace).inc(entries)
-        self._written_back_bytes.labels(namespace).inc(nbytes)
-        self._not_admitted.labels(namespace).inc(not_admitted)
+    def written_back(self, namespace: str, result: WriteBackResult) -> None:
+        """What one WriteBack stored (entries, bytes, those with maps) and skipped."""
+        self._written_back.labels(namespace).inc(result.stored)
+        self._written_back_bytes.labels(namespace).inc(result.bytes)
+        self._written_back_maps.labels(namespace).inc(result.maps_stored)
+        self._written_back_map_bytes.labels(namespace).inc(result.maps_bytes)
+        self._not_admitted.labels(namespace).inc(result.not_admitted)
 
     def admitted(self, namespace: str, rows: int) -> None:
         """A Lookup marked ``rows`` misses admit."""

@@ -302,14 +302,15 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             self._check_count("WriteBack", len(request.rows), "rows")
             rows = [WrittenRow(*row_from_pb(row, i)) for i, row in enumerate(request.rows)]
             result = service.write_back(request.namespace, request.fingerprint, rows)
-            self._metrics.written_back(request.namespace, result.stored, result.bytes, result.not_admitted)
+            self._metrics.written_back(request.namespace, result)
             log.info(
-                "event=written_back namespace=%s rows=%d stored=%d duplicates=%d not_admitted=%d bytes=%d",
-                request.namespace, len(rows), result.stored, result.duplicates, result.not_admitted, result.bytes,
+                "event=written_back namespace=%s rows=%d stored=%d with_maps=%d duplicates=%d not_admitted=%d"
+                " bytes=%d", request.namespace, len(rows), result.stored, result.maps_stored, result.duplicates,
+                result.not_admitted, result.bytes,
             )
             return pb.WriteBackResponse(
                 stored=result.stored, duplicates=result.duplicates, not_admitted=result.not_admitted,
-                bytes=result.bytes,
+                bytes=result.bytes, maps_stored=result.maps_stored, maps_bytes=result.maps_bytes,
             )
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
@@ -361,6 +362,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             written, admission = service.write_backs.stats(), service.admission.stats()
             reply.written_back_entries, reply.written_back_bytes = written.entries, written.bytes
             reply.written_back_duplicates, reply.written_back_not_admitted = written.duplicates, written.not_admitted
+            reply.written_back_map_entries, reply.written_back_map_bytes = written.map_entries, written.map_bytes
             reply.admission_asked, reply.admission_admitted = admission.asked, admission.admitted
             reply.admission_sketch_bytes = admission.sketch_bytes
             reply.admit_after = service.admission.config.admit_after

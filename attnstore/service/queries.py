@@ -43,6 +43,7 @@ class IngestResult:
 
     entry_ids: list[int]
     duplicates: int
+    added: tuple[int, ...] = ()  # the ids this call stored anew
 
 
 def query_feature(query: Query, dim: int) -> np.ndarray:

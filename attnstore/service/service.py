@@ -240,25 +240,39 @@ class AttnStoreService:
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
 
     def write_back(self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow]) -> WriteBackResult:
-        """Store the admitted rows' outputs as outputs-only entries, visible to every lookup at once.
+        """Store the admitted rows, visible to every lookup at once (``service.write_back``).
 
-        Rows the admission rule has not admitted are skipped; rows already stored count as duplicates.
+        Rows with maps become full entries (in the map index at once when they carry a
+        feature), rows without outputs-only ones. Rows the admission rule has not admitted
+        are skipped; rows already stored count as duplicates.
 
         Raises:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
             WriteBackOffError: the admission rule turns write-back off (nothing is stored).
-            MapShapeError: a row's outputs disagree with its tokens (nothing is stored).
+            MapShapeError: a row disagrees with its tokens or the namespace (nothing is stored).
+            ProjectorChangedError: a feature from another projector than the namespace's (nothing is stored).
             StoreFullError: the store or its disk is full (nothing is stored).
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        entries, not_admitted = entries_to_store(namespace, rows, self.admission, hidden=info.layout.hidden)
-        stored = duplicates = nbytes = 0
-        if entries:
-            report = self.ingest(namespace, fingerprint, entries)
-            duplicates = report.duplicates
-            stored = len(entries) - duplicates
-            nbytes = sum(2 * int(np.size(e.outputs)) for e in entries if e.outputs is not None)  # fp16 as stored
-        result = WriteBackResult(stored, duplicates, not_admitted, nbytes)
+        entries, not_admitted = entries_to_store(info, rows, self.admission)
+        if not entries:
+            result = WriteBackResult(0, 0, not_admitted, 0)
+        else:
+            # Checked again inside the write: the projector may be replaced between the check and the commit.
+            featured = any(e.feature is not None for e in entries)
+            report = self.ingest(namespace, fingerprint, entries,
+                                 projector_version=info.projector_version if featured else None)
+            new: list[NewEntry] = []  # the first entry of each id this call stored (a row may repeat in a call)
+            fresh = set(report.added)
+            for entry_id, entry in zip(report.entry_ids, entries, strict=True):
+                if entry_id in fresh:
+                    fresh.discard(entry_id)
+                    new.append(entry)
+            with_maps = [e for e in new if e.maps is not None]
+            map_bytes = sum(info.layout.map_nbytes(_length_of(e)) for e in with_maps)
+            output_bytes = sum(info.layout.outputs_nbytes(_length_of(e)) for e in new)
+            result = WriteBackResult(len(new), report.duplicates, not_admitted, output_bytes + map_bytes,
+                                     len(with_maps), map_bytes)
         self.write_backs.add(result)
         return result
 
@@ -364,7 +378,9 @@ class AttnStoreService:
                 [_length_of(e) for _, e in rows],
             )
         self._indexes.remove(report.evicted)
-        return IngestResult(entry_ids=list(report.entry_ids), duplicates=report.duplicates)
+        return IngestResult(
+            entry_ids=list(report.entry_ids), duplicates=report.duplicates, added=tuple(report.added)
+        )
 
     def set_features(
         self, namespace: str, entry_ids: Sequence[int], features: np.ndarray, *, projector_version: int

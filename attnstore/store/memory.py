@@ -176,7 +176,8 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
                 existing = ns.hashes.get(p.token_hash)
                 if existing is not None:
                     stored = ns.entries[existing]
-                    if stored.feature is None and p.feature is not None and existing not in added:
+                    # An outputs-only entry never takes a feature: it has no maps to replay.
+                    if stored.feature is None and stored.chunks and p.feature is not None and existing not in added:
                         stored.feature = p.feature
                         featured.append(existing)
                     ids.append(existing)

@@ -16,7 +16,10 @@ Inside a patched call, each attention layer splits the batch:
 
 Capture runs the whole batch through the hit path with maps it computes itself
 in fp32 from the module's own q/k projections, one row at a time at the row's
-true length, and keeps those maps.
+true length, and keeps those maps. ``forward_keeping`` does the same for some
+computing rows of an ordinary forward (the rows a node writes back with their
+maps): those rows take the hit path with their own maps, the others are
+untouched, so only the kept rows pay for the explicit softmax.
 
 A planned forward (``forward_planned``) asks a ``LayerPlan`` at every layer which
 rows replay which maps, and whether the computing rows' maps must be kept: kept
@@ -59,7 +62,14 @@ class _Call:
     lengths: tuple[int, ...]  # true length of every row
     replay: Mapping[int, ReplayMaps] = field(default_factory=dict)  # hit row -> maps
     hits: tuple[int, ...] = ()  # sorted hit rows
-    hit_index: torch.Tensor | None = None  # (B_hit,) long, only when some rows miss
+    # Rows that compute their own maps (fp32, explicit softmax) and take the hit path with them: when a
+    # forward keeps maps, every computing row (one batched softmax costs less than splitting the batch).
+    keep: tuple[int, ...] = ()  # sorted
+    keep_index: torch.Tensor | None = None  # (B_keep,) long, only when some rows replay stored maps
+    kept: torch.Tensor | None = None  # (layers, B_kept, H, P, P) fp16: the maps of the rows asked for, padded
+    kept_index: torch.Tensor | None = None  # (B_kept,) their positions in ``keep``; None: all of ``keep``
+    replaying: tuple[int, ...] = ()  # sorted hits and kept rows: the rows that take the hit path
+    hit_index: torch.Tensor | None = None  # (B_replaying,) long, only when some rows miss
     miss_index: torch.Tensor | None = None  # (B_miss,) long, only when some rows miss
     captured: list[torch.Tensor] | None = None  # per row (layers, H, L, L), filled when capturing
     plan: LayerPlan | None = None  # consulted at every layer by a planned forward
@@ -117,6 +127,18 @@ class Adapter(ABC):
 
         ``hidden`` is ``(B, P, hidden)``; ``args``/``kwargs`` are the module call's
         own arguments (``hidden_states`` included), for RoPE tables and the like.
+        """
+
+    @abstractmethod
+    def _padded_probs(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> torch.Tensor:
+        """Every row's attention probabilities at once, ``(B, H, P, P)`` fp32.
+
+        Row ``r``'s top-left ``L x L`` block is what ``_attention_probs`` yields for it
+        (pad keys get no weight); the rest holds no meaning. One batched softmax instead
+        of one per row: what keeping maps in an ordinary forward uses, where the rows are
+        length-sorted and pad little.
         """
 
     @abstractmethod
@@ -187,16 +209,70 @@ class Adapter(ABC):
                 for full tensors before any compute, for lazy sequences when the
                 bad layer is reached.
         """
+        return self._forward(batch, dict(replay or {}), ())
+
+    def forward_keeping(
+        self, batch: Batch, keep: Sequence[int], replay: Mapping[int, ReplayMaps] | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``forward``, keeping the attention maps of the computing rows in ``keep``.
+
+        A kept row's maps are computed as ``capture`` computes them (fp32, from the
+        module's own q/k; pad keys get no weight) and applied through the hit path,
+        so its outputs are the ones its kept maps give. The other computing rows
+        take the same path (one batched softmax for all of them costs less than
+        splitting the batch at every layer) with their maps dropped, so their
+        outputs equal ``forward``'s within float rounding; replaying rows are as in
+        ``forward``.
+
+        Args:
+            batch: the right-padded batch.
+            keep: batch rows whose maps to keep; none of them may be in ``replay``.
+            replay: as in ``forward``.
+
+        Returns:
+            ``(B, P, hidden)`` last hidden states, and per kept row its maps
+            ``(layers, heads, L, L)`` fp16 (what a store keeps).
+
+        Raises:
+            MapShapeError: as ``forward``; or a row to keep outside the batch or also replaying.
+        """
         replay = dict(replay or {})
+        rows = sorted(set(keep))
+        bad = [row for row in rows if not (isinstance(row, int) and 0 <= row < batch.size) or row in replay]
+        if bad:
+            raise MapShapeError(
+                f"forward_keeping(): rows {bad} cannot keep their maps: a row to keep is a computing row of this"
+                f" batch (0..{batch.size - 1}), not a replaying one"
+            )
+        if not rows:
+            return self._forward(batch, replay, ()), {}
+        computing = tuple(row for row in range(batch.size) if row not in replay)
+        padded = max(batch.lengths[row] for row in computing)
+        # Every layer's padded maps of the kept rows, in one buffer: one copy per layer, sliced per row at the end.
+        kept = torch.empty((self.num_layers, len(rows), self.num_heads, padded, padded), dtype=torch.float16)
+        out = self._forward(batch, replay, computing, kept, [computing.index(row) for row in rows])
+        return out, {
+            row: kept[:, k, :, : batch.lengths[row], : batch.lengths[row]].clone() for k, row in enumerate(rows)
+        }  # row -> (layers, H, L, L)
+
+    def _forward(
+        self, batch: Batch, replay: dict[int, ReplayMaps], keep: tuple[int, ...], kept: torch.Tensor | None = None,
+        kept_positions: Sequence[int] = (),
+    ) -> torch.Tensor:
         check_replay(replay, batch.lengths, layers=self.num_layers, heads=self.num_heads, causal=self.causal)
         with torch.inference_mode():
-            if not replay:
+            if not replay and not keep:
                 return self._run(batch)
             hits = tuple(sorted(replay))
-            misses = tuple(row for row in range(batch.size) if row not in replay)
-            call = _Call(lengths=batch.lengths, replay=replay, hits=hits)
+            replaying = tuple(sorted(hits + keep))
+            misses = tuple(row for row in range(batch.size) if row not in replaying)
+            call = _Call(lengths=batch.lengths, replay=replay, hits=hits, keep=keep, kept=kept, replaying=replaying)
+            if keep and len(keep) < batch.size:
+                call = replace(call, keep_index=torch.tensor(keep))
+            if len(kept_positions) < len(keep):
+                call = replace(call, kept_index=torch.tensor(kept_positions))
             if misses:
-                call = replace(call, hit_index=torch.tensor(hits), miss_index=torch.tensor(misses))
+                call = replace(call, hit_index=torch.tensor(replaying), miss_index=torch.tensor(misses))
             with self._patched(call):
                 return self._run(batch)
 
@@ -259,16 +335,40 @@ class Adapter(ABC):
         if call.plan is not None:
             return self._attend_planned(layer, module, original, call.plan, call.lengths, hidden, args, kwargs)
 
-        lengths = [call.lengths[row] for row in call.hits]
+        lengths = [call.lengths[row] for row in call.replaying]
         hit_index, miss_index = call.hit_index, call.miss_index  # both set, or neither (no row misses)
         if hit_index is None or miss_index is None:
-            return self._replay_rows(module, hidden, self._hit_maps(call, layer, hidden.dtype), lengths), None
+            maps = self._replaying_maps(call, layer, module, hidden, args, kwargs)
+            return self._replay_rows(module, hidden, maps, lengths), None
         # Misses first: a streaming client's hit maps keep arriving meanwhile.
         # (B_miss, P, out)
         missed = original(*_rows(args, miss_index, batch_size), **_rows(kwargs, miss_index, batch_size))[0]
-        maps = self._hit_maps(call, layer, hidden.dtype)
-        replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_hit, P, out)
+        maps = self._replaying_maps(call, layer, module, hidden, args, kwargs)
+        replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_rep, P, out)
         return _merge(batch_size, hit_index, replayed, miss_index, missed), None
+
+    def _replaying_maps(
+        self, call: _Call, layer: int, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict
+    ) -> list[torch.Tensor]:
+        """The maps of every replaying row at ``layer`` in row order, ``(H, L, L)`` each in the compute dtype:
+        the hits' stored maps, and the kept rows' own, computed here and kept."""
+        maps = dict(zip(call.hits, self._hit_maps(call, layer, hidden.dtype), strict=True))
+        if call.keep and call.kept is not None:
+            index, batch_size = call.keep_index, hidden.shape[0]
+            lengths = [call.lengths[row] for row in call.keep]
+            padded = call.kept.shape[-1]
+            probs = self._padded_probs(
+                module,
+                (hidden if index is None else hidden.index_select(0, index))[:, :padded],  # (B_keep, P_keep, hidden)
+                lengths,
+                args if index is None else _rows(args, index, batch_size),
+                kwargs if index is None else _rows(kwargs, index, batch_size),
+            )  # (B_keep, H, P_keep, P_keep) fp32
+            call.kept[layer].copy_(probs if call.kept_index is None else probs.index_select(0, call.kept_index))
+            applied = probs.to(hidden.dtype)
+            for k, (row, length) in enumerate(zip(call.keep, lengths, strict=True)):
+                maps[row] = applied[k, :, :length, :length]  # (H, L, L)
+        return [maps[row] for row in call.replaying]
 
     def _hit_maps(self, call: _Call, layer: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The replayed maps of every hit row at ``layer``, ``(H, L, L)`` each in ``dtype``."""

@@ -119,3 +119,16 @@ class BertAdapter(Adapter):
             # Slicing to the true length drops the pad keys the model's mask would hide.
             scores = torch.matmul(query[row, :, :length], key[row, :, :length].transpose(1, 2))  # (H, L, L)
             yield torch.softmax(scores * attention.scaling, dim=-1, dtype=torch.float32)  # (H, L, L)
+
+    def _padded_probs(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> torch.Tensor:
+        attention = _attention(module)
+        batch_size, padded, _ = hidden.shape
+        shape = (batch_size, padded, self.num_heads, self.head_dim)
+        query = attention.query(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
+        key = attention.key(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
+        scores = torch.matmul(query, key.transpose(2, 3)) * attention.scaling  # (B, H, P, P)
+        pad = torch.arange(padded)[None, :] >= torch.tensor(lengths)[:, None]  # (B, P) pad keys
+        scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, H, P, P)

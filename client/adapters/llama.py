@@ -115,6 +115,26 @@ class LlamaAdapter(Adapter):
             scores = scores.masked_fill(~allowed[:length, :length], float("-inf"))
             yield torch.softmax(scores, dim=-1, dtype=torch.float32)  # (H, L, L)
 
+    def _padded_probs(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> torch.Tensor:
+        attention = _attention(module)
+        batch_size, padded, _ = hidden.shape
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
+        cos, sin = cos[:, :padded], sin[:, :padded]
+        query = attention.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
+        key = attention.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
+        query, key = self._rotary(query, key, cos, sin)
+        grouped = query.reshape(batch_size, kv_heads, -1, head_dim)  # (B, KVH, G*P, d)
+        scores = torch.matmul(grouped, key.transpose(2, 3))  # (B, KVH, G*P, P)
+        scores = scores.view(batch_size, heads, padded, padded) * attention.scaling  # (B, H, P, P)
+        # Causal keys of a row's own tokens only: a pad key never precedes a true query, so the causal mask
+        # alone keeps every row's L x L block exact.
+        allowed = _causal_allowed(padded, self._sliding_window(module))  # (P, P)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, H, P, P)
+
     def _sliding_window(self, module: nn.Module) -> int | None:
         # Qwen2 sets it per layer on the module; Mistral reads it from the config.
         owner = module if hasattr(module, "sliding_window") else self.model.config

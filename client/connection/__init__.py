@@ -8,12 +8,13 @@ from attnstore_client.connection.base import (
     MatchKind,
     NamespaceHandle,
     PrefixStream,
+    RowToWrite,
     StoreConnection,
     WriteBackCounts,
     connect,
 )
 
 __all__ = [
-    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "StoreConnection",
-    "WriteBackCounts", "connect",
+    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "RowToWrite",
+    "StoreConnection", "WriteBackCounts", "connect",
 ]

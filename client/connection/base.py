@@ -47,12 +47,24 @@ class NamespaceHandle:
 
 
 @dataclass(frozen=True, slots=True)
+class RowToWrite:
+    """One computed row a node writes back."""
+
+    token_ids: Sequence[int]  # (L,)
+    outputs: np.ndarray  # (L, hidden) last hidden states
+    maps: np.ndarray | None = None  # (layers, heads, L, L) probabilities; None: outputs only (exact tier)
+    feature: np.ndarray | None = None  # (feature_dim,) the projector output of its map lookup; only with maps
+    projector_version: int = 0  # the namespace's projector version ``feature`` came from
+
+
+@dataclass(frozen=True, slots=True)
 class WriteBackCounts:
     """What the store did with one write-back call."""
 
     stored: int  # new entries
     duplicates: int  # rows stored already (another node was first)
     not_admitted: int  # rows the store's admission rule skipped
+    maps_stored: int = 0  # of the new entries, those stored with maps
 
 
 def checked_projector(name: str, projector: bytes | None, crc: int | None) -> bytes | None:
@@ -192,10 +204,9 @@ class StoreConnection(ABC):
         return False
 
     def write_back(
-        self, namespace: str, fingerprint: str, rows: Sequence[tuple[Sequence[int], np.ndarray]], *,
-        timeout: float | None,
+        self, namespace: str, fingerprint: str, rows: Sequence[RowToWrite], *, timeout: float | None,
     ) -> WriteBackCounts:
-        """Store computed rows ``(token ids, outputs (L, hidden))`` for the exact tier of every node.
+        """Store computed rows for every node: their outputs (exact tier), and their maps where given (map tier).
 
         Raises:
             WriteBackOffError: this connection cannot write back (see ``supports_write_back``).

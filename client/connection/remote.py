@@ -56,6 +56,7 @@ from attnstore_client.connection.base import (
     MatchKind,
     NamespaceHandle,
     PrefixStream,
+    RowToWrite,
     StoreConnection,
     WriteBackCounts,
     checked_projector,
@@ -141,14 +142,12 @@ class RemoteConnection(StoreConnection):
         return True
 
     def write_back(
-        self, namespace: str, fingerprint: str, rows: Sequence[tuple[Sequence[int], np.ndarray]], *,
-        timeout: float | None,
+        self, namespace: str, fingerprint: str, rows: Sequence[RowToWrite], *, timeout: float | None,
     ) -> WriteBackCounts:
         """See :meth:`StoreConnection.write_back`: one WriteBack call."""
-        reply = self._remote.write_back(
-            namespace, fingerprint, [row_to_pb(ids, outputs) for ids, outputs in rows], timeout=timeout
-        )
-        return WriteBackCounts(reply.stored, reply.duplicates, reply.not_admitted)
+        messages = [row_to_pb(r.token_ids, r.outputs, r.maps, r.feature, r.projector_version) for r in rows]
+        reply = self._remote.write_back(namespace, fingerprint, messages, timeout=timeout)
+        return WriteBackCounts(reply.stored, reply.duplicates, reply.not_admitted, reply.maps_stored)
 
     def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
         """See :meth:`StoreConnection.search`."""

@@ -15,7 +15,10 @@ rows computed (``attnstore_client.prefill``), so a forward's time is about
   computed one; a hit of ``L`` tokens saves ``(c - r) * L``;
 - ``cost``: projection and search seconds per row asked.
 
-A row is sent for maps when ``hit_rate * saving > cost``. The first
+A row is sent for maps when ``hit_rate * saving > cost``. A computed row's maps
+are worth writing back (``replay_pays``) when one hit would save more than its
+lookup costs, ``saving > cost``, whatever the hit rate: stored maps are what
+raise a band's hit rate, so that rule cannot wait for hits. The first
 ``min_samples`` rows of a band are always sent (there is nothing to estimate
 from yet), and afterwards a share ``explore`` of the rows the rule would not
 send is sent anyway, so a band whose traffic changes is noticed. Sums are
@@ -158,6 +161,16 @@ class CostModel:
             if not ask:
                 band.skipped_total += 1
             return ask
+
+    def replay_pays(self, length: int) -> bool:
+        """Whether a map hit of ``length`` tokens saves more forward time than its lookup costs (True while
+        either figure is missing: a namespace without a projector has no lookups to time). Counts nothing."""
+        with self._lock:
+            band = self._bands.get(self.band_of(length))
+            saving = None if band is None else band.saving(length)
+            if band is None or saving is None or band.asked <= 0:
+                return True
+            return saving > band.lookup_s / band.asked
 
     def record_lookup(self, length: int, rows: int, hits: int, seconds: float) -> None:
         """``rows`` of this band were projected and searched in ``seconds``; ``hits`` came back map hits."""

@@ -2,7 +2,11 @@
 
 ``encode`` only puts a row on a bounded queue (no copy, no serialisation, no
 waiting); one worker thread takes rows off it in batches, converts them to fp16
-and sends them in one ``WriteBack`` call per batch. Written-back rows are a
+and sends them in one ``WriteBack`` call per batch. A row goes with its maps
+(captured in its own forward, see ``prefill``) and the feature of its map
+lookup when it has them, so the store adds it to the map tier too; the queue's
+maps are bounded in bytes (``max_queued_bytes``): past it a row is queued with
+its outputs only, and counted. Written-back rows are a
 cache's fill, never data: a full queue drops the new row, a failed call (the
 daemon unreachable, a refused token) drops its batch, and both are counted, so
 write-back can neither block nor fail a call. A refused token (PERMISSION_DENIED)
@@ -20,9 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from attnstore.errors import AttnStoreError, AuthError, ConfigError, WriteBackOffError
-from attnstore_client.connection import StoreConnection
+from attnstore_client.connection import RowToWrite, StoreConnection
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +37,21 @@ class WriteBackSettings:
     """How a client writes back (see ``AttnCache(write_back=...)``)."""
 
     max_queued: int = 4096  # rows waiting at most; past it new rows are dropped (counted)
+    max_queued_bytes: int = 256 << 20  # maps waiting at most (fp16 bytes); past it rows go without maps (counted)
+    # Largest maps of one row sent (fp16 bytes); longer rows go with outputs only. One row is one message:
+    # this and its outputs stay under the daemon's default message cap (8 MiB).
+    max_row_map_bytes: int = 4 << 20
     batch_rows: int = 256  # rows per WriteBack call at most
-    batch_bytes: int = 2 << 20  # fp16 outputs bytes per call at most: well under the daemon's message cap
+    batch_bytes: int = 2 << 20  # fp16 bytes (outputs and maps) per call at most; a bigger row goes alone
     timeout: float = 10.0  # deadline of one WriteBack call, seconds
+
+    def __post_init__(self) -> None:
+        for name in ("max_queued", "max_queued_bytes", "max_row_map_bytes", "batch_rows", "batch_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"WriteBackSettings.{name} must be a positive int, got {value!r}")
+        if not self.timeout > 0:
+            raise ConfigError(f"WriteBackSettings.timeout must be > 0 seconds, got {self.timeout!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +59,10 @@ class WriteBackStats:
     """What the worker has done since it started."""
 
     queued: int  # rows put on the queue
+    queued_maps: int  # of those, rows queued with their maps
+    maps_over_budget: int  # rows whose maps were left out: the queue held max_queued_bytes of maps already
     stored: int  # rows the store added
+    maps_stored: int  # of those, rows stored with maps (the map tier)
     duplicates: int  # rows the store had already (another node wrote them first)
     not_admitted: int  # rows the store's admission rule skipped
     dropped_full: int  # rows dropped because the queue was full
@@ -52,7 +72,17 @@ class WriteBackStats:
     disabled: str | None  # why the worker stopped writing back, or None
 
 
-_Row = tuple[Sequence[int], np.ndarray]  # (L,) token ids, (L, hidden) outputs
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A row on the queue, as ``encode`` left it (converted by the worker thread)."""
+
+    token_ids: Sequence[int]  # (L,)
+    outputs: np.ndarray | torch.Tensor  # (L, hidden)
+    maps: torch.Tensor | None  # (layers, heads, L, L) fp16
+    feature: np.ndarray | None  # (feature_dim,)
+    projector_version: int
 
 
 class WriteBackWorker:
@@ -72,26 +102,45 @@ class WriteBackWorker:
         self._namespace = namespace
         self._fingerprint = fingerprint
         self.settings = settings
-        self._queue: queue.Queue[_Row | None] = queue.Queue(maxsize=settings.max_queued)  # None: stop
+        self._queue: queue.Queue[_Queued | None] = queue.Queue(maxsize=settings.max_queued)  # None: stop
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._counts = {k: 0 for k in ("queued", "stored", "duplicates", "not_admitted", "dropped_full",
-                                        "dropped_failed", "calls", "pending")}
+        self._counts = {k: 0 for k in ("queued", "queued_maps", "maps_over_budget", "stored", "maps_stored",
+                                        "duplicates", "not_admitted", "dropped_full", "dropped_failed", "calls",
+                                        "pending", "pending_map_bytes")}
         self._disabled: str | None = None
         self._thread = threading.Thread(target=self._run, name="attnstore-write-back", daemon=True)
         self._thread.start()
 
-    def put(self, token_ids: Sequence[int], outputs: np.ndarray) -> bool:
-        """Queue one computed row ``(L,)`` ids and ``(L, hidden)`` outputs; False when it was dropped. Never blocks."""
+    def put(
+        self, token_ids: Sequence[int], outputs: np.ndarray | torch.Tensor, maps: torch.Tensor | None = None,
+        feature: np.ndarray | None = None, projector_version: int = 0,
+    ) -> bool:
+        """Queue one computed row; False when it was dropped. Never blocks.
+
+        Args:
+            token_ids: its ``(L,)`` ids.
+            outputs: its ``(L, hidden)`` last hidden states.
+            maps: its ``(layers, heads, L, L)`` fp16 maps, or None (outputs only).
+            feature: the ``(feature_dim,)`` projector output of its map lookup (only with maps), or None.
+            projector_version: the namespace's projector version ``feature`` came from.
+        """
         if self._disabled is not None:
             self._add(dropped_failed=1)
             return False
+        map_bytes = 0 if maps is None else 2 * int(maps.numel())
+        with self._lock:
+            over = map_bytes and self._counts["pending_map_bytes"] + map_bytes > self.settings.max_queued_bytes
+        if over:
+            maps, feature, map_bytes = None, None, 0
+        row = _Queued(token_ids, outputs, maps, feature, projector_version)
         try:
-            self._queue.put_nowait((token_ids, outputs))
+            self._queue.put_nowait(row)
         except queue.Full:
             self._add(dropped_full=1)
             return False
-        self._add(queued=1, pending=1)
+        self._add(queued=1, pending=1, queued_maps=int(maps is not None), maps_over_budget=int(bool(over)),
+                  pending_map_bytes=map_bytes)
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -102,7 +151,8 @@ class WriteBackWorker:
     def stats(self) -> WriteBackStats:
         """The counts so far."""
         with self._lock:
-            return WriteBackStats(**self._counts, disabled=self._disabled)
+            counts = {k: n for k, n in self._counts.items() if k != "pending_map_bytes"}
+            return WriteBackStats(**counts, disabled=self._disabled)
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), then stop the thread."""
@@ -142,8 +192,9 @@ class WriteBackWorker:
                 nbytes += _fp16_bytes(more)
             self._send(batch)
 
-    def _send(self, batch: list[_Row]) -> None:
-        rows = [(ids, np.asarray(out, dtype=np.float16)) for ids, out in batch]  # (L, hidden) fp16, as stored
+    def _send(self, batch: list[_Queued]) -> None:
+        rows = [_as_sent(row) for row in batch]  # fp16 numpy, as stored
+        sent = {"pending": -len(rows), "pending_map_bytes": -sum(_map_bytes(row) for row in batch), "calls": 1}
         started = time.perf_counter()
         try:
             if self._disabled is not None:
@@ -155,17 +206,31 @@ class WriteBackWorker:
             if self._disabled is None:
                 self._disabled = str(exc)
                 log.warning("write-back turned off for namespace %r: %s", self._namespace, exc)
-            self._add(dropped_failed=len(rows), calls=1, pending=-len(rows))
+            self._add(dropped_failed=len(rows), **sent)
         except AttnStoreError as exc:
             log.info("write-back of %d rows dropped (%.3f s): %s", len(rows), time.perf_counter() - started, exc)
-            self._add(dropped_failed=len(rows), calls=1, pending=-len(rows))
+            self._add(dropped_failed=len(rows), **sent)
         else:
-            self._add(stored=counts.stored, duplicates=counts.duplicates, not_admitted=counts.not_admitted,
-                      calls=1, pending=-len(rows))
+            self._add(stored=counts.stored, maps_stored=counts.maps_stored, duplicates=counts.duplicates,
+                      not_admitted=counts.not_admitted, **sent)
 
 
-def _fp16_bytes(item: _Row) -> int:
-    return 2 * int(np.size(item[1]))
+def _as_sent(row: _Queued) -> RowToWrite:
+    """The row with fp16 numpy outputs and maps (what the store keeps and the wire carries)."""
+    outputs = row.outputs.cpu().numpy() if isinstance(row.outputs, torch.Tensor) else row.outputs
+    maps = None if row.maps is None else row.maps.cpu().numpy()
+    return RowToWrite(
+        row.token_ids, np.asarray(outputs, dtype=np.float16), None if maps is None else np.asarray(maps, np.float16),
+        row.feature, row.projector_version,
+    )
+
+
+def _map_bytes(row: _Queued) -> int:
+    return 0 if row.maps is None else 2 * int(row.maps.numel())
+
+
+def _fp16_bytes(row: _Queued) -> int:
+    return 2 * int(np.prod(row.outputs.shape)) + _map_bytes(row)
 
 
 def start_write_back(

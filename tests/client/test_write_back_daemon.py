@@ -1,7 +1,9 @@
 """Write-back against the real daemon (a subprocess, real LMDB) and client processes.
 
 A cold-start namespace (exact tier only, made by ``admin create-namespace``'s
-code) fills from what the client processes compute.
+code) fills from what the client processes compute; in a namespace with a
+projector, a written-back row goes with its maps and feature and is a map hit
+for the next near-duplicate on any node.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import plain_hidden, tiny_loaded
+from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AttnStoreError, MapShapeError
@@ -29,9 +31,10 @@ TESTS = Path(__file__).resolve().parents[1]
 COUNT = 10
 
 
-def _child(url: str, token: str, seed: int) -> dict:
+def _child(url: str, token: str, seed: int, texts: list[str] | None = None, max_distance: float = 0.0) -> dict:
+    extra = [json.dumps(texts), str(max_distance)] if texts is not None else []
     done = subprocess.run(
-        [sys.executable, str(TESTS / "write_back_child.py"), url, token, str(seed), str(COUNT)],
+        [sys.executable, str(TESTS / "write_back_child.py"), url, token, str(seed), str(COUNT), *extra],
         capture_output=True, text=True, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -57,6 +60,60 @@ def admit_second_ask(tmp_path_factory: pytest.TempPathFactory):
     process = _daemon(tmp_path_factory.mktemp("write-back-2"), 2)
     yield process
     assert process.stop() == 0, process.log()
+
+
+@pytest.fixture(scope="module")
+def with_projector(tmp_path_factory: pytest.TempPathFactory):
+    """A daemon admitting every miss, whose namespace has a projector and entries of 3 tokens only."""
+    workdir = tmp_path_factory.mktemp("write-back-maps")
+    process = DaemonProcess(workdir / "store", workdir, extra_args=("--admit-after", "1")).start()
+    loaded = tiny_loaded("bert")
+    captured = capture_entries(loaded, sentences(4, seed=40, min_words=3, max_words=3))
+    with process.client(ADMIN_TOKEN) as admin:
+        admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
+                               layout=captured.layout, projector=captured.projector.to_safetensors_bytes())
+        admin.ingest("default", captured.fingerprint, captured.entries)
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_a_row_written_back_by_one_node_is_a_map_hit_for_a_near_duplicate_on_another(
+    with_projector: DaemonProcess,
+) -> None:
+    url = f"grpc://{with_projector.target}"
+    words = sentences(1, seed=41, min_words=10, max_words=10)[0].split()
+    text, near = " ".join(words), " ".join([*words[:-1], "w2" if words[-1] != "w2" else "w3"])
+    # Node 1 computes the row (admitted on its first ask) and writes it back with its maps and feature.
+    first = _child(url, WRITE_TOKEN, 0, [text], 1e9)
+    assert first["stats"]["misses"] == 1
+    assert (first["written"]["stored"], first["written"]["maps_stored"]) == (1, 1)
+    assert first["max_diff"] < 1e-5  # keeping its maps left the row's outputs the plain model's
+    # Node 2: the near-duplicate (same length, the only entry of it) replays those maps; the row itself is exact.
+    second = _child(url, WRITE_TOKEN, 0, [near, text], 1e9)
+    assert (second["stats"]["map_hits"], second["stats"]["exact_hits"], second["stats"]["misses"]) == (1, 1, 0)
+    assert second["row_diffs"][1] < 2e-3  # the exact hit serves node 1's outputs within the fp16 budget
+    assert second["written"]["queued"] == 0  # nothing was computed, so nothing is written back
+    with with_projector.client(READ_TOKEN) as reader:
+        stats = reader.stats()
+    assert (stats.written_back_entries, stats.written_back_map_entries) == (1, 1)
+    layout = capture_entries(tiny_loaded("bert"), [text]).layout
+    assert stats.written_back_map_bytes == layout.map_nbytes(10)
+    assert stats.written_back_bytes == layout.map_nbytes(10) + layout.outputs_nbytes(10)
+
+
+def test_maps_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(with_projector: DaemonProcess) -> None:
+    ids = np.arange(5, 12)
+    with with_projector.client(WRITE_TOKEN) as writer:
+        namespace = writer.get_namespace("default")
+        before = writer.stats().entries
+        writer.lookup(exact_request("default", namespace.fingerprint, [hash_token_ids(ids)], [len(ids)]))
+        layout = namespace.layout
+        outputs = np.zeros((len(ids), layout.hidden), np.float32)
+        maps = np.full((layout.layers, layout.heads, len(ids) - 1, len(ids) - 1), 1 / (len(ids) - 1), np.float32)
+        bad = row_to_pb(ids, outputs, maps)
+        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*maps shape .* disagrees with its 7 tokens"):
+            writer.write_back("default", namespace.fingerprint, [bad])
+        assert writer.stats().entries == before
 
 
 def test_the_daemon_hashes_token_ids_as_the_client_does() -> None:

@@ -1,4 +1,5 @@
-"""WriteBack over gRPC: admission marks in Lookup, the write scope, validation, visibility, stats."""
+"""WriteBack over gRPC: admission marks in Lookup, the write scope, validation, visibility (exact and map
+tiers), stats."""
 
 from __future__ import annotations
 
@@ -6,12 +7,22 @@ import grpc
 import numpy as np
 import pytest
 from server_fixtures import FP, LAYOUT, memory_service, served
+from store_helpers import projector_blob, softmax_maps
 
-from attnstore.errors import AuthError, MapShapeError, WireFormatError, WriteBackOffError
-from attnstore.protocol.remote import exact_request
+from attnstore.errors import (
+    AuthError,
+    ChecksumError,
+    MapShapeError,
+    ProjectorChangedError,
+    WireFormatError,
+    WriteBackOffError,
+)
+from attnstore.protocol.records import LookupBatch
+from attnstore.protocol.remote import exact_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.server.auth import TokenTable
+from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.write_back import hash_token_ids
 
@@ -116,3 +127,70 @@ def test_a_write_token_cannot_delete_compact_or_verify(call):
         method = getattr(remote, call)
         with pytest.raises(AuthError, match="needs an admin token; this is a write token"):
             method("ns", [1]) if call == "delete" else method()
+
+
+def _with_maps(seed: int, length: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    ids, outputs = _row(seed, length)
+    maps = softmax_maps(LAYOUT.layers, LAYOUT.heads, length, seed=seed)  # (layers, heads, L, L), causal
+    feature = np.random.default_rng(seed).normal(size=LAYOUT.feature_dim).astype(np.float32)
+    return ids, outputs, maps, feature
+
+
+def _projector_service() -> AttnStoreService:
+    service = _service(1)
+    service.set_projector("ns", projector_blob())
+    return service
+
+
+def test_a_row_written_back_with_maps_and_feature_is_a_map_hit_at_once_and_counted():
+    ids, outputs, maps, feature = _with_maps(10)
+    with served(_projector_service()) as (_, remote):
+        _ask(remote, [(ids, outputs)])
+        reply = remote.write_back("ns", FP, [row_to_pb(ids, outputs, maps, feature, 1)])
+        assert (reply.stored, reply.maps_stored, reply.maps_bytes) == (1, 1, LAYOUT.map_nbytes(5))
+        assert reply.bytes == LAYOUT.map_nbytes(5) + LAYOUT.outputs_nbytes(5)
+        batch = LookupBatch("ns", FP, feature[None] + 1e-3, [5], max_distance=1.0, projector_version=1)
+        (match,) = remote.search(search_request(batch))
+        assert match.kind == pb.MATCH_KIND_MAP
+        stats = remote.stats()
+        assert (stats.written_back_map_entries, stats.written_back_map_bytes) == (1, LAYOUT.map_nbytes(5))
+
+
+def test_maps_without_a_feature_are_stored_but_not_searched_in_a_namespace_without_projector():
+    ids, outputs, maps, _ = _with_maps(11)
+    service = _service(1)
+    with served(service) as (_, remote):
+        _ask(remote, [(ids, outputs)])
+        assert remote.write_back("ns", FP, [row_to_pb(ids, outputs, maps)]).maps_stored == 1
+    (entry,) = service.store.entries("ns")
+    assert entry.feature is None
+    np.testing.assert_array_equal(service.read_maps("ns", entry.id), maps.astype(np.float16))
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ("dim", MapShapeError, r"feature shape \(15,\) is not the namespace's \(16,\)"),
+        ("version", ProjectorChangedError, "projected with version 7"),
+        ("maps", MapShapeError, r"maps shape \(3, 2, 4, 4\) disagrees with its 5 tokens"),
+    ],
+)
+def test_a_bad_row_with_maps_fails_the_whole_call_and_nothing_is_stored(change, error, message):
+    good, (ids, outputs, maps, feature) = _with_maps(12), _with_maps(13)
+    version = 7 if change == "version" else 1
+    if change == "dim":
+        feature = feature[:-1]
+    if change == "maps":
+        maps = maps[:, :, :4, :4]
+    with served(_projector_service()) as (_, remote):
+        _ask(remote, [good[:2], (ids, outputs)])
+        with pytest.raises(error, match=message):
+            remote.write_back("ns", FP, [row_to_pb(*good, 1), row_to_pb(ids, outputs, maps, feature, version)])
+        assert remote.stats().entries == 0
+
+
+def test_maps_bytes_that_fail_their_crc_are_refused():
+    row = row_to_pb(*_with_maps(14)[:3])
+    row.maps_crc32c ^= 1
+    with served(_service(1)) as (_, remote), pytest.raises(ChecksumError, match="maps fail their crc32c"):
+        remote.write_back("ns", FP, [row])

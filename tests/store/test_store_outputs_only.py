@@ -1,4 +1,6 @@
-"""Outputs-only entries (a node's written-back rows): every store keeps, serves, verifies, compacts and evicts them."""
+"""Written-back entries: every store (LMDB, in-memory, Redis server and Redis Cluster) keeps, serves, verifies,
+compacts and evicts outputs-only entries and full ones alike. The Redis stores run on real ``redis-server``
+processes (see ``tests/redis_servers.py``)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,36 @@ from attnstore.errors import MapShapeError, MapsNotStoredError
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
 
 
-@pytest.fixture(params=["lmdb", "memory"])
-def store(request, tmp_path):
-    opened: MapStoreBase = (
-        MapStore.open(tmp_path / "store", create=True, dram_bytes=1 << 20) if request.param == "lmdb"
-        else MemoryMapStore()
-    )
-    opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    yield opened
-    opened.close()
+@pytest.fixture(params=["lmdb", "memory", "redis", "redis-cluster"])
+def make_store(request, tmp_path):
+    opened: list[MapStoreBase] = []
+
+    def factory(max_bytes: int | None = None) -> MapStoreBase:
+        store: MapStoreBase
+        if request.param == "lmdb":
+            store = MapStore.open(tmp_path / f"store{len(opened)}", create=True, dram_bytes=1 << 20,
+                                  max_bytes=max_bytes)
+        elif request.param.startswith("redis"):
+            from attnstore.store.redis.mapstore import RedisMapStore
+            from attnstore.store.redis.settings import RedisSettings
+
+            servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
+            settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)
+            store = RedisMapStore.open(servers.url(), create=True, settings=settings)
+        else:
+            store = MemoryMapStore(max_bytes=max_bytes)
+        store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store):
+    return make_store()
 
 
 def _outputs_only(length: int, seed: int) -> NewEntry:
@@ -84,3 +107,34 @@ def test_a_written_back_duplicate_of_a_stored_entry_keeps_the_stored_one(store):
     report = store.ingest("ns", [again])
     assert report.entry_ids == [stored] and report.duplicates == 1
     assert store.read_layer("ns", stored, 0).shape == (2, 6, 6)
+
+
+def test_a_duplicate_with_a_feature_never_puts_an_outputs_only_entry_in_the_map_tier(store):
+    full = make_entry(small_layout(), 6, 11)
+    (stored,) = store.ingest("ns", [NewEntry(maps=None, token_hash=full.token_hash, outputs=full.outputs)]).entry_ids
+    report = store.ingest("ns", [full])
+    assert report.entry_ids == [stored] and report.featured == [] and report.duplicates == 1
+    assert store.entry("ns", stored).feature is None
+
+
+def test_a_written_back_full_entry_serves_maps_outputs_and_feature(store):
+    full = make_entry(small_layout(), 7, 12)
+    (entry_id,) = store.ingest("ns", [full]).entry_ids
+    np.testing.assert_array_equal(store.read_maps("ns", entry_id), np.asarray(full.maps, dtype=np.float16))
+    np.testing.assert_array_equal(store.read_outputs("ns", entry_id), np.asarray(full.outputs, dtype=np.float16))
+    np.testing.assert_array_equal(store.entry("ns", entry_id).feature, full.feature)
+
+
+def test_the_byte_cap_evicts_written_back_entries_least_recently_hit_first(make_store):
+    layout = small_layout()
+    full_bytes = layout.map_nbytes(16) + layout.outputs_nbytes(16)
+    store = make_store(max_bytes=5 * full_bytes)
+    first = store.ingest("ns", [make_entry(layout, 16, s) for s in range(2)]).entry_ids
+    written = store.ingest("ns", [_outputs_only(16, 20 + s) for s in range(2)]).entry_ids
+    store.record_hits("ns", [written[0]])  # an old written-back entry, hit since: kept
+    report = store.ingest("ns", [make_entry(layout, 16, s) for s in range(30, 33)])
+    live = {e.id for e in store.entries("ns")}
+    assert written[0] in live and set(report.entry_ids) <= live
+    assert first[0] not in live  # least recently hit goes first, written back or built
+    assert set(report.evicted["ns"]) == set(first + written) - live
+    assert store.stats().stored_bytes <= 5 * full_bytes

@@ -353,18 +353,30 @@ class IngestSummary(_message.Message):
     def __init__(self, entry_ids: _Optional[_Iterable[int]] = ..., entries: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class WrittenRow(_message.Message):
-    __slots__ = ("token_ids", "dtype", "shape", "outputs", "crc32c")
+    __slots__ = ("token_ids", "dtype", "shape", "outputs", "crc32c", "maps_dtype", "maps_shape", "maps", "maps_crc32c", "feature", "projector_version")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    MAPS_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAPS_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    MAPS_FIELD_NUMBER: _ClassVar[int]
+    MAPS_CRC32C_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
+    PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     outputs: bytes
     crc32c: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., outputs: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    maps_dtype: str
+    maps_shape: _containers.RepeatedScalarFieldContainer[int]
+    maps: bytes
+    maps_crc32c: int
+    feature: _containers.RepeatedScalarFieldContainer[float]
+    projector_version: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., outputs: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., maps_dtype: _Optional[str] = ..., maps_shape: _Optional[_Iterable[int]] = ..., maps: _Optional[bytes] = ..., maps_crc32c: _Optional[int] = ..., feature: _Optional[_Iterable[float]] = ..., projector_version: _Optional[int] = ...) -> None: ...
 
 class WriteBackRequest(_message.Message):
     __slots__ = ("namespace", "fingerprint", "rows")
@@ -377,16 +389,20 @@ class WriteBackRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[WrittenRow, _Mapping]]] = ...) -> None: ...
 
 class WriteBackResponse(_message.Message):
-    __slots__ = ("stored", "duplicates", "not_admitted", "bytes")
+    __slots__ = ("stored", "duplicates", "not_admitted", "bytes", "maps_stored", "maps_bytes")
     STORED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     NOT_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAPS_STORED_FIELD_NUMBER: _ClassVar[int]
+    MAPS_BYTES_FIELD_NUMBER: _ClassVar[int]
     stored: int
     duplicates: int
     not_admitted: int
     bytes: int
-    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., not_admitted: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    maps_stored: int
+    maps_bytes: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., not_admitted: _Optional[int] = ..., bytes: _Optional[int] = ..., maps_stored: _Optional[int] = ..., maps_bytes: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("namespace", "entry_ids")
@@ -473,7 +489,7 @@ class BucketStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after")
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after", "written_back_map_entries", "written_back_map_bytes")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -497,6 +513,8 @@ class StatsResponse(_message.Message):
     ADMISSION_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_SKETCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_MAP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_MAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     entries: int
     stored_bytes: int
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
@@ -520,7 +538,9 @@ class StatsResponse(_message.Message):
     admission_admitted: int
     admission_sketch_bytes: int
     admit_after: int
-    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ...) -> None: ...
+    written_back_map_entries: int
+    written_back_map_bytes: int
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ..., written_back_map_entries: _Optional[int] = ..., written_back_map_bytes: _Optional[int] = ...) -> None: ...
 
 class ListEntriesRequest(_message.Message):
     __slots__ = ("namespace", "maps_only")

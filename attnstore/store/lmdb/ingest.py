@@ -175,7 +175,8 @@ def write_entries(
 
 
 def _add_feature(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id: int, entry: PreparedEntry) -> bool:
-    """Give a stored entry without a feature vector ``entry``'s; False when it has one (or is unreadable)."""
+    """Give a stored entry without a feature vector ``entry``'s; False when it has one, has no maps (or is
+    unreadable)."""
     key = entry_key(namespace, entry_id)
     raw = txn.get(key, db=db.entries)
     assert raw is not None  # found live by find_existing in this transaction
@@ -183,8 +184,8 @@ def _add_feature(txn: lmdb.Transaction, db: Databases, namespace: str, entry_id:
         record = EntryRecord.from_bytes(raw)
     except ChecksumError:
         return False  # never rewrite a corrupt record (verify reports it)
-    if record.feature is not None:
-        return False
+    if record.feature is not None or not record.crcs:
+        return False  # it has one, or it is outputs-only: never searched, it has nothing to replay
     txn.put(key, replace(record, feature=entry.feature).to_bytes(), db=db.entries)
     return True
 

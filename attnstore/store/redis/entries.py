@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, WriteBackOffError
+from attnstore.errors import ChecksumError, EntryNotFoundError, MapsNotStoredError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.records import EntryRecord
 from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, chunk_field
@@ -24,20 +24,12 @@ Fields = Mapping[bytes, bytes]
 def encode_entry(
     state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
 ) -> tuple[EntryRecord, dict[bytes, bytes]]:
-    """The entry's record and every field of its hash.
-
-    Raises:
-        WriteBackOffError: an entry without maps (written back from traffic): the Redis
-            store does not keep outputs-only entries yet.
-    """
-    if entry.maps is None:
-        raise WriteBackOffError(
-            "the Redis store keeps entries with maps only: outputs-only (written-back) entries need an LMDB store"
-        )
+    """The entry's record and every field of its hash (an outputs-only entry has no chunk fields and no crcs)."""
     fields: dict[bytes, bytes] = {}
     crcs: list[int] = []
     arrays = state.arrays(entry.length)
-    for layer in range(state.layout.layers):
+    for layer in range(state.layout.layers if entry.maps is not None else 0):
+        assert entry.maps is not None
         for array, chunk in zip(arrays, state.codec.encode_layer(entry.maps[layer]), strict=True):
             data = bytes(chunk)
             fields[chunk_field(array.name, layer)] = data
@@ -92,10 +84,16 @@ def decode_layers(
     """Decode the listed layers of one entry into ``out`` ``(n_layers, heads, L, L)`` fp16, checking every crc32c.
 
     Raises:
+        MapsNotStoredError: the entry stores outputs only (written back for the exact tier).
         ChecksumError: a chunk is missing, fails its crc32c or does not decode.
     """
     arrays = state.arrays(record.length)
     n_arrays = len(arrays)
+    if not record.crcs and record.outputs_crc is not None:
+        raise MapsNotStoredError(
+            f"entry {record.id} of namespace {state.name!r} stores outputs only (written back for the exact tier):"
+            " it has no maps to replay"
+        )
     if len(record.crcs) != state.layout.layers * n_arrays:
         raise ChecksumError(
             f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} chunk crcs,"
@@ -142,7 +140,9 @@ def entry_problems(state: NamespaceState, record: EntryRecord, fields: Fields) -
     arrays = state.arrays(record.length)
     n_arrays = len(arrays)
     checked = 0
-    if len(record.crcs) != state.layout.layers * n_arrays:
+    if not record.crcs and record.outputs_crc is not None:
+        pass  # an outputs-only entry (written back for the exact tier): no map chunks to check
+    elif len(record.crcs) != state.layout.layers * n_arrays:
         problems.append(f"record has {len(record.crcs)} chunk crcs, expected {state.layout.layers * n_arrays}")
     else:
         for layer in range(state.layout.layers):

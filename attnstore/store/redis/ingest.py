@@ -26,8 +26,12 @@ def _ref_id(text: str) -> int:
 def commit(
     connection: RedisConnection, store_keys: StoreKeys, settings: RedisSettings, namespace: str,
     state: NamespaceState, entries: list[PreparedEntry], existing: dict[bytes, int], projector_version: int | None,
+    mapped: frozenset[int] = frozenset(),
 ) -> dict[bytes, tuple[str, int]]:
     """Write the hashes of the entries not in ``existing``, then register all in one script.
+
+    Only an entry in ``existing`` whose stored id is in ``mapped`` (stored with maps) may give
+    that entry its feature: an outputs-only entry is never searched (it has nothing to replay).
 
     Returns token hash -> (status, id): "a" added, "d" already stored, "f" already stored and
     featured now, "m" found by hash earlier but gone at the commit (write it anew).
@@ -59,11 +63,12 @@ def commit(
                     pipe.hset(store_keys.entry(namespace, entry_id), mapping=fields)
                     pipe.expire(store_keys.entry(namespace, entry_id), settings.entry_ttl_seconds)
                     stored = record.nbytes
-                    raw = state.layout.map_nbytes(entry.length)
+                    raw = state.layout.map_nbytes(entry.length) if entry.maps is not None else 0
                     if entry.outputs is not None:
                         raw += state.layout.outputs_nbytes(entry.length)
                 feature = b"" if entry.feature is None else entry.feature.astype("<f4").tobytes()
-                args += [entry.token_hash, entry_id, entry.length, stored, raw, feature]
+                featurable = "1" if existing.get(entry.token_hash) in mapped else "0"
+                args += [entry.token_hash, entry_id, entry.length, stored, raw, feature, featurable]
             if written:
                 pipe.execute()
         with translated(f"registering entries in {namespace!r}"):

@@ -206,11 +206,12 @@ class RedisMapStore(MapStoreBase):
         found = {h: ref.id for h, ref in zip(hashes, self._find_by_hashes(namespace, hashes), strict=True) if ref}
         vanished = set(self._forget_missing(namespace, list(found.values())))
         existing = {h: i for h, i in found.items() if i not in vanished}
+        mapped = self._with_maps(namespace, state, [i for h, i in existing.items() if unique[h].feature is not None])
         outcome: dict[bytes, tuple[str, int]] = {}
         pending = list(unique.values())
         for _ in range(_COMMIT_ROUNDS):
             results = commit(self._redis, self._keys, self._settings, namespace, state, pending, existing,
-                             projector_version)
+                             projector_version, mapped)
             outcome.update({h: r for h, r in results.items() if r[0] != "m"})
             pending = [unique[h] for h, r in results.items() if r[0] == "m"]
             existing = {}
@@ -262,6 +263,18 @@ class RedisMapStore(MapStoreBase):
         updated = [(i, int(n)) for i, n in zip(entry_ids, lengths, strict=True) if n]
         return FeaturesReport([i for i, _ in updated], [n for _, n in updated],
                               [i for i, n in zip(entry_ids, lengths, strict=True) if not n])
+
+    def _with_maps(self, namespace: str, state: NamespaceState, ids: list[int]) -> frozenset[int]:
+        """Those of ``ids`` stored with maps (not outputs-only), which may take a duplicate's feature."""
+        raws = admin.records(self._redis, self._keys, namespace, ids) if ids else []
+        mapped = set()
+        for entry_id, raw in zip(ids, raws, strict=True):
+            try:
+                if decode_record(state, entry_id, raw).crcs:
+                    mapped.add(entry_id)
+            except (EntryNotFoundError, ChecksumError):
+                continue  # gone meanwhile, or corrupt: it takes no feature
+        return frozenset(mapped)
 
     def _evict_over_cap(self, namespace: str, protect: list[int]) -> dict[str, list[int]]:
         self.flush_hits()  # recency must include the hits buffered here

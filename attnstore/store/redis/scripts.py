@@ -25,9 +25,11 @@ local function LOG(log, trimmed, ...)
 end
 """
 
-# ARGV: log cap, projector version to check ("" for none), now, n, then per entry 6 values:
+# ARGV: log cap, projector version to check ("" for none), now, n, then per entry 7 values:
 # token_hash, id ("0": not written, only match or feature an existing entry), length, stored, raw,
-# feature bytes ("" for none). Returns {status, per-entry results}: status "ok", "gone" (no such
+# feature bytes ("" for none), "1" if the feature may go to an entry already stored under the hash
+# (the caller saw that entry has maps: an outputs-only entry never takes a feature).
+# Returns {status, per-entry results}: status "ok", "gone" (no such
 # namespace) or "version <v>" (the namespace's projector version is v, not the one stated).
 # A per-entry result is "a" (added), "d id length" (already stored), "f id length" (already stored,
 # given this entry's feature) or "m" (id "0" and no entry has the hash: the caller writes it and retries).
@@ -41,13 +43,13 @@ if ARGV[2] ~= '' and ARGV[2] ~= version then return {'version ' .. version} end
 local n = tonumber(ARGV[4])
 local out, ids, lens, features = {'ok'}, {}, {}, {}
 for i = 1, n do
-  local a = 4 + (i - 1) * 6
+  local a = 4 + (i - 1) * 7
   local th, id, len = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local stored, raw, feature = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+  local stored, raw, feature, featurable = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   local found = redis.call('HGET', KEYS[2], th)
   if found then
     local old = string.match(found, '^(%d+) ')
-    if feature ~= '' and redis.call('HEXISTS', KEYS[5], old) == 0 then
+    if feature ~= '' and featurable == '1' and redis.call('HEXISTS', KEYS[5], old) == 0 then
       redis.call('HSET', KEYS[5], old, feature)
       table.insert(ids, old); table.insert(lens, string.match(found, ' (%d+)$')); table.insert(features, feature)
       out[i + 1] = 'f ' .. found

@@ -10,6 +10,7 @@ import pytest
 import torch
 from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 
+from attnstore.errors import MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.batch import Batch, batch_from_ids
 
@@ -122,3 +123,31 @@ def test_feature_source_is_one_hidden_vector_per_real_token(adapter: Adapter, ba
     features = adapter.feature_source(batch)
     assert [tuple(f.shape) for f in features] == [(length, 64) for length in batch.lengths]
     assert all(torch.isfinite(f).all() for f in features)
+
+
+def test_forward_keeping_keeps_capture_maps_of_the_rows_asked_and_leaves_outputs_the_baseline(
+    adapter: Adapter, batch: Batch
+) -> None:
+    capture = adapter.capture(batch)
+    baseline = adapter.forward(batch)
+    for keep in ([1], [0, 2], [0, 1, 2]):
+        out, kept = adapter.forward_keeping(batch, keep)
+        assert sorted(kept) == keep
+        for row in keep:
+            length = batch.lengths[row]
+            assert kept[row].dtype == torch.float16 and kept[row].shape == (adapter.num_layers, adapter.num_heads,
+                                                                            length, length)
+            assert max_diff(kept[row].float(), capture.maps[row]) <= 1e-3  # fp16 rounding of the same maps
+        for row, length in enumerate(batch.lengths):
+            assert max_diff(out[row, :length], baseline[row, :length]) <= TOL
+
+
+def test_forward_keeping_beside_replaying_rows_keeps_only_computing_rows(adapter: Adapter, batch: Batch) -> None:
+    capture = adapter.capture(batch)
+    baseline = adapter.forward(batch)
+    out, kept = adapter.forward_keeping(batch, [2], {0: capture.maps[0]})
+    assert list(kept) == [2] and max_diff(kept[2].float(), capture.maps[2]) <= 1e-3
+    for row, length in enumerate(batch.lengths):
+        assert max_diff(out[row, :length], baseline[row, :length]) <= TOL
+    with pytest.raises(MapShapeError, match=r"rows \[0, 5\] cannot keep their maps"):
+        adapter.forward_keeping(batch, [0, 5], {0: capture.maps[0]})

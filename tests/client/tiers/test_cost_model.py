@@ -107,3 +107,15 @@ def test_old_batches_weigh_less_so_a_band_whose_traffic_changes_is_followed() ->
 def test_bad_settings_are_config_errors_naming_the_values(settings: dict) -> None:
     with pytest.raises(ConfigError, match="CostSettings needs"):
         CostSettings(**settings)
+
+
+def test_maps_are_worth_writing_back_while_a_hit_saves_more_than_its_lookup_whatever_the_hit_rate() -> None:
+    model = CostModel(CostSettings(min_samples=0, explore=0.0, decay=1.0))
+    assert model.replay_pays(20)  # nothing timed yet (a namespace without a projector has no lookups)
+    _forwards(model, 20, computed=200, replayed=0, seconds=0.1, times=50)
+    _forwards(model, 20, computed=0, replayed=200, seconds=0.05, times=50)  # a 20-token hit saves 5 ms
+    model.record_lookup(20, rows=40, hits=0, seconds=0.08)  # 2 ms a row asked, no hit yet
+    assert model.replay_pays(20) and _asked(model, 20, 10) == 0  # not asked at that hit rate, yet worth storing
+    model.record_lookup(20, rows=10, hits=0, seconds=0.5)  # now 11.6 ms a row: more than a hit saves
+    assert not model.replay_pays(20)
+    assert model.estimates()[0].skipped == 10  # replay_pays counts nothing

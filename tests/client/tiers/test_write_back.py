@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from server_fixtures import FP, LAYOUT, memory_service
 
 from attnstore.errors import ConfigError
@@ -94,3 +95,22 @@ def test_embedded_mode_refuses_write_back_with_a_clear_error() -> None:
     assert start_write_back(connection, "ns", FP, False) is None
     with pytest.raises(ConfigError, match="write_back needs a daemon"):
         start_write_back(connection, "ns", FP, True)
+
+
+def test_rows_with_maps_are_stored_with_them_and_maps_over_the_queue_budget_go_without(daemon) -> None:
+    service, url = daemon
+    rows = _rows(4, seed=5)
+    causal = torch.tril(torch.ones(LAYOUT.layers, LAYOUT.heads, 6, 6))
+    maps = (causal / causal.sum(-1, keepdim=True)).to(torch.float16)  # (layers, heads, 6, 6)
+    with connect(url, token=WRITE) as connection:
+        _admit(connection, rows)
+        roomy = WriteBackWorker(connection, "ns", FP, WriteBackSettings())
+        assert all(roomy.put(ids, out, maps) for ids, out in rows[:2])
+        tight = WriteBackWorker(connection, "ns", FP, WriteBackSettings(max_queued_bytes=2 * maps.numel() - 1))
+        assert all(tight.put(ids, out, maps) for ids, out in rows[2:])
+        for worker in (roomy, tight):
+            assert worker.flush(10.0)
+            worker.close()
+    assert (roomy.stats().queued_maps, roomy.stats().maps_stored, roomy.stats().stored) == (2, 2, 2)
+    assert (tight.stats().maps_over_budget, tight.stats().maps_stored, tight.stats().stored) == (2, 0, 2)
+    assert service.write_backs.stats().map_entries == 2
