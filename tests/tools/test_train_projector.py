@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from cache_helpers import sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AuthError, FingerprintMismatchError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch, NewEntry
@@ -21,6 +21,7 @@ from attnstore.protocol.remote import RemoteStore, lookup_request, search_reques
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
+from attnstore_client.cache import AttnCache
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
@@ -209,3 +210,27 @@ def test_entries_read_in_many_small_fetches_all_get_a_vector(
     assert (report.entries, report.featured, report.missing, report.without_tokens) == (20, 20, 0, 0)
     assert [int(e.entry_id) for e in listed] == ids and all(e.has_feature for e in listed)
     assert report.fit.calibration is None
+
+
+def test_a_cold_namespace_filled_by_write_back_traffic_then_trained_serves_map_hits_to_another_node(
+    daemon: DaemonProcess, model_folder: Path, loaded: LoadedModel, namespace: str
+) -> None:
+    url = f"grpc://{daemon.target}"
+    # Node 1: the same traffic twice; the daemon admits each row on its second ask (--admit-after 2) and the
+    # node writes it back with its maps (no node-local tier, so the second pass asks the store again).
+    with AttnCache(loaded, url, namespace=namespace, token=WRITE_TOKEN, write_back=True,
+                   exact_cache_bytes=0) as writer:
+        for _ in range(2):
+            writer.encode(TEXTS, batch_size=8)
+        assert writer.write_back is not None
+        writer.write_back.flush(60.0)
+        assert writer.write_back.stats().maps_stored == len(TEXTS)
+    with daemon.client(ADMIN_TOKEN) as admin:
+        assert all(e.has_maps and not e.has_feature for e in admin.iter_entries(namespace))
+    assert _train(daemon, model_folder, namespace) == 0
+    words = TEXTS[0].split()
+    near = " ".join(words[:-1] + [next(w for w in ("w2", "w3") if w != words[-1])])
+    # Node 2, after the training: the near-duplicate replays the maps node 1 wrote back.
+    with AttnCache(loaded, url, namespace=namespace, token=WRITE_TOKEN, max_distance=1e6) as reader:
+        reader.encode([near, TEXTS[1]])
+        assert reader.last_row_kinds == ("map", "exact")
