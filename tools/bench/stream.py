@@ -1,7 +1,8 @@
 """``attnstore bench stream``: Loghub lines streamed by several node processes sharing one daemon.
 
 The 8 Loghub systems of ``../shared/data/loghub``: the first ``--build-lines``
-lines of each fill the store (and the dict caches); the stream is the rest, in
+lines of each are the build corpus (``attnstore build``: maps, projector,
+calibration, gate) and pre-fill the dict caches; the stream is the rest, in
 their original order, systems interleaved in blocks of 50 lines, cut to
 ``--limit`` lines. ``--nodes`` processes (``--threads`` torch threads each) take
 batches of ``--batch`` rows dealt round-robin, all starting together. Variants,
@@ -9,15 +10,18 @@ each on the same stream and the same number of processes, one after the other:
 
 - ``plain``: sentence-transformers ``encode``;
 - ``dict``: each process its own dict output cache, pre-filled with the build lines;
-- ``attnstore``: ``AttnCache`` against the daemon, write-back off (exact tiers:
-  the node's own and the store's, pre-filled with the build lines);
-- ``attnstore_write_back``: the same with write-back on (its own namespace, pre-filled alike).
+- ``attnstore``: ``AttnCache`` against the built namespace, write-back off
+  (the exact tiers, the node's own and the store's, and map replay);
+- ``attnstore_exact_write_back``: the store's exact tier alone (no map lookups),
+  write-back on;
+- ``attnstore_write_back``: everything: exact tiers, map replay, write-back on.
 
-The namespaces are exact-tier only (``admin create-namespace``: cold start), so
-there are no map hits here: the margin over the dict is what sharing and
-write-back alone earn. Reports rows/s per variant, hit rates by kind, fidelity
-(cosine per row to ``plain``), store bytes and daemon RSS at the end, errors,
-and a PNG of the hit rate over the stream.
+Every AttnStore variant gets its own copy of the built store and its own daemon
+(``--max-bytes``, ``--dram-bytes``, ``--admit-after``), so what one variant
+writes back no other sees. Reports rows/s per variant, hit rates by kind,
+fidelity (cosine per row to ``plain``), store bytes and daemon RSS at the end
+(against its RSS at start plus its caps), errors, and a PNG of the hit rates
+over the stream. The speedups are ``attnstore_write_back``'s.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +45,10 @@ from attnstore_tools.arguments import documented_parser
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.output import write_json
 
-VARIANTS = ("plain", "dict", "attnstore", "attnstore_write_back")
+VARIANTS = ("plain", "dict", "attnstore", "attnstore_exact_write_back", "attnstore_write_back")
+STORE_VARIANTS = VARIANTS[2:]  # each with its own copy of the built store and its own daemon
+WRITING = frozenset({"attnstore_exact_write_back", "attnstore_write_back"})
+NAMESPACE = "stream"
 LOGHUB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "loghub"
 _ADMIN, _WRITE = "bench-admin-token-0123456789", "bench-write-token-0123456789"
 _BLOCK = 50  # lines of one system before the next system's
@@ -56,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=4, help="node processes")
     p.add_argument("--batch", type=int, default=32, help="rows per encode call")
     p.add_argument("--threads", type=int, default=1, help="torch threads per node")
-    p.add_argument("--admit-after", type=int, default=2, help="the daemon's --admit-after")
+    p.add_argument("--admit-after", type=int, default=2, help="the daemons' --admit-after")
+    p.add_argument("--max-bytes", type=int, default=2 << 30, help="the daemons' --max-bytes (stored bytes cap)")
+    p.add_argument("--dram-bytes", type=int, default=256 << 20, help="the daemons' --dram-bytes (decoded maps cap)")
     p.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     p.add_argument("--plot", type=Path, default=None, help="write the hit-rate plot here (PNG)")
     p.set_defaults(func=run)
@@ -81,10 +91,12 @@ def load_stream(data: Path, build_lines: int, limit: int) -> tuple[list[str], li
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON (and the plot); returns the exit code."""
-    if min(args.build_lines, args.limit, args.nodes, args.batch, args.threads) < 1 or args.admit_after < 1:
+    if min(args.build_lines, args.limit, args.nodes, args.batch, args.threads, args.admit_after,
+           args.max_bytes, args.dram_bytes) < 1:
         raise ConfigError(
-            "need --build-lines, --limit, --nodes, --batch, --threads and --admit-after >= 1; got "
-            f"{args.build_lines}, {args.limit}, {args.nodes}, {args.batch}, {args.threads}, {args.admit_after}"
+            "need --build-lines, --limit, --nodes, --batch, --threads, --admit-after, --max-bytes and --dram-bytes"
+            f" >= 1; got {args.build_lines}, {args.limit}, {args.nodes}, {args.batch}, {args.threads},"
+            f" {args.admit_after}, {args.max_bytes}, {args.dram_bytes}"
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     build, stream = load_stream(args.data, args.build_lines, args.limit)
@@ -94,18 +106,30 @@ def run(args: argparse.Namespace) -> int:
     tokens = work / "tokens"
     tokens.write_text(f"admin {_ADMIN}\nwrite {_WRITE}\n", encoding="utf-8")
     tokens.chmod(0o600)
-    daemon = ServeProcess(work / "store", work, args=("--token-file", str(tokens), "--admit-after",
-                                                      str(args.admit_after))).start()
-    try:
-        url = f"grpc://{daemon.target}"
-        _prefill(args, daemon, url, build, work)
-        reports = {v: _run_variant(args, v, url, work, len(stream)) for v in VARIANTS}
-        with daemon.client(_ADMIN) as admin:
-            stats = admin.stats()
-        rss = _rss_bytes(daemon.pid)
-    finally:
-        daemon.stop()
-    result = _summarise(args, reports, len(stream), stats.stored_bytes, rss)
+    built_s = _build(args, build, work)
+    reports = {v: _run_variant(args, v, "", work) for v in VARIANTS[:2]}
+    daemons = {}
+    for variant in STORE_VARIANTS:
+        store = work / f"store-{variant}"
+        shutil.copytree(work / "built", store)
+        (work / variant).mkdir()
+        daemon = ServeProcess(store, work / variant, args=(
+            "--token-file", str(tokens), "--admit-after", str(args.admit_after),
+            "--max-bytes", str(args.max_bytes), "--dram-bytes", str(args.dram_bytes))).start()
+        try:
+            rss_start = _rss_bytes(daemon.pid)
+            reports[variant] = _run_variant(args, variant, f"grpc://{daemon.target}", work)
+            with daemon.client(_ADMIN) as admin:
+                stats = admin.stats()
+            daemons[variant] = {"store_bytes": stats.stored_bytes, "entries": stats.entries,
+                                "written_back_entries": stats.written_back_entries,
+                                "written_back_bytes": stats.written_back_bytes,
+                                "store_evictions": stats.store_evictions,
+                                "rss_start_bytes": rss_start, "rss_end_bytes": _rss_bytes(daemon.pid)}
+        finally:
+            daemon.stop()
+    result = _summarise(args, reports, len(stream), daemons)
+    result["build_seconds"] = built_s
     _print(result)
     if args.plot is not None:
         _plot(reports, args.plot)
@@ -114,36 +138,34 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["errors"] == 0 else 1
 
 
-def _prefill(args: argparse.Namespace, daemon: ServeProcess, url: str, build: list[str], work: Path) -> None:
-    """Create both namespaces (cold start), fill each with the build lines by write-back, embed them for the dicts."""
+def _build(args: argparse.Namespace, build: list[str], work: Path) -> float:
+    """Build the namespace from the build lines (``attnstore build``), embed them for the dicts; returns seconds."""
     import torch
 
-    from attnstore_client.cache import AttnCache
     from attnstore_client.models import load_model
-    from attnstore_tools.cold_start import create_exact_namespace
 
+    corpus = work / "build.txt"
+    corpus.write_text("".join(line.replace("\n", " ") + "\n" for line in build), encoding="utf-8")
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "attnstore_tools.cli", "build", "--model", args.model, "--corpus",
+                    str(corpus), "--store", str(work / "built"), "--namespace", NAMESPACE,
+                    "--batch-size", str(args.batch)], check=True)
+    seconds = time.perf_counter() - started
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     assert loaded.sentence_transformer is not None, "bench stream needs a sentence-transformers model"
-    with daemon.client(_ADMIN) as admin:
-        for namespace in VARIANTS[2:]:
-            create_exact_namespace(admin, loaded, namespace)
-    for namespace in VARIANTS[2:]:
-        with AttnCache(loaded, url, namespace=namespace, token=_WRITE, write_back=True, exact_cache_bytes=0) as cache:
-            for _ in range(args.admit_after):  # the last pass is admitted and written back
-                cache.encode(build, batch_size=args.batch)
-            assert cache.write_back is not None
-            cache.write_back.flush(120.0)
     np.save(work / "build.npy", loaded.sentence_transformer.encode(build, batch_size=args.batch))
+    return seconds
 
 
-def _run_variant(args: argparse.Namespace, variant: str, url: str, work: Path, count: int) -> list[dict[str, Any]]:
+def _run_variant(args: argparse.Namespace, variant: str, url: str, work: Path) -> list[dict[str, Any]]:
     """Start the nodes, wait until all loaded, start them together, collect their reports."""
     procs = []
     for node in range(args.nodes):
         spec = {"variant": variant, "node": node, "nodes": args.nodes, "batch": args.batch, "url": url,
-                "token": _WRITE, "namespace": variant, "work": str(work), "threads": args.threads,
-                "model": args.model}
+                "token": _WRITE, "namespace": NAMESPACE, "work": str(work), "threads": args.threads,
+                "model": args.model, "maps": variant != "attnstore_exact_write_back",
+                "write_back": variant in WRITING}
         path = work / f"spec-{variant}-{node}.json"
         path.write_text(json.dumps(spec), encoding="utf-8")
         with (work / f"{variant}-{node}.log").open("wb") as log:  # the child keeps its own descriptor
@@ -181,8 +203,8 @@ def _in_stream_order(reports: list[dict[str, Any]], count: int) -> tuple[np.ndar
     return out, kinds
 
 
-def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]], count: int, store_bytes: int,
-               rss: int | None) -> dict[str, Any]:
+def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]], count: int,
+               daemons: dict[str, dict[str, Any]]) -> dict[str, Any]:
     plain, _ = _in_stream_order(reports["plain"], count)
     variants: dict[str, Any] = {}
     errors = 0
@@ -202,15 +224,23 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
             "frac_cos_099": None if cosine is None else float((cosine >= 0.99).mean()),
             "min_cos": None if cosine is None else float(cosine.min()),
             "written_back": [r["written"] for r in nodes if r["written"]], "errors": failed,
+            "daemon": daemons.get(variant),
         }
     best, rate = variants["attnstore_write_back"], lambda v: variants[v]["rows_per_s"] or float("nan")
+    daemon = daemons["attnstore_write_back"]
+    # The daemon's growth must fit its caps: stored bytes are mapped (LMDB), decoded maps sit in the DRAM tier.
+    caps = args.max_bytes + args.dram_bytes
+    within = (None if daemon["rss_start_bytes"] is None or daemon["rss_end_bytes"] is None
+              else daemon["rss_end_bytes"] - daemon["rss_start_bytes"] <= caps)
     return {
         "stream_rows": count, "nodes": args.nodes, "batch": args.batch, "threads": args.threads,
         "model": args.model, "admit_after": args.admit_after, "build_lines": args.build_lines,
+        "max_bytes": args.max_bytes, "dram_bytes": args.dram_bytes,
         "speedup_vs_plain": rate("attnstore_write_back") / rate("plain"),
         "speedup_vs_dict": rate("attnstore_write_back") / rate("dict"),
         "frac_cos_099": best["frac_cos_099"], "min_cos": best["min_cos"], "errors": errors,
-        "store_bytes": store_bytes, "daemon_rss_bytes": rss, "variants": variants,
+        "store_bytes": daemon["store_bytes"], "daemon_rss_bytes": daemon["rss_end_bytes"],
+        "daemon_rss_within_caps": within, "variants": variants,
     }
 
 
@@ -225,14 +255,16 @@ def _rss_bytes(pid: int) -> int | None:
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"{'variant':22} {'rows/s':>8} {'exact':>6} {'miss':>6} {'cos>=.99':>8} {'min cos':>8}")
+    print(f"{'variant':28} {'rows/s':>8} {'exact':>6} {'map':>6} {'miss':>6} {'cos>=.99':>8} {'min cos':>8}")
     for name, v in result["variants"].items():
         frac = "-" if v["frac_cos_099"] is None else f"{v['frac_cos_099']:.4f}"
         low = "-" if v["min_cos"] is None else f"{v['min_cos']:.4f}"
-        print(f"{name:22} {v['rows_per_s']:8.1f} {v['hit_rate']['exact']:6.3f} {v['hit_rate']['miss']:6.3f}"
+        rates = v["hit_rate"]
+        print(f"{name:28} {v['rows_per_s']:8.1f} {rates['exact']:6.3f} {rates['map']:6.3f} {rates['miss']:6.3f}"
               f" {frac:>8} {low:>8}")
     print(f"speedup vs plain {result['speedup_vs_plain']:.3f}, vs dict {result['speedup_vs_dict']:.3f};"
-          f" store {result['store_bytes']} B, daemon RSS {result['daemon_rss_bytes']} B, errors {result['errors']}")
+          f" store {result['store_bytes']} B, daemon RSS {result['daemon_rss_bytes']} B"
+          f" (within caps: {result['daemon_rss_within_caps']}), errors {result['errors']}")
 
 
 def _plot(reports: dict[str, list[dict[str, Any]]], path: Path) -> None:
@@ -245,9 +277,12 @@ def _plot(reports: dict[str, list[dict[str, Any]]], path: Path) -> None:
     for variant in VARIANTS[1:]:
         count = sum(len(r["rows"]) for r in reports[variant])
         _, kinds = _in_stream_order(reports[variant], count)
-        hits = np.array([k == "exact" for k in kinds], dtype=np.float64)
-        window = max(1, min(500, len(hits) // 10))
-        ax.plot(np.convolve(hits, np.ones(window) / window, mode="valid"), label=f"{variant}: exact hits")
+        window = max(1, min(500, count // 10))
+        for kind in ("exact", "map") if variant in STORE_VARIANTS else ("exact",):
+            hits = np.array([k == kind for k in kinds], dtype=np.float64)
+            if kind == "map" and not hits.any():
+                continue
+            ax.plot(np.convolve(hits, np.ones(window) / window, mode="valid"), label=f"{variant}: {kind} hits")
     ax.set_xlabel("stream position (rows)")
     ax.set_ylabel("hit rate (rolling mean)")
     ax.legend()

@@ -4,9 +4,10 @@
 
 SPEC (JSON, written by ``bench.stream``): variant, node, nodes, batch, url, token,
 namespace, work (folder with ``stream.json``, ``build.json``, ``build.npy``),
-threads. The node loads its model, writes ``ready-NODE``, waits for ``go``, then
-encodes its batches (every ``nodes``-th batch of ``batch`` rows from its index)
-and writes ``VARIANT-NODE.npy`` (its embeddings, in its rows' order) and
+threads, model, maps (whether to look maps up), write_back. The node loads its
+model, writes ``ready-NODE``, waits for ``go``, then encodes its batches (every
+``nodes``-th batch of ``batch`` rows from its index) and writes
+``VARIANT-NODE.npy`` (its embeddings, in its rows' order) and
 ``VARIANT-NODE.json`` (rows, kinds, start and end times, write-back stats, error).
 """
 
@@ -52,7 +53,8 @@ def run(spec: dict[str, Any]) -> None:
         table = dict(zip(build, np.load(work / "build.npy"), strict=True))
     elif variant != "plain":
         cache = AttnCache(loaded, spec["url"], namespace=spec["namespace"], token=spec["token"],
-                          write_back=variant == "attnstore_write_back")
+                          write_back=bool(spec["write_back"]))
+        cache.maps = bool(spec["maps"])
     (work / f"ready-{variant}-{node}").touch()
     while not (work / f"go-{variant}").exists():
         time.sleep(0.01)
