@@ -28,7 +28,9 @@ cheaper than splitting the batch at every layer) and the admitted rows' maps are
 copied out, fp16 as stored, for the worker thread to serialise. No second
 forward runs, and batches without such a row run the model's kernel as before.
 Measured on all-MiniLM-L6-v2 at 1 torch thread: +6.5% to +8.6% CPU time for a
-batch that keeps maps, nothing for one that does not (docs/OPERATIONS.md).
+batch that keeps maps, nothing for one that does not (docs/OPERATIONS.md); so
+batches that keep maps are held to ``WriteBackSettings.capture_share`` (0.5) of
+the computed tokens, and the miss path to under 5% more.
 
 A hit whose maps cannot be delivered (a row error, a bad checksum, the daemon
 going away, the deadline) is computed instead and counted as a fallback; the
@@ -197,6 +199,8 @@ class Prefill:
         self.prefix_layout: PrefixLayout | None = None  # the namespace's, for a causal model; None: no prefix tier
         self.reload_namespace: Callable[[], None] | None = None
         self.write_back: WriteBackWorker | None = None
+        self._computed_tokens = 0  # padded tokens of computed rows forwarded so far
+        self._capturing_tokens = 0  # of those, the ones in batches that kept maps (held to capture_share)
 
     def hidden_states(
         self, rows: Sequence[Sequence[int]], counts: CallCounts, *, batch_size: int, progress: bool = False
@@ -453,7 +457,7 @@ class Prefill:
         """
         started = time.perf_counter()
         slots = {position: i for position, i in enumerate(rows) if i in hits}  # batch position -> row
-        keeping = [position for position, i in enumerate(rows) if i in keep]
+        keeping = self._keeping(rows, keep, max(batch.lengths) * (batch.size - len(slots)))
         replayed: list[int] = []
         if not slots:
             out, kept = self._forward(batch, keeping)  # (B, P, hidden)
@@ -471,6 +475,20 @@ class Prefill:
             done[i] = out[position, : batch.lengths[position]]  # (L, hidden)
         for position in replayed:
             kinds[rows[position]] = "map"
+
+    def _keeping(self, rows: list[int], keep: set[int], computed_tokens: int) -> list[int]:
+        """The batch positions whose maps this forward keeps: those of ``keep`` while batches that kept maps
+        hold at most ``capture_share`` of the computed tokens so far (past it the rows go back with outputs
+        only), so the capture's cost stays a bounded share of the miss path."""
+        keeping = [position for position, i in enumerate(rows) if i in keep]
+        within = self.write_back is not None and (
+            self._capturing_tokens <= self.write_back.settings.capture_share * self._computed_tokens
+        )
+        self._computed_tokens += computed_tokens
+        if not keeping or not within:
+            return []
+        self._capturing_tokens += computed_tokens
+        return keeping
 
     def _forward(
         self, batch: Batch, keeping: list[int], replay: dict[int, _StreamedLayers] | None = None

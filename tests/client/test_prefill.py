@@ -12,13 +12,19 @@ from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.protocol.records import LookupBatch
+from attnstore.protocol.remote import RemoteStore
+from attnstore.server.auth import TokenTable
+from attnstore.server.server import create_server
 from attnstore.service import AttnStoreService
+from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.store import MemoryMapStore
 from attnstore_client.batch import Batch
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import Match
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.cost_model import CostSettings
+from attnstore_client.tiers.write_back import WriteBackSettings
+from attnstore_tools.cold_start import create_exact_namespace
 
 TEXTS = sentences(12, seed=11)
 STORED = TEXTS[:4]
@@ -151,3 +157,29 @@ def test_an_all_miss_workload_stops_asking_for_maps_after_the_warm_up_and_explor
     [band] = stats.estimates
     assert (band.low, band.high, band.hit_rate, band.worth) == (1, 8, 0.0, False)
     assert band.asked == 40 + asked and band.skipped == 360 - asked
+
+
+@pytest.mark.parametrize(("share", "kept"), [(0.5, 32), (1.0, 64)])
+def test_batches_that_keep_maps_for_write_back_hold_at_most_the_capture_share_of_the_computed_tokens(
+    share: float, kept: int
+) -> None:
+    loaded = tiny_loaded("bert")
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    service.admission = Admission(AdmissionConfig(admit_after=1))  # every miss admitted, maps wanted for all
+    admin_token, write_token = "a" * 20, "w" * 20
+    server, port = create_server(service, "127.0.0.1:0", tokens=TokenTable((("admin", admin_token),
+                                                                             ("write", write_token))))
+    server.start()
+    try:
+        url = f"grpc://127.0.0.1:{port}"
+        with RemoteStore(f"127.0.0.1:{port}", token=admin_token) as admin:
+            create_exact_namespace(admin, loaded, "cold")
+        texts = sentences(64, seed=3, min_words=6, max_words=6)  # one length: batches of equal tokens
+        with AttnCache(loaded, url, namespace="cold", token=write_token, exact_cache_bytes=0,
+                       write_back=WriteBackSettings(capture_share=share)) as cache:
+            cache.encode(texts, batch_size=8)  # 8 batches; at 0.5 every other one keeps maps
+            assert cache.write_back is not None and cache.write_back.flush(30.0)
+            stats = cache.write_back.stats()
+    finally:
+        server.stop(0)
+    assert (stats.stored, stats.queued_maps, stats.maps_stored) == (64, kept, kept)

@@ -25,6 +25,7 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
+from attnstore_client.tiers.write_back import WriteBackSettings
 from attnstore_tools.build.fit import FitConfig
 from attnstore_tools.cli import main
 from attnstore_tools.cold_start import create_exact_namespace
@@ -218,8 +219,8 @@ def test_a_cold_namespace_filled_by_write_back_traffic_then_trained_serves_map_h
     url = f"grpc://{daemon.target}"
     # Node 1: the same traffic twice; the daemon admits each row on its second ask (--admit-after 2) and the
     # node writes it back with its maps (no node-local tier, so the second pass asks the store again).
-    with AttnCache(loaded, url, namespace=namespace, token=WRITE_TOKEN, write_back=True,
-                   exact_cache_bytes=0) as writer:
+    with AttnCache(loaded, url, namespace=namespace, token=WRITE_TOKEN, exact_cache_bytes=0,
+                   write_back=WriteBackSettings(capture_share=1.0)) as writer:  # every batch keeps maps
         for _ in range(2):
             writer.encode(TEXTS, batch_size=8)
         assert writer.write_back is not None
