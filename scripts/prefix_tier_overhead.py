@@ -1,6 +1,6 @@
 """What the prefix tier costs calls that no stored prefix serves: AttnCache with it on vs off, same store.
 
-    python scripts/prefix_tier_overhead.py [--rounds 9] [--queries 64] [--json FILE]
+    python scripts/prefix_tier_overhead.py [--tasks mmlu,sts,sst2] [--rounds 9] [--queries 64] [--json FILE]
 
 For the 0-shot tasks of ``attnstore eval`` with SmolLM2 (mmlu, sts, sst2: the
 stores ``attnstore eval`` built under runs/eval/stores, their namespaces), one
@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 STORES = {  # task -> (store folder, namespace) as `attnstore eval <task> --model smollm2` builds them
     "mmlu": ("smollm2-mmlu-0shot-n20", "mmlu-0shot"),
     "sts": ("smollm2-sts-n3000", "sts"),
-    "sst2": ("smollm2-sst2-n10000", "sst2"),
+    "sst2": ("smollm2-sst2-n2000", "sst2"),
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default=",".join(STORES), help="comma-separated, of " + ", ".join(STORES))
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--queries", type=int, default=64)
     parser.add_argument("--stores", type=Path, default=ROOT / "runs" / "eval" / "stores")
@@ -47,7 +48,8 @@ def main() -> None:
     torch.set_num_threads(1)
     loaded = load_model("smollm2")
     results = {}
-    for task_name, (folder, namespace) in STORES.items():
+    for task_name in args.tasks.split(","):
+        folder, namespace = STORES[task_name]
         if not (args.stores / folder).exists():
             print(f"{task_name}: no store {args.stores / folder} (run `attnstore eval {task_name} --model smollm2`)")  # noqa: T201
             continue
