@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from attnstore_client.batch import batch_from_ids
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_tools.build.calibration import CalibrationConfig
+from attnstore_tools.build.command import groups_of
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
 from attnstore_tools.build.training import MIN_CORPUS
 
@@ -159,7 +160,7 @@ def _read_maps(
     read: list[_Row] = []
     paths: list[Path] = []
     bar = tqdm(total=len(rows), desc="read maps", unit="entry", disable=not config.progress)
-    for group in _groups(rows, config.fetch_entries, config.fetch_bytes, lambda r: layout.map_nbytes(len(r.ids))):
+    for group in groups_of(rows, config.fetch_entries, config.fetch_bytes, lambda r: layout.map_nbytes(len(r.ids))):
         for row, maps in _fetch(remote, namespace, fingerprint, group):
             path = scratch / f"{row.entry_id}.maps.npy"
             np.save(path, maps)
@@ -228,19 +229,6 @@ def _send_features(
     return updated, gone
 
 
-def _groups(rows: list[_Row], size: int, byte_cap: int, bytes_of: Callable[[_Row], int]) -> Iterator[list[_Row]]:
-    """Consecutive groups of at most ``size`` rows and about ``byte_cap`` bytes (at least one row each)."""
-    group: list[_Row] = []
-    total = 0
-    for row in rows:
-        nbytes = bytes_of(row)
-        if group and (len(group) == size or total + nbytes > byte_cap):
-            yield group
-            group, total = [], 0
-        group.append(row)
-        total += nbytes
-    if group:
-        yield group
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,4 +251,3 @@ def run(args: argparse.Namespace, remote: RemoteStore) -> TrainProjectorReport:
                     calibration=None if args.no_calibration else CalibrationConfig())
     config = TrainProjectorConfig(fit=fit, batch_size=args.batch_size, progress=not args.no_progress)
     return train_namespace_projector(remote, load_model(args.model), args.namespace, config)
-

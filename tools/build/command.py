@@ -20,9 +20,10 @@ import argparse
 import logging
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, s
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
 from attnstore_tools.corpus import read_texts
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -215,19 +217,19 @@ def _unique_unstored(rows: list[_Row], service: AttnStoreService, namespace: str
     return [row for row in seen.values() if service.store.find_by_hash(namespace, row.token_hash) is None]
 
 
-def _batches(rows: list[_Row], size: int, byte_cap: int, bytes_of) -> Iterator[list[_Row]]:
-    """Rows in consecutive groups of at most ``size`` rows and about ``byte_cap`` bytes."""
-    batch: list[_Row] = []
+def groups_of(items: Sequence[T], size: int, byte_cap: int, bytes_of: Callable[[T], int]) -> Iterator[list[T]]:
+    """``items`` in consecutive groups of at most ``size`` items and about ``byte_cap`` bytes (at least one each)."""
+    group: list[T] = []
     total = 0
-    for row in rows:
-        nbytes = bytes_of(row)
-        if batch and (len(batch) == size or total + nbytes > byte_cap):
-            yield batch
-            batch, total = [], 0
-        batch.append(row)
+    for item in items:
+        nbytes = bytes_of(item)
+        if group and (len(group) == size or total + nbytes > byte_cap):
+            yield group
+            group, total = [], 0
+        group.append(item)
         total += nbytes
-    if batch:
-        yield batch
+    if group:
+        yield group
 
 
 def _capture(
@@ -239,7 +241,8 @@ def _capture(
     pad_id = adapter.loaded.tokenizer.pad_token_id
     captured: list[_Captured] = []
     bar = tqdm(total=len(ordered), desc="capture", unit="row", disable=not progress)
-    for batch_rows in _batches(ordered, config.batch_size, config.capture_bytes, lambda r: per_token * len(r.ids) ** 2):
+    capture_groups = groups_of(ordered, config.batch_size, config.capture_bytes, lambda r: per_token * len(r.ids) ** 2)
+    for batch_rows in capture_groups:
         batch = batch_from_ids([r.ids for r in batch_rows], pad_id)
         sources = adapter.feature_source(batch)
         capture = adapter.capture(batch)
@@ -293,7 +296,7 @@ def _ingest(
     per_token = service.get_namespace(namespace).layout.map_nbytes(1)
     rows = [c.row for c in captured]
     bar = tqdm(total=len(rows), desc="ingest", unit="entry", disable=not progress)
-    for batch_rows in _batches(rows, 4096, config.ingest_bytes, lambda r: per_token * len(r.ids) ** 2):
+    for batch_rows in groups_of(rows, 4096, config.ingest_bytes, lambda r: per_token * len(r.ids) ** 2):
         items = [by_row[id(r)] for r in batch_rows]
         features = projector.project([c.source for c in items])  # (n, dim)
         entries = [
