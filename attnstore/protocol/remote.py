@@ -369,6 +369,11 @@ class RemoteStore:
         """``read(seconds left)``: one whole read-only stream, received and assembled; sent again, whole,
         while :func:`retries_stream` says so (a broken stream's partial reply is dropped with it)."""
         limit = timeout or self._timeout
+        if self.stream_retries == 0:  # one daemon: nothing to resend to, one plain call
+            try:
+                return read(limit)
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc) from exc
         deadline = None if limit is None else time.monotonic() + limit
         attempt = 0
         while True:
