@@ -16,7 +16,7 @@ import crc32c
 import lmdb
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, MapsNotStoredError
+from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, EntryRef
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
@@ -27,6 +27,7 @@ from attnstore.store.lmdb.records import (
     EntryRecord,
     HitRecord,
     bucket_key,
+    check_map_record,
     entry_key,
     ns_prefix,
     split_entry_key,
@@ -138,16 +139,7 @@ def decode_layers(
     """
     arrays = state.arrays(record.length)
     n_arrays = len(arrays)
-    if not record.crcs and record.outputs_crc is not None:
-        raise MapsNotStoredError(
-            f"entry {record.id} of namespace {state.name!r} stores outputs only (written back for the exact tier):"
-            " it has no maps to replay"
-        )
-    if len(record.crcs) != state.layout.layers * n_arrays:
-        raise ChecksumError(
-            f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} chunk crcs,"
-            f" expected {state.layout.layers * n_arrays}"
-        )
+    check_map_record(state, record, n_arrays)
     codec = state.codec
     name, length, slot = state.name, record.length, record.slot
     if codec.raw_fp16:

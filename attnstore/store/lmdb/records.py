@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError
+from attnstore.errors import ChecksumError, MapsNotStoredError
 from attnstore.protocol.records import EntryInfo
+from attnstore.store.arrays import NamespaceState
 
 _SEP = b"\x00"
 
@@ -218,3 +219,22 @@ class HitRecord:
         if raw is None:
             return cls(0, 0.0)
         return cls(*_HITS.unpack(bytes(raw)))
+
+
+def check_map_record(state: NamespaceState, record: EntryRecord, n_arrays: int) -> None:
+    """Check, before reading them, that ``record`` stores maps in ``n_arrays`` arrays per layer (every backend).
+
+    Raises:
+        MapsNotStoredError: the entry stores outputs only (written back for the exact tier).
+        ChecksumError: the record lists another number of chunk crcs than the layout has chunks.
+    """
+    if not record.crcs and record.outputs_crc is not None:
+        raise MapsNotStoredError(
+            f"entry {record.id} of namespace {state.name!r} stores outputs only (written back for the exact tier):"
+            " it has no maps to replay"
+        )
+    if len(record.crcs) != state.layout.layers * n_arrays:
+        raise ChecksumError(
+            f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} chunk crcs,"
+            f" expected {state.layout.layers * n_arrays}"
+        )

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, MapsNotStoredError
+from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.lmdb.records import EntryRecord
+from attnstore.store.lmdb.records import EntryRecord, check_map_record
 from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, chunk_field
 from attnstore.store.validate import PreparedEntry
 
@@ -89,16 +89,7 @@ def decode_layers(
     """
     arrays = state.arrays(record.length)
     n_arrays = len(arrays)
-    if not record.crcs and record.outputs_crc is not None:
-        raise MapsNotStoredError(
-            f"entry {record.id} of namespace {state.name!r} stores outputs only (written back for the exact tier):"
-            " it has no maps to replay"
-        )
-    if len(record.crcs) != state.layout.layers * n_arrays:
-        raise ChecksumError(
-            f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} chunk crcs,"
-            f" expected {state.layout.layers * n_arrays}"
-        )
+    check_map_record(state, record, n_arrays)
     per_layer = []
     for layer in layers:
         chunks = []
