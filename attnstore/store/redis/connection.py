@@ -75,14 +75,18 @@ RETRIED: tuple[type[BaseException], ...] = (
 T = TypeVar("T")
 
 
-_RETRIED_OR_RACE: tuple[type[BaseException], ...] = (*RETRIED, AttributeError)
+_RETRIED_OR_RACE: tuple[type[BaseException], ...] = (*RETRIED, AttributeError, ValueError)
 
 
-def _dropped_under_us(exc: AttributeError) -> bool:
+def _dropped_under_us(exc: AttributeError | ValueError) -> bool:
     """Whether ``exc`` is redis-py's race, not a bug of ours: at a failover one thread's cluster client
     resets the connection pools and disconnects connections another thread is reading from, whose
-    parser then finds its buffer gone ("'NoneType' object has no attribute 'readline'")."""
-    return "'NoneType' object has no attribute" in str(exc)
+    parser then finds its buffer gone ("'NoneType' object has no attribute 'readline'") or its socket
+    file closed ("I/O operation on closed file")."""
+    message = str(exc)
+    if isinstance(exc, AttributeError):
+        return "'NoneType' object has no attribute" in message
+    return "I/O operation on closed file" in message
 
 
 class RetryCounts:
@@ -117,7 +121,7 @@ def retried(call: Callable[[], T], seconds: float, counts: RetryCounts | None = 
         try:
             result = call()
         except _RETRIED_OR_RACE as exc:
-            if isinstance(exc, AttributeError) and not _dropped_under_us(exc):
+            if isinstance(exc, (AttributeError, ValueError)) and not _dropped_under_us(exc):
                 raise
             if time.monotonic() + pause > deadline:
                 if counts is not None:

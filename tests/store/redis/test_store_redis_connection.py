@@ -1,0 +1,53 @@
+"""Waiting out failovers (attnstore.store.redis.connection.retried): what is sent again and what is not."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from attnstore.store.redis.connection import RetryCounts, retried
+from attnstore.store.reports import RetryTotals
+
+
+def failing_then(failures: list[BaseException], result: str = "ok"):
+    """A call that raises each of ``failures`` in turn, then returns ``result``."""
+    pending = list(failures)
+
+    def call() -> str:
+        if pending:
+            raise pending.pop(0)
+        return result
+
+    return call
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        redis.ConnectionError("Connection closed by server."),
+        # redis-py's races at a failover, when another thread's cluster client disconnects the connection
+        # this one is reading from: its parser's buffer is gone, or its socket file is closed.
+        AttributeError("'NoneType' object has no attribute 'readline'"),
+        ValueError("I/O operation on closed file."),
+    ],
+)
+def test_a_transient_failure_or_a_dropped_connection_race_is_sent_again_and_counted(failure):
+    counts = RetryCounts()
+    assert retried(failing_then([failure, failure]), seconds=5.0, counts=counts) == "ok"
+    assert counts.totals() == RetryTotals(retries=2, waited_out=1, gave_up=0)
+
+
+@pytest.mark.parametrize("failure", [AttributeError("'Foo' object has no attribute 'bar'"), ValueError("bad id 7")])
+def test_an_attribute_or_value_error_of_our_own_is_raised_at_once_never_sent_again(failure):
+    counts = RetryCounts()
+    with pytest.raises(type(failure), match=str(failure)):
+        retried(failing_then([failure]), seconds=5.0, counts=counts)
+    assert counts.totals() == RetryTotals(retries=0, waited_out=0, gave_up=0)
+
+
+def test_a_failure_lasting_past_the_deadline_gives_up_with_its_own_error():
+    counts = RetryCounts()
+    with pytest.raises(redis.TimeoutError):
+        retried(failing_then([redis.TimeoutError("timed out")] * 100), seconds=0.2, counts=counts)
+    totals = counts.totals()
+    assert totals.gave_up == 1 and totals.waited_out == 0 and totals.retries >= 1
