@@ -9,9 +9,10 @@ positions produce values nobody reads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -76,6 +77,52 @@ def batch_from_ids(rows: Sequence[Sequence[int]], pad_id: int) -> Batch:
         input_ids[b, : lengths[b]] = torch.as_tensor(list(row), dtype=torch.long)
         attention_mask[b, : lengths[b]] = 1
     return Batch(input_ids=input_ids, attention_mask=attention_mask, lengths=lengths)
+
+
+def group_by_length(
+    lengths: Sequence[int], max_rows: int, seconds: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+) -> list[slice]:
+    """Split rows sorted longest first into consecutive forwards of at most ``max_rows`` rows.
+
+    Without ``seconds`` every forward but the last has ``max_rows`` rows. With it,
+    ``seconds(rows, padded)`` being the times of forwards of ``rows[k]`` rows padded to
+    ``padded[k]`` tokens (arrays), the split is the one of least total time (dynamic
+    programming): a run of short rows gets a forward of its own where the padding it
+    would get costs more than a forward does.
+
+    Args:
+        lengths: the rows' token lengths, longest first.
+        max_rows: the most rows a forward takes (``batch_size``), at least 1.
+        seconds: forward times, elementwise over two integer arrays.
+
+    Returns:
+        The forwards, as slices of the rows, in order.
+
+    Raises:
+        ConfigError: ``max_rows < 1``, or lengths not sorted longest first.
+    """
+    if max_rows < 1:
+        raise ConfigError(f"group_by_length(): max_rows must be >= 1, got {max_rows}")
+    if any(a < b for a, b in zip(lengths, lengths[1:], strict=False)):
+        raise ConfigError("group_by_length() needs the lengths sorted longest first")
+    count = len(lengths)
+    if seconds is None:
+        return [slice(start, min(start + max_rows, count)) for start in range(0, count, max_rows)]
+    padded = np.asarray(lengths, dtype=np.int64)
+    best = np.zeros(count + 1)  # best[j]: least time of the first j rows
+    cut = np.zeros(count + 1, dtype=np.int64)  # where the last forward of that split starts
+    for end in range(1, count + 1):
+        starts = np.arange(max(0, end - max_rows), end)
+        # A forward of rows start..end-1 is padded to its first, longest row.
+        totals = best[starts] + seconds(end - starts, padded[starts])
+        pick = int(np.argmin(totals))
+        best[end], cut[end] = totals[pick], starts[pick]
+    forwards: list[slice] = []
+    end = count
+    while end > 0:
+        forwards.append(slice(int(cut[end]), end))
+        end = int(cut[end])
+    return forwards[::-1]
 
 
 def tokenize(

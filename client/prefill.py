@@ -57,7 +57,7 @@ from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChan
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.batch import Batch, batch_from_ids, group_by_length
 from attnstore_client.connection import MapStream, Match, StoreConnection
 from attnstore_client.keys import token_hash
 from attnstore_client.projector import Projector
@@ -441,8 +441,12 @@ class Prefill:
     def _batches(
         self, ordered: list[int], tokens: Sequence[Sequence[int]], batch_size: int
     ) -> Iterator[tuple[list[int], Batch]]:
-        for start in range(0, len(ordered), batch_size):
-            chunk = ordered[start : start + batch_size]
+        """Forwards of the rows ``ordered`` (longest first), at most ``batch_size`` rows each; once forward
+        times are fitted, rows far shorter than a forward's longest get their own where that is faster."""
+        cost = self.cost_model.forward_cost()
+        lengths = [len(tokens[i]) for i in ordered]
+        for group in group_by_length(lengths, batch_size, None if cost is None else cost.seconds):
+            chunk = ordered[group]
             yield chunk, self._batch([tokens[i] for i in chunk])
 
     def _forward_batch(

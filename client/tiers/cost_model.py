@@ -24,14 +24,24 @@ from yet), and afterwards a share ``explore`` of the rows the rule would not
 send is sent anyway, so a band whose traffic changes is noticed. Sums are
 exponentially weighted (``decay`` per recorded batch) so they follow the
 traffic. The same model serves a daemon and an embedded store: it only sees times.
+
+The same forwards also fit what a forward costs whatever its rows' kind,
+``seconds ~ a + b * tokens + c * tokens * padded`` (``a`` the fixed cost of a
+forward, ``b`` of a padded token's projections and MLP, ``c`` of its attention
+over the padded length), non-negative, over every band (``forward_seconds``).
+That is what decides where rows of very different lengths are worth a forward of
+their own instead of padding to the longest (``attnstore_client.batch.group_by_length``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from attnstore.errors import ConfigError
 
@@ -49,12 +59,15 @@ class CostSettings:
     explore: float = 0.02  # share of the rows the rule skips that are sent anyway
     decay: float = 0.98  # weight kept by past batches at each new one
     seed: int = 0  # of the exploration draws
+    # Forwards timed before their fit groups rows by length (until then a batch is batch_size rows).
+    min_forwards: int = 16
 
     def __post_init__(self) -> None:
-        if self.min_samples < 0 or not 0.0 <= self.explore <= 1.0 or not 0.0 < self.decay <= 1.0:
+        if (self.min_samples < 0 or not 0.0 <= self.explore <= 1.0 or not 0.0 < self.decay <= 1.0
+                or self.min_forwards < 1):
             raise ConfigError(
-                "CostSettings needs min_samples >= 0, explore in [0, 1] and decay in (0, 1]; got "
-                f"{self.min_samples}, {self.explore}, {self.decay}"
+                "CostSettings needs min_samples >= 0, explore in [0, 1], decay in (0, 1] and min_forwards >= 1; "
+                f"got {self.min_samples}, {self.explore}, {self.decay}, {self.min_forwards}"
             )
 
 
@@ -127,6 +140,60 @@ class _Band:
         return (self.hits / self.asked) * saving > self.lookup_s / self.asked
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardCost:
+    """A forward's fitted time: ``fixed + per_token * tokens + per_token_position * tokens * padded`` seconds."""
+
+    fixed: float
+    per_token: float
+    per_token_position: float
+
+    def seconds(self, rows: np.ndarray, padded: np.ndarray) -> np.ndarray:
+        """The times of forwards of ``rows`` rows padded to ``padded`` tokens (elementwise)."""
+        tokens = rows * padded
+        return self.fixed + self.per_token * tokens + self.per_token_position * tokens * padded
+
+
+class _ForwardFit:
+    """Exponentially weighted normal equations of forward seconds on ``(1, tokens, tokens * padded)``."""
+
+    def __init__(self) -> None:
+        self.forwards = 0
+        self.xx = np.zeros((3, 3))
+        self.xy = np.zeros(3)
+        self.yy = 0.0
+
+    def add(self, tokens: int, padded: int, seconds: float, decay: float) -> None:
+        x = np.array([1.0, tokens, tokens * padded])
+        self.forwards += 1
+        self.xx = decay * self.xx + np.outer(x, x)
+        self.xy = decay * self.xy + x * seconds
+        self.yy = decay * self.yy + seconds * seconds
+
+    def solve(self) -> ForwardCost | None:
+        """The non-negative least-squares fit (every subset of the terms, the best feasible one), or None
+        when no subset's equations can be solved."""
+        best: tuple[float, np.ndarray] | None = None
+        for size in (3, 2, 1):
+            for terms in itertools.combinations(range(3), size):
+                index = list(terms)
+                try:
+                    beta = np.linalg.solve(self.xx[np.ix_(index, index)], self.xy[index])
+                except np.linalg.LinAlgError:
+                    continue
+                if not np.all(np.isfinite(beta)) or np.any(beta < 0):
+                    continue
+                full = np.zeros(3)
+                full[index] = beta
+                residual = self.yy - 2.0 * full @ self.xy + full @ self.xx @ full
+                if best is None or residual < best[0]:
+                    best = (float(residual), full)
+        if best is None:
+            return None
+        fixed, per_token, per_position = (float(v) for v in best[1])
+        return ForwardCost(fixed, per_token, per_position)
+
+
 @dataclass
 class CostModel:
     """Per length band estimates and the decision they give; thread-safe.
@@ -141,6 +208,7 @@ class CostModel:
         self._bands: dict[int, _Band] = {}
         self._rng = random.Random(self.settings.seed)
         self._lock = threading.Lock()
+        self._fit = _ForwardFit()
 
     @staticmethod
     def band_of(length: int) -> int:
@@ -185,6 +253,7 @@ class CostModel:
         """A forward padded to ``length`` tokens took ``seconds``: ``computed_tokens`` of its padded tokens
         computed, ``replayed_tokens`` replayed maps (fetched during the forward)."""
         with self._lock:
+            self._fit.add(computed_tokens + replayed_tokens, length, seconds, self.settings.decay)
             band = self._decayed(length)
             band.forwards += 1
             band.tokens += computed_tokens + replayed_tokens
@@ -195,6 +264,13 @@ class CostModel:
             band.rr += replayed_tokens * replayed_tokens
             band.ct += computed_tokens * seconds
             band.rt += replayed_tokens * seconds
+
+    def forward_cost(self) -> ForwardCost | None:
+        """The fitted time of a forward by its rows and padded length; None before ``min_forwards`` forwards."""
+        with self._lock:
+            if self._fit.forwards < self.settings.min_forwards:
+                return None
+            return self._fit.solve()
 
     def estimates(self) -> tuple[BandEstimate, ...]:
         """Every band seen so far, shortest first."""

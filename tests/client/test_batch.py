@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_client.batch import batch_from_ids, tokenize
+from attnstore_client.batch import batch_from_ids, group_by_length, tokenize
 
 
 def test_batch_from_ids_pads_on_the_right_and_keeps_lengths():
@@ -34,3 +35,41 @@ def test_tokenize_adds_special_tokens_truncates_and_refuses_a_bare_string(minilm
     assert batch.input_ids[0, 4].item() == tokenizer.pad_token_id
     with pytest.raises(ConfigError, match="single str"):
         tokenize(tokenizer, "a cat")
+
+
+def _forward_seconds(fixed: float, per_token: float):
+    return lambda rows, padded: fixed + per_token * rows * padded
+
+
+def test_without_forward_times_rows_go_in_full_batches_of_max_rows():
+    assert group_by_length([9, 7, 7, 5, 3], 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+
+
+def test_short_rows_get_a_forward_of_their_own_where_their_padding_costs_more_than_a_forward():
+    lengths = [64, 60, 8, 8, 8, 8]
+    # A forward costs as much as 100 padded tokens: padding four 8-token rows to 64 wastes 224.
+    assert group_by_length(lengths, 32, _forward_seconds(100.0, 1.0)) == [slice(0, 2), slice(2, 6)]
+    # A forward costing 1,000 tokens is worth more than the padding: one forward, as without times.
+    assert group_by_length(lengths, 32, _forward_seconds(1000.0, 1.0)) == [slice(0, 6)]
+    # Free forwards: one per distinct length.
+    assert group_by_length(lengths, 32, _forward_seconds(0.0, 1.0)) == [slice(0, 1), slice(1, 2), slice(2, 6)]
+
+
+def test_the_split_is_the_cheapest_and_never_exceeds_max_rows():
+    rng = np.random.default_rng(4)
+    lengths = sorted(rng.integers(1, 200, size=70).tolist(), reverse=True)
+    seconds = _forward_seconds(40.0, 1.0)
+    groups = group_by_length(lengths, 8, seconds)
+    assert groups[0].start == 0 and groups[-1].stop == 70
+    assert all(a.stop == b.start for a, b in zip(groups, groups[1:], strict=False))
+    assert all(0 < g.stop - g.start <= 8 for g in groups)
+    total = sum(float(seconds(g.stop - g.start, lengths[g.start])) for g in groups)
+    full = sum(float(seconds(g.stop - g.start, lengths[g.start])) for g in group_by_length(lengths, 8))
+    assert total < full
+
+
+def test_group_by_length_refuses_unsorted_lengths_and_no_room_for_a_row():
+    with pytest.raises(ConfigError, match="longest first"):
+        group_by_length([3, 5], 4)
+    with pytest.raises(ConfigError, match="max_rows must be >= 1, got 0"):
+        group_by_length([5], 0)

@@ -138,6 +138,26 @@ def test_rows_are_batched_after_the_lookup_with_hits_replaying_inside_full_lengt
     assert [rows for rows, _ in forwards] == [4, 4, 1] and sum(replaying for _, replaying in forwards) == 3
 
 
+def test_once_forward_times_are_fitted_short_rows_skip_the_padding_of_long_ones_in_a_forward_of_their_own(
+    bert, service
+) -> None:
+    cache = AttnCache(bert, CountingConnection(service), cost=CostSettings(min_forwards=4, decay=1.0))
+    cache.maps = False
+    texts = sentences(2, seed=21, min_words=40, max_words=40) + sentences(6, seed=22, min_words=2, max_words=2)
+    forwards = _forward_sizes(cache)
+    cache.encode(texts, batch_size=8)
+    assert [rows for rows, _ in forwards] == [8]  # no times fitted yet: one full batch, as the plain model does
+    # Forwards that cost as much as 100 padded tokens each: padding six 4-token rows to about 42 costs more.
+    for rows, padded in [(1, 8), (8, 8), (1, 64), (8, 64)]:
+        cache.cost_model.record_forward(padded, computed_tokens=rows * padded, replayed_tokens=0,
+                                        seconds=1e-4 * (100 + rows * padded))
+    forwards.clear()
+    texts = sentences(6, seed=23, min_words=2, max_words=2) + sentences(2, seed=24, min_words=40, max_words=40)
+    embeddings = cache.encode(texts, batch_size=8)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    assert [rows for rows, _ in forwards] == [2, 6]
+
+
 def test_an_all_miss_workload_stops_asking_for_maps_after_the_warm_up_and_explores_a_small_share(bert) -> None:
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
     fill_namespace(service, bert, STORED)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore_client.tiers.cost_model import PRIOR_SAVING, CostModel, CostSettings
+from attnstore_client.tiers.cost_model import PRIOR_SAVING, CostModel, CostSettings, ForwardCost
 
 
 def _asked(model: CostModel, length: int, rows: int) -> int:
@@ -119,3 +120,30 @@ def test_maps_are_worth_writing_back_while_a_hit_saves_more_than_its_lookup_what
     model.record_lookup(20, rows=10, hits=0, seconds=0.5)  # now 11.6 ms a row: more than a hit saves
     assert not model.replay_pays(20)
     assert model.estimates()[0].skipped == 10  # replay_pays counts nothing
+
+
+def test_a_forwards_fixed_per_token_and_attention_costs_are_fitted_once_there_are_enough_forwards() -> None:
+    model = CostModel(CostSettings(min_forwards=10, decay=1.0))
+    truth = ForwardCost(fixed=0.01, per_token=2e-4, per_token_position=5e-7)
+    shapes = [(rows, padded) for rows in (1, 4, 16) for padded in (8, 32, 128)]
+    for k, (rows, padded) in enumerate(shapes):
+        replayed = rows * padded // 2 if k % 2 else 0  # the kind of the rows does not matter to this fit
+        seconds = float(truth.seconds(np.array(rows), np.array(padded)))
+        _forwards(model, padded, computed=rows * padded - replayed, replayed=replayed, seconds=seconds)
+    assert model.forward_cost() is None  # 9 forwards, 10 needed
+    _forwards(model, 8, computed=8, replayed=0, seconds=float(truth.seconds(np.array(1), np.array(8))))
+    fitted = model.forward_cost()
+    assert fitted is not None
+    assert (fitted.fixed, fitted.per_token, fitted.per_token_position) == pytest.approx(
+        (truth.fixed, truth.per_token, truth.per_token_position), rel=1e-6
+    )
+
+
+def test_the_forward_fit_never_gives_a_negative_cost() -> None:
+    model = CostModel(CostSettings(min_forwards=1, decay=1.0))
+    # Times that fall with the padding past a point would fit a negative attention term: it is dropped.
+    for rows, padded, seconds in [(1, 8, 0.010), (4, 32, 0.030), (8, 64, 0.050), (16, 128, 0.052)]:
+        _forwards(model, padded, computed=rows * padded, replayed=0, seconds=seconds)
+    fitted = model.forward_cost()
+    assert fitted is not None
+    assert min(fitted.fixed, fitted.per_token, fitted.per_token_position) >= 0.0
