@@ -22,11 +22,20 @@ writes back no other sees. Reports rows/s per variant, hit rates by kind,
 fidelity (cosine per row to ``plain``), store bytes and daemon RSS at the end
 (against its RSS at start plus its caps), errors, and a PNG of the hit rates
 over the stream. The speedups are ``attnstore_write_back``'s.
+
+``--cold-start``: no corpus and no build. The dicts start empty, and the
+AttnStore variant, ``attnstore_cold_start``, starts from a namespace made by
+``admin create-namespace`` (exact tier only): the first half of the stream is
+sent with write-back on, then ``admin train-projector`` trains the projector
+from the maps written back, then the second half is sent by new node processes
+(map hits become possible). Its rows/s counts the two halves, not the training
+(reported apart); the speedups are its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -35,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +56,9 @@ from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.output import write_json
 
 VARIANTS = ("plain", "dict", "attnstore", "attnstore_exact_write_back", "attnstore_write_back")
-STORE_VARIANTS = VARIANTS[2:]  # each with its own copy of the built store and its own daemon
-WRITING = frozenset({"attnstore_exact_write_back", "attnstore_write_back"})
+COLD_START = "attnstore_cold_start"
+STORE_VARIANTS = (*VARIANTS[2:], COLD_START)  # each with its own store and its own daemon
+WRITING = frozenset({"attnstore_exact_write_back", "attnstore_write_back", COLD_START})
 NAMESPACE = "stream"
 LOGHUB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "loghub"
 _ADMIN, _WRITE = "bench-admin-token-0123456789", "bench-write-token-0123456789"
@@ -67,6 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admit-after", type=int, default=2, help="the daemons' --admit-after")
     p.add_argument("--max-bytes", type=int, default=2 << 30, help="the daemons' --max-bytes (stored bytes cap)")
     p.add_argument("--dram-bytes", type=int, default=256 << 20, help="the daemons' --dram-bytes (decoded maps cap)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="no build: an empty namespace filled by write-back, a projector trained halfway")
     p.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     p.add_argument("--plot", type=Path, default=None, help="write the hit-rate plot here (PNG)")
     p.set_defaults(func=run)
@@ -100,36 +113,31 @@ def run(args: argparse.Namespace) -> int:
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     build, stream = load_stream(args.data, args.build_lines, args.limit)
-    work = Path(tempfile.mkdtemp(prefix="attnstore-bench-stream-"))
-    (work / "stream.json").write_text(json.dumps(stream), encoding="utf-8")
-    (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
-    tokens = work / "tokens"
-    tokens.write_text(f"admin {_ADMIN}\nwrite {_WRITE}\n", encoding="utf-8")
-    tokens.chmod(0o600)
-    built_s = _build(args, build, work)
-    reports = {v: _run_variant(args, v, "", work) for v in VARIANTS[:2]}
-    daemons = {}
-    for variant in STORE_VARIANTS:
-        store = work / f"store-{variant}"
-        shutil.copytree(work / "built", store)
-        (work / variant).mkdir()
-        daemon = ServeProcess(store, work / variant, args=(
-            "--token-file", str(tokens), "--admit-after", str(args.admit_after),
-            "--max-bytes", str(args.max_bytes), "--dram-bytes", str(args.dram_bytes))).start()
-        try:
-            rss_start = _rss_bytes(daemon.pid)
-            reports[variant] = _run_variant(args, variant, f"grpc://{daemon.target}", work)
-            with daemon.client(_ADMIN) as admin:
-                stats = admin.stats()
-            daemons[variant] = {"store_bytes": stats.stored_bytes, "entries": stats.entries,
-                                "written_back_entries": stats.written_back_entries,
-                                "written_back_bytes": stats.written_back_bytes,
-                                "store_evictions": stats.store_evictions,
-                                "rss_start_bytes": rss_start, "rss_end_bytes": _rss_bytes(daemon.pid)}
-        finally:
-            daemon.stop()
-    result = _summarise(args, reports, len(stream), daemons)
-    result["build_seconds"] = built_s
+    with tempfile.TemporaryDirectory(prefix="attnstore-bench-stream-") as folder:  # store copies: GBs
+        work = Path(folder)
+        (work / "stream.json").write_text(json.dumps(stream), encoding="utf-8")
+        tokens = work / "tokens"
+        tokens.write_text(f"admin {_ADMIN}\nwrite {_WRITE}\n", encoding="utf-8")
+        tokens.chmod(0o600)
+        if args.cold_start:
+            _embed(args, [], work)
+            reports = {v: _run_variant(args, v, "", work, 0, len(stream)) for v in VARIANTS[:2]}
+            daemons, phases = _run_cold_start(args, work, tokens, reports, len(stream))
+            result = _summarise(args, reports, len(stream), daemons, COLD_START)
+            result["variants"][COLD_START]["phases"] = phases
+        else:
+            built_s = _build(args, build, work)
+            _embed(args, build, work)
+            reports = {v: _run_variant(args, v, "", work, 0, len(stream)) for v in VARIANTS[:2]}
+            daemons = {}
+            for variant in VARIANTS[2:]:
+                store = work / f"store-{variant}"
+                shutil.copytree(work / "built", store)
+                with _daemon(args, store, work / variant, tokens) as (daemon, rss_start):
+                    reports[variant] = _run_variant(args, variant, f"grpc://{daemon.target}", work, 0, len(stream))
+                    daemons[variant] = _daemon_report(daemon, rss_start)
+            result = _summarise(args, reports, len(stream), daemons, "attnstore_write_back")
+            result["build_seconds"] = built_s
     _print(result)
     if args.plot is not None:
         _plot(reports, args.plot)
@@ -138,57 +146,140 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["errors"] == 0 else 1
 
 
+@contextlib.contextmanager
+def _daemon(
+    args: argparse.Namespace, store: Path, folder: Path, tokens: Path
+) -> Iterator[tuple[ServeProcess, int | None]]:
+    """A daemon on ``store`` with the bench's caps and tokens, and its RSS at start; stopped at the end."""
+    folder.mkdir()
+    daemon = ServeProcess(store, folder, args=(
+        "--token-file", str(tokens), "--admit-after", str(args.admit_after),
+        "--max-bytes", str(args.max_bytes), "--dram-bytes", str(args.dram_bytes))).start()
+    try:
+        yield daemon, _rss_bytes(daemon.pid)
+    finally:
+        daemon.stop()
+
+
+def _daemon_report(daemon: ServeProcess, rss_start: int | None) -> dict[str, Any]:
+    """The daemon's store and memory now."""
+    with daemon.client(_ADMIN) as admin:
+        stats = admin.stats()
+    return {"store_bytes": stats.stored_bytes, "entries": stats.entries,
+            "written_back_entries": stats.written_back_entries, "written_back_bytes": stats.written_back_bytes,
+            "store_evictions": stats.store_evictions, "rss_start_bytes": rss_start,
+            "rss_end_bytes": _rss_bytes(daemon.pid)}
+
+
+def _run_cold_start(
+    args: argparse.Namespace, work: Path, tokens: Path, reports: dict[str, list[dict[str, Any]]], count: int
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The cold-start variant: create the namespace, the first half, train the projector, the second half.
+
+    Adds its node reports (both halves) to ``reports``; returns the daemon report and one record per half.
+    """
+    half = count // 2
+    with _daemon(args, work / f"store-{COLD_START}", work / COLD_START, tokens) as (daemon, rss_start):
+        env = {**os.environ, "ATTNSTORE_TOKEN": _ADMIN}  # not on the command line: argv is visible to ps
+        admin = [sys.executable, "-m", "attnstore_tools.cli", "admin"]
+        where = ["--target", daemon.target]
+        subprocess.run([*admin, "create-namespace", *where, "--model", args.model, "--namespace", NAMESPACE],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        url = f"grpc://{daemon.target}"
+        first = _run_variant(args, COLD_START, url, work, 0, half, phase=0)
+        started = time.perf_counter()
+        trained = work / "train-projector.json"
+        subprocess.run([*admin, "train-projector", *where, "--model", args.model, "--namespace", NAMESPACE,
+                        "--no-progress", "--json", str(trained)], check=True, env=env, stdout=subprocess.DEVNULL)
+        train_s = time.perf_counter() - started
+        second = _run_variant(args, COLD_START, url, work, half, count, phase=1)
+        daemons = {COLD_START: _daemon_report(daemon, rss_start)}
+    reports[COLD_START] = first + second
+    phases = []
+    for name, nodes, rows in (("fill (no projector)", first, half), ("after train-projector", second, count - half)):
+        kinds = [kind for r in nodes for kind in r["kinds"]]
+        seconds = _span(nodes)
+        phases.append({"phase": name, "rows": rows, "seconds": seconds,
+                       "rows_per_s": rows / seconds if seconds > 0 else 0.0,
+                       "hit_rate": {k: kinds.count(k) / rows for k in ("exact", "map", "miss", "fallback")}})
+    phases[1]["train_projector_seconds"] = train_s
+    phases[1]["train_projector"] = json.loads(trained.read_text(encoding="utf-8"))
+    return daemons, phases
+
+
 def _build(args: argparse.Namespace, build: list[str], work: Path) -> float:
-    """Build the namespace from the build lines (``attnstore build``), embed them for the dicts; returns seconds."""
-    import torch
-
-    from attnstore_client.models import load_model
-
+    """Build the namespace from the build lines (``attnstore build``); returns seconds."""
     corpus = work / "build.txt"
     corpus.write_text("".join(line.replace("\n", " ") + "\n" for line in build), encoding="utf-8")
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "attnstore_tools.cli", "build", "--model", args.model, "--corpus",
                     str(corpus), "--store", str(work / "built"), "--namespace", NAMESPACE,
                     "--batch-size", str(args.batch)], check=True)
-    seconds = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def _embed(args: argparse.Namespace, build: list[str], work: Path) -> None:
+    """The build lines and their embeddings, that the dicts start with."""
+    import torch
+
+    from attnstore_client.models import load_model
+
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     assert loaded.sentence_transformer is not None, "bench stream needs a sentence-transformers model"
-    np.save(work / "build.npy", loaded.sentence_transformer.encode(build, batch_size=args.batch))
-    return seconds
+    embedded = (loaded.sentence_transformer.encode(build, batch_size=args.batch) if build
+                else np.zeros((0, 0), np.float32))
+    (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
+    np.save(work / "build.npy", embedded)
 
 
-def _run_variant(args: argparse.Namespace, variant: str, url: str, work: Path) -> list[dict[str, Any]]:
-    """Start the nodes, wait until all loaded, start them together, collect their reports."""
+def _run_variant(
+    args: argparse.Namespace, variant: str, url: str, work: Path, first: int, last: int, *, phase: int = 0
+) -> list[dict[str, Any]]:
+    """Start the nodes on stream rows ``first..last-1``, wait until all loaded, start them together, collect
+    their reports."""
+    name = f"{variant}-{phase}"
     procs = []
     for node in range(args.nodes):
-        spec = {"variant": variant, "node": node, "nodes": args.nodes, "batch": args.batch, "url": url,
-                "token": _WRITE, "namespace": NAMESPACE, "work": str(work), "threads": args.threads,
-                "model": args.model, "maps": variant != "attnstore_exact_write_back",
-                "write_back": variant in WRITING}
-        path = work / f"spec-{variant}-{node}.json"
+        spec = {"variant": variant, "phase": phase, "node": node, "nodes": args.nodes, "batch": args.batch,
+                "url": url, "token": _WRITE, "namespace": NAMESPACE, "work": str(work), "first": first,
+                "last": last, "threads": args.threads, "model": args.model,
+                "maps": variant != "attnstore_exact_write_back", "write_back": variant in WRITING}
+        path = work / f"spec-{name}-{node}.json"
         path.write_text(json.dumps(spec), encoding="utf-8")
-        with (work / f"{variant}-{node}.log").open("wb") as log:  # the child keeps its own descriptor
+        with (work / f"{name}-{node}.log").open("wb") as stderr:  # the child keeps its own descriptor
             procs.append(subprocess.Popen([sys.executable, "-m", "attnstore_tools.bench.stream_node", str(path)],
-                                          stdout=subprocess.DEVNULL, stderr=log))
-    while not all((work / f"ready-{variant}-{n}").exists() for n in range(args.nodes)):
+                                          stdout=subprocess.DEVNULL, stderr=stderr))
+    while not all((work / f"ready-{name}-{n}").exists() for n in range(args.nodes)):
         if any(p.poll() is not None for p in procs):
             break
         time.sleep(0.05)
-    (work / f"go-{variant}").touch()
+    (work / f"go-{name}").touch()
     reports = []
     for node, proc in enumerate(procs):
         proc.wait()
-        out = work / f"{variant}-{node}.json"
+        out = work / f"{name}-{node}.json"
         if proc.returncode != 0 or not out.exists():
-            log = (work / f"{variant}-{node}.log").read_text(encoding="utf-8", errors="replace")[-2000:]
-            reports.append({"rows": [], "kinds": [], "start": 0.0, "end": 0.0, "written": None,
+            log = (work / f"{name}-{node}.log").read_text(encoding="utf-8", errors="replace")[-2000:]
+            reports.append({"rows": [], "kinds": [], "start": 0.0, "end": 0.0, "written": None, "phase": phase,
                             "error": f"node exited {proc.returncode}: {log}", "embeddings": np.zeros((0, 1))})
             continue
         report = json.loads(out.read_text(encoding="utf-8"))
-        report["embeddings"] = np.load(work / f"{variant}-{node}.npy")
+        report["embeddings"] = np.load(work / f"{name}-{node}.npy")
+        report["phase"] = phase
         reports.append(report)
     return reports
+
+
+def _span(nodes: list[dict[str, Any]]) -> float:
+    """Seconds the nodes of one run took together: first start to last end (0 if none ran)."""
+    ran = [r for r in nodes if r["end"] > 0]
+    return max(r["end"] for r in ran) - min(r["start"] for r in ran) if ran else 0.0
+
+
+def _seconds(nodes: list[dict[str, Any]]) -> float:
+    """Seconds of a variant's runs, each run's span summed (the training between halves left out)."""
+    return sum(_span([r for r in nodes if r["phase"] == phase]) for phase in {r["phase"] for r in nodes})
 
 
 def _in_stream_order(reports: list[dict[str, Any]], count: int) -> tuple[np.ndarray | None, list[str]]:
@@ -204,7 +295,7 @@ def _in_stream_order(reports: list[dict[str, Any]], count: int) -> tuple[np.ndar
 
 
 def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]], count: int,
-               daemons: dict[str, dict[str, Any]]) -> dict[str, Any]:
+               daemons: dict[str, dict[str, Any]], candidate: str) -> dict[str, Any]:
     plain, _ = _in_stream_order(reports["plain"], count)
     variants: dict[str, Any] = {}
     errors = 0
@@ -212,7 +303,7 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
         embeddings, kinds = _in_stream_order(nodes, count)
         failed = [r["error"] for r in nodes if r["error"]]
         errors += len(failed) + kinds.count("")  # a node that failed, rows no node answered
-        seconds = max(r["end"] for r in nodes) - min(r["start"] for r in nodes)
+        seconds = _seconds(nodes)
         cosine = None
         if embeddings is not None and plain is not None and embeddings.shape == plain.shape:
             a = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
@@ -226,8 +317,8 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
             "written_back": [r["written"] for r in nodes if r["written"]], "errors": failed,
             "daemon": daemons.get(variant),
         }
-    best, rate = variants["attnstore_write_back"], lambda v: variants[v]["rows_per_s"] or float("nan")
-    daemon = daemons["attnstore_write_back"]
+    best, rate = variants[candidate], lambda v: variants[v]["rows_per_s"] or float("nan")
+    daemon = daemons[candidate]
     # The daemon's growth must fit its caps: stored bytes are mapped (LMDB), decoded maps sit in the DRAM tier.
     caps = args.max_bytes + args.dram_bytes
     within = (None if daemon["rss_start_bytes"] is None or daemon["rss_end_bytes"] is None
@@ -235,9 +326,10 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
     return {
         "stream_rows": count, "nodes": args.nodes, "batch": args.batch, "threads": args.threads,
         "model": args.model, "admit_after": args.admit_after, "build_lines": args.build_lines,
-        "max_bytes": args.max_bytes, "dram_bytes": args.dram_bytes,
-        "speedup_vs_plain": rate("attnstore_write_back") / rate("plain"),
-        "speedup_vs_dict": rate("attnstore_write_back") / rate("dict"),
+        "max_bytes": args.max_bytes, "dram_bytes": args.dram_bytes, "cold_start": args.cold_start,
+        "candidate": candidate,
+        "speedup_vs_plain": rate(candidate) / rate("plain"),
+        "speedup_vs_dict": rate(candidate) / rate("dict"),
         "frac_cos_099": best["frac_cos_099"], "min_cos": best["min_cos"], "errors": errors,
         "store_bytes": daemon["store_bytes"], "daemon_rss_bytes": daemon["rss_end_bytes"],
         "daemon_rss_within_caps": within, "variants": variants,
@@ -262,7 +354,14 @@ def _print(result: dict[str, Any]) -> None:
         rates = v["hit_rate"]
         print(f"{name:28} {v['rows_per_s']:8.1f} {rates['exact']:6.3f} {rates['map']:6.3f} {rates['miss']:6.3f}"
               f" {frac:>8} {low:>8}")
-    print(f"speedup vs plain {result['speedup_vs_plain']:.3f}, vs dict {result['speedup_vs_dict']:.3f};"
+    for phase in result["variants"].get(COLD_START, {}).get("phases", []):
+        rates = phase["hit_rate"]
+        print(f"  {COLD_START}, {phase['phase']}: {phase['rows_per_s']:.1f} rows/s, exact {rates['exact']:.3f},"
+              f" map {rates['map']:.3f}, miss {rates['miss']:.3f}"
+              + (f"; train-projector before it {phase['train_projector_seconds']:.1f} s"
+                 if "train_projector_seconds" in phase else ""))
+    print(f"{result['candidate']}: speedup vs plain {result['speedup_vs_plain']:.3f},"
+          f" vs dict {result['speedup_vs_dict']:.3f};"
           f" store {result['store_bytes']} B, daemon RSS {result['daemon_rss_bytes']} B"
           f" (within caps: {result['daemon_rss_within_caps']}), errors {result['errors']}")
 
@@ -274,7 +373,7 @@ def _plot(reports: dict[str, list[dict[str, Any]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    for variant in VARIANTS[1:]:
+    for variant in [v for v in reports if v != "plain"]:
         count = sum(len(r["rows"]) for r in reports[variant])
         _, kinds = _in_stream_order(reports[variant], count)
         window = max(1, min(500, count // 10))

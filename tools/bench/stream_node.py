@@ -2,13 +2,15 @@
 
     python -m attnstore_tools.bench.stream_node SPEC.json
 
-SPEC (JSON, written by ``bench.stream``): variant, node, nodes, batch, url, token,
+SPEC (JSON, written by ``bench.stream``): variant, phase, node, nodes, batch, url, token,
 namespace, work (folder with ``stream.json``, ``build.json``, ``build.npy``),
-threads, model, maps (whether to look maps up), write_back. The node loads its
-model, writes ``ready-NODE``, waits for ``go``, then encodes its batches (every
-``nodes``-th batch of ``batch`` rows from its index) and writes
-``VARIANT-NODE.npy`` (its embeddings, in its rows' order) and
-``VARIANT-NODE.json`` (rows, kinds, start and end times, write-back stats, error).
+first and last (the stream rows of this run), threads, model, maps (whether to
+look maps up), write_back. The node loads its model, writes
+``ready-VARIANT-PHASE-NODE``, waits for ``go-VARIANT-PHASE``, then encodes its
+batches (every ``nodes``-th batch of ``batch`` rows from its index) and writes
+``VARIANT-PHASE-NODE.npy`` (its embeddings, in its rows' order) and
+``VARIANT-PHASE-NODE.json`` (rows, kinds, start and end times, write-back stats, error).
+A dict node's dict starts with the build lines (none in a cold start).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from typing import Any
 import numpy as np
 
 
-def _batches(count: int, batch: int, node: int, nodes: int) -> list[list[int]]:
-    """The row indices of this node's batches: batches of ``batch`` dealt round-robin over ``nodes``."""
-    starts = range(node * batch, count, nodes * batch)
-    return [list(range(s, min(s + batch, count))) for s in starts]
+def _batches(first: int, last: int, batch: int, node: int, nodes: int) -> list[list[int]]:
+    """The row indices of this node's batches of rows ``first..last-1``: batches of ``batch`` dealt
+    round-robin over ``nodes``."""
+    starts = range(first + node * batch, last, nodes * batch)
+    return [list(range(s, min(s + batch, last))) for s in starts]
 
 
 def run(spec: dict[str, Any]) -> None:
@@ -41,8 +44,9 @@ def run(spec: dict[str, Any]) -> None:
 
     torch.set_num_threads(int(spec["threads"]))
     work, variant, node = Path(spec["work"]), spec["variant"], int(spec["node"])
+    name = f"{variant}-{spec['phase']}"
     lines: list[str] = json.loads((work / "stream.json").read_text(encoding="utf-8"))
-    batches = _batches(len(lines), int(spec["batch"]), node, int(spec["nodes"]))
+    batches = _batches(int(spec["first"]), int(spec["last"]), int(spec["batch"]), node, int(spec["nodes"]))
     loaded = load_model(spec["model"])
     encoder = loaded.sentence_transformer
     assert encoder is not None, "bench stream needs a sentence-transformers model"
@@ -55,8 +59,8 @@ def run(spec: dict[str, Any]) -> None:
         cache = AttnCache(loaded, spec["url"], namespace=spec["namespace"], token=spec["token"],
                           write_back=bool(spec["write_back"]))
         cache.maps = bool(spec["maps"])
-    (work / f"ready-{variant}-{node}").touch()
-    while not (work / f"go-{variant}").exists():
+    (work / f"ready-{name}-{node}").touch()
+    while not (work / f"go-{name}").exists():
         time.sleep(0.01)
     rows: list[int] = []
     kinds: list[str] = []
@@ -91,9 +95,9 @@ def run(spec: dict[str, Any]) -> None:
             written = dataclasses.asdict(cache.write_back.stats())
         cache.close()
     dim = outputs[0].shape[1] if outputs else 0
-    np.save(work / f"{variant}-{node}.npy", np.concatenate(outputs) if outputs else np.zeros((0, dim), np.float32))
+    np.save(work / f"{name}-{node}.npy", np.concatenate(outputs) if outputs else np.zeros((0, dim), np.float32))
     report = {"rows": rows, "kinds": kinds, "start": start, "end": end, "written": written, "error": error}
-    (work / f"{variant}-{node}.json").write_text(json.dumps(report), encoding="utf-8")
+    (work / f"{name}-{node}.json").write_text(json.dumps(report), encoding="utf-8")
 
 
 if __name__ == "__main__":

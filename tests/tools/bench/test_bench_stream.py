@@ -1,14 +1,16 @@
-"""``bench stream``: the stream's make-up and the deal of batches over node processes."""
+"""``bench stream``: the stream's make-up, the deal of batches over node processes, a short cold-start run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore_tools.bench.stream import load_stream
+from attnstore_tools.bench.stream import COLD_START, load_stream
 from attnstore_tools.bench.stream_node import _batches
+from attnstore_tools.cli import main as cli_main
 
 
 def _system(folder: Path, name: str, count: int) -> None:
@@ -33,8 +35,32 @@ def test_a_folder_without_loghub_files_is_refused_naming_it(tmp_path: Path) -> N
         load_stream(tmp_path, 10, 10)
 
 
-def test_batches_are_dealt_round_robin_and_cover_every_row_once() -> None:
-    dealt = [_batches(70, 8, node, 4) for node in range(4)]
+def test_batches_are_dealt_round_robin_and_cover_every_row_of_the_run_once() -> None:
+    dealt = [_batches(0, 70, 8, node, 4) for node in range(4)]
     assert dealt[0][:2] == [list(range(0, 8)), list(range(32, 40))]
     rows = sorted(row for node in dealt for batch in node for row in batch)
     assert rows == list(range(70))
+    second_half = [_batches(35, 70, 8, node, 4) for node in range(4)]
+    assert second_half[1][0] == list(range(43, 51))
+    assert sorted(row for node in second_half for batch in node for row in batch) == list(range(35, 70))
+
+
+def test_a_cold_start_run_fills_an_empty_namespace_trains_its_projector_halfway_and_reports_each_half(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "stream.json"
+    code = cli_main(["bench", "stream", "--cold-start", "--limit", "256", "--nodes", "2", "--batch", "16",
+                     "--admit-after", "1", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["errors"] == 0, [v["errors"] for v in result["variants"].values()]
+    assert list(result["variants"]) == ["plain", "dict", COLD_START] and result["candidate"] == COLD_START
+    cold = result["variants"][COLD_START]
+    fill, trained = cold["phases"]
+    assert fill["rows"] == trained["rows"] == 128 and fill["hit_rate"]["map"] == 0  # no projector yet
+    # The projector was trained from maps the first half wrote back, then every node could look maps up.
+    report = trained["train_projector"]
+    assert report["projector_version"] == 1 and report["entries"] >= 16 and trained["train_projector_seconds"] > 0
+    assert cold["daemon"]["written_back_entries"] >= report["entries"] and result["daemon_rss_within_caps"]
+    # Every row answered; the dicts start empty, so their first rows are all misses.
+    assert sum(cold["hit_rate"].values()) == pytest.approx(1.0) and cold["frac_cos_099"] >= 0.98
+    assert result["variants"]["dict"]["hit_rate"]["miss"] > 0.5
