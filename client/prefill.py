@@ -11,7 +11,9 @@
 6. The rows left are batched by length after the lookups, map hits and the
    rest together: a hit's maps stream layer by layer into the forward, which
    skips q/k for that row and computes the others, so the batches pad no more
-   than the plain model's and no batch is half empty.
+   than the plain model's. Once the cost model has timed enough forwards, a
+   run of rows far shorter than its batch's longest gets a forward of its own
+   where the padding would cost more than the forward (``batch.group_by_length``).
 7. Computed rows enter the node-local tier; admitted ones are queued for
    write-back (``tiers.write_back``), off the call's path.
 

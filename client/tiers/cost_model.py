@@ -28,7 +28,7 @@ traffic. The same model serves a daemon and an embedded store: it only sees time
 The same forwards also fit what a forward costs whatever its rows' kind,
 ``seconds ~ a + b * tokens + c * tokens * padded`` (``a`` the fixed cost of a
 forward, ``b`` of a padded token's projections and MLP, ``c`` of its attention
-over the padded length), non-negative, over every band (``forward_seconds``).
+over the padded length), non-negative, over every band (``forward_cost``).
 That is what decides where rows of very different lengths are worth a forward of
 their own instead of padding to the longest (``attnstore_client.batch.group_by_length``).
 """
@@ -154,8 +154,12 @@ class ForwardCost:
         return self.fixed + self.per_token * tokens + self.per_token_position * tokens * padded
 
 
+# Scales of the fit's terms (1, tokens, tokens * padded), so its normal equations stay well conditioned.
+_SCALES = np.array([1.0, 1e3, 1e5])
+
+
 class _ForwardFit:
-    """Exponentially weighted normal equations of forward seconds on ``(1, tokens, tokens * padded)``."""
+    """Exponentially weighted normal equations of forward seconds on ``(1, tokens, tokens * padded) / _SCALES``."""
 
     def __init__(self) -> None:
         self.forwards = 0
@@ -164,7 +168,7 @@ class _ForwardFit:
         self.yy = 0.0
 
     def add(self, tokens: int, padded: int, seconds: float, decay: float) -> None:
-        x = np.array([1.0, tokens, tokens * padded])
+        x = np.array([1.0, tokens, tokens * padded]) / _SCALES
         self.forwards += 1
         self.xx = decay * self.xx + np.outer(x, x)
         self.xy = decay * self.xy + x * seconds
@@ -190,7 +194,7 @@ class _ForwardFit:
                     best = (float(residual), full)
         if best is None:
             return None
-        fixed, per_token, per_position = (float(v) for v in best[1])
+        fixed, per_token, per_position = (float(v) for v in best[1] / _SCALES)
         return ForwardCost(fixed, per_token, per_position)
 
 

@@ -189,8 +189,13 @@ def _run_cold_start(
         first = _run_variant(args, COLD_START, url, work, 0, half, phase=0)
         started = time.perf_counter()
         trained = work / "train-projector.json"
-        subprocess.run([*admin, "train-projector", *where, "--model", args.model, "--namespace", NAMESPACE,
-                        "--no-progress", "--json", str(trained)], check=True, env=env, stdout=subprocess.DEVNULL)
+        done = subprocess.run([*admin, "train-projector", *where, "--model", args.model, "--namespace", NAMESPACE,
+                               "--no-progress", "--json", str(trained)], env=env, stdout=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise ConfigError(
+                f"bench stream --cold-start: admin train-projector exited {done.returncode} (its error above); "
+                "too few rows written back with maps? A longer stream (--limit) or --admit-after 1 writes back more"
+            )
         train_s = time.perf_counter() - started
         second = _run_variant(args, COLD_START, url, work, half, count, phase=1)
         daemons = {COLD_START: _daemon_report(daemon, rss_start)}
