@@ -3,8 +3,6 @@ must pass it. The Redis ones run on real ``redis-server`` processes (see ``tests
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -21,35 +19,8 @@ from attnstore.errors import (
     WireFormatError,
     WriteBackOffError,
 )
-from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
+from attnstore.store import MapStoreBase, NewEntry
 from attnstore.store.codecs import q8_error_bound
-
-StoreFactory = Callable[..., MapStoreBase]
-
-
-@pytest.fixture(params=["lmdb", "memory", "redis", "redis-cluster"])
-def make_store(request, tmp_path) -> StoreFactory:
-    opened: list[MapStoreBase] = []
-
-    def factory(max_bytes: int | None = None) -> MapStoreBase:
-        if request.param == "lmdb":
-            path = tmp_path / f"store{len(opened)}"
-            store = MapStore.open(path, create=True, dram_bytes=1 << 20, max_bytes=max_bytes)
-        elif request.param.startswith("redis"):
-            from attnstore.store.redis.mapstore import RedisMapStore
-            from attnstore.store.redis.settings import RedisSettings
-
-            servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
-            settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)
-            store = RedisMapStore.open(servers.url(), create=True, settings=settings)
-        else:
-            store = MemoryMapStore(max_bytes=max_bytes)
-        opened.append(store)
-        return store
-
-    yield factory
-    for store in opened:
-        store.close()
 
 
 @pytest.fixture

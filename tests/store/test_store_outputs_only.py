@@ -9,39 +9,24 @@ import pytest
 from store_helpers import make_entry, small_layout, token_hash
 
 from attnstore.errors import MapShapeError, MapsNotStoredError
-from attnstore.store import MapStore, MapStoreBase, MemoryMapStore, NewEntry
-
-
-@pytest.fixture(params=["lmdb", "memory", "redis", "redis-cluster"])
-def make_store(request, tmp_path):
-    opened: list[MapStoreBase] = []
-
-    def factory(max_bytes: int | None = None) -> MapStoreBase:
-        store: MapStoreBase
-        if request.param == "lmdb":
-            store = MapStore.open(tmp_path / f"store{len(opened)}", create=True, dram_bytes=1 << 20,
-                                  max_bytes=max_bytes)
-        elif request.param.startswith("redis"):
-            from attnstore.store.redis.mapstore import RedisMapStore
-            from attnstore.store.redis.settings import RedisSettings
-
-            servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
-            settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)
-            store = RedisMapStore.open(servers.url(), create=True, settings=settings)
-        else:
-            store = MemoryMapStore(max_bytes=max_bytes)
-        store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-        opened.append(store)
-        return store
-
-    yield factory
-    for store in opened:
-        store.close()
+from attnstore.store import MapStoreBase, NewEntry
 
 
 @pytest.fixture
-def store(make_store):
-    return make_store()
+def make_ns_store(make_store):
+    """Every backend (``make_store``, tests/store/conftest.py) with namespace ``ns`` of ``small_layout()``."""
+
+    def factory(max_bytes: int | None = None) -> MapStoreBase:
+        store = make_store(max_bytes)
+        store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        return store
+
+    return factory
+
+
+@pytest.fixture
+def store(make_ns_store):
+    return make_ns_store()
 
 
 def _outputs_only(length: int, seed: int) -> NewEntry:
@@ -125,10 +110,10 @@ def test_a_written_back_full_entry_serves_maps_outputs_and_feature(store):
     np.testing.assert_array_equal(store.entry("ns", entry_id).feature, full.feature)
 
 
-def test_the_byte_cap_evicts_written_back_entries_least_recently_hit_first(make_store):
+def test_the_byte_cap_evicts_written_back_entries_least_recently_hit_first(make_ns_store):
     layout = small_layout()
     full_bytes = layout.map_nbytes(16) + layout.outputs_nbytes(16)
-    store = make_store(max_bytes=5 * full_bytes)
+    store = make_ns_store(max_bytes=5 * full_bytes)
     first = store.ingest("ns", [make_entry(layout, 16, s) for s in range(2)]).entry_ids
     written = store.ingest("ns", [_outputs_only(16, 20 + s) for s in range(2)]).entry_ids
     store.record_hits("ns", [written[0]])  # an old written-back entry, hit since: kept
