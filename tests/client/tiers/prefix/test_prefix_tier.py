@@ -33,19 +33,24 @@ def _rows(lengths, seed=0, prefix=None):
     return [prefix + row for row in rows] if prefix is not None else rows
 
 
+def fill_prefix_namespace(service: AttnStoreService, llama, rows) -> None:
+    """Create namespace ``default`` for ``llama`` with blocks of ``BLOCK`` tokens, and store ``rows``' blocks."""
+    adapter = adapter_for(llama)
+    layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
+                             hidden=adapter.hidden_size, feature_dim=16)
+    service.create_namespace("default", model=llama.name,
+                             fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
+    prefix_layout = service.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
+    for blocks in capture_prefix_blocks(adapter, rows, prefix_layout, pad_id=0):
+        service.store.put_prefix_blocks("default", blocks)
+
+
 @pytest.fixture
 def service(tmp_path, llama):
     """A real LMDB store whose namespace holds the prefix blocks of four prompts over two shared prefixes."""
-    adapter = adapter_for(llama)
     with AttnStoreService.open(tmp_path / "store", create=True) as opened:
-        layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
-                                 hidden=adapter.hidden_size, feature_dim=16)
-        opened.create_namespace("default", model=llama.name,
-                                fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
-        prefix_layout = opened.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
         stored = _rows([5, 9], seed=1, prefix=SHARED_A) + _rows([3], seed=2, prefix=SHARED_B)
-        for blocks in capture_prefix_blocks(adapter, stored, prefix_layout, pad_id=0):
-            opened.store.put_prefix_blocks("default", blocks)
+        fill_prefix_namespace(opened, llama, stored)
         yield opened
 
 

@@ -6,18 +6,15 @@ import pytest
 import torch
 from cache_helpers import tiny_loaded
 from daemon import READ_TOKEN, DaemonProcess
-from test_prefix_tier import BLOCK, SHARED_A, SHARED_B, _plain, _rows
+from test_prefix_tier import BLOCK, SHARED_A, SHARED_B, _plain, _rows, fill_prefix_namespace
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.prefix import chain_hashes
-from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
 from attnstore.store.lmdb.prefix_blocks import chunk_key
-from attnstore_client.adapters import adapter_for
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
-from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
 
 SHARED_C = _rows([24], seed=12)[0]
 
@@ -30,16 +27,8 @@ def llama():
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, llama):
     workdir = tmp_path_factory.mktemp("prefix-daemon")
-    adapter = adapter_for(llama)
     with AttnStoreService.open(workdir / "store", create=True) as service:
-        layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
-                                 hidden=adapter.hidden_size, feature_dim=16)
-        service.create_namespace("default", model=llama.name,
-                                 fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
-        prefix_layout = service.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
-        rows = [SHARED_A + [7, 8], SHARED_B + [9], SHARED_C]
-        for blocks in capture_prefix_blocks(adapter, rows, prefix_layout, pad_id=0):
-            service.store.put_prefix_blocks("default", blocks)
+        fill_prefix_namespace(service, llama, [SHARED_A + [7, 8], SHARED_B + [9], SHARED_C])
         store = service.store
         with store._live.write() as (gen, txn):  # bit rot in SHARED_C's second block, layer 1
             key = chunk_key("default", chain_hashes(SHARED_C, BLOCK)[1], 1)
