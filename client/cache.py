@@ -19,28 +19,42 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
 
-from attnstore.errors import ConfigError, FingerprintMismatchError, UnavailableError, UnsupportedModelError
+from attnstore.errors import (
+    ConfigError,
+    UnavailableError,
+    UnsupportedModelError,
+)
 from attnstore_client.adapters import adapter_for
+from attnstore_client.call import Call, NamespaceView
 from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model, resolve_device
-from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
-from attnstore_client.projector import Projector
+from attnstore_client.namespace import NamespaceReader
+from attnstore_client.prefill import Prefill
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
+from attnstore_client.sentence.compat import SentenceTransformerAPI
 from attnstore_client.sentence.heads import PROMPT_EOL, sentence_head
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
+from attnstore_client.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings
+from attnstore_client.sinks import LastStates, Pooled, RowStates, Sink
+from attnstore_client.sources import RowSource, TextRows, TokenRows
 from attnstore_client.stats import CacheStats
+from attnstore_client.tiers.base import TierContext
+from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
-from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_threshold
-from attnstore_client.tiers.prefix import DEFAULT_MIN_PREFIX_TOKENS
+from attnstore_client.tiers.maps import MapTier
+from attnstore_client.tiers.prefix import PrefixTier
+from attnstore_client.tiers.store_exact import StoreExactTier
 from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
 
 log = logging.getLogger(__name__)
@@ -49,12 +63,13 @@ __all__ = ["DEFAULT_MAX_DISTANCE", "PROMPT_EOL", "AttnCache", "ChoiceScores"]
 
 # Node-local exact tier: about 11,000 rows of 30 tokens of a 384-wide model.
 DEFAULT_EXACT_CACHE_BYTES = 256 * 2**20
-# A namespace unreachable at start, or without a projector yet, is asked again this often.
-NAMESPACE_RETRY_SECONDS = 30.0
 
 
-class AttnCache:
+class AttnCache(SentenceTransformerAPI):
     """A model whose prefill is served from an attention-map store where possible.
+
+    Used like a ``SentenceTransformer``: ``encode`` and the rest of its public
+    surface (``sentence.compat``), so code written for one runs on the other.
 
     Args:
         model: a model alias (``minilm``, ``smollm2``), a local model path, or a loaded model.
@@ -83,6 +98,8 @@ class AttnCache:
         retry: retries of a failed store call (only outages, only within ``timeout``).
         breaker: when to stop asking a failing store, and when to try again.
         write_back: send computed rows the daemon admits to its exact tier (needs a daemon, a write token).
+        packed: run forwards with their rows end to end, nothing padded (``adapters.packed``); False pads
+            length-sorted batches, cut where the cost model's fit predicts the least time.
 
     Raises:
         ConfigError: a bad option or store URL.
@@ -113,6 +130,7 @@ class AttnCache:
         retry: RetryPolicy = RetryPolicy(),
         breaker: BreakerPolicy = BreakerPolicy(),
         write_back: bool | WriteBackSettings = False,
+        packed: bool = True,
     ) -> None:
         if max_distance is not None and not max_distance >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {max_distance}")
@@ -122,6 +140,11 @@ class AttnCache:
             raise ConfigError(f"AttnCache: max_length must be >= 1 or None, got {max_length}")
         if not isinstance(store, str) and (token, tls_ca, client_cert, client_key) != (None, None, None, None):
             raise ConfigError("AttnCache: token and TLS files go with a store URL; this connection is already open")
+        # Every option is checked before anything is opened: a bad one leaves nothing behind.
+        outputs = LocalOutputs(exact_cache_bytes)
+        self._settings = CallSettings(namespace, map_threshold(max_distance, None), exact, stream, timeout, retry,
+                                      prefix_min_tokens=prefix_min_tokens, packed=packed)
+        cost_model = CostModel(cost)
         self.device = resolve_device(device)
         self.loaded = load_model(model) if isinstance(model, str) else model
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
@@ -134,194 +157,134 @@ class AttnCache:
             connect(store, token=token, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key)
             if isinstance(store, str) else store
         )
-        self._prefill = Prefill(
-            self.adapter,
-            self.connection,
-            fingerprint=self.fingerprint,
-            projector=None,
-            settings=PrefillSettings(namespace, map_threshold(max_distance, None), exact, stream, timeout, retry,
-                                     prefix_min_tokens=prefix_min_tokens),
-            breaker=CircuitBreaker(breaker),
-            local_tier=LocalExactTier(exact_cache_bytes),
-            cost_model=CostModel(cost),
-            device=self.device,
-        )
-        self._namespace_checked_at = 0.0
-        self._namespace_read = False  # False while the store has not answered yet
-        self._prefill.reload_namespace = self._check_namespace  # follows a replaced projector
+        self._namespace = NamespaceReader(self.connection, namespace, self.fingerprint, model=self.loaded.name,
+                                          causal=self.adapter.causal, device=self.device)
+        self._context = TierContext(self.adapter, self.connection, self.fingerprint, self.device,
+                                    CircuitBreaker(breaker), cost_model, reload_namespace=self._read_namespace)
+        self._local = LocalExactTier(self._context, outputs)
+        self._prefill = Prefill([
+            self._local, StoreExactTier(self._context, self._local), PrefixTier(self._context),
+            MapTier(self._context), ComputeTier(self._context, self._local),
+        ])
         try:
-            self._prefill.write_back = start_write_back(self.connection, namespace, self.fingerprint, write_back)
-            self._check_namespace()
+            self._context.write_back = start_write_back(self.connection, namespace, self.fingerprint, write_back)
+            self._read_namespace()
         except UnavailableError as exc:
-            # The store can only make a call faster: compute until it answers (see _refresh_namespace).
+            # The store can only make a call faster: compute until it answers (NamespaceReader.refresh).
             log.warning("store %s is unreachable: computing every row until it answers (%s)", self.connection.url, exc)
-            self._prefill.breaker.record_failure()
+            self._context.breaker.record_failure()
         except BaseException:
             self.close()
             raise
         self.last_stats = CacheStats()
         self.stats = CacheStats()
-        # Per row of the last call, in input order: "exact", "map", "miss" or "fallback".
+        # Per row of the last call, in input order: "exact", "prefix", "map", "miss" or "fallback".
         self.last_row_kinds: tuple[str, ...] = ()
 
     # ---- the namespace ----------------------------------------------------------
 
-    def _check_namespace(self) -> None:
-        """Read the namespace: refuse another model's, take its projector (none yet: exact tiers only).
+    def _read_namespace(self) -> NamespaceView:
+        """Read the namespace (``NamespaceReader.read``) and take its projector's threshold and gate.
 
         Raises:
             FingerprintMismatchError, NamespaceNotFoundError, AuthError: as for the constructor.
             UnavailableError: the store cannot be reached.
         """
-        self._namespace_checked_at = time.monotonic()
-        handle = self.connection.namespace(self.namespace)
-        self._namespace_read = True
-        if handle.fingerprint != self.fingerprint:
-            raise FingerprintMismatchError(
-                f"namespace {self.namespace!r} at {self.connection.url} was built with model {handle.model!r} "
-                f"(fingerprint {handle.fingerprint[:16]}...); {self.loaded.name!r} has fingerprint "
-                f"{self.fingerprint[:16]}...: a different model, tokenizer or weights, so its maps would be wrong. "
-                "Build a namespace with this model, or pick the namespace built for it."
-            )
-        self._prefill.prefix_layout = handle.prefix if self.adapter.causal else None
-        if handle.projector is None:
-            log.info("namespace %r has no projector yet: exact hits only until it has one", self.namespace)
-            return
-        projector = Projector.from_safetensors_bytes(handle.projector).to(self.device)
-        self._prefill.projector = projector
-        self._prefill.projector_version = handle.projector_version
-        self._prefill.settings = dataclasses.replace(
-            self._prefill.settings,
-            max_distance=map_threshold(self._max_distance, projector),
-            gate=self._max_distance is None and projector.gate is not None,
-        )
+        return self._adopt(self._namespace.read())
 
-    def _refresh_namespace(self) -> None:
-        """Read the namespace again while the store has not answered (as the breaker allows), or while
-        it has no projector (every ``NAMESPACE_RETRY_SECONDS``)."""
-        if self._prefill.projector is not None:
-            return
-        if self._namespace_read and time.monotonic() - self._namespace_checked_at < NAMESPACE_RETRY_SECONDS:
-            return
-        if not self._prefill.breaker.allow():
-            return
-        try:
-            self._check_namespace()
-        except UnavailableError as exc:
-            log.info("store %s still unreachable: %s", self.connection.url, exc)
-            self._prefill.breaker.record_failure()
-        else:
-            self._prefill.breaker.record_success()
+    def _adopt(self, view: NamespaceView) -> NamespaceView:
+        if view.projector is not None:
+            self._settings = dataclasses.replace(
+                self._settings,
+                max_distance=map_threshold(self._max_distance, view.projector),
+                gate=self._max_distance is None and view.projector.gate is not None,
+            )
+        return view
 
     # ---- settings ---------------------------------------------------------------
 
     @property
     def max_distance(self) -> float:
         """Threshold on the predicted map distance for a map hit when not gated; setting it turns the gate off."""
-        return self._prefill.settings.max_distance
+        return self._settings.max_distance
 
     @max_distance.setter
     def max_distance(self, value: float) -> None:
         if not value >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {value}")
         self._max_distance = float(value)
-        self._prefill.settings = dataclasses.replace(self._prefill.settings, max_distance=float(value), gate=False)
+        self._settings = dataclasses.replace(self._settings, max_distance=float(value), gate=False)
 
     @property
     def gated(self) -> bool:
         """Whether the namespace's fidelity gate decides map hits (instead of ``max_distance``); settable."""
-        return self._prefill.settings.gate
+        return self._settings.gate
 
     @gated.setter
     def gated(self, value: bool) -> None:
-        projector = self._prefill.projector
+        projector = self._namespace.view.projector
         if value and (projector is None or projector.gate is None):
             raise ConfigError("AttnCache: this namespace has no fidelity gate (built without calibration)")
-        self._prefill.settings = dataclasses.replace(self._prefill.settings, gate=bool(value))
+        self._settings = dataclasses.replace(self._settings, gate=bool(value))
 
     @property
     def maps(self) -> bool:
         """Whether map hits are looked for at all (False: the exact tiers only, a plain output cache); settable."""
-        return self._prefill.settings.maps
+        return self._settings.maps
 
     @maps.setter
     def maps(self, value: bool) -> None:
-        self._prefill.settings = dataclasses.replace(self._prefill.settings, maps=bool(value))
+        self._settings = dataclasses.replace(self._settings, maps=bool(value))
 
     @property
     def prefix(self) -> bool:
         """Whether rows start from stored prefixes of their keys and values (causal models); settable."""
-        return self._prefill.settings.prefix
+        return self._settings.prefix
 
     @prefix.setter
     def prefix(self, value: bool) -> None:
-        self._prefill.settings = dataclasses.replace(self._prefill.settings, prefix=bool(value))
+        self._settings = dataclasses.replace(self._settings, prefix=bool(value))
+
+    @property
+    def packed(self) -> bool:
+        """Whether forwards run their rows end to end, unpadded; settable."""
+        return self._settings.packed
+
+    @packed.setter
+    def packed(self, value: bool) -> None:
+        self._settings = dataclasses.replace(self._settings, packed=bool(value))
 
     @property
     def breaker(self) -> CircuitBreaker:
         """The circuit breaker in front of the store."""
-        return self._prefill.breaker
+        return self._context.breaker
 
     @property
     def cost_model(self) -> CostModel:
         """What decides which rows are worth a map lookup (``estimates()`` shows its figures); settable."""
-        return self._prefill.cost_model
+        return self._context.cost_model
 
     @cost_model.setter
     def cost_model(self, model: CostModel) -> None:
-        self._prefill.cost_model = model
+        self._context.cost_model = model
 
     @property
-    def local_tier(self) -> LocalExactTier:
+    def local_tier(self) -> LocalOutputs:
         """This process's exact tier (``stats()`` shows its usage)."""
-        return self._prefill.local_tier
+        return self._local.outputs
 
     @property
     def family(self) -> Literal["llama", "bert"]:
         """The model's attention family: ``bert`` (bidirectional) or ``llama`` (causal)."""
         return self.adapter.family
 
-    @property
-    def max_seq_length(self) -> int:
-        """Inputs are truncated to this many tokens."""
-        return self.head.max_length
-
-    @property
-    def prompts(self) -> dict[str, str]:
-        """The model's named prompts (for ``prompt_name``)."""
-        return self.head.prompts
-
-    @property
-    def similarity_fn_name(self) -> str:
-        """How the model's embeddings are compared, as sentence-transformers names it (``"cosine"``...)."""
-        return self.head.similarity_fn_name
-
-    @property
-    def model_card_data(self) -> Any:
-        """The sentence-transformers model card data (its evaluators record metrics there).
-
-        Raises:
-            UnsupportedModelError: the model has no sentence-transformers configuration.
-        """
-        pipeline = self.loaded.sentence_transformer
-        if pipeline is None:
-            raise UnsupportedModelError(f"{self.loaded.name!r} has no sentence-transformers configuration")
-        return pipeline.model_card_data
-
-    def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
-        """Pairwise similarities under the model's ``similarity_fn_name``, as sentence-transformers computes them."""
-        from sentence_transformers.util import cos_sim, dot_score, euclidean_sim, manhattan_sim
-
-        functions = {"cosine": cos_sim, "dot": dot_score, "euclidean": euclidean_sim, "manhattan": manhattan_sim}
-        return functions[self.similarity_fn_name](embeddings1, embeddings2)
-
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""
         self.device = resolve_device(device)
         self._move(self.device)
-        self._prefill.device = self.device
-        if self._prefill.projector is not None:
-            self._prefill.projector.to(self.device)
+        self._context.device = self._namespace.device = self.device
+        if self._namespace.view.projector is not None:
+            self._namespace.view.projector.to(self.device)
         return self
 
     def _move(self, device: torch.device) -> None:
@@ -339,12 +302,12 @@ class AttnCache:
     @property
     def write_back(self) -> WriteBackWorker | None:
         """The write-back worker (its ``stats()``, ``flush()``), or None when write-back is off."""
-        return self._prefill.write_back
+        return self._context.write_back
 
     def close(self) -> None:
         """Send the rows queued for write-back (a few seconds at most), then close the store connection."""
-        if self._prefill.write_back is not None:
-            self._prefill.write_back.close()
+        if self._context.write_back is not None:
+            self._context.write_back.close()
         self.connection.close()
 
     def __enter__(self) -> AttnCache:
@@ -404,51 +367,86 @@ class AttnCache:
         if texts is None:
             raise ConfigError("encode() needs the texts: encode(texts) or encode(sentences=texts)")
         options = OutputOptions(output_value, precision, convert_to_numpy, convert_to_tensor, normalize_embeddings,
-                                truncate_dim)
+                                self.head.truncate_dim if truncate_dim is None else truncate_dim)
         if device is not None and resolve_device(device) != self.device:
             self.to(device)
         single = isinstance(texts, str)
         rows = [texts] if isinstance(texts, str) else list(texts)
-        ids, prompt_length = self.head.tokenize(rows, self.head.resolve_prompt(prompt, prompt_name))
-        hidden = self.hidden_states(ids, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        embeddings = self.head.embed(hidden, prompt_length)  # (n, dim)
-        return shape_outputs(embeddings, hidden, options, single=single)
+        prompt_text = self.head.resolve_prompt(prompt, prompt_name)
+        if not rows:
+            return shape_outputs(torch.zeros((0, self.head.dimension), device=self.device), [], options, single=False)
+        _, prompt_length = self.head.tokenize(rows[:1], prompt_text)
+        source = TextRows(rows, lambda chunk: self.head.tokenize(chunk, prompt_text)[0])
+        if output_value == "token_embeddings":
+            states = RowStates(len(rows))
+            self._run(source, states, batch_size=batch_size, show_progress_bar=show_progress_bar)
+            return shape_outputs(None, states.result(), options, single=single)
+        pooled = Pooled(len(rows), partial(self.head.pool, prompt_length=prompt_length),
+                        keep_states=output_value is None)
+        self._run(source, pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        tokens = None if pooled.states is None else pooled.states.result()
+        return shape_outputs(pooled.result(), tokens, options, single=single)
+
+    def embed_ids(
+        self, ids: Sequence[Sequence[int]], *, batch_size: int = 32, show_progress_bar: bool | None = None,
+        prompt_length: int = 0,
+    ) -> torch.Tensor:
+        """Sentence embeddings ``(n, dim)`` of token rows the caller made (``head.tokenize``); sets ``last_stats``.
+
+        ``encode`` for callers that tokenize themselves (the evaluation harness runs the
+        same rows through several methods): each forward's rows are pooled as it ends.
+
+        Raises:
+            ConfigError: an empty row, or ``batch_size`` < 1.
+        """
+        if not ids:
+            return torch.zeros((0, self.head.dimension), device=self.device)
+        pooled = Pooled(len(ids), partial(self.head.pool, prompt_length=prompt_length))
+        self._run(TokenRows(ids), pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return pooled.result()
 
     def hidden_states(
         self, ids: Sequence[Sequence[int]], *, batch_size: int = 32, show_progress_bar: bool | None = None
     ) -> list[torch.Tensor]:
         """Each row's last hidden states ``(L, hidden)`` fp32 for token rows the caller made; sets ``last_stats``.
 
-        The building block of ``encode`` for callers that tokenize themselves (the
-        evaluation harness runs the same rows through several methods).
-
         Raises:
-            ConfigError: no rows, an empty row, or ``batch_size`` < 1.
+            ConfigError: an empty row, or ``batch_size`` < 1.
         """
-        if not ids:
-            raise ConfigError("no texts to run: give at least one")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        states = RowStates(len(ids))
+        if ids:
+            self._run(TokenRows(ids), states, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return states.result()
+
+    def _run(self, source: RowSource, sink: Sink, *, batch_size: int, show_progress_bar: bool | None) -> Call:
+        """One call of ``source``'s rows into ``sink``; sets ``last_stats``, ``stats`` and ``last_row_kinds``."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if show_progress_bar is None:
             show_progress_bar = log.getEffectiveLevel() <= logging.INFO
         started = time.perf_counter()
-        self._refresh_namespace()
-        counts = CallCounts()
-        hidden = self._prefill.hidden_states(ids, counts, batch_size=batch_size, progress=show_progress_bar)
-        self._record(counts, time.perf_counter() - started)
-        return hidden
+        if self._namespace.refresh(self._context.breaker):
+            self._adopt(self._namespace.view)
+        call = Call(dataclasses.replace(self._settings, batch_size=batch_size), self._namespace.view, sink,
+                    len(source))
+        self._prefill.run(source, call, progress=show_progress_bar)
+        self._record(call, time.perf_counter() - started)
+        return call
 
-    def _record(self, counts: CallCounts, total_s: float) -> None:
+    def _record(self, call: Call, total_s: float) -> None:
+        counts = call.counts
+        tiers = sum(counts.tier_s.values())
         self.last_stats = CacheStats(
-            rows=counts.rows, deduplicated=counts.deduplicated, exact_hits=counts.exact_hits + counts.local_hits,
+            rows=counts.rows, deduplicated=counts.deduplicated, exact_hits=counts.exact_hits,
             local_hits=counts.local_hits, map_hits=counts.map_hits, misses=counts.misses, skipped=counts.skipped,
             prefix_hits=counts.prefix_hits, prefix_tokens=counts.prefix_tokens,
             fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
             projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
-            forward_s=counts.forward_s, total_s=total_s, estimates=self.cost_model.estimates(),
+            forward_s=counts.forward_s, overhead_s=max(0.0, total_s - tiers), total_s=total_s,
+            tier_s=MappingProxyType(dict(counts.tier_s)), estimates=self.cost_model.estimates(),
         )
         self.stats = self.stats + self.last_stats
-        self.last_row_kinds = tuple(counts.row_kinds)
+        self.last_row_kinds = tuple(call.kinds)
 
     # ---- choice scoring ---------------------------------------------------------
 
@@ -484,8 +482,13 @@ class AttnCache:
             )
         ids = choice_ids(self.loaded.tokenizer, choices)
         rows = [prompts] if isinstance(prompts, str) else list(prompts)
-        tokenizer = self.loaded.tokenizer
-        tokens = tokenizer(rows, truncation=True, max_length=self.head.max_length, add_special_tokens=True)["input_ids"]
-        hidden = self.hidden_states(tokens, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        return next_token_choice(head, torch.stack([states[-1] for states in hidden]), ids)
+        last = LastStates(len(rows))
+        if rows:
+            tokenizer, limit = self.loaded.tokenizer, self.head.max_length
+
+            def tokenize(chunk: list[str]) -> list[list[int]]:
+                return tokenizer(chunk, truncation=True, max_length=limit, add_special_tokens=True)["input_ids"]
+
+            self._run(TextRows(rows, tokenize), last, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return next_token_choice(head, last.result(), ids)
 

@@ -44,7 +44,10 @@ class CacheStats:
     lookup_s: float = 0.0  # until the matches arrived (retries included)
     fetch_s: float = 0.0  # receiving maps and outputs
     forward_s: float = 0.0  # the model's forward passes (reruns after a failed stream included)
+    # Time outside the tiers: tokenizing, hashing, deduplication, pooling, writing the result.
+    overhead_s: float = 0.0
     total_s: float = 0.0  # the whole call
+    tier_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # each tier's own time
     estimates: tuple[BandEstimate, ...] = ()  # the cost model after the (latest) call
 
     @property
@@ -63,13 +66,16 @@ class CacheStats:
         merged = {
             f.name: getattr(self, f.name) + getattr(other, f.name)
             for f in fields(self)
-            if f.name not in ("fallbacks", "estimates")
+            if f.name not in ("fallbacks", "estimates", "tier_s")
         }
         causes = {cause: self.fallbacks.get(cause, 0) + other.fallbacks.get(cause, 0) for cause in FALLBACK_CAUSES}
+        names = {*self.tier_s, *other.tier_s}
+        tiers = {tier: self.tier_s.get(tier, 0.0) + other.tier_s.get(tier, 0.0) for tier in names}
         return CacheStats(
             **merged,
             fallbacks=MappingProxyType({c: n for c, n in causes.items() if n}),
             estimates=other.estimates or self.estimates,
+            tier_s=MappingProxyType(tiers),
         )
 
     def summary(self) -> str:
@@ -81,13 +87,14 @@ class CacheStats:
             f"{self.map_hits} map hits, {self.misses} misses ({self.skipped} not looked up), "
             f"fallbacks: {fallbacks}; hit rate {self.hit_rate:.1%}; {self.bytes_fetched / 2**20:.1f} MiB fetched; "
             f"time {self.total_s:.2f} s (projection {self.projection_s:.2f}, lookup {self.lookup_s:.2f}, "
-            f"fetch {self.fetch_s:.2f}, forward {self.forward_s:.2f})"
+            f"fetch {self.fetch_s:.2f}, forward {self.forward_s:.2f}, outside the tiers {self.overhead_s:.2f})"
         )
 
     def to_json_dict(self) -> dict[str, object]:
         """A JSON-ready dict of every field and the derived rates."""
         data: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         data["fallbacks"] = dict(self.fallbacks)
+        data["tier_s"] = dict(self.tier_s)
         data["estimates"] = [dataclasses.asdict(estimate) for estimate in self.estimates]
         data["hit_rate"] = self.hit_rate
         return data

@@ -33,6 +33,7 @@ from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, entries_to_store
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
+from attnstore.store.lmdb.residency import drop_mapped_pages
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
 from attnstore.store.reports import FeaturesReport, PrefetchReport, RedisStats
@@ -102,7 +103,10 @@ class AttnStoreService:
             dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
             map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
         )
-        return cls(store)
+        service = cls(store)
+        if readonly:
+            drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.residency)
+        return service
 
     @property
     def store(self) -> MapStoreBase:

@@ -21,10 +21,9 @@ computing rows of an ordinary forward (the rows a node writes back with their
 maps): those rows take the hit path with their own maps, the others are
 untouched, so only the kept rows pay for the explicit softmax.
 
-A planned forward (``forward_planned``) asks a ``LayerPlan`` at every layer which
-rows replay which maps, and whether the computing rows' maps must be kept: kept
-maps are computed as capture computes them and applied through the hit path, so
-the layer's output is the one the kept maps give.
+A packed forward (``forward_packed``, ``adapters.packed``) runs the rows end to
+end in one sequence, nothing padded; a planned forward (``forward_planned``,
+``adapters.planned``) asks a ``LayerPlan`` at every layer which rows replay.
 """
 
 from __future__ import annotations
@@ -41,10 +40,13 @@ import torch
 from torch import nn
 
 from attnstore.errors import MapShapeError
+from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed
+from attnstore_client.adapters.planned import attend_planned
+from attnstore_client.adapters.rows import merge_rows, select_rows
 from attnstore_client.batch import Batch
 from attnstore_client.layer_plan import LayerPlan
 from attnstore_client.models import LoadedModel
-from attnstore_client.replay import ReplayMaps, apply_maps, check_layer_maps, check_replay, layer_maps
+from attnstore_client.replay import ReplayMaps, apply_maps, check_replay, layer_maps
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class Adapter(ABC):
         self.hidden_size: int = config.hidden_size
         self.head_dim: int = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
         self._modules: list[nn.Module] = list(self._attention_modules())
-        self._call: _Call | None = None
+        self._call: _Call | PackedCall | None = None
         self._lock = threading.Lock()
 
     # --- what a family provides ---------------------------------------------------
@@ -140,6 +142,21 @@ class Adapter(ABC):
         of one per row: what keeping maps in an ordinary forward uses, where the rows are
         length-sorted and pad little.
         """
+
+    @abstractmethod
+    def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
+        """The model's forward on a packed batch (positions from ``batch.position_ids``); ``(T, hidden)``."""
+
+    @abstractmethod
+    def _packed_queries_keys(
+        self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor | None, args: tuple, kwargs: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries ``(N, H, d)`` and keys ``(N, KVH, d)``, position-encoded, of the tokens ``index`` (None: all)
+        of a packed layer input ``hidden`` ``(T, hidden)``; ``args``/``kwargs`` are the module call's own."""
+
+    def _sliding_window(self, module: nn.Module) -> int | None:
+        """The layer's attention window, None for full attention."""
+        return None
 
     @abstractmethod
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -276,6 +293,30 @@ class Adapter(ABC):
             with self._patched(call):
                 return self._run(batch)
 
+    def forward_packed(
+        self, batch: PackedBatch, replay: Mapping[int, ReplayMaps] | None = None, keep: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """One forward of a packed batch (``adapters.packed``): what ``forward`` and ``forward_keeping`` give
+        for the same rows padded, within float rounding, with no work spent on padding.
+
+        Args:
+            batch: the rows end to end.
+            replay: as in ``forward``: row -> its maps; those rows compute no q/k.
+            keep: computing rows whose maps to keep (as ``forward_keeping``).
+
+        Returns:
+            ``(T, hidden)`` last hidden states (row ``r`` is ``batch.row(out, r)``), and per kept row its maps
+            ``(layers, heads, L, L)`` fp16.
+
+        Raises:
+            MapShapeError: as ``forward_keeping``.
+        """
+        call = plan_packed(batch, dict(replay or {}), keep, layers=self.num_layers, heads=self.num_heads,
+                           causal=self.causal)
+        with torch.inference_mode(), self._patched(call):
+            out = self._run_packed(batch)  # (T, hidden)
+        return out, dict(call.kept)
+
     def forward_planned(self, batch: Batch, plan: LayerPlan) -> torch.Tensor:
         """One forward of the whole batch in which ``plan`` decides, layer by layer, which rows replay.
 
@@ -302,7 +343,7 @@ class Adapter(ABC):
     # --- patching -------------------------------------------------------------------
 
     @contextmanager
-    def _patched(self, call: _Call) -> Iterator[None]:
+    def _patched(self, call: _Call | PackedCall) -> Iterator[None]:
         with self._lock:
             own_forwards = [module.__dict__.get("forward") for module in self._modules]
             try:
@@ -323,6 +364,8 @@ class Adapter(ABC):
         call = self._call
         if call is None:
             return original(*args, **kwargs)
+        if isinstance(call, PackedCall):
+            return attend_packed(self, layer, module, call, args, kwargs)
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # (B, P, hidden)
         batch_size = hidden.shape[0]
 
@@ -333,7 +376,7 @@ class Adapter(ABC):
                 maps.append(call.captured[row][layer])  # (H, L, L)
             return self._replay_rows(module, hidden, maps, call.lengths), None
         if call.plan is not None:
-            return self._attend_planned(layer, module, original, call.plan, call.lengths, hidden, args, kwargs)
+            return attend_planned(self, layer, module, original, call.plan, call.lengths, hidden, args, kwargs)
 
         lengths = [call.lengths[row] for row in call.replaying]
         hit_index, miss_index = call.hit_index, call.miss_index  # both set, or neither (no row misses)
@@ -342,10 +385,10 @@ class Adapter(ABC):
             return self._replay_rows(module, hidden, maps, lengths), None
         # Misses first: a streaming client's hit maps keep arriving meanwhile.
         # (B_miss, P, out)
-        missed = original(*_rows(args, miss_index, batch_size), **_rows(kwargs, miss_index, batch_size))[0]
+        missed = original(*select_rows(args, miss_index, batch_size), **select_rows(kwargs, miss_index, batch_size))[0]
         maps = self._replaying_maps(call, layer, module, hidden, args, kwargs)
         replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_rep, P, out)
-        return _merge(batch_size, hit_index, replayed, miss_index, missed), None
+        return merge_rows(batch_size, hit_index, replayed, miss_index, missed), None
 
     def _replaying_maps(
         self, call: _Call, layer: int, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict
@@ -361,8 +404,8 @@ class Adapter(ABC):
                 module,
                 (hidden if index is None else hidden.index_select(0, index))[:, :padded],  # (B_keep, P_keep, hidden)
                 lengths,
-                args if index is None else _rows(args, index, batch_size),
-                kwargs if index is None else _rows(kwargs, index, batch_size),
+                args if index is None else select_rows(args, index, batch_size),
+                kwargs if index is None else select_rows(kwargs, index, batch_size),
             )  # (B_keep, H, P_keep, P_keep) fp32
             call.kept[layer].copy_(probs if call.kept_index is None else probs.index_select(0, call.kept_index))
             applied = probs.to(hidden.dtype)
@@ -379,63 +422,6 @@ class Adapter(ABC):
             for row in call.hits
         ]
 
-    def _attend_planned(
-        self,
-        layer: int,
-        module: nn.Module,
-        original: Any,
-        plan: LayerPlan,
-        lengths: Sequence[int],
-        hidden: torch.Tensor,
-        args: tuple,
-        kwargs: dict,
-    ) -> tuple:
-        """One layer of a planned forward: the plan's rows replay, the others compute (and maybe keep)."""
-        batch_size = hidden.shape[0]
-        replay = {
-            row: self._plan_maps(maps, row, layer, lengths, hidden.dtype)
-            for row, maps in plan.replay(layer, hidden, lengths).items()
-        }  # hit row -> (H, L, L)
-        computing = [row for row in range(batch_size) if row not in replay]
-        if computing and plan.keeps(layer):
-            index = torch.tensor(computing)
-            own = len(computing) == batch_size
-            probs = self._attention_probs(
-                module,
-                hidden if own else hidden.index_select(0, index),  # (B_comp, P, hidden)
-                [lengths[row] for row in computing],
-                args if own else _rows(args, index, batch_size),
-                kwargs if own else _rows(kwargs, index, batch_size),
-            )
-            kept = dict(zip(computing, probs, strict=True))  # row -> (H, L, L) fp32
-            plan.keep(layer, kept)
-            replay.update({row: probs.to(hidden.dtype) for row, probs in kept.items()})
-            computing = []
-        if not replay:
-            return original(*args, **kwargs)
-        hits = sorted(replay)
-        maps = [replay[row] for row in hits]  # per hit row (H, L, L)
-        if not computing:
-            return self._replay_rows(module, hidden, maps, lengths), None
-        hit_index, miss_index = torch.tensor(hits), torch.tensor(computing)
-        missed = original(*_rows(args, miss_index, batch_size), **_rows(kwargs, miss_index, batch_size))
-        missed = missed[0]  # (B_miss, P, out)
-        hit_lengths = [lengths[row] for row in hits]
-        replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, hit_lengths)  # (B_hit, P, out)
-        return _merge(batch_size, hit_index, replayed, miss_index, missed), None
-
-    def _plan_maps(
-        self, maps: torch.Tensor, row: int, layer: int, lengths: Sequence[int], dtype: torch.dtype
-    ) -> torch.Tensor:
-        """Check a plan's maps for one row and layer; return them cropped to ``(H, L, L)`` in ``dtype``."""
-        if not isinstance(row, int) or not 0 <= row < len(lengths):
-            raise MapShapeError(
-                f"layer {layer}: the plan replays row {row!r}, not a row of this batch (0..{len(lengths) - 1})"
-            )
-        length = lengths[row]
-        one = check_layer_maps(maps, row, layer, length, heads=self.num_heads, causal=self.causal)  # (H, L', L')
-        return one[:, :length, :length].to(dtype)  # (H, L, L)
-
     def _replay_rows(
         self, module: nn.Module, hidden: torch.Tensor, maps: Sequence[torch.Tensor], lengths: Sequence[int]
     ) -> torch.Tensor:
@@ -448,25 +434,3 @@ class Adapter(ABC):
         apply_maps(maps, values, lengths, out=context, causal=self.causal)
         return self._project_out(module, context)
 
-
-def _merge(
-    batch_size: int, hit_index: torch.Tensor, replayed: torch.Tensor, miss_index: torch.Tensor, missed: torch.Tensor
-) -> torch.Tensor:
-    """Interleave replayed ``(B_hit, P, out)`` and computed ``(B_miss, P, out)`` rows into ``(B, P, out)``."""
-    out = replayed.new_empty((batch_size, *replayed.shape[1:]))  # (B, P, out)
-    out.index_copy_(0, hit_index, replayed)
-    out.index_copy_(0, miss_index, missed)
-    return out
-
-
-def _rows(value: Any, index: torch.Tensor, batch_size: int) -> Any:
-    """Select batch rows from every per-row tensor inside a call's arguments."""
-    if isinstance(value, torch.Tensor):
-        return value.index_select(0, index) if value.dim() and value.shape[0] == batch_size else value
-    if isinstance(value, tuple):
-        return tuple(_rows(item, index, batch_size) for item in value)
-    if isinstance(value, list):
-        return [_rows(item, index, batch_size) for item in value]
-    if isinstance(value, dict):
-        return {key: _rows(item, index, batch_size) for key, item in value.items()}
-    return value

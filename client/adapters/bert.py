@@ -16,6 +16,7 @@ from torch import nn
 
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter
+from attnstore_client.adapters.packed import PackedBatch, tokens_of
 from attnstore_client.batch import Batch
 from attnstore_client.models import LoadedModel
 
@@ -45,6 +46,8 @@ class _BertLayer(Protocol):
     """BertLayer, RobertaLayer."""
 
     attention: _BertAttention
+
+    def __call__(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor: ...
 
 
 class _BertEncoder(Protocol):
@@ -100,6 +103,25 @@ class BertAdapter(Adapter):
     def _run(self, batch: Batch) -> torch.Tensor:
         output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         return output.last_hidden_state  # (B, P, hidden)
+
+    def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
+        # The layers called one by one: no attention mask to build (each run of rows attends by itself).
+        embeddings = self._encoder.embeddings
+        # RoBERTa numbers positions from its pad id + 1 (what it derives from unpadded input ids).
+        first = getattr(embeddings, "padding_idx", -1) + 1
+        positions = batch.position_ids[None] + first  # (1, T)
+        hidden = embeddings(input_ids=batch.input_ids[None], position_ids=positions)  # (1, T, hidden)
+        for layer in self._encoder.encoder.layer:
+            hidden = layer(hidden, None)  # (1, T, hidden)
+        return hidden[0]  # (T, hidden)
+
+    def _packed_queries_keys(
+        self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor | None, args: tuple, kwargs: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attention = _attention(module)
+        tokens = tokens_of(hidden, index)  # (N, hidden)
+        shape = (tokens.shape[0], self.num_heads, self.head_dim)
+        return attention.query(tokens).view(shape), attention.key(tokens).view(shape)  # (N, H, d) each
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return _attention(module).value(hidden)  # (B, P, H*d)

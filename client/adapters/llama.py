@@ -17,6 +17,7 @@ from torch import nn
 
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter
+from attnstore_client.adapters.packed import PackedBatch, causal_allowed, tokens_of
 from attnstore_client.batch import Batch
 from attnstore_client.models import LoadedModel
 
@@ -43,12 +44,16 @@ class _LlamaLayer(Protocol):
     self_attn: nn.Module
     input_layernorm: nn.Module
 
+    def __call__(self, hidden_states: torch.Tensor, **kwargs: object) -> torch.Tensor: ...
+
 
 class _LlamaModel(Protocol):
     """LlamaModel, MistralModel, Qwen2Model."""
 
     embed_tokens: nn.Module
     layers: Sequence[_LlamaLayer]  # an nn.ModuleList
+    rotary_emb: nn.Module
+    norm: nn.Module
 
 
 def _attention(module: nn.Module) -> _LlamaAttention:
@@ -91,6 +96,29 @@ class LlamaAdapter(Adapter):
         output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         return output.last_hidden_state  # (B, P, hidden)
 
+    def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
+        # The layers called one by one: no causal mask to build (each run of rows attends by itself).
+        decoder = self._decoder
+        positions = batch.position_ids[None]  # (1, T)
+        hidden = decoder.embed_tokens(batch.input_ids[None])  # (1, T, hidden)
+        rotary = decoder.rotary_emb(hidden, position_ids=positions)  # cos, sin: (1, T, d) each
+        for layer in decoder.layers[: self.num_layers]:
+            hidden = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        return decoder.norm(hidden)[0]  # (T, hidden)
+
+    def _packed_queries_keys(
+        self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor | None, args: tuple, kwargs: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attention = _attention(module)
+        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]  # (1, T, d) each
+        tokens = tokens_of(hidden, index)  # (N, hidden)
+        count = tokens.shape[0]
+        query = attention.q_proj(tokens).view(count, self.num_heads, self.head_dim).transpose(0, 1)  # (H, N, d)
+        key = attention.k_proj(tokens).view(count, self.num_kv_heads, self.head_dim).transpose(0, 1)  # (KVH, N, d)
+        cos, sin = tokens_of(cos[0], index)[None], tokens_of(sin[0], index)[None]  # (1, N, d) each
+        query, key = self._rotary(query[None], key[None], cos, sin)  # (1, H, N, d), (1, KVH, N, d)
+        return query[0].transpose(0, 1), key[0].transpose(0, 1)  # (N, H, d), (N, KVH, d)
+
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return _attention(module).v_proj(hidden)  # (B, P, KVH*d)
 
@@ -107,7 +135,7 @@ class LlamaAdapter(Adapter):
         query = attention.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
         key = attention.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
         query, key = self._rotary(query, key, cos, sin)
-        allowed = _causal_allowed(padded, self._sliding_window(module))  # (P, P)
+        allowed = causal_allowed(padded, self._sliding_window(module))  # (P, P)
         for row, length in enumerate(lengths):
             grouped = query[row, :, :length].reshape(kv_heads, -1, head_dim)  # (KVH, G*L, d)
             scores = torch.matmul(grouped, key[row, :, :length].transpose(1, 2))  # (KVH, G*L, L)
@@ -131,7 +159,7 @@ class LlamaAdapter(Adapter):
         scores = scores.view(batch_size, heads, padded, padded) * attention.scaling  # (B, H, P, P)
         # Causal keys of a row's own tokens only: a pad key never precedes a true query, so the causal mask
         # alone keeps every row's L x L block exact.
-        allowed = _causal_allowed(padded, self._sliding_window(module))  # (P, P)
+        allowed = causal_allowed(padded, self._sliding_window(module))  # (P, P)
         scores = scores.masked_fill(~allowed, float("-inf"))
         return torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, H, P, P)
 
@@ -140,12 +168,3 @@ class LlamaAdapter(Adapter):
         owner = module if hasattr(module, "sliding_window") else self.model.config
         return getattr(owner, "sliding_window", None)
 
-
-def _causal_allowed(length: int, sliding_window: int | None) -> torch.Tensor:
-    """``(L, L)`` bool: query i may attend key j (j <= i, and within the window if any)."""
-    query = torch.arange(length)[:, None]
-    key = torch.arange(length)[None, :]
-    allowed = key <= query
-    if sliding_window is not None:
-        allowed &= key > query - sliding_window
-    return allowed

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -40,14 +40,35 @@ class SentenceHead(ABC):
     max_length: int
     prompts: dict[str, str]
     similarity_fn_name: str = "cosine"
+    truncate_dim: int | None = None  # encode() keeps this many dimensions unless told otherwise
 
     @abstractmethod
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> tuple[list[list[int]], int]:
         """Each text's token ids (special tokens, prompt and truncation applied), and the prompt's token count."""
 
+    dimension: int  # of the sentence embeddings
+
     @abstractmethod
+    def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
+        """Sentence embeddings ``(B, dim)`` of right-padded last hidden states ``(B, P, hidden)``, mask ``(B, P)``."""
+
     def embed(self, hidden: Sequence[torch.Tensor], prompt_length: int) -> torch.Tensor:
-        """Sentence embeddings ``(n, dim)`` of rows given as ``(L, hidden)`` last hidden states."""
+        """Sentence embeddings ``(n, dim)`` of rows given as ``(L, hidden)`` last hidden states (padded at once:
+        for a few rows; a call streams its rows through ``pool`` a forward at a time)."""
+        tokens = torch.nn.utils.rnn.pad_sequence(list(hidden), batch_first=True)  # (n, P, hidden)
+        lengths = torch.tensor([states.shape[0] for states in hidden], device=tokens.device)
+        mask = (torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]).long()  # (n, P)
+        return self.pool(tokens, mask, prompt_length)
+
+    def set_max_length(self, value: int) -> None:
+        """Truncate rows to ``value`` tokens from now on.
+
+        Raises:
+            ConfigError: ``value`` < 1.
+        """
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"max_seq_length must be an int >= 1, got {value!r}")
+        self.max_length = value
 
     def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         """The prompt to use: ``prompt``, else the one named, else the model's default (None: none).
@@ -76,6 +97,13 @@ class TransformersPipelineHead(SentenceHead):
         self.prompts = {name: text for name, text in model.prompts.items() if text is not None}
         self.similarity_fn_name = model.similarity_fn_name or "cosine"
         self._default_prompt = model.default_prompt_name
+        self.truncate_dim = model.truncate_dim
+        self.dimension = int(cast(Any, model).get_embedding_dimension())
+
+    def set_max_length(self, value: int) -> None:
+        """See :meth:`SentenceHead.set_max_length`: sentence-transformers' own preprocess truncates there too."""
+        super().set_max_length(value)
+        self._model.max_seq_length = value
 
     def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         """See :meth:`SentenceHead.resolve_prompt`; with neither given, the model's ``default_prompt_name`` applies."""
@@ -94,12 +122,8 @@ class TransformersPipelineHead(SentenceHead):
             prompt_length = int(features.get("prompt_length") or 0)
         return rows, prompt_length
 
-    def embed(self, hidden: Sequence[torch.Tensor], prompt_length: int) -> torch.Tensor:
-        """See :meth:`SentenceHead.embed`: the rows padded into one batch and run through the modules."""
-        tokens = torch.nn.utils.rnn.pad_sequence(list(hidden), batch_first=True)  # (n, P, hidden)
-        mask = torch.zeros(tokens.shape[:2], dtype=torch.long, device=tokens.device)  # (n, P)
-        for row, states in enumerate(hidden):
-            mask[row, : states.shape[0]] = 1
+    def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
+        """See :meth:`SentenceHead.pool`: the model's own modules after the transformer."""
         features: dict[str, object] = {"token_embeddings": tokens, "attention_mask": mask}
         if prompt_length:
             features["prompt_length"] = prompt_length
@@ -118,6 +142,7 @@ class MeanPoolHead(SentenceHead):
         self._tokenizer = loaded.tokenizer
         self.max_length = max_length
         self.prompts = {}
+        self.dimension = int(loaded.model.config.hidden_size)
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> tuple[list[list[int]], int]:
         """See :meth:`SentenceHead.tokenize`."""
@@ -125,9 +150,10 @@ class MeanPoolHead(SentenceHead):
         ids = self._tokenizer(rows, truncation=True, max_length=self.max_length, add_special_tokens=True)["input_ids"]
         return ids, 0
 
-    def embed(self, hidden: Sequence[torch.Tensor], prompt_length: int) -> torch.Tensor:
-        """See :meth:`SentenceHead.embed`."""
-        return torch.stack([states.mean(dim=0) for states in hidden])  # (n, hidden)
+    def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
+        """See :meth:`SentenceHead.pool`: the mean over each row's tokens."""
+        weights = mask.to(tokens.dtype)[:, :, None]  # (B, P, 1)
+        return (tokens * weights).sum(dim=1) / weights.sum(dim=1)  # (B, hidden)
 
 
 class PromptEolHead(MeanPoolHead):
@@ -137,9 +163,10 @@ class PromptEolHead(MeanPoolHead):
         """See :meth:`SentenceHead.tokenize`: a ``prompt`` goes before the PromptEOL template."""
         return super().tokenize([PROMPT_EOL.format(text=text) for text in texts], prompt)
 
-    def embed(self, hidden: Sequence[torch.Tensor], prompt_length: int) -> torch.Tensor:
-        """See :meth:`SentenceHead.embed`."""
-        return torch.stack([states[-1] for states in hidden])  # (n, hidden)
+    def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
+        """See :meth:`SentenceHead.pool`: each row's last token."""
+        last = mask.sum(dim=1) - 1  # (B,)
+        return tokens[torch.arange(tokens.shape[0], device=tokens.device), last]  # (B, hidden)
 
 
 def sentence_head(loaded: LoadedModel, max_length: int | None = None) -> SentenceHead:

@@ -59,25 +59,28 @@ def check_keywords(extra: Mapping[str, Any]) -> None:
 
 
 def shape_outputs(
-    sentences: torch.Tensor, tokens: Sequence[torch.Tensor], options: OutputOptions, *, single: bool
+    sentences: torch.Tensor | None, tokens: Sequence[torch.Tensor] | None, options: OutputOptions, *, single: bool
 ) -> np.ndarray | torch.Tensor | list[torch.Tensor] | list[dict[str, torch.Tensor]] | dict[str, torch.Tensor]:
     """The results as sentence-transformers returns them.
 
     Args:
-        sentences: ``(n, dim)`` sentence embeddings, input order.
-        tokens: per input, its ``(L, hidden)`` token embeddings.
+        sentences: ``(n, dim)`` sentence embeddings, input order (None: only token embeddings were asked for).
+        tokens: per input, its ``(L, hidden)`` token embeddings (None: not asked for).
         options: the call's options.
         single: the call was given one input (its result comes back without the list).
     """
     if options.output_value == "token_embeddings":
+        assert tokens is not None  # what was asked for
         rows: list[torch.Tensor] = list(tokens)
         return rows[0] if single else rows
+    assert sentences is not None  # every other output value has them
     embeddings = sentences
     if options.truncate_dim is not None:
         embeddings = embeddings[:, : options.truncate_dim]
     if options.normalize_embeddings:
         embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
     if options.output_value is None:
+        assert tokens is not None  # both were asked for
         dicts = [
             {"token_embeddings": token, "sentence_embedding": embedding}
             for token, embedding in zip(tokens, embeddings, strict=True)

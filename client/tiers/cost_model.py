@@ -26,10 +26,11 @@ exponentially weighted (``decay`` per recorded batch) so they follow the
 traffic. The same model serves a daemon and an embedded store: it only sees times.
 
 The same forwards also fit what a forward costs whatever its rows' kind,
-``seconds ~ a + b * tokens + c * tokens * padded`` (``a`` the fixed cost of a
-forward, ``b`` of a padded token's projections and MLP, ``c`` of its attention
-over the padded length), non-negative, over every band (``forward_cost``).
-That is what decides where rows of very different lengths are worth a forward of
+``seconds ~ a + b * tokens + c * pairs`` (``a`` the fixed cost of a forward,
+``b`` of a token's projections and MLP, ``c`` of one query-key pair of its
+attention: ``rows * padded**2`` pairs padded, the sum of ``L**2`` packed),
+non-negative, over every band (``forward_cost``). That is what decides, for
+padded forwards, where rows of very different lengths are worth a forward of
 their own instead of padding to the longest (``attnstore_client.batch.group_by_length``).
 """
 
@@ -142,11 +143,11 @@ class _Band:
 
 @dataclass(frozen=True, slots=True)
 class ForwardCost:
-    """A forward's fitted time: ``fixed + per_token * tokens + per_token_position * tokens * padded`` seconds."""
+    """A forward's fitted time: ``fixed + per_token * tokens + per_token_position * pairs`` seconds."""
 
     fixed: float
     per_token: float
-    per_token_position: float
+    per_token_position: float  # per query-key pair of attention
 
     def seconds(self, rows: np.ndarray, padded: np.ndarray) -> np.ndarray:
         """The times of forwards of ``rows`` rows padded to ``padded`` tokens (elementwise)."""
@@ -154,12 +155,12 @@ class ForwardCost:
         return self.fixed + self.per_token * tokens + self.per_token_position * tokens * padded
 
 
-# Scales of the fit's terms (1, tokens, tokens * padded), so its normal equations stay well conditioned.
+# Scales of the fit's terms (1, tokens, pairs), so its normal equations stay well conditioned.
 _SCALES = np.array([1.0, 1e3, 1e5])
 
 
 class _ForwardFit:
-    """Exponentially weighted normal equations of forward seconds on ``(1, tokens, tokens * padded) / _SCALES``."""
+    """Exponentially weighted normal equations of forward seconds on ``(1, tokens, pairs) / _SCALES``."""
 
     def __init__(self) -> None:
         self.forwards = 0
@@ -167,8 +168,8 @@ class _ForwardFit:
         self.xy = np.zeros(3)
         self.yy = 0.0
 
-    def add(self, tokens: int, padded: int, seconds: float, decay: float) -> None:
-        x = np.array([1.0, tokens, tokens * padded]) / _SCALES
+    def add(self, tokens: int, pairs: int, seconds: float, decay: float) -> None:
+        x = np.array([1.0, tokens, pairs]) / _SCALES
         self.forwards += 1
         self.xx = decay * self.xx + np.outer(x, x)
         self.xy = decay * self.xy + x * seconds
@@ -253,11 +254,15 @@ class CostModel:
             band.hits += hits
             band.lookup_s += seconds
 
-    def record_forward(self, length: int, *, computed_tokens: int, replayed_tokens: int, seconds: float) -> None:
-        """A forward padded to ``length`` tokens took ``seconds``: ``computed_tokens`` of its padded tokens
-        computed, ``replayed_tokens`` replayed maps (fetched during the forward)."""
+    def record_forward(
+        self, length: int, *, computed_tokens: int, replayed_tokens: int, seconds: float, pairs: int | None = None
+    ) -> None:
+        """A forward whose longest row has ``length`` tokens took ``seconds``: ``computed_tokens`` of its tokens
+        (padding included, if padded) computed, ``replayed_tokens`` replayed maps (fetched during the forward),
+        its attention covering ``pairs`` query-key pairs (None: the tokens padded to ``length``)."""
+        tokens = computed_tokens + replayed_tokens
         with self._lock:
-            self._fit.add(computed_tokens + replayed_tokens, length, seconds, self.settings.decay)
+            self._fit.add(tokens, tokens * length if pairs is None else pairs, seconds, self.settings.decay)
             band = self._decayed(length)
             band.forwards += 1
             band.tokens += computed_tokens + replayed_tokens
@@ -270,7 +275,7 @@ class CostModel:
             band.rt += replayed_tokens * seconds
 
     def forward_cost(self) -> ForwardCost | None:
-        """The fitted time of a forward by its rows and padded length; None before ``min_forwards`` forwards."""
+        """The fitted time of a forward by its tokens and attention pairs; None before ``min_forwards`` forwards."""
         with self._lock:
             if self._fit.forwards < self.settings.min_forwards:
                 return None

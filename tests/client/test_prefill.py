@@ -1,5 +1,6 @@
-"""One call through the tiers: repeats once, the local tier, the store's exact tier before any
-projection, batches formed after the lookups, and map lookups only where the cost model expects them to pay."""
+"""One call through the tiers: repeats once (across chunks too), the local tier, the store's exact tier before any
+projection, map hits replaying in forwards of their own, rows pooled as each forward ends, and map lookups only
+where the cost model expects them to pay."""
 
 from __future__ import annotations
 
@@ -66,15 +67,21 @@ def _mean_pooled(loaded, texts) -> np.ndarray:
 
 
 def _forward_sizes(cache: AttnCache) -> list[tuple[int, int]]:
-    """Records (rows, rows replaying) of every forward the cache's adapter runs."""
+    """Records (rows, rows replaying) of every forward the cache's adapter runs, packed or padded."""
     calls: list[tuple[int, int]] = []
-    forward = cache.adapter.forward
+    adapter = cache.adapter
+    packed, padded = adapter.forward_packed, adapter.forward
 
-    def recorded(batch: Batch, replay=None):
+    def recorded_packed(batch, replay=None, keep=()):
         calls.append((batch.size, len(replay or {})))
-        return forward(batch, replay)
+        return packed(batch, replay, keep)
 
-    cache.adapter.forward = recorded  # type: ignore[method-assign]
+    def recorded_padded(batch: Batch, replay=None):
+        calls.append((batch.size, len(replay or {})))
+        return padded(batch, replay)
+
+    adapter.forward_packed = recorded_packed  # type: ignore[method-assign]
+    adapter.forward = recorded_padded  # type: ignore[method-assign]
     return calls
 
 
@@ -91,10 +98,12 @@ def test_identical_rows_in_one_call_are_computed_once_and_every_copy_answered(be
     assert cache.last_row_kinds == ("miss",) * 6
 
 
-def test_the_local_tier_answers_a_repeated_call_without_asking_the_store(bert, service) -> None:
+def test_the_local_tier_answers_a_call_repeated_a_third_time_without_asking_the_store(bert, service) -> None:
     connection = CountingConnection(service)
     cache = AttnCache(bert, connection)
     first = cache.encode(TEXTS, batch_size=4)
+    assert cache.local_tier.stats().entries == 0  # rows seen once are not kept
+    cache.encode(TEXTS, batch_size=4)  # seen twice: kept
     asked = (len(connection.exact_rows), len(connection.searched_rows))
     again = cache.encode(TEXTS, batch_size=4)
     assert (len(connection.exact_rows), len(connection.searched_rows)) == asked  # not asked again
@@ -124,24 +133,58 @@ def test_exact_hits_are_answered_by_hash_before_anything_is_projected_or_searche
     assert connection.searched_rows == [] and cache.last_stats.projection_s == 0.0 and forwards == []
 
 
-def test_rows_are_batched_after_the_lookup_with_hits_replaying_inside_full_length_sorted_batches(
-    bert, service
-) -> None:
-    # Exact tier off: the stored rows are map hits. Interleaved with misses, they still form full batches.
+def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_others(bert, service) -> None:
+    # Exact tier off: the stored rows are map hits, interleaved with misses in the input.
     texts = [TEXTS[4], STORED[0], TEXTS[5], STORED[1], TEXTS[6], STORED[2], TEXTS[7], TEXTS[8], TEXTS[9]]
     cache = AttnCache(bert, CountingConnection(service), exact=False)
     forwards = _forward_sizes(cache)
     embeddings = cache.encode(texts, batch_size=4)
     np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
     assert (cache.last_stats.map_hits, cache.last_stats.misses) == (3, 6)
-    # Every batch is full but the last, and the hits replay wherever their length puts them.
-    assert [rows for rows, _ in forwards] == [4, 4, 1] and sum(replaying for _, replaying in forwards) == 3
+    # One forward of the 3 hits, all replaying; the 6 misses in forwards of at most 4 rows, none replaying.
+    assert forwards == [(3, 3), (4, 0), (2, 0)]
+    assert cache.last_row_kinds == ("miss", "map", "miss", "map", "miss", "map", "miss", "miss", "miss")
+
+
+def test_a_call_larger_than_a_chunk_answers_copies_across_chunks_and_keeps_input_order(bert, service) -> None:
+    cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
+    distinct = sentences(40, seed=31, min_words=2, max_words=9)
+    texts = distinct + distinct[::-1] + distinct[:7]  # 87 rows; a chunk is 16 batches of 2 rows
+    embeddings = cache.encode(texts, batch_size=2)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    stats = cache.last_stats
+    assert (stats.rows, stats.deduplicated, stats.misses) == (87, 47, 40)
+    assert cache.last_row_kinds == ("miss",) * 87
+
+
+def test_each_forward_is_pooled_as_it_ends_never_the_whole_call_at_once(bert, service) -> None:
+    cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
+    pooled: list[int] = []
+    pool = cache.head.pool
+
+    def recorded(tokens, mask, prompt_length=0):
+        pooled.append(tokens.shape[0])
+        return pool(tokens, mask, prompt_length)
+
+    cache.head.pool = recorded  # type: ignore[method-assign]
+    texts = sentences(50, seed=32, min_words=2, max_words=9)
+    cache.encode(texts, batch_size=8)
+    assert sum(pooled) == 50 and max(pooled) <= 8
+
+
+def test_time_outside_the_tiers_is_reported_apart_from_each_tiers_time(bert, service) -> None:
+    cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
+    cache.encode(TEXTS, batch_size=4)
+    stats = cache.last_stats
+    assert set(stats.tier_s) == {"local_exact", "store_exact", "prefix", "maps", "compute"}
+    assert 0.0 < stats.overhead_s < stats.total_s
+    assert stats.overhead_s + sum(stats.tier_s.values()) == pytest.approx(stats.total_s, rel=1e-6)
 
 
 def test_once_forward_times_are_fitted_short_rows_skip_the_padding_of_long_ones_in_a_forward_of_their_own(
     bert, service
 ) -> None:
-    cache = AttnCache(bert, CountingConnection(service), cost=CostSettings(min_forwards=4, decay=1.0))
+    cache = AttnCache(bert, CountingConnection(service), cost=CostSettings(min_forwards=4, decay=1.0), packed=False)
     cache.maps = False
     texts = sentences(2, seed=21, min_words=40, max_words=40) + sentences(6, seed=22, min_words=2, max_words=2)
     forwards = _forward_sizes(cache)
@@ -156,6 +199,17 @@ def test_once_forward_times_are_fitted_short_rows_skip_the_padding_of_long_ones_
     embeddings = cache.encode(texts, batch_size=8)
     np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
     assert [rows for rows, _ in forwards] == [2, 6]
+
+
+def test_packed_and_padded_forwards_give_the_same_embeddings(bert, service) -> None:
+    texts = sentences(30, seed=33, min_words=2, max_words=20)
+    cache = AttnCache(bert, CountingConnection(service), exact=False)
+    cache.maps = False
+    packed = cache.encode(texts, batch_size=8)
+    cache.packed = False
+    padded = cache.encode(texts, batch_size=8)
+    np.testing.assert_allclose(packed, padded, atol=1e-5)
+    np.testing.assert_allclose(packed, _mean_pooled(bert, texts), atol=1e-5)
 
 
 def test_an_all_miss_workload_stops_asking_for_maps_after_the_warm_up_and_explores_a_small_share(bert) -> None:

@@ -47,7 +47,7 @@ from attnstore_tools.output import write_json
 from attnstore_tools.timing import Sample, median_ms, time_rounds
 
 if TYPE_CHECKING:
-    from attnstore_client.prefill import CallCounts
+    from attnstore_client.stats import CacheStats
 
 # Serves after which the daemon's DRAM tier holds an entry (docs/OPERATIONS.md, "DRAM tier").
 _DRAM_ADMITTED_AFTER = 2
@@ -147,13 +147,13 @@ def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -
     from attnstore.protocol.remote import RemoteStore
     from attnstore.store import NamespaceLayout, NewEntry
     from attnstore_client.batch import batch_from_ids
+    from attnstore_client.cache import AttnCache
     from attnstore_client.connection import connect
     from attnstore_client.keys import model_fingerprint, token_hash
-    from attnstore_client.prefill import CallCounts, Prefill, PrefillSettings
     from attnstore_client.projector import Projector, ProjectorConfig
-    from attnstore_client.resilience import CircuitBreaker, RetryPolicy
-    from attnstore_client.tiers.cost_model import CostModel, CostSettings
-    from attnstore_client.tiers.local_exact import LocalExactTier
+    from attnstore_client.resilience import RetryPolicy
+    from attnstore_client.stats import CacheStats
+    from attnstore_client.tiers.cost_model import CostSettings
 
     loaded = adapter.loaded
     vocab = loaded.model.config.vocab_size
@@ -185,30 +185,28 @@ def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -
         del capture, entries
     connection, dram_connection = connect(f"grpc://{target}"), connect(f"grpc://{dram_target}")
 
-    def prefill(namespace: str, exact: bool, stream: bool, *, dram: bool = False) -> Prefill:
-        settings = PrefillSettings(namespace, 1e-3, exact, stream, 600.0, RetryPolicy(attempts=1))
-        return Prefill(adapter, dram_connection if dram else connection, fingerprint=fingerprint,
-                       projector=projector, settings=settings,
-                       breaker=CircuitBreaker(), local_tier=LocalExactTier(0),
-                       cost_model=CostModel(CostSettings(min_samples=2**62)), device=torch.device("cpu"))
+    def prefill(namespace: str, exact: bool, stream: bool, *, dram: bool = False) -> AttnCache:
+        # Every row asked for maps (the cost model never skips), nothing kept in this process.
+        return AttnCache(loaded, dram_connection if dram else connection, namespace=namespace, max_distance=1e-3,
+                         exact=exact, stream=stream, timeout=600.0, retry=RetryPolicy(attempts=1),
+                         exact_cache_bytes=0, cost=CostSettings(min_samples=2**62))
 
     # Each call keeps its latest output here and returns its counts: the samples keep only the counts.
     outputs: dict[str, torch.Tensor] = {}
 
     tokens = [batch.row_ids(row).tolist() for row in range(batch.size)]
 
-    def cached(name: str, runner: Prefill) -> Callable[[], CallCounts]:
-        def call() -> CallCounts:
-            counts = CallCounts()
-            hidden = runner.hidden_states(tokens, counts, batch_size=batch.size)
+    def cached(name: str, runner: AttnCache) -> Callable[[], CacheStats]:
+        def call() -> CacheStats:
+            hidden = runner.hidden_states(tokens, batch_size=batch.size, show_progress_bar=False)
             outputs[name] = torch.stack(hidden)  # (B, L, hidden): rows are all L tokens
-            return counts
+            return runner.last_stats
         return call
 
-    def plain(name: str, replay: dict | None) -> Callable[[], CallCounts]:
-        def call() -> CallCounts:
+    def plain(name: str, replay: dict | None) -> Callable[[], CacheStats]:
+        def call() -> CacheStats:
             outputs[name] = adapter.forward(batch, replay)
-            return CallCounts(rows=batch.size)
+            return CacheStats(rows=batch.size)
         return call
 
     calls = {
@@ -231,7 +229,7 @@ def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -
     return [_timing(name, samples[name], base_ms, outputs[name], outputs["baseline"]) for name in _VARIANTS]
 
 
-def _check_kinds(samples: dict[str, list[Sample[CallCounts]]]) -> None:
+def _check_kinds(samples: dict[str, list[Sample[CacheStats]]]) -> None:
     """The cache variants must have served rows the way their names say."""
     expected = {"hit": "map_hits", "hit_dram": "map_hits", "hit_wait_all": "map_hits", "miss": "misses",
                 "exact": "exact_hits"}
@@ -253,9 +251,9 @@ def _check_dram(target: str, dram_target: str) -> None:
 
 
 def _timing(
-    name: str, samples: list[Sample[CallCounts]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
+    name: str, samples: list[Sample[CacheStats]], base_ms: float, hidden: torch.Tensor, baseline: torch.Tensor
 ) -> VariantTiming:
-    def counts_ms(get: Callable[[CallCounts], float]) -> float:
+    def counts_ms(get: Callable[[CacheStats], float]) -> float:
         return median_ms(get(s.value) for s in samples)
 
     total = median_ms(s.seconds for s in samples)

@@ -171,12 +171,13 @@ class CacheVariant(Variant):
         elif self._maps and self._threshold is not None:
             self.cache.max_distance = self._threshold
         self.cache.local_tier.clear()
-        hidden = self.cache.hidden_states(queries.tokenized(indices), batch_size=queries.batch_size,
+        # One call of the rows, streamed: each forward is pooled as it ends (the cache's head is ``head``'s kind).
+        embeddings = self.cache.embed_ids(queries.tokenized(indices), batch_size=queries.batch_size,
                                           show_progress_bar=False)
         stats = self.cache.last_stats
         kinds = self.cache.last_row_kinds
         return CallRun(
-            embeddings=head.embed(hidden, 0).float().cpu().numpy(),
+            embeddings=embeddings.float().cpu().numpy(),
             retrieval_s=stats.projection_s + stats.lookup_s + stats.fetch_s,
             # Embedded stores read each layer's maps when the forward reaches it; a daemon's
             # stream is received beside the forward, which waits inside the attention modules.

@@ -333,6 +333,9 @@ class Generation:
                 subdir=True,
                 meminit=False,
                 lock=True,
+                # A reader's accesses are random (an entry's maps, a hit's outputs): read-ahead would map the
+                # neighbouring entries' pages into every process that opens the store, for nothing.
+                readahead=not readonly,
             )
             handles = {n: self.env.open_db(n.encode(), create=not readonly) for n in DB_NAMES}
             self.db = Databases(**handles, prefix=_open_optional_db(self.env, PREFIX_DB_NAME, readonly=readonly))

@@ -2,20 +2,14 @@
 
 - ``tier``: which rows may start from a stored prefix, and the forward on a
   suffix with the prefix's keys and values streamed in as its past;
-- ``serve``: one call's prefix tier (rows grouped by stored prefix length,
-  failures left to the plain path);
+- ``serve``: the tier itself, ``PrefixTier`` (rows grouped by stored prefix
+  length, failures left to the compute tier);
 - ``capture``: the blocks of prompts computed by the model (what ``attnstore
   build --prefix-blocks`` stores).
 """
 
 from attnstore_client.tiers.prefix.capture import capture_prefix_blocks, prefix_layout_of
-from attnstore_client.tiers.prefix.serve import serve_prefixes
-from attnstore_client.tiers.prefix.tier import DEFAULT_MIN_PREFIX_TOKENS, forward_with_prefix
+from attnstore_client.tiers.prefix.serve import PrefixTier
+from attnstore_client.tiers.prefix.tier import forward_with_prefix
 
-__all__ = [
-    "DEFAULT_MIN_PREFIX_TOKENS",
-    "capture_prefix_blocks",
-    "forward_with_prefix",
-    "prefix_layout_of",
-    "serve_prefixes",
-]
+__all__ = ["PrefixTier", "capture_prefix_blocks", "forward_with_prefix", "prefix_layout_of"]

@@ -20,7 +20,7 @@ Each layer's keys and values are read when the forward reaches that layer
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -35,11 +35,6 @@ from attnstore_client.adapters import Adapter
 from attnstore_client.batch import Batch
 from attnstore_client.connection import PrefixStream
 
-# Shortest stored prefix worth fetching, in tokens. Measured with ``attnstore bench prefix``
-# (SmolLM2, 2 CPU threads, docs/BENCHMARKS.md "Prefix"): below a few dozen tokens the reads
-# and the past's extra attention eat what skipping the prefix saves.
-DEFAULT_MIN_PREFIX_TOKENS = 64
-
 
 @dataclass(frozen=True, slots=True)
 class PrefixCandidate:
@@ -50,7 +45,7 @@ class PrefixCandidate:
 
 
 def candidates(
-    rows: Sequence[int], tokens: Sequence[Sequence[int]], layout: PrefixLayout, min_tokens: int
+    rows: Sequence[int], tokens: Mapping[int, Sequence[int]], layout: PrefixLayout, min_tokens: int
 ) -> list[PrefixCandidate]:
     """The rows long enough for a prefix that pays, each with the blocks it may take (one token left over)."""
     out = []

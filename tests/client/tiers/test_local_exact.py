@@ -1,12 +1,14 @@
-"""The node-local exact tier: a byte-bounded LRU of fp16 outputs."""
+"""The node-local exact tier: a byte-bounded LRU of fp16 outputs that keeps a key from its second offer on."""
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.local_exact import LocalOutputs
 
 
 def _outputs(rows: int, value: float = 1.0) -> np.ndarray:
@@ -14,7 +16,7 @@ def _outputs(rows: int, value: float = 1.0) -> np.ndarray:
 
 
 def test_outputs_come_back_as_fp16_under_their_key() -> None:
-    tier = LocalExactTier(1024)
+    tier = LocalOutputs(1024, admit_after=1)
     tier.put(b"a", _outputs(2, 0.5))
     got = tier.get(b"a")
     assert got is not None and got.dtype == np.float16 and got.shape == (2, 4) and float(got[0, 0]) == 0.5
@@ -24,7 +26,7 @@ def test_outputs_come_back_as_fp16_under_their_key() -> None:
 
 
 def test_the_least_recently_used_entry_leaves_when_the_bytes_would_pass_the_cap() -> None:
-    tier = LocalExactTier(48)  # three entries of 16 bytes
+    tier = LocalOutputs(48, admit_after=1)  # three entries of 16 bytes
     for key in (b"a", b"b", b"c"):
         tier.put(key, _outputs(2))
     assert tier.get(b"a") is not None  # "b" is now the least recently used
@@ -34,7 +36,7 @@ def test_the_least_recently_used_entry_leaves_when_the_bytes_would_pass_the_cap(
 
 
 def test_a_replaced_entry_counts_its_bytes_once_and_an_entry_over_the_cap_is_not_kept() -> None:
-    tier = LocalExactTier(64)
+    tier = LocalOutputs(64, admit_after=1)
     tier.put(b"a", _outputs(2))
     tier.put(b"a", _outputs(3))
     assert (tier.stats().entries, tier.stats().bytes) == (1, 24)
@@ -43,10 +45,10 @@ def test_a_replaced_entry_counts_its_bytes_once_and_an_entry_over_the_cap_is_not
 
 
 def test_a_zero_byte_tier_keeps_nothing_and_clear_empties_it() -> None:
-    empty = LocalExactTier(0)
+    empty = LocalOutputs(0, admit_after=1)
     empty.put(b"a", _outputs(1))
     assert empty.get(b"a") is None
-    tier = LocalExactTier(1024)
+    tier = LocalOutputs(1024, admit_after=1)
     tier.put(b"a", _outputs(1))
     tier.clear()
     assert tier.get(b"a") is None and tier.stats().bytes == 0
@@ -55,4 +57,30 @@ def test_a_zero_byte_tier_keeps_nothing_and_clear_empties_it() -> None:
 @pytest.mark.parametrize("capacity", [-1, 1.5, True, "1GiB"])
 def test_a_bad_capacity_is_a_config_error_naming_it(capacity: object) -> None:
     with pytest.raises(ConfigError, match="exact_cache_bytes must be an int >= 0"):
-        LocalExactTier(capacity)  # type: ignore[arg-type]
+        LocalOutputs(capacity)  # type: ignore[arg-type]
+
+
+def test_a_key_is_kept_the_second_time_it_is_offered_not_the_first() -> None:
+    tier = LocalOutputs(1024)  # admit_after=2, the default
+    tier.put(b"a" * 32, _outputs(2))
+    assert tier.get(b"a" * 32) is None and tier.stats().declined == 1
+    tier.put(b"a" * 32, _outputs(2))
+    assert tier.get(b"a" * 32) is not None and (tier.stats().entries, tier.stats().declined) == (1, 1)
+    tier.put(b"a" * 32, _outputs(3))  # an entry kept is replaced at once
+    assert tier.get(b"a" * 32).shape == (3, 4)
+
+
+def test_a_bulk_of_keys_offered_once_keeps_nothing() -> None:
+    tier = LocalOutputs(1 << 20)
+    keys = [hashlib.sha256(i.to_bytes(4, "little")).digest() for i in range(5000)]  # as token hashes are
+    for key in keys:
+        tier.put(key, _outputs(1))
+    assert tier.stats().entries <= 100  # false positives of the doorkeeper only (about 1% at most)
+    for key in keys[:10]:
+        tier.put(key, _outputs(1))
+    assert all(tier.get(key) is not None for key in keys[:10])
+
+
+def test_admit_after_other_than_one_or_two_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="admit_after must be 1 or 2"):
+        LocalOutputs(1024, admit_after=3)

@@ -1,0 +1,85 @@
+"""The forwards a call runs: rows cut into batches, packed end to end (or right-padded), timed for the cost model.
+
+Packed (the default, ``CallSettings.packed``): a forward is ``batch_size`` rows of
+a length-sorted run, end to end with nothing padded (``adapters.packed``), so
+there is no padding to avoid. Padded: the rows are cut as sentence-transformers
+cuts them until the cost model has timed ``min_forwards`` forwards, then where
+its fit predicts the least time (``batch.group_by_length``). Either way every
+forward's time is recorded with its computed and replayed tokens and the
+token pairs its attention covers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnstore_client.adapters.packed import pack
+from attnstore_client.batch import batch_from_ids, group_by_length
+from attnstore_client.call import HiddenRows, Row
+from attnstore_client.replay import ReplayMaps
+from attnstore_client.settings import CallSettings
+from attnstore_client.tiers.cost_model import CostModel
+
+if TYPE_CHECKING:
+    from attnstore_client.tiers.base import TierContext
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    """One forward's rows' last hidden states, the maps it kept, and its time."""
+
+    hidden: HiddenRows
+    kept: dict[int, torch.Tensor]  # position in the forward -> (layers, heads, L, L) fp16
+    seconds: float
+
+
+def cut(rows: Sequence[Row], settings: CallSettings, cost_model: CostModel) -> list[list[Row]]:
+    """``rows`` (sorted longest first) cut into forwards of at most ``settings.batch_size`` rows."""
+    size = settings.batch_size
+    if settings.packed:
+        return [list(rows[start : start + size]) for start in range(0, len(rows), size)]
+    cost = cost_model.forward_cost()
+    groups = group_by_length([len(row.tokens) for row in rows], size, None if cost is None else cost.seconds)
+    return [list(rows[group]) for group in groups]
+
+
+def run_forward(
+    context: TierContext, rows: Sequence[Row], settings: CallSettings, *,
+    replay: Mapping[int, ReplayMaps] | None = None, keep: Sequence[int] = (),
+) -> ForwardResult:
+    """One forward of ``rows``: positions in ``replay`` replay those maps, positions in ``keep`` keep theirs.
+
+    Raises:
+        MapsUnavailableError: a replaying row's maps stopped arriving (the caller runs it again without).
+    """
+    adapter = context.adapter
+    tokens = [row.tokens for row in rows]
+    started = time.perf_counter()
+    if settings.packed:
+        packed = pack(tokens).to(context.device)
+        out, kept = adapter.forward_packed(packed, replay, keep)  # (T, hidden)
+        hidden = HiddenRows(out.float(), packed.lengths, packed.starts)
+        pairs = sum(length * length for length in packed.lengths)
+        computed = sum(length for position, length in enumerate(packed.lengths) if position not in (replay or {}))
+        total = packed.tokens
+    else:
+        batch = batch_from_ids(tokens, adapter.loaded.tokenizer.pad_token_id).to(context.device)
+        if keep:
+            out, kept = adapter.forward_keeping(batch, keep, replay)  # (B, P, hidden)
+        else:
+            out, kept = adapter.forward(batch, replay), {}  # (B, P, hidden)
+        hidden = HiddenRows(out.float(), batch.lengths)
+        padded = batch.padded_length
+        pairs = batch.size * padded * padded
+        total = batch.size * padded
+        computed = padded * (batch.size - len(replay or {}))
+    seconds = time.perf_counter() - started
+    context.cost_model.record_forward(
+        max(hidden.lengths), computed_tokens=computed, replayed_tokens=total - computed, pairs=pairs, seconds=seconds
+    )
+    return ForwardResult(hidden, kept, seconds)

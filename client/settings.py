@@ -1,0 +1,50 @@
+"""How a call uses the store: one frozen settings object, each default with why it is what it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnstore.errors import ConfigError
+from attnstore_client.resilience import RetryPolicy
+
+# Shortest stored prefix worth fetching, in tokens. Measured with ``attnstore bench prefix``
+# (SmolLM2, 2 CPU threads, docs/BENCHMARKS.md "Prefix"): below a few dozen tokens the reads
+# and the past's extra attention eat what skipping the prefix saves.
+DEFAULT_MIN_PREFIX_TOKENS = 64
+# Rows per exact-tier call: the daemon's default --max-queries.
+DEFAULT_WINDOW = 512
+# Batches of rows a call takes through the tiers at a time: enough for few store round trips and
+# length-sorted forwards, few enough that what a chunk holds stays a few batches' worth.
+CHUNK_BATCHES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class CallSettings:
+    """How calls use the store (see ``AttnCache`` for the user-facing defaults)."""
+
+    namespace: str
+    max_distance: float  # threshold on the predicted map distance (when not gated)
+    exact: bool = True  # use the exact tiers (node-local and the store's)
+    stream: bool = True  # start replay while maps still arrive
+    timeout: float | None = 30.0  # deadline of one store call (an exact window, a search, a hit batch's maps)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    gate: bool = False  # decide map hits with the namespace's fidelity gate instead of max_distance
+    maps: bool = True  # use the map tier (search and replay) at all
+    window: int = DEFAULT_WINDOW  # rows per exact-tier call (at most the daemon's --max-queries)
+    prefix: bool = True  # start rows from stored prefixes (causal namespaces that store prefix blocks)
+    prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS  # shorter stored prefixes are not fetched
+    batch_size: int = 32  # rows per forward
+    packed: bool = True  # forwards run their rows end to end, unpadded (``adapters.packed``)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        if isinstance(self.prefix_min_tokens, bool) or self.prefix_min_tokens < 0:
+            raise ConfigError(f"prefix_min_tokens must be an int >= 0, got {self.prefix_min_tokens!r}")
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1 rows, got {self.window!r}")
+
+    @property
+    def chunk_rows(self) -> int:
+        """Rows a call takes through the tiers at a time."""
+        return CHUNK_BATCHES * self.batch_size

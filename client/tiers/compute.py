@@ -1,0 +1,112 @@
+"""The compute tier, last: the model computes every row still open, and what it computed is kept.
+
+Rows are sorted longest first and cut into forwards (``forwards``). Each
+computed row enters this process's exact tier (``LocalOutputs``, fp16, only
+what the plain model computed: replayed rows are within the maps' fidelity,
+not exact); the rows the store admitted are queued for write-back (``write_back``),
+each with its own fp16 copy of its outputs, so nothing a caller does to its
+results reaches the store.
+
+Write-back of maps. The model computes its rows with its own attention kernel
+(``sdpa``), which never materialises the probabilities, so a row's maps cost
+extra work. Only the rows that will be written back with maps pay it: the
+admitted rows whose length the cost model says replay pays at
+(``CostModel.replay_pays``), whose maps fit one message, and which have the
+feature of their map lookup (or whose namespace has no projector yet). They
+keep their maps inside their own forward (an explicit fp32 softmax of their
+own q/k, fp16 as stored). Measured on all-MiniLM-L6-v2 at 1 torch thread: +6.5%
+to +8.6% CPU time for a padded batch that keeps maps (docs/OPERATIONS.md), so
+forwards that keep maps are held to ``WriteBackSettings.capture_share`` (0.5)
+of the computed tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from attnstore_client.call import Call, Row
+from attnstore_client.forwards import cut, run_forward
+from attnstore_client.tiers.base import Tier, TierContext
+from attnstore_client.tiers.local_exact import LocalExactTier
+
+
+class ComputeTier(Tier):
+    """Computes every row it is given (the last tier of a call)."""
+
+    name: ClassVar[str] = "compute"
+
+    def __init__(self, context: TierContext, local: LocalExactTier) -> None:
+        self._context = context
+        self._local = local
+        self._computed_tokens = 0  # tokens of computed rows forwarded so far
+        self._capturing_tokens = 0  # of those, the ones in forwards that kept maps (held to capture_share)
+
+    def serve(self, rows: list[Row], call: Call) -> list[Row]:
+        """See :meth:`Tier.serve`; leaves no row open."""
+        keep = self._maps_to_keep(rows, call)
+        ordered = sorted(rows, key=lambda row: -len(row.tokens))
+        for forward in cut(ordered, call.settings, self._context.cost_model):
+            keeping = self._keeping(forward, keep)
+            result = run_forward(self._context, forward, call.settings, keep=keeping)
+            call.counts.forward_s += result.seconds
+            call.deliver(forward, result.hidden, "miss")
+            if call.settings.exact:
+                for position, row in enumerate(forward):
+                    self._keep_outputs(row, result.hidden.row(position), result.kept.get(position), call)
+        return []
+
+    def _keep_outputs(self, row: Row, hidden: torch.Tensor, maps: torch.Tensor | None, call: Call) -> None:
+        """Put a computed row in this process's exact tier, and queue it for write-back if the store admits it."""
+        outputs = hidden.to(torch.float16).cpu().numpy()  # (L, hidden), its own copy: what the store keeps
+        self._local.outputs.put(self._local.key(row), outputs)
+        write_back = self._context.write_back
+        if write_back is None or row.index not in call.admitted:
+            return
+        if maps is None:
+            write_back.put(row.tokens, outputs)
+            return
+        # A feature from a projector replaced since the lookup would be refused: the maps go without it.
+        feature = call.features.get(row.index)
+        vector, version = feature if feature is not None and feature[1] == call.namespace.version else (None, 0)
+        write_back.put(row.tokens, outputs, maps, vector, version)
+
+    def _maps_to_keep(self, rows: Sequence[Row], call: Call) -> set[int]:
+        """The admitted rows whose maps are kept in their forward, to be written back with them.
+
+        Their length is one replay pays at, their maps fit one message, and they have the
+        feature of their map lookup; in a namespace without a projector every such row
+        qualifies (its feature is computed once a projector is trained).
+        """
+        write_back = self._context.write_back
+        if write_back is None or not call.settings.exact:
+            return set()
+        adapter = self._context.adapter
+        per_token = 2 * adapter.num_layers * adapter.num_heads  # fp16 bytes per L*L
+        limit = write_back.settings.max_row_map_bytes
+        return {
+            row.index for row in rows
+            if row.index in call.admitted
+            and (call.namespace.projector is None or row.index in call.features)
+            and per_token * len(row.tokens) ** 2 <= limit
+            and self._context.cost_model.replay_pays(len(row.tokens))
+        }
+
+    def _keeping(self, forward: Sequence[Row], keep: set[int]) -> list[int]:
+        """The positions of ``forward`` whose maps it keeps: those in ``keep`` while forwards that kept maps hold
+        at most ``capture_share`` of the computed tokens so far (past it the rows go back with outputs only), so
+        the capture's cost stays a bounded share of the compute tier."""
+        tokens = int(np.sum([len(row.tokens) for row in forward]))
+        keeping = [position for position, row in enumerate(forward) if row.index in keep]
+        write_back = self._context.write_back
+        within = write_back is not None and (
+            self._capturing_tokens <= write_back.settings.capture_share * self._computed_tokens
+        )
+        self._computed_tokens += tokens
+        if not keeping or not within:
+            return []
+        self._capturing_tokens += tokens
+        return keeping

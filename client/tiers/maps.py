@@ -1,0 +1,207 @@
+"""The map tier: near-duplicates replay a stored entry's attention maps, where the cost model expects it to pay.
+
+Per length band the cost model (``cost_model``) says whether a map lookup pays;
+the rows it sends are projected (the namespace's projector over their feature
+source) and searched a batch at a time. A row whose nearest entries the
+namespace's fidelity gate trusts (or, ungated, whose entry lies within
+``max_distance``) is a hit: hits run in forwards of their own, packed, their
+maps streaming in layer by layer while the forward runs (a hit row computes no
+q/k projection, RoPE, QKᵀ or softmax). A hit whose maps cannot be delivered (a
+row error, a bad checksum, the daemon going away, the deadline) is dropped from
+its forward, which runs again without it, and left open for the compute tier,
+counted as a fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import ClassVar, overload
+
+import numpy as np
+import torch
+
+from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChangedError
+from attnstore.protocol.records import LookupBatch
+from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.call import Call, Row
+from attnstore_client.connection import MapStream, Match
+from attnstore_client.forwards import cut, run_forward
+from attnstore_client.resilience import cause_of
+from attnstore_client.tiers.base import Tier, TierContext, ask_store
+from attnstore_client.tiers.cost_model import CostModel
+
+log = logging.getLogger(__name__)
+
+
+class StreamedLayers(Sequence[torch.Tensor]):
+    """One hit row's maps for the adapter: layer ``i`` is fetched (and waited for) when the forward reaches it."""
+
+    def __init__(self, stream: MapStream, row: int, layers: int, context: TierContext) -> None:
+        self._stream = stream
+        self._row = row
+        self._layers = layers
+        self._context = context
+
+    def __len__(self) -> int:
+        return self._layers
+
+    @overload
+    def __getitem__(self, layer: int) -> torch.Tensor: ...
+    @overload
+    def __getitem__(self, layer: slice) -> Sequence[torch.Tensor]: ...
+
+    def __getitem__(self, layer: int | slice) -> torch.Tensor | Sequence[torch.Tensor]:
+        if isinstance(layer, slice):
+            return [self[i] for i in range(*layer.indices(self._layers))]
+        maps = torch.from_numpy(self._stream.layer(self._row, layer))  # (heads, L', L'), zero-copy
+        if self._context.device.type != "cpu":
+            maps = maps.pin_memory().to(self._context.device, non_blocking=True)
+        return maps
+
+
+class MapTier(Tier):
+    """Serves near-duplicates of stored entries by replaying their maps."""
+
+    name: ClassVar[str] = "maps"
+
+    def __init__(self, context: TierContext) -> None:
+        self._context = context
+
+    def serve(self, rows: list[Row], call: Call) -> list[Row]:
+        """See :meth:`Tier.serve`."""
+        if not call.settings.maps or call.namespace.projector is None:
+            return rows
+        cost_model = self._context.cost_model
+        eligible = [row for row in rows if row.index not in call.failed]
+        asked = [row for row in eligible if cost_model.should_ask(len(row.tokens))]
+        call.counts.skipped += len(eligible) - len(asked)
+        hits = self._search(asked, call)
+        if not hits:
+            return rows
+        served: set[int] = set()
+        ordered = sorted((row for row in rows if row.index in hits), key=lambda row: -len(row.tokens))
+        for forward in cut(ordered, call.settings, cost_model):
+            served.update(self._replay(forward, hits, call))
+        return [row for row in rows if row.index not in served]
+
+    # ---- search ---------------------------------------------------------------
+
+    def _search(self, rows: list[Row], call: Call) -> dict[int, Match]:
+        """Project and search ``rows`` a batch at a time; the map hits by row index.
+
+        Each projected row's feature and the projector version it came from are kept in
+        ``call.features`` (a written-back row carries it, so the store indexes it without projecting again).
+        """
+        context = self._context
+        hits: dict[int, Match] = {}
+        ordered = sorted(rows, key=lambda row: -len(row.tokens))
+        size = call.settings.batch_size
+        for start in range(0, len(ordered), size):
+            chunk = ordered[start : start + size]
+            started = time.perf_counter()
+            batch = batch_from_ids([row.tokens for row in chunk], context.adapter.loaded.tokenizer.pad_token_id)
+            batch = batch.to(context.device)
+            features = self._project(call, batch)  # (B, d)
+            call.counts.projection_s += time.perf_counter() - started
+            version = call.namespace.version
+            call.features.update((row.index, (features[k], version)) for k, row in enumerate(chunk))
+            search = partial(self._searched, call, features, batch, [row.tokens for row in chunk])
+            matches = ask_store(context, call, search, ordered[start:])
+            if matches is None:
+                break
+            found = {row.index: m for row, m in zip(chunk, matches, strict=True) if m.kind == "map" and m.entry_id}
+            hits.update(found)
+            seconds = time.perf_counter() - started
+            for length, group in _by_band([len(row.tokens) for row in chunk]).items():
+                group_hits = sum(chunk[k].index in found for k in group)
+                context.cost_model.record_lookup(length, len(group), group_hits, seconds * len(group) / len(chunk))
+        return hits
+
+    def _project(self, call: Call, batch: Batch) -> np.ndarray:
+        projector = call.namespace.projector
+        assert projector is not None  # the map tier runs only with one
+        return projector.project(self._context.adapter.feature_source(batch))  # (B, d)
+
+    def _request(self, call: Call, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]]) -> LookupBatch:
+        settings = call.settings
+        return LookupBatch(
+            settings.namespace, self._context.fingerprint, features, batch.lengths,
+            token_ids=tokens if settings.gate else None, max_distance=settings.max_distance, gate=settings.gate,
+            projector_version=call.namespace.version,
+        )
+
+    def _searched(
+        self, call: Call, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]], remaining: float | None
+    ) -> list[Match]:
+        """Search the batch; when the namespace's projector was replaced meanwhile, load the new one and search
+        again with the batch projected by it (the store is fine: the breaker is not told)."""
+        context = self._context
+        try:
+            return context.connection.search(self._request(call, features, batch, tokens), timeout=remaining)
+        except ProjectorChangedError as exc:
+            if context.reload_namespace is None:
+                raise
+            log.warning("namespace %r: its projector was replaced, following it (%s)", call.settings.namespace, exc)
+            call.namespace = context.reload_namespace()
+            features = self._project(call, batch)  # (B, d)
+            return context.connection.search(self._request(call, features, batch, tokens), timeout=remaining)
+
+    # ---- replay ---------------------------------------------------------------
+
+    def _replay(self, rows: list[Row], hits: dict[int, Match], call: Call) -> list[int]:
+        """One forward of hit rows replaying their entries' maps; the rows served (the others marked failed)."""
+        context, counts = self._context, call.counts
+        entries = [(int(hits[row.index].entry_id or 0), len(row.tokens)) for row in rows]
+        try:
+            stream = context.connection.fetch_maps(
+                call.settings.namespace, context.fingerprint, entries, timeout=call.settings.timeout
+            )
+        except AttnStoreError as exc:
+            log.warning("maps of %d hits could not be fetched, computing them: %s", len(rows), exc)
+            context.breaker.record_failure()
+            call.fail(rows, cause_of(exc))
+            return []
+        failed: dict[int, str] = {}  # stream row -> cause
+        try:
+            if not call.settings.stream:
+                stream.wait()
+            # Each rerun after a row's maps stopped mid-forward drops at least that row.
+            for _ in range(len(rows) + 1):
+                failed.update(stream.failed())
+                live = [k for k in range(len(rows)) if k not in failed]
+                if not live:
+                    break
+                layers = context.adapter.num_layers
+                replay = {p: StreamedLayers(stream, k, layers, context) for p, k in enumerate(live)}
+                try:
+                    result = run_forward(context, [rows[k] for k in live], call.settings, replay=replay)
+                except MapsUnavailableError as exc:
+                    log.warning("replay of a row interrupted (%s); running the forward again", exc.cause)
+                    failed.setdefault(exc.row, exc.cause)  # the stream's row
+                    stream.wait()
+                    continue
+                counts.forward_s += result.seconds
+                call.deliver([rows[k] for k in live], result.hidden, "map")
+                break
+        finally:
+            stream.close()
+            counts.bytes_fetched += stream.bytes_fetched
+            counts.fetch_s += stream.fetch_seconds
+        if stream.outage is not None:
+            context.breaker.record_failure()
+        for k, cause in failed.items():
+            call.fail([rows[k]], cause)
+        return [row.index for k, row in enumerate(rows) if k not in failed]
+
+
+def _by_band(lengths: Sequence[int]) -> dict[int, list[int]]:
+    """Positions of ``lengths`` grouped by the cost model's length band, keyed by a length of the band."""
+    groups: dict[int, list[int]] = {}
+    first: dict[int, int] = {}
+    for position, length in enumerate(lengths):
+        band = CostModel.band_of(length)
+        groups.setdefault(first.setdefault(band, length), []).append(position)
+    return groups

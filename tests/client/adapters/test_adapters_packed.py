@@ -1,0 +1,118 @@
+"""Packed forwards (``Adapter.forward_packed``): every family gives the padded forward's outputs, nothing padded.
+
+The rows of a packed forward run end to end in one sequence, positions restarting
+per row, attention per run of equal-length rows: with and without map replay,
+keeping maps for write-back, sliding windows (Mistral) and RoBERTa's positions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
+
+from attnstore.errors import ConfigError, MapShapeError
+from attnstore_client.adapters import Adapter, adapter_for
+from attnstore_client.adapters.packed import pack
+from attnstore_client.batch import batch_from_ids
+
+TOL = 1e-4
+# Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.
+LENGTHS = [11, 9, 9, 9, 6, 3, 3]
+KINDS = ["bert", "roberta", "llama", "mistral", "qwen2"]
+
+
+@pytest.fixture(params=KINDS, scope="module")
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def adapter(kind: str) -> Adapter:
+    return adapter_for(tiny_model(kind))
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[list[int]]:
+    return random_rows(LENGTHS, seed=4)
+
+
+def _padded_rows(adapter: Adapter, rows: list[list[int]], kind: str, replay=None) -> list[torch.Tensor]:
+    batch = batch_from_ids(rows, pad_id(kind))
+    out = adapter.forward(batch, replay)  # (B, P, hidden)
+    return [out[r, :length] for r, length in enumerate(batch.lengths)]
+
+
+def test_a_packed_forward_gives_every_row_the_padded_forwards_outputs(adapter: Adapter, rows, kind: str) -> None:
+    packed = pack(rows)
+    out, kept = adapter.forward_packed(packed)
+    assert out.shape == (sum(LENGTHS), adapter.hidden_size) and kept == {}
+    for r, expected in enumerate(_padded_rows(adapter, rows, kind)):
+        assert max_diff(packed.row(out, r), expected) < TOL
+
+
+def test_rows_replaying_maps_in_a_packed_forward_match_the_padded_replay(adapter: Adapter, rows, kind: str) -> None:
+    captured = adapter.capture(batch_from_ids(rows, pad_id(kind))).maps  # per row (layers, H, L, L) fp32
+    replay = {1: captured[1], 5: captured[5], 6: captured[6]}  # a whole run of 3-token rows, and one of a run
+    packed = pack(rows)
+    out, _ = adapter.forward_packed(packed, replay)
+    expected = _padded_rows(adapter, rows, kind, replay)
+    for r in range(len(rows)):
+        assert max_diff(packed.row(out, r), expected[r]) < TOL
+
+
+def test_a_packed_forward_of_replaying_rows_only_computes_no_queries_or_keys(adapter: Adapter, rows, kind) -> None:
+    captured = adapter.capture(batch_from_ids(rows, pad_id(kind))).maps
+    called: list[int] = []
+    own = adapter._packed_queries_keys
+
+    def counted(*args, **kwargs):
+        called.append(1)
+        return own(*args, **kwargs)
+
+    adapter._packed_queries_keys = counted  # type: ignore[method-assign]
+    try:
+        packed = pack(rows)
+        out, _ = adapter.forward_packed(packed, dict(enumerate(captured)))
+    finally:
+        del adapter._packed_queries_keys
+    assert called == []
+    for r, expected in enumerate(_padded_rows(adapter, rows, kind)):
+        assert max_diff(packed.row(out, r), expected) < TOL  # its own maps: the plain outputs
+
+
+def test_kept_maps_of_a_packed_forward_are_the_captured_maps_and_outputs_stay_the_plain_ones(
+    adapter: Adapter, rows, kind: str
+) -> None:
+    captured = adapter.capture(batch_from_ids(rows, pad_id(kind))).maps
+    packed = pack(rows)
+    out, kept = adapter.forward_packed(packed, {0: captured[0]}, keep=[2, 4])
+    assert sorted(kept) == [2, 4]
+    for row in (2, 4):
+        assert kept[row].dtype == torch.float16 and kept[row].shape == captured[row].shape
+        assert max_diff(kept[row].float(), captured[row]) < 1e-3  # fp16 as stored
+    for r, expected in enumerate(_padded_rows(adapter, rows, kind)):
+        assert max_diff(packed.row(out, r), expected) < TOL
+
+
+def test_a_row_cannot_both_replay_and_keep_its_maps(adapter: Adapter, rows, kind: str) -> None:
+    captured = adapter.capture(batch_from_ids(rows[:2], pad_id(kind))).maps
+    with pytest.raises(MapShapeError, match="cannot keep"):
+        adapter.forward_packed(pack(rows[:2]), {0: captured[0]}, keep=[0])
+    with pytest.raises(MapShapeError, match="cannot keep"):
+        adapter.forward_packed(pack(rows[:2]), keep=[7])
+
+
+def test_packing_no_rows_or_an_empty_row_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="at least one row"):
+        pack([])
+    with pytest.raises(ConfigError, match="row 1 is empty"):
+        pack([[5, 6], []])
+
+
+def test_a_packed_batch_keeps_each_rows_positions_and_place() -> None:
+    packed = pack([[7, 8, 9], [10], [11, 12]])
+    assert packed.input_ids.tolist() == [7, 8, 9, 10, 11, 12]
+    assert packed.position_ids.tolist() == [0, 1, 2, 0, 0, 1]
+    assert (packed.lengths, packed.starts, packed.size, packed.tokens) == ((3, 1, 2), (0, 3, 4), 3, 6)
+    assert packed.row(packed.input_ids, 2).tolist() == [11, 12]
