@@ -11,7 +11,7 @@ sense for a cache (training, saving, adapters, multi-process pools) raises a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -148,7 +148,7 @@ class SentenceTransformerAPI:
         return self.encode(inputs, prompt_name=prompt_name, prompt=prompt, **kwargs)
 
     @contextmanager
-    def truncate_sentence_embeddings(self, truncate_dim: int | None) -> Iterator[None]:
+    def truncate_embeddings(self, truncate_dim: int | None) -> Iterator[None]:
         """Within the block, ``encode`` keeps the first ``truncate_dim`` dimensions unless told otherwise."""
         previous = self.head.truncate_dim
         self.head.truncate_dim = truncate_dim
@@ -156,6 +156,10 @@ class SentenceTransformerAPI:
             yield
         finally:
             self.head.truncate_dim = previous
+
+    def truncate_sentence_embeddings(self, truncate_dim: int | None) -> AbstractContextManager[None]:
+        """``truncate_embeddings`` (sentence-transformers' older name)."""
+        return self.truncate_embeddings(truncate_dim)
 
     # ---- what a cache does not do ---------------------------------------------------
 

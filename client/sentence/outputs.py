@@ -22,7 +22,7 @@ OUTPUT_VALUES: tuple[str | None, ...] = ("sentence_embedding", "token_embeddings
 # Every keyword encode() takes; anything else is refused with this list.
 ENCODE_KEYWORDS: tuple[str, ...] = (
     "inputs", "sentences", "prompt_name", "prompt", "batch_size", "show_progress_bar", "output_value", "precision",
-    "convert_to_numpy", "convert_to_tensor", "device", "normalize_embeddings", "truncate_dim",
+    "convert_to_numpy", "convert_to_tensor", "device", "normalize_embeddings", "truncate_dim", "pool", "chunk_size",
 )
 
 
@@ -47,11 +47,19 @@ class OutputOptions:
 
 
 def check_keywords(extra: Mapping[str, Any]) -> None:
-    """Refuse keywords encode() does not take, naming the valid ones.
+    """Refuse keywords encode() does not take, naming the valid ones (``pool``/``chunk_size``: only None).
 
     Raises:
+        NotImplementedError: a multi-process pool (one AttnCache per process does that).
         ConfigError: an unknown keyword.
     """
+    extra = dict(extra)
+    if extra.pop("pool", None) is not None:
+        raise NotImplementedError(
+            "encode(pool=...) is not offered by a cache: run one AttnCache per process (each loads its model; all"
+            " share the store)"
+        )
+    extra.pop("chunk_size", None)  # the chunk of a pool's processes
     if extra:
         raise ConfigError(
             f"encode() got unexpected keyword arguments {sorted(extra)}; it takes {list(ENCODE_KEYWORDS)}"

@@ -92,3 +92,15 @@ def test_on_cuda_hits_and_misses_match_sentence_transformers_on_the_cpu(minilm_m
         cache.to("cpu")
     reference = minilm_model.sentence_transformer.encode(QUERIES, batch_size=4)
     assert _cosine(embeddings, reference).min() >= 0.999
+
+
+def test_token_embeddings_match_sentence_transformers_row_by_row(minilm_model, service) -> None:
+    cache = AttnCache(minilm_model, LocalConnection("local:memory", service), exact=False)
+    cache.maps = False  # every row computed
+    texts = QUERIES[3:6] + LONG[:1]
+    got = cache.encode(texts, output_value="token_embeddings", batch_size=2)
+    reference = minilm_model.sentence_transformer.encode(texts, output_value="token_embeddings", batch_size=2)
+    assert len(got) == len(reference) == len(texts)
+    for mine, theirs in zip(got, reference, strict=True):
+        assert mine.shape == theirs.shape  # (L, hidden), no padding
+        assert (mine - theirs).abs().max().item() < 1e-4

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from adapter_helpers import FIRST_REAL_ID, VOCAB
 from cache_helpers import tiny_loaded
+from prefix_helpers import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 from attnstore.errors import MapsUnavailableError
-from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
-from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import batch_from_ids
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import PrefixStream
 from attnstore_client.connection.local import LocalConnection
-from attnstore_client.keys import model_fingerprint
-from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
-
-BLOCK = 8
 
 
 @pytest.fixture(scope="module")
@@ -27,47 +19,21 @@ def llama():
     return tiny_loaded("llama")
 
 
-def _rows(lengths, seed=0, prefix=None):
-    rng = np.random.default_rng(seed)
-    rows = [rng.integers(FIRST_REAL_ID, VOCAB, size=n).tolist() for n in lengths]
-    return [prefix + row for row in rows] if prefix is not None else rows
-
-
-def fill_prefix_namespace(service: AttnStoreService, llama, rows) -> None:
-    """Create namespace ``default`` for ``llama`` with blocks of ``BLOCK`` tokens, and store ``rows``' blocks."""
-    adapter = adapter_for(llama)
-    layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
-                             hidden=adapter.hidden_size, feature_dim=16)
-    service.create_namespace("default", model=llama.name,
-                             fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
-    prefix_layout = service.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
-    for blocks in capture_prefix_blocks(adapter, rows, prefix_layout, pad_id=0):
-        service.store.put_prefix_blocks("default", blocks)
-
-
 @pytest.fixture
 def service(tmp_path, llama):
     """A real LMDB store whose namespace holds the prefix blocks of four prompts over two shared prefixes."""
     with AttnStoreService.open(tmp_path / "store", create=True) as opened:
-        stored = _rows([5, 9], seed=1, prefix=SHARED_A) + _rows([3], seed=2, prefix=SHARED_B)
+        stored = prefix_rows([5, 9], seed=1, prefix=SHARED_A) + prefix_rows([3], seed=2, prefix=SHARED_B)
         fill_prefix_namespace(opened, llama, stored)
         yield opened
 
 
-SHARED_A = _rows([40], seed=10)[0]  # 5 whole blocks
-SHARED_B = _rows([20], seed=11)[0]  # 2 whole blocks
-
-
-def _plain(llama, rows):
-    out = adapter_for(llama).forward(batch_from_ids(rows, 0))  # (B, P, hidden)
-    return [out[b, : len(row)] for b, row in enumerate(rows)]
-
-
 def test_rows_of_several_prefix_lengths_in_one_call_equal_the_full_forward(llama, service):
-    queries = _rows([3, 17, 1], seed=5, prefix=SHARED_A) + _rows([6], seed=6, prefix=SHARED_B) + _rows([30], seed=7)
+    queries = (prefix_rows([3, 17, 1], seed=5, prefix=SHARED_A) + prefix_rows([6], seed=6, prefix=SHARED_B)
+               + prefix_rows([30], seed=7))
     cache = AttnCache(llama, LocalConnection("local:memory", service), exact=False, prefix_min_tokens=16)
     hidden = cache.hidden_states(queries, batch_size=2)
-    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+    for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert got.shape == want.shape and torch.allclose(got, want, atol=2e-5)
     assert cache.last_row_kinds == ("prefix", "prefix", "prefix", "prefix", "miss")
     # 40 + 3 -> 5 blocks, 40 + 17 -> 5 (a 6th is not stored), 40 + 1 -> 5 (one token left), 20 + 6 -> 2 blocks
@@ -76,7 +42,7 @@ def test_rows_of_several_prefix_lengths_in_one_call_equal_the_full_forward(llama
 
 def test_a_prefix_shorter_than_the_minimum_is_not_fetched(llama, service):
     cache = AttnCache(llama, LocalConnection("local:memory", service), exact=False)  # default minimum: 64 tokens
-    queries = _rows([6], seed=6, prefix=SHARED_B)
+    queries = prefix_rows([6], seed=6, prefix=SHARED_B)
     cache.hidden_states(queries)
     assert cache.last_row_kinds == ("miss",) and cache.last_stats.bytes_fetched == 0
 
@@ -84,7 +50,7 @@ def test_a_prefix_shorter_than_the_minimum_is_not_fetched(llama, service):
 def test_the_prefix_tier_can_be_turned_off(llama, service):
     cache = AttnCache(llama, LocalConnection("local:memory", service), exact=False, prefix_min_tokens=16)
     cache.prefix = False
-    cache.hidden_states(_rows([3], seed=5, prefix=SHARED_A))
+    cache.hidden_states(prefix_rows([3], seed=5, prefix=SHARED_A))
     assert cache.last_row_kinds == ("miss",)
 
 
@@ -98,10 +64,10 @@ def test_a_corrupt_block_computes_that_row_normally_as_a_fallback_and_verify_nam
         raw = bytearray(txn.get(chunk_key("default", bad, 1), db=gen.db.prefix))
         raw[7] ^= 0x55
         txn.put(chunk_key("default", bad, 1), bytes(raw), db=gen.db.prefix)
-    queries = _rows([3, 4], seed=5, prefix=SHARED_A) + _rows([50], seed=9, prefix=SHARED_B)
+    queries = prefix_rows([3, 4], seed=5, prefix=SHARED_A) + prefix_rows([50], seed=9, prefix=SHARED_B)
     cache = AttnCache(llama, LocalConnection("local:memory", service), exact=False, prefix_min_tokens=16)
     hidden = cache.hidden_states(queries)
-    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+    for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
     assert cache.last_row_kinds == ("fallback", "fallback", "prefix")
     assert cache.last_stats.fallbacks == {"checksum": 2}
@@ -127,10 +93,10 @@ class _Outage(LocalConnection):
 
 
 def test_an_outage_mid_stream_computes_the_rows_normally_with_unchanged_results(llama, service):
-    queries = _rows([3, 4], seed=5, prefix=SHARED_A)
+    queries = prefix_rows([3, 4], seed=5, prefix=SHARED_A)
     cache = AttnCache(llama, _Outage("local:memory", service), exact=False, prefix_min_tokens=16)
     hidden = cache.hidden_states(queries)
-    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+    for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
     assert cache.last_row_kinds == ("fallback", "fallback")
     assert cache.last_stats.fallbacks == {"outage": 2}

@@ -6,7 +6,7 @@ import pytest
 import torch
 from cache_helpers import tiny_loaded
 from daemon import READ_TOKEN, DaemonProcess
-from test_prefix_tier import BLOCK, SHARED_A, SHARED_B, _plain, _rows, fill_prefix_namespace
+from prefix_helpers import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.prefix import chain_hashes
@@ -16,7 +16,7 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
 
-SHARED_C = _rows([24], seed=12)[0]
+SHARED_C = prefix_rows([24], seed=12)[0]
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +41,12 @@ def daemon(tmp_path_factory, llama):
 
 
 def test_rows_served_through_the_daemon_equal_the_full_forward(llama, daemon):
-    queries = _rows([3, 17], seed=5, prefix=SHARED_A) + _rows([6], seed=6, prefix=SHARED_B)
+    queries = prefix_rows([3, 17], seed=5, prefix=SHARED_A) + prefix_rows([6], seed=6, prefix=SHARED_B)
     with AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16) as cache:
         hidden = cache.hidden_states(queries)
         assert cache.last_row_kinds == ("prefix", "prefix", "prefix")
         assert cache.last_stats.prefix_tokens == 40 + 40 + 16 and cache.last_stats.bytes_fetched > 0
-    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+    for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
 
 
@@ -63,21 +63,21 @@ def test_a_request_of_another_block_size_or_fingerprint_is_failed_precondition(l
 
 
 def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fallbacks(llama, daemon):
-    queries = _rows([5], seed=8, prefix=SHARED_C) + _rows([3], seed=5, prefix=SHARED_A)
+    queries = prefix_rows([5], seed=8, prefix=SHARED_C) + prefix_rows([3], seed=5, prefix=SHARED_A)
     with AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16) as cache:
         hidden = cache.hidden_states(queries)
         assert cache.last_row_kinds == ("fallback", "prefix")
         assert cache.last_stats.fallbacks == {"checksum": 1}
-    for got, want in zip(hidden, _plain(llama, queries), strict=True):
+    for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
 
 
 def test_with_the_daemon_gone_rows_are_computed_normally_with_unchanged_results(llama, tmp_path_factory, daemon):
-    queries = _rows([3], seed=5, prefix=SHARED_A)
+    queries = prefix_rows([3], seed=5, prefix=SHARED_A)
     cache = AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16,
                       timeout=2.0)
     daemon.stop()
     hidden = cache.hidden_states(queries)
     assert cache.last_row_kinds == ("fallback",)
-    assert torch.allclose(hidden[0], _plain(llama, queries)[0], atol=2e-5)
+    assert torch.allclose(hidden[0], plain_rows(llama, queries)[0], atol=2e-5)
     cache.close()

@@ -1,0 +1,57 @@
+"""``bench encode``: one call of N rows per method in child processes, time, peak RSS and fidelity, on real logs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attnstore_tools.cli import main as cli_main
+from attnstore_tools.corpus import DEFAULT_DATA_DIR
+
+pytestmark = pytest.mark.real_model
+
+
+def _small_data(folder: Path, lines: int) -> Path:
+    """Two Loghub systems cut to ``lines`` lines each, and STS-B dev (the warm-up texts)."""
+    (folder / "loghub").mkdir(parents=True)
+    for system in ("HDFS", "OpenSSH"):
+        with (DEFAULT_DATA_DIR / "loghub" / f"{system}.tsv").open(encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+        with (folder / "loghub" / f"{system}.tsv").open("w", encoding="utf-8", newline="") as f:
+            csv.writer(f, delimiter="\t").writerows(rows[: lines + 1])
+    shutil.copy(DEFAULT_DATA_DIR / "stsb_dev.tsv", folder / "stsb_dev.tsv")
+    return folder
+
+
+def test_a_short_run_times_every_method_in_its_own_child_and_reports_rss_overhead_and_fidelity(
+    tmp_path: Path,
+) -> None:
+    data = _small_data(tmp_path / "data", 40)
+    out, plot = tmp_path / "encode.json", tmp_path / "encode.png"
+    code = cli_main(["bench", "encode", "--data-dir", str(data), "--rows", "30,90", "--repeats", "1",
+                     "--work-dir", str(tmp_path / "work"), "--json", str(out), "--plot", str(plot)])
+    report = json.loads(out.read_text())
+    assert code == 0 and plot.stat().st_size > 0 and report["stored_rows"] == 40
+    assert [result["rows"] for result in report["results"]] == [30, 90]
+    for result in report["results"]:
+        methods = result["methods"]
+        assert set(methods) == {"sentence_transformers", "dict", "attnstore"}
+        assert all(m["seconds"] > 0 and m["peak_rss_bytes"] > 100 * 2**20 for m in methods.values())
+        assert 0 <= methods["attnstore"]["overhead_s"] < methods["attnstore"]["seconds"]
+        assert result["frac_cos_099"] >= 0.95 and result["speedup_vs_dict"] > 0
+        assert set(result["template_accuracy"]) == set(methods)
+        assert methods["attnstore"]["stats"]["rows"] == result["rows"]
+    # The store was built once and is kept for the next run.
+    assert len(list((tmp_path / "work" / "logs").glob("store-*.built"))) == 1
+
+
+def test_bad_rows_or_methods_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["bench", "encode", "--rows", "ten", "--work-dir", str(tmp_path)]) != 0
+    assert "--rows 'ten' must be comma-separated integers" in capsys.readouterr().err
+    assert cli_main(["bench", "encode", "--methods", "plain", "--work-dir", str(tmp_path)]) != 0
+    assert "each must be one of ['sentence_transformers', 'dict', 'attnstore']" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was built
