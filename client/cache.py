@@ -29,11 +29,10 @@ import torch
 from attnstore.errors import (
     ConfigError,
     UnavailableError,
-    UnsupportedModelError,
 )
 from attnstore_client.adapters import adapter_for
 from attnstore_client.call import Call, NamespaceView
-from attnstore_client.choices import ChoiceScores, choice_ids, next_token_choice
+from attnstore_client.choices import ChoiceScores, score_prompts
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model, resolve_device
@@ -44,7 +43,7 @@ from attnstore_client.sentence.compat import SentenceTransformerAPI
 from attnstore_client.sentence.heads import PROMPT_EOL, sentence_head
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings
-from attnstore_client.sinks import LastStates, Pooled, RowStates, Sink
+from attnstore_client.sinks import Pooled, RowStates, Sink
 from attnstore_client.sources import RowSource, TextRows, TokenRows
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.base import TierContext
@@ -379,11 +378,11 @@ class AttnCache(SentenceTransformerAPI):
         source = TextRows(rows, lambda chunk: self.head.tokenize(chunk, prompt_text)[0])
         if output_value == "token_embeddings":
             states = RowStates(len(rows))
-            self._run(source, states, batch_size=batch_size, show_progress_bar=show_progress_bar)
+            self.run(source, states, batch_size=batch_size, show_progress_bar=show_progress_bar)
             return shape_outputs(None, states.result(), options, single=single)
         pooled = Pooled(len(rows), partial(self.head.pool, prompt_length=prompt_length),
                         keep_states=output_value is None)
-        self._run(source, pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        self.run(source, pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         tokens = None if pooled.states is None else pooled.states.result()
         return shape_outputs(pooled.result(), tokens, options, single=single)
 
@@ -402,7 +401,7 @@ class AttnCache(SentenceTransformerAPI):
         if not ids:
             return torch.zeros((0, self.head.dimension), device=self.device)
         pooled = Pooled(len(ids), partial(self.head.pool, prompt_length=prompt_length))
-        self._run(TokenRows(ids), pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        self.run(TokenRows(ids), pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         return pooled.result()
 
     def hidden_states(
@@ -415,11 +414,26 @@ class AttnCache(SentenceTransformerAPI):
         """
         states = RowStates(len(ids))
         if ids:
-            self._run(TokenRows(ids), states, batch_size=batch_size, show_progress_bar=show_progress_bar)
+            self.run(TokenRows(ids), states, batch_size=batch_size, show_progress_bar=show_progress_bar)
         return states.result()
 
-    def _run(self, source: RowSource, sink: Sink, *, batch_size: int, show_progress_bar: bool | None) -> Call:
-        """One call of ``source``'s rows into ``sink``; sets ``last_stats``, ``stats`` and ``last_row_kinds``."""
+    def run(
+        self, source: RowSource, sink: Sink, *, batch_size: int = 32, show_progress_bar: bool | None = None,
+        max_batch_tokens: int | None = None,
+    ) -> CacheStats:
+        """One call of ``source``'s rows into ``sink`` (``sources``, ``sinks``): what ``encode`` and the other
+        entry points run. Sets and returns ``last_stats``; sets ``stats`` and ``last_row_kinds``.
+
+        Args:
+            source: the call's rows.
+            sink: where each served row goes, as its forward (or tier) ends.
+            batch_size: rows per forward.
+            show_progress_bar: a bar over the rows; None shows it when logging is at INFO or lower.
+            max_batch_tokens: tokens per packed forward at most (None: ``batch_size`` rows alone decide).
+
+        Raises:
+            ConfigError: a row without tokens, or a bad ``batch_size`` or ``max_batch_tokens``.
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if show_progress_bar is None:
@@ -427,11 +441,11 @@ class AttnCache(SentenceTransformerAPI):
         started = time.perf_counter()
         if self._namespace.refresh(self._context.breaker):
             self._adopt(self._namespace.view)
-        call = Call(dataclasses.replace(self._settings, batch_size=batch_size), self._namespace.view, sink,
-                    len(source))
+        settings = dataclasses.replace(self._settings, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+        call = Call(settings, self._namespace.view, sink, len(source))
         self._prefill.run(source, call, progress=show_progress_bar)
         self._record(call, time.perf_counter() - started)
-        return call
+        return self.last_stats
 
     def _record(self, call: Call, total_s: float) -> None:
         counts = call.counts
@@ -475,20 +489,6 @@ class AttnCache(SentenceTransformerAPI):
             UnsupportedModelError: the model is an encoder (no language-model head).
             ConfigError: fewer than two choices, or a choice that is not exactly one token.
         """
-        head = self.loaded.lm_head
-        if head is None:
-            raise UnsupportedModelError(
-                f"score_choices() needs a decoder with a language-model head; {self.loaded.name!r} is an encoder"
-            )
-        ids = choice_ids(self.loaded.tokenizer, choices)
         rows = [prompts] if isinstance(prompts, str) else list(prompts)
-        last = LastStates(len(rows))
-        if rows:
-            tokenizer, limit = self.loaded.tokenizer, self.head.max_length
-
-            def tokenize(chunk: list[str]) -> list[list[int]]:
-                return tokenizer(chunk, truncation=True, max_length=limit, add_special_tokens=True)["input_ids"]
-
-            self._run(TextRows(rows, tokenize), last, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        return next_token_choice(head, last.result(), ids)
-
+        return score_prompts(self.loaded, rows, choices, self.head.max_length,
+                             partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))

@@ -3,7 +3,7 @@ token prefers (classification, multiple choice)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +11,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ConfigError, UnsupportedModelError
+from attnstore_client.models import LoadedModel
+from attnstore_client.sinks import LastStates, Sink
+from attnstore_client.sources import RowSource, TextRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +48,31 @@ def next_token_choice(lm_head: nn.Module, last: torch.Tensor, ids: Sequence[int]
         logits = lm_head(last)[:, list(ids)]  # (n, choices)
     probabilities = torch.softmax(logits.float(), dim=-1).cpu().numpy()
     return ChoiceScores(index=probabilities.argmax(axis=1), probabilities=probabilities)
+
+
+def score_prompts(
+    loaded: LoadedModel, prompts: Sequence[str], choices: Sequence[str], max_length: int,
+    run: Callable[[RowSource, Sink], object],
+) -> ChoiceScores:
+    """``AttnCache.score_choices``: the prompts' last hidden states by ``run`` (one call), then the choices' odds.
+
+    Raises:
+        UnsupportedModelError: the model is an encoder (no language-model head).
+        ConfigError: fewer than two choices, or a choice that is not exactly one token.
+    """
+    head = loaded.lm_head
+    if head is None:
+        raise UnsupportedModelError(
+            f"score_choices() needs a decoder with a language-model head; {loaded.name!r} is an encoder"
+        )
+    ids = choice_ids(loaded.tokenizer, choices)
+    if not prompts:
+        return ChoiceScores(index=np.zeros(0, dtype=np.int64), probabilities=np.zeros((0, len(ids)), np.float32))
+    tokenizer = loaded.tokenizer
+
+    def tokenize(chunk: list[str]) -> list[list[int]]:
+        return tokenizer(chunk, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+
+    last = LastStates(len(prompts))
+    run(TextRows(prompts, tokenize), last)
+    return next_token_choice(head, last.result(), ids)

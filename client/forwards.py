@@ -39,10 +39,21 @@ class ForwardResult:
 
 
 def cut(rows: Sequence[Row], settings: CallSettings, cost_model: CostModel) -> list[list[Row]]:
-    """``rows`` (sorted longest first) cut into forwards of at most ``settings.batch_size`` rows."""
+    """``rows`` (sorted longest first) cut into forwards of at most ``settings.batch_size`` rows (and, packed, of
+    at most ``settings.max_batch_tokens`` tokens: a longer row goes alone)."""
     size = settings.batch_size
     if settings.packed:
-        return [list(rows[start : start + size]) for start in range(0, len(rows), size)]
+        budget = settings.max_batch_tokens
+        forwards: list[list[Row]] = []
+        tokens = 0
+        for row in rows:
+            length = len(row.tokens)
+            if not forwards or len(forwards[-1]) >= size or (budget is not None and tokens + length > budget):
+                forwards.append([])
+                tokens = 0
+            forwards[-1].append(row)
+            tokens += length
+        return forwards
     cost = cost_model.forward_cost()
     groups = group_by_length([len(row.tokens) for row in rows], size, None if cost is None else cost.seconds)
     return [list(rows[group]) for group in groups]

@@ -35,6 +35,7 @@ class CallSettings:
     prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS  # shorter stored prefixes are not fetched
     batch_size: int = 32  # rows per forward
     packed: bool = True  # forwards run their rows end to end, unpadded (``adapters.packed``)
+    max_batch_tokens: int | None = None  # tokens per packed forward at most (a longer row goes alone); None: no cap
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -43,6 +44,8 @@ class CallSettings:
             raise ConfigError(f"prefix_min_tokens must be an int >= 0, got {self.prefix_min_tokens!r}")
         if self.window < 1:
             raise ConfigError(f"window must be >= 1 rows, got {self.window!r}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ConfigError(f"max_batch_tokens must be >= 1 or None, got {self.max_batch_tokens!r}")
 
     @property
     def chunk_rows(self) -> int:

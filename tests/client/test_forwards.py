@@ -1,0 +1,33 @@
+"""How a call's rows are cut into forwards: by rows, and packed by a token budget too."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnstore.errors import ConfigError
+from attnstore_client.call import Row
+from attnstore_client.forwards import cut
+from attnstore_client.settings import CallSettings
+from attnstore_client.tiers.cost_model import CostModel
+
+
+def _rows(*lengths: int) -> list[Row]:
+    return [Row(i, list(range(1, length + 1)), bytes([i])) for i, length in enumerate(lengths)]
+
+
+def _sizes(forwards: list[list[Row]]) -> list[list[int]]:
+    return [[len(row.tokens) for row in forward] for forward in forwards]
+
+
+def test_packed_forwards_take_batch_size_rows_and_stay_under_the_token_budget() -> None:
+    rows = _rows(50, 40, 30, 20, 10, 10, 5)
+    assert _sizes(cut(rows, CallSettings("n", 0.0, batch_size=3), CostModel())) == [[50, 40, 30], [20, 10, 10], [5]]
+    budget = CallSettings("n", 0.0, batch_size=3, max_batch_tokens=60)
+    assert _sizes(cut(rows, budget, CostModel())) == [[50], [40], [30, 20, 10], [10, 5]]
+    alone = CallSettings("n", 0.0, batch_size=8, max_batch_tokens=45)
+    assert _sizes(cut(rows, alone, CostModel()))[0] == [50]  # a row longer than the budget goes alone
+
+
+def test_a_token_budget_below_one_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="max_batch_tokens must be >= 1"):
+        CallSettings("n", 0.0, max_batch_tokens=0)
