@@ -456,7 +456,8 @@ class AttnCache(SentenceTransformerAPI):
             prefix_hits=counts.prefix_hits, prefix_tokens=counts.prefix_tokens,
             fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
             projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
-            forward_s=counts.forward_s, overhead_s=max(0.0, total_s - tiers), total_s=total_s,
+            forward_s=counts.forward_s, forward_tokens=counts.forward_tokens, forwarded_tokens=counts.forwarded_tokens,
+            overhead_s=max(0.0, total_s - tiers), total_s=total_s,
             tier_s=MappingProxyType(dict(counts.tier_s)), estimates=self.cost_model.estimates(),
         )
         self.stats = self.stats + self.last_stats

@@ -118,6 +118,8 @@ class CallCounts:
     lookup_s: float = 0.0  # exact-tier calls and searches, retries included
     fetch_s: float = 0.0
     forward_s: float = 0.0
+    forward_tokens: int = 0  # tokens of the rows the forwards served (prefix tier: the suffixes)
+    forwarded_tokens: int = 0  # tokens the forwards ran, padding included
     tier_s: dict[str, float] = field(default_factory=dict)  # each tier's own time (its store calls and forwards)
     sink_s: float = 0.0  # handing served rows to the sink (pooling, writing the result)
     total_s: float = 0.0  # the whole call
@@ -177,6 +179,12 @@ class Call:
             elif row_kind == "miss":
                 counts.misses += 1
         counts.sink_s += time.perf_counter() - started
+
+    def forwarded(self, seconds: float, tokens: int, forwarded: int) -> None:
+        """Count one forward: its time, its rows' own tokens and the tokens it ran (padding included)."""
+        self.counts.forward_s += seconds
+        self.counts.forward_tokens += tokens
+        self.counts.forwarded_tokens += forwarded
 
     def fail(self, rows: Sequence[Row], cause: str) -> None:
         """``rows`` could not be served by the store (``cause``): they are computed and counted as fallbacks."""

@@ -36,6 +36,8 @@ class ForwardResult:
     hidden: HiddenRows
     kept: dict[int, torch.Tensor]  # position in the forward -> (layers, heads, L, L) fp16
     seconds: float
+    tokens: int  # the rows' own tokens
+    forwarded: int  # tokens the forward ran, padding included (packed: ``tokens``)
 
 
 def cut(rows: Sequence[Row], settings: CallSettings, cost_model: CostModel) -> list[list[Row]]:
@@ -93,4 +95,4 @@ def run_forward(
     context.cost_model.record_forward(
         max(hidden.lengths), computed_tokens=computed, replayed_tokens=total - computed, pairs=pairs, seconds=seconds
     )
-    return ForwardResult(hidden, kept, seconds)
+    return ForwardResult(hidden, kept, seconds, sum(hidden.lengths), total)

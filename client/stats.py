@@ -44,6 +44,8 @@ class CacheStats:
     lookup_s: float = 0.0  # until the matches arrived (retries included)
     fetch_s: float = 0.0  # receiving maps and outputs
     forward_s: float = 0.0  # the model's forward passes (reruns after a failed stream included)
+    forward_tokens: int = 0  # tokens of the rows the forwards served (for prefix hits: their suffixes)
+    forwarded_tokens: int = 0  # tokens the forwards ran, padding included (packed forwards: none)
     # Time outside the tiers: tokenizing, hashing, deduplication, pooling, writing the result.
     overhead_s: float = 0.0
     total_s: float = 0.0  # the whole call

@@ -52,7 +52,7 @@ class ComputeTier(Tier):
         for forward in cut(ordered, call.settings, self._context.cost_model):
             keeping = self._keeping(forward, keep)
             result = run_forward(self._context, forward, call.settings, keep=keeping)
-            call.counts.forward_s += result.seconds
+            call.forwarded(result.seconds, result.tokens, result.forwarded)
             call.deliver(forward, result.hidden, "miss")
             if call.settings.exact:
                 for position, row in enumerate(forward):

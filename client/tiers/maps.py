@@ -183,7 +183,7 @@ class MapTier(Tier):
                     failed.setdefault(exc.row, exc.cause)  # the stream's row
                     stream.wait()
                     continue
-                counts.forward_s += result.seconds
+                call.forwarded(result.seconds, result.tokens, result.forwarded)
                 call.deliver([rows[k] for k in live], result.hidden, "map")
                 break
         finally:

@@ -206,8 +206,11 @@ def test_packed_and_padded_forwards_give_the_same_embeddings(bert, service) -> N
     cache = AttnCache(bert, CountingConnection(service), exact=False)
     cache.maps = False
     packed = cache.encode(texts, batch_size=8)
+    tokens = cache.last_stats.forward_tokens
+    assert tokens > 0 and cache.last_stats.forwarded_tokens == tokens  # nothing padded
     cache.packed = False
     padded = cache.encode(texts, batch_size=8)
+    assert cache.last_stats.forward_tokens == tokens < cache.last_stats.forwarded_tokens
     np.testing.assert_allclose(packed, padded, atol=1e-5)
     np.testing.assert_allclose(packed, _mean_pooled(bert, texts), atol=1e-5)
 

@@ -101,6 +101,8 @@ class PrefixTier(Tier):
                     counts.fetch_s += stream.fetch_seconds
                 states = [torch.cat([hidden[b].float(), out[b, : suffix.lengths[b]].float()]) for b in range(len(rows))]
                 call.deliver(rows, HiddenRows.stacked(states), "prefix")  # (L, hidden) each
+                counts.forward_tokens += sum(suffix.lengths)
+                counts.forwarded_tokens += suffix.size * suffix.padded_length
                 counts.prefix_tokens += prefix_length * len(rows)
                 return [row.index for row in rows]
             return []
