@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
@@ -35,7 +36,7 @@ from attnstore_client.call import Call, NamespaceView
 from attnstore_client.choices import ChoiceScores, score_prompts
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
-from attnstore_client.models import LoadedModel, load_model, resolve_device
+from attnstore_client.models import LoadedModel, load_model, move_model, resolve_device
 from attnstore_client.namespace import NamespaceReader
 from attnstore_client.prefill import Prefill
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
@@ -54,7 +55,12 @@ from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_thres
 from attnstore_client.tiers.maps import MapTier
 from attnstore_client.tiers.prefix import PrefixTier
 from attnstore_client.tiers.store_exact import StoreExactTier
-from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
+from attnstore_client.tiers.write_back import (
+    WriteBackSettings,
+    WriteBackWorker,
+    check_write_back_dtype,
+    start_write_back,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,36 @@ __all__ = ["DEFAULT_MAX_DISTANCE", "PROMPT_EOL", "AttnCache", "ChoiceScores"]
 
 # Node-local exact tier: about 11,000 rows of 30 tokens of a 384-wide model.
 DEFAULT_EXACT_CACHE_BYTES = 256 * 2**20
+
+
+class _Flag:
+    """A switch of the calls' settings (``CallSettings``), read and set on the cache."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc + " Settable."
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, cache: AttnCache, owner: type | None = None) -> bool:
+        return bool(getattr(cache._settings, self._name))
+
+    def __set__(self, cache: AttnCache, value: bool) -> None:
+        changes: dict[str, Any] = {self._name: bool(value)}
+        cache._settings = dataclasses.replace(cache._settings, **changes)
+
+
+@dataclass
+class _Resources:
+    """What an ``AttnCache`` holds open: closed once, by ``close()`` or when the cache is collected."""
+
+    connection: StoreConnection
+    write_back: WriteBackWorker | None = None
+
+    def close(self) -> None:
+        if self.write_back is not None:
+            self.write_back.close()
+        self.connection.close()
 
 
 class AttnCache(SentenceTransformerAPI):
@@ -147,7 +183,7 @@ class AttnCache(SentenceTransformerAPI):
         self.device = resolve_device(device)
         self.loaded = load_model(model) if isinstance(model, str) else model
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
-        self._move(self.device)
+        move_model(self.loaded, self.device)
         self.adapter = adapter_for(self.loaded)
         self.head = sentence_head(self.loaded, max_length)
         self.namespace = namespace
@@ -156,6 +192,9 @@ class AttnCache(SentenceTransformerAPI):
             connect(store, token=token, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key)
             if isinstance(store, str) else store
         )
+        # What this cache holds open, released by close() or, for a cache dropped without it, by the collector.
+        self._resources = _Resources(self.connection)
+        self._finalizer = weakref.finalize(self, self._resources.close)
         self._namespace = NamespaceReader(self.connection, namespace, self.fingerprint, model=self.loaded.name,
                                           causal=self.adapter.causal, device=self.device)
         self._context = TierContext(self.adapter, self.connection, self.fingerprint, self.device,
@@ -166,7 +205,10 @@ class AttnCache(SentenceTransformerAPI):
             MapTier(self._context), ComputeTier(self._context, self._local),
         ])
         try:
+            if write_back is not False:
+                check_write_back_dtype(self.loaded.model)
             self._context.write_back = start_write_back(self.connection, namespace, self.fingerprint, write_back)
+            self._resources.write_back = self._context.write_back
             self._read_namespace()
         except UnavailableError as exc:
             # The store can only make a call faster: compute until it answers (NamespaceReader.refresh).
@@ -226,32 +268,9 @@ class AttnCache(SentenceTransformerAPI):
             raise ConfigError("AttnCache: this namespace has no fidelity gate (built without calibration)")
         self._settings = dataclasses.replace(self._settings, gate=bool(value))
 
-    @property
-    def maps(self) -> bool:
-        """Whether map hits are looked for at all (False: the exact tiers only, a plain output cache); settable."""
-        return self._settings.maps
-
-    @maps.setter
-    def maps(self, value: bool) -> None:
-        self._settings = dataclasses.replace(self._settings, maps=bool(value))
-
-    @property
-    def prefix(self) -> bool:
-        """Whether rows start from stored prefixes of their keys and values (causal models); settable."""
-        return self._settings.prefix
-
-    @prefix.setter
-    def prefix(self, value: bool) -> None:
-        self._settings = dataclasses.replace(self._settings, prefix=bool(value))
-
-    @property
-    def packed(self) -> bool:
-        """Whether forwards run their rows end to end, unpadded; settable."""
-        return self._settings.packed
-
-    @packed.setter
-    def packed(self, value: bool) -> None:
-        self._settings = dataclasses.replace(self._settings, packed=bool(value))
+    maps = _Flag("Whether map hits are looked for at all (False: the exact tiers only, a plain output cache).")
+    prefix = _Flag("Whether rows start from stored prefixes of their keys and values (causal models).")
+    packed = _Flag("Whether forwards run their rows end to end, unpadded (``adapters.packed``).")
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -280,19 +299,11 @@ class AttnCache(SentenceTransformerAPI):
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""
         self.device = resolve_device(device)
-        self._move(self.device)
+        move_model(self.loaded, self.device)
         self._context.device = self._namespace.device = self.device
         if self._namespace.view.projector is not None:
             self._namespace.view.projector.to(self.device)
         return self
-
-    def _move(self, device: torch.device) -> None:
-        pipeline = self.loaded.sentence_transformer
-        modules: list[torch.nn.Module] = [self.loaded.model] if pipeline is None else [pipeline]  # it holds the model
-        for module in modules:
-            module.to(device)
-        if self.loaded.lm_head is not None:
-            self.loaded.lm_head.to(device)
 
     def reset_stats(self) -> None:
         """Zero the cumulative stats."""
@@ -305,9 +316,7 @@ class AttnCache(SentenceTransformerAPI):
 
     def close(self) -> None:
         """Send the rows queued for write-back (a few seconds at most), then close the store connection."""
-        if self._context.write_back is not None:
-            self._context.write_back.close()
-        self.connection.close()
+        self._finalizer()
 
     def __enter__(self) -> AttnCache:
         return self
@@ -448,18 +457,7 @@ class AttnCache(SentenceTransformerAPI):
         return self.last_stats
 
     def _record(self, call: Call, total_s: float) -> None:
-        counts = call.counts
-        tiers = sum(counts.tier_s.values())
-        self.last_stats = CacheStats(
-            rows=counts.rows, deduplicated=counts.deduplicated, exact_hits=counts.exact_hits,
-            local_hits=counts.local_hits, map_hits=counts.map_hits, misses=counts.misses, skipped=counts.skipped,
-            prefix_hits=counts.prefix_hits, prefix_tokens=counts.prefix_tokens,
-            fallbacks=MappingProxyType(dict(counts.fallbacks)), bytes_fetched=counts.bytes_fetched,
-            projection_s=counts.projection_s, lookup_s=counts.lookup_s, fetch_s=counts.fetch_s,
-            forward_s=counts.forward_s, forward_tokens=counts.forward_tokens, forwarded_tokens=counts.forwarded_tokens,
-            overhead_s=max(0.0, total_s - tiers), total_s=total_s,
-            tier_s=MappingProxyType(dict(counts.tier_s)), estimates=self.cost_model.estimates(),
-        )
+        self.last_stats = CacheStats.of_call(call.counts, total_s, self.cost_model.estimates())
         self.stats = self.stats + self.last_stats
         self.last_row_kinds = tuple(call.kinds)
 

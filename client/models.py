@@ -214,3 +214,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if chosen.type not in ("cpu", "cuda"):
         raise ConfigError(f"AttnCache: device {device!r}: only 'cpu' and 'cuda' devices are supported")
     return chosen
+
+
+def move_model(loaded: LoadedModel, device: torch.device) -> None:
+    """Move a loaded model to ``device``: its sentence-transformers pipeline (which holds it) or the model, and its
+    language-model head."""
+    pipeline = loaded.sentence_transformer
+    module: torch.nn.Module = loaded.model if pipeline is None else pipeline
+    module.to(device)
+    if loaded.lm_head is not None:
+        loaded.lm_head.to(device)

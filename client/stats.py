@@ -7,8 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
+from attnstore_client.call import CallCounts
 from attnstore_client.resilience import FALLBACK_CAUSES
 from attnstore_client.tiers.cost_model import BandEstimate
+
+# The fields a call's tallies (``CallCounts``) carry as they are.
+_FROM_COUNTS = frozenset({
+    "rows", "deduplicated", "exact_hits", "local_hits", "map_hits", "prefix_hits", "prefix_tokens", "misses",
+    "skipped", "bytes_fetched", "projection_s", "lookup_s", "fetch_s", "forward_s", "forward_tokens",
+    "forwarded_tokens",
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,15 @@ class CacheStats:
     total_s: float = 0.0  # the whole call
     tier_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # each tier's own time
     estimates: tuple[BandEstimate, ...] = ()  # the cost model after the (latest) call
+
+    @classmethod
+    def of_call(cls, counts: CallCounts, total_s: float, estimates: tuple[BandEstimate, ...]) -> CacheStats:
+        """The stats of a call from its tallies; its time outside the tiers is what the tiers did not take."""
+        taken = {f.name: getattr(counts, f.name) for f in fields(cls) if f.name in _FROM_COUNTS}
+        return cls(
+            **taken, fallbacks=MappingProxyType(dict(counts.fallbacks)), tier_s=MappingProxyType(dict(counts.tier_s)),
+            overhead_s=max(0.0, total_s - sum(counts.tier_s.values())), total_s=total_s, estimates=estimates,
+        )
 
     @property
     def fallback_rows(self) -> int:

@@ -38,11 +38,24 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+# A call in flight pings its daemon this often, and gives the connection up when a ping is not answered
+# within the timeout: a daemon that stopped answering (SIGSTOP, a host gone, a half-open TCP connection)
+# then fails the call in about 30 s even without a deadline (``timeout=None``). The daemon accepts pings
+# this often (``server.KEEPALIVE_MIN_PING_MS``).
+KEEPALIVE_TIME_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """gRPC channel options with explicit message sizes (match the daemon's)."""
+    """gRPC channel options with explicit message sizes (match the daemon's) and keepalive pings during calls."""
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC's own bound on a ping's answer (else 60 s)
+        ("grpc.keepalive_permit_without_calls", 0),  # an idle channel costs the daemon nothing
+        ("grpc.http2.max_pings_without_data", 0),  # a long wait for maps sends no data, and must be pinged
     ]
 
 

@@ -99,6 +99,10 @@ class AttnStoreServer:
         return idle
 
 
+# Shortest interval between a client's pings the daemon accepts: half the clients' keepalive time.
+KEEPALIVE_MIN_PING_MS = 10_000
+
+
 def create_server(
     service: AttnStoreService | None,
     address: str = "127.0.0.1:0",
@@ -135,6 +139,10 @@ def create_server(
             ("grpc.max_send_message_length", limits.max_message_bytes),
             # Two daemons must never share a port silently (gRPC sets SO_REUSEPORT by default).
             ("grpc.so_reuseport", 0),
+            # Clients ping calls in flight (protocol.remote.KEEPALIVE_TIME_MS): accept it, or gRPC would
+            # answer a third ping without data with GOAWAY and fail the call.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MIN_PING_MS),
+            ("grpc.http2.max_ping_strikes", 0),
         ],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )

@@ -22,16 +22,21 @@ of the computed tokens.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+from attnstore.errors import ConfigError
 from attnstore_client.call import Call, Row
 from attnstore_client.forwards import cut, run_forward
 from attnstore_client.tiers.base import Tier, TierContext
 from attnstore_client.tiers.local_exact import LocalExactTier
+from attnstore_client.tiers.write_back import check_write_back_dtype
+
+log = logging.getLogger(__name__)
 
 
 class ComputeTier(Tier):
@@ -47,6 +52,7 @@ class ComputeTier(Tier):
 
     def serve(self, rows: list[Row], call: Call) -> list[Row]:
         """See :meth:`Tier.serve`; leaves no row open."""
+        self._check_dtype()
         keep = self._maps_to_keep(rows, call)
         ordered = sorted(rows, key=lambda row: -len(row.tokens))
         for forward in cut(ordered, call.settings, self._context.cost_model):
@@ -58,6 +64,17 @@ class ComputeTier(Tier):
                 for position, row in enumerate(forward):
                     self._keep_outputs(row, result.hidden.row(position), result.kept.get(position), call)
         return []
+
+    def _check_dtype(self) -> None:
+        """A model cast away from fp32 after the cache was made writes nothing back (see ``check_write_back_dtype``)."""
+        if self._context.write_back is None:
+            return
+        try:
+            check_write_back_dtype(self._context.adapter.model)
+        except ConfigError as exc:
+            log.warning("write-back turned off: %s", exc)
+            self._context.write_back.close()
+            self._context.write_back = None
 
     def _keep_outputs(self, row: Row, hidden: torch.Tensor, maps: torch.Tensor | None, call: Call) -> None:
         """Put a computed row in this process's exact tier, and queue it for write-back if the store admits it."""

@@ -11,7 +11,11 @@ cache's fill, never data: a full queue drops the new row, a failed call (the
 daemon unreachable, a refused token) drops its batch, and both are counted, so
 write-back can neither block nor fail a call. A refused token (PERMISSION_DENIED)
 or a daemon with write-back off turns the worker off with one warning rather
-than failing every batch again.
+than failing every batch again. A row that could not be stored as it is (its
+fp16 outputs or maps not finite) is dropped before sending, so it spoils no
+batch. Any other error, a bug included, drops the batch it hit, is logged with
+its traceback and counted (``errors``), and the thread goes on: it never dies
+with rows still queued, so ``flush()`` always returns.
 """
 
 from __future__ import annotations
@@ -71,7 +75,9 @@ class WriteBackStats:
     duplicates: int  # rows the store had already (another node wrote them first)
     not_admitted: int  # rows the store's admission rule skipped
     dropped_full: int  # rows dropped because the queue was full
-    dropped_failed: int  # rows dropped with a failed call (daemon unreachable, refused)
+    dropped_failed: int  # rows dropped with a failed call (daemon unreachable, refused, an unexpected error)
+    dropped_invalid: int  # rows dropped before sending: their fp16 outputs or maps are not finite
+    errors: int  # batches an unexpected error dropped (logged with its traceback)
     calls: int  # WriteBack calls made
     pending: int  # rows queued or in flight now
     disabled: str | None  # why the worker stopped writing back, or None
@@ -111,8 +117,8 @@ class WriteBackWorker:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._counts = {k: 0 for k in ("queued", "queued_maps", "maps_over_budget", "stored", "maps_stored",
-                                        "duplicates", "not_admitted", "dropped_full", "dropped_failed", "calls",
-                                        "pending", "pending_map_bytes")}
+                                        "duplicates", "not_admitted", "dropped_full", "dropped_failed",
+                                        "dropped_invalid", "errors", "calls", "pending", "pending_map_bytes")}
         self._disabled: str | None = None
         self._thread = threading.Thread(target=self._run, name="attnstore-write-back", daemon=True)
         self._thread.start()
@@ -149,9 +155,10 @@ class WriteBackWorker:
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued row was sent (or dropped); False on timeout."""
+        """Wait until every queued row was sent (or dropped); False on timeout, or if the thread is gone."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._counts["pending"] == 0, timeout)
+            done = self._idle.wait_for(lambda: self._counts["pending"] == 0 or not self._thread.is_alive(), timeout)
+            return done and self._counts["pending"] == 0
 
     def stats(self) -> WriteBackStats:
         """The counts so far."""
@@ -198,10 +205,15 @@ class WriteBackWorker:
             self._send(batch)
 
     def _send(self, batch: list[_Queued]) -> None:
-        rows = [_as_sent(row) for row in batch]  # fp16 numpy, as stored
-        sent = {"pending": -len(rows), "pending_map_bytes": -sum(_map_bytes(row) for row in batch), "calls": 1}
+        sent = {"pending": -len(batch), "pending_map_bytes": -sum(_map_bytes(row) for row in batch)}
         started = time.perf_counter()
+        rows: list[RowToWrite] = []
         try:
+            rows = [row for row in map(_as_sent, batch) if _finite(row)]  # fp16 numpy, as stored
+            sent["dropped_invalid"] = len(batch) - len(rows)
+            if not rows:
+                self._add(**sent)
+                return
             if self._disabled is not None:
                 raise WriteBackOffError(self._disabled)
             counts = self._connection.write_back(
@@ -211,13 +223,17 @@ class WriteBackWorker:
             if self._disabled is None:
                 self._disabled = str(exc)
                 log.warning("write-back turned off for namespace %r: %s", self._namespace, exc)
-            self._add(dropped_failed=len(rows), **sent)
+            self._add(dropped_failed=len(rows), calls=1, **sent)
         except AttnStoreError as exc:
             log.info("write-back of %d rows dropped (%.3f s): %s", len(rows), time.perf_counter() - started, exc)
-            self._add(dropped_failed=len(rows), **sent)
+            self._add(dropped_failed=len(rows), calls=1, **sent)
+        except Exception:
+            # A bug, or a row no check foresaw: the batch is lost, the thread goes on (flush() must return).
+            log.exception("write-back of %d rows failed unexpectedly; the batch is dropped", len(batch))
+            self._add(dropped_failed=len(batch) - sent.get("dropped_invalid", 0), errors=1, **sent)
         else:
             self._add(stored=counts.stored, maps_stored=counts.maps_stored, duplicates=counts.duplicates,
-                      not_admitted=counts.not_admitted, **sent)
+                      not_admitted=counts.not_admitted, calls=1, **sent)
 
 
 def _as_sent(row: _Queued) -> RowToWrite:
@@ -230,12 +246,39 @@ def _as_sent(row: _Queued) -> RowToWrite:
     )
 
 
+def _finite(row: RowToWrite) -> bool:
+    """Whether the row's fp16 outputs and maps are all finite (what the store accepts)."""
+    if not np.isfinite(row.outputs).all():
+        log.warning("a computed row's outputs overflow fp16 (%d tokens); not written back", len(row.token_ids))
+        return False
+    return row.maps is None or bool(np.isfinite(row.maps).all())
+
+
 def _map_bytes(row: _Queued) -> int:
     return 0 if row.maps is None else 2 * int(row.maps.numel())
 
 
 def _fp16_bytes(row: _Queued) -> int:
     return 2 * int(np.prod(row.outputs.shape)) + _map_bytes(row)
+
+
+def check_write_back_dtype(model: torch.nn.Module) -> None:
+    """Refuse write-back from a model not computing in fp32, the dtype every namespace is built in.
+
+    The fingerprint digests the weights as fp32, so a model cast to fp16 or bf16 reads its
+    fp32 namespace as its own; what it wrote back would be served to every node as the fp32
+    model's outputs.
+
+    Raises:
+        ConfigError: the model's weights are not fp32.
+    """
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise ConfigError(
+            f"AttnCache: write_back needs the model in torch.float32, the dtype its namespace is built in; this one"
+            f" is {dtype}: what it computes would be served to every node as the float32 model's outputs. Read"
+            " with write_back=False, or run the model in float32"
+        )
 
 
 def start_write_back(

@@ -114,3 +114,53 @@ def test_rows_with_maps_are_stored_with_them_and_maps_over_the_queue_budget_go_w
     assert (roomy.stats().queued_maps, roomy.stats().maps_stored, roomy.stats().stored) == (2, 2, 2)
     assert (tight.stats().maps_over_budget, tight.stats().maps_stored, tight.stats().stored) == (2, 0, 2)
     assert service.write_backs.stats().map_entries == 2
+
+
+class _Broken:
+    """A connection whose first write-back call fails with an error no handler foresaw, then works."""
+
+    url = "broken://"
+    supports_write_back = True
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.calls = 0
+
+    def write_back(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("a bug in the connection")
+        return self._inner.write_back(*args, **kwargs)
+
+
+def test_an_unexpected_error_drops_its_batch_and_the_thread_goes_on(daemon, caplog: pytest.LogCaptureFixture) -> None:
+    service, url = daemon
+    first, second = _rows(3, seed=1), _rows(2, seed=2)
+    with connect(url, token=WRITE) as connection:
+        _admit(connection, first + second)
+        broken = _Broken(connection)
+        worker = WriteBackWorker(broken, "ns", FP, WriteBackSettings())  # type: ignore[arg-type]
+        with caplog.at_level(logging.ERROR):
+            assert all(worker.put(ids, out) for ids, out in first)
+            assert worker.flush(10.0)  # returns: the thread did not die
+        assert all(worker.put(ids, out) for ids, out in second)
+        assert worker.flush(10.0)
+        stats = worker.stats()
+        worker.close()
+    assert (stats.errors, stats.dropped_failed, stats.stored, stats.pending) == (1, 3, 2, 0)
+    assert "failed unexpectedly" in caplog.text and "a bug in the connection" in caplog.text
+
+
+def test_a_row_whose_outputs_overflow_fp16_is_dropped_alone_and_the_rest_of_its_batch_stored(daemon) -> None:
+    service, url = daemon
+    rows = _rows(4, seed=3)
+    rows[1][1][0, 0] = 1e6  # past fp16's range: inf once stored as fp16
+    with connect(url, token=WRITE) as connection:
+        _admit(connection, rows)
+        worker = WriteBackWorker(connection, "ns", FP, WriteBackSettings())
+        assert all(worker.put(ids, out) for ids, out in rows)
+        assert worker.flush(10.0)
+        stats = worker.stats()
+        worker.close()
+    assert (stats.dropped_invalid, stats.stored, stats.dropped_failed) == (1, 3, 0)
+    assert service.write_backs.stats().entries == 3
