@@ -52,6 +52,7 @@ class StreamedPrefix(PrefixStream):
         self._cond = threading.Condition()
         self._chunks: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
+        self._why: dict[int, str] = {}  # row -> what the store said of its failed chunk
         self._done = False
         self._call = open_call(None if deadline is None else deadline - time.monotonic())
         self._reader = threading.Thread(target=self._read, name="attnstore-prefix", daemon=True)
@@ -97,9 +98,10 @@ class StreamedPrefix(PrefixStream):
         """Take one attempt's messages (raises the grpc.RpcError that breaks it)."""
         for message in stream:
             if message.HasField("error"):
-                log.warning("store could not serve the prefix of row %d: %s %s", message.row,
-                            message.error.code, message.error.message)
-                self._fail(message.row, "checksum" if message.error.code == "DATA_LOSS" else "row_error")
+                log.warning("store could not serve the prefix of row %d (chunk %d): %s %s", message.row,
+                            message.chunk, message.error.code, message.error.message)
+                self._fail(message.row, "checksum" if message.error.code == "DATA_LOSS" else "row_error",
+                           f"the store could not serve its chunk {message.chunk}: {message.error.code}")
                 continue
             if (int(message.row), int(message.chunk)) in self._chunks:
                 continue  # a stream sent again repeats what the broken one delivered
@@ -113,8 +115,10 @@ class StreamedPrefix(PrefixStream):
                 self._chunks[(int(message.row), int(message.chunk))] = array
                 self._cond.notify_all()
 
-    def _fail(self, row: int, cause: str) -> None:
+    def _fail(self, row: int, cause: str, why: str | None = None) -> None:
         with self._cond:
+            if row not in self._failed and why is not None:
+                self._why[row] = why
             self._failed.setdefault(row, cause)
             self._cond.notify_all()
 
@@ -129,8 +133,8 @@ class StreamedPrefix(PrefixStream):
             array = self._chunks.get((row, chunk))
             if array is None or row in self._failed:
                 cause = self._failed.get(row, "bad_data")
-                raise MapsUnavailableError(f"row {row}: prefix chunk {chunk} did not arrive ({cause})", row=row,
-                                           cause=cause)
+                why = self._why.get(row, f"its chunk {chunk} did not arrive")
+                raise MapsUnavailableError(f"row {row}: prefix unavailable: {why} ({cause})", row=row, cause=cause)
             return array
 
     def layer(self, row: int, layer: int) -> np.ndarray:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import torch
 from cache_helpers import tiny_loaded
@@ -62,12 +65,17 @@ def test_a_request_of_another_block_size_or_fingerprint_is_failed_precondition(l
             connection.match_prefix("default", "0" * 64, BLOCK, [chain_hashes(SHARED_A, BLOCK)], timeout=10)
 
 
-def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fallbacks(llama, daemon):
+def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fallbacks(llama, daemon, caplog):
     queries = prefix_rows([5], seed=8, prefix=SHARED_C) + prefix_rows([3], seed=5, prefix=SHARED_A)
     with AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16) as cache:
-        hidden = cache.hidden_states(queries)
+        with caplog.at_level(logging.WARNING):
+            hidden = cache.hidden_states(queries)
         assert cache.last_row_kinds == ("fallback", "prefix")
         assert cache.last_stats.fallbacks == {"checksum": 1}
+    # The client names the chunk the store reported, not the one its forward happened to wait for.
+    reported = re.search(r"could not serve the prefix of row 0 \(chunk (\d+)\)", caplog.text)
+    assert reported is not None, caplog.text
+    assert f"could not serve its chunk {reported.group(1)}: DATA_LOSS" in caplog.text
     for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
 
