@@ -91,18 +91,26 @@ class AttnStoreService:
             ConfigError: a malformed Redis URL, or ``map_size`` with one.
             UnavailableError: Redis cannot be reached.
         """
+        store: MapStoreBase
         if is_redis_url(path):
-            return cls(open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
-                                        map_size=map_size, readonly=readonly))
-        store = MapStore.open(
-            path,
-            create=create,
-            max_bytes=max_bytes,
-            readonly=readonly,
-            dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
-            map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
-        )
-        return cls(store)
+            store = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                                     map_size=map_size, readonly=readonly)
+        else:
+            store = MapStore.open(
+                path,
+                create=create,
+                max_bytes=max_bytes,
+                readonly=readonly,
+                dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
+                map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
+            )
+        try:
+            return cls(store)
+        except BaseException:
+            # Building the indexes failed: the store (its environment, writer lock and threads) must not
+            # outlive the failure, or a retry in this process finds it "open for writing elsewhere".
+            store.close()
+            raise
 
     @property
     def store(self) -> MapStoreBase:
