@@ -36,6 +36,7 @@ from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
 
+WATCHDOG_THREAD = "attnstore-watchdog"  # the main thread's loop: health, token reloads, signals
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 
 # A signal's disposition as signal.signal() takes and returns it: a function,
@@ -98,6 +99,7 @@ class Daemon:
         self._service: AttnStoreService | None = None
         self._server: AttnStoreServer | None = None
         self._degraded = False  # a background thread died: health stays NOT_SERVING until restart
+        self._watchdog_errors = 0  # unexpected errors of the watchdog's own checks (logged; it goes on)
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (safe from a signal handler or another thread)."""
@@ -119,6 +121,12 @@ class Daemon:
         service = self._service
         return None if service is None else service.redis_stats()
 
+    def _background_errors(self) -> dict[str, int]:
+        service = self._service
+        errors = {} if service is None else service.background_errors()
+        errors[WATCHDOG_THREAD] = self._watchdog_errors
+        return errors
+
     def run(self, *, handle_signals: bool = True) -> int:
         """Serve until asked to stop; returns the exit code (0 after a clean drain).
 
@@ -135,7 +143,8 @@ class Daemon:
         tls = read_tls(config)
         _warn_about_exposure(config, tokens)
         previous = self._install_signals() if handle_signals else {}
-        metrics = DaemonMetrics(stats=self._store_stats, follower=self._follower_status, redis=self._redis_stats)
+        metrics = DaemonMetrics(stats=self._store_stats, follower=self._follower_status, redis=self._redis_stats,
+                                background=self._background_errors)
         try:
             server, port = create_server(
                 None, config.listen, tokens=tokens, tls=tls, limits=config.limits, metrics=metrics
@@ -226,7 +235,13 @@ class Daemon:
             if self._reload.is_set():
                 self._reload.clear()
                 self._reload_tokens()
-            self._watch_threads()
+            try:
+                self._watch_threads()
+            except Exception as exc:
+                # The watchdog's checks read the store; a bug there must not end the loop that drains the daemon.
+                self._watchdog_errors += 1
+                log.error("event=watchdog_error error=%r errors=%d detail='the watchdog goes on'", exc,
+                          self._watchdog_errors, exc_info=exc)
 
     def _watch_threads(self) -> None:
         """Report NOT_SERVING, once, when a background thread of the store has died or its storage

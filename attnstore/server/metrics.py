@@ -44,6 +44,7 @@ from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
 
+BackgroundSource = Callable[[], dict[str, int]]
 StatsSource = Callable[[], "StoreStats | None"]
 FollowerSource = Callable[[], "FollowerStatus | None"]
 RedisSource = Callable[[], "RedisStats | None"]
@@ -92,6 +93,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "attnstore_dram_hits",
     "attnstore_dram_misses",
     "attnstore_dram_evictions",
+    "attnstore_background_errors",
 )
 
 # Exported only by a daemon on a Redis store (one that follows a shared change log), read at scrape time.
@@ -99,6 +101,8 @@ REDIS_METRIC_NAMES: tuple[str, ...] = (
     "attnstore_follower_seconds_since_read",
     "attnstore_follower_changes_applied",
     "attnstore_follower_failed_reads",
+    "attnstore_follower_skipped_records",
+    "attnstore_follower_errors",
     "attnstore_redis_retries",
     "attnstore_redis_waited_out",
     "attnstore_redis_gave_up",
@@ -136,6 +140,15 @@ class _SharedStoreCollector(Collector):
                 "attnstore_follower_failed_reads", "Reads of the change log that failed (Redis unreachable)",
                 value=follower.failed_reads,
             )
+            yield CounterMetricFamily(
+                "attnstore_follower_skipped_records",
+                "Change-log records that did not decode: skipped, their namespace's index rebuilt from the keys",
+                value=follower.skipped_records,
+            )
+            yield CounterMetricFamily(
+                "attnstore_follower_errors", "Follower steps that failed unexpectedly (a bug; the follower goes on)",
+                value=follower.errors,
+            )
         if redis is None:
             return
         yield CounterMetricFamily(
@@ -161,6 +174,28 @@ class _SharedStoreCollector(Collector):
             limit.add_metric([node.node], node.max_bytes)
         yield used
         yield limit
+
+
+class _BackgroundCollector(Collector):
+    """Unexpected errors each background thread caught and survived, read at scrape time."""
+
+    def __init__(self, background: BackgroundSource) -> None:
+        self._background = background
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            errors = self._background()
+        except Exception as exc:  # a scrape must not fail because the store is busy or closing
+            log.warning("event=metrics_background_failed error=%r", exc)
+            return
+        family = CounterMetricFamily(
+            "attnstore_background_errors",
+            "Unexpected errors a background thread caught, logged with their traceback and survived",
+            labels=["thread"],
+        )
+        for thread, count in sorted(errors.items()):
+            family.add_metric([thread], count)
+        yield family
 
 
 class _StoreCollector(Collector):
@@ -209,11 +244,12 @@ class DaemonMetrics:
             is open (loading, closed).
         follower: the index follower's status at scrape time, or None (no store, or one no other daemon writes).
         redis: the Redis client's figures at scrape time, or None (no store, or not a Redis one).
+        background: unexpected errors each background thread survived, by thread name, at scrape time.
     """
 
     def __init__(
         self, stats: StatsSource = lambda: None, *, follower: FollowerSource = lambda: None,
-        redis: RedisSource = lambda: None,
+        redis: RedisSource = lambda: None, background: BackgroundSource = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
@@ -295,6 +331,7 @@ class DaemonMetrics:
         )
         reg.register(_StoreCollector(stats))
         reg.register(_SharedStoreCollector(follower, redis))
+        reg.register(_BackgroundCollector(background))
         for method in RPC_METHODS:
             for code in RPC_CODES:
                 self._rpcs.labels(method, code)

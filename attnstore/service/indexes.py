@@ -60,6 +60,7 @@ class NamespaceIndexes:
         self._rebuilding = threading.Lock()  # one rebuild (or follower step) at a time
         self._journal: list[_Change] | None = None  # while a rebuild reads the store: changes made meanwhile
         self._feed = store.change_feed()
+        self.skipped_records = 0  # change-log records that did not decode (only the follower's step writes it)
         self._positions: dict[str, str] = {}  # namespace -> its log position its index includes (with a feed)
         self._created: dict[str, float] = {}  # namespace -> created time of the namespace its index is of
         self._catalog_version = "" if self._feed is None else self._feed.catalog_version()
@@ -168,8 +169,10 @@ class NamespaceIndexes:
             if position is None:
                 continue
             batch = feed.changes(name, position)
+            self.skipped_records += batch.skipped
             if batch.rebuild:
-                log.warning("event=index_rebuild namespace=%s detail='the log was trimmed past this index'", name)
+                why = "a record of the log did not decode" if batch.skipped else "the log was trimmed past this index"
+                log.warning("event=index_rebuild namespace=%s detail='%s'", name, why)
                 with self._swapping(replace=False) as fresh:
                     fresh[name] = self._build(self._store.get_namespace(name))
                 continue

@@ -441,6 +441,13 @@ class AttnStoreService:
             dead.append(FOLLOWER_THREAD)
         return dead
 
+    def background_errors(self) -> dict[str, int]:
+        """Unexpected errors the store's and the index follower's background threads caught and survived."""
+        errors = self._store.background_errors()
+        if self._follower is not None:
+            errors[FOLLOWER_THREAD] = self._follower.status().errors
+        return errors
+
     def verify(self) -> VerifyReport:
         """Check every stored chunk against its checksum."""
         return self._store.verify()

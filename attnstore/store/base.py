@@ -397,6 +397,10 @@ class MapStoreBase(ABC):
         """Names of background threads that have died (the store then needs a restart); none by default."""
         return []
 
+    def background_errors(self) -> dict[str, int]:
+        """Unexpected errors each background thread caught and survived, by thread name; none by default."""
+        return {}
+
     def storage_fault(self) -> str | None:
         """Why the store's storage can no longer be trusted (its directory was removed, its database is
         damaged), or None while it is sound; a store with a fault needs a restart on sound storage."""

@@ -75,9 +75,10 @@ class ChangeBatch:
 
     changes: list[IndexChange]
     position: str
-    # The log no longer holds every change after the position asked for (it was trimmed past it):
-    # the caller must rebuild from ``index_state`` instead of applying ``changes``.
+    # The log no longer holds every change after the position asked for (it was trimmed past it, or a record
+    # of it did not decode): the caller must rebuild from ``index_state`` instead of applying ``changes``.
     rebuild: bool = False
+    skipped: int = 0  # records that did not decode (logged, never applied: the rebuild reads the keys instead)
 
 
 class ChangeFeed(ABC):

@@ -106,6 +106,11 @@ class HotMaps:
         """Whether the prefetch thread still runs (or has not been needed yet)."""
         return self._prefetcher.alive
 
+    @property
+    def prefetch_errors(self) -> int:
+        """Unexpected errors the prefetch thread caught (logged with their traceback) and survived."""
+        return self._prefetcher.unexpected
+
     def discard(self, namespace: str, ids: Iterable[int]) -> None:
         """Forget entries that were deleted or evicted."""
         self._dram.discard((namespace, int(i)) for i in ids)

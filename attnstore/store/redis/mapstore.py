@@ -504,6 +504,10 @@ class RedisMapStore(MapStoreBase):
         """See :meth:`MapStoreBase.dead_threads`: the prefetch worker, the only long-lived one."""
         return [] if self._hot.alive else ["attnstore-prefetch"]
 
+    def background_errors(self) -> dict[str, int]:
+        """See :meth:`MapStoreBase.background_errors`: the prefetch worker's."""
+        return {"attnstore-prefetch": self._hot.prefetch_errors}
+
     # ---- admin ----------------------------------------------------------------
 
     def compact(self) -> CompactReport:
