@@ -326,6 +326,10 @@ class DaemonMetrics:
         self._not_admitted = Counter(
             "attnstore_write_back_not_admitted", "Written-back rows skipped: not admitted", ["namespace"], registry=reg
         )
+        self._refused = Counter(
+            "attnstore_write_back_refused", "Written-back rows refused one by one (bad rows; the rest stored)",
+            ["namespace"], registry=reg,
+        )
         self._admitted = Counter(
             "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
         )
@@ -359,7 +363,7 @@ class DaemonMetrics:
         self._ingested.labels(namespace)
         self._ingested_bytes.labels(namespace)
         for counter in (self._written_back, self._written_back_bytes, self._written_back_maps,
-                        self._written_back_map_bytes, self._not_admitted, self._admitted):
+                        self._written_back_map_bytes, self._not_admitted, self._refused, self._admitted):
             counter.labels(namespace)
 
     def refused(self, method: str, code: str) -> None:
@@ -423,6 +427,7 @@ class DaemonMetrics:
         self._written_back_maps.labels(namespace).inc(result.maps_stored)
         self._written_back_map_bytes.labels(namespace).inc(result.maps_bytes)
         self._not_admitted.labels(namespace).inc(result.not_admitted)
+        self._refused.labels(namespace).inc(len(result.refused))
 
     def admitted(self, namespace: str, rows: int) -> None:
         """A Lookup marked ``rows`` misses admit."""

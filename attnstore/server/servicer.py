@@ -21,6 +21,7 @@ import numpy as np
 
 from attnstore.errors import (
     AttnStoreError,
+    ChecksumError,
     MapShapeError,
     RequestLimitError,
     UnavailableError,
@@ -38,11 +39,19 @@ from attnstore.protocol.write_back import row_from_pb
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.metrics import DaemonMetrics
-from attnstore.server.replies import match_to_pb, namespace_to_pb, stats_to_pb
+from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb
 from attnstore.service import ROW_ERRORS, AttnStoreService, Query
 from attnstore.service.write_back import WrittenRow
 
 log = logging.getLogger(__name__)
+
+def _decoded_row(row: pb.WrittenRow, index: int) -> WrittenRow | AttnStoreError:
+    """A written-back row, or the error its message raised (that row alone is refused)."""
+    try:
+        return WrittenRow(*row_from_pb(row, index))
+    except (WireFormatError, ChecksumError) as exc:
+        return exc
+
 
 @dataclass(frozen=True, slots=True)
 class _Row:
@@ -300,17 +309,18 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def WriteBack(self, request: pb.WriteBackRequest, context: grpc.ServicerContext) -> pb.WriteBackResponse:
         with self._call("WriteBack", context) as service:
             self._check_count("WriteBack", len(request.rows), "rows")
-            rows = [WrittenRow(*row_from_pb(row, i)) for i, row in enumerate(request.rows)]
+            rows = [_decoded_row(row, i) for i, row in enumerate(request.rows)]
             result = service.write_back(request.namespace, request.fingerprint, rows)
             self._metrics.written_back(request.namespace, result)
             log.info(
                 "event=written_back namespace=%s rows=%d stored=%d with_maps=%d duplicates=%d not_admitted=%d"
-                " bytes=%d", request.namespace, len(rows), result.stored, result.maps_stored, result.duplicates,
-                result.not_admitted, result.bytes,
+                " refused=%d bytes=%d", request.namespace, len(rows), result.stored, result.maps_stored,
+                result.duplicates, result.not_admitted, len(result.refused), result.bytes,
             )
             return pb.WriteBackResponse(
                 stored=result.stored, duplicates=result.duplicates, not_admitted=result.not_admitted,
                 bytes=result.bytes, maps_stored=result.maps_stored, maps_bytes=result.maps_bytes,
+                refused=[refused_to_pb(r) for r in result.refused],
             )
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
@@ -363,6 +373,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             reply.written_back_entries, reply.written_back_bytes = written.entries, written.bytes
             reply.written_back_duplicates, reply.written_back_not_admitted = written.duplicates, written.not_admitted
             reply.written_back_map_entries, reply.written_back_map_bytes = written.map_entries, written.map_bytes
+            reply.written_back_refused = written.refused
             reply.admission_asked, reply.admission_admitted = admission.asked, admission.admitted
             reply.admission_sketch_bytes = admission.sketch_bytes
             reply.admit_after = service.admission.config.admit_after

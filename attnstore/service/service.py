@@ -16,7 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotReadyError
+from attnstore.errors import (
+    AttnStoreError,
+    FingerprintMismatchError,
+    MapShapeError,
+    NamespaceNotReadyError,
+    ProjectorChangedError,
+)
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.prefix import PrefixLayout
@@ -30,12 +36,15 @@ from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.prefix_tier import prefix_matches, read_prefix
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
-from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, entries_to_store
+from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, plan_write_back, summarise
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
 from attnstore.store.reports import FeaturesReport, PrefetchReport, RedisStats
+
+# A write-back is judged against the namespace as it is; a projector replaced before the commit judges it again.
+_WRITE_BACK_ROUNDS = 3
 
 
 class AttnStoreService:
@@ -247,42 +256,40 @@ class AttnStoreService:
             results.update({row: replace(results[row], admit=True) for row, yes in enumerate(admitted) if yes})
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
 
-    def write_back(self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow]) -> WriteBackResult:
+    def write_back(
+        self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow | AttnStoreError]
+    ) -> WriteBackResult:
         """Store the admitted rows, visible to every lookup at once (``service.write_back``).
 
-        Rows with maps become full entries (in the map index at once when they carry a
-        feature), rows without outputs-only ones. Rows the admission rule has not admitted
-        are skipped; rows already stored count as duplicates.
+        Rows are judged one by one: a bad row (or one that did not decode: its error is given in
+        its place) is refused alone and listed in the result; the others are stored. Rows with
+        maps become full entries (in the map index at once when they carry a feature), rows
+        without outputs-only ones. Rows the admission rule has not admitted are skipped; rows
+        already stored count as duplicates.
 
         Raises:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
             WriteBackOffError: the admission rule turns write-back off (nothing is stored).
-            MapShapeError: a row disagrees with its tokens or the namespace (nothing is stored).
-            ProjectorChangedError: a feature from another projector than the namespace's (nothing is stored).
             StoreFullError: the store or its disk is full (nothing is stored).
         """
         info = self.check_fingerprint(namespace, fingerprint)
-        entries, not_admitted = entries_to_store(info, rows, self.admission)
-        if not entries:
-            result = WriteBackResult(0, 0, not_admitted, 0)
-        else:
-            # Checked again inside the write: the projector may be replaced between the check and the commit.
-            featured = any(e.feature is not None for e in entries)
-            report = self.ingest(namespace, fingerprint, entries,
-                                 projector_version=info.projector_version if featured else None)
-            new: list[NewEntry] = []  # the first entry of each id this call stored (a row may repeat in a call)
-            fresh = set(report.added)
-            for entry_id, entry in zip(report.entry_ids, entries, strict=True):
-                if entry_id in fresh:
-                    fresh.discard(entry_id)
-                    new.append(entry)
-            with_maps = [e for e in new if e.maps is not None]
-            map_bytes = sum(info.layout.map_nbytes(_length_of(e)) for e in with_maps)
-            output_bytes = sum(info.layout.outputs_nbytes(_length_of(e)) for e in new)
-            result = WriteBackResult(len(new), report.duplicates, not_admitted, output_bytes + map_bytes,
-                                     len(with_maps), map_bytes)
-        self.write_backs.add(result)
-        return result
+        for attempt in range(_WRITE_BACK_ROUNDS):
+            plan = plan_write_back(info, rows, self.admission)
+            featured = any(e.feature is not None for e in plan.entries)
+            try:
+                # Checked again inside the write: the projector may be replaced between the check and the commit.
+                report = self.ingest(namespace, fingerprint, plan.entries,
+                                     projector_version=info.projector_version if featured else None
+                                     ) if plan.entries else IngestResult([], 0)
+            except ProjectorChangedError:
+                if attempt + 1 == _WRITE_BACK_ROUNDS:
+                    raise
+                info = self.check_fingerprint(namespace, fingerprint)  # the new version refuses the stale rows
+                continue
+            result = summarise(info, plan, report.entry_ids, report.added, report.duplicates)
+            self.write_backs.add(result)
+            return result
+        raise AssertionError("unreachable: the last round returns or raises")
 
     def read_exact_outputs(
         self, namespace: str, results: Sequence[MatchResult], on_read: Callable[[float], None] | None = None

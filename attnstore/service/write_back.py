@@ -4,10 +4,14 @@ A written-back row is its token ids and final outputs, and, when the node
 captured them, its attention maps and the feature vector it projected for its
 map lookup. The daemon hashes the ids itself (the same key as the client's
 ``keys.token_hash``), so a node cannot file a row under another row's key, and
-it checks every row against its tokens and the namespace layout before anything
-is stored: one bad row fails the call and nothing of it is stored. Rows the
-admission rule has not admitted (asked about fewer than ``--admit-after`` times)
-are skipped, so a node cannot fill the store with rows nobody repeats.
+it checks every row against its tokens, the namespace layout and the store's
+own rules for entries before anything is stored. Rows are judged one by one: a
+bad row (it does not decode, disagrees with its tokens, holds NaN/inf, has maps
+that are not probabilities or a feature of another projector version) is
+refused alone and reported, and the rest of the call is stored as if it had not
+been sent, so one bad row cannot cost a node its whole batch. Rows the
+admission rule has not admitted (asked about fewer than ``--admit-after``
+times) are skipped, so a node cannot fill the store with rows nobody repeats.
 
 A row without maps becomes an outputs-only entry: the exact tier serves it at
 once; the map tier never sees it. A row with maps becomes a full entry in the
@@ -28,10 +32,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnstore.errors import MapShapeError, WriteBackOffError, shown
+from attnstore.errors import (
+    AttnStoreError,
+    ChecksumError,
+    MapShapeError,
+    ProjectorChangedError,
+    WireFormatError,
+    WriteBackOffError,
+    shown,
+)
 from attnstore.protocol.records import NamespaceInfo, NewEntry
 from attnstore.service.admission import Admission
 from attnstore.store.base import check_projector_version
+from attnstore.store.validate import prepare_entry
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +66,14 @@ class WrittenRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedRow:
+    """A row of a write-back call refused on its own (the others are judged as if it had not been sent)."""
+
+    row: int  # its index in the call
+    error: AttnStoreError  # why: MapShapeError, WireFormatError, ChecksumError or ProjectorChangedError
+
+
+@dataclass(frozen=True, slots=True)
 class WriteBackResult:
     """What one write-back call did."""
 
@@ -62,6 +83,7 @@ class WriteBackResult:
     bytes: int  # fp16 bytes of the new entries (outputs and maps)
     maps_stored: int = 0  # of the new entries, those with maps
     maps_bytes: int = 0  # their maps' fp16 bytes
+    refused: tuple[RefusedRow, ...] = ()  # rows refused one by one, in call order
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +97,7 @@ class WriteBackStats:
     not_admitted: int
     map_entries: int  # of ``entries``, those stored with maps
     map_bytes: int  # their maps' fp16 bytes
+    refused: int = 0  # rows refused one by one
 
 
 class WriteBackCounter:
@@ -82,12 +105,12 @@ class WriteBackCounter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals = [0] * 7
+        self._totals = [0] * 8
 
     def add(self, result: WriteBackResult) -> None:
         """Count one call's result."""
         counts = (1, result.stored, result.bytes, result.duplicates, result.not_admitted, result.maps_stored,
-                  result.maps_bytes)
+                  result.maps_bytes, len(result.refused))
         with self._lock:
             for k, n in enumerate(counts):
                 self._totals[k] += n
@@ -98,68 +121,120 @@ class WriteBackCounter:
             return WriteBackStats(*self._totals)
 
 
-def check_rows(rows: Sequence[WrittenRow], info: NamespaceInfo) -> None:
-    """Refuse the whole call when any row disagrees with its tokens or the namespace (nothing is stored).
+def check_row(index: int, row: WrittenRow, info: NamespaceInfo) -> NewEntry:
+    """The entry to store for one row, once it agrees with its tokens and the namespace.
+
+    The store's own checks of an entry (``validate.prepare_entry``: maps are probabilities,
+    causal where the namespace is; outputs and feature finite once in fp16) run here too, so
+    a bad row is refused alone instead of failing the ingest of its whole call.
 
     Raises:
         MapShapeError: a row without tokens; outputs not ``(L, hidden)``; maps not
             ``(layers, heads, L, L)`` of the namespace layout at the row's token length; a
             feature without maps, of another dimension than the namespace's, or in a
-            namespace without a projector.
+            namespace without a projector; NaN/inf; maps that are not attention probabilities.
         ProjectorChangedError: a feature projected with another projector version than the namespace's.
     """
     layout = info.layout
-    for index, row in enumerate(rows):
-        length = int(row.token_ids.shape[0]) if row.token_ids.ndim == 1 else -1
-        if length < 1:
-            raise MapShapeError(f"write-back row {index}: token_ids must be one non-empty row, got shape"
-                                f" {shown(tuple(row.token_ids.shape))}")
-        if row.outputs.shape != (length, layout.hidden):
-            raise MapShapeError(
-                f"write-back row {index}: outputs shape {shown(tuple(row.outputs.shape))} disagrees with its"
-                f" {length} tokens: expected ({length}, {layout.hidden})"
-            )
-        if row.maps is not None and row.maps.shape != layout.map_shape(length):
-            raise MapShapeError(
-                f"write-back row {index}: maps shape {shown(tuple(row.maps.shape))} disagrees with its {length}"
-                f" tokens or the namespace layout: expected {layout.map_shape(length)}"
-            )
-        if row.feature is None:
-            continue
-        if row.maps is None:
-            raise MapShapeError(
-                f"write-back row {index}: a feature needs maps (an outputs-only entry is never searched)"
-            )
-        if row.feature.shape != (layout.feature_dim,):
-            raise MapShapeError(
-                f"write-back row {index}: feature shape {shown(tuple(row.feature.shape))} is not the namespace's"
-                f" ({layout.feature_dim},)"
-            )
-        if info.projector is None:
-            raise MapShapeError(
-                f"write-back row {index}: namespace {info.name!r} has no projector, so a row carries no feature"
-                " (send its maps alone)"
-            )
-        check_projector_version(info, row.projector_version)
+    length = int(row.token_ids.shape[0]) if row.token_ids.ndim == 1 else -1
+    if length < 1:
+        raise MapShapeError(f"write-back row {index}: token_ids must be one non-empty row, got shape"
+                            f" {shown(tuple(row.token_ids.shape))}")
+    if row.outputs.shape != (length, layout.hidden):
+        raise MapShapeError(
+            f"write-back row {index}: outputs shape {shown(tuple(row.outputs.shape))} disagrees with its"
+            f" {length} tokens: expected ({length}, {layout.hidden})"
+        )
+    if row.maps is not None and row.maps.shape != layout.map_shape(length):
+        raise MapShapeError(
+            f"write-back row {index}: maps shape {shown(tuple(row.maps.shape))} disagrees with its {length}"
+            f" tokens or the namespace layout: expected {layout.map_shape(length)}"
+        )
+    if row.feature is not None:
+        _check_feature(index, row, info)
+    entry = NewEntry(maps=row.maps, token_hash=hash_token_ids(row.token_ids), outputs=row.outputs,
+                     token_ids=row.token_ids, feature=row.feature)
+    prepare_entry(entry, layout, index, what="write-back row")
+    return entry
 
 
-def entries_to_store(
-    info: NamespaceInfo, rows: Sequence[WrittenRow], admission: Admission
-) -> tuple[list[NewEntry], int]:
-    """The entries for the admitted rows, and how many rows were not admitted.
+def _check_feature(index: int, row: WrittenRow, info: NamespaceInfo) -> None:
+    assert row.feature is not None
+    if row.maps is None:
+        raise MapShapeError(
+            f"write-back row {index}: a feature needs maps (an outputs-only entry is never searched)"
+        )
+    if row.feature.shape != (info.layout.feature_dim,):
+        raise MapShapeError(
+            f"write-back row {index}: feature shape {shown(tuple(row.feature.shape))} is not the namespace's"
+            f" ({info.layout.feature_dim},)"
+        )
+    if info.projector is None:
+        raise MapShapeError(
+            f"write-back row {index}: namespace {info.name!r} has no projector, so a row carries no feature"
+            " (send its maps alone)"
+        )
+    check_projector_version(info, row.projector_version)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBackPlan:
+    """What one call stores: the admitted rows' entries, and the rows refused or not admitted."""
+
+    entries: list[NewEntry]
+    refused: tuple[RefusedRow, ...]
+    not_admitted: int
+
+
+def plan_write_back(
+    info: NamespaceInfo, rows: Sequence[WrittenRow | AttnStoreError], admission: Admission
+) -> WriteBackPlan:
+    """Judge each row on its own: refused (it did not decode, or fails ``check_row``), not admitted, or stored.
+
+    Args:
+        info: the namespace as it is now.
+        rows: each row of the call, or the error decoding it raised.
+        admission: the daemon's admission rule.
 
     Raises:
         WriteBackOffError: write-back is off (``admit_after`` 0).
-        MapShapeError, ProjectorChangedError: see ``check_rows``.
     """
     if not admission.enabled:
         raise WriteBackOffError("this daemon runs with --admit-after 0: write-back is off, nothing was stored")
-    check_rows(rows, info)
     entries: list[NewEntry] = []
-    for row in rows:
-        key = hash_token_ids(row.token_ids)
-        if admission.count(info.name, key) < admission.config.admit_after:
+    refused: list[RefusedRow] = []
+    not_admitted = 0
+    for index, row in enumerate(rows):
+        try:
+            if isinstance(row, AttnStoreError):
+                raise row
+            entry = check_row(index, row, info)
+        except (MapShapeError, ProjectorChangedError, WireFormatError, ChecksumError) as exc:
+            refused.append(RefusedRow(index, exc))
             continue
-        entries.append(NewEntry(maps=row.maps, token_hash=key, outputs=row.outputs, token_ids=row.token_ids,
-                                feature=row.feature))
-    return entries, len(rows) - len(entries)
+        if admission.count(info.name, entry.token_hash) < admission.config.admit_after:
+            not_admitted += 1
+            continue
+        entries.append(entry)
+    if refused:
+        log.info("event=write_back_rows_refused namespace=%s refused=%d first=%r", info.name, len(refused),
+                 str(refused[0].error)[:200])
+    return WriteBackPlan(entries, tuple(refused), not_admitted)
+
+
+def summarise(
+    info: NamespaceInfo, plan: WriteBackPlan, entry_ids: Sequence[int], added: Sequence[int], duplicates: int
+) -> WriteBackResult:
+    """The result of storing ``plan.entries`` (ids in order, those new, duplicates): bytes of the new ones."""
+    new: list[NewEntry] = []  # the first entry of each id this call stored (a row may repeat in a call)
+    fresh = set(added)
+    for entry_id, entry in zip(entry_ids, plan.entries, strict=True):
+        if entry_id in fresh:
+            fresh.discard(entry_id)
+            new.append(entry)
+    layout = info.layout
+    lengths = [len(np.asarray(e.token_ids)) for e in new]
+    map_bytes = sum(layout.map_nbytes(n) for e, n in zip(new, lengths, strict=True) if e.maps is not None)
+    output_bytes = sum(layout.outputs_nbytes(n) for n in lengths)
+    return WriteBackResult(len(new), duplicates, plan.not_admitted, output_bytes + map_bytes,
+                           sum(e.maps is not None for e in new), map_bytes, plan.refused)

@@ -105,13 +105,14 @@ def _check_maps(maps: np.ndarray, layout: NamespaceLayout, where: str) -> None:
         raise MapShapeError(f"{where}: the namespace is causal but the maps put weight {upper} above the diagonal")
 
 
-def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> PreparedEntry:
+def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0, *, what: str = "entry") -> PreparedEntry:
     """Check ``entry`` against ``layout`` and convert it to its stored dtypes.
 
     Args:
         entry: the entry to ingest.
         layout: the namespace's layout.
         index: position of the entry in its batch, for error messages.
+        what: what messages call it ("entry", "write-back row").
 
     Returns:
         The prepared entry (maps fp16 for lossless codecs, fp32 for q8).
@@ -121,7 +122,7 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
             token hash or token ids; maps outside [0, 1]; weight above the diagonal in a
             causal namespace; non-finite outputs or feature.
     """
-    where = f"entry {index}"
+    where = f"{what} {index}"
     if not isinstance(entry, NewEntry):
         raise MapShapeError(f"{where}: expected a NewEntry, got {type(entry).__name__}")
     maps: np.ndarray | None = None

@@ -9,6 +9,7 @@ for the next near-duplicate on any node.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
-from attnstore.errors import AttnStoreError, MapShapeError
+from attnstore.errors import AttnStoreError
 from attnstore.protocol.remote import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.service.write_back import hash_token_ids
@@ -101,7 +102,9 @@ def test_a_row_written_back_by_one_node_is_a_map_hit_for_a_near_duplicate_on_ano
     assert stats.written_back_bytes == layout.map_nbytes(10) + layout.outputs_nbytes(10)
 
 
-def test_maps_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(with_projector: DaemonProcess) -> None:
+def test_maps_disagreeing_with_their_tokens_refuse_that_row_and_nothing_is_stored(
+    with_projector: DaemonProcess,
+) -> None:
     ids = np.arange(5, 12)
     with with_projector.client(WRITE_TOKEN) as writer:
         namespace = writer.get_namespace("default")
@@ -110,9 +113,9 @@ def test_maps_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(wi
         layout = namespace.layout
         outputs = np.zeros((len(ids), layout.hidden), np.float32)
         maps = np.full((layout.layers, layout.heads, len(ids) - 1, len(ids) - 1), 1 / (len(ids) - 1), np.float32)
-        bad = row_to_pb(ids, outputs, maps)
-        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*maps shape .* disagrees with its 7 tokens"):
-            writer.write_back("default", namespace.fingerprint, [bad])
+        reply = writer.write_back("default", namespace.fingerprint, [row_to_pb(ids, outputs, maps)])
+        assert [(r.query_index, r.code) for r in reply.refused] == [(0, "INVALID_ARGUMENT")]
+        assert re.search("maps shape .* disagrees with its 7 tokens", reply.refused[0].message)
         assert writer.stats().entries == before
 
 
@@ -155,7 +158,7 @@ def test_a_read_token_cannot_write_back_and_encode_still_answers(admit_every_mis
     assert again["stats"]["exact_hits"] == 0
 
 
-def test_outputs_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(
+def test_outputs_disagreeing_with_their_tokens_refuse_that_row_and_nothing_is_stored(
     admit_every_miss: DaemonProcess,
 ) -> None:
     ids = np.arange(5, 11)
@@ -164,8 +167,9 @@ def test_outputs_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored
         namespace = writer.get_namespace("default")
         writer.lookup(exact_request("default", namespace.fingerprint, [hash_token_ids(ids)], [len(ids)]))
         bad = row_to_pb(ids, np.zeros((len(ids) + 1, namespace.layout.hidden), np.float32))
-        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*disagrees with its 6 tokens"):
-            writer.write_back("default", namespace.fingerprint, [bad])
+        reply = writer.write_back("default", namespace.fingerprint, [bad])
+        assert [(r.query_index, r.code) for r in reply.refused] == [(0, "INVALID_ARGUMENT")]
+        assert "disagrees with its 6 tokens" in reply.refused[0].message
         assert writer.stats().entries == before
 
 

@@ -3,20 +3,14 @@ tiers), stats."""
 
 from __future__ import annotations
 
-import grpc
+import re
+
 import numpy as np
 import pytest
 from server_fixtures import FP, LAYOUT, memory_service, served
 from store_helpers import projector_blob, softmax_maps
 
-from attnstore.errors import (
-    AuthError,
-    ChecksumError,
-    MapShapeError,
-    ProjectorChangedError,
-    WireFormatError,
-    WriteBackOffError,
-)
+from attnstore.errors import AuthError, WriteBackOffError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import exact_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -80,23 +74,40 @@ def test_rows_not_yet_admitted_are_skipped_and_counted():
         assert _ask(remote, [row])[0].kind == pb.MATCH_KIND_MISS
 
 
-def test_outputs_whose_length_disagrees_with_the_tokens_are_invalid_argument_and_nothing_is_stored():
+def _refused(reply: pb.WriteBackResponse) -> list[tuple[int, str]]:
+    return [(r.query_index, r.code) for r in reply.refused]
+
+
+def test_a_row_whose_outputs_disagree_with_its_tokens_is_refused_alone_and_the_others_are_stored():
     good, (ids, outputs) = _row(4), _row(5, length=6)
     with served(_service()) as (_, remote):
         for _ in range(2):
-            _ask(remote, [good, (ids, outputs)])
-        with pytest.raises(MapShapeError, match=r"outputs shape \(6, 8\) disagrees with its 5 tokens") as info:
-            remote.write_back("ns", FP, [row_to_pb(*good), row_to_pb(ids[:5], outputs)])
-        assert isinstance(info.value.__cause__, grpc.RpcError)
-        assert info.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert remote.stats().entries == 0
+            _ask(remote, [good, (ids[:5], outputs)])
+        reply = remote.write_back("ns", FP, [row_to_pb(ids[:5], outputs), row_to_pb(*good)])
+        assert _refused(reply) == [(0, "INVALID_ARGUMENT")]
+        assert "outputs shape (6, 8) disagrees with its 5 tokens" in reply.refused[0].message
+        assert (reply.stored, reply.not_admitted) == (1, 0)
+        assert _ask(remote, [good])[0].kind == pb.MATCH_KIND_EXACT
+        assert remote.stats().written_back_refused == 1
 
 
-def test_outputs_bytes_that_disagree_with_their_shape_are_refused():
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_a_row_with_non_finite_fp16_outputs_is_refused_alone():
+    good, (ids, outputs) = _row(15), _row(16)
+    outputs[2, 3] = 1e6  # finite in fp32, inf in fp16: what the store would keep
+    with served(_service(1)) as (_, remote):
+        _ask(remote, [good, (ids, outputs)])
+        reply = remote.write_back("ns", FP, [row_to_pb(*good), row_to_pb(ids, outputs)])
+        assert _refused(reply) == [(1, "INVALID_ARGUMENT")] and "NaN or inf" in reply.refused[0].message
+        assert reply.stored == 1
+
+
+def test_outputs_bytes_that_disagree_with_their_shape_refuse_that_row():
     row = row_to_pb(*_row(6))
     row.shape[0] = 7
-    with served(_service()) as (_, remote), pytest.raises(WireFormatError, match="bytes of outputs"):
-        remote.write_back("ns", FP, [row])
+    with served(_service(1)) as (_, remote):
+        reply = remote.write_back("ns", FP, [row])
+        assert _refused(reply) == [(0, "INVALID_ARGUMENT")] and "bytes of outputs" in reply.refused[0].message
 
 
 def test_a_daemon_with_admit_after_zero_marks_nothing_and_refuses_write_back():
@@ -168,14 +179,14 @@ def test_maps_without_a_feature_are_stored_but_not_searched_in_a_namespace_witho
 
 
 @pytest.mark.parametrize(
-    ("change", "error", "message"),
+    ("change", "code", "message"),
     [
-        ("dim", MapShapeError, r"feature shape \(15,\) is not the namespace's \(16,\)"),
-        ("version", ProjectorChangedError, "projected with version 7"),
-        ("maps", MapShapeError, r"maps shape \(3, 2, 4, 4\) disagrees with its 5 tokens"),
+        ("dim", "INVALID_ARGUMENT", r"feature shape \(15,\) is not the namespace's \(16,\)"),
+        ("version", "FAILED_PRECONDITION", "projected with version 7"),
+        ("maps", "INVALID_ARGUMENT", r"maps shape \(3, 2, 4, 4\) disagrees with its 5 tokens"),
     ],
 )
-def test_a_bad_row_with_maps_fails_the_whole_call_and_nothing_is_stored(change, error, message):
+def test_a_bad_row_with_maps_is_refused_alone_and_the_good_row_is_stored(change, code, message):
     good, (ids, outputs, maps, feature) = _with_maps(12), _with_maps(13)
     version = 7 if change == "version" else 1
     if change == "dim":
@@ -184,13 +195,15 @@ def test_a_bad_row_with_maps_fails_the_whole_call_and_nothing_is_stored(change, 
         maps = maps[:, :, :4, :4]
     with served(_projector_service()) as (_, remote):
         _ask(remote, [good[:2], (ids, outputs)])
-        with pytest.raises(error, match=message):
-            remote.write_back("ns", FP, [row_to_pb(*good, 1), row_to_pb(ids, outputs, maps, feature, version)])
-        assert remote.stats().entries == 0
+        reply = remote.write_back("ns", FP, [row_to_pb(*good, 1), row_to_pb(ids, outputs, maps, feature, version)])
+        assert _refused(reply) == [(1, code)]
+        assert re.search(message, reply.refused[0].message)
+        assert (reply.stored, reply.maps_stored) == (1, 1)
 
 
-def test_maps_bytes_that_fail_their_crc_are_refused():
+def test_maps_bytes_that_fail_their_crc_refuse_that_row_as_data_loss():
     row = row_to_pb(*_with_maps(14)[:3])
     row.maps_crc32c ^= 1
-    with served(_service(1)) as (_, remote), pytest.raises(ChecksumError, match="maps fail their crc32c"):
-        remote.write_back("ns", FP, [row])
+    with served(_service(1)) as (_, remote):
+        reply = remote.write_back("ns", FP, [row])
+        assert _refused(reply) == [(0, "DATA_LOSS")] and "maps fail their crc32c" in reply.refused[0].message
