@@ -16,12 +16,15 @@ from attnstore_tools.launcher import ServeProcess
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
 WRITE_TOKEN = "write-token-0123456789abcdef"
+# Another node's write token: admission counts it as another caller.
+OTHER_WRITE_TOKEN = "write-token-fedcba9876543210"
 
 
 def write_token_file(path: Path) -> Path:
-    """A token file with one admin, one read and one write token (mode 600)."""
+    """A token file with one admin, one read and two write tokens, of nodes "node-a" and "node-b" (mode 600)."""
     path.write_text(
-        f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\nwrite {WRITE_TOKEN}  # a node\n",
+        f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\n"
+        f"write {WRITE_TOKEN} name=node-a  # a node\nwrite {OTHER_WRITE_TOKEN} name=node-b  # another node\n",
         encoding="utf-8",
     )
     path.chmod(0o600)

@@ -29,7 +29,7 @@ from attnstore.server.config import DaemonConfig, split_host_port
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
-from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore.service.admission import AdmissionConfig
 from attnstore.service.follower import FollowerStatus
 from attnstore.store.redis.urls import shown_location
 from attnstore.store.reports import RedisStats, StoreStats
@@ -202,7 +202,7 @@ class Daemon:
                 map_size=config.map_size,
                 readonly=config.readonly,
             )
-            self._service.admission = Admission(AdmissionConfig(admit_after=config.admit_after))
+            self._service.use_admission(AdmissionConfig(admit_after=config.admit_after))
         except StoreNotFoundError:
             raise StoreNotFoundError(f"no map store at {shown}; serve --create makes an empty one") from None
         except AttnStoreError:
@@ -225,9 +225,11 @@ class Daemon:
             "event=loaded store=%s namespaces=%d seconds=%.3f",
             shown, len(namespaces), time.perf_counter() - start,
         )
+        admission = self._service.admission.stats()
         log.info(
-            "event=admission admit_after=%d write_back=%s sketch_bytes=%d", config.admit_after,
-            "on" if config.admit_after else "off", self._service.admission.config.nbytes,
+            "event=admission admit_after=%d write_back=%s counts=%s sketch_bytes=%d", config.admit_after,
+            "on" if config.admit_after else "off", "shared" if admission.shared else "in_memory",
+            admission.sketch_bytes,
         )
 
     def _wait(self) -> None:

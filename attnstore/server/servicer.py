@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -36,6 +36,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import map_chunks, output_chunks
 from attnstore.protocol.write_back import row_from_pb
+from attnstore.server.auth import Caller, anonymous_caller
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.metrics import DaemonMetrics
@@ -69,10 +70,14 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     indexes while health says NOT_SERVING); until then every call is UNAVAILABLE.
     """
 
-    def __init__(self, service: AttnStoreService | None, *, limits: ServerLimits, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self, service: AttnStoreService | None, *, limits: ServerLimits, metrics: DaemonMetrics,
+        callers: Callable[[grpc.ServicerContext], Caller] = anonymous_caller,
+    ) -> None:
         self._service = service
         self._limits = limits
         self._metrics = metrics
+        self._callers = callers  # who makes a call (the auth interceptor knows its token)
         self._idle = threading.Condition()
         self._in_flight = 0
         self._ingest_slots = threading.BoundedSemaphore(limits.max_ingest_streams)
@@ -148,8 +153,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
     ) -> pb.ListNamespacesResponse:
         with self._call("ListNamespaces", context) as service:
+            caller = self._callers(context)
             return pb.ListNamespacesResponse(
-                namespaces=[namespace_to_pb(info, projector=False) for info in service.list_namespaces()]
+                namespaces=[namespace_to_pb(info, projector=False) for info in service.list_namespaces()
+                            if caller.allows(info.name)]
             )
 
     # ---- serving ------------------------------------------------------------
@@ -167,6 +174,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 maps=not request.exact_only,
                 gate=request.gate,
                 projector_version=request.projector_version or None,
+                caller=self._callers(context).key,
             )
             seconds = time.perf_counter() - start
             served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)

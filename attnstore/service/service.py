@@ -134,6 +134,12 @@ class AttnStoreService:
         self._indexes.ensure(info)
         return info
 
+    def use_admission(self, config: AdmissionConfig) -> Admission:
+        """Admit written-back rows by ``config``, counting in the store when it is shared (so every daemon
+        of a fleet sees every daemon's asks), else in this process; returns the rule now in force."""
+        self.admission = Admission(config, self._store.admission_counts(config.shape))
+        return self.admission
+
     def get_namespace(self, name: str) -> NamespaceInfo:
         """The namespace called ``name``; raises NamespaceNotFoundError."""
         return self._store.get_namespace(name)
@@ -204,6 +210,7 @@ class AttnStoreService:
         maps: bool = True,
         gate: bool = False,
         projector_version: int | None = None,
+        caller: str = "",
     ) -> list[MatchResult]:
         """Match each query: exact tier first, then the map tier.
 
@@ -218,6 +225,7 @@ class AttnStoreService:
                 ``max_distance``; every query needs its token ids.
             projector_version: the namespace's projector version the features were
                 projected with; None states none.
+            caller: who asks, for admission (each caller counts once per row; see ``admission``).
 
         Returns:
             One ``MatchResult`` per query, in order.
@@ -252,7 +260,7 @@ class AttnStoreService:
             self._store.record_hits(namespace, hit_ids)
         if exact and self.admission.enabled:
             missed = [results[row].kind != "exact" for row in range(len(queries))]
-            admitted = self.admission.observe(namespace, [q.token_hash for q in queries], missed)
+            admitted = self.admission.observe(namespace, [q.token_hash for q in queries], missed, caller)
             results.update({row: replace(results[row], admit=True) for row, yes in enumerate(admitted) if yes})
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
 

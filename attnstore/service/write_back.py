@@ -201,25 +201,21 @@ def plan_write_back(
     """
     if not admission.enabled:
         raise WriteBackOffError("this daemon runs with --admit-after 0: write-back is off, nothing was stored")
-    entries: list[NewEntry] = []
+    checked: list[NewEntry] = []
     refused: list[RefusedRow] = []
-    not_admitted = 0
     for index, row in enumerate(rows):
         try:
             if isinstance(row, AttnStoreError):
                 raise row
-            entry = check_row(index, row, info)
+            checked.append(check_row(index, row, info))
         except (MapShapeError, ProjectorChangedError, WireFormatError, ChecksumError) as exc:
             refused.append(RefusedRow(index, exc))
-            continue
-        if admission.count(info.name, entry.token_hash) < admission.config.admit_after:
-            not_admitted += 1
-            continue
-        entries.append(entry)
     if refused:
         log.info("event=write_back_rows_refused namespace=%s refused=%d first=%r", info.name, len(refused),
                  str(refused[0].error)[:200])
-    return WriteBackPlan(entries, tuple(refused), not_admitted)
+    admitted = admission.admitted(info.name, [entry.token_hash for entry in checked])
+    entries = [entry for entry, yes in zip(checked, admitted, strict=True) if yes]
+    return WriteBackPlan(entries, tuple(refused), len(checked) - len(entries))
 
 
 def summarise(

@@ -48,6 +48,7 @@ from attnstore.store.reports import (
 )
 
 if TYPE_CHECKING:
+    from attnstore.store.admission import AdmissionCounts, SketchShape
     from attnstore.store.feed import ChangeFeed
 
 
@@ -387,6 +388,11 @@ class MapStoreBase(ABC):
         A store with a feed may change behind this process's back: its users follow
         the feed to keep their indexes current and check entries still exist before serving them.
         """
+        return None
+
+    def admission_counts(self, shape: SketchShape) -> AdmissionCounts | None:
+        """Admission counts kept in the store, which every process sharing it reads (see ``admission``);
+        None for a store no other process writes (the counts then live in the process)."""
         return None
 
     def redis_stats(self) -> RedisStats | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AttnStoreError
 from attnstore.protocol.remote import exact_request
@@ -139,11 +139,13 @@ def test_a_row_computed_by_one_client_process_is_an_exact_hit_for_another(admit_
     assert stats.written_back_entries >= COUNT and stats.admit_after == 1
 
 
-def test_the_admission_threshold_is_respected(admit_second_ask: DaemonProcess) -> None:
+def test_the_admission_threshold_counts_distinct_callers(admit_second_ask: DaemonProcess) -> None:
     url = f"grpc://{admit_second_ask.target}"
     first = _child(url, WRITE_TOKEN, 2)
-    assert first["written"]["queued"] == 0  # asked once: nothing admitted
-    second = _child(url, WRITE_TOKEN, 2)
+    assert first["written"]["queued"] == 0  # asked by one caller: nothing admitted
+    again = _child(url, WRITE_TOKEN, 2)
+    assert again["written"]["queued"] == 0  # the same caller (token, host) asking again counts nothing
+    second = _child(url, OTHER_WRITE_TOKEN, 2)
     assert second["stats"]["misses"] == COUNT and second["written"]["stored"] == COUNT
     third = _child(url, WRITE_TOKEN, 2)
     assert third["stats"]["exact_hits"] == COUNT

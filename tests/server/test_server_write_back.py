@@ -4,6 +4,8 @@ tiers), stats."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from store_helpers import projector_blob, softmax_maps
 
 from attnstore.errors import AuthError, WriteBackOffError
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import exact_request, search_request
+from attnstore.protocol.remote import RemoteStore, exact_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.server.auth import TokenTable
@@ -20,8 +22,16 @@ from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.write_back import hash_token_ids
 
-READ, WRITE, ADMIN = "r" * 20, "w" * 20, "a" * 20
-TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN)))
+READ, WRITE, ADMIN, OTHER = "r" * 20, "w" * 20, "a" * 20, "o" * 20
+TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("read", OTHER)))
+
+
+@contextmanager
+def _two_callers(service: AttnStoreService) -> Iterator[tuple[RemoteStore, RemoteStore]]:
+    """A writer (write token) and another node (another token): two callers for admission."""
+    with served(service, tokens=TOKENS, client_token=WRITE) as (_, writer):
+        with RemoteStore(writer.target, token=OTHER, timeout=30.0) as other:
+            yield writer, other
 
 
 def _row(seed: int, length: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -40,17 +50,28 @@ def _ask(remote, rows) -> list[pb.Match]:
     return remote.lookup(request).matches
 
 
-def test_lookup_marks_a_miss_admit_on_its_second_ask_by_default():
+def test_lookup_marks_a_miss_admit_once_a_second_caller_asks_by_default():
     row = _row(1)
-    with served(_service()) as (_, remote):
-        assert [m.admit for m in _ask(remote, [row])] == [False]
-        assert [m.admit for m in _ask(remote, [row])] == [True]
+    with _two_callers(_service()) as (writer, other):
+        assert [m.admit for m in _ask(writer, [row])] == [False]
+        assert [m.admit for m in _ask(writer, [row])] == [False]  # the same caller again counts nothing
+        assert [m.admit for m in _ask(other, [row])] == [True]
+        assert [m.admit for m in _ask(writer, [row])] == [True]
+
+
+def test_a_writer_cannot_admit_its_own_rows_by_asking_for_them():
+    row = _row(9)
+    with _two_callers(_service()) as (writer, _):
+        for _ in range(3):
+            _ask(writer, [row])
+        reply = writer.write_back("ns", FP, [row_to_pb(*row)])
+        assert (reply.stored, reply.not_admitted) == (0, 1)
 
 
 def test_written_back_row_is_an_exact_hit_for_the_next_lookup_with_its_outputs():
     row = _row(2)
-    with served(_service()) as (_, remote):
-        _ask(remote, [row]), _ask(remote, [row])
+    with _two_callers(_service()) as (remote, other):
+        _ask(remote, [row]), _ask(other, [row])
         reply = remote.write_back("ns", FP, [row_to_pb(*row)])
         assert (reply.stored, reply.duplicates, reply.not_admitted) == (1, 0, 0)
         assert reply.bytes == row[1].size * 2
@@ -62,7 +83,7 @@ def test_written_back_row_is_an_exact_hit_for_the_next_lookup_with_its_outputs()
         assert (again.stored, again.duplicates) == (0, 1)
         stats = remote.stats()
         assert (stats.written_back_entries, stats.written_back_duplicates, stats.admit_after) == (1, 1, 2)
-        assert stats.admission_admitted == 1 and stats.admission_asked == 3
+        assert stats.admission_admitted == 1 and stats.admission_asked == 2  # a hit is not counted
 
 
 def test_rows_not_yet_admitted_are_skipped_and_counted():
@@ -80,9 +101,9 @@ def _refused(reply: pb.WriteBackResponse) -> list[tuple[int, str]]:
 
 def test_a_row_whose_outputs_disagree_with_its_tokens_is_refused_alone_and_the_others_are_stored():
     good, (ids, outputs) = _row(4), _row(5, length=6)
-    with served(_service()) as (_, remote):
-        for _ in range(2):
-            _ask(remote, [good, (ids[:5], outputs)])
+    with _two_callers(_service()) as (remote, other):
+        for caller in (remote, other):
+            _ask(caller, [good, (ids[:5], outputs)])
         reply = remote.write_back("ns", FP, [row_to_pb(ids[:5], outputs), row_to_pb(*good)])
         assert _refused(reply) == [(0, "INVALID_ARGUMENT")]
         assert "outputs shape (6, 8) disagrees with its 5 tokens" in reply.refused[0].message

@@ -37,6 +37,7 @@ from attnstore.errors import (
     StorageError,
 )
 from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import (
     MapStoreBase,
@@ -50,6 +51,7 @@ from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
 from attnstore.store.lmdb.records import EntryRecord
 from attnstore.store.redis import admin, scripts
+from attnstore.store.redis.admission import RedisCounts
 from attnstore.store.redis.catalog import Catalog
 from attnstore.store.redis.connection import RedisConnection, RedisLocation, translated
 from attnstore.store.redis.entries import decode_layers, decode_outputs, decode_record, layer_fields
@@ -136,6 +138,10 @@ class RedisMapStore(MapStoreBase):
     def change_feed(self) -> ChangeFeed:
         """See :meth:`MapStoreBase.change_feed`: every daemon on this store follows it."""
         return self._feed
+
+    def admission_counts(self, shape: SketchShape) -> RedisCounts:
+        """See :meth:`MapStoreBase.admission_counts`: every daemon on this store counts in it."""
+        return RedisCounts(self._redis, self._keys, shape)
 
     # ---- namespaces -----------------------------------------------------------
 
