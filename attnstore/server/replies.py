@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnstore.protocol.messages import layout_to_pb
+from attnstore.protocol.messages import layout_to_pb, limits_to_pb
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.prefix_wire import prefix_layout_to_pb
 from attnstore.protocol.records import NamespaceInfo
@@ -28,6 +28,7 @@ def namespace_to_pb(info: NamespaceInfo, *, projector: bool, prefix: PrefixLayou
         projector_crc32c=info.projector_crc32c,
         projector_version=info.projector_version,
         prefix=None if prefix is None else prefix_layout_to_pb(prefix),
+        limits=limits_to_pb(info.limits),
     )
 
 

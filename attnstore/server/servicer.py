@@ -27,7 +27,7 @@ from attnstore.errors import (
     UnavailableError,
     WireFormatError,
 )
-from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.messages import layout_from_pb, limits_from_pb
 from attnstore.protocol.prefix import check_prefix_request
 from attnstore.protocol.prefix_wire import prefix_chunk
 from attnstore.protocol.projector_blob import projector_metadata
@@ -129,7 +129,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if request.projector:
                 projector_metadata(request.projector)
             service.create_namespace(
-                request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
+                request.name, model=request.model, fingerprint=request.fingerprint, layout=layout,
+                limits=limits_from_pb(request),
             )
             if request.projector:
                 before = service.get_namespace(request.name).projector_version
@@ -318,7 +319,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         with self._call("WriteBack", context) as service:
             self._check_count("WriteBack", len(request.rows), "rows")
             rows = [_decoded_row(row, i) for i, row in enumerate(request.rows)]
-            result = service.write_back(request.namespace, request.fingerprint, rows)
+            result = service.write_back(request.namespace, request.fingerprint, rows,
+                                        writer=self._callers(context).name)
             self._metrics.written_back(request.namespace, result)
             log.info(
                 "event=written_back namespace=%s rows=%d stored=%d with_maps=%d duplicates=%d not_admitted=%d"
@@ -392,12 +394,12 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             for info in service.store.entries(request.namespace):
                 if not context.is_active():
                     return
-                if request.maps_only and not info.has_maps:
+                if (request.maps_only and not info.has_maps) or (request.writer and info.writer != request.writer):
                     continue
                 yield pb.StoredEntry(
                     entry_id=info.id, length=info.length, token_hash=info.token_hash,
                     token_ids=[] if info.token_ids is None else info.token_ids.tolist(),
-                    has_maps=info.has_maps, has_feature=info.feature is not None,
+                    has_maps=info.has_maps, has_feature=info.feature is not None, writer=info.writer or "",
                 )
 
     def SetFeatures(self, request: pb.SetFeaturesRequest, context: grpc.ServicerContext) -> pb.SetFeaturesResponse:

@@ -27,7 +27,7 @@ from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.projector_blob import gate_from_projector
-from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
@@ -128,9 +128,11 @@ class AttnStoreService:
 
     # ---- namespaces ---------------------------------------------------------
 
-    def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
-        """Create a namespace (idempotent for the same model, fingerprint and layout)."""
-        info = self._store.create_namespace(name, model=model, fingerprint=fingerprint, layout=layout)
+    def create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
+    ) -> NamespaceInfo:
+        """Create a namespace (idempotent for the same model, fingerprint and layout; see the store's)."""
+        info = self._store.create_namespace(name, model=model, fingerprint=fingerprint, layout=layout, limits=limits)
         self._indexes.ensure(info)
         return info
 
@@ -265,7 +267,8 @@ class AttnStoreService:
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
 
     def write_back(
-        self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow | AttnStoreError]
+        self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow | AttnStoreError], *,
+        writer: str | None = None,
     ) -> WriteBackResult:
         """Store the admitted rows, visible to every lookup at once (``service.write_back``).
 
@@ -273,16 +276,18 @@ class AttnStoreService:
         its place) is refused alone and listed in the result; the others are stored. Rows with
         maps become full entries (in the map index at once when they carry a feature), rows
         without outputs-only ones. Rows the admission rule has not admitted are skipped; rows
-        already stored count as duplicates.
+        already stored count as duplicates. New entries are recorded as ``writer``'s (the name of
+        the writing token: ``admin drop-writer`` removes them).
 
         Raises:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
-            WriteBackOffError: the admission rule turns write-back off (nothing is stored).
+            WriteBackOffError: the admission rule turns write-back off, or the namespace records no token
+                limits (nothing is stored).
             StoreFullError: the store or its disk is full (nothing is stored).
         """
         info = self.check_fingerprint(namespace, fingerprint)
         for attempt in range(_WRITE_BACK_ROUNDS):
-            plan = plan_write_back(info, rows, self.admission)
+            plan = plan_write_back(info, rows, self.admission, writer)
             featured = any(e.feature is not None for e in plan.entries)
             try:
                 # Checked again inside the write: the projector may be replaced between the check and the commit.

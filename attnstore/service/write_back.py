@@ -121,18 +121,19 @@ class WriteBackCounter:
             return WriteBackStats(*self._totals)
 
 
-def check_row(index: int, row: WrittenRow, info: NamespaceInfo) -> NewEntry:
-    """The entry to store for one row, once it agrees with its tokens and the namespace.
+def check_row(index: int, row: WrittenRow, info: NamespaceInfo, writer: str | None = None) -> NewEntry:
+    """The entry to store for one row (recorded as ``writer``'s), once it agrees with its tokens and the namespace.
 
     The store's own checks of an entry (``validate.prepare_entry``: maps are probabilities,
     causal where the namespace is; outputs and feature finite once in fp16) run here too, so
     a bad row is refused alone instead of failing the ingest of its whole call.
 
     Raises:
-        MapShapeError: a row without tokens; outputs not ``(L, hidden)``; maps not
-            ``(layers, heads, L, L)`` of the namespace layout at the row's token length; a
-            feature without maps, of another dimension than the namespace's, or in a
-            namespace without a projector; NaN/inf; maps that are not attention probabilities.
+        MapShapeError: a row without tokens, longer than the model's maximum, or with a token id
+            outside its vocabulary; outputs not ``(L, hidden)``, or constant over the hidden size;
+            maps not ``(layers, heads, L, L)`` of the namespace layout at the row's token length; a
+            feature without maps, of another dimension than the namespace's, or in a namespace
+            without a projector; NaN/inf; maps that are not attention distributions.
         ProjectorChangedError: a feature projected with another projector version than the namespace's.
     """
     layout = info.layout
@@ -145,17 +146,46 @@ def check_row(index: int, row: WrittenRow, info: NamespaceInfo) -> NewEntry:
             f"write-back row {index}: outputs shape {shown(tuple(row.outputs.shape))} disagrees with its"
             f" {length} tokens: expected ({length}, {layout.hidden})"
         )
+    _check_tokens(index, row.token_ids, info)
     if row.maps is not None and row.maps.shape != layout.map_shape(length):
         raise MapShapeError(
             f"write-back row {index}: maps shape {shown(tuple(row.maps.shape))} disagrees with its {length}"
             f" tokens or the namespace layout: expected {layout.map_shape(length)}"
         )
+    _check_outputs(index, row.outputs)
     if row.feature is not None:
         _check_feature(index, row, info)
     entry = NewEntry(maps=row.maps, token_hash=hash_token_ids(row.token_ids), outputs=row.outputs,
-                     token_ids=row.token_ids, feature=row.feature)
+                     token_ids=row.token_ids, feature=row.feature, writer=writer)
     prepare_entry(entry, layout, index, what="write-back row")
     return entry
+
+
+def _check_tokens(index: int, token_ids: np.ndarray, info: NamespaceInfo) -> None:
+    """Token ids the namespace's model could have been given: inside its vocabulary, within its length."""
+    limits = info.limits
+    assert limits is not None  # plan_write_back refuses a namespace without limits first
+    if len(token_ids) > limits.max_length:
+        raise MapShapeError(f"write-back row {index}: {len(token_ids)} tokens is over the model's maximum of"
+                            f" {limits.max_length} (namespace {info.name!r})")
+    outside = (token_ids < 0) | (token_ids >= limits.vocab_size)
+    if outside.any():
+        raise MapShapeError(f"write-back row {index}: token id {int(token_ids[outside.argmax()])} is outside the"
+                            f" vocabulary of {limits.vocab_size} (namespace {info.name!r})")
+
+
+def _check_outputs(index: int, outputs: np.ndarray) -> None:
+    """Refuse outputs no model computes: a token whose hidden state is constant (zeros, a filler value).
+
+    The numbers of a hidden state cannot be checked without the model, but a (normalised, mixed) last
+    hidden state never has every dimension equal: such a row is a placeholder, not a result.
+    """
+    if outputs.shape[-1] < 2:
+        return
+    spread = np.ptp(np.asarray(outputs, dtype=np.float32), axis=-1)  # (L,)
+    if (spread == 0).any():
+        raise MapShapeError(f"write-back row {index}: the outputs of token {int((spread == 0).argmax())} are"
+                            " constant across the hidden size: not a model's hidden state")
 
 
 def _check_feature(index: int, row: WrittenRow, info: NamespaceInfo) -> None:
@@ -187,7 +217,7 @@ class WriteBackPlan:
 
 
 def plan_write_back(
-    info: NamespaceInfo, rows: Sequence[WrittenRow | AttnStoreError], admission: Admission
+    info: NamespaceInfo, rows: Sequence[WrittenRow | AttnStoreError], admission: Admission, writer: str | None = None
 ) -> WriteBackPlan:
     """Judge each row on its own: refused (it did not decode, or fails ``check_row``), not admitted, or stored.
 
@@ -195,19 +225,27 @@ def plan_write_back(
         info: the namespace as it is now.
         rows: each row of the call, or the error decoding it raised.
         admission: the daemon's admission rule.
+        writer: the name of the token writing (recorded with each entry stored).
 
     Raises:
-        WriteBackOffError: write-back is off (``admit_after`` 0).
+        WriteBackOffError: write-back is off (``admit_after`` 0), or the namespace records no token limits
+            (it was made before they were; ``CreateNamespace`` with them records them).
     """
     if not admission.enabled:
         raise WriteBackOffError("this daemon runs with --admit-after 0: write-back is off, nothing was stored")
+    if info.limits is None:
+        raise WriteBackOffError(
+            f"namespace {info.name!r} records no vocabulary size and maximum length (it was created before they"
+            f" were recorded), so written-back token ids cannot be checked: nothing was stored. Record them with"
+            f" `attnstore admin create-namespace --model {info.model} --namespace {info.name}`"
+        )
     checked: list[NewEntry] = []
     refused: list[RefusedRow] = []
     for index, row in enumerate(rows):
         try:
             if isinstance(row, AttnStoreError):
                 raise row
-            checked.append(check_row(index, row, info))
+            checked.append(check_row(index, row, info, writer))
         except (MapShapeError, ProjectorChangedError, WireFormatError, ChecksumError) as exc:
             refused.append(RefusedRow(index, exc))
     if refused:

@@ -24,6 +24,7 @@ from attnstore.errors import (
     MapShapeError,
     NamespaceExistsError,
     ProjectorChangedError,
+    shown,
 )
 from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout, check_block
 from attnstore.protocol.projector_blob import projector_metadata, same_weights
@@ -34,6 +35,7 @@ from attnstore.protocol.records import (
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
+    TokenLimits,
     check_entry_ids,
     check_namespace_name,
 )
@@ -102,6 +104,24 @@ def projector_update(info: NamespaceInfo, blob: bytes, *, replace: bool) -> Name
     )
 
 
+def matching_namespace(existing: NamespaceInfo, wanted: NamespaceInfo) -> NamespaceInfo:
+    """What ``create_namespace`` leaves of ``existing`` when asked for ``wanted``: it, with ``wanted``'s limits
+    when it has none (the caller writes it back when it changed).
+
+    Raises:
+        NamespaceExistsError: another model, fingerprint or layout.
+    """
+    if (existing.model, existing.fingerprint, existing.layout) != (wanted.model, wanted.fingerprint, wanted.layout):
+        raise NamespaceExistsError(
+            f"namespace {wanted.name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
+            f" {existing.layout}; requested model {shown(wanted.model)}, fingerprint {shown(wanted.fingerprint)},"
+            f" {wanted.layout}"
+        )
+    if existing.limits is None and wanted.limits is not None:
+        return dataclasses.replace(existing, limits=wanted.limits)
+    return existing
+
+
 def outputs_only_feature_error(namespace: str, entry_id: int) -> MapShapeError:
     """The refusal of a feature vector for an entry that stores outputs only (``set_features``)."""
     return MapShapeError(
@@ -123,26 +143,36 @@ class MapStoreBase(ABC):
     Arrays returned by reads belong to the caller (never shared with the store).
     """
 
-    def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
+    ) -> NamespaceInfo:
         """Create a namespace, or return it if it exists with the same model, fingerprint and layout.
 
+        ``limits`` (the model's vocabulary size and maximum length, what written-back rows are
+        checked against) are recorded with a new namespace, and with an existing one that has
+        none yet (one created before they were recorded); an existing namespace keeps its own.
+
         Raises:
-            ConfigError: invalid name or layout, or an empty fingerprint.
+            ConfigError: invalid name, layout or limits, or an empty fingerprint.
             NamespaceExistsError: it exists with a different model, fingerprint or layout.
         """
         check_namespace_name(name)
         if not isinstance(layout, NamespaceLayout):
             raise ConfigError(f"create_namespace(): layout must be a NamespaceLayout, got {type(layout).__name__}")
+        if limits is not None and not isinstance(limits, TokenLimits):
+            raise ConfigError(f"create_namespace(): limits must be TokenLimits, got {type(limits).__name__}")
         if not isinstance(model, str) or not isinstance(fingerprint, str) or not fingerprint:
             raise ConfigError(
                 "create_namespace(): model and fingerprint must be strings (fingerprint non-empty),"
                 f" got {model!r}, {fingerprint!r}"
             )
-        return self._create_namespace(name, model=model, fingerprint=fingerprint, layout=layout)
+        return self._create_namespace(name, model=model, fingerprint=fingerprint, layout=layout, limits=limits)
 
     @abstractmethod
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
-        """``create_namespace`` with checked arguments."""
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
+        """``create_namespace`` with checked arguments (see :func:`matching_namespace`)."""
 
     @abstractmethod
     def get_namespace(self, name: str) -> NamespaceInfo:

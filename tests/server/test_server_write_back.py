@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from server_fixtures import FP, LAYOUT, memory_service, served
+from server_fixtures import FP, LAYOUT, LIMITS, memory_service, served
 from store_helpers import projector_blob, softmax_maps
 
 from attnstore.errors import AuthError, WriteBackOffError
@@ -17,7 +17,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.remote import RemoteStore, exact_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.write_back import row_to_pb
-from attnstore.server.auth import TokenTable
+from attnstore.server.auth import TokenTable, default_token_name
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.write_back import hash_token_ids
@@ -228,3 +228,68 @@ def test_maps_bytes_that_fail_their_crc_refuse_that_row_as_data_loss():
     with served(_service(1)) as (_, remote):
         reply = remote.write_back("ns", FP, [row])
         assert _refused(reply) == [(0, "DATA_LOSS")] and "maps fail their crc32c" in reply.refused[0].message
+
+
+# ---- the trust model: what a write token can no longer do -------------------------------------------
+
+
+def _admitted_write(service: AttnStoreService, rows: list[pb.WrittenRow]) -> pb.WriteBackResponse:
+    """Write ``rows`` back after a second caller asked for each (so admission is no obstacle)."""
+    with _two_callers(service) as (writer, other):
+        keys = [hash_token_ids(np.array(r.token_ids)) for r in rows]
+        for caller in (writer, other):
+            caller.lookup(exact_request("ns", FP, keys, [len(r.token_ids) for r in rows]))
+        return writer.write_back("ns", FP, rows)
+
+
+def test_a_decoy_with_all_zero_maps_is_refused_and_never_becomes_a_map_hit():
+    victim_ids, victim_outputs, _, victim_feature = _with_maps(20)
+    decoy_ids = np.arange(100, 105)  # the victim's length, other tokens
+    zero_maps = np.zeros((LAYOUT.layers, LAYOUT.heads, 5, 5), np.float32)
+    service = _projector_service()
+    reply = _admitted_write(service, [row_to_pb(decoy_ids, victim_outputs, zero_maps, victim_feature, 1)])
+    assert _refused(reply) == [(0, "INVALID_ARGUMENT")] and reply.stored == 0
+    assert "rows must sum to 1" in reply.refused[0].message
+    with served(service) as (_, remote):
+        batch = LookupBatch("ns", FP, victim_feature[None], [5], max_distance=1.0, projector_version=1)
+        assert remote.search(search_request(batch))[0].kind == pb.MATCH_KIND_MISS
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [(np.array([1, 2, 4_000_000_000]), r"token id 4000000000 is outside the vocabulary of 1000"),
+     (np.arange(65) % 1000, "65 tokens is over the model's maximum of 64")],
+)
+def test_token_ids_outside_the_vocabulary_or_rows_over_the_models_length_are_refused(ids, message):
+    outputs = np.random.default_rng(1).normal(size=(len(ids), LAYOUT.hidden)).astype(np.float32)
+    reply = _admitted_write(_service(1), [row_to_pb(ids, outputs)])
+    assert _refused(reply) == [(0, "INVALID_ARGUMENT")] and re.search(message, reply.refused[0].message)
+
+
+@pytest.mark.parametrize("value", [0.0, 3.5])
+def test_outputs_constant_across_the_hidden_size_are_refused(value):
+    ids = np.arange(1, 6)
+    reply = _admitted_write(_service(1), [row_to_pb(ids, np.full((5, LAYOUT.hidden), value, np.float32))])
+    assert _refused(reply) == [(0, "INVALID_ARGUMENT")] and "constant" in reply.refused[0].message
+
+
+def test_a_namespace_without_recorded_limits_takes_no_write_back_until_they_are_recorded():
+    service = _service(1)
+    service.create_namespace("old", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)  # made before limits
+    row = _row(21)
+    with served(service) as (_, remote):
+        remote.lookup(exact_request("old", FP, [hash_token_ids(row[0])], [5]))
+        with pytest.raises(WriteBackOffError, match="records no vocabulary size"):
+            remote.write_back("old", FP, [row_to_pb(*row)])
+        remote.create_namespace("old", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, limits=LIMITS)
+        assert remote.get_namespace("old").limits.vocab_size == 1000
+        assert remote.write_back("old", FP, [row_to_pb(*row)]).stored == 1
+
+
+def test_written_entries_are_recorded_with_their_writers_name():
+    row = _row(22)
+    service = _service()
+    reply = _admitted_write(service, [row_to_pb(*row)])
+    assert reply.stored == 1
+    (entry,) = service.store.entries("ns")
+    assert entry.writer == default_token_name(WRITE)

@@ -125,6 +125,7 @@ def write_entry(
         outputs_crc=outputs_crc,
         feature=entry.feature,
         token_ids=entry.token_ids,
+        writer=entry.writer,
     )
     txn.put(entry_key(name, entry_id), record.to_bytes(), db=db.entries)
     txn.put(hash_key(name, entry.token_hash), encode_u64(entry_id), db=db.hashes)

@@ -30,7 +30,15 @@ from attnstore.errors import (
     StoreOpenError,
     shown,
 )
-from attnstore.protocol.records import FORMAT_VERSION, EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import (
+    FORMAT_VERSION,
+    EntryInfo,
+    EntryRef,
+    NamespaceInfo,
+    NamespaceLayout,
+    NewEntry,
+    TokenLimits,
+)
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
 from attnstore.store.hit_buffer import HitBuffer
@@ -190,9 +198,11 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
 
     # ---------------------------------------------------------------- namespaces
 
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
-        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
+        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None, limits=limits)
         with self._live.write() as (gen, txn):
             info = create_or_match(self._catalog, txn, gen.db, wanted)
         if info is wanted:

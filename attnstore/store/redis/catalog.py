@@ -17,8 +17,15 @@ import json
 import threading
 import time
 
-from attnstore.errors import FormatVersionError, NamespaceExistsError, NamespaceNotFoundError, StoreNotFoundError
-from attnstore.protocol.records import FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout
+from attnstore.errors import FormatVersionError, NamespaceNotFoundError, StoreNotFoundError
+from attnstore.protocol.records import (
+    FORMAT_VERSION,
+    SUPPORTED_FORMAT_VERSIONS,
+    NamespaceInfo,
+    NamespaceLayout,
+    TokenLimits,
+)
+from attnstore.store.base import matching_namespace
 from attnstore.store.redis import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
@@ -131,13 +138,15 @@ class Catalog:
                 found.append(self._with_projector(name, raw))
         return found
 
-    def create(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def create(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
+    ) -> NamespaceInfo:
         """Create a namespace, or return it if it exists alike (see ``MapStoreBase.create_namespace``).
 
         Its record is written first and its name listed second: a crash in between leaves a namespace
         that works but is not listed, and the next create of the same name lists it.
         """
-        info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
+        info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None, limits=limits)
         keys = self._keys.namespace(name)
         self.forget(name)
         with translated(f"creating namespace {name!r}"):
@@ -148,12 +157,12 @@ class Catalog:
             self._redis.client.hset(self._keys.namespaces, name, repr(existing.created))
         if not found:
             return info
-        if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
-            return existing
-        raise NamespaceExistsError(
-            f"namespace {name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-            f" {existing.layout}; requested model {model!r}, fingerprint {fingerprint!r}, {layout}"
-        )
+        matched = matching_namespace(existing, info)
+        if matched is not existing:  # limits recorded on a namespace made before them; lost to a race: kept as found
+            with translated(f"recording the limits of namespace {name!r}"):
+                self._redis.eval(scripts.SET_IF_EQUAL, [keys.info], [bytes(found), json.dumps(matched.to_json_dict())])
+            self.forget(name)
+        return matched
 
     def set_projector(self, name: str, before: bytes, after: NamespaceInfo, *, drop_features: bool) -> bool:
         """Store ``after`` (with its projector blob) if the namespace's record is still ``before``.

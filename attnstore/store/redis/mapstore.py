@@ -36,7 +36,7 @@ from attnstore.errors import (
     ReadOnlyStoreError,
     StorageError,
 )
-from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import (
@@ -145,10 +145,12 @@ class RedisMapStore(MapStoreBase):
 
     # ---- namespaces -----------------------------------------------------------
 
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
         self._check_writable()
-        return self._catalog.create(name, model=model, fingerprint=fingerprint, layout=layout)
+        return self._catalog.create(name, model=model, fingerprint=fingerprint, layout=layout, limits=limits)
 
     def get_namespace(self, name: str) -> NamespaceInfo:
         """See :meth:`MapStoreBase.get_namespace`."""
