@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -34,11 +33,12 @@ from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.protocol.wire import map_chunks, output_chunks
+from attnstore.protocol.wire import output_chunks
 from attnstore.protocol.write_back import row_from_pb
 from attnstore.server.auth import Caller, anonymous_caller
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
+from attnstore.server.map_streams import MapRow, layer_chunks, row_stream
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb
 from attnstore.service import ROW_ERRORS, AttnStoreService, Query
@@ -52,15 +52,6 @@ def _decoded_row(row: pb.WrittenRow, index: int) -> WrittenRow | AttnStoreError:
         return WrittenRow(*row_from_pb(row, index))
     except (WireFormatError, ChecksumError) as exc:
         return exc
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One hit row to stream maps for."""
-
-    query_index: int
-    entry_id: int
-    length: int | None  # crop length (the query's); None: the stored length
 
 
 class AttnStoreServicer(pb_grpc.AttnStoreServicer):
@@ -192,11 +183,11 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if not request.want_maps:
                 return
             rows = [
-                _Row(i, int(r.entry_id), request.queries[i].length)
+                MapRow(i, int(r.entry_id), request.queries[i].length)
                 for i, r in enumerate(results)
                 if r.kind == "map" and r.entry_id is not None
             ]
-            yield from self._row_stream(service, namespace, rows, context)
+            yield from row_stream(service, self._metrics, namespace, rows, context)
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
         with self._call("Search", context) as service:
@@ -224,10 +215,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             # Unknown ids end the call before any chunk is sent.
             stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
             rows = [
-                _Row(i, int(entry_id), request.length or length)
+                MapRow(i, int(entry_id), request.length or length)
                 for i, (entry_id, length) in enumerate(zip(request.entry_ids, stored, strict=True))
             ]
-            for chunk in self._layer_chunks(service, request.namespace, rows, context, drop_failed_rows=False):
+            for chunk in layer_chunks(service, self._metrics, request.namespace, rows, context, drop_failed_rows=False):
                 assert isinstance(chunk, pb.MapChunk)  # without drop_failed_rows a failed read raises instead
                 yield chunk
 
@@ -235,8 +226,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         with self._call("FetchMaps", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
             self._check_count("FetchMaps", len(request.rows), "rows")
-            rows = [_Row(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
-            yield from self._row_stream(service, request.namespace, rows, context)
+            rows = [MapRow(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
+            yield from row_stream(service, self._metrics, request.namespace, rows, context)
 
     def PrefixMatch(self, request: pb.PrefixMatchRequest, context: grpc.ServicerContext) -> pb.PrefixMatchResponse:
         with self._call("PrefixMatch", context) as service:
@@ -443,70 +434,6 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             )
             for q in queries
         ]
-
-    def _row_stream(
-        self, service: AttnStoreService, namespace: str, rows: list[_Row], context: grpc.ServicerContext
-    ) -> Iterator[pb.LookupResponse]:
-        """The maps of ``rows`` as LookupResponse messages: chunks, and a RowError for a row that cannot be served."""
-        for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
-            if isinstance(chunk_or_error, pb.RowError):
-                self._metrics.row_error(namespace, chunk_or_error.code)
-                yield pb.LookupResponse(error=chunk_or_error)
-            else:
-                yield pb.LookupResponse(chunk=chunk_or_error)
-
-    def _layer_chunks(
-        self,
-        service: AttnStoreService,
-        namespace: str,
-        rows: list[_Row],
-        context: grpc.ServicerContext,
-        *,
-        drop_failed_rows: bool,
-    ) -> Iterator[pb.MapChunk | pb.RowError]:
-        """Map chunks of ``rows`` in layer order: layer 0 of every row, then layer 1, ...
-
-        A row whose entry cannot be read yields one RowError and nothing more when
-        ``drop_failed_rows``; otherwise the error ends the call.
-        """
-        if not rows:
-            return
-        layers = service.get_namespace(namespace).layout.layers
-        live = list(rows)
-        for layer in range(layers):
-            if not context.is_active():
-                return
-            # Rows of one batch often hit the same popular entry: read each (entry, crop) once per layer.
-            read: dict[tuple[int, int | None], np.ndarray | AttnStoreError] = {}
-            for row in list(live):
-                key = (row.entry_id, row.length)
-                if key not in read:
-                    start = time.perf_counter()
-                    try:
-                        # (heads, L, L), cropped to the query's length
-                        read[key] = service.read_layer(namespace, row.entry_id, layer, length=row.length)
-                    except ROW_ERRORS as exc:
-                        if not drop_failed_rows:
-                            raise
-                        read[key] = exc
-                        log.warning(
-                            "event=row_dropped namespace=%s entry=%d layer=%d error=%r",
-                            namespace, row.entry_id, layer, exc,
-                        )
-                    else:
-                        self._metrics.fetched(time.perf_counter() - start)
-                maps = read[key]
-                if isinstance(maps, AttnStoreError):
-                    live.remove(row)
-                    code, message = status_for(maps)
-                    yield pb.RowError(
-                        query_index=row.query_index, entry_id=row.entry_id, code=code.name, message=message
-                    )
-                    continue
-                self._metrics.streamed("maps", maps.nbytes)
-                yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
-        # Every layer went out: repeated hits earn a place in the DRAM tier (its admission policy).
-        service.maps_served(namespace, sorted({row.entry_id for row in live}))
 
     @contextmanager
     def _ingest_slot(self) -> Iterator[None]:

@@ -21,7 +21,6 @@ from attnstore.errors import (
     FingerprintMismatchError,
     MapShapeError,
     NamespaceNotReadyError,
-    ProjectorChangedError,
 )
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
@@ -30,24 +29,21 @@ from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
-from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
-from attnstore.service.follower import FollowerStatus, IndexFollower
+from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
+from attnstore.service.monitoring import ServiceMonitoring
 from attnstore.service.prefix_tier import prefix_matches, read_prefix
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
-from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, plan_write_back, summarise
+from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
 from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
-from attnstore.store.reports import FeaturesReport, PrefetchReport, RedisStats
-
-# A write-back is judged against the namespace as it is; a projector replaced before the commit judges it again.
-_WRITE_BACK_ROUNDS = 3
+from attnstore.store.reports import FeaturesReport, PrefetchReport
 
 
-class AttnStoreService:
+class AttnStoreService(ServiceMonitoring):
     """A map store with its vector indexes; thread-safe.
 
     Reads of maps go straight to the store (many threads at once); index
@@ -285,24 +281,13 @@ class AttnStoreService:
                 limits (nothing is stored).
             StoreFullError: the store or its disk is full (nothing is stored).
         """
-        info = self.check_fingerprint(namespace, fingerprint)
-        for attempt in range(_WRITE_BACK_ROUNDS):
-            plan = plan_write_back(info, rows, self.admission, writer)
-            featured = any(e.feature is not None for e in plan.entries)
-            try:
-                # Checked again inside the write: the projector may be replaced between the check and the commit.
-                report = self.ingest(namespace, fingerprint, plan.entries,
-                                     projector_version=info.projector_version if featured else None
-                                     ) if plan.entries else IngestResult([], 0)
-            except ProjectorChangedError:
-                if attempt + 1 == _WRITE_BACK_ROUNDS:
-                    raise
-                info = self.check_fingerprint(namespace, fingerprint)  # the new version refuses the stale rows
-                continue
-            result = summarise(info, plan, report.entry_ids, report.added, report.duplicates)
-            self.write_backs.add(result)
-            return result
-        raise AssertionError("unreachable: the last round returns or raises")
+        result = write_rows(
+            lambda: self.check_fingerprint(namespace, fingerprint),
+            lambda entries, version: self.ingest(namespace, fingerprint, entries, projector_version=version),
+            rows, self.admission, writer,
+        )
+        self.write_backs.add(result)
+        return result
 
     def read_exact_outputs(
         self, namespace: str, results: Sequence[MatchResult], on_read: Callable[[float], None] | None = None
@@ -450,24 +435,6 @@ class AttnStoreService:
         """Rebuild every namespace's index from the stored feature vectors."""
         self._indexes.rebuild()
 
-    def storage_fault(self) -> str | None:
-        """Why the store's storage can no longer be trusted, or None (see ``MapStoreBase.storage_fault``)."""
-        return self._store.storage_fault()
-
-    def dead_threads(self) -> list[str]:
-        """Names of the store's and the index follower's background threads that have died."""
-        dead = self._store.dead_threads()
-        if self._follower is not None and not self._follower.alive:
-            dead.append(FOLLOWER_THREAD)
-        return dead
-
-    def background_errors(self) -> dict[str, int]:
-        """Unexpected errors the store's and the index follower's background threads caught and survived."""
-        errors = self._store.background_errors()
-        if self._follower is not None:
-            errors[FOLLOWER_THREAD] = self._follower.status().errors
-        return errors
-
     def verify(self) -> VerifyReport:
         """Check every stored chunk against its checksum."""
         return self._store.verify()
@@ -475,14 +442,6 @@ class AttnStoreService:
     def stats(self) -> StoreStats:
         """Store statistics (entries, bytes, codec ratios, DRAM tier, evictions)."""
         return self._store.stats()
-
-    def follower_status(self) -> FollowerStatus | None:
-        """How current the indexes are with a shared store's log; None for a store no one else writes."""
-        return None if self._follower is None else self._follower.status()
-
-    def redis_stats(self) -> RedisStats | None:
-        """See :meth:`MapStoreBase.redis_stats`."""
-        return self._store.redis_stats()
 
     def close(self) -> None:
         """Stop following the store's log, close the store (flushes hit counters). Idempotent."""

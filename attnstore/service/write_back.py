@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,10 +43,14 @@ from attnstore.errors import (
 )
 from attnstore.protocol.records import NamespaceInfo, NewEntry
 from attnstore.service.admission import Admission
+from attnstore.service.queries import IngestResult
 from attnstore.store.base import check_projector_version
 from attnstore.store.validate import prepare_entry
 
 log = logging.getLogger(__name__)
+
+# A write-back is judged against the namespace as it is; a projector replaced before the commit judges it again.
+_WRITE_BACK_ROUNDS = 3
 
 
 def hash_token_ids(token_ids: np.ndarray) -> bytes:
@@ -272,3 +276,39 @@ def summarise(
     output_bytes = sum(layout.outputs_nbytes(n) for n in lengths)
     return WriteBackResult(len(new), duplicates, plan.not_admitted, output_bytes + map_bytes,
                            sum(e.maps is not None for e in new), map_bytes, plan.refused)
+
+
+def write_rows(
+    namespace_now: Callable[[], NamespaceInfo],
+    ingest: Callable[[list[NewEntry], int | None], IngestResult],
+    rows: Sequence[WrittenRow | AttnStoreError],
+    admission: Admission,
+    writer: str | None,
+) -> WriteBackResult:
+    """Judge ``rows`` (``plan_write_back``) and store the admitted ones with ``ingest``; see
+    ``AttnStoreService.write_back``.
+
+    Args:
+        namespace_now: the namespace as it is now (checking the caller's fingerprint).
+        ingest: stores entries, checking the projector version given (None: none) inside its write.
+        rows, admission, writer: see ``plan_write_back``.
+
+    Raises:
+        WriteBackOffError: see ``plan_write_back``; and whatever ``namespace_now`` and ``ingest`` raise for
+            the whole call (the namespace, its fingerprint, a full store).
+    """
+    info = namespace_now()
+    for attempt in range(_WRITE_BACK_ROUNDS):
+        plan = plan_write_back(info, rows, admission, writer)
+        featured = any(e.feature is not None for e in plan.entries)
+        try:
+            # Checked again inside the write: the projector may be replaced between the check and the commit.
+            report = ingest(plan.entries, info.projector_version if featured else None) if plan.entries \
+                else IngestResult([], 0)
+        except ProjectorChangedError:
+            if attempt + 1 == _WRITE_BACK_ROUNDS:
+                raise
+            info = namespace_now()  # the new version refuses the stale rows one by one
+            continue
+        return summarise(info, plan, report.entry_ids, report.added, report.duplicates)
+    raise AssertionError("unreachable: the last round returns or raises")
