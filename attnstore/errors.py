@@ -81,6 +81,11 @@ class StorageError(AttnStoreError, OSError):
     """The store's storage failed under a call (an I/O error); details are in the log."""
 
 
+class StoreUnsafeError(AttnStoreError, RuntimeError):
+    """The store cannot take writes now: Redis lost the store's data (its marker is gone), or runs a maxmemory
+    policy that evicts more than entries. Writes are taken again once the cause is fixed."""
+
+
 class StoreDamagedError(StorageError):
     """The store's database structure is damaged (LMDB found a page of the wrong kind, or none, or an
     unreadable record): restore the store from a backup. ``verify`` lists what it can reach."""

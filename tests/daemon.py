@@ -41,6 +41,7 @@ class DaemonProcess(ServeProcess):
         extra_args: more ``serve`` arguments.
         port: the loopback port (0: a free one).
         client_options: RemoteStore options every client of it needs (TLS roots, client certificate).
+        create: serve with ``--create``.
     """
 
     def __init__(
@@ -52,12 +53,13 @@ class DaemonProcess(ServeProcess):
         extra_args: tuple[str, ...] = (),
         port: int = 0,
         client_options: dict[str, object] | None = None,
+        create: bool = True,
     ) -> None:
         self.token_file = write_token_file(workdir / "tokens.txt") if tokens else None
         args = ["--metrics-port", "0", "--grace", "1", *extra_args]
         if self.token_file is not None:
             args += ["--token-file", str(self.token_file)]
-        super().__init__(store, workdir, args=args, port=port, client_options=client_options)
+        super().__init__(store, workdir, args=args, port=port, client_options=client_options, create=create)
 
     def client(self, token: str | None = ADMIN_TOKEN, **options: object) -> RemoteStore:
         """A RemoteStore on the daemon (admin token by default)."""

@@ -100,6 +100,9 @@ class Daemon:
         self._server: AttnStoreServer | None = None
         self._degraded = False  # a background thread died: health stays NOT_SERVING until restart
         self._watchdog_errors = 0  # unexpected errors of the watchdog's own checks (logged; it goes on)
+        self._serving = True  # what health says while not degraded (see _watch_store)
+        self._problem: str | None = None  # why the store takes no writes now, as last reported
+        self._resets_seen = 0  # store resets the watchdog has reported
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (safe from a signal handler or another thread)."""
@@ -239,6 +242,7 @@ class Daemon:
                 self._reload_tokens()
             try:
                 self._watch_threads()
+                self._watch_store()
             except Exception as exc:
                 # The watchdog's checks read the store; a bug there must not end the loop that drains the daemon.
                 self._watchdog_errors += 1
@@ -271,6 +275,31 @@ class Daemon:
                 " calls are still answered meanwhile'",
                 ",".join(dead),
             )
+
+    def _watch_store(self) -> None:
+        """Health follows what passes without a restart: a store replaced under the daemon (one tick
+        NOT_SERVING, its caches dropped and its indexes rebuilt meanwhile) and a store that takes no writes
+        (its marker gone, an unsafe eviction policy: NOT_SERVING while it lasts)."""
+        service, server = self._service, self._server
+        if self._degraded or service is None or server is None:
+            return
+        status = service.follower_status()
+        resets = 0 if status is None else status.resets
+        reset, self._resets_seen = resets > self._resets_seen, resets
+        if reset:
+            log.error("event=store_reset health=NOT_SERVING detail='the store was replaced under this daemon (Redis"
+                      " lost its data?): every cache and index of the old one was dropped and rebuilt'")
+        problem = service.serving_problem()
+        if problem != self._problem:
+            self._problem = problem
+            if problem is not None:
+                log.error("event=store_unsafe health=NOT_SERVING detail='%s'", problem)
+            else:
+                log.warning("event=store_sound health=SERVING detail='the store takes writes again'")
+        serving = problem is None and not reset
+        if serving != self._serving:
+            self._serving = serving
+            server.set_serving(serving)
 
     def _reload_tokens(self) -> None:
         config, server = self._config, self._server

@@ -108,6 +108,8 @@ REDIS_METRIC_NAMES: tuple[str, ...] = (
     "attnstore_redis_gave_up",
     "attnstore_redis_used_memory_bytes",
     "attnstore_redis_maxmemory_bytes",
+    "attnstore_redis_store_resets",
+    "attnstore_redis_store_unsafe",
 )
 
 
@@ -162,6 +164,16 @@ class _SharedStoreCollector(Collector):
         yield CounterMetricFamily(
             "attnstore_redis_gave_up", "Redis calls still failing after the failover wait (answered UNAVAILABLE)",
             value=redis.retries.gave_up,
+        )
+        yield CounterMetricFamily(
+            "attnstore_redis_store_resets",
+            "Times the Redis store was found replaced (its data lost): caches and indexes dropped and rebuilt",
+            value=redis.resets,
+        )
+        yield GaugeMetricFamily(
+            "attnstore_redis_store_unsafe",
+            "1 while writes are refused: the store's marker is gone, or Redis runs an allkeys-* maxmemory policy",
+            value=1 if redis.unsafe else 0,
         )
         used = GaugeMetricFamily(
             "attnstore_redis_used_memory_bytes", "used_memory of each Redis primary", labels=["node"]

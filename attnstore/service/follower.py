@@ -32,6 +32,7 @@ class FollowerStatus:
     failed_reads: int  # reads of the log that failed (Redis unreachable or failing over)
     skipped_records: int = 0  # log records that did not decode: skipped, their namespace's index rebuilt
     errors: int = 0  # steps that failed unexpectedly (a bug: logged with its traceback; the next step runs)
+    resets: int = 0  # times the store was found replaced (its data lost and made anew): every index rebuilt
 
 
 class IndexFollower:
@@ -56,7 +57,7 @@ class IndexFollower:
     def status(self) -> FollowerStatus:
         """How current the indexes are now."""
         return FollowerStatus(time.monotonic() - self._last_read, self._applied, self._failed,
-                              self._indexes.skipped_records, self._errors)
+                              self._indexes.skipped_records, self._errors, self._indexes.resets)
 
     @property
     def alive(self) -> bool:

@@ -64,6 +64,9 @@ class NamespaceIndexes:
         self._positions: dict[str, str] = {}  # namespace -> its log position its index includes (with a feed)
         self._created: dict[str, float] = {}  # namespace -> created time of the namespace its index is of
         self._catalog_version = "" if self._feed is None else self._feed.catalog_version()
+        # The store these indexes were built from (see ChangeFeed.store_identity); a new one rebuilds them all.
+        self._identity = None if self._feed is None else self._feed.store_identity()
+        self.resets = 0  # times the store was found replaced and every index rebuilt (the follower's step)
         self._indexes: dict[str, BucketedIndex] = {info.name: self._build(info) for info in store.list_namespaces()}
 
     def ensure(self, info: NamespaceInfo) -> None:
@@ -141,8 +144,9 @@ class NamespaceIndexes:
     def follow(self) -> int:
         """Apply what the store's change feed logged since the last call; returns the changes applied.
 
-        New namespaces get an index, dropped (or dropped and made again) ones lose theirs, and a
-        namespace whose position the log no longer holds is rebuilt. Does nothing without a feed.
+        New namespaces get an index, dropped (or dropped and made again) ones lose theirs, a
+        namespace whose position the log no longer holds is rebuilt, and a store replaced under this
+        process (its identity changed) has every index rebuilt. Does nothing without a feed.
 
         Raises:
             UnavailableError: the store cannot be reached (the next call catches up).
@@ -153,6 +157,10 @@ class NamespaceIndexes:
             return self._follow(self._feed)
 
     def _follow(self, feed: ChangeFeed) -> int:
+        identity = feed.store_identity()
+        if identity != self._identity:
+            self._reset(feed, identity)
+            return 0
         version = feed.catalog_version()
         if version != self._catalog_version:
             current = {info.name: info for info in self._store.list_namespaces()}
@@ -191,6 +199,19 @@ class NamespaceIndexes:
                 self._positions[name] = batch.position
             applied += len(batch.changes)
         return applied
+
+    def _reset(self, feed: ChangeFeed, identity: str | None) -> None:
+        """Rebuild every index of a store that was replaced: nothing of the old one's may be searched (its
+        ids now name other entries), nor followed (its log positions mean nothing in the new log)."""
+        log.error("event=indexes_reset identity=%s detail='the store was replaced: every index is rebuilt from it'",
+                  identity)
+        with self._swapping(replace=True) as fresh:
+            self._positions.clear()
+            self._created.clear()
+            fresh.update({info.name: self._build(info) for info in self._store.list_namespaces()})
+        self._catalog_version = feed.catalog_version()
+        self._identity = identity
+        self.resets += 1
 
     def remove(self, removed: Mapping[str, Iterable[int]]) -> None:
         """Take deleted or evicted entries out of their namespaces' indexes (unknown ids are ignored)."""

@@ -19,6 +19,10 @@ class ServiceMonitoring:
     _store: MapStoreBase
     _follower: IndexFollower | None
 
+    def serving_problem(self) -> str | None:
+        """Why the store takes no writes now, while it lasts (see ``MapStoreBase.serving_problem``), or None."""
+        return self._store.serving_problem()
+
     def storage_fault(self) -> str | None:
         """Why the store's storage can no longer be trusted, or None (see ``MapStoreBase.storage_fault``)."""
         return self._store.storage_fault()

@@ -437,6 +437,11 @@ class MapStoreBase(ABC):
         """Unexpected errors each background thread caught and survived, by thread name; none by default."""
         return {}
 
+    def serving_problem(self) -> str | None:
+        """Why the store takes no writes now, while it lasts (a shared store lost its data, or its server
+        evicts more than entries), or None; unlike a storage fault it passes without a restart."""
+        return None
+
     def storage_fault(self) -> str | None:
         """Why the store's storage can no longer be trusted (its directory was removed, its database is
         damaged), or None while it is sound; a store with a fault needs a restart on sound storage."""

@@ -105,6 +105,15 @@ class ChangeFeed(ABC):
         """A token that changes whenever a namespace is created, dropped or given a projector."""
 
     @abstractmethod
+    def store_identity(self) -> str | None:
+        """Read the store's identity again; None while the store is lost.
+
+        It changes when the store was replaced under this process (its data lost, and the
+        store made anew): ids may then be reused, so the store drops everything it cached of
+        the old one, and the caller must rebuild its indexes from scratch.
+        """
+
+    @abstractmethod
     def missing(self, namespace: str, ids: Sequence[int]) -> list[int]:
         """The ids among ``ids`` no longer stored (one read for the lot).
 

@@ -116,8 +116,10 @@ class HotMaps:
         self._dram.discard((namespace, int(i)) for i in ids)
 
     def clear(self) -> None:
-        """Forget every entry."""
+        """Forget every entry (also those served once: their ids may stand for other entries now)."""
         self._dram.clear()
+        with self._served_lock:
+            self._served_once.clear()
 
     def stats(self) -> DramStats:
         """Usage of the DRAM tier."""

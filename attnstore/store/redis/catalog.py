@@ -29,6 +29,7 @@ from attnstore.store.base import matching_namespace
 from attnstore.store.redis import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
+from attnstore.store.redis.watch import marker_identity, new_marker
 
 INFO_SECONDS = 0.25  # another daemon's namespace change is seen this late at most (as the index follower's bound)
 
@@ -61,10 +62,9 @@ class Catalog:
         self._lock = threading.Lock()
         self._projectors: dict[str, tuple[tuple[float, int], bytes | None]] = {}  # name -> ((created, version), blob)
         self._infos: dict[str, tuple[float, bytes | None]] = {}  # name -> (monotonic time read, record)
-        marker = json.dumps({"format_version": FORMAT_VERSION, "created": time.time()})
         with translated("opening the store"):
             if create:
-                connection.client.set(keys.store, marker, nx=True)
+                connection.client.set(keys.store, new_marker(), nx=True)
             raw = connection.client.get(keys.store)
         if raw is None:
             raise StoreNotFoundError(
@@ -74,6 +74,7 @@ class Catalog:
         version = json.loads(raw)["format_version"]
         if version not in SUPPORTED_FORMAT_VERSIONS:
             raise _unknown_format(f"the store at {connection.location.display}", version)
+        self.identity = marker_identity(bytes(raw))  # of the store as opened (see ``watch``)
 
     def raw_info(self, name: str, *, fresh: bool = False) -> bytes | None:
         """The namespace's stored record (JSON), or None; read again unless read within ``INFO_SECONDS``."""
@@ -94,6 +95,12 @@ class Catalog:
         with self._lock:
             self._infos.pop(name, None)
             self._projectors.pop(name, None)
+
+    def forget_all(self) -> None:
+        """Drop what is cached of every namespace (the store was replaced under this process)."""
+        with self._lock:
+            self._infos.clear()
+            self._projectors.clear()
 
     def get(self, name: str) -> NamespaceInfo:
         """The namespace called ``name``, with its projector.

@@ -57,17 +57,20 @@ class RedisChangeFeed(ChangeFeed):
         catalog: the store's namespaces.
         forget_missing: returns the given ids whose entries are gone, unregistering them (the store's).
         on_removed: called with the ids a log says were removed (the store's DRAM tier forgets them).
+        check_store: reads the store's identity again, the store dropping its caches when it changed.
     """
 
     def __init__(
         self, connection: RedisConnection, keys: StoreKeys, catalog: Catalog,
         forget_missing: Callable[[str, Sequence[int]], list[int]], on_removed: Callable[[str, Iterable[int]], None],
+        check_store: Callable[[], str | None],
     ) -> None:
         self._redis = connection
         self._keys = keys
         self._catalog = catalog
         self._forget_missing = forget_missing
         self._on_removed = on_removed
+        self._check_store = check_store
 
     def index_state(self, namespace: str) -> IndexState:
         """See :meth:`ChangeFeed.index_state`: the features hash, read after noting the log's last id."""
@@ -124,6 +127,10 @@ class RedisChangeFeed(ChangeFeed):
         with translated("reading the catalog"):
             listed = self._redis.client.hgetall(self._keys.namespaces)
         return ",".join(sorted(f"{bytes(k).decode()}={bytes(v).decode()}" for k, v in listed.items()))
+
+    def store_identity(self) -> str | None:
+        """See :meth:`ChangeFeed.store_identity`: the store marker's id (``store.redis.watch``)."""
+        return self._check_store()
 
     def missing(self, namespace: str, ids: Sequence[int]) -> list[int]:
         """See :meth:`ChangeFeed.missing`."""
