@@ -22,6 +22,7 @@ from attnstore.errors import (
     AttnStoreError,
     ChecksumError,
     MapShapeError,
+    PrefixBlockError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
@@ -255,12 +256,13 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     except ROW_ERRORS as exc:
                         # A corrupt or vanished block loses this row only; the client computes it.
                         failed.add(row)
-                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d error=%r",
-                                    request.namespace, row, chunk, exc)
+                        block = exc.block if isinstance(exc, PrefixBlockError) else None
+                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d block=%s error=%s",
+                                    request.namespace, row, chunk, block, exc)
                         code, message = status_for(exc)
                         self._metrics.row_error(request.namespace, code.name)
-                        yield pb.PrefixChunk(row=row, chunk=chunk,
-                                             error=pb.RowError(query_index=row, code=code.name, message=message))
+                        error = pb.RowError(query_index=row, code=code.name, message=message, block=block)
+                        yield pb.PrefixChunk(row=row, chunk=chunk, error=error)
                         continue
                     self._metrics.streamed("prefix", array.nbytes)
                     yield prefix_chunk(row, chunk, array)

@@ -17,12 +17,18 @@ answered; otherwise they live in this process and a restart starts them afresh
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ConfigError, StorageError, StoreFullError
 from attnstore.store.admission import AdmissionCounts, MemoryCounts, SketchShape
+
+log = logging.getLogger(__name__)
+
+_LOG_SECONDS = 30.0  # a store that keeps refusing the counts is reported this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,7 @@ class AdmissionStats:
     windows: int  # windows this daemon turned (counts older than two windows are forgotten)
     sketch_bytes: int  # memory of the counts (in the store, per namespace, when shared)
     shared: bool  # the counts live in the store every daemon of the fleet reads
+    failed: int = 0  # lookups whose asks could not be counted (a full or failing shared store): none admitted
 
 
 class Admission:
@@ -63,6 +70,8 @@ class Admission:
         self._lock = threading.Lock()
         self._asked = 0
         self._admitted = 0
+        self._failed = 0  # lookups whose asks could not be counted (a full or failing shared store)
+        self._failure_logged = float("-inf")
 
     @property
     def enabled(self) -> bool:
@@ -87,13 +96,30 @@ class Admission:
         admitted = [False] * len(token_hashes)
         if not rows or not self.enabled:
             return admitted
-        counts = self._counts.observe(namespace, [token_hashes[i] or b"" for i in rows], caller)
+        try:
+            counts = self._counts.observe(namespace, [token_hashes[i] or b"" for i in rows], caller)
+        except (StoreFullError, StorageError) as exc:
+            # Counting writes to a shared store: a full or failing one costs these rows their admission,
+            # never the lookup its answer (reads go on when Redis is full).
+            self._count_failed(namespace, exc)
+            return admitted
         for i, count in zip(rows, counts, strict=True):
             admitted[i] = count >= self.config.admit_after
         with self._lock:
             self._asked += len(rows)
             self._admitted += sum(admitted)
         return admitted
+
+    def _count_failed(self, namespace: str, exc: Exception) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._failed += 1
+            due = now - self._failure_logged >= _LOG_SECONDS
+            if due:
+                self._failure_logged = now
+        if due:
+            log.warning("event=admission_not_counted namespace=%s failed=%d error=%s detail='rows are not admitted"
+                        " while the store refuses the counts'", namespace, self._failed, exc)
 
     def admitted(self, namespace: str, token_hashes: Sequence[bytes]) -> list[bool]:
         """Whether each row is admitted now (counting nothing): what a WriteBack is judged on.
@@ -113,4 +139,4 @@ class Admission:
         """Counters since start."""
         with self._lock:
             return AdmissionStats(self._asked, self._admitted, self._counts.windows, self._counts.shape.nbytes,
-                                  self._shared)
+                                  self._shared, self._failed)

@@ -21,6 +21,7 @@ from attnstore.errors import (
     FingerprintMismatchError,
     MapShapeError,
     NamespaceNotReadyError,
+    PrefixBlockCorruptError,
 )
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
@@ -33,7 +34,7 @@ from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.monitoring import ServiceMonitoring
-from attnstore.service.prefix_tier import prefix_matches, read_prefix
+from attnstore.service.prefix_tier import PrefixCuts, prefix_matches, read_prefix
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
@@ -75,6 +76,7 @@ class AttnStoreService(ServiceMonitoring):
         # cannot write back, and should not pay for counting); the daemon sets its --admit-after rule.
         self.admission = Admission(AdmissionConfig(admit_after=0))
         self.write_backs = WriteBackCounter()
+        self._prefix_cuts = PrefixCuts()  # prefix blocks found unservable: chains end before them
 
     @classmethod
     def open(
@@ -154,6 +156,7 @@ class AttnStoreService(ServiceMonitoring):
         """
         self._store.drop_namespace(name)
         self._indexes.drop(name)
+        self._prefix_cuts.forget(name)
 
     def set_projector(self, name: str, blob: bytes, *, replace: bool = False) -> NamespaceInfo:
         """Store the namespace's projector weights (safetensors bytes); returns the namespace as it is now.
@@ -341,11 +344,16 @@ class AttnStoreService(ServiceMonitoring):
             FingerprintMismatchError: another model, or blocks of another size (or none).
         """
         self.check_fingerprint(namespace, fingerprint)
-        return prefix_matches(self._store, namespace, block_size, rows)
+        return prefix_matches(self._store, self._prefix_cuts, namespace, block_size, rows)
 
     def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
-        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``)."""
-        return read_prefix(self._store, namespace, block_size, chain, chunk)
+        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``); a block found corrupt is cut, so
+        prefix matches end before it from then on (a missing block ends them already: matches read records)."""
+        try:
+            return read_prefix(self._store, namespace, block_size, chain, chunk)
+        except PrefixBlockCorruptError as exc:
+            self._prefix_cuts.cut(namespace, exc.chain_hash)
+            raise
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
         """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""

@@ -221,16 +221,18 @@ class OutputChunk(_message.Message):
     def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class RowError(_message.Message):
-    __slots__ = ("query_index", "entry_id", "code", "message")
+    __slots__ = ("query_index", "entry_id", "code", "message", "block")
     QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
     query_index: int
     entry_id: int
     code: str
     message: str
-    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    block: int
+    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., block: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("matches", "chunk", "outputs", "error")
