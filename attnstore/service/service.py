@@ -38,8 +38,8 @@ from attnstore.service.prefix_tier import PrefixCuts, prefix_matches, read_prefi
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
-from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
+from attnstore.store.namespace_rules import check_projector_version
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
 from attnstore.store.reports import FeaturesReport, PrefetchReport
 

@@ -44,7 +44,7 @@ from attnstore.errors import (
 from attnstore.protocol.records import NamespaceInfo, NewEntry
 from attnstore.service.admission import Admission
 from attnstore.service.queries import IngestResult
-from attnstore.store.base import check_projector_version
+from attnstore.store.namespace_rules import check_projector_version
 from attnstore.store.validate import prepare_entry
 
 log = logging.getLogger(__name__)

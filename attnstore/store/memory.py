@@ -35,8 +35,8 @@ from attnstore.protocol.records import (
     TokenLimits,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import (
-    MapStoreBase,
+from attnstore.store.base import MapStoreBase
+from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
     matching_namespace,

@@ -24,7 +24,7 @@ from attnstore.errors import (
 )
 from attnstore.protocol.records import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, is_namespace_name
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import matching_namespace
+from attnstore.store.namespace_rules import matching_namespace
 from attnstore.store.zarr_layout import group_metadata, node_key
 
 if TYPE_CHECKING:

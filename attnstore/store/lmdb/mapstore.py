@@ -40,7 +40,7 @@ from attnstore.protocol.records import (
     TokenLimits,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
+from attnstore.store.base import MapStoreBase
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
@@ -81,6 +81,7 @@ from attnstore.store.lmdb.settings import (
     StoreSettings,
 )
 from attnstore.store.lmdb.verify import verify_live
+from attnstore.store.namespace_rules import check_projector_version, drops_features, projector_update
 from attnstore.store.reports import (
     CompactReport,
     FeaturesReport,

@@ -25,7 +25,7 @@ from attnstore.protocol.records import (
     NamespaceLayout,
     TokenLimits,
 )
-from attnstore.store.base import matching_namespace
+from attnstore.store.namespace_rules import matching_namespace
 from attnstore.store.redis import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys

@@ -38,16 +38,16 @@ from attnstore.errors import (
 from attnstore.protocol.records import NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import (
-    MapStoreBase,
+from attnstore.store.base import MapStoreBase
+from attnstore.store.feed import ChangeFeed
+from attnstore.store.hit_buffer import HitBuffer
+from attnstore.store.hot_maps import HotMaps
+from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
     outputs_only_feature_error,
     projector_update,
 )
-from attnstore.store.feed import ChangeFeed
-from attnstore.store.hit_buffer import HitBuffer
-from attnstore.store.hot_maps import HotMaps
 from attnstore.store.redis import admin, scripts
 from attnstore.store.redis.admission import RedisCounts
 from attnstore.store.redis.catalog import Catalog
