@@ -69,6 +69,25 @@ class ChecksumError(AttnStoreError, IOError):
     """Stored bytes do not match their checksum: the entry is corrupt and is never served."""
 
 
+class PrefixBlockError(AttnStoreError):
+    """A block of a row's prefix chain cannot be served; ``block`` is its position in the chain (from 0) and
+    ``chain_hash`` its key: the row's stored prefix ends before it."""
+
+    def __init__(self, message: str, *, block: int, chain_hash: bytes) -> None:
+        super().__init__(message)
+        self.block = block
+        self.chain_hash = chain_hash
+
+
+class PrefixBlockCorruptError(PrefixBlockError, ChecksumError):
+    """A stored prefix block fails its checksum (see ``PrefixBlockError``)."""
+
+
+class PrefixBlockMissingError(PrefixBlockError, EntryNotFoundError):
+    """A prefix block is not stored, or is not the child of the block before it in the row's chain (a chain is
+    served only from its first block on; see ``PrefixBlockError``)."""
+
+
 class FormatVersionError(AttnStoreError, ValueError):
     """The store on disk was written in a format version this code does not read."""
 
@@ -79,6 +98,11 @@ class StoreFullError(AttnStoreError, OSError):
 
 class StorageError(AttnStoreError, OSError):
     """The store's storage failed under a call (an I/O error); details are in the log."""
+
+
+class StoreUnsafeError(AttnStoreError, RuntimeError):
+    """The store cannot take writes now: Redis lost the store's data (its marker is gone), or runs a maxmemory
+    policy that evicts more than entries. Writes are taken again once the cause is fixed."""
 
 
 class StoreDamagedError(StorageError):

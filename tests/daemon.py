@@ -16,12 +16,15 @@ from attnstore_tools.launcher import ServeProcess
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
 WRITE_TOKEN = "write-token-0123456789abcdef"
+# Another node's write token: admission counts it as another caller.
+OTHER_WRITE_TOKEN = "write-token-fedcba9876543210"
 
 
 def write_token_file(path: Path) -> Path:
-    """A token file with one admin, one read and one write token (mode 600)."""
+    """A token file with one admin, one read and two write tokens, of nodes "node-a" and "node-b" (mode 600)."""
     path.write_text(
-        f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\nwrite {WRITE_TOKEN}  # a node\n",
+        f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\n"
+        f"write {WRITE_TOKEN} name=node-a  # a node\nwrite {OTHER_WRITE_TOKEN} name=node-b  # another node\n",
         encoding="utf-8",
     )
     path.chmod(0o600)
@@ -38,6 +41,7 @@ class DaemonProcess(ServeProcess):
         extra_args: more ``serve`` arguments.
         port: the loopback port (0: a free one).
         client_options: RemoteStore options every client of it needs (TLS roots, client certificate).
+        create: serve with ``--create``.
     """
 
     def __init__(
@@ -49,12 +53,13 @@ class DaemonProcess(ServeProcess):
         extra_args: tuple[str, ...] = (),
         port: int = 0,
         client_options: dict[str, object] | None = None,
+        create: bool = True,
     ) -> None:
         self.token_file = write_token_file(workdir / "tokens.txt") if tokens else None
         args = ["--metrics-port", "0", "--grace", "1", *extra_args]
         if self.token_file is not None:
             args += ["--token-file", str(self.token_file)]
-        super().__init__(store, workdir, args=args, port=port, client_options=client_options)
+        super().__init__(store, workdir, args=args, port=port, client_options=client_options, create=create)
 
     def client(self, token: str | None = ADMIN_TOKEN, **options: object) -> RemoteStore:
         """A RemoteStore on the daemon (admin token by default)."""

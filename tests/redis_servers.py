@@ -86,7 +86,14 @@ class RedisServer:
             # after Redis's default 5 s diskless delay.
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                      "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0"]
+        self._args = args
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def restart(self) -> None:
+        """Start it again on the same port after :meth:`kill` or :meth:`stop`: empty, as it has no persistence."""
+        assert self.process.poll() is not None, "restart() needs the server stopped first"
+        self.process = subprocess.Popen(self._args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self._wait_ready()
 
     @property

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 
 from attnstore.index import ExactIndex
+from attnstore.protocol.records import TokenLimits
 from attnstore.protocol.remote import RemoteStore
 from attnstore.server.auth import TokenTable
 from attnstore.server.config import ServerLimits
@@ -19,12 +20,14 @@ from attnstore.store import MemoryMapStore, NamespaceLayout
 FP = "c0ffee" * 10 + "beef"  # 64 hex characters
 # Causal, so shorter queries may reuse longer entries (cropped).
 LAYOUT = NamespaceLayout(layers=3, heads=2, causal=True, hidden=8, feature_dim=16)
+# What written-back rows of "ns" are checked against: token ids below 1000, at most 64 tokens.
+LIMITS = TokenLimits(vocab_size=1000, max_length=64)
 
 
 def memory_service() -> AttnStoreService:
-    """A service over an in-memory store with one namespace "ns" of ``LAYOUT``."""
+    """A service over an in-memory store with one namespace "ns" of ``LAYOUT`` and ``LIMITS``."""
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
-    service.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    service.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, limits=LIMITS)
     return service
 
 

@@ -2,8 +2,9 @@
 
 ``namespaces``, ``stats`` (a read token suffices), ``verify``, ``compact``,
 ``delete``, ``ingest``, ``create-namespace`` (admin token; an exact-tier-only
-namespace for a model, filled by write-back: ``attnstore_tools.cold_start``) and
-``train-projector`` (admin token; its projector, trained from the maps it stores:
+namespace for a model, filled by write-back: ``attnstore_tools.cold_start``),
+``drop-writer`` (admin token; every entry one token wrote back:
+``attnstore_tools.drop_writer``) and ``train-projector`` (admin token; its projector, trained from the maps it stores:
 ``attnstore_tools.train_projector``). ``ingest`` copies one namespace of a
 local map store (built offline by ``attnstore build``) into the daemon, in
 streams of ``--batch-entries`` entries, each committed on its own. Every command
@@ -30,7 +31,7 @@ from google.protobuf.json_format import MessageToDict
 from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.remote import DEFAULT_TARGET, TARGET_FORMS, RemoteStore
-from attnstore_tools import cold_start, train_projector
+from attnstore_tools import cold_start, drop_writer, train_projector
 from attnstore_tools.arguments import DefaultsHelpFormatter
 from attnstore_tools.build.fit import format_fit
 
@@ -71,6 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = add("train-projector", "train, calibrate and install a namespace's projector from its stored maps,"
                 " then give every entry with maps its feature vector (map hits start)", _train_projector)
     train_projector.add_arguments(train)
+    drop = add("drop-writer", "delete every entry one token wrote back (revoke the token first)", _drop_writer)
+    drop_writer.add_arguments(drop)
     ingest = add("ingest", "copy a namespace of a local store into the daemon", _ingest)
     ingest.add_argument("--from-store", type=Path, required=True, help="local map store directory")
     ingest.add_argument("--namespace", required=True, help="namespace to copy")
@@ -121,7 +124,7 @@ def read_token(args: argparse.Namespace, *, client: bool = False) -> str | None:
         fields = line.split("#", 1)[0].split()
         if len(fields) == 1:
             tokens.append(("", fields[0]))
-        elif len(fields) == 2:
+        elif len(fields) >= 2:  # "role token [name=...] [namespaces=...]", as the daemon's token file
             tokens.append((fields[0], fields[1]))
     if not tokens:
         raise ConfigError(f"token file {args.token_file} holds no token")
@@ -246,6 +249,16 @@ def _create_namespace(args: argparse.Namespace) -> int:
         info = cold_start.run(args, remote)
     _table(["namespace", "model", "fingerprint", "projector"], [(info.name, info.model, info.fingerprint[:12], "none")])
     _write_json(args, _as_dict(info) | {"projector": ""})
+    return 0
+
+
+def _drop_writer(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        report = drop_writer.run(args, remote)
+    _table(["namespace", "writer", "found", "deleted"],
+           [(report.namespace, report.writer, report.found, report.deleted)])
+    _write_json(args, {"namespace": report.namespace, "writer": report.writer, "found": report.found,
+                       "deleted": report.deleted, "dry_run": args.dry_run})
     return 0
 
 

@@ -1,6 +1,8 @@
 """``attnstore admin create-namespace``: an empty namespace for a model, filled from traffic.
 
-Cold start: no corpus, no build. The namespace gets the model's layout and
+Cold start: no corpus, no build. Run on a namespace that exists, it records the
+model's token limits where the namespace has none (one made before they were:
+write-back into it is refused until then). The namespace gets the model's layout and
 fingerprint and no projector, so it serves the exact tier alone; nodes that run
 the model with a write token fill it by write-back (``AttnCache(write_back=True)``)
 as traffic repeats. Map hits need a projector: ``admin train-projector``
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnstore.protocol.records import Codec, NamespaceLayout
+from attnstore.protocol.records import Codec, NamespaceLayout, TokenLimits
 from attnstore.protocol.remote import RemoteStore
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
@@ -32,15 +34,25 @@ def exact_tier_layout(loaded: LoadedModel, codec: Codec = "fp16") -> NamespaceLa
     )
 
 
+def token_limits(loaded: LoadedModel) -> TokenLimits:
+    """What the daemon checks written-back rows of ``loaded``'s namespace against: ids below the larger of the
+    model's and the tokenizer's vocabulary (added tokens count), lengths within the model's positions."""
+    config = loaded.model.config
+    vocab = max(int(config.vocab_size), len(loaded.tokenizer))
+    return TokenLimits(vocab_size=vocab, max_length=int(config.max_position_embeddings))
+
+
 def create_exact_namespace(remote: RemoteStore, loaded: LoadedModel, name: str) -> pb.Namespace:
-    """Create (or find, if it exists with the same model and layout) an exact-tier-only namespace.
+    """Create (or find, if it exists with the same model and layout) an exact-tier-only namespace, with the
+    model's token limits (recorded too on an existing namespace made before them).
 
     Raises:
         NamespaceExistsError: ``name`` exists with another model or layout.
         AuthError: the token is not an admin token.
     """
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
-    return remote.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=exact_tier_layout(loaded))
+    return remote.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=exact_tier_layout(loaded),
+                                   limits=token_limits(loaded))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,6 +36,7 @@ class ServeProcess:
         port: the loopback port to listen on; 0 (the default) takes a free one.
         client_options: ``RemoteStore`` options every client of it needs (TLS roots, client certificate);
             the health check at start uses them too.
+        create: serve with ``--create`` (make the store if it is missing).
     """
 
     def __init__(
@@ -46,8 +47,10 @@ class ServeProcess:
         args: Sequence[str] = (),
         port: int = 0,
         client_options: Mapping[str, object] | None = None,
+        create: bool = True,
     ) -> None:
         self.store = store
+        self._create = create
         self.ready_file = workdir / "daemon-ready.json"
         self.log_path = workdir / "daemon.log"
         self._args = tuple(args)
@@ -76,7 +79,8 @@ class ServeProcess:
     def _command(self) -> list[str]:
         return [
             sys.executable, "-m", "attnstore_tools.cli", "serve",
-            "--store", str(self.store), "--create", "--listen", f"127.0.0.1:{self._listen_port}",
+            "--store", str(self.store), *(["--create"] if self._create else []),
+            "--listen", f"127.0.0.1:{self._listen_port}",
             "--ready-file", str(self.ready_file),
             *self._args,
         ]

@@ -47,6 +47,7 @@ from attnstore_tools.build.calibration import CalibrationConfig
 from attnstore_tools.build.command import groups_of
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
 from attnstore_tools.build.training import MIN_CORPUS
+from attnstore_tools.cold_start import token_limits
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def train_namespace_projector(
             raise CorpusError(f"cannot train a projector on the entries of namespace {namespace!r}: {exc}") from None
     installed = remote.create_namespace(
         namespace, model=info.model, fingerprint=info.fingerprint, layout=layout,
-        projector=projector.to_safetensors_bytes(), replace_projector=True,
+        projector=projector.to_safetensors_bytes(), replace_projector=True, limits=token_limits(loaded),
     )
     version = int(installed.projector_version)
     featured, missing = _send_features(remote, namespace, version, read, projector.project(sources), config)

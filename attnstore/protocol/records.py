@@ -149,6 +149,22 @@ class NamespaceLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLimits:
+    """The model's limits on a row: what the daemon checks written-back token ids against.
+
+    Raises:
+        ConfigError: a limit is not a positive int.
+    """
+
+    vocab_size: int  # token ids are in [0, vocab_size)
+    max_length: int  # tokens per row at most (the model's position embeddings)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_length"):
+            _positive_int("TokenLimits", name, getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
 class NamespaceInfo:
     """One namespace: a model, its fingerprint, its layout and its projector."""
 
@@ -162,6 +178,7 @@ class NamespaceInfo:
     # 0 without a projector, 1 for the first, +1 on each replacement: which projector made the stored features
     projector_version: int = 0
     projector_crc32c: int | None = None  # of the blob, recorded when stored (None in stores written before)
+    limits: TokenLimits | None = None  # None: created before limits were recorded (write-back refused)
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain dict for JSON, without the projector blob (stored apart as raw bytes)."""
@@ -176,18 +193,22 @@ class NamespaceInfo:
         }
         if self.projector_crc32c is not None:
             data["projector_crc32c"] = self.projector_crc32c
+        if self.limits is not None:
+            data["vocab_size"], data["max_length"] = self.limits.vocab_size, self.limits.max_length
         return data
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any], projector: bytes | None) -> NamespaceInfo:
         """Inverse of :meth:`to_json_dict`, with the projector blob added back.
 
-        Records written before projector versions count a stored projector as version 1.
+        Records written before projector versions count a stored projector as version 1; records
+        written before token limits have none.
 
         Raises:
             KeyError, TypeError, ValueError: a field is missing or of the wrong type (a damaged record).
         """
         crc = data.get("projector_crc32c")
+        limits = TokenLimits(int(data["vocab_size"]), int(data["max_length"])) if "vocab_size" in data else None
         return cls(
             name=data["name"],
             model=data["model"],
@@ -198,6 +219,7 @@ class NamespaceInfo:
             projector=projector,
             projector_version=int(data.get("projector_version", 0 if projector is None else 1)),
             projector_crc32c=None if crc is None else int(crc),
+            limits=limits,
         )
 
 
@@ -215,6 +237,7 @@ class NewEntry:
     feature: np.ndarray | torch.Tensor | None = None  # (feature_dim,) projector output, stored fp32
     # (L,) the input's token ids, stored uint32: what the fidelity gate compares queries with
     token_ids: Sequence[int] | np.ndarray | None = None
+    writer: str | None = None  # the name of the token that wrote it back (None: an admin ingested it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +262,7 @@ class EntryInfo:
     nbytes: int  # stored bytes of the entry's chunks (maps and outputs)
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (L,) uint32; None if not stored
     has_maps: bool = True  # False: outputs only (written back for the exact tier), never searched or replayed
+    writer: str | None = None  # the name of the token that wrote it back (None: an admin ingested it)
 
 
 @dataclass(frozen=True, slots=True)

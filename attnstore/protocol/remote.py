@@ -23,8 +23,8 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.errors import ConfigError, WireFormatError
-from attnstore.protocol.messages import layout_to_pb
-from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
+from attnstore.protocol.messages import layout_to_pb, limits_to_pb
+from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
@@ -420,15 +420,16 @@ class RemoteStore:
 
     def create_namespace(
         self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None,
-        replace_projector: bool = False,
+        replace_projector: bool = False, limits: TokenLimits | None = None,
     ) -> pb.Namespace:
         """Create a namespace (admin); idempotent for the same model, fingerprint and layout.
 
         A projector different from the stored one is refused (ALREADY_EXISTS) unless ``replace_projector``.
+        ``limits`` (the model's vocabulary size and maximum length) are recorded where the namespace has none.
         """
         request = pb.CreateNamespaceRequest(
             name=name, model=model, fingerprint=fingerprint, layout=layout_to_pb(layout),
-            projector=projector or b"", replace_projector=replace_projector,
+            projector=projector or b"", replace_projector=replace_projector, limits=limits_to_pb(limits),
         )
         return self._unary(self._stub.CreateNamespace, request)
 
@@ -540,11 +541,11 @@ class RemoteStore:
         return self._unary(self._stub.Stats, pb.StatsRequest())
 
     def iter_entries(
-        self, namespace: str, *, maps_only: bool = False, timeout: float | None = None
+        self, namespace: str, *, maps_only: bool = False, writer: str = "", timeout: float | None = None
     ) -> Iterator[pb.StoredEntry]:
         """The namespace's live entries in id order, without maps (admin); ``maps_only`` leaves out
-        entries that store outputs only."""
-        request = pb.ListEntriesRequest(namespace=namespace, maps_only=maps_only)
+        entries that store outputs only, ``writer`` keeps only those that token name wrote back."""
+        request = pb.ListEntriesRequest(namespace=namespace, maps_only=maps_only, writer=writer)
         try:
             yield from self._stub.ListEntries(request, metadata=self._metadata, timeout=timeout or self._timeout)
         except grpc.RpcError as exc:

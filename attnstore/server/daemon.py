@@ -29,13 +29,14 @@ from attnstore.server.config import DaemonConfig, split_host_port
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
-from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore.service.admission import AdmissionConfig
 from attnstore.service.follower import FollowerStatus
 from attnstore.store.redis.urls import shown_location
 from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
 
+WATCHDOG_THREAD = "attnstore-watchdog"  # the main thread's loop: health, token reloads, signals
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 
 # A signal's disposition as signal.signal() takes and returns it: a function,
@@ -98,6 +99,10 @@ class Daemon:
         self._service: AttnStoreService | None = None
         self._server: AttnStoreServer | None = None
         self._degraded = False  # a background thread died: health stays NOT_SERVING until restart
+        self._watchdog_errors = 0  # unexpected errors of the watchdog's own checks (logged; it goes on)
+        self._serving = True  # what health says while not degraded (see _watch_store)
+        self._problem: str | None = None  # why the store takes no writes now, as last reported
+        self._resets_seen = 0  # store resets the watchdog has reported
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (safe from a signal handler or another thread)."""
@@ -119,6 +124,12 @@ class Daemon:
         service = self._service
         return None if service is None else service.redis_stats()
 
+    def _background_errors(self) -> dict[str, int]:
+        service = self._service
+        errors = {} if service is None else service.background_errors()
+        errors[WATCHDOG_THREAD] = self._watchdog_errors
+        return errors
+
     def run(self, *, handle_signals: bool = True) -> int:
         """Serve until asked to stop; returns the exit code (0 after a clean drain).
 
@@ -135,7 +146,8 @@ class Daemon:
         tls = read_tls(config)
         _warn_about_exposure(config, tokens)
         previous = self._install_signals() if handle_signals else {}
-        metrics = DaemonMetrics(stats=self._store_stats, follower=self._follower_status, redis=self._redis_stats)
+        metrics = DaemonMetrics(stats=self._store_stats, follower=self._follower_status, redis=self._redis_stats,
+                                background=self._background_errors)
         try:
             server, port = create_server(
                 None, config.listen, tokens=tokens, tls=tls, limits=config.limits, metrics=metrics
@@ -193,7 +205,7 @@ class Daemon:
                 map_size=config.map_size,
                 readonly=config.readonly,
             )
-            self._service.admission = Admission(AdmissionConfig(admit_after=config.admit_after))
+            self._service.use_admission(AdmissionConfig(admit_after=config.admit_after))
         except StoreNotFoundError:
             raise StoreNotFoundError(f"no map store at {shown}; serve --create makes an empty one") from None
         except AttnStoreError:
@@ -216,9 +228,11 @@ class Daemon:
             "event=loaded store=%s namespaces=%d seconds=%.3f",
             shown, len(namespaces), time.perf_counter() - start,
         )
+        admission = self._service.admission.stats()
         log.info(
-            "event=admission admit_after=%d write_back=%s sketch_bytes=%d", config.admit_after,
-            "on" if config.admit_after else "off", self._service.admission.config.nbytes,
+            "event=admission admit_after=%d write_back=%s counts=%s sketch_bytes=%d", config.admit_after,
+            "on" if config.admit_after else "off", "shared" if admission.shared else "in_memory",
+            admission.sketch_bytes,
         )
 
     def _wait(self) -> None:
@@ -226,7 +240,14 @@ class Daemon:
             if self._reload.is_set():
                 self._reload.clear()
                 self._reload_tokens()
-            self._watch_threads()
+            try:
+                self._watch_threads()
+                self._watch_store()
+            except Exception as exc:
+                # The watchdog's checks read the store; a bug there must not end the loop that drains the daemon.
+                self._watchdog_errors += 1
+                log.error("event=watchdog_error error=%r errors=%d detail='the watchdog goes on'", exc,
+                          self._watchdog_errors, exc_info=exc)
 
     def _watch_threads(self) -> None:
         """Report NOT_SERVING, once, when a background thread of the store has died or its storage
@@ -254,6 +275,31 @@ class Daemon:
                 " calls are still answered meanwhile'",
                 ",".join(dead),
             )
+
+    def _watch_store(self) -> None:
+        """Health follows what passes without a restart: a store replaced under the daemon (one tick
+        NOT_SERVING, its caches dropped and its indexes rebuilt meanwhile) and a store that takes no writes
+        (its marker gone, an unsafe eviction policy: NOT_SERVING while it lasts)."""
+        service, server = self._service, self._server
+        if self._degraded or service is None or server is None:
+            return
+        status = service.follower_status()
+        resets = 0 if status is None else status.resets
+        reset, self._resets_seen = resets > self._resets_seen, resets
+        if reset:
+            log.error("event=store_reset health=NOT_SERVING detail='the store was replaced under this daemon (Redis"
+                      " lost its data?): every cache and index of the old one was dropped and rebuilt'")
+        problem = service.serving_problem()
+        if problem != self._problem:
+            self._problem = problem
+            if problem is not None:
+                log.error("event=store_unsafe health=NOT_SERVING detail='%s'", problem)
+            else:
+                log.warning("event=store_sound health=SERVING detail='the store takes writes again'")
+        serving = problem is None and not reset
+        if serving != self._serving:
+            self._serving = serving
+            server.set_serving(serving)
 
     def _reload_tokens(self) -> None:
         config, server = self._config, self._server

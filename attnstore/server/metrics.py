@@ -44,6 +44,7 @@ from attnstore.store.reports import RedisStats, StoreStats
 
 log = logging.getLogger(__name__)
 
+BackgroundSource = Callable[[], dict[str, int]]
 StatsSource = Callable[[], "StoreStats | None"]
 FollowerSource = Callable[[], "FollowerStatus | None"]
 RedisSource = Callable[[], "RedisStats | None"]
@@ -92,6 +93,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "attnstore_dram_hits",
     "attnstore_dram_misses",
     "attnstore_dram_evictions",
+    "attnstore_background_errors",
 )
 
 # Exported only by a daemon on a Redis store (one that follows a shared change log), read at scrape time.
@@ -99,11 +101,15 @@ REDIS_METRIC_NAMES: tuple[str, ...] = (
     "attnstore_follower_seconds_since_read",
     "attnstore_follower_changes_applied",
     "attnstore_follower_failed_reads",
+    "attnstore_follower_skipped_records",
+    "attnstore_follower_errors",
     "attnstore_redis_retries",
     "attnstore_redis_waited_out",
     "attnstore_redis_gave_up",
     "attnstore_redis_used_memory_bytes",
     "attnstore_redis_maxmemory_bytes",
+    "attnstore_redis_store_resets",
+    "attnstore_redis_store_unsafe",
 )
 
 
@@ -136,6 +142,15 @@ class _SharedStoreCollector(Collector):
                 "attnstore_follower_failed_reads", "Reads of the change log that failed (Redis unreachable)",
                 value=follower.failed_reads,
             )
+            yield CounterMetricFamily(
+                "attnstore_follower_skipped_records",
+                "Change-log records that did not decode: skipped, their namespace's index rebuilt from the keys",
+                value=follower.skipped_records,
+            )
+            yield CounterMetricFamily(
+                "attnstore_follower_errors", "Follower steps that failed unexpectedly (a bug; the follower goes on)",
+                value=follower.errors,
+            )
         if redis is None:
             return
         yield CounterMetricFamily(
@@ -150,6 +165,16 @@ class _SharedStoreCollector(Collector):
             "attnstore_redis_gave_up", "Redis calls still failing after the failover wait (answered UNAVAILABLE)",
             value=redis.retries.gave_up,
         )
+        yield CounterMetricFamily(
+            "attnstore_redis_store_resets",
+            "Times the Redis store was found replaced (its data lost): caches and indexes dropped and rebuilt",
+            value=redis.resets,
+        )
+        yield GaugeMetricFamily(
+            "attnstore_redis_store_unsafe",
+            "1 while writes are refused: the store's marker is gone, or Redis runs an allkeys-* maxmemory policy",
+            value=1 if redis.unsafe else 0,
+        )
         used = GaugeMetricFamily(
             "attnstore_redis_used_memory_bytes", "used_memory of each Redis primary", labels=["node"]
         )
@@ -161,6 +186,28 @@ class _SharedStoreCollector(Collector):
             limit.add_metric([node.node], node.max_bytes)
         yield used
         yield limit
+
+
+class _BackgroundCollector(Collector):
+    """Unexpected errors each background thread caught and survived, read at scrape time."""
+
+    def __init__(self, background: BackgroundSource) -> None:
+        self._background = background
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            errors = self._background()
+        except Exception as exc:  # a scrape must not fail because the store is busy or closing
+            log.warning("event=metrics_background_failed error=%r", exc)
+            return
+        family = CounterMetricFamily(
+            "attnstore_background_errors",
+            "Unexpected errors a background thread caught, logged with their traceback and survived",
+            labels=["thread"],
+        )
+        for thread, count in sorted(errors.items()):
+            family.add_metric([thread], count)
+        yield family
 
 
 class _StoreCollector(Collector):
@@ -209,11 +256,12 @@ class DaemonMetrics:
             is open (loading, closed).
         follower: the index follower's status at scrape time, or None (no store, or one no other daemon writes).
         redis: the Redis client's figures at scrape time, or None (no store, or not a Redis one).
+        background: unexpected errors each background thread survived, by thread name, at scrape time.
     """
 
     def __init__(
         self, stats: StatsSource = lambda: None, *, follower: FollowerSource = lambda: None,
-        redis: RedisSource = lambda: None,
+        redis: RedisSource = lambda: None, background: BackgroundSource = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
@@ -290,11 +338,16 @@ class DaemonMetrics:
         self._not_admitted = Counter(
             "attnstore_write_back_not_admitted", "Written-back rows skipped: not admitted", ["namespace"], registry=reg
         )
+        self._refused = Counter(
+            "attnstore_write_back_refused", "Written-back rows refused one by one (bad rows; the rest stored)",
+            ["namespace"], registry=reg,
+        )
         self._admitted = Counter(
             "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
         )
         reg.register(_StoreCollector(stats))
         reg.register(_SharedStoreCollector(follower, redis))
+        reg.register(_BackgroundCollector(background))
         for method in RPC_METHODS:
             for code in RPC_CODES:
                 self._rpcs.labels(method, code)
@@ -322,7 +375,7 @@ class DaemonMetrics:
         self._ingested.labels(namespace)
         self._ingested_bytes.labels(namespace)
         for counter in (self._written_back, self._written_back_bytes, self._written_back_maps,
-                        self._written_back_map_bytes, self._not_admitted, self._admitted):
+                        self._written_back_map_bytes, self._not_admitted, self._refused, self._admitted):
             counter.labels(namespace)
 
     def refused(self, method: str, code: str) -> None:
@@ -386,6 +439,7 @@ class DaemonMetrics:
         self._written_back_maps.labels(namespace).inc(result.maps_stored)
         self._written_back_map_bytes.labels(namespace).inc(result.maps_bytes)
         self._not_admitted.labels(namespace).inc(result.not_admitted)
+        self._refused.labels(namespace).inc(len(result.refused))
 
     def admitted(self, namespace: str, rows: int) -> None:
         """A Lookup marked ``rows`` misses admit."""

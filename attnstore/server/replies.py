@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from attnstore.protocol.messages import layout_to_pb
+from attnstore.protocol.messages import layout_to_pb, limits_to_pb
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.prefix_wire import prefix_layout_to_pb
 from attnstore.protocol.records import NamespaceInfo
+from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.service import MatchResult
+from attnstore.service.write_back import RefusedRow
 from attnstore.store.reports import StoreStats
 
 KIND_TO_PB = {"miss": pb.MATCH_KIND_MISS, "exact": pb.MATCH_KIND_EXACT, "map": pb.MATCH_KIND_MAP}
@@ -26,6 +28,7 @@ def namespace_to_pb(info: NamespaceInfo, *, projector: bool, prefix: PrefixLayou
         projector_crc32c=info.projector_crc32c,
         projector_version=info.projector_version,
         prefix=None if prefix is None else prefix_layout_to_pb(prefix),
+        limits=limits_to_pb(info.limits),
     )
 
 
@@ -39,6 +42,12 @@ def match_to_pb(query_index: int, result: MatchResult) -> pb.Match:
         stored_length=result.stored_length or 0,
         admit=result.admit,
     )
+
+
+def refused_to_pb(refused: RefusedRow) -> pb.RowError:
+    """A write-back row refused on its own: its index in the call, the status code its error maps to, why."""
+    code, message = status_for(refused.error)
+    return pb.RowError(query_index=refused.row, code=code.name, message=message)
 
 
 def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:

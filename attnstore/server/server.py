@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.server.auth import SERVICE_NAME, BearerTokenInterceptor, TokenTable
+from attnstore.server.auth import SERVICE_NAME, BearerTokenInterceptor, TokenTable, anonymous_caller
 from attnstore.server.config import ServerLimits
 from attnstore.server.health import HealthServicer
 from attnstore.server.metrics import DaemonMetrics
@@ -146,7 +146,8 @@ def create_server(
         ],
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
-    servicer = AttnStoreServicer(service, limits=limits, metrics=metrics)
+    servicer = AttnStoreServicer(service, limits=limits, metrics=metrics,
+                                 callers=interceptor.caller if interceptor is not None else anonymous_caller)
     pb_grpc.add_AttnStoreServicer_to_server(servicer, grpc_server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)

@@ -12,45 +12,47 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
 from attnstore.errors import (
     AttnStoreError,
+    ChecksumError,
     MapShapeError,
+    PrefixBlockError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
 )
-from attnstore.protocol.messages import layout_from_pb
+from attnstore.protocol.messages import layout_from_pb, limits_from_pb
 from attnstore.protocol.prefix import check_prefix_request
 from attnstore.protocol.prefix_wire import prefix_chunk
 from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.protocol.wire import map_chunks, output_chunks
+from attnstore.protocol.wire import output_chunks
 from attnstore.protocol.write_back import row_from_pb
+from attnstore.server.auth import Caller, anonymous_caller
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
+from attnstore.server.map_streams import MapRow, layer_chunks, row_stream
 from attnstore.server.metrics import DaemonMetrics
-from attnstore.server.replies import match_to_pb, namespace_to_pb, stats_to_pb
+from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb
 from attnstore.service import ROW_ERRORS, AttnStoreService, Query
 from attnstore.service.write_back import WrittenRow
 
 log = logging.getLogger(__name__)
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One hit row to stream maps for."""
-
-    query_index: int
-    entry_id: int
-    length: int | None  # crop length (the query's); None: the stored length
+def _decoded_row(row: pb.WrittenRow, index: int) -> WrittenRow | AttnStoreError:
+    """A written-back row, or the error its message raised (that row alone is refused)."""
+    try:
+        return WrittenRow(*row_from_pb(row, index))
+    except (WireFormatError, ChecksumError) as exc:
+        return exc
 
 
 class AttnStoreServicer(pb_grpc.AttnStoreServicer):
@@ -60,10 +62,14 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     indexes while health says NOT_SERVING); until then every call is UNAVAILABLE.
     """
 
-    def __init__(self, service: AttnStoreService | None, *, limits: ServerLimits, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self, service: AttnStoreService | None, *, limits: ServerLimits, metrics: DaemonMetrics,
+        callers: Callable[[grpc.ServicerContext], Caller] = anonymous_caller,
+    ) -> None:
         self._service = service
         self._limits = limits
         self._metrics = metrics
+        self._callers = callers  # who makes a call (the auth interceptor knows its token)
         self._idle = threading.Condition()
         self._in_flight = 0
         self._ingest_slots = threading.BoundedSemaphore(limits.max_ingest_streams)
@@ -115,7 +121,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if request.projector:
                 projector_metadata(request.projector)
             service.create_namespace(
-                request.name, model=request.model, fingerprint=request.fingerprint, layout=layout
+                request.name, model=request.model, fingerprint=request.fingerprint, layout=layout,
+                limits=limits_from_pb(request),
             )
             if request.projector:
                 before = service.get_namespace(request.name).projector_version
@@ -139,8 +146,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
     ) -> pb.ListNamespacesResponse:
         with self._call("ListNamespaces", context) as service:
+            caller = self._callers(context)
             return pb.ListNamespacesResponse(
-                namespaces=[namespace_to_pb(info, projector=False) for info in service.list_namespaces()]
+                namespaces=[namespace_to_pb(info, projector=False) for info in service.list_namespaces()
+                            if caller.allows(info.name)]
             )
 
     # ---- serving ------------------------------------------------------------
@@ -158,6 +167,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 maps=not request.exact_only,
                 gate=request.gate,
                 projector_version=request.projector_version or None,
+                caller=self._callers(context).key,
             )
             seconds = time.perf_counter() - start
             served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)
@@ -174,11 +184,11 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             if not request.want_maps:
                 return
             rows = [
-                _Row(i, int(r.entry_id), request.queries[i].length)
+                MapRow(i, int(r.entry_id), request.queries[i].length)
                 for i, r in enumerate(results)
                 if r.kind == "map" and r.entry_id is not None
             ]
-            yield from self._row_stream(service, namespace, rows, context)
+            yield from row_stream(service, self._metrics, namespace, rows, context)
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
         with self._call("Search", context) as service:
@@ -206,10 +216,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             # Unknown ids end the call before any chunk is sent.
             stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
             rows = [
-                _Row(i, int(entry_id), request.length or length)
+                MapRow(i, int(entry_id), request.length or length)
                 for i, (entry_id, length) in enumerate(zip(request.entry_ids, stored, strict=True))
             ]
-            for chunk in self._layer_chunks(service, request.namespace, rows, context, drop_failed_rows=False):
+            for chunk in layer_chunks(service, self._metrics, request.namespace, rows, context, drop_failed_rows=False):
                 assert isinstance(chunk, pb.MapChunk)  # without drop_failed_rows a failed read raises instead
                 yield chunk
 
@@ -217,8 +227,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         with self._call("FetchMaps", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
             self._check_count("FetchMaps", len(request.rows), "rows")
-            rows = [_Row(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
-            yield from self._row_stream(service, request.namespace, rows, context)
+            rows = [MapRow(i, int(row.entry_id), int(row.length) or None) for i, row in enumerate(request.rows)]
+            yield from row_stream(service, self._metrics, request.namespace, rows, context)
 
     def PrefixMatch(self, request: pb.PrefixMatchRequest, context: grpc.ServicerContext) -> pb.PrefixMatchResponse:
         with self._call("PrefixMatch", context) as service:
@@ -246,12 +256,13 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                     except ROW_ERRORS as exc:
                         # A corrupt or vanished block loses this row only; the client computes it.
                         failed.add(row)
-                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d error=%r",
-                                    request.namespace, row, chunk, exc)
+                        block = exc.block if isinstance(exc, PrefixBlockError) else None
+                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d block=%s error=%s",
+                                    request.namespace, row, chunk, block, exc)
                         code, message = status_for(exc)
                         self._metrics.row_error(request.namespace, code.name)
-                        yield pb.PrefixChunk(row=row, chunk=chunk,
-                                             error=pb.RowError(query_index=row, code=code.name, message=message))
+                        error = pb.RowError(query_index=row, code=code.name, message=message, block=block)
+                        yield pb.PrefixChunk(row=row, chunk=chunk, error=error)
                         continue
                     self._metrics.streamed("prefix", array.nbytes)
                     yield prefix_chunk(row, chunk, array)
@@ -300,17 +311,19 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def WriteBack(self, request: pb.WriteBackRequest, context: grpc.ServicerContext) -> pb.WriteBackResponse:
         with self._call("WriteBack", context) as service:
             self._check_count("WriteBack", len(request.rows), "rows")
-            rows = [WrittenRow(*row_from_pb(row, i)) for i, row in enumerate(request.rows)]
-            result = service.write_back(request.namespace, request.fingerprint, rows)
+            rows = [_decoded_row(row, i) for i, row in enumerate(request.rows)]
+            result = service.write_back(request.namespace, request.fingerprint, rows,
+                                        writer=self._callers(context).name)
             self._metrics.written_back(request.namespace, result)
             log.info(
                 "event=written_back namespace=%s rows=%d stored=%d with_maps=%d duplicates=%d not_admitted=%d"
-                " bytes=%d", request.namespace, len(rows), result.stored, result.maps_stored, result.duplicates,
-                result.not_admitted, result.bytes,
+                " refused=%d bytes=%d", request.namespace, len(rows), result.stored, result.maps_stored,
+                result.duplicates, result.not_admitted, len(result.refused), result.bytes,
             )
             return pb.WriteBackResponse(
                 stored=result.stored, duplicates=result.duplicates, not_admitted=result.not_admitted,
                 bytes=result.bytes, maps_stored=result.maps_stored, maps_bytes=result.maps_bytes,
+                refused=[refused_to_pb(r) for r in result.refused],
             )
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
@@ -363,6 +376,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             reply.written_back_entries, reply.written_back_bytes = written.entries, written.bytes
             reply.written_back_duplicates, reply.written_back_not_admitted = written.duplicates, written.not_admitted
             reply.written_back_map_entries, reply.written_back_map_bytes = written.map_entries, written.map_bytes
+            reply.written_back_refused = written.refused
             reply.admission_asked, reply.admission_admitted = admission.asked, admission.admitted
             reply.admission_sketch_bytes = admission.sketch_bytes
             reply.admit_after = service.admission.config.admit_after
@@ -373,12 +387,12 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             for info in service.store.entries(request.namespace):
                 if not context.is_active():
                     return
-                if request.maps_only and not info.has_maps:
+                if (request.maps_only and not info.has_maps) or (request.writer and info.writer != request.writer):
                     continue
                 yield pb.StoredEntry(
                     entry_id=info.id, length=info.length, token_hash=info.token_hash,
                     token_ids=[] if info.token_ids is None else info.token_ids.tolist(),
-                    has_maps=info.has_maps, has_feature=info.feature is not None,
+                    has_maps=info.has_maps, has_feature=info.feature is not None, writer=info.writer or "",
                 )
 
     def SetFeatures(self, request: pb.SetFeaturesRequest, context: grpc.ServicerContext) -> pb.SetFeaturesResponse:
@@ -422,70 +436,6 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             )
             for q in queries
         ]
-
-    def _row_stream(
-        self, service: AttnStoreService, namespace: str, rows: list[_Row], context: grpc.ServicerContext
-    ) -> Iterator[pb.LookupResponse]:
-        """The maps of ``rows`` as LookupResponse messages: chunks, and a RowError for a row that cannot be served."""
-        for chunk_or_error in self._layer_chunks(service, namespace, rows, context, drop_failed_rows=True):
-            if isinstance(chunk_or_error, pb.RowError):
-                self._metrics.row_error(namespace, chunk_or_error.code)
-                yield pb.LookupResponse(error=chunk_or_error)
-            else:
-                yield pb.LookupResponse(chunk=chunk_or_error)
-
-    def _layer_chunks(
-        self,
-        service: AttnStoreService,
-        namespace: str,
-        rows: list[_Row],
-        context: grpc.ServicerContext,
-        *,
-        drop_failed_rows: bool,
-    ) -> Iterator[pb.MapChunk | pb.RowError]:
-        """Map chunks of ``rows`` in layer order: layer 0 of every row, then layer 1, ...
-
-        A row whose entry cannot be read yields one RowError and nothing more when
-        ``drop_failed_rows``; otherwise the error ends the call.
-        """
-        if not rows:
-            return
-        layers = service.get_namespace(namespace).layout.layers
-        live = list(rows)
-        for layer in range(layers):
-            if not context.is_active():
-                return
-            # Rows of one batch often hit the same popular entry: read each (entry, crop) once per layer.
-            read: dict[tuple[int, int | None], np.ndarray | AttnStoreError] = {}
-            for row in list(live):
-                key = (row.entry_id, row.length)
-                if key not in read:
-                    start = time.perf_counter()
-                    try:
-                        # (heads, L, L), cropped to the query's length
-                        read[key] = service.read_layer(namespace, row.entry_id, layer, length=row.length)
-                    except ROW_ERRORS as exc:
-                        if not drop_failed_rows:
-                            raise
-                        read[key] = exc
-                        log.warning(
-                            "event=row_dropped namespace=%s entry=%d layer=%d error=%r",
-                            namespace, row.entry_id, layer, exc,
-                        )
-                    else:
-                        self._metrics.fetched(time.perf_counter() - start)
-                maps = read[key]
-                if isinstance(maps, AttnStoreError):
-                    live.remove(row)
-                    code, message = status_for(maps)
-                    yield pb.RowError(
-                        query_index=row.query_index, entry_id=row.entry_id, code=code.name, message=message
-                    )
-                    continue
-                self._metrics.streamed("maps", maps.nbytes)
-                yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
-        # Every layer went out: repeated hits earn a place in the DRAM tier (its admission policy).
-        service.maps_served(namespace, sorted({row.entry_id for row in live}))
 
     @contextmanager
     def _ingest_slot(self) -> Iterator[None]:

@@ -1,129 +1,142 @@
-"""Admission of written-back rows: how often the daemon was asked about a token sequence.
+"""Admission of written-back rows: a missed row is admitted once enough distinct callers asked for it.
 
-A row is worth writing back once it repeats: the daemon counts the token hashes
-its exact tier is asked about in a count-min sketch and marks a missed row
-*admit* once its hash has been asked about ``admit_after`` times (this ask
-included). The sketch's memory is fixed (``depth * width`` uint32 counters,
-4 MiB by default) whatever the traffic; an estimate can only be too high (hash
-collisions), never too low, so a repeated row is never refused admission. To
-let yesterday's popular rows fade, every counter is halved after ``aging``
-counted asks (TinyLFU's reset): a row must keep repeating to stay admitted.
+The daemon counts, per namespace, the callers that asked its exact tier about a
+token sequence and missed (``attnstore.store.admission``: fixed memory, counts
+that fade by windows) and marks a missed row *admit* once ``admit_after`` distinct
+callers have asked, this one included. A caller is a token on a host, so one
+client (a writer asking about its own rows, any number of times, over any number
+of connections) counts once: with ``admit_after`` >= 2 it cannot admit a row that
+nobody else asked for. ``admit_after`` 1 admits every miss (it trusts every
+writer), 0 turns write-back off.
 
-The counts live in memory only: a restarted daemon starts counting afresh, which
-at worst delays the write-back of a row by ``admit_after - 1`` asks.
+Where the store is shared by several daemons (Redis) the counts live in the
+store, so the daemon that takes a row's WriteBack sees the asks every daemon
+answered; otherwise they live in this process and a restart starts them afresh
+(at worst a row waits for ``admit_after`` - 1 more callers).
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from attnstore.errors import ConfigError, StorageError, StoreFullError
+from attnstore.store.admission import AdmissionCounts, MemoryCounts, SketchShape
 
-from attnstore.errors import ConfigError
+log = logging.getLogger(__name__)
+
+_LOG_SECONDS = 30.0  # a store that keeps refusing the counts is reported this often
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """The admission rule and the sketch's size."""
+    """The admission rule and the size of its counts."""
 
-    admit_after: int = 2  # asks before a missed row is admitted; 1 admits every miss; 0 turns write-back off
-    depth: int = 4  # hash rows of the sketch: more rows, fewer over-estimates
-    width: int = 1 << 18  # counters per row: depth * width * 4 bytes of memory (4 MiB by default)
-    aging: int = 1 << 20  # counted asks after which every counter is halved
+    admit_after: int = 2  # distinct callers before a missed row is admitted; 1 admits every miss; 0: write-back off
+    shape: SketchShape = SketchShape()  # the counts' sizes (per namespace in a shared store)
 
     def __post_init__(self) -> None:
-        if self.admit_after < 0:
-            raise ConfigError(f"admit_after must be >= 0 (0 turns write-back off), got {self.admit_after}")
-        if not 1 <= self.depth <= 8:
-            raise ConfigError(f"admission sketch depth must be in 1..8, got {self.depth}")
-        if self.width < 1 or self.width & (self.width - 1):
-            raise ConfigError(f"admission sketch width must be a power of two, got {self.width}")
-        if self.aging < 1:
-            raise ConfigError(f"admission aging must be >= 1 asks, got {self.aging}")
-
-    @property
-    def nbytes(self) -> int:
-        """Memory of the sketch's counters."""
-        return self.depth * self.width * 4
+        if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, int) or self.admit_after < 0:
+            raise ConfigError(f"admit_after must be an int >= 0 (0 turns write-back off), got {self.admit_after!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionStats:
     """What the admission rule has done since the daemon started."""
 
-    asked: int  # token hashes counted
+    asked: int  # missed rows counted (with a token hash)
     admitted: int  # missed rows marked admit
-    agings: int  # times every counter was halved
-    sketch_bytes: int
+    windows: int  # windows this daemon turned (counts older than two windows are forgotten)
+    sketch_bytes: int  # memory of the counts (in the store, per namespace, when shared)
+    shared: bool  # the counts live in the store every daemon of the fleet reads
+    failed: int = 0  # lookups whose asks could not be counted (a full or failing shared store): none admitted
 
 
 class Admission:
-    """A count-min sketch with aging over (namespace, token hash); thread-safe.
+    """The admission rule over a set of counts; thread-safe.
 
     Args:
-        config: the rule and the sketch's size.
+        config: the rule and the counts' sizes.
+        counts: where the counts live; None keeps them in this process.
     """
 
-    def __init__(self, config: AdmissionConfig | None = None) -> None:
+    def __init__(self, config: AdmissionConfig | None = None, counts: AdmissionCounts | None = None) -> None:
         self.config = config or AdmissionConfig()
-        self._counts = np.zeros((self.config.depth, self.config.width), dtype=np.uint32)  # (depth, width)
+        self._shared = counts is not None
+        self._counts = counts if counts is not None else MemoryCounts(self.config.shape)
         self._lock = threading.Lock()
-        self._since_aging = 0
         self._asked = 0
         self._admitted = 0
-        self._agings = 0
+        self._failed = 0  # lookups whose asks could not be counted (a full or failing shared store)
+        self._failure_logged = float("-inf")
 
     @property
     def enabled(self) -> bool:
         """Whether write-back is on (``admit_after`` > 0)."""
         return self.config.admit_after > 0
 
-    def observe(self, namespace: str, token_hashes: Sequence[bytes | None], missed: Sequence[bool]) -> list[bool]:
-        """Count one ask of each hash; which rows are admitted (missed, and asked ``admit_after`` times).
+    def observe(
+        self, namespace: str, token_hashes: Sequence[bytes | None], missed: Sequence[bool], caller: str = ""
+    ) -> list[bool]:
+        """Count ``caller`` asking about each missed row; which rows are admitted.
 
         Args:
             namespace: the namespace asked.
             token_hashes: each row's exact-tier key; None (no key) is neither counted nor admitted.
-            missed: whether each row missed the exact tier (only a miss can be admitted).
+            missed: whether each row missed the exact tier (only a miss is counted, and admitted).
+            caller: who asks (see ``attnstore.server.auth.Caller``); each counts once per row.
+
+        Raises:
+            UnavailableError: shared counts cannot be reached.
         """
-        rows = [i for i, key in enumerate(token_hashes) if key]
-        if not rows or not self.enabled:
-            return [False] * len(token_hashes)
-        slots = np.stack([self._slots(namespace, token_hashes[i] or b"") for i in rows])  # (n, depth)
-        depth = np.arange(self.config.depth)
+        rows = [i for i, key in enumerate(token_hashes) if key and missed[i]]
         admitted = [False] * len(token_hashes)
+        if not rows or not self.enabled:
+            return admitted
+        try:
+            counts = self._counts.observe(namespace, [token_hashes[i] or b"" for i in rows], caller)
+        except (StoreFullError, StorageError) as exc:
+            # Counting writes to a shared store: a full or failing one costs these rows their admission,
+            # never the lookup its answer (reads go on when Redis is full).
+            self._count_failed(namespace, exc)
+            return admitted
+        for i, count in zip(rows, counts, strict=True):
+            admitted[i] = count >= self.config.admit_after
         with self._lock:
-            for k, i in enumerate(rows):
-                # Conservative update: raise only the counters at the minimum, so collisions inflate less.
-                current = self._counts[depth, slots[k]]  # (depth,)
-                estimate = int(current.min()) + 1
-                np.maximum.at(self._counts, (depth, slots[k]), np.uint32(estimate))
-                if missed[i] and estimate >= self.config.admit_after:
-                    admitted[i] = True
-                    self._admitted += 1
             self._asked += len(rows)
-            self._since_aging += len(rows)
-            if self._since_aging >= self.config.aging:
-                self._counts >>= 1
-                self._since_aging = 0
-                self._agings += 1
+            self._admitted += sum(admitted)
         return admitted
 
-    def count(self, namespace: str, token_hash: bytes) -> int:
-        """The sketch's estimate of how often ``token_hash`` was asked about (never below the truth, until aging)."""
-        slots = self._slots(namespace, token_hash)
+    def _count_failed(self, namespace: str, exc: Exception) -> None:
+        now = time.monotonic()
         with self._lock:
-            return int(self._counts[np.arange(self.config.depth), slots].min())
+            self._failed += 1
+            due = now - self._failure_logged >= _LOG_SECONDS
+            if due:
+                self._failure_logged = now
+        if due:
+            log.warning("event=admission_not_counted namespace=%s failed=%d error=%s detail='rows are not admitted"
+                        " while the store refuses the counts'", namespace, self._failed, exc)
+
+    def admitted(self, namespace: str, token_hashes: Sequence[bytes]) -> list[bool]:
+        """Whether each row is admitted now (counting nothing): what a WriteBack is judged on.
+
+        Raises:
+            UnavailableError: shared counts cannot be reached.
+        """
+        if not token_hashes:
+            return []
+        return [n >= self.config.admit_after for n in self._counts.counts(namespace, token_hashes)]
+
+    def count(self, namespace: str, token_hash: bytes) -> int:
+        """How many distinct callers asked about ``token_hash`` (never below the truth within two windows)."""
+        return self._counts.counts(namespace, [token_hash])[0]
 
     def stats(self) -> AdmissionStats:
         """Counters since start."""
         with self._lock:
-            return AdmissionStats(self._asked, self._admitted, self._agings, self.config.nbytes)
-
-    def _slots(self, namespace: str, token_hash: bytes) -> np.ndarray:
-        """The row's counter in each hash row: independent 32-bit slices of one keyed digest."""
-        digest = hashlib.blake2b(token_hash, key=namespace.encode()[:64], digest_size=4 * self.config.depth).digest()
-        return np.frombuffer(digest, dtype="<u4").astype(np.int64) & (self.config.width - 1)  # (depth,)
+            return AdmissionStats(self._asked, self._admitted, self._counts.windows, self._counts.shape.nbytes,
+                                  self._shared, self._failed)

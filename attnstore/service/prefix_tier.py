@@ -5,10 +5,16 @@ client from its token ids, see ``attnstore.protocol.prefix``); the answer is,
 per row, how many of its blocks are stored from the start on. The client asks
 only for the blocks that leave at least one token to compute and for prefixes
 long enough to pay, so the answer is used as it is.
+
+A block found corrupt while it was read is *cut* (``PrefixCuts``):
+from then on every chain through it is answered as ending before it, so clients
+stop fetching megabytes they cannot use on every call. Cuts are this process's
+(a restart finds the block again at its next read; ``admin verify`` names it).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,17 +23,43 @@ from attnstore.protocol.prefix import PrefixLayout, check_prefix_request
 from attnstore.store.base import MapStoreBase
 
 
+class PrefixCuts:
+    """The prefix blocks found unservable while serving, per namespace; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cut: dict[str, set[bytes]] = {}
+
+    def cut(self, namespace: str, chain_hash: bytes) -> None:
+        """Answer every chain through ``chain_hash`` as ending before it from now on."""
+        with self._lock:
+            self._cut.setdefault(namespace, set()).add(bytes(chain_hash))
+
+    def forget(self, namespace: str) -> None:
+        """Forget the cuts of a dropped namespace."""
+        with self._lock:
+            self._cut.pop(namespace, None)
+
+    def blocks(self, namespace: str, chain: Sequence[bytes], stored: int) -> int:
+        """How many of ``chain``'s first ``stored`` blocks come before the first cut one."""
+        with self._lock:
+            cut = self._cut.get(namespace)
+            if not cut:
+                return stored
+            return next((position for position in range(stored) if bytes(chain[position]) in cut), stored)
+
+
 def prefix_matches(
-    store: MapStoreBase, namespace: str, block_size: int, rows: Sequence[Sequence[bytes]]
+    store: MapStoreBase, cuts: PrefixCuts, namespace: str, block_size: int, rows: Sequence[Sequence[bytes]]
 ) -> list[int]:
-    """Each row's count of stored blocks from its first on (a lookup stops at the first missing block).
+    """Each row's count of stored blocks from its first on (a lookup stops at the first missing or cut block).
 
     Raises:
         FingerprintMismatchError: the namespace stores no prefix blocks, or blocks of another size.
         MapShapeError: a hash that is not 32 bytes.
     """
     check_prefix_request(store.prefix_layout(namespace), namespace, block_size)
-    return [store.match_prefix(namespace, row) for row in rows]
+    return [cuts.blocks(namespace, row, store.match_prefix(namespace, row)) for row in rows]
 
 
 def read_prefix(
@@ -38,7 +70,8 @@ def read_prefix(
 
     Raises:
         FingerprintMismatchError: another block size.
-        EntryNotFoundError: a block is no longer stored; ChecksumError: a block is corrupt.
+        PrefixBlockMissingError: a block is no longer stored, or the chain skips its parents;
+            PrefixBlockCorruptError: a block is corrupt (both name it; see ``PrefixCuts``).
     """
     layout: PrefixLayout = check_prefix_request(store.prefix_layout(namespace), namespace, block_size)
     if chunk == layout.layers:

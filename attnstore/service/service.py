@@ -16,30 +16,36 @@ from pathlib import Path
 
 import numpy as np
 
-from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotReadyError
+from attnstore.errors import (
+    AttnStoreError,
+    FingerprintMismatchError,
+    MapShapeError,
+    NamespaceNotReadyError,
+    PrefixBlockCorruptError,
+)
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.projector_blob import gate_from_projector
-from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
-from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
-from attnstore.service.follower import FollowerStatus, IndexFollower
+from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
-from attnstore.service.prefix_tier import prefix_matches, read_prefix
+from attnstore.service.monitoring import ServiceMonitoring
+from attnstore.service.prefix_tier import PrefixCuts, prefix_matches, read_prefix
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
-from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, entries_to_store
+from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
-from attnstore.store.base import check_projector_version
 from attnstore.store.lmdb.residency import drop_mapped_pages
 from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
+from attnstore.store.namespace_rules import check_projector_version
 from attnstore.store.redis.urls import is_redis_url, open_redis_store
-from attnstore.store.reports import FeaturesReport, PrefetchReport, RedisStats
+from attnstore.store.reports import FeaturesReport, PrefetchReport
 
 
-class AttnStoreService:
+class AttnStoreService(ServiceMonitoring):
     """A map store with its vector indexes; thread-safe.
 
     Reads of maps go straight to the store (many threads at once); index
@@ -71,6 +77,7 @@ class AttnStoreService:
         # cannot write back, and should not pay for counting); the daemon sets its --admit-after rule.
         self.admission = Admission(AdmissionConfig(admit_after=0))
         self.write_backs = WriteBackCounter()
+        self._prefix_cuts = PrefixCuts()  # prefix blocks found unservable: chains end before them
 
     @classmethod
     def open(
@@ -92,19 +99,27 @@ class AttnStoreService:
             ConfigError: a malformed Redis URL, or ``map_size`` with one.
             UnavailableError: Redis cannot be reached.
         """
+        store: MapStoreBase
         if is_redis_url(path):
-            return cls(open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
-                                        map_size=map_size, readonly=readonly))
-        store = MapStore.open(
-            path,
-            create=create,
-            max_bytes=max_bytes,
-            readonly=readonly,
-            dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
-            map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
-        )
-        service = cls(store)
-        if readonly:
+            store = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                                     map_size=map_size, readonly=readonly)
+        else:
+            store = MapStore.open(
+                path,
+                create=create,
+                max_bytes=max_bytes,
+                readonly=readonly,
+                dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
+                map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
+            )
+        try:
+            service = cls(store)
+        except BaseException:
+            # Building the indexes failed: the store (its environment, writer lock and threads) must not
+            # outlive the failure, or a retry in this process finds it "open for writing elsewhere".
+            store.close()
+            raise
+        if readonly and not is_redis_url(path):
             drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.residency)
         return service
 
@@ -115,11 +130,19 @@ class AttnStoreService:
 
     # ---- namespaces ---------------------------------------------------------
 
-    def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
-        """Create a namespace (idempotent for the same model, fingerprint and layout)."""
-        info = self._store.create_namespace(name, model=model, fingerprint=fingerprint, layout=layout)
+    def create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
+    ) -> NamespaceInfo:
+        """Create a namespace (idempotent for the same model, fingerprint and layout; see the store's)."""
+        info = self._store.create_namespace(name, model=model, fingerprint=fingerprint, layout=layout, limits=limits)
         self._indexes.ensure(info)
         return info
+
+    def use_admission(self, config: AdmissionConfig) -> Admission:
+        """Admit written-back rows by ``config``, counting in the store when it is shared (so every daemon
+        of a fleet sees every daemon's asks), else in this process; returns the rule now in force."""
+        self.admission = Admission(config, self._store.admission_counts(config.shape))
+        return self.admission
 
     def get_namespace(self, name: str) -> NamespaceInfo:
         """The namespace called ``name``; raises NamespaceNotFoundError."""
@@ -137,6 +160,7 @@ class AttnStoreService:
         """
         self._store.drop_namespace(name)
         self._indexes.drop(name)
+        self._prefix_cuts.forget(name)
 
     def set_projector(self, name: str, blob: bytes, *, replace: bool = False) -> NamespaceInfo:
         """Store the namespace's projector weights (safetensors bytes); returns the namespace as it is now.
@@ -191,6 +215,7 @@ class AttnStoreService:
         maps: bool = True,
         gate: bool = False,
         projector_version: int | None = None,
+        caller: str = "",
     ) -> list[MatchResult]:
         """Match each query: exact tier first, then the map tier.
 
@@ -205,6 +230,7 @@ class AttnStoreService:
                 ``max_distance``; every query needs its token ids.
             projector_version: the namespace's projector version the features were
                 projected with; None states none.
+            caller: who asks, for admission (each caller counts once per row; see ``admission``).
 
         Returns:
             One ``MatchResult`` per query, in order.
@@ -239,44 +265,34 @@ class AttnStoreService:
             self._store.record_hits(namespace, hit_ids)
         if exact and self.admission.enabled:
             missed = [results[row].kind != "exact" for row in range(len(queries))]
-            admitted = self.admission.observe(namespace, [q.token_hash for q in queries], missed)
+            admitted = self.admission.observe(namespace, [q.token_hash for q in queries], missed, caller)
             results.update({row: replace(results[row], admit=True) for row, yes in enumerate(admitted) if yes})
         return [results[row] for row in range(len(queries))]  # every tier answers each row it is given
 
-    def write_back(self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow]) -> WriteBackResult:
+    def write_back(
+        self, namespace: str, fingerprint: str, rows: Sequence[WrittenRow | AttnStoreError], *,
+        writer: str | None = None,
+    ) -> WriteBackResult:
         """Store the admitted rows, visible to every lookup at once (``service.write_back``).
 
-        Rows with maps become full entries (in the map index at once when they carry a
-        feature), rows without outputs-only ones. Rows the admission rule has not admitted
-        are skipped; rows already stored count as duplicates.
+        Rows are judged one by one: a bad row (or one that did not decode: its error is given in
+        its place) is refused alone and listed in the result; the others are stored. Rows with
+        maps become full entries (in the map index at once when they carry a feature), rows
+        without outputs-only ones. Rows the admission rule has not admitted are skipped; rows
+        already stored count as duplicates. New entries are recorded as ``writer``'s (the name of
+        the writing token: ``admin drop-writer`` removes them).
 
         Raises:
             NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
-            WriteBackOffError: the admission rule turns write-back off (nothing is stored).
-            MapShapeError: a row disagrees with its tokens or the namespace (nothing is stored).
-            ProjectorChangedError: a feature from another projector than the namespace's (nothing is stored).
+            WriteBackOffError: the admission rule turns write-back off, or the namespace records no token
+                limits (nothing is stored).
             StoreFullError: the store or its disk is full (nothing is stored).
         """
-        info = self.check_fingerprint(namespace, fingerprint)
-        entries, not_admitted = entries_to_store(info, rows, self.admission)
-        if not entries:
-            result = WriteBackResult(0, 0, not_admitted, 0)
-        else:
-            # Checked again inside the write: the projector may be replaced between the check and the commit.
-            featured = any(e.feature is not None for e in entries)
-            report = self.ingest(namespace, fingerprint, entries,
-                                 projector_version=info.projector_version if featured else None)
-            new: list[NewEntry] = []  # the first entry of each id this call stored (a row may repeat in a call)
-            fresh = set(report.added)
-            for entry_id, entry in zip(report.entry_ids, entries, strict=True):
-                if entry_id in fresh:
-                    fresh.discard(entry_id)
-                    new.append(entry)
-            with_maps = [e for e in new if e.maps is not None]
-            map_bytes = sum(info.layout.map_nbytes(_length_of(e)) for e in with_maps)
-            output_bytes = sum(info.layout.outputs_nbytes(_length_of(e)) for e in new)
-            result = WriteBackResult(len(new), report.duplicates, not_admitted, output_bytes + map_bytes,
-                                     len(with_maps), map_bytes)
+        result = write_rows(
+            lambda: self.check_fingerprint(namespace, fingerprint),
+            lambda entries, version: self.ingest(namespace, fingerprint, entries, projector_version=version),
+            rows, self.admission, writer,
+        )
         self.write_backs.add(result)
         return result
 
@@ -332,11 +348,16 @@ class AttnStoreService:
             FingerprintMismatchError: another model, or blocks of another size (or none).
         """
         self.check_fingerprint(namespace, fingerprint)
-        return prefix_matches(self._store, namespace, block_size, rows)
+        return prefix_matches(self._store, self._prefix_cuts, namespace, block_size, rows)
 
     def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
-        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``)."""
-        return read_prefix(self._store, namespace, block_size, chain, chunk)
+        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``); a block found corrupt is cut, so
+        prefix matches end before it from then on (a missing block ends them already: matches read records)."""
+        try:
+            return read_prefix(self._store, namespace, block_size, chain, chunk)
+        except PrefixBlockCorruptError as exc:
+            self._prefix_cuts.cut(namespace, exc.chain_hash)
+            raise
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
         """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""
@@ -426,17 +447,6 @@ class AttnStoreService:
         """Rebuild every namespace's index from the stored feature vectors."""
         self._indexes.rebuild()
 
-    def storage_fault(self) -> str | None:
-        """Why the store's storage can no longer be trusted, or None (see ``MapStoreBase.storage_fault``)."""
-        return self._store.storage_fault()
-
-    def dead_threads(self) -> list[str]:
-        """Names of the store's and the index follower's background threads that have died."""
-        dead = self._store.dead_threads()
-        if self._follower is not None and not self._follower.alive:
-            dead.append(FOLLOWER_THREAD)
-        return dead
-
     def verify(self) -> VerifyReport:
         """Check every stored chunk against its checksum."""
         return self._store.verify()
@@ -444,14 +454,6 @@ class AttnStoreService:
     def stats(self) -> StoreStats:
         """Store statistics (entries, bytes, codec ratios, DRAM tier, evictions)."""
         return self._store.stats()
-
-    def follower_status(self) -> FollowerStatus | None:
-        """How current the indexes are with a shared store's log; None for a store no one else writes."""
-        return None if self._follower is None else self._follower.status()
-
-    def redis_stats(self) -> RedisStats | None:
-        """See :meth:`MapStoreBase.redis_stats`."""
-        return self._store.redis_stats()
 
     def close(self) -> None:
         """Stop following the store's log, close the store (flushes hit counters). Idempotent."""

@@ -4,10 +4,14 @@ A written-back row is its token ids and final outputs, and, when the node
 captured them, its attention maps and the feature vector it projected for its
 map lookup. The daemon hashes the ids itself (the same key as the client's
 ``keys.token_hash``), so a node cannot file a row under another row's key, and
-it checks every row against its tokens and the namespace layout before anything
-is stored: one bad row fails the call and nothing of it is stored. Rows the
-admission rule has not admitted (asked about fewer than ``--admit-after`` times)
-are skipped, so a node cannot fill the store with rows nobody repeats.
+it checks every row against its tokens, the namespace layout and the store's
+own rules for entries before anything is stored. Rows are judged one by one: a
+bad row (it does not decode, disagrees with its tokens, holds NaN/inf, has maps
+that are not probabilities or a feature of another projector version) is
+refused alone and reported, and the rest of the call is stored as if it had not
+been sent, so one bad row cannot cost a node its whole batch. Rows the
+admission rule has not admitted (asked about fewer than ``--admit-after``
+times) are skipped, so a node cannot fill the store with rows nobody repeats.
 
 A row without maps becomes an outputs-only entry: the exact tier serves it at
 once; the map tier never sees it. A row with maps becomes a full entry in the
@@ -23,17 +27,30 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from attnstore.errors import MapShapeError, WriteBackOffError, shown
+from attnstore.errors import (
+    AttnStoreError,
+    ChecksumError,
+    MapShapeError,
+    ProjectorChangedError,
+    WireFormatError,
+    WriteBackOffError,
+    shown,
+)
 from attnstore.protocol.records import NamespaceInfo, NewEntry
 from attnstore.service.admission import Admission
-from attnstore.store.base import check_projector_version
+from attnstore.service.queries import IngestResult
+from attnstore.store.namespace_rules import check_projector_version
+from attnstore.store.validate import prepare_entry
 
 log = logging.getLogger(__name__)
+
+# A write-back is judged against the namespace as it is; a projector replaced before the commit judges it again.
+_WRITE_BACK_ROUNDS = 3
 
 
 def hash_token_ids(token_ids: np.ndarray) -> bytes:
@@ -53,6 +70,14 @@ class WrittenRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedRow:
+    """A row of a write-back call refused on its own (the others are judged as if it had not been sent)."""
+
+    row: int  # its index in the call
+    error: AttnStoreError  # why: MapShapeError, WireFormatError, ChecksumError or ProjectorChangedError
+
+
+@dataclass(frozen=True, slots=True)
 class WriteBackResult:
     """What one write-back call did."""
 
@@ -62,6 +87,7 @@ class WriteBackResult:
     bytes: int  # fp16 bytes of the new entries (outputs and maps)
     maps_stored: int = 0  # of the new entries, those with maps
     maps_bytes: int = 0  # their maps' fp16 bytes
+    refused: tuple[RefusedRow, ...] = ()  # rows refused one by one, in call order
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +101,7 @@ class WriteBackStats:
     not_admitted: int
     map_entries: int  # of ``entries``, those stored with maps
     map_bytes: int  # their maps' fp16 bytes
+    refused: int = 0  # rows refused one by one
 
 
 class WriteBackCounter:
@@ -82,12 +109,12 @@ class WriteBackCounter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals = [0] * 7
+        self._totals = [0] * 8
 
     def add(self, result: WriteBackResult) -> None:
         """Count one call's result."""
         counts = (1, result.stored, result.bytes, result.duplicates, result.not_admitted, result.maps_stored,
-                  result.maps_bytes)
+                  result.maps_bytes, len(result.refused))
         with self._lock:
             for k, n in enumerate(counts):
                 self._totals[k] += n
@@ -98,68 +125,190 @@ class WriteBackCounter:
             return WriteBackStats(*self._totals)
 
 
-def check_rows(rows: Sequence[WrittenRow], info: NamespaceInfo) -> None:
-    """Refuse the whole call when any row disagrees with its tokens or the namespace (nothing is stored).
+def check_row(index: int, row: WrittenRow, info: NamespaceInfo, writer: str | None = None) -> NewEntry:
+    """The entry to store for one row (recorded as ``writer``'s), once it agrees with its tokens and the namespace.
+
+    The store's own checks of an entry (``validate.prepare_entry``: maps are probabilities,
+    causal where the namespace is; outputs and feature finite once in fp16) run here too, so
+    a bad row is refused alone instead of failing the ingest of its whole call.
 
     Raises:
-        MapShapeError: a row without tokens; outputs not ``(L, hidden)``; maps not
-            ``(layers, heads, L, L)`` of the namespace layout at the row's token length; a
-            feature without maps, of another dimension than the namespace's, or in a
-            namespace without a projector.
+        MapShapeError: a row without tokens, longer than the model's maximum, or with a token id
+            outside its vocabulary; outputs not ``(L, hidden)``, or constant over the hidden size;
+            maps not ``(layers, heads, L, L)`` of the namespace layout at the row's token length; a
+            feature without maps, of another dimension than the namespace's, or in a namespace
+            without a projector; NaN/inf; maps that are not attention distributions.
         ProjectorChangedError: a feature projected with another projector version than the namespace's.
     """
     layout = info.layout
-    for index, row in enumerate(rows):
-        length = int(row.token_ids.shape[0]) if row.token_ids.ndim == 1 else -1
-        if length < 1:
-            raise MapShapeError(f"write-back row {index}: token_ids must be one non-empty row, got shape"
-                                f" {shown(tuple(row.token_ids.shape))}")
-        if row.outputs.shape != (length, layout.hidden):
-            raise MapShapeError(
-                f"write-back row {index}: outputs shape {shown(tuple(row.outputs.shape))} disagrees with its"
-                f" {length} tokens: expected ({length}, {layout.hidden})"
-            )
-        if row.maps is not None and row.maps.shape != layout.map_shape(length):
-            raise MapShapeError(
-                f"write-back row {index}: maps shape {shown(tuple(row.maps.shape))} disagrees with its {length}"
-                f" tokens or the namespace layout: expected {layout.map_shape(length)}"
-            )
-        if row.feature is None:
-            continue
-        if row.maps is None:
-            raise MapShapeError(
-                f"write-back row {index}: a feature needs maps (an outputs-only entry is never searched)"
-            )
-        if row.feature.shape != (layout.feature_dim,):
-            raise MapShapeError(
-                f"write-back row {index}: feature shape {shown(tuple(row.feature.shape))} is not the namespace's"
-                f" ({layout.feature_dim},)"
-            )
-        if info.projector is None:
-            raise MapShapeError(
-                f"write-back row {index}: namespace {info.name!r} has no projector, so a row carries no feature"
-                " (send its maps alone)"
-            )
-        check_projector_version(info, row.projector_version)
+    length = int(row.token_ids.shape[0]) if row.token_ids.ndim == 1 else -1
+    if length < 1:
+        raise MapShapeError(f"write-back row {index}: token_ids must be one non-empty row, got shape"
+                            f" {shown(tuple(row.token_ids.shape))}")
+    if row.outputs.shape != (length, layout.hidden):
+        raise MapShapeError(
+            f"write-back row {index}: outputs shape {shown(tuple(row.outputs.shape))} disagrees with its"
+            f" {length} tokens: expected ({length}, {layout.hidden})"
+        )
+    _check_tokens(index, row.token_ids, info)
+    if row.maps is not None and row.maps.shape != layout.map_shape(length):
+        raise MapShapeError(
+            f"write-back row {index}: maps shape {shown(tuple(row.maps.shape))} disagrees with its {length}"
+            f" tokens or the namespace layout: expected {layout.map_shape(length)}"
+        )
+    _check_outputs(index, row.outputs)
+    if row.feature is not None:
+        _check_feature(index, row, info)
+    entry = NewEntry(maps=row.maps, token_hash=hash_token_ids(row.token_ids), outputs=row.outputs,
+                     token_ids=row.token_ids, feature=row.feature, writer=writer)
+    prepare_entry(entry, layout, index, what="write-back row")
+    return entry
 
 
-def entries_to_store(
-    info: NamespaceInfo, rows: Sequence[WrittenRow], admission: Admission
-) -> tuple[list[NewEntry], int]:
-    """The entries for the admitted rows, and how many rows were not admitted.
+def _check_tokens(index: int, token_ids: np.ndarray, info: NamespaceInfo) -> None:
+    """Token ids the namespace's model could have been given: inside its vocabulary, within its length."""
+    limits = info.limits
+    assert limits is not None  # plan_write_back refuses a namespace without limits first
+    if len(token_ids) > limits.max_length:
+        raise MapShapeError(f"write-back row {index}: {len(token_ids)} tokens is over the model's maximum of"
+                            f" {limits.max_length} (namespace {info.name!r})")
+    outside = (token_ids < 0) | (token_ids >= limits.vocab_size)
+    if outside.any():
+        raise MapShapeError(f"write-back row {index}: token id {int(token_ids[outside.argmax()])} is outside the"
+                            f" vocabulary of {limits.vocab_size} (namespace {info.name!r})")
+
+
+def _check_outputs(index: int, outputs: np.ndarray) -> None:
+    """Refuse outputs no model computes: a token whose hidden state is constant (zeros, a filler value).
+
+    The numbers of a hidden state cannot be checked without the model, but a (normalised, mixed) last
+    hidden state never has every dimension equal: such a row is a placeholder, not a result.
+    """
+    if outputs.shape[-1] < 2:
+        return
+    spread = np.ptp(np.asarray(outputs, dtype=np.float32), axis=-1)  # (L,)
+    if (spread == 0).any():
+        raise MapShapeError(f"write-back row {index}: the outputs of token {int((spread == 0).argmax())} are"
+                            " constant across the hidden size: not a model's hidden state")
+
+
+def _check_feature(index: int, row: WrittenRow, info: NamespaceInfo) -> None:
+    assert row.feature is not None
+    if row.maps is None:
+        raise MapShapeError(
+            f"write-back row {index}: a feature needs maps (an outputs-only entry is never searched)"
+        )
+    if row.feature.shape != (info.layout.feature_dim,):
+        raise MapShapeError(
+            f"write-back row {index}: feature shape {shown(tuple(row.feature.shape))} is not the namespace's"
+            f" ({info.layout.feature_dim},)"
+        )
+    if info.projector is None:
+        raise MapShapeError(
+            f"write-back row {index}: namespace {info.name!r} has no projector, so a row carries no feature"
+            " (send its maps alone)"
+        )
+    check_projector_version(info, row.projector_version)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBackPlan:
+    """What one call stores: the admitted rows' entries, and the rows refused or not admitted."""
+
+    entries: list[NewEntry]
+    refused: tuple[RefusedRow, ...]
+    not_admitted: int
+
+
+def plan_write_back(
+    info: NamespaceInfo, rows: Sequence[WrittenRow | AttnStoreError], admission: Admission, writer: str | None = None
+) -> WriteBackPlan:
+    """Judge each row on its own: refused (it did not decode, or fails ``check_row``), not admitted, or stored.
+
+    Args:
+        info: the namespace as it is now.
+        rows: each row of the call, or the error decoding it raised.
+        admission: the daemon's admission rule.
+        writer: the name of the token writing (recorded with each entry stored).
 
     Raises:
-        WriteBackOffError: write-back is off (``admit_after`` 0).
-        MapShapeError, ProjectorChangedError: see ``check_rows``.
+        WriteBackOffError: write-back is off (``admit_after`` 0), or the namespace records no token limits
+            (it was made before they were; ``CreateNamespace`` with them records them).
     """
     if not admission.enabled:
         raise WriteBackOffError("this daemon runs with --admit-after 0: write-back is off, nothing was stored")
-    check_rows(rows, info)
-    entries: list[NewEntry] = []
-    for row in rows:
-        key = hash_token_ids(row.token_ids)
-        if admission.count(info.name, key) < admission.config.admit_after:
+    if info.limits is None:
+        raise WriteBackOffError(
+            f"namespace {info.name!r} records no vocabulary size and maximum length (it was created before they"
+            f" were recorded), so written-back token ids cannot be checked: nothing was stored. Record them with"
+            f" `attnstore admin create-namespace --model {info.model} --namespace {info.name}`"
+        )
+    checked: list[NewEntry] = []
+    refused: list[RefusedRow] = []
+    for index, row in enumerate(rows):
+        try:
+            if isinstance(row, AttnStoreError):
+                raise row
+            checked.append(check_row(index, row, info, writer))
+        except (MapShapeError, ProjectorChangedError, WireFormatError, ChecksumError) as exc:
+            refused.append(RefusedRow(index, exc))
+    if refused:
+        log.info("event=write_back_rows_refused namespace=%s refused=%d first=%r", info.name, len(refused),
+                 str(refused[0].error)[:200])
+    admitted = admission.admitted(info.name, [entry.token_hash for entry in checked])
+    entries = [entry for entry, yes in zip(checked, admitted, strict=True) if yes]
+    return WriteBackPlan(entries, tuple(refused), len(checked) - len(entries))
+
+
+def summarise(
+    info: NamespaceInfo, plan: WriteBackPlan, entry_ids: Sequence[int], added: Sequence[int], duplicates: int
+) -> WriteBackResult:
+    """The result of storing ``plan.entries`` (ids in order, those new, duplicates): bytes of the new ones."""
+    new: list[NewEntry] = []  # the first entry of each id this call stored (a row may repeat in a call)
+    fresh = set(added)
+    for entry_id, entry in zip(entry_ids, plan.entries, strict=True):
+        if entry_id in fresh:
+            fresh.discard(entry_id)
+            new.append(entry)
+    layout = info.layout
+    lengths = [len(np.asarray(e.token_ids)) for e in new]
+    map_bytes = sum(layout.map_nbytes(n) for e, n in zip(new, lengths, strict=True) if e.maps is not None)
+    output_bytes = sum(layout.outputs_nbytes(n) for n in lengths)
+    return WriteBackResult(len(new), duplicates, plan.not_admitted, output_bytes + map_bytes,
+                           sum(e.maps is not None for e in new), map_bytes, plan.refused)
+
+
+def write_rows(
+    namespace_now: Callable[[], NamespaceInfo],
+    ingest: Callable[[list[NewEntry], int | None], IngestResult],
+    rows: Sequence[WrittenRow | AttnStoreError],
+    admission: Admission,
+    writer: str | None,
+) -> WriteBackResult:
+    """Judge ``rows`` (``plan_write_back``) and store the admitted ones with ``ingest``; see
+    ``AttnStoreService.write_back``.
+
+    Args:
+        namespace_now: the namespace as it is now (checking the caller's fingerprint).
+        ingest: stores entries, checking the projector version given (None: none) inside its write.
+        rows, admission, writer: see ``plan_write_back``.
+
+    Raises:
+        WriteBackOffError: see ``plan_write_back``; and whatever ``namespace_now`` and ``ingest`` raise for
+            the whole call (the namespace, its fingerprint, a full store).
+    """
+    info = namespace_now()
+    for attempt in range(_WRITE_BACK_ROUNDS):
+        plan = plan_write_back(info, rows, admission, writer)
+        featured = any(e.feature is not None for e in plan.entries)
+        try:
+            # Checked again inside the write: the projector may be replaced between the check and the commit.
+            report = ingest(plan.entries, info.projector_version if featured else None) if plan.entries \
+                else IngestResult([], 0)
+        except ProjectorChangedError:
+            if attempt + 1 == _WRITE_BACK_ROUNDS:
+                raise
+            info = namespace_now()  # the new version refuses the stale rows one by one
             continue
-        entries.append(NewEntry(maps=row.maps, token_hash=key, outputs=row.outputs, token_ids=row.token_ids,
-                                feature=row.feature))
-    return entries, len(rows) - len(entries)
+        return summarise(info, plan, report.entry_ids, report.added, report.duplicates)
+    raise AssertionError("unreachable: the last round returns or raises")

@@ -7,14 +7,12 @@ projector blobs, token hashes, entry ids) are checked here, before a backend's
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-import crc32c
 import numpy as np
 
 from attnstore.errors import (
@@ -22,11 +20,9 @@ from attnstore.errors import (
     EntryNotFoundError,
     FingerprintMismatchError,
     MapShapeError,
-    NamespaceExistsError,
-    ProjectorChangedError,
 )
 from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout, check_block
-from attnstore.protocol.projector_blob import projector_metadata, same_weights
+from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.records import (
     TOKEN_HASH_BYTES,
     EntryInfo,
@@ -34,6 +30,7 @@ from attnstore.protocol.records import (
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
+    TokenLimits,
     check_entry_ids,
     check_namespace_name,
 )
@@ -48,6 +45,7 @@ from attnstore.store.reports import (
 )
 
 if TYPE_CHECKING:
+    from attnstore.store.admission import AdmissionCounts, SketchShape
     from attnstore.store.feed import ChangeFeed
 
 
@@ -60,61 +58,6 @@ def _checked_hashes(method: str, chain_hashes: Sequence[bytes]) -> list[bytes]:
     return checked
 
 
-def check_projector_version(info: NamespaceInfo, version: int | None) -> None:
-    """Refuse a request whose features were projected with another projector than the namespace's.
-
-    Args:
-        info: the namespace as it is now.
-        version: the projector version the caller projected with; None (or 0 on the wire) states none.
-
-    Raises:
-        ProjectorChangedError: ``version`` is stated and is not the namespace's.
-    """
-    if version is not None and version != info.projector_version:
-        raise ProjectorChangedError(
-            f"namespace {info.name!r} has projector version {info.projector_version}; the request's features were"
-            f" projected with version {version}: fetch the namespace again (its projector) and re-project"
-        )
-
-
-def projector_update(info: NamespaceInfo, blob: bytes, *, replace: bool) -> NamespaceInfo | None:
-    """The namespace once ``blob`` is its projector; None when it is already (nothing to write).
-
-    The first projector becomes version 1; each change bumps it, so clients load the new one. A
-    blob with the same weights (a new gate, say) projects as before and needs no ``replace``; one
-    with other weights does (the backend then drops every stored feature vector in the same write,
-    see :func:`drops_features`).
-
-    Raises:
-        NamespaceExistsError: the namespace has other weights and ``replace`` is False.
-    """
-    if info.projector == blob:
-        return None
-    if drops_features(info, blob) and not replace:
-        raise NamespaceExistsError(
-            f"namespace {info.name!r} has another projector (version {info.projector_version}); replacing it drops"
-            " every stored feature vector until the entries are ingested again with the new one's: ask for the"
-            " replacement explicitly (replace_projector, admin ingest --replace-projector)"
-        )
-    return dataclasses.replace(
-        info, projector=blob, projector_version=info.projector_version + 1, projector_crc32c=crc32c.crc32c(blob)
-    )
-
-
-def outputs_only_feature_error(namespace: str, entry_id: int) -> MapShapeError:
-    """The refusal of a feature vector for an entry that stores outputs only (``set_features``)."""
-    return MapShapeError(
-        f"set_features(): entry {entry_id} of namespace {namespace!r} stores outputs only (written back for the"
-        " exact tier): a feature vector would send lookups to maps it does not have; nothing was written"
-    )
-
-
-def drops_features(info: NamespaceInfo, blob: bytes) -> bool:
-    """Whether storing ``blob`` as the namespace's projector invalidates its stored feature vectors
-    (it has a projector, and ``blob`` holds other weights)."""
-    return info.projector is not None and not same_weights(info.projector, blob)
-
-
 class MapStoreBase(ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
 
@@ -122,26 +65,36 @@ class MapStoreBase(ABC):
     Arrays returned by reads belong to the caller (never shared with the store).
     """
 
-    def create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
+    ) -> NamespaceInfo:
         """Create a namespace, or return it if it exists with the same model, fingerprint and layout.
 
+        ``limits`` (the model's vocabulary size and maximum length, what written-back rows are
+        checked against) are recorded with a new namespace, and with an existing one that has
+        none yet (one created before they were recorded); an existing namespace keeps its own.
+
         Raises:
-            ConfigError: invalid name or layout, or an empty fingerprint.
+            ConfigError: invalid name, layout or limits, or an empty fingerprint.
             NamespaceExistsError: it exists with a different model, fingerprint or layout.
         """
         check_namespace_name(name)
         if not isinstance(layout, NamespaceLayout):
             raise ConfigError(f"create_namespace(): layout must be a NamespaceLayout, got {type(layout).__name__}")
+        if limits is not None and not isinstance(limits, TokenLimits):
+            raise ConfigError(f"create_namespace(): limits must be TokenLimits, got {type(limits).__name__}")
         if not isinstance(model, str) or not isinstance(fingerprint, str) or not fingerprint:
             raise ConfigError(
                 "create_namespace(): model and fingerprint must be strings (fingerprint non-empty),"
                 f" got {model!r}, {fingerprint!r}"
             )
-        return self._create_namespace(name, model=model, fingerprint=fingerprint, layout=layout)
+        return self._create_namespace(name, model=model, fingerprint=fingerprint, layout=layout, limits=limits)
 
     @abstractmethod
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
-        """``create_namespace`` with checked arguments."""
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
+        """``create_namespace`` with checked arguments (see :func:`matching_namespace`)."""
 
     @abstractmethod
     def get_namespace(self, name: str) -> NamespaceInfo:
@@ -389,6 +342,11 @@ class MapStoreBase(ABC):
         """
         return None
 
+    def admission_counts(self, shape: SketchShape) -> AdmissionCounts | None:
+        """Admission counts kept in the store, which every process sharing it reads (see ``admission``);
+        None for a store no other process writes (the counts then live in the process)."""
+        return None
+
     def redis_stats(self) -> RedisStats | None:
         """A Redis-backed store's client figures (failures waited out, each primary's memory); None otherwise."""
         return None
@@ -396,6 +354,15 @@ class MapStoreBase(ABC):
     def dead_threads(self) -> list[str]:
         """Names of background threads that have died (the store then needs a restart); none by default."""
         return []
+
+    def background_errors(self) -> dict[str, int]:
+        """Unexpected errors each background thread caught and survived, by thread name; none by default."""
+        return {}
+
+    def serving_problem(self) -> str | None:
+        """Why the store takes no writes now, while it lasts (a shared store lost its data, or its server
+        evicts more than entries), or None; unlike a storage fault it passes without a restart."""
+        return None
 
     def storage_fault(self) -> str | None:
         """Why the store's storage can no longer be trusted (its directory was removed, its database is

@@ -75,9 +75,10 @@ class ChangeBatch:
 
     changes: list[IndexChange]
     position: str
-    # The log no longer holds every change after the position asked for (it was trimmed past it):
-    # the caller must rebuild from ``index_state`` instead of applying ``changes``.
+    # The log no longer holds every change after the position asked for (it was trimmed past it, or a record
+    # of it did not decode): the caller must rebuild from ``index_state`` instead of applying ``changes``.
     rebuild: bool = False
+    skipped: int = 0  # records that did not decode (logged, never applied: the rebuild reads the keys instead)
 
 
 class ChangeFeed(ABC):
@@ -102,6 +103,15 @@ class ChangeFeed(ABC):
     @abstractmethod
     def catalog_version(self) -> str:
         """A token that changes whenever a namespace is created, dropped or given a projector."""
+
+    @abstractmethod
+    def store_identity(self) -> str | None:
+        """Read the store's identity again; None while the store is lost.
+
+        It changes when the store was replaced under this process (its data lost, and the
+        store made anew): ids may then be reused, so the store drops everything it cached of
+        the old one, and the caller must rebuild its indexes from scratch.
+        """
 
     @abstractmethod
     def missing(self, namespace: str, ids: Sequence[int]) -> list[int]:

@@ -106,13 +106,20 @@ class HotMaps:
         """Whether the prefetch thread still runs (or has not been needed yet)."""
         return self._prefetcher.alive
 
+    @property
+    def prefetch_errors(self) -> int:
+        """Unexpected errors the prefetch thread caught (logged with their traceback) and survived."""
+        return self._prefetcher.unexpected
+
     def discard(self, namespace: str, ids: Iterable[int]) -> None:
         """Forget entries that were deleted or evicted."""
         self._dram.discard((namespace, int(i)) for i in ids)
 
     def clear(self) -> None:
-        """Forget every entry."""
+        """Forget every entry (also those served once: their ids may stand for other entries now)."""
         self._dram.clear()
+        with self._served_lock:
+            self._served_once.clear()
 
     def stats(self) -> DramStats:
         """Usage of the DRAM tier."""

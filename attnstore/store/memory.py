@@ -22,7 +22,6 @@ from attnstore.errors import (
     EntryNotFoundError,
     MapShapeError,
     MapsNotStoredError,
-    NamespaceExistsError,
     NamespaceNotFoundError,
     shown,
 )
@@ -33,12 +32,14 @@ from attnstore.protocol.records import (
     NamespaceInfo,
     NamespaceLayout,
     NewEntry,
+    TokenLimits,
 )
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import (
-    MapStoreBase,
+from attnstore.store.base import MapStoreBase
+from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
+    matching_namespace,
     outputs_only_feature_error,
     projector_update,
 )
@@ -66,6 +67,7 @@ class _Entry:
     token_hash: bytes
     feature: np.ndarray | None
     token_ids: np.ndarray | None
+    writer: str | None
     chunks: list[tuple[bytes, ...]]  # per layer, one per codec array
     crcs: list[tuple[int, ...]]
     outputs: bytes | None
@@ -118,18 +120,18 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
             raise EntryNotFoundError(f"no entry {entry_id} in namespace {namespace!r}")
         return ns, entry
 
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`."""
+        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None, limits=limits)
         with self._lock:
             existing = self._namespaces.get(name)
             if existing is not None:
-                info = existing.info
-                if (info.model, info.fingerprint, info.layout) == (model, fingerprint, layout):
-                    return info
-                raise NamespaceExistsError(f"namespace {name!r} exists with another model, fingerprint or layout")
-            info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
-            self._namespaces[name] = _Namespace(info, NamespaceState.of(info))
-            return info
+                existing.info = matching_namespace(existing.info, wanted)
+                return existing.info
+            self._namespaces[name] = _Namespace(wanted, NamespaceState.of(wanted))
+            return wanted
 
     def get_namespace(self, name: str) -> NamespaceInfo:
         """See :meth:`MapStoreBase.get_namespace`."""
@@ -199,6 +201,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
                     token_hash=p.token_hash,
                     feature=p.feature,
                     token_ids=p.token_ids,
+                    writer=p.writer,
                     chunks=chunks,
                     crcs=[tuple(crc32c.crc32c(c) for c in layer) for layer in chunks],
                     outputs=outputs,
@@ -323,6 +326,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
             nbytes=entry.nbytes,
             token_ids=entry.token_ids,
             has_maps=bool(entry.chunks),
+            writer=entry.writer,
         )
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:

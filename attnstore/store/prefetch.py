@@ -33,7 +33,8 @@ class Prefetcher:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.loaded = 0
-        self.failed = 0
+        self.failed = 0  # loads that raised, expected or not
+        self.unexpected = 0  # of those, the ones that were not AttnStoreError (bugs: logged with a traceback)
         self.dropped = 0
 
     def submit(self, namespace: str, ids: Iterable[int]) -> int:
@@ -93,4 +94,5 @@ class Prefetcher:
             except Exception:
                 # The worker must survive anything: an unexpected error is a bug to log, not a reason to stop.
                 self.failed += 1
+                self.unexpected += 1
                 logger.exception("prefetch of entry %s in namespace %r failed unexpectedly", entry_id, namespace)

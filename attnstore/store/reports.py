@@ -212,3 +212,5 @@ class RedisStats:
 
     retries: RetryTotals
     nodes: tuple[NodeMemory, ...]  # the primaries that answered INFO
+    resets: int = 0  # times the store was found replaced under this process (its identity changed)
+    unsafe: bool = False  # writes are refused now: the store's marker is gone, or an allkeys-* policy runs

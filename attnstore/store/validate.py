@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from attnstore.errors import MapShapeError
+from attnstore.errors import MapShapeError, shown
 from attnstore.protocol.records import TOKEN_HASH_BYTES, NamespaceLayout, NewEntry
 from attnstore.store.codecs import to_fp16
 
@@ -21,6 +21,9 @@ _PROB_MAX = 1.0 + 1e-3
 _CAUSAL_TOL = 1e-6
 # Largest fp16 bit pattern accepted: the fp16 value just above 1.0 (1 + 2**-10).
 _FP16_PROB_MAX_BITS = np.uint16(0x3C01)
+# How far a row of a map may sum from 1: a softmax row in fp16 is off by at most L * 2**-11 relative rounding
+# (under 1e-3), so this refuses only what is no distribution at all (zeros, logits, a scaled row).
+_ROW_SUM_TOL = 1e-2
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,7 @@ class PreparedEntry:
     outputs: np.ndarray | None  # (L, hidden) float16
     feature: np.ndarray | None  # (feature_dim,) float32
     token_ids: np.ndarray | None  # (L,) uint32
+    writer: str | None = None  # who wrote it back (see NewEntry.writer)
 
     @property
     def length(self) -> int:
@@ -103,15 +107,26 @@ def _check_maps(maps: np.ndarray, layout: NamespaceLayout, where: str) -> None:
         )
     if layout.causal and upper > _CAUSAL_TOL:
         raise MapShapeError(f"{where}: the namespace is causal but the maps put weight {upper} above the diagonal")
+    # A map replays as attention weights: each row must be a distribution, or replay computes garbage
+    # (an all-zero decoy would zero every attention output) that passes every other check.
+    sums = np.add.reduce(maps, axis=-1, dtype=np.float32)  # (layers, heads, L)
+    worst = float(np.abs(sums - 1.0).max())
+    if worst > _ROW_SUM_TOL:
+        layer, head, row = np.unravel_index(int(np.abs(sums - 1.0).argmax()), sums.shape)
+        raise MapShapeError(
+            f"{where}: attention rows must sum to 1 (within {_ROW_SUM_TOL}); row {row} of layer {layer} head {head}"
+            f" sums to {float(sums[layer, head, row]):.4g}"
+        )
 
 
-def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> PreparedEntry:
+def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0, *, what: str = "entry") -> PreparedEntry:
     """Check ``entry`` against ``layout`` and convert it to its stored dtypes.
 
     Args:
         entry: the entry to ingest.
         layout: the namespace's layout.
         index: position of the entry in its batch, for error messages.
+        what: what messages call it ("entry", "write-back row").
 
     Returns:
         The prepared entry (maps fp16 for lossless codecs, fp32 for q8).
@@ -121,7 +136,7 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
             token hash or token ids; maps outside [0, 1]; weight above the diagonal in a
             causal namespace; non-finite outputs or feature.
     """
-    where = f"entry {index}"
+    where = f"{what} {index}"
     if not isinstance(entry, NewEntry):
         raise MapShapeError(f"{where}: expected a NewEntry, got {type(entry).__name__}")
     maps: np.ndarray | None = None
@@ -171,8 +186,10 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0) -> P
         if not np.isfinite(feature).all():
             raise MapShapeError(f"{where}: feature holds NaN or inf")
     token_ids = None if entry.token_ids is None else _token_ids(entry.token_ids, length, where)
+    if entry.writer is not None and (not isinstance(entry.writer, str) or not 0 < len(entry.writer) <= 64):
+        raise MapShapeError(f"{where}: writer must be a name of 1-64 characters, got {shown(entry.writer)}")
     return PreparedEntry(maps=maps, token_hash=bytes(token_hash), outputs=outputs, feature=feature,
-                         token_ids=token_ids)
+                         token_ids=token_ids, writer=entry.writer)
 
 
 def _token_ids(value: object, length: int, where: str) -> np.ndarray:

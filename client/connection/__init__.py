@@ -8,6 +8,7 @@ from attnstore_client.connection.base import (
     MatchKind,
     NamespaceHandle,
     PrefixStream,
+    RefusedRow,
     RowToWrite,
     StoreConnection,
     WriteBackCounts,
@@ -15,6 +16,6 @@ from attnstore_client.connection.base import (
 )
 
 __all__ = [
-    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "RowToWrite",
+    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "RefusedRow", "RowToWrite",
     "StoreConnection", "WriteBackCounts", "connect",
 ]

@@ -58,6 +58,16 @@ class RowToWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedRow:
+    """A row of a write-back call the store refused on its own; the call's other rows were judged as usual."""
+
+    row: int  # its index in the rows of the call
+    code: str  # a status code name: INVALID_ARGUMENT (a bad row), FAILED_PRECONDITION (a stale projector
+    # version: project again), DATA_LOSS (its bytes were damaged on the way)
+    message: str  # why, naming the bad value
+
+
+@dataclass(frozen=True, slots=True)
 class WriteBackCounts:
     """What the store did with one write-back call."""
 
@@ -65,6 +75,7 @@ class WriteBackCounts:
     duplicates: int  # rows stored already (another node was first)
     not_admitted: int  # rows the store's admission rule skipped
     maps_stored: int = 0  # of the new entries, those stored with maps
+    refused: tuple[RefusedRow, ...] = ()  # rows refused one by one (the rest of the call was stored)
 
 
 def checked_projector(name: str, projector: bytes | None, crc: int | None) -> bytes | None:

@@ -56,6 +56,7 @@ from attnstore_client.connection.base import (
     MatchKind,
     NamespaceHandle,
     PrefixStream,
+    RefusedRow,
     RowToWrite,
     StoreConnection,
     WriteBackCounts,
@@ -147,7 +148,8 @@ class RemoteConnection(StoreConnection):
         """See :meth:`StoreConnection.write_back`: one WriteBack call."""
         messages = [row_to_pb(r.token_ids, r.outputs, r.maps, r.feature, r.projector_version) for r in rows]
         reply = self._remote.write_back(namespace, fingerprint, messages, timeout=timeout)
-        return WriteBackCounts(reply.stored, reply.duplicates, reply.not_admitted, reply.maps_stored)
+        refused = tuple(RefusedRow(r.query_index, r.code, r.message) for r in reply.refused)
+        return WriteBackCounts(reply.stored, reply.duplicates, reply.not_admitted, reply.maps_stored, refused)
 
     def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
         """See :meth:`StoreConnection.search`."""

@@ -9,6 +9,7 @@ for the next near-duplicate on any node.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
-from attnstore.errors import AttnStoreError, MapShapeError
+from attnstore.errors import AttnStoreError
 from attnstore.protocol.remote import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.service.write_back import hash_token_ids
 from attnstore_client.keys import token_hash
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.cold_start import create_exact_namespace, token_limits
 
 TESTS = Path(__file__).resolve().parents[1]
 COUNT = 10
@@ -71,7 +72,8 @@ def with_projector(tmp_path_factory: pytest.TempPathFactory):
     captured = capture_entries(loaded, sentences(4, seed=40, min_words=3, max_words=3))
     with process.client(ADMIN_TOKEN) as admin:
         admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
-                               layout=captured.layout, projector=captured.projector.to_safetensors_bytes())
+                               layout=captured.layout, projector=captured.projector.to_safetensors_bytes(),
+                               limits=token_limits(loaded))
         admin.ingest("default", captured.fingerprint, captured.entries)
     yield process
     assert process.stop() == 0, process.log()
@@ -101,7 +103,9 @@ def test_a_row_written_back_by_one_node_is_a_map_hit_for_a_near_duplicate_on_ano
     assert stats.written_back_bytes == layout.map_nbytes(10) + layout.outputs_nbytes(10)
 
 
-def test_maps_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(with_projector: DaemonProcess) -> None:
+def test_maps_disagreeing_with_their_tokens_refuse_that_row_and_nothing_is_stored(
+    with_projector: DaemonProcess,
+) -> None:
     ids = np.arange(5, 12)
     with with_projector.client(WRITE_TOKEN) as writer:
         namespace = writer.get_namespace("default")
@@ -110,10 +114,40 @@ def test_maps_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(wi
         layout = namespace.layout
         outputs = np.zeros((len(ids), layout.hidden), np.float32)
         maps = np.full((layout.layers, layout.heads, len(ids) - 1, len(ids) - 1), 1 / (len(ids) - 1), np.float32)
-        bad = row_to_pb(ids, outputs, maps)
-        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*maps shape .* disagrees with its 7 tokens"):
-            writer.write_back("default", namespace.fingerprint, [bad])
+        reply = writer.write_back("default", namespace.fingerprint, [row_to_pb(ids, outputs, maps)])
+        assert [(r.query_index, r.code) for r in reply.refused] == [(0, "INVALID_ARGUMENT")]
+        assert re.search("maps shape .* disagrees with its 7 tokens", reply.refused[0].message)
         assert writer.stats().entries == before
+
+
+def test_a_write_token_cannot_poison_a_victims_lookups_with_decoys(with_projector: DaemonProcess) -> None:
+    """Issue 25, item 13: a decoy of the victim's length with all-zero maps and the victim's feature made the
+    victim a map hit replaying zeros; token ids far outside the vocabulary and a row past the model's
+    length were stored too."""
+    loaded = tiny_loaded("bert")
+    victim = sentences(1, seed=52, min_words=6, max_words=6)[0]
+    (captured,) = capture_entries(loaded, [victim]).entries  # the namespace's projector: the victim's feature
+    length = captured.maps.shape[-1]
+    zeros = np.zeros_like(captured.maps)
+    vocab = token_limits(loaded).vocab_size
+    decoys = [
+        row_to_pb(np.arange(1, length + 1), captured.outputs, zeros, captured.feature, 1),
+        row_to_pb(np.array([5, 4_000_000_000, 7]), captured.outputs[:3]),
+        row_to_pb(np.arange(5000) % vocab, np.random.default_rng(0).normal(size=(5000, captured.outputs.shape[1]))),
+    ]
+    with with_projector.client(WRITE_TOKEN) as writer:
+        fingerprint = writer.get_namespace("default").fingerprint
+        before = writer.stats().entries
+        keys = [hash_token_ids(np.array(row.token_ids)) for row in decoys]
+        writer.lookup(exact_request("default", fingerprint, keys, [len(row.token_ids) for row in decoys]))
+        reply = writer.write_back("default", fingerprint, decoys)
+        assert [(r.query_index, r.code) for r in reply.refused] == [(i, "INVALID_ARGUMENT") for i in range(3)]
+        assert "rows must sum to 1" in reply.refused[0].message
+        assert f"token id 4000000000 is outside the vocabulary of {vocab}" in reply.refused[1].message
+        assert "5000 tokens is over the model's maximum" in reply.refused[2].message
+        assert writer.stats().entries == before
+    report = _child(f"grpc://{with_projector.target}", READ_TOKEN, 0, [victim], 1e9)
+    assert (report["stats"]["map_hits"], report["stats"]["misses"]) == (0, 1)
 
 
 def test_the_daemon_hashes_token_ids_as_the_client_does() -> None:
@@ -136,11 +170,13 @@ def test_a_row_computed_by_one_client_process_is_an_exact_hit_for_another(admit_
     assert stats.written_back_entries >= COUNT and stats.admit_after == 1
 
 
-def test_the_admission_threshold_is_respected(admit_second_ask: DaemonProcess) -> None:
+def test_the_admission_threshold_counts_distinct_callers(admit_second_ask: DaemonProcess) -> None:
     url = f"grpc://{admit_second_ask.target}"
     first = _child(url, WRITE_TOKEN, 2)
-    assert first["written"]["queued"] == 0  # asked once: nothing admitted
-    second = _child(url, WRITE_TOKEN, 2)
+    assert first["written"]["queued"] == 0  # asked by one caller: nothing admitted
+    again = _child(url, WRITE_TOKEN, 2)
+    assert again["written"]["queued"] == 0  # the same caller (token, host) asking again counts nothing
+    second = _child(url, OTHER_WRITE_TOKEN, 2)
     assert second["stats"]["misses"] == COUNT and second["written"]["stored"] == COUNT
     third = _child(url, WRITE_TOKEN, 2)
     assert third["stats"]["exact_hits"] == COUNT
@@ -155,7 +191,7 @@ def test_a_read_token_cannot_write_back_and_encode_still_answers(admit_every_mis
     assert again["stats"]["exact_hits"] == 0
 
 
-def test_outputs_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored(
+def test_outputs_disagreeing_with_their_tokens_refuse_that_row_and_nothing_is_stored(
     admit_every_miss: DaemonProcess,
 ) -> None:
     ids = np.arange(5, 11)
@@ -164,8 +200,9 @@ def test_outputs_disagreeing_with_their_tokens_are_refused_and_nothing_is_stored
         namespace = writer.get_namespace("default")
         writer.lookup(exact_request("default", namespace.fingerprint, [hash_token_ids(ids)], [len(ids)]))
         bad = row_to_pb(ids, np.zeros((len(ids) + 1, namespace.layout.hidden), np.float32))
-        with pytest.raises(MapShapeError, match="INVALID_ARGUMENT.*disagrees with its 6 tokens"):
-            writer.write_back("default", namespace.fingerprint, [bad])
+        reply = writer.write_back("default", namespace.fingerprint, [bad])
+        assert [(r.query_index, r.code) for r in reply.refused] == [(0, "INVALID_ARGUMENT")]
+        assert "disagrees with its 6 tokens" in reply.refused[0].message
         assert writer.stats().entries == before
 
 
@@ -174,7 +211,7 @@ def test_the_daemon_going_away_mid_write_back_loses_no_committed_entry(tmp_path:
     loaded = tiny_loaded("bert")
     hidden = plain_hidden(loaded, ["x"])[0].shape[-1]
     rng = np.random.default_rng(0)
-    rows = [(rng.integers(0, 1000, size=12), rng.normal(size=(12, hidden)).astype(np.float32)) for _ in range(4000)]
+    rows = [(rng.integers(0, 90, size=12), rng.normal(size=(12, hidden)).astype(np.float32)) for _ in range(4000)]
     committed: list[int] = []  # indices of rows whose WriteBack call returned OK
     failed: list[BaseException] = []
 

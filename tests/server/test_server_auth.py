@@ -36,7 +36,12 @@ def test_token_file_maps_tokens_to_roles() -> None:
     [
         (f"writer {ADMIN}", "role 'writer' is unknown; choose one of"),
         ("admin short", "shorter than 16"),
-        (f"admin {ADMIN} extra", "expected 'role token'"),
+        (f"admin {ADMIN} extra", "option 'extra' is unknown; a token line takes name=NAME and namespaces=A,B"),
+        ("admin", "expected 'role token"),
+        (f"admin {ADMIN} namespaces=ns", "an admin token is store-wide"),
+        (f"read {READ} namespaces=a/b", "namespaces= needs a comma list of namespace names"),
+        (f"read {READ} name=two words", "option 'words' is unknown"),
+        (f"read {READ} name=a*b", "name 'a\\*b' must be 1-64"),
         (f"admin {ADMIN}\nread {ADMIN}", "line 2: token is listed twice"),
         ("# only comments\n", "holds no token"),
     ],
@@ -144,3 +149,27 @@ def test_write_role_parses_and_needs_write_for_write_back_only() -> None:
     assert required_role(f"/{SERVICE_NAME}/WriteBack") == "write"
     assert required_role(f"/{SERVICE_NAME}/Ingest") == "admin"
     assert required_role(f"/{SERVICE_NAME}/Lookup") == "read"
+
+
+def test_a_token_line_may_name_its_holder_and_limit_it_to_namespaces() -> None:
+    table = parse_tokens(f"write {READ}x name=node-a namespaces=ns,logs\nadmin {ADMIN}\n")
+    write, admin = table.entry_of(READ + "x"), table.entry_of(ADMIN)
+    assert (write.role, write.name, write.namespaces) == ("write", "node-a", frozenset({"ns", "logs"}))
+    assert admin.namespaces is None and admin.name.startswith("token-") and ADMIN not in admin.name
+    assert admin.name == parse_tokens(f"read {ADMIN}").entry_of(ADMIN).name  # stable: the same token, the same name
+
+
+def test_a_token_limited_to_namespaces_cannot_name_another_and_lists_only_its_own() -> None:
+    service = memory_service()
+    service.create_namespace("other", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    scoped = "scoped-token-ssssssssss"
+    tokens = parse_tokens(f"admin {ADMIN}\nread {scoped} namespaces=ns\n")
+    with served(service, tokens=tokens, client_token=scoped) as (_, remote):
+        assert remote.get_namespace("ns").name == "ns"
+        with pytest.raises(AuthError, match="PERMISSION_DENIED.*names namespace 'other'; this token may name only"):
+            remote.get_namespace("other")
+        entry = make_entry(LAYOUT, 6, 1)
+        batch = LookupBatch("other", FP, entry.feature[None], [6], max_distance=0.1)
+        with pytest.raises(AuthError, match="names namespace 'other'"):
+            remote.lookup(lookup_request(batch))
+        assert [n.name for n in remote.list_namespaces()] == ["ns"]

@@ -155,3 +155,17 @@ def test_a_failing_redis_source_does_not_break_the_scrape() -> None:
 
     text = DaemonMetrics(redis=unreachable).render()
     assert b"attnstore_rpcs_in_flight" in text and b"attnstore_redis" not in text
+
+
+def test_the_followers_skipped_records_and_errors_are_exported() -> None:
+    metrics = DaemonMetrics(follower=lambda: FollowerStatus(0.1, 7, 3, skipped_records=2, errors=1))
+    samples = _samples(metrics)
+    assert samples[("attnstore_follower_skipped_records_total", ())] == 2
+    assert samples[("attnstore_follower_errors_total", ())] == 1
+
+
+def test_errors_background_threads_survived_are_counted_by_thread() -> None:
+    metrics = DaemonMetrics(background=lambda: {"attnstore-prefetch": 2, "attnstore-watchdog": 0})
+    samples = _samples(metrics)
+    assert samples[("attnstore_background_errors_total", (("thread", "attnstore-prefetch"),))] == 2
+    assert samples[("attnstore_background_errors_total", (("thread", "attnstore-watchdog"),))] == 0

@@ -129,3 +129,39 @@ def test_features_set_through_one_service_are_searchable_through_the_other(pair)
     features = np.stack([make_entry(small_layout(), 6, seed=s).feature for s in (1, 2)])
     a.set_features("ns", ids, features, projector_version=1)
     _until(lambda: _kinds(b, [1, 2]) == [("map", i) for i in ids])
+
+
+def test_a_log_record_that_does_not_decode_is_skipped_counted_and_the_follower_goes_on(pair, redis_server):
+    a, b = pair
+    a.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
+    (first,) = a.ingest("ns", FP, [make_entry(small_layout(), 6, seed=1)]).entry_ids
+    _until(lambda: _kinds(b, [1]) == [("map", first)])
+    log_key = a.store._keys.namespace("ns").log
+    with redis_server.client() as raw:  # what a bug or a hand edit could leave in the log
+        raw.xadd(log_key, {"op": "add", "ids": "not-a-number"})
+        raw.xadd(log_key, {"op": "del"})
+    (second,) = a.ingest("ns", FP, [make_entry(small_layout(), 6, seed=2)]).entry_ids
+    _until(lambda: _kinds(b, [1, 2]) == [("map", first), ("map", second)])
+    status = b.follower_status()
+    assert status.skipped_records == 2 and status.errors == 0
+    assert b.dead_threads() == []
+
+
+def test_an_unexpected_error_in_a_follower_step_is_counted_and_the_next_step_runs(pair, monkeypatch):
+    a, b = pair
+    a.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
+    (first,) = a.ingest("ns", FP, [make_entry(small_layout(), 6, seed=1)]).entry_ids
+    _until(lambda: _kinds(b, [1]) == [("map", first)])  # b indexes the namespace: what follows comes by its log
+    indexes = b._indexes
+    follow = indexes.follow
+    failures = [RuntimeError("a bug in a step"), ZeroDivisionError("another")]
+
+    def failing_then_following() -> int:
+        if failures:
+            raise failures.pop()
+        return follow()
+
+    monkeypatch.setattr(indexes, "follow", failing_then_following)
+    (entry_id,) = a.ingest("ns", FP, [make_entry(small_layout(), 6, seed=3)]).entry_ids
+    _until(lambda: _kinds(b, [3]) == [("map", entry_id)])
+    assert b.follower_status().errors == 2 and b.dead_threads() == []

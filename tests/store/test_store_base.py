@@ -3,6 +3,8 @@ must pass it. The Redis ones run on real ``redis-server`` processes (see ``tests
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -19,6 +21,7 @@ from attnstore.errors import (
     WireFormatError,
     WriteBackOffError,
 )
+from attnstore.protocol.records import TokenLimits
 from attnstore.store import MapStoreBase, NewEntry
 from attnstore.store.codecs import q8_error_bound
 
@@ -172,6 +175,8 @@ def test_returned_arrays_belong_to_the_caller(store):
         (lambda e: NewEntry(e.maps, e.token_hash, e.outputs[:4], e.feature), "outputs shape"),
         (lambda e: NewEntry(e.maps, e.token_hash, e.outputs, e.feature[:3]), "feature shape"),
         (lambda e: NewEntry(e.maps.tolist(), e.token_hash, e.outputs, e.feature), "numpy array or a torch tensor"),
+        (lambda e: NewEntry(np.zeros_like(e.maps), e.token_hash, e.outputs, e.feature), "rows must sum to 1"),
+        (lambda e: NewEntry(e.maps * 0.9, e.token_hash, e.outputs, e.feature), r"sums to 0\.9"),
     ],
 )
 def test_bad_input_raises_a_clear_error_and_writes_nothing(store, change, message):
@@ -415,3 +420,24 @@ def test_set_features_refuses_an_entry_that_stores_outputs_only_and_writes_nothi
     with pytest.raises(MapShapeError, match=f"entry {outputs_only} .* stores outputs only"):
         store.set_features(ns, [ids[0], outputs_only], _features(2), projector_version=1)
     assert [e.feature for e in store.entries(ns)] == [None, None]
+
+
+def test_token_limits_are_recorded_with_a_namespace_and_added_to_one_made_before_them(store):
+    limits = TokenLimits(vocab_size=30522, max_length=512)
+    made = store.create_namespace("new", model="m", fingerprint="fp", layout=small_layout(), limits=limits)
+    assert made.limits == store.get_namespace("new").limits == limits
+    old = store.create_namespace("old", model="m", fingerprint="fp", layout=small_layout())
+    assert old.limits is None
+    upgraded = store.create_namespace("old", model="m", fingerprint="fp", layout=small_layout(), limits=limits)
+    assert upgraded.limits == store.get_namespace("old").limits == limits
+    other = TokenLimits(vocab_size=5, max_length=5)
+    assert store.create_namespace("old", model="m", fingerprint="fp", layout=small_layout(), limits=other).limits == \
+        limits  # recorded limits are kept
+
+
+def test_the_writer_of_an_entry_is_recorded_and_listed(store):
+    ns = _namespace(store)
+    first, second = make_entry(small_layout(), 6, seed=1), make_entry(small_layout(), 6, seed=2)
+    store.ingest(ns, [dataclasses.replace(first, writer="node-a"), second])
+    writers = {info.token_hash: info.writer for info in store.entries(ns)}
+    assert writers == {first.token_hash: "node-a", second.token_hash: None}

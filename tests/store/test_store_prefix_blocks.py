@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from store_helpers import small_layout
 
-from attnstore.errors import ChecksumError, ConfigError, FingerprintMismatchError, MapShapeError
+from attnstore.errors import (
+    ChecksumError,
+    ConfigError,
+    FingerprintMismatchError,
+    MapShapeError,
+    PrefixBlockError,
+    PrefixBlockMissingError,
+)
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes, usable_blocks
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
 from attnstore.store.prefix import records as prefix_records
@@ -140,8 +147,11 @@ def test_a_corrupt_block_fails_its_read_and_verify_names_it(store):
     store.put_prefix_blocks("ns", blocks)
     _corrupt(store, blocks[1], 2)
     hashes = [b.chain_hash for b in blocks]
-    with pytest.raises(ChecksumError, match=blocks[1].chain_hash.hex()):
+    with pytest.raises(ChecksumError, match=f"prefix block 1 of 3 in the chain \\({blocks[1].chain_hash.hex()}\\)"
+                       ".*chunk 2 \\(layer 2\\)") as caught:
         store.read_prefix_layer("ns", hashes, 2)
+    assert isinstance(caught.value, PrefixBlockError)
+    assert (caught.value.block, caught.value.chain_hash) == (1, blocks[1].chain_hash)
     assert store.read_prefix_layer("ns", hashes, 1).shape == (2, 2, 12, 5)  # other layers are sound
     report = store.verify()
     assert not report.ok and report.prefix_blocks_checked == 3
@@ -171,3 +181,15 @@ def test_lmdb_blocks_survive_compaction_and_are_read_by_a_read_only_opening(tmp_
     with MapStore.open(path, readonly=True) as reader:
         assert reader.prefix_layout("ns") == LAYOUT
         assert np.array_equal(reader.read_prefix_hidden("ns", [blocks[0].chain_hash]), blocks[0].hidden)
+
+
+def test_a_chain_is_served_only_from_its_first_block_never_later_blocks_without_their_parents(store):
+    store.set_prefix_layout("ns", LAYOUT)
+    blocks = _chain(list(range(12)))
+    store.put_prefix_blocks("ns", blocks)
+    hashes = [b.chain_hash for b in blocks]
+    assert store.read_prefix_layer("ns", hashes[:2], 0).shape == (2, 2, 8, 5)
+    for request, bad in ((hashes[1:], 0), ([hashes[0], hashes[2]], 1)):
+        with pytest.raises(PrefixBlockMissingError, match=f"prefix block {bad} of 2 .*not the child") as caught:
+            store.read_prefix_layer("ns", request, 0)
+        assert caught.value.block == bad

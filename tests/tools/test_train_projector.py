@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from cache_helpers import sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AuthError, FingerprintMismatchError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch, NewEntry
@@ -217,12 +217,13 @@ def test_a_cold_namespace_filled_by_write_back_traffic_then_trained_serves_map_h
     daemon: DaemonProcess, model_folder: Path, loaded: LoadedModel, namespace: str
 ) -> None:
     url = f"grpc://{daemon.target}"
-    # Node 1: the same traffic twice; the daemon admits each row on its second ask (--admit-after 2) and the
-    # node writes it back with its maps (no node-local tier, so the second pass asks the store again).
-    with AttnCache(loaded, url, namespace=namespace, token=WRITE_TOKEN, exact_cache_bytes=0,
+    # Node 2 sees the traffic first, then node 1: the daemon admits each row on its second caller's ask
+    # (--admit-after 2) and node 1 writes it back with its maps.
+    with AttnCache(loaded, url, namespace=namespace, token=OTHER_WRITE_TOKEN) as other:
+        other.encode(TEXTS, batch_size=8)
+    with AttnCache(loaded, url, namespace=namespace, token=WRITE_TOKEN,
                    write_back=WriteBackSettings(capture_share=1.0)) as writer:  # every batch keeps maps
-        for _ in range(2):
-            writer.encode(TEXTS, batch_size=8)
+        writer.encode(TEXTS, batch_size=8)
         assert writer.write_back is not None
         writer.write_back.flush(60.0)
         assert writer.write_back.stats().maps_stored == len(TEXTS)

@@ -61,7 +61,12 @@ STORE_VARIANTS = (*VARIANTS[2:], COLD_START)  # each with its own store and its 
 WRITING = frozenset({"attnstore_exact_write_back", "attnstore_write_back", COLD_START})
 NAMESPACE = "stream"
 LOGHUB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "loghub"
-_ADMIN, _WRITE = "bench-admin-token-0123456789", "bench-write-token-0123456789"
+_ADMIN = "bench-admin-token-0123456789"
+
+
+def _write_token(node: int) -> str:
+    """Node ``node``'s write token: each node is a caller of its own, as admission counts distinct callers."""
+    return f"bench-write-token-{node:03d}-0123456789"
 _BLOCK = 50  # lines of one system before the next system's
 
 
@@ -117,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         work = Path(folder)
         (work / "stream.json").write_text(json.dumps(stream), encoding="utf-8")
         tokens = work / "tokens"
-        tokens.write_text(f"admin {_ADMIN}\nwrite {_WRITE}\n", encoding="utf-8")
+        writers = "".join(f"write {_write_token(node)} name=node-{node}\n" for node in range(args.nodes))
+        tokens.write_text(f"admin {_ADMIN}\n{writers}", encoding="utf-8")
         tokens.chmod(0o600)
         if args.cold_start:
             _embed(args, [], work)
@@ -247,7 +253,7 @@ def _run_variant(
     procs = []
     for node in range(args.nodes):
         spec = {"variant": variant, "phase": phase, "node": node, "nodes": args.nodes, "batch": args.batch,
-                "url": url, "token": _WRITE, "namespace": NAMESPACE, "work": str(work), "first": first,
+                "url": url, "token": _write_token(node), "namespace": NAMESPACE, "work": str(work), "first": first,
                 "last": last, "threads": args.threads, "model": args.model,
                 "maps": variant != "attnstore_exact_write_back", "write_back": variant in WRITING}
         path = work / f"spec-{name}-{node}.json"

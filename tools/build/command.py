@@ -41,6 +41,7 @@ from attnstore_tools.build.calibration import CalibrationConfig, CalibrationRepo
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
+from attnstore_tools.cold_start import token_limits
 from attnstore_tools.corpus import read_texts
 
 T = TypeVar("T")
@@ -151,7 +152,7 @@ def build_namespace(
         created = existing is None and bool(captured)
         if created:
             service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
-                                     layout=_layout(adapter, projector, config.codec))
+                                     layout=_layout(adapter, projector, config.codec), limits=token_limits(loaded))
         added: list[int] = []
         prefix = None
         try:

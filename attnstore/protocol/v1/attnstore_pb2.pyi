@@ -37,7 +37,7 @@ class Layout(_message.Message):
     def __init__(self, layers: _Optional[int] = ..., heads: _Optional[int] = ..., causal: _Optional[bool] = ..., hidden: _Optional[int] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class Namespace(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version", "prefix")
+    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version", "prefix", "limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class Namespace(_message.Message):
     PROJECTOR_CRC32C_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
@@ -58,7 +59,16 @@ class Namespace(_message.Message):
     projector_crc32c: int
     projector_version: int
     prefix: PrefixLayout
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ..., prefix: _Optional[_Union[PrefixLayout, _Mapping]] = ...) -> None: ...
+    limits: TokenLimits
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ..., prefix: _Optional[_Union[PrefixLayout, _Mapping]] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ...) -> None: ...
+
+class TokenLimits(_message.Message):
+    __slots__ = ("vocab_size", "max_length")
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    vocab_size: int
+    max_length: int
+    def __init__(self, vocab_size: _Optional[int] = ..., max_length: _Optional[int] = ...) -> None: ...
 
 class PrefixLayout(_message.Message):
     __slots__ = ("block_size", "layers", "kv_heads", "head_dim", "hidden", "dtype")
@@ -77,20 +87,22 @@ class PrefixLayout(_message.Message):
     def __init__(self, block_size: _Optional[int] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., hidden: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class CreateNamespaceRequest(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "projector", "replace_projector")
+    __slots__ = ("name", "model", "fingerprint", "layout", "projector", "replace_projector", "limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PROJECTOR_FIELD_NUMBER: _ClassVar[int]
     REPLACE_PROJECTOR_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
     layout: Layout
     projector: bytes
     replace_projector: bool
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ..., replace_projector: _Optional[bool] = ...) -> None: ...
+    limits: TokenLimits
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ..., replace_projector: _Optional[bool] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ...) -> None: ...
 
 class GetNamespaceRequest(_message.Message):
     __slots__ = ("name",)
@@ -209,16 +221,18 @@ class OutputChunk(_message.Message):
     def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class RowError(_message.Message):
-    __slots__ = ("query_index", "entry_id", "code", "message")
+    __slots__ = ("query_index", "entry_id", "code", "message", "block")
     QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
     query_index: int
     entry_id: int
     code: str
     message: str
-    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    block: int
+    def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., block: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("matches", "chunk", "outputs", "error")
@@ -389,20 +403,22 @@ class WriteBackRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[WrittenRow, _Mapping]]] = ...) -> None: ...
 
 class WriteBackResponse(_message.Message):
-    __slots__ = ("stored", "duplicates", "not_admitted", "bytes", "maps_stored", "maps_bytes")
+    __slots__ = ("stored", "duplicates", "not_admitted", "bytes", "maps_stored", "maps_bytes", "refused")
     STORED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     NOT_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     MAPS_STORED_FIELD_NUMBER: _ClassVar[int]
     MAPS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     stored: int
     duplicates: int
     not_admitted: int
     bytes: int
     maps_stored: int
     maps_bytes: int
-    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., not_admitted: _Optional[int] = ..., bytes: _Optional[int] = ..., maps_stored: _Optional[int] = ..., maps_bytes: _Optional[int] = ...) -> None: ...
+    refused: _containers.RepeatedCompositeFieldContainer[RowError]
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., not_admitted: _Optional[int] = ..., bytes: _Optional[int] = ..., maps_stored: _Optional[int] = ..., maps_bytes: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[RowError, _Mapping]]] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("namespace", "entry_ids")
@@ -489,7 +505,7 @@ class BucketStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after", "written_back_map_entries", "written_back_map_bytes")
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after", "written_back_map_entries", "written_back_map_bytes", "written_back_refused")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +531,7 @@ class StatsResponse(_message.Message):
     ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_BACK_MAP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_BACK_MAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_BACK_REFUSED_FIELD_NUMBER: _ClassVar[int]
     entries: int
     stored_bytes: int
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
@@ -540,31 +557,36 @@ class StatsResponse(_message.Message):
     admit_after: int
     written_back_map_entries: int
     written_back_map_bytes: int
-    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ..., written_back_map_entries: _Optional[int] = ..., written_back_map_bytes: _Optional[int] = ...) -> None: ...
+    written_back_refused: int
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ..., written_back_map_entries: _Optional[int] = ..., written_back_map_bytes: _Optional[int] = ..., written_back_refused: _Optional[int] = ...) -> None: ...
 
 class ListEntriesRequest(_message.Message):
-    __slots__ = ("namespace", "maps_only")
+    __slots__ = ("namespace", "maps_only", "writer")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MAPS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     maps_only: bool
-    def __init__(self, namespace: _Optional[str] = ..., maps_only: _Optional[bool] = ...) -> None: ...
+    writer: str
+    def __init__(self, namespace: _Optional[str] = ..., maps_only: _Optional[bool] = ..., writer: _Optional[str] = ...) -> None: ...
 
 class StoredEntry(_message.Message):
-    __slots__ = ("entry_id", "length", "token_hash", "token_ids", "has_maps", "has_feature")
+    __slots__ = ("entry_id", "length", "token_hash", "token_ids", "has_maps", "has_feature", "writer")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_HASH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     HAS_MAPS_FIELD_NUMBER: _ClassVar[int]
     HAS_FEATURE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
     entry_id: int
     length: int
     token_hash: bytes
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     has_maps: bool
     has_feature: bool
-    def __init__(self, entry_id: _Optional[int] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., has_maps: _Optional[bool] = ..., has_feature: _Optional[bool] = ...) -> None: ...
+    writer: str
+    def __init__(self, entry_id: _Optional[int] = ..., length: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., has_maps: _Optional[bool] = ..., has_feature: _Optional[bool] = ..., writer: _Optional[str] = ...) -> None: ...
 
 class EntryFeature(_message.Message):
     __slots__ = ("entry_id", "feature")

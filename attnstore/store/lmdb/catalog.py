@@ -18,13 +18,13 @@ import crc32c
 from attnstore.errors import (
     ChecksumError,
     FormatVersionError,
-    NamespaceExistsError,
     NamespaceNotFoundError,
     StoreDamagedError,
     shown,
 )
 from attnstore.protocol.records import SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, is_namespace_name
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.namespace_rules import matching_namespace
 from attnstore.store.zarr_layout import group_metadata, node_key
 
 if TYPE_CHECKING:
@@ -142,7 +142,8 @@ class CatalogCache:
 
 def create_or_match(cache: CatalogCache, txn: lmdb.Transaction, db: Databases, wanted: NamespaceInfo) -> NamespaceInfo:
     """Store ``wanted`` as a new namespace and return it, or return the existing one of that name if it
-    has the same model, fingerprint and layout (creating is idempotent).
+    has the same model, fingerprint and layout (creating is idempotent; an existing namespace without
+    token limits records ``wanted``'s).
 
     Raises:
         NamespaceExistsError: a namespace of that name exists with another model, fingerprint or layout.
@@ -151,13 +152,10 @@ def create_or_match(cache: CatalogCache, txn: lmdb.Transaction, db: Databases, w
     if existing is None:
         put_namespace(txn, db, wanted)
         return wanted
-    if (existing.model, existing.fingerprint, existing.layout) == (wanted.model, wanted.fingerprint, wanted.layout):
-        return existing
-    raise NamespaceExistsError(
-        f"namespace {wanted.name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-        f" {existing.layout}; requested model {shown(wanted.model)}, fingerprint {shown(wanted.fingerprint)},"
-        f" {wanted.layout}"
-    )
+    matched = matching_namespace(existing, wanted)
+    if matched is not existing:
+        _put_record(txn, db, matched)
+    return matched
 
 
 def namespace_names(txn: lmdb.Transaction, db: Databases) -> list[str]:

@@ -17,7 +17,6 @@ import numpy as np
 
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import outputs_only_feature_error
 from attnstore.store.lmdb.env import Databases, items_with_prefix
 from attnstore.store.lmdb.prefix_blocks import drop_prefix_keys
 from attnstore.store.lmdb.records import (
@@ -34,6 +33,7 @@ from attnstore.store.lmdb.records import (
     split_entry_key,
     split_length_key,
 )
+from attnstore.store.namespace_rules import outputs_only_feature_error
 from attnstore.store.reports import FeaturesReport
 from attnstore.store.validate import PreparedEntry
 from attnstore.store.zarr_layout import node_key
@@ -125,6 +125,7 @@ def write_entry(
         outputs_crc=outputs_crc,
         feature=entry.feature,
         token_ids=entry.token_ids,
+        writer=entry.writer,
     )
     txn.put(entry_key(name, entry_id), record.to_bytes(), db=db.entries)
     txn.put(hash_key(name, entry.token_hash), encode_u64(entry_id), db=db.hashes)

@@ -30,9 +30,17 @@ from attnstore.errors import (
     StoreOpenError,
     shown,
 )
-from attnstore.protocol.records import FORMAT_VERSION, EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import (
+    FORMAT_VERSION,
+    EntryInfo,
+    EntryRef,
+    NamespaceInfo,
+    NamespaceLayout,
+    NewEntry,
+    TokenLimits,
+)
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import MapStoreBase, check_projector_version, drops_features, projector_update
+from attnstore.store.base import MapStoreBase
 from attnstore.store.hit_buffer import HitBuffer
 from attnstore.store.hot_maps import HotMaps
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
@@ -73,6 +81,7 @@ from attnstore.store.lmdb.settings import (
     StoreSettings,
 )
 from attnstore.store.lmdb.verify import verify_live
+from attnstore.store.namespace_rules import check_projector_version, drops_features, projector_update
 from attnstore.store.reports import (
     CompactReport,
     FeaturesReport,
@@ -190,9 +199,11 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
 
     # ---------------------------------------------------------------- namespaces
 
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
-        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
+        wanted = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None, limits=limits)
         with self._live.write() as (gen, txn):
             info = create_or_match(self._catalog, txn, gen.db, wanted)
         if info is wanted:
@@ -443,6 +454,10 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
     def dead_threads(self) -> list[str]:
         """See :meth:`MapStoreBase.dead_threads`: the prefetch worker, the only long-lived one."""
         return [] if self._hot.alive else ["attnstore-prefetch"]
+
+    def background_errors(self) -> dict[str, int]:
+        """See :meth:`MapStoreBase.background_errors`: the prefetch worker's."""
+        return {"attnstore-prefetch": self._hot.prefetch_errors}
 
     # --------------------------------------------------------------------- admin
 

@@ -74,6 +74,7 @@ _ENTRY_VERSION = 1
 _HAS_OUTPUTS = 1
 _HAS_FEATURE = 2
 _HAS_TOKENS = 4  # the token ids follow the feature: ``length`` little-endian uint32
+_HAS_WRITER = 8  # the writer's name follows the token ids: one length byte, then UTF-8 (written-back entries)
 _CRC_TAIL = struct.Struct("<I")
 
 
@@ -95,13 +96,14 @@ class EntryRecord:
     outputs_crc: int | None
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (length,) uint32
+    writer: str | None = None  # the name of the token that wrote it back; None: ingested by an admin
 
     def info(self, hits: int, last_hit: float) -> EntryInfo:
         """The entry's metadata, with its hit counts."""
         return EntryInfo(
             id=self.id, length=self.length, token_hash=self.token_hash, created=self.created, hits=hits,
             last_hit=last_hit, feature=self.feature, nbytes=self.nbytes, token_ids=self.token_ids,
-            has_maps=bool(self.crcs),
+            has_maps=bool(self.crcs), writer=self.writer,
         )
 
     def to_bytes(self) -> bytes:
@@ -110,9 +112,11 @@ class EntryRecord:
             (_HAS_OUTPUTS if self.outputs_crc is not None else 0)
             | (_HAS_FEATURE if self.feature is not None else 0)
             | (_HAS_TOKENS if self.token_ids is not None else 0)
+            | (_HAS_WRITER if self.writer is not None else 0)
         )
         feature = b"" if self.feature is None else np.ascontiguousarray(self.feature, dtype="<f4").tobytes()
         tokens = b"" if self.token_ids is None else np.ascontiguousarray(self.token_ids, dtype="<u4").tobytes()
+        writer = b"" if self.writer is None else _writer_bytes(self.writer)
         body = (
             _ENTRY_HEAD.pack(
                 _ENTRY_MAGIC,
@@ -131,6 +135,7 @@ class EntryRecord:
             + np.asarray(self.crcs, dtype="<u4").tobytes()
             + feature
             + tokens
+            + writer
         )
         return body + _CRC_TAIL.pack(crc32c.crc32c(body))
 
@@ -162,6 +167,11 @@ class EntryRecord:
         token_ids = None
         if flags & _HAS_TOKENS:
             token_ids = np.frombuffer(raw, dtype="<u4", count=length, offset=offset).astype(np.uint32)
+            offset += 4 * length
+        writer = None
+        if flags & _HAS_WRITER:
+            size = raw[offset]
+            writer = bytes(raw[offset + 1 : offset + 1 + size]).decode("utf-8", errors="replace")
         return cls(
             id=entry_id,
             slot=slot,
@@ -173,7 +183,13 @@ class EntryRecord:
             outputs_crc=outputs_crc if flags & _HAS_OUTPUTS else None,
             feature=feature,
             token_ids=token_ids,
+            writer=writer,
         )
+
+
+def _writer_bytes(writer: str) -> bytes:
+    data = writer.encode()[:255]  # names are at most 64 characters (the token file's rule)
+    return bytes([len(data)]) + data
 
 
 _BUCKET = struct.Struct("<QQQQQ")

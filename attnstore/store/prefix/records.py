@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError
+from attnstore.errors import PrefixBlockCorruptError, PrefixBlockMissingError
 from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout
 
 _HEAD = struct.Struct("<dI")  # created (unix seconds), chunk count
@@ -67,12 +67,17 @@ def gather_chunks(
 ) -> np.ndarray:
     """Chunk ``chunk`` of every block, checked and concatenated along the tokens into one new array.
 
+    A chain is served only from its first block on: the first block must have no parent and each
+    other block the one before it, so a block whose parents are gone (or a request that skips them)
+    is never served on its own.
+
     Args:
         read: a block's record and chunk bytes by chain hash, or None when the block is not stored.
 
     Raises:
-        EntryNotFoundError: a block is not stored.
-        ChecksumError: a chunk fails its crc32c (the message names the block).
+        PrefixBlockMissingError: a block is not stored, or is not the child of the block before it.
+        PrefixBlockCorruptError: a chunk fails its crc32c. Both name the block by its position in the
+            chain and its hash.
     """
     dtype = np.dtype(layout.dtype)
     shape = chunk_shape(layout, chunk)
@@ -81,15 +86,26 @@ def gather_chunks(
     out_shape[axis] *= len(chain_hashes)
     out = np.empty(out_shape, dtype=dtype)
     step = layout.block_size
+    parent: bytes | None = None
     for position, chain_hash in enumerate(chain_hashes):
+        where = f"prefix block {position} of {len(chain_hashes)} in the chain ({chain_hash.hex()})"
         found = read(chain_hash)
         if found is None:
-            raise EntryNotFoundError(f"prefix block {chain_hash.hex()} of namespace {namespace!r} is not stored")
+            raise PrefixBlockMissingError(f"{where} of namespace {namespace!r} is not stored", block=position,
+                                          chain_hash=chain_hash)
         record, raw = found
-        if crc32c.crc32c(raw) != record.crcs[chunk]:
-            raise ChecksumError(
-                f"prefix block {chain_hash.hex()} of namespace {namespace!r}: chunk {chunk} fails its crc32c"
+        if record.parent != parent:
+            raise PrefixBlockMissingError(
+                f"{where} of namespace {namespace!r} is not the child of the block before it in the request:"
+                " a chain is served from its first block on", block=position, chain_hash=chain_hash,
             )
+        if crc32c.crc32c(raw) != record.crcs[chunk]:
+            what = "hidden states" if chunk == layout.layers else f"layer {chunk}"
+            raise PrefixBlockCorruptError(
+                f"{where} of namespace {namespace!r}: chunk {chunk} ({what}) fails its crc32c", block=position,
+                chain_hash=chain_hash,
+            )
+        parent = chain_hash
         piece = np.frombuffer(raw, dtype=dtype).reshape(shape)
         if axis == 0:
             out[position * step : (position + 1) * step] = piece

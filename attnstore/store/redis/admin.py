@@ -235,20 +235,6 @@ def max_memory(connection: RedisConnection) -> int:
         return sum(int(server.config_get("maxmemory").get("maxmemory", 0)) for server in connection.primaries())
 
 
-def warn_about_eviction_policy(connection: RedisConnection) -> None:
-    """Log a warning where Redis may evict keys that are not entries (an ``allkeys-*`` maxmemory policy)."""
-    try:
-        policies = {str(s.config_get("maxmemory-policy").get("maxmemory-policy")) for s in connection.primaries()}
-    except Exception:  # CONFIG may be renamed or refused by a managed Redis: the warning is advice only
-        return
-    bad = sorted(p for p in policies if p.startswith("allkeys"))
-    if bad:
-        logger.warning(
-            "event=redis_policy policy=%s detail='Redis may evict namespace records and indexes, not only entries:"
-            " use volatile-lru (entries carry a TTL, nothing else does) or noeviction'", ",".join(bad)
-        )
-
-
 def store_stats(
     connection: RedisConnection, keys: StoreKeys, namespaces: Sequence[NamespaceInfo], max_bytes: int | None,
     pending_hits: int, dram: DramStats,

@@ -17,11 +17,19 @@ import json
 import threading
 import time
 
-from attnstore.errors import FormatVersionError, NamespaceExistsError, NamespaceNotFoundError, StoreNotFoundError
-from attnstore.protocol.records import FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, NamespaceInfo, NamespaceLayout
+from attnstore.errors import FormatVersionError, NamespaceNotFoundError, StoreNotFoundError
+from attnstore.protocol.records import (
+    FORMAT_VERSION,
+    SUPPORTED_FORMAT_VERSIONS,
+    NamespaceInfo,
+    NamespaceLayout,
+    TokenLimits,
+)
+from attnstore.store.namespace_rules import matching_namespace
 from attnstore.store.redis import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
+from attnstore.store.redis.watch import marker_identity, new_marker
 
 INFO_SECONDS = 0.25  # another daemon's namespace change is seen this late at most (as the index follower's bound)
 
@@ -54,10 +62,9 @@ class Catalog:
         self._lock = threading.Lock()
         self._projectors: dict[str, tuple[tuple[float, int], bytes | None]] = {}  # name -> ((created, version), blob)
         self._infos: dict[str, tuple[float, bytes | None]] = {}  # name -> (monotonic time read, record)
-        marker = json.dumps({"format_version": FORMAT_VERSION, "created": time.time()})
         with translated("opening the store"):
             if create:
-                connection.client.set(keys.store, marker, nx=True)
+                connection.client.set(keys.store, new_marker(), nx=True)
             raw = connection.client.get(keys.store)
         if raw is None:
             raise StoreNotFoundError(
@@ -67,6 +74,7 @@ class Catalog:
         version = json.loads(raw)["format_version"]
         if version not in SUPPORTED_FORMAT_VERSIONS:
             raise _unknown_format(f"the store at {connection.location.display}", version)
+        self.identity = marker_identity(bytes(raw))  # of the store as opened (see ``watch``)
 
     def raw_info(self, name: str, *, fresh: bool = False) -> bytes | None:
         """The namespace's stored record (JSON), or None; read again unless read within ``INFO_SECONDS``."""
@@ -87,6 +95,12 @@ class Catalog:
         with self._lock:
             self._infos.pop(name, None)
             self._projectors.pop(name, None)
+
+    def forget_all(self) -> None:
+        """Drop what is cached of every namespace (the store was replaced under this process)."""
+        with self._lock:
+            self._infos.clear()
+            self._projectors.clear()
 
     def get(self, name: str) -> NamespaceInfo:
         """The namespace called ``name``, with its projector.
@@ -131,13 +145,15 @@ class Catalog:
                 found.append(self._with_projector(name, raw))
         return found
 
-    def create(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def create(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
+    ) -> NamespaceInfo:
         """Create a namespace, or return it if it exists alike (see ``MapStoreBase.create_namespace``).
 
         Its record is written first and its name listed second: a crash in between leaves a namespace
         that works but is not listed, and the next create of the same name lists it.
         """
-        info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None)
+        info = NamespaceInfo(name, model, fingerprint, layout, FORMAT_VERSION, time.time(), None, limits=limits)
         keys = self._keys.namespace(name)
         self.forget(name)
         with translated(f"creating namespace {name!r}"):
@@ -148,12 +164,12 @@ class Catalog:
             self._redis.client.hset(self._keys.namespaces, name, repr(existing.created))
         if not found:
             return info
-        if (existing.model, existing.fingerprint, existing.layout) == (model, fingerprint, layout):
-            return existing
-        raise NamespaceExistsError(
-            f"namespace {name!r} exists with model {existing.model!r}, fingerprint {existing.fingerprint!r},"
-            f" {existing.layout}; requested model {model!r}, fingerprint {fingerprint!r}, {layout}"
-        )
+        matched = matching_namespace(existing, info)
+        if matched is not existing:  # limits recorded on a namespace made before them; lost to a race: kept as found
+            with translated(f"recording the limits of namespace {name!r}"):
+                self._redis.eval(scripts.SET_IF_EQUAL, [keys.info], [bytes(found), json.dumps(matched.to_json_dict())])
+            self.forget(name)
+        return matched
 
     def set_projector(self, name: str, before: bytes, after: NamespaceInfo, *, drop_features: bool) -> bool:
         """Store ``after`` (with its projector blob) if the namespace's record is still ``before``.

@@ -65,6 +65,8 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 # a hit count is a statistic), or checked by its caller (see ``ingest``).
 
 FAILOVER_SECONDS = 20.0  # a failover with cluster-node-timeout up to about 15 s costs latency, not errors
+# One server has no replica to take over: only a blip or a quick restart is worth waiting for.
+SERVER_FAILOVER_SECONDS = 2.0
 _FIRST_PAUSE = 0.05
 _MAX_PAUSE = 1.0
 
@@ -109,12 +111,44 @@ class RetryCounts:
             return RetryTotals(self._retries, self._waited_out, self._gave_up)
 
 
-def retried(call: Callable[[], T], seconds: float, counts: RetryCounts | None = None) -> T:
+class Outage:
+    """Whether Redis is known to be down: a call waited the whole failover time in vain and none succeeded since.
+
+    While it is, calls are not waited out: each makes one attempt, so every RPC answers UNAVAILABLE at
+    once and clients compute their rows instead of each waiting out a failover that did not come. The
+    first call that succeeds (the index follower tries every 0.25 s) ends it. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down = False
+
+    def budget(self, seconds: float) -> float:
+        """How long a call starting now may wait out failures: ``seconds``, or none while Redis is known down."""
+        with self._lock:
+            return 0.0 if self._down else seconds
+
+    def note(self, *, succeeded: bool) -> None:
+        """A call succeeded, or gave up after its whole budget."""
+        with self._lock:
+            was, self._down = self._down, not succeeded
+        if was != self._down:
+            if self._down:
+                log.warning("event=redis_down detail='calls fail at once (UNAVAILABLE) until Redis answers again'")
+            else:
+                log.warning("event=redis_back detail='calls wait out failovers again'")
+
+
+def retried(
+    call: Callable[[], T], seconds: float, counts: RetryCounts | None = None, outage: Outage | None = None
+) -> T:
     """``call()``, sent again after a transient failure until ``seconds`` have passed (then its error).
 
-    ``counts`` (if given) notes each resend, and whether the call then succeeded or gave up.
+    ``counts`` (if given) notes each resend, and whether the call then succeeded or gave up; ``outage``
+    (if given) cuts the wait to one attempt while Redis is known down, and learns of each outcome.
     """
-    deadline = time.monotonic() + seconds
+    budget = seconds if outage is None else outage.budget(seconds)
+    deadline = time.monotonic() + budget
     pause = _FIRST_PAUSE
     attempts = 0
     while True:
@@ -126,6 +160,8 @@ def retried(call: Callable[[], T], seconds: float, counts: RetryCounts | None = 
             if time.monotonic() + pause > deadline:
                 if counts is not None:
                     counts.note(gave_up=1)
+                if outage is not None and budget:  # waited the whole failover time: Redis is down
+                    outage.note(succeeded=False)
                 raise
             log.debug("redis call failed (%r); again in %.2fs", exc, pause)
             time.sleep(pause * (0.5 + random.random() / 2))
@@ -136,17 +172,22 @@ def retried(call: Callable[[], T], seconds: float, counts: RetryCounts | None = 
             continue
         if attempts and counts is not None:
             counts.note(waited_out=1)
+        if outage is not None:
+            outage.note(succeeded=True)
         return result
 
 
 class RetryingPipeline:
     """A recorded pipeline: commands are queued here and replayed on a new redis-py pipeline per attempt."""
 
-    def __init__(self, client: Any, seconds: float, options: dict[str, Any], counts: RetryCounts) -> None:
+    def __init__(
+        self, client: Any, seconds: float, options: dict[str, Any], counts: RetryCounts, outage: Outage
+    ) -> None:
         self._client = client
         self._seconds = seconds
         self._options = options
         self._counts = counts
+        self._outage = outage
         self._queued: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def __getattr__(self, name: str) -> Callable[..., RetryingPipeline]:
@@ -166,20 +207,22 @@ class RetryingPipeline:
                 getattr(pipe, name)(*args, **kwargs)
             return list(pipe.execute())
 
-        return retried(attempt, self._seconds, self._counts)
+        return retried(attempt, self._seconds, self._counts, self._outage)
 
 
 class RetryingClient:
-    """A redis-py client whose commands are retried through failovers (see the module docstring)."""
+    """A redis-py client whose commands are retried through failovers, and fail at once while Redis is known
+    down (see the module docstring and :class:`Outage`)."""
 
     def __init__(self, client: Any, seconds: float = FAILOVER_SECONDS) -> None:
         self.raw = client
         self._seconds = seconds
         self.counts = RetryCounts()
+        self.outage = Outage()
 
     def pipeline(self, **options: Any) -> RetryingPipeline:
         """A recorded pipeline (``transaction=True`` is one MULTI/EXEC, on one slot in a cluster)."""
-        return RetryingPipeline(self.raw, self._seconds, options, self.counts)
+        return RetryingPipeline(self.raw, self._seconds, options, self.counts, self.outage)
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.raw, name)
@@ -187,7 +230,8 @@ class RetryingClient:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return retried(lambda: getattr(self.raw, name)(*args, **kwargs), self._seconds, self.counts)
+            return retried(lambda: getattr(self.raw, name)(*args, **kwargs), self._seconds, self.counts,
+                           self.outage)
 
         return call
 
@@ -239,9 +283,27 @@ class RedisLocation:
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 
 
+# redis-py names the command of a failed pipeline with all its arguments: for an entry's HSET, kilobytes of
+# binary fp16 chunks, which would reach clients and split log lines.
+_PIPELINE_COMMAND = re.compile(r"^Command # (\d+) \((\S*).*\) of pipeline caused error: ", re.DOTALL)
+_MESSAGE_CHARS = 200
+
+
+def redis_message(exc: BaseException) -> str:
+    """A Redis error's message fit for clients and logs: a pipeline's failed command by name only (never its
+    arguments), printable characters only, at most ``_MESSAGE_CHARS`` long."""
+    text = str(exc)
+    found = _PIPELINE_COMMAND.match(text)
+    if found is not None:
+        text = f"{found.group(2) or 'a command'} (command {found.group(1)} of a pipeline): {text[found.end():]}"
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."
+
+
 @contextmanager
 def translated(what: str) -> Iterator[None]:
-    """Turn redis-py's errors into AttnStore's where they enter our code.
+    """Turn redis-py's errors into AttnStore's where they enter our code, with messages cleaned
+    (``redis_message``).
 
     Raises:
         UnavailableError: Redis is unreachable, loading or failing over (retry later).
@@ -252,13 +314,14 @@ def translated(what: str) -> Iterator[None]:
         yield
     except OutOfMemoryError as exc:
         raise StoreFullError(
-            f"Redis is full while {what} ({exc}); nothing of the failed write is visible:"
+            f"Redis is full while {what} ({redis_message(exc)}); nothing of the failed write is visible:"
             " raise maxmemory, or set maxmemory-policy volatile-lru so Redis evicts entries"
         ) from None
     except _TRANSIENT as exc:
-        raise UnavailableError(f"Redis is unavailable while {what}: {exc}") from exc
+        raise UnavailableError(f"Redis is unavailable while {what}: {redis_message(exc)}") from exc
     except RedisError as exc:
-        raise StorageError(f"Redis failed while {what}: {exc}") from exc
+        # Not chained: the daemon logs a StorageError with its traceback, and the cause's text is redis-py's raw one.
+        raise StorageError(f"Redis failed while {what}: {type(exc).__name__}: {redis_message(exc)}") from None
 
 
 class RedisConnection:
@@ -267,7 +330,7 @@ class RedisConnection:
     Thread-safe: redis-py clients keep a connection pool per server.
     """
 
-    def __init__(self, location: RedisLocation, *, failover_seconds: float = FAILOVER_SECONDS) -> None:
+    def __init__(self, location: RedisLocation, *, failover_seconds: float | None = None) -> None:
         self.location = location
         retry = Retry(_BACKOFF, _RETRIES)
         options = {key: value for key, value in _CLIENT_DEFAULTS.items() if key not in location.options}
@@ -283,6 +346,8 @@ class RedisConnection:
                     **options,
                 )
             raw.ping()  # once, not retried: a Redis that is not there at start is a configuration problem
+        if failover_seconds is None:
+            failover_seconds = FAILOVER_SECONDS if location.cluster else SERVER_FAILOVER_SECONDS
         self._retrying = RetryingClient(raw, failover_seconds)
         self.client: Any = self._retrying
 

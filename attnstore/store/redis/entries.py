@@ -50,6 +50,7 @@ def encode_entry(
         outputs_crc=outputs_crc,
         feature=None,  # kept in the namespace's features hash (see ``keys``)
         token_ids=entry.token_ids,
+        writer=entry.writer,
     )
     fields[RECORD_FIELD] = record.to_bytes()
     return record, fields

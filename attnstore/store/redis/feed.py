@@ -11,6 +11,7 @@ follower whose position is below that is told to rebuild (``ChangeBatch.rebuild`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -19,6 +20,8 @@ from attnstore.store.feed import ChangeBatch, ChangeFeed, IndexChange, IndexRows
 from attnstore.store.redis.catalog import Catalog
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
+
+log = logging.getLogger(__name__)
 
 START = "0-0"  # before the first change of any log
 _PAGE = 1000  # features per HSCAN step
@@ -54,17 +57,20 @@ class RedisChangeFeed(ChangeFeed):
         catalog: the store's namespaces.
         forget_missing: returns the given ids whose entries are gone, unregistering them (the store's).
         on_removed: called with the ids a log says were removed (the store's DRAM tier forgets them).
+        check_store: reads the store's identity again, the store dropping its caches when it changed.
     """
 
     def __init__(
         self, connection: RedisConnection, keys: StoreKeys, catalog: Catalog,
         forget_missing: Callable[[str, Sequence[int]], list[int]], on_removed: Callable[[str, Iterable[int]], None],
+        check_store: Callable[[], str | None],
     ) -> None:
         self._redis = connection
         self._keys = keys
         self._catalog = catalog
         self._forget_missing = forget_missing
         self._on_removed = on_removed
+        self._check_store = check_store
 
     def index_state(self, namespace: str) -> IndexState:
         """See :meth:`ChangeFeed.index_state`: the features hash, read after noting the log's last id."""
@@ -99,19 +105,32 @@ class RedisChangeFeed(ChangeFeed):
             trimmed = self._redis.client.get(keys.trimmed)
         if trimmed is not None and stream_id(trimmed) > stream_id(position):
             return ChangeBatch([], position, rebuild=True)
-        changes = [_decode(fields, info.layout.feature_dim) for _, fields in entries]
+        changes, skipped = [], 0
+        for record_id, fields in entries:
+            try:
+                changes.append(_decode(fields, info.layout.feature_dim))
+            except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
+                # Written by no script of ours (a bug, a hand edit): what it said is unknown, so the caller
+                # rebuilds the namespace's index from its keys, which the scripts keep right whatever the log holds.
+                skipped += 1
+                log.warning("event=change_log_record_skipped namespace=%s record=%s error=%r detail='the index is"
+                            " rebuilt from the store's keys'", namespace, bytes(record_id).decode(), exc)
         for change in changes:
             if change.removed:
                 self._on_removed(namespace, change.removed)
         if entries:
             position = bytes(entries[-1][0]).decode()
-        return ChangeBatch(changes, position)
+        return ChangeBatch(changes, position, rebuild=bool(skipped), skipped=skipped)
 
     def catalog_version(self) -> str:
         """See :meth:`ChangeFeed.catalog_version`: the namespace names with their creation times."""
         with translated("reading the catalog"):
             listed = self._redis.client.hgetall(self._keys.namespaces)
         return ",".join(sorted(f"{bytes(k).decode()}={bytes(v).decode()}" for k, v in listed.items()))
+
+    def store_identity(self) -> str | None:
+        """See :meth:`ChangeFeed.store_identity`: the store marker's id (``store.redis.watch``)."""
+        return self._check_store()
 
     def missing(self, namespace: str, ids: Sequence[int]) -> list[int]:
         """See :meth:`ChangeFeed.missing`."""

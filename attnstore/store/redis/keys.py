@@ -22,6 +22,7 @@ Keys are hash-tagged (Redis Cluster hashes only the part in braces), in three gr
     {P/ns}:hits        HASH id -> hits, id:t -> last hit
     {P/ns}:log         STREAM of ingests (ids, lengths, features), deletes (ids) and feature resets
     {P/ns}:trimmed     the last log id trimmed away (the log is capped)
+    {P/ns}:adm:*       admission counts of the fleet (see ``store.redis.admission``)
 
 ``{P/ns/17}:entry`` -- one entry, one HASH (one key: Redis evicts a whole entry or nothing)::
 
@@ -113,9 +114,13 @@ class NamespaceKeys:
         return [self.info, self.hashes, self.ids, self.meta, self.features, self.buckets, self.recency, self.hits,
                 self.log, self.trimmed]
 
+    def admission_keys(self) -> list[str]:
+        """The keys of the namespace's admission counts (``store.redis.admission``)."""
+        return [self.key(f"adm:{name}") for name in ("cur", "prev", "seen", "seenprev", "asks", "salt")]
+
     def all_keys(self) -> list[str]:
         """Every key of the namespace but its id counter (what a drop deletes)."""
-        return [*self.index_keys(), self.projector]
+        return [*self.index_keys(), self.projector, *self.admission_keys()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,43 +20,45 @@ A process's DRAM tier and buffered hit counts are its own.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from attnstore.errors import (
     ChecksumError,
     EntryNotFoundError,
-    MapShapeError,
     NamespaceNotFoundError,
     ProjectorChangedError,
     ReadOnlyStoreError,
     StorageError,
+    StoreUnsafeError,
 )
-from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry
+from attnstore.protocol.records import NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
+from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.base import (
-    MapStoreBase,
+from attnstore.store.base import MapStoreBase
+from attnstore.store.feed import ChangeFeed
+from attnstore.store.hit_buffer import HitBuffer
+from attnstore.store.hot_maps import HotMaps
+from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
     outputs_only_feature_error,
     projector_update,
 )
-from attnstore.store.feed import ChangeFeed
-from attnstore.store.hit_buffer import HitBuffer
-from attnstore.store.hot_maps import HotMaps
-from attnstore.store.lmdb.records import EntryRecord
 from attnstore.store.redis import admin, scripts
+from attnstore.store.redis.admission import RedisCounts
 from attnstore.store.redis.catalog import Catalog
 from attnstore.store.redis.connection import RedisConnection, RedisLocation, translated
-from attnstore.store.redis.entries import decode_layers, decode_outputs, decode_record, layer_fields
+from attnstore.store.redis.entries import decode_record
 from attnstore.store.redis.feed import RedisChangeFeed
 from attnstore.store.redis.ingest import commit
-from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys
+from attnstore.store.redis.keys import StoreKeys
+from attnstore.store.redis.reads import RedisEntryReads
 from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.redis.watch import StoreWatch
 from attnstore.store.reports import (
     CompactReport,
     FeaturesReport,
@@ -73,18 +75,7 @@ logger = logging.getLogger(__name__)
 _COMMIT_ROUNDS = 4  # an entry found by hash, then deleted before the commit, is written anew: this many times at most
 
 
-def _ref(raw: bytes | str | None) -> EntryRef | None:
-    if raw is None:
-        return None
-    entry_id, length = (raw.encode() if isinstance(raw, str) else bytes(raw)).split(b" ")
-    return EntryRef(int(entry_id), int(length))
-
-
-def _feature(raw: bytes | None) -> np.ndarray | None:
-    return None if raw is None else np.frombuffer(raw, dtype="<f4").astype(np.float32)
-
-
-class RedisMapStore(MapStoreBase):
+class RedisMapStore(RedisEntryReads, MapStoreBase):
     """The Redis-backed map store. Open with :meth:`open`; use as a context manager."""
 
     def __init__(self, connection: RedisConnection, settings: RedisSettings, *, create: bool) -> None:
@@ -95,9 +86,12 @@ class RedisMapStore(MapStoreBase):
         self._states: dict[str, tuple[float, NamespaceState]] = {}  # name -> (its created time, state)
         self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
         self._hot = HotMaps(self._load_maps, capacity_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue)
-        self._feed = RedisChangeFeed(connection, self._keys, self._catalog, self._forget_missing, self._hot.discard)
+        self._watch = StoreWatch(connection, self._keys, self._catalog.identity, create=create)
+        self._feed = RedisChangeFeed(connection, self._keys, self._catalog, self._forget_missing, self._hot.discard,
+                                     self._check_store)
+        self._counts: RedisCounts | None = None  # the admission counts handed out (their salts are cached)
         self._closed = False
-        admin.warn_about_eviction_policy(connection)
+        self._watch.check_policy(force=True)  # a store opened under an unsafe policy takes no write
 
     @classmethod
     def open(cls, url: str, *, create: bool = False, settings: RedisSettings | None = None) -> RedisMapStore:
@@ -132,17 +126,51 @@ class RedisMapStore(MapStoreBase):
     def _check_writable(self) -> None:
         if self._settings.readonly:
             raise ReadOnlyStoreError(f"map store {self.location.display} is open read-only")
+        # Before every write, not only at the follower's next step: a write into a store replaced meanwhile
+        # must not meet this process's caches of the old one (ids restart with the store).
+        if self._watch.check_identity():
+            self._forget_cached()
+        problem = self._watch.problem()
+        if problem is not None:
+            raise StoreUnsafeError(f"map store {self.location.display}: {problem}")
+
+    def _check_store(self) -> str | None:
+        """The store's identity, read again (and the policy, every few steps); its caches go when it changed."""
+        if self._watch.check_identity():
+            self._forget_cached()
+        self._watch.check_policy()
+        return self._watch.identity
+
+    def _forget_cached(self) -> None:
+        """Drop everything cached of a store that was replaced: decoded maps, unflushed hits, records, salts."""
+        self._hot.clear()
+        self._hits.drain()
+        self._catalog.forget_all()
+        self._states.clear()
+        if self._counts is not None:
+            self._counts.forget()
+
+    def serving_problem(self) -> str | None:
+        """See :meth:`MapStoreBase.serving_problem`: the store's marker gone, or an unsafe eviction policy."""
+        return self._watch.problem()
 
     def change_feed(self) -> ChangeFeed:
         """See :meth:`MapStoreBase.change_feed`: every daemon on this store follows it."""
         return self._feed
 
+    def admission_counts(self, shape: SketchShape) -> RedisCounts:
+        """See :meth:`MapStoreBase.admission_counts`: every daemon on this store counts in it."""
+        self._counts = RedisCounts(self._redis, self._keys, shape)
+        return self._counts
+
     # ---- namespaces -----------------------------------------------------------
 
-    def _create_namespace(self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout) -> NamespaceInfo:
+    def _create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None
+    ) -> NamespaceInfo:
         """See :meth:`MapStoreBase.create_namespace`; also raises ReadOnlyStoreError."""
         self._check_writable()
-        return self._catalog.create(name, model=model, fingerprint=fingerprint, layout=layout)
+        return self._catalog.create(name, model=model, fingerprint=fingerprint, layout=layout, limits=limits)
 
     def get_namespace(self, name: str) -> NamespaceInfo:
         """See :meth:`MapStoreBase.get_namespace`."""
@@ -294,131 +322,6 @@ class RedisMapStore(MapStoreBase):
                            self.location.display, max_bytes, sum(len(v) for v in evicted.values()))
         return evicted
 
-    # ---- reads ----------------------------------------------------------------
-
-    def _fields(self, namespace: str, entry_id: int, fields: Sequence[bytes] | None = None) -> dict[bytes, bytes]:
-        """Fields of one entry's hash (all when ``fields`` is None); an empty dict if it is gone."""
-        key = self._keys.entry(namespace, entry_id)
-        with translated(f"reading entry {entry_id} of {namespace!r}"):
-            if fields is None:
-                return dict(self._redis.client.hgetall(key))
-            values = self._redis.client.hmget(key, list(fields))
-        return {f: v for f, v in zip(fields, values, strict=True) if v is not None}
-
-    def _record(self, namespace: str, state: NamespaceState, entry_id: int, fields: dict[bytes, bytes]) -> EntryRecord:
-        """The entry's record; a registered entry whose hash is gone is forgotten (EntryNotFoundError)."""
-        raw = fields.get(RECORD_FIELD)
-        if raw is None:
-            self._forget_missing(namespace, [entry_id], known_gone=True)
-        return decode_record(state, entry_id, raw)
-
-    def _load_maps(self, namespace: str, entry_id: int) -> np.ndarray:
-        state = self._state(namespace)
-        fields = self._fields(namespace, entry_id)  # the whole entry in one read
-        record = self._record(namespace, state, entry_id, fields)
-        out = np.empty(state.layout.map_shape(record.length), dtype=np.float16)  # (layers, heads, L, L)
-        decode_layers(state, record, fields, range(state.layout.layers), out)
-        return out
-
-    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_maps`."""
-        return self._hot.maps(namespace, entry_id)  # (layers, heads, L, L)
-
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_layer`."""
-        state = self._state(namespace)
-        if not 0 <= layer < state.layout.layers:
-            raise MapShapeError(
-                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
-            )
-
-        def load_layer() -> np.ndarray:
-            fields = self._fields(namespace, entry_id, [RECORD_FIELD, *layer_fields(state, layer)])
-            record = self._record(namespace, state, entry_id, fields)
-            out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
-            decode_layers(state, record, fields, [layer], out)
-            return out[0]
-
-        return self._hot.layer(namespace, entry_id, layer, load_layer)  # (heads, L, L)
-
-    def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
-        """See :meth:`MapStoreBase.read_outputs`."""
-        state = self._state(namespace)
-        fields = self._fields(namespace, entry_id, [RECORD_FIELD, OUTPUTS_FIELD])
-        record = self._record(namespace, state, entry_id, fields)
-        return decode_outputs(state, record, fields.get(OUTPUTS_FIELD))  # (L, hidden)
-
-    def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
-        """See :meth:`MapStoreBase.find_by_hashes`. An entry Redis evicted may still be found here; reading
-        it raises EntryNotFoundError (the exact tier then misses) and forgets it."""
-        self._state(namespace)
-        if not token_hashes:
-            return []
-        with translated(f"looking up token hashes in {namespace!r}"):
-            raws = self._redis.client.hmget(self._keys.namespace(namespace).hashes, token_hashes)
-        return [_ref(raw) for raw in raws]
-
-    def _infos(self, namespace: str, state: NamespaceState, ids: Sequence[int]) -> list[EntryInfo | None]:
-        """Each entry's metadata with its feature and hits (None where gone or corrupt); three reads."""
-        raws = admin.records(self._redis, self._keys, namespace, ids)
-        keys = self._keys.namespace(namespace)
-        fields = [f for entry_id in ids for f in (str(entry_id), f"{entry_id}:t")]
-        with translated(f"reading entries of {namespace!r}"):
-            features = self._redis.client.hmget(keys.features, [str(i) for i in ids]) if ids else []
-            hits = self._redis.client.hmget(keys.hits, fields) if ids else []
-        infos: list[EntryInfo | None] = []
-        for i, (entry_id, raw) in enumerate(zip(ids, raws, strict=True)):
-            try:
-                record = decode_record(state, entry_id, raw)
-            except (EntryNotFoundError, ChecksumError):
-                infos.append(None)  # gone meanwhile, or corrupt (verify reports it)
-                continue
-            pending, pending_last = self._hits.get(namespace, entry_id)  # counted here, not yet flushed
-            count = int(hits[2 * i] or 0) + pending
-            last = max(float(hits[2 * i + 1] or 0.0), pending_last)
-            infos.append(dataclasses.replace(record.info(count, last), feature=_feature(features[i])))
-        return infos
-
-    def entry(self, namespace: str, entry_id: int) -> EntryInfo:
-        """See :meth:`MapStoreBase.entry`."""
-        state = self._state(namespace)
-        (info,) = self._infos(namespace, state, [entry_id])
-        if info is None:
-            self._record(namespace, state, entry_id, self._fields(namespace, entry_id, [RECORD_FIELD]))
-            raise EntryNotFoundError(f"no entry {entry_id} in namespace {namespace!r}")
-        return info
-
-    def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
-        """See :meth:`MapStoreBase.token_ids`."""
-        state = self._state(namespace)
-        found: list[np.ndarray | None] = []
-        for entry_id, raw in zip(entry_ids, admin.records(self._redis, self._keys, namespace, entry_ids), strict=True):
-            try:
-                found.append(decode_record(state, entry_id, raw).token_ids)
-            except (EntryNotFoundError, ChecksumError):
-                found.append(None)
-        return found
-
-    def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
-        """See :meth:`MapStoreBase.entries`. Entries gone or corrupt are skipped (verify lists corrupt ones).
-
-        Raises:
-            NamespaceNotFoundError: at the call, not at the first ``next``.
-        """
-        state = self._state(namespace)
-        return self._iter_entries(namespace, state, length)
-
-    def _iter_entries(self, namespace: str, state: NamespaceState, length: int | None) -> Iterator[EntryInfo]:
-        for page in admin.id_pages(self._redis, self._keys.namespace(namespace).ids):
-            for info in self._infos(namespace, state, page):
-                if info is not None and (length is None or info.length == length):
-                    yield info
-
-    def lengths(self, namespace: str) -> list[int]:
-        """See :meth:`MapStoreBase.lengths`."""
-        self._state(namespace)
-        return [bucket.length for bucket in admin.bucket_stats(self._redis, self._keys, namespace)]
-
     # ---- hits, delete ---------------------------------------------------------
 
     def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
@@ -504,6 +407,10 @@ class RedisMapStore(MapStoreBase):
         """See :meth:`MapStoreBase.dead_threads`: the prefetch worker, the only long-lived one."""
         return [] if self._hot.alive else ["attnstore-prefetch"]
 
+    def background_errors(self) -> dict[str, int]:
+        """See :meth:`MapStoreBase.background_errors`: the prefetch worker's."""
+        return {"attnstore-prefetch": self._hot.prefetch_errors}
+
     # ---- admin ----------------------------------------------------------------
 
     def compact(self) -> CompactReport:
@@ -527,7 +434,8 @@ class RedisMapStore(MapStoreBase):
 
     def redis_stats(self) -> RedisStats:
         """See :meth:`MapStoreBase.redis_stats`: one ``INFO memory`` per primary (a scrape's cost)."""
-        return RedisStats(retries=self._redis.retry_totals(), nodes=tuple(self._redis.node_memory()))
+        return RedisStats(retries=self._redis.retry_totals(), nodes=tuple(self._redis.node_memory()),
+                          resets=self._watch.resets, unsafe=self._watch.problem() is not None)
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`: ``file_bytes`` is Redis's used memory and ``map_size`` its

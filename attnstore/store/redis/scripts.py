@@ -191,3 +191,11 @@ end
 return 1
 """
 )
+
+# KEYS: one key. ARGV: the value the caller read, the value to store. Sets it only if it still holds the
+# first (a compare-and-set); returns 1 when set, 0 when it changed meanwhile or is gone.
+SET_IF_EQUAL = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""

@@ -36,8 +36,9 @@ class RedisSettings:
     # Each namespace's log keeps about this many changes: a daemon further behind rebuilds its index from the keys.
     log_max_events: int = 100_000
     # A failed Redis call is sent again for this long: a replica's takeover of a dead master costs latency, not
-    # errors. Past it the call raises UnavailableError.
-    failover_seconds: float = 20.0
+    # errors. Past it the call raises UnavailableError, and later calls fail at once until Redis answers again.
+    # None: 20 s for a Redis Cluster, 2 s for one server (it has no replica to wait for).
+    failover_seconds: float | None = None
     orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
 
     def __post_init__(self) -> None:
@@ -47,5 +48,5 @@ class RedisSettings:
             if getattr(self, name) < 1:
                 raise ConfigError(f"RedisSettings.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("orphan_grace_seconds", "failover_seconds"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise ConfigError(f"RedisSettings.{name} must be >= 0, got {getattr(self, name)}")

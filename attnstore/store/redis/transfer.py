@@ -48,7 +48,8 @@ def copy_namespaces(
     copied = skipped = 0
     for name in chosen:
         info = source.get_namespace(name)
-        made = target.create_namespace(name, model=info.model, fingerprint=info.fingerprint, layout=info.layout)
+        made = target.create_namespace(name, model=info.model, fingerprint=info.fingerprint, layout=info.layout,
+                                       limits=info.limits)
         if info.projector is not None and made.projector != info.projector:
             if made.projector is not None:
                 raise NamespaceExistsError(f"the target's namespace {name!r} has another projector: not overwritten")

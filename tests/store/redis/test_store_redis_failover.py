@@ -51,7 +51,7 @@ def test_killing_the_namespaces_master_mid_load_costs_latency_not_errors_and_no_
 
         def read() -> None:  # reads of committed entries the whole time: a miss may happen, a wrong row never
             while not stop.is_set():
-                for seed, entry_id in list(committed.items())[-20:]:
+                for seed, entry_id in list(committed.copy().items())[-20:]:  # copy(): one C call, no race
                     try:
                         maps = store.read_maps("ns", entry_id)
                     except EntryNotFoundError:

@@ -1,0 +1,135 @@
+"""A daemon whose Redis loses its data, or starts evicting more than entries, while it runs (real processes).
+
+Redis without persistence SIGKILLed and restarted empty, then a different corpus
+ingested into the same namespace (ids restart at 1): the daemon must serve the
+new entries, not its DRAM tier's and indexes' copies of the old ones, and say so
+in its log, health and metrics. An ``allkeys-*`` policy set with CONFIG SET on a
+running Redis turns writes away and health NOT_SERVING until it is undone.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from redis_servers import RedisServer, require_redis, unique_prefix
+from server_fixtures import FP, LAYOUT, LIMITS
+from store_helpers import make_entry
+
+from attnstore.errors import AttnStoreError, StoreUnsafeError
+from attnstore.protocol.records import LookupBatch
+from attnstore.protocol.remote import RemoteStore, lookup_request
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+
+LENGTH = 8
+
+
+@pytest.fixture
+def redis(tmp_path: Path):
+    require_redis()
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+def _until(check, seconds: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if check():
+                return
+        except AttnStoreError:
+            pass  # Redis coming back, the daemon catching up
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
+        time.sleep(0.1)
+
+
+def _fill(admin: RemoteStore, seeds: list[int]) -> list[int]:
+    admin.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, limits=LIMITS)
+    return admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]).entry_ids
+
+
+def _metric(daemon: DaemonProcess, name: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=5).read().decode()
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def _map_hits(reader: RemoteStore, seeds: list[int]) -> list[int | None]:
+    entries = [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]
+    batch = LookupBatch("ns", FP, np.stack([e.feature for e in entries]), [LENGTH] * len(seeds), max_distance=0.01)
+    matches = reader.lookup(lookup_request(batch)).matches
+    return [m.entry_id if m.kind == pb.MATCH_KIND_MAP else None for m in matches]
+
+
+def test_redis_restarted_empty_and_refilled_serves_the_new_entries_not_the_daemons_cached_ones(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    daemon = DaemonProcess(redis.url(unique_prefix()), tmp_path).start()
+    try:
+        with daemon.client(ADMIN_TOKEN) as admin, daemon.client(READ_TOKEN) as reader:
+            old = _fill(admin, [0, 1, 2, 3])
+            assert _map_hits(reader, [0, 1, 2, 3]) == old
+            for _ in range(3):  # served three times: in the DRAM tier from the second serve on
+                reader.fetch("ns", FP, [old[0]])
+            _until(lambda: reader.stats().dram_entries >= 1, what="entry 1 in the DRAM tier")
+            redis.kill()
+            redis.restart()
+            _until(lambda: _fill(admin, [10, 11, 12, 13]) == old, what="the new corpus under the same ids")
+            _until(lambda: _map_hits(reader, [10, 11, 12, 13]) == old, what="the new entries searchable")
+            assert _map_hits(reader, [0, 1, 2, 3]) == [None] * 4  # nothing of the old index is left
+            (maps,) = reader.fetch("ns", FP, [old[0]])
+            np.testing.assert_array_equal(maps, make_entry(LAYOUT, LENGTH, 10).maps.astype(np.float16))
+            assert _metric(daemon, "attnstore_redis_store_resets_total") >= 1
+            assert reader.health() == "SERVING"
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    log = daemon.log()
+    assert "event=store_reset" in log and "health=NOT_SERVING" in log
+
+
+def test_a_store_flushed_under_a_daemon_without_create_refuses_writes_and_is_not_serving(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    url = redis.url(unique_prefix())
+    first = tmp_path / "first"
+    first.mkdir()
+    assert DaemonProcess(url, first).start().stop() == 0  # makes the store, then goes
+    daemon = DaemonProcess(url, tmp_path, create=False).start()
+    try:
+        with daemon.client(ADMIN_TOKEN) as admin:
+            _fill(admin, [0, 1])
+            with redis.client() as raw:
+                raw.flushall()
+            _until(lambda: admin.health() == "NOT_SERVING", what="health NOT_SERVING")
+            with pytest.raises(StoreUnsafeError, match="FAILED_PRECONDITION.*the store's marker is gone"):
+                _fill(admin, [2])
+            assert admin.stats().dram_entries == 0
+            assert _metric(daemon, "attnstore_redis_store_unsafe") == 1
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+
+
+def test_an_allkeys_policy_set_on_a_running_redis_refuses_writes_until_it_is_undone(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    daemon = DaemonProcess(redis.url(unique_prefix()), tmp_path).start()
+    try:
+        with daemon.client(ADMIN_TOKEN) as admin, redis.client() as raw:
+            _fill(admin, [0])
+            raw.config_set("maxmemory-policy", "allkeys-lru")
+            _until(lambda: admin.health() == "NOT_SERVING", what="health NOT_SERVING under allkeys-lru")
+            with pytest.raises(StoreUnsafeError, match="FAILED_PRECONDITION.*maxmemory-policy allkeys-lru"):
+                admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 5)])
+            assert _map_hits(admin, [0]) != [None]  # reads go on
+            raw.config_set("maxmemory-policy", "volatile-lru")
+            _until(lambda: admin.health() == "SERVING", what="health SERVING again")
+            assert admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 5)]).entries == 1
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    log = daemon.log()
+    assert "event=redis_policy_unsafe policy=allkeys-lru" in log and "event=store_sound" in log
