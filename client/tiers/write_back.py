@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from attnstore.errors import AttnStoreError, AuthError, ConfigError, WriteBackOffError
-from attnstore_client.connection import RowToWrite, StoreConnection
+from attnstore_client.connection import RefusedRow, RowToWrite, StoreConnection
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class WriteBackStats:
     dropped_full: int  # rows dropped because the queue was full
     dropped_failed: int  # rows dropped with a failed call (daemon unreachable, refused, an unexpected error)
     dropped_invalid: int  # rows dropped before sending: their fp16 outputs or maps are not finite
+    refused: int  # rows the store refused one by one (the rest of their call was stored); the first reason is logged
     errors: int  # batches an unexpected error dropped (logged with its traceback)
     calls: int  # WriteBack calls made
     pending: int  # rows queued or in flight now
@@ -118,7 +119,10 @@ class WriteBackWorker:
         self._idle = threading.Condition(self._lock)
         self._counts = {k: 0 for k in ("queued", "queued_maps", "maps_over_budget", "stored", "maps_stored",
                                         "duplicates", "not_admitted", "dropped_full", "dropped_failed",
-                                        "dropped_invalid", "errors", "calls", "pending", "pending_map_bytes")}
+                                        "dropped_invalid", "refused", "errors", "calls", "pending",
+                                        "pending_map_bytes")}
+        self._stale_version = 0  # features of projector versions up to this one were refused as stale
+        self._refusals_logged: set[str] = set()  # status codes whose first refusal was logged
         self._disabled: str | None = None
         self._thread = threading.Thread(target=self._run, name="attnstore-write-back", daemon=True)
         self._thread.start()
@@ -209,7 +213,7 @@ class WriteBackWorker:
         started = time.perf_counter()
         rows: list[RowToWrite] = []
         try:
-            rows = [row for row in map(_as_sent, batch) if _finite(row)]  # fp16 numpy, as stored
+            rows = [self._current(row) for row in map(_as_sent, batch) if _finite(row)]  # fp16 numpy, as stored
             sent["dropped_invalid"] = len(batch) - len(rows)
             if not rows:
                 self._add(**sent)
@@ -232,8 +236,26 @@ class WriteBackWorker:
             log.exception("write-back of %d rows failed unexpectedly; the batch is dropped", len(batch))
             self._add(dropped_failed=len(batch) - sent.get("dropped_invalid", 0), errors=1, **sent)
         else:
+            self._note_refusals(rows, counts.refused)
             self._add(stored=counts.stored, maps_stored=counts.maps_stored, duplicates=counts.duplicates,
-                      not_admitted=counts.not_admitted, calls=1, **sent)
+                      not_admitted=counts.not_admitted, refused=len(counts.refused), calls=1, **sent)
+
+    def _current(self, row: RowToWrite) -> RowToWrite:
+        """The row without its feature when the store refused that projector version as replaced: its maps go
+        alone (the store indexes them once it projects them itself), and the row is not refused again."""
+        if row.feature is None or row.projector_version > self._stale_version:
+            return row
+        return RowToWrite(row.token_ids, row.outputs, row.maps, None, 0)
+
+    def _note_refusals(self, rows: Sequence[RowToWrite], refused: Sequence[RefusedRow]) -> None:
+        """Log the first refusal of each kind; a projector version refused as stale is not sent again."""
+        for refusal in refused:
+            if refusal.code == "FAILED_PRECONDITION" and 0 <= refusal.row < len(rows):
+                self._stale_version = max(self._stale_version, rows[refusal.row].projector_version)
+            if refusal.code not in self._refusals_logged:
+                self._refusals_logged.add(refusal.code)
+                log.warning("the store refused a written-back row (%s): %s; the other rows were stored (further"
+                            " refusals of this kind are counted in stats().refused)", refusal.code, refusal.message)
 
 
 def _as_sent(row: _Queued) -> RowToWrite:

@@ -164,3 +164,23 @@ def test_a_row_whose_outputs_overflow_fp16_is_dropped_alone_and_the_rest_of_its_
         worker.close()
     assert (stats.dropped_invalid, stats.stored, stats.dropped_failed) == (1, 3, 0)
     assert service.write_backs.stats().entries == 3
+
+
+def test_a_row_the_store_refuses_alone_is_counted_and_logged_once_and_the_others_are_stored(
+    daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    service, url = daemon
+    rows = _rows(5, seed=4)
+    for bad in (1, 3):
+        rows[bad][1][:] = 0.5  # outputs constant across the hidden size: the store refuses such a row
+    with connect(url, token=WRITE) as connection:
+        _admit(connection, rows)
+        worker = WriteBackWorker(connection, "ns", FP, WriteBackSettings())
+        with caplog.at_level(logging.WARNING):
+            assert all(worker.put(ids, out) for ids, out in rows)
+            assert worker.flush(10.0)
+        stats = worker.stats()
+        worker.close()
+    assert (stats.refused, stats.stored, stats.dropped_failed, stats.calls) == (2, 3, 0, 1)
+    assert caplog.text.count("the store refused a written-back row (INVALID_ARGUMENT)") == 1
+    assert service.write_backs.stats().entries == 3
