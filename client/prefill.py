@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from attnstore.errors import ConfigError
 from attnstore_client.call import Call, Row
 from attnstore_client.keys import token_hash
-from attnstore_client.sources import RowSource
+from attnstore_client.sources import Chunk, RowSource
 from attnstore_client.tiers.base import Tier
 
 
@@ -57,16 +57,17 @@ class Prefill:
         """
         started = time.perf_counter()
         first: dict[bytes, int] = {}  # token hash -> the input position of its first row
+        roots: dict[int, int] = {}  # the position of a copy -> the position of the row it copies
         with tqdm(total=len(source), desc="rows", unit="row", disable=not progress) as bar:
-            for positions, tokens in source.chunks(call.settings.chunk_rows):
-                rows = self._distinct(positions, tokens, first, call)
+            for chunk in source.chunks(call.settings.chunk_rows):
+                rows = self._distinct(chunk, first, roots, call)
                 for tier in self.tiers:
                     if not rows:
                         break
                     rows = self._serve(tier, rows, call)
                 if rows:
                     raise AssertionError(f"{len(rows)} rows left open by the last tier, {self.tiers[-1].name}")
-                bar.update(len(positions))
+                bar.update(len(chunk))
         call.counts.total_s = time.perf_counter() - started
 
     @staticmethod
@@ -80,20 +81,23 @@ class Prefill:
         return left
 
     @staticmethod
-    def _distinct(
-        positions: Sequence[int], tokens: Sequence[Sequence[int]], first: dict[bytes, int], call: Call
-    ) -> list[Row]:
+    def _distinct(chunk: Chunk, first: dict[bytes, int], roots: dict[int, int], call: Call) -> list[Row]:
         """The chunk's rows not seen before in the call; a copy of a served row is answered at once, a copy of
         one in flight when its original is served."""
         rows: list[Row] = []
-        for position, ids in zip(positions, tokens, strict=True):
+        copies: list[tuple[int, int]] = []  # (position, the position of the row it copies)
+        for position, ids in chunk.rows:
             if not len(ids):
                 raise ConfigError(f"row {position} has no tokens; every row needs at least one")
             key = token_hash(ids)
             original = first.setdefault(key, position)
             if original == position:
                 rows.append(Row(position, ids, key))
-                continue
+            else:
+                copies.append((position, original))
+        copies += [(position, roots.get(earlier, earlier)) for position, earlier in chunk.repeats]
+        for position, original in copies:
+            roots[position] = original
             call.counts.deduplicated += 1
             if call.kinds[original]:
                 call.sink.copy(original, position)

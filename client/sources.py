@@ -3,14 +3,28 @@
 sentence-transformers sorts a call's texts by length before batching them and
 returns results in input order; a call here does the same, and tokenizes one
 chunk at a time, so a call of any size never holds every row's tokens at once.
+A text that repeats an earlier one of the call is not tokenized again (bulk
+calls over logs or records repeat many): it comes as a repeat of that row.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Some rows of a call: each new one with its token ids, and the repeats of rows already taken."""
+
+    rows: list[tuple[int, Sequence[int]]]  # (input position, token ids)
+    repeats: list[tuple[int, int]] = field(default_factory=list)  # (input position, the earlier position it repeats)
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.repeats)
 
 
 class RowSource(ABC):
@@ -28,12 +42,12 @@ class RowSource(ABC):
     def tokens(self, positions: Sequence[int]) -> list[Sequence[int]]:
         """The token ids of the rows at ``positions``."""
 
-    def chunks(self, size: int) -> Iterator[tuple[list[int], list[Sequence[int]]]]:
-        """``(positions, their token ids)`` of at most ``size`` rows at a time, in ``order()``."""
+    def chunks(self, size: int) -> Iterator[Chunk]:
+        """At most ``size`` rows at a time, in ``order()``."""
         order = self.order()
         for start in range(0, len(order), size):
             positions = order[start : start + size].tolist()
-            yield positions, self.tokens(positions)
+            yield Chunk(list(zip(positions, self.tokens(positions), strict=True)))
 
 
 class TokenRows(RowSource):
@@ -71,3 +85,18 @@ class TextRows(RowSource):
     def tokens(self, positions: Sequence[int]) -> list[Sequence[int]]:
         """See :meth:`RowSource.tokens`."""
         return list(self._tokenize([self._texts[position] for position in positions]))
+
+    def chunks(self, size: int) -> Iterator[Chunk]:
+        """See :meth:`RowSource.chunks`: a text seen before in the call is a repeat, not tokenized again."""
+        first: dict[str, int] = {}  # text -> its first position (the call's texts, not copies of them)
+        order = self.order()
+        for start in range(0, len(order), size):
+            new: list[int] = []
+            repeats: list[tuple[int, int]] = []
+            for position in order[start : start + size].tolist():
+                earlier = first.setdefault(self._texts[position], position)
+                if earlier == position:
+                    new.append(position)
+                else:
+                    repeats.append((position, earlier))
+            yield Chunk(list(zip(new, self.tokens(new), strict=True)), repeats)

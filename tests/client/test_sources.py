@@ -8,8 +8,8 @@ from attnstore_client.sources import TextRows, TokenRows
 def test_token_rows_come_longest_first_ties_in_input_order_in_chunks() -> None:
     source = TokenRows([[1], [1, 2, 3], [4, 5], [6, 7, 8], [9]])
     chunks = list(source.chunks(2))
-    assert [positions for positions, _ in chunks] == [[1, 3], [2, 0], [4]]
-    assert chunks[0][1] == [[1, 2, 3], [6, 7, 8]]
+    assert [[p for p, _ in chunk.rows] for chunk in chunks] == [[1, 3], [2, 0], [4]]
+    assert chunks[0].rows[0] == (1, [1, 2, 3]) and [len(chunk) for chunk in chunks] == [2, 2, 1]
     assert len(source) == 5
 
 
@@ -22,6 +22,21 @@ def test_text_rows_are_ordered_by_text_length_and_tokenized_one_chunk_at_a_time(
 
     source = TextRows(["bb", "a", "dddd", "ccc"], tokenize)
     chunks = list(source.chunks(3))
-    assert [positions for positions, _ in chunks] == [[2, 3, 0], [1]]
+    assert [[p for p, _ in chunk.rows] for chunk in chunks] == [[2, 3, 0], [1]]
     assert asked == [["dddd", "ccc", "bb"], ["a"]]  # never every text at once
-    assert chunks[1][1] == [[1]]
+    assert chunks[1].rows == [(1, [1])]
+
+
+def test_a_text_repeated_in_the_call_is_tokenized_once_and_comes_as_a_repeat_of_its_first() -> None:
+    asked: list[str] = []
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        asked.extend(texts)
+        return [[len(text)] for text in texts]
+
+    source = TextRows(["xy", "abc", "xy", "abc", "q", "xy"], tokenize)
+    chunks = list(source.chunks(2))
+    assert sorted(asked) == ["abc", "q", "xy"]
+    repeats = [repeat for chunk in chunks for repeat in chunk.repeats]
+    assert sorted(repeats) == [(2, 0), (3, 1), (5, 0)]
+    assert sum(len(chunk) for chunk in chunks) == 6
