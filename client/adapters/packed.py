@@ -119,8 +119,10 @@ class PackedCall:
     query_offsets: Mapping[int, int]  # computing row -> its first position among those tokens
 
 
-def plan_packed(batch: PackedBatch, replay: Mapping[int, ReplayMaps], keep: Sequence[int], *, layers: int, heads: int,
-         causal: bool) -> PackedCall:
+def plan_packed(
+    batch: PackedBatch, replay: Mapping[int, ReplayMaps], keep: Sequence[int], *, layers: int, heads: int,
+    causal: bool,
+) -> PackedCall:
     """Check the maps and rows to keep, and cut the batch into attention runs.
 
     Raises:
@@ -150,9 +152,10 @@ def plan_packed(batch: PackedBatch, replay: Mapping[int, ReplayMaps], keep: Sequ
         total += batch.lengths[row]
     query_index = None
     if len(computing) < batch.size:
-        query_index = torch.cat(
-            [torch.arange(batch.starts[row], batch.starts[row] + batch.lengths[row]) for row in computing]
-        ) if computing else torch.zeros(0, dtype=torch.long)
+        device = batch.input_ids.device
+        spans = [torch.arange(batch.starts[row], batch.starts[row] + batch.lengths[row], device=device)
+                 for row in computing]
+        query_index = torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long, device=device)
     kept = {row: torch.empty((layers, heads, batch.lengths[row], batch.lengths[row]), dtype=torch.float16)
             for row in sorted(keeping)}
     return PackedCall(batch, tuple(runs), dict(replay), kept, query_index, offsets)
@@ -196,7 +199,7 @@ def attend_packed(
             grouped = probs.to(hidden.dtype).view(run.count, kv_heads, -1, run.length)  # (n, KVH, G*L, L)
             attended = torch.matmul(grouped, value).view(run.count, heads, run.length, head_dim)  # (n, H, L, d)
         elif window is not None and window < run.length:
-            mask = causal_allowed(run.length, window)  # (L, L)
+            mask = causal_allowed(run.length, window).to(hidden.device)  # (L, L)
             attended = functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, scale=scaling, enable_gqa=kv_heads < heads)  # (n, H, L, d)
         else:
@@ -213,7 +216,7 @@ def _probs(query: torch.Tensor, key: torch.Tensor, scaling: float, causal: bool,
     grouped = query.reshape(count, kv_heads, -1, head_dim)  # (n, KVH, G*L, d)
     scores = torch.matmul(grouped, key.transpose(2, 3)).view(count, heads, length, length) * scaling  # (n, H, L, L)
     if causal:
-        scores = scores.masked_fill(~causal_allowed(length, window), float("-inf"))
+        scores = scores.masked_fill(~causal_allowed(length, window).to(scores.device), float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.float32)
 
 
