@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar, Literal
@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import MapShapeError
+from attnstore_client.adapters.fused import FusedLinears, fused_linears_available
 from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed
 from attnstore_client.adapters.planned import attend_planned
 from attnstore_client.adapters.rows import merge_rows, select_rows
@@ -102,6 +103,10 @@ class Adapter(ABC):
         self._modules: list[nn.Module] = list(self._attention_modules())
         self._call: _Call | PackedCall | None = None
         self._lock = threading.Lock()
+        # Packed forwards run the linear layers on oneDNN's kernels where they are there (adapters.fused);
+        # the weights are reordered on the first such forward.
+        self.fused_linears = True
+        self._fused: FusedLinears | None = None
 
     # --- what a family provides ---------------------------------------------------
 
@@ -157,6 +162,10 @@ class Adapter(ABC):
     def _sliding_window(self, module: nn.Module) -> int | None:
         """The layer's attention window, None for full attention."""
         return None
+
+    def _fusable(self) -> Mapping[nn.Module, nn.Linear]:
+        """Modules that are a linear layer then an activation oneDNN fuses (see ``adapters.fused``)."""
+        return {}
 
     @abstractmethod
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -313,9 +322,17 @@ class Adapter(ABC):
         """
         call = plan_packed(batch, dict(replay or {}), keep, layers=self.num_layers, heads=self.num_heads,
                            causal=self.causal)
-        with torch.inference_mode(), self._patched(call):
+        with torch.inference_mode(), self._patched(call), self._linear_kernels():
             out = self._run_packed(batch)  # (T, hidden)
         return out, dict(call.kept)
+
+    def _linear_kernels(self) -> AbstractContextManager[None]:
+        """oneDNN's linear kernels for this forward, where they are there and wanted (``fused_linears``)."""
+        if not self.fused_linears or not fused_linears_available(self.model):
+            return nullcontext()
+        if self._fused is None:
+            self._fused = FusedLinears(self.model, self._fusable())
+        return self._fused.installed()
 
     def forward_planned(self, batch: Batch, plan: LayerPlan) -> torch.Tensor:
         """One forward of the whole batch in which ``plan`` decides, layer by layer, which rows replay.

@@ -8,7 +8,7 @@ maps are only valid at their exact length, so no crop.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol, cast
 
 import torch
@@ -46,6 +46,7 @@ class _BertLayer(Protocol):
     """BertLayer, RobertaLayer."""
 
     attention: _BertAttention
+    intermediate: nn.Module  # BertIntermediate: ``dense`` then ``intermediate_act_fn``
 
     def __call__(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor: ...
 
@@ -122,6 +123,10 @@ class BertAdapter(Adapter):
         tokens = tokens_of(hidden, index)  # (N, hidden)
         shape = (tokens.shape[0], self.num_heads, self.head_dim)
         return attention.query(tokens).view(shape), attention.key(tokens).view(shape)  # (N, H, d) each
+
+    def _fusable(self) -> Mapping[nn.Module, nn.Linear]:
+        # BertIntermediate: dense, then the activation.
+        return {layer.intermediate: cast(nn.Linear, layer.intermediate.dense) for layer in self._encoder.encoder.layer}
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return _attention(module).value(hidden)  # (B, P, H*d)

@@ -116,3 +116,13 @@ def test_a_packed_batch_keeps_each_rows_positions_and_place() -> None:
     assert packed.position_ids.tolist() == [0, 1, 2, 0, 0, 1]
     assert (packed.lengths, packed.starts, packed.size, packed.tokens) == ((3, 1, 2), (0, 3, 4), 3, 6)
     assert packed.row(packed.input_ids, 2).tolist() == [11, 12]
+
+
+def test_onednn_linear_kernels_give_the_same_outputs_and_leave_the_model_as_it_was(adapter: Adapter, rows) -> None:
+    packed = pack(rows)
+    adapter.fused_linears = False
+    plain, _ = adapter.forward_packed(packed)
+    adapter.fused_linears = True
+    fused, _ = adapter.forward_packed(packed)
+    assert max_diff(fused, plain) < 1e-5
+    assert not any("forward" in module.__dict__ for module in adapter.model.modules())  # nothing left patched

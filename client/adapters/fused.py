@@ -1,0 +1,81 @@
+"""oneDNN's fp32 linear kernels with prepacked weights, the MLP's activation fused in, for packed forwards on CPU.
+
+A forward of an encoder such as all-MiniLM-L6-v2 spends about three quarters of
+its time in linear layers. PyTorch runs ``nn.Linear`` as a BLAS GEMM that reads
+the weight in its stored layout at every call, then the MLP's activation as a
+second pass over its widest tensor. oneDNN, already in every CPU build of torch
+(``torch.ops.mkldnn._linear_pointwise``, what ``torch.compile`` with weight
+freezing emits), takes a weight reordered once into its blocked layout and
+applies an activation inside the GEMM. Same fp32 arithmetic, another summation
+order: outputs move by about 1e-6.
+
+``FusedLinears`` reorders a model's linear weights once (a second copy of them:
++85 MiB for all-MiniLM-L6-v2) and, for the duration of a call, routes every
+``nn.Linear`` through those kernels and fuses the activations it knows
+(BERT's exact GELU). Measured in ``docs/BENCHMARKS.md`` ("Encode"); used only
+where oneDNN is available and the model runs on the CPU in fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+# Activation modules oneDNN fuses into the GEMM before them, by the attr name its kernel takes.
+_FUSABLE: Mapping[str, str] = {"GELUActivation": "gelu"}
+
+
+def fused_linears_available(model: nn.Module) -> bool:
+    """Whether ``model`` can use oneDNN's kernels: torch has them, and the model is on the CPU in fp32."""
+    parameter = next(model.parameters())
+    return (torch.backends.mkldnn.is_available() and parameter.device.type == "cpu"
+            and parameter.dtype == torch.float32)
+
+
+class FusedLinears:
+    """The linear layers of ``model`` on oneDNN's kernels, installed for one call at a time.
+
+    Args:
+        model: an fp32 model on the CPU; its weights are reordered once, here.
+        fused: modules whose ``forward`` is a linear layer then a fusable activation (``dense`` then
+            ``intermediate_act_fn``, as BERT's intermediate), each given with its linear layer.
+    """
+
+    def __init__(self, model: nn.Module, fused: Mapping[nn.Module, nn.Linear]) -> None:
+        self._linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+        with torch.no_grad():
+            self._packed = {id(m): torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None)
+                            for m in self._linears}
+        self._fused = {owner: (linear, _FUSABLE[type(act).__name__])
+                       for owner, linear in fused.items()
+                       if (act := getattr(owner, "intermediate_act_fn", None)) is not None
+                       and type(act).__name__ in _FUSABLE}
+
+    def _kernel(self, linear: nn.Linear, attr: str = "none") -> Callable[[torch.Tensor], torch.Tensor]:
+        packed, bias = self._packed[id(linear)], linear.bias
+        scalars: list[float] = []
+        algorithm = "none" if attr == "gelu" else ""  # GELU by its erf, as nn.GELU computes it
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, scalars, algorithm)
+
+        return forward
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Within the block, the model's linear layers (and fused activations) run on oneDNN's kernels."""
+        patched: list[nn.Module] = []
+        try:
+            for linear in self._linears:
+                linear.forward = self._kernel(linear)  # type: ignore[method-assign,assignment]
+                patched.append(linear)
+            for owner, (linear, attr) in self._fused.items():
+                owner.forward = self._kernel(linear, attr)
+                patched.append(owner)
+            yield
+        finally:
+            for module in patched:
+                module.__dict__.pop("forward", None)
