@@ -41,11 +41,11 @@ from attnstore_client.namespace import NamespaceReader
 from attnstore_client.prefill import Prefill
 from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
 from attnstore_client.sentence.compat import SentenceTransformerAPI
-from attnstore_client.sentence.heads import PROMPT_EOL, sentence_head
+from attnstore_client.sentence.heads import PROMPT_EOL, PromptEolHead, sentence_head
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings
 from attnstore_client.sinks import Pooled, RowStates, Sink
-from attnstore_client.sources import RowSource, TextRows, TokenRows
+from attnstore_client.sources import Prompt, RowSource, TextRows, TokenRows, segment_tokens
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.base import TierContext
 from attnstore_client.tiers.compute import ComputeTier
@@ -328,7 +328,7 @@ class AttnCache(SentenceTransformerAPI):
 
     def encode(
         self,
-        inputs: str | Sequence[str] | None = None,
+        inputs: str | Sequence[Prompt] | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
         batch_size: int = 32,
@@ -349,7 +349,8 @@ class AttnCache(SentenceTransformerAPI):
         last token. Takes sentence-transformers' keywords with their meanings.
 
         Args:
-            inputs: one text (one result back) or a sequence of texts (``sentences=`` works too).
+            inputs: one text (one result back) or a sequence of texts (``sentences=`` works too); an input may be
+                a list of segments (tokenized one by one, the ids concatenated; not with a prompt or PromptEOL).
             prompt_name: one of the model's ``prompts`` to put before every text.
             prompt: a prompt to put before every text (wins over ``prompt_name``).
             batch_size: rows per forward.
@@ -383,8 +384,11 @@ class AttnCache(SentenceTransformerAPI):
         prompt_text = self.head.resolve_prompt(prompt, prompt_name)
         if not rows:
             return shape_outputs(torch.zeros((0, self.head.dimension), device=self.device), [], options, single=False)
-        _, prompt_length = self.head.tokenize(rows[:1], prompt_text)
-        source = TextRows(rows, lambda chunk: self.head.tokenize(chunk, prompt_text)[0])
+        first_text = next((text for text in rows if isinstance(text, str)), "")
+        _, prompt_length = self.head.tokenize([first_text], prompt_text)
+        segments = None if prompt_text is not None or isinstance(self.head, PromptEolHead) else partial(
+            segment_tokens, self.loaded.tokenizer, max_length=self.head.max_length)
+        source = TextRows(rows, lambda chunk: self.head.tokenize(chunk, prompt_text)[0], segments)
         if output_value == "token_embeddings":
             states = RowStates(len(rows))
             self.run(source, states, batch_size=batch_size, show_progress_bar=show_progress_bar)
@@ -465,7 +469,7 @@ class AttnCache(SentenceTransformerAPI):
 
     def score_choices(
         self,
-        prompts: str | Sequence[str],
+        prompts: str | Sequence[Prompt],
         choices: Sequence[str] = ("A", "B", "C", "D"),
         batch_size: int = 32,
         show_progress_bar: bool | None = None,
@@ -477,7 +481,8 @@ class AttnCache(SentenceTransformerAPI):
         the model would write it next (``" A"`` with its space for most BPE vocabularies).
 
         Args:
-            prompts: one prompt or a sequence of prompts.
+            prompts: one prompt or a sequence of prompts; a prompt may be a list of segments (instruction,
+                chunks, question), each tokenized on its own and the ids concatenated.
             choices: the candidate next tokens, as text.
             batch_size, show_progress_bar: as for :meth:`encode`.
 

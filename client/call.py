@@ -44,6 +44,8 @@ class Row:
     index: int  # its first position in the call's input
     tokens: Sequence[int]  # its token ids, special tokens included
     key: bytes  # its exact-tier key (``keys.token_hash``)
+    # Token counts of its segments (instruction, chunks, question) when its prompt came in segments; () otherwise.
+    segments: tuple[int, ...] = ()
 
 
 class HiddenRows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from attnstore.errors import ConfigError, UnsupportedModelError
 from attnstore_client.models import LoadedModel
 from attnstore_client.sinks import LastStates, Sink
-from attnstore_client.sources import RowSource, TextRows
+from attnstore_client.sources import Prompt, RowSource, TextRows, segment_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +52,12 @@ def next_token_choice(lm_head: nn.Module, last: torch.Tensor, ids: Sequence[int]
 
 
 def score_prompts(
-    loaded: LoadedModel, prompts: Sequence[str], choices: Sequence[str], max_length: int,
+    loaded: LoadedModel, prompts: Sequence[Prompt], choices: Sequence[str], max_length: int,
     run: Callable[[RowSource, Sink], object],
 ) -> ChoiceScores:
     """``AttnCache.score_choices``: the prompts' last hidden states by ``run`` (one call), then the choices' odds.
+
+    A prompt is a string, or a list of segments (instruction, chunks, question; see ``sources``).
 
     Raises:
         UnsupportedModelError: the model is an encoder (no language-model head).
@@ -74,5 +77,5 @@ def score_prompts(
         return tokenizer(chunk, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
 
     last = LastStates(len(prompts))
-    run(TextRows(prompts, tokenize), last)
+    run(TextRows(prompts, tokenize, partial(segment_tokens, tokenizer, max_length=max_length)), last)
     return next_token_choice(head, last.result(), ids)

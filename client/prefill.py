@@ -86,13 +86,13 @@ class Prefill:
         one in flight when its original is served."""
         rows: list[Row] = []
         copies: list[tuple[int, int]] = []  # (position, the position of the row it copies)
-        for position, ids in chunk.rows:
-            if not len(ids):
+        for position, tokens in chunk.rows:
+            if not len(tokens.ids):
                 raise ConfigError(f"row {position} has no tokens; every row needs at least one")
-            key = token_hash(ids)
+            key = token_hash(tokens.ids)
             original = first.setdefault(key, position)
             if original == position:
-                rows.append(Row(position, ids, key))
+                rows.append(Row(position, tokens.ids, key, tokens.segments))
             else:
                 copies.append((position, original))
         copies += [(position, roots.get(earlier, earlier)) for position, earlier in chunk.repeats]

@@ -146,6 +146,20 @@ def test_score_choices_equals_the_plain_models_next_token_choice(llama) -> None:
         cache.score_choices(TEXTS, choices=("w10", "w11 w12"))
 
 
+def test_a_prompt_in_segments_is_scored_as_its_segments_tokens_one_after_the_other(llama) -> None:
+    service = _memory_service()
+    fill_namespace(service, llama, TEXTS[:2])
+    cache = AttnCache(llama, LocalConnection("local:memory", service), exact_cache_bytes=0)
+    segmented = [["w2 w3", "w20 w21 w22", "w7"], ["w2 w3", "w7"]]
+    joined = [" ".join(prompt) for prompt in segmented]  # the word tokenizer splits on spaces: the same tokens
+    got = cache.score_choices(segmented, choices=("w10", "w11"))
+    assert cache.last_row_kinds == ("miss", "miss")
+    expected = cache.score_choices(joined, choices=("w10", "w11")).probabilities
+    np.testing.assert_allclose(got.probabilities, expected, atol=1e-6)
+    with pytest.raises(ConfigError, match="non-empty list of strings"):
+        cache.score_choices([[]], choices=("w10", "w11"))
+
+
 def test_score_choices_needs_a_decoder(bert, bert_service) -> None:
     cache = AttnCache(bert, LocalConnection("local:memory", bert_service))
     with pytest.raises(UnsupportedModelError, match="encoder"):
