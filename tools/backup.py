@@ -65,8 +65,8 @@ def _open(location: str | Path, *, create: bool) -> MapStoreBase:
 
 
 def _transfer(args: argparse.Namespace, source: str | Path, destination: str | Path) -> int:
-    from attnstore.store.redis.transfer import copy_namespaces
     from attnstore.store.redis.urls import shown_location
+    from attnstore.store.transfer import copy_namespaces
 
     with _open(source, create=False) as src, _open(destination, create=True) as dst:
         report = copy_namespaces(src, dst, args.namespace)

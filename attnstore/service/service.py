@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,11 +39,15 @@ from attnstore.service.prefix_tier import PrefixCuts, prefix_matches, read_prefi
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
+from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES
 from attnstore.store.lmdb.residency import drop_mapped_pages
-from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
+from attnstore.store.lmdb.settings import DEFAULT_MAP_SIZE
 from attnstore.store.namespace_rules import check_projector_version
-from attnstore.store.redis.urls import is_redis_url, open_redis_store
+from attnstore.store.redis.urls import is_redis_url
 from attnstore.store.reports import FeaturesReport, PrefetchReport
+
+if TYPE_CHECKING:
+    from attnstore.store.redis.connection import RedisStats
 
 
 class AttnStoreService(ServiceMonitoring):
@@ -58,6 +63,7 @@ class AttnStoreService(ServiceMonitoring):
         *,
         make_index: Callable[[int], VectorIndex] = FaissIndex,
         length_penalty: float = 1.0,
+        redis_stats: Callable[[], RedisStats] | None = None,
     ) -> None:
         """Wrap an open store and build its indexes from the stored feature vectors.
 
@@ -66,11 +72,14 @@ class AttnStoreService(ServiceMonitoring):
             make_index: builds an empty index of a given dimension for a new bucket.
             length_penalty: predicted distance added per token when a causal query
                 matches a longer entry (the training target's length term).
+            redis_stats: the Redis client's figures of a store opened from a ``redis://`` URL, for the
+                daemon's metrics (``open`` passes them).
         """
         self._store = store
+        self._redis_stats = redis_stats
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
         # A store other daemons write to (Redis) is followed, so their ingests and deletes reach this index.
-        self._follower = IndexFollower(self._indexes) if store.change_feed() is not None else None
+        self._follower = IndexFollower(self._indexes) if store.supports_change_feed else None
         # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
         self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
         # Counts the exact tier's asks and admits repeated misses for write-back. Off here (embedded mode
@@ -100,9 +109,14 @@ class AttnStoreService(ServiceMonitoring):
             UnavailableError: Redis cannot be reached.
         """
         store: MapStoreBase
+        redis_stats = None
         if is_redis_url(path):
-            store = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+            # Imported here: redis-py loads only with a Redis store.
+            from attnstore.store.redis.mapstore import open_redis_store
+
+            redis = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
                                      map_size=map_size, readonly=readonly)
+            store, redis_stats = redis, redis.redis_stats
         else:
             store = MapStore.open(
                 path,
@@ -113,7 +127,7 @@ class AttnStoreService(ServiceMonitoring):
                 map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
             )
         try:
-            service = cls(store)
+            service = cls(store, redis_stats=redis_stats)
         except BaseException:
             # Building the indexes failed: the store (its environment, writer lock and threads) must not
             # outlive the failure, or a retry in this process finds it "open for writing elsewhere".
@@ -141,7 +155,8 @@ class AttnStoreService(ServiceMonitoring):
     def use_admission(self, config: AdmissionConfig) -> Admission:
         """Admit written-back rows by ``config``, counting in the store when it is shared (so every daemon
         of a fleet sees every daemon's asks), else in this process; returns the rule now in force."""
-        self.admission = Admission(config, self._store.admission_counts(config.shape))
+        shared = self._store.admission_counts(config.shape) if self._store.supports_shared_admission else None
+        self.admission = Admission(config, shared)
         return self.admission
 
     def get_namespace(self, name: str) -> NamespaceInfo:

@@ -25,6 +25,7 @@ import lmdb
 
 from attnstore.errors import ChecksumError, StoreFullError
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import namespace_names
 from attnstore.store.lmdb.env import (
     Databases,
@@ -42,7 +43,6 @@ from attnstore.store.lmdb.ingest import raw_nbytes
 from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.records import (
     BucketRecord,
-    EntryRecord,
     bucket_key,
     encode_u64,
     entry_key,

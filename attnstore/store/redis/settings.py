@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
-from attnstore.store.lmdb.settings import (
+from attnstore.store.dram.settings import (
     DEFAULT_DRAM_BYTES,
     DEFAULT_HIT_FLUSH_COUNT,
     DEFAULT_HIT_FLUSH_SECONDS,
+    DEFAULT_PREFETCH_QUEUE,
     check_tier_settings,
 )
 
@@ -31,7 +32,7 @@ class RedisSettings:
     evict_low_water: float = 0.9  # the byte cap evicts down to this fraction of max_bytes
     hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT  # distinct entries with buffered hits that trigger a flush
     hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
-    prefetch_queue: int = 4096  # entries waiting for prefetch at most; more are dropped
+    prefetch_queue: int = DEFAULT_PREFETCH_QUEUE  # entries waiting for prefetch at most; more are dropped
     entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS
     # Each namespace's log keeps about this many changes: a daemon further behind rebuilds its index from the keys.
     log_max_events: int = 100_000

@@ -2,20 +2,26 @@
 
 Nothing here imports redis, so the daemon's configuration and the CLI can
 tell the two apart and refuse a bad URL before any store is opened.
+
+``redis://HOST:PORT`` is one Redis server; ``redis://HOST:PORT/?cluster=1`` a
+Redis Cluster (any node: the client discovers the others and follows
+failovers). ``rediss://`` uses TLS. ``prefix=NAME`` names the store within the
+server (default ``attnstore``), so several stores may share one Redis. Other
+query parameters are redis-py's connection options (``socket_timeout=...``).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from attnstore.errors import ConfigError
 
-if TYPE_CHECKING:
-    from attnstore.store.redis.mapstore import RedisMapStore
-
 REDIS_SCHEMES = ("redis://", "rediss://")
+DEFAULT_PREFIX = "attnstore"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
 def is_redis_url(location: object) -> bool:
@@ -41,31 +47,53 @@ def store_location(text: str | Path) -> str | Path:
     if isinstance(text, str) and "://" in text and not is_redis_url(text):
         raise ConfigError(f"store {text!r}: a store is a folder or a URL starting with one of {list(REDIS_SCHEMES)}")
     if is_redis_url(text):
-        from attnstore.store.redis.connection import RedisLocation
-
         RedisLocation.parse(str(text))
         return str(text)
     return Path(text)
 
 
-def open_redis_store(
-    url: str, *, create: bool = False, dram_bytes: int | None = None, max_bytes: int | None = None,
-    map_size: int | None = None, readonly: bool = False,
-) -> RedisMapStore:
-    """Open the Redis store at ``url`` with the daemon's sizes (``map_size`` is LMDB's: refused here).
+@dataclass(frozen=True, slots=True)
+class RedisLocation:
+    """A parsed store URL."""
 
-    Raises:
-        ConfigError: a malformed URL, or ``map_size`` given.
-        UnavailableError: Redis cannot be reached.
-        StoreNotFoundError: no store under the URL's prefix and ``create`` is False.
-    """
-    if map_size is not None:
-        raise ConfigError(f"--map-size sizes an LMDB store; {url!r} is a Redis store (size it with Redis's maxmemory)")
-    from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES
-    from attnstore.store.redis.mapstore import RedisMapStore
-    from attnstore.store.redis.settings import RedisSettings
+    url: str  # as given
+    client_url: str  # the URL redis-py opens: ours, less the store's own parameters
+    cluster: bool
+    prefix: str
+    options: dict[str, str] = field(default_factory=dict, compare=False)  # redis-py's query parameters
 
-    settings = RedisSettings(
-        dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes, max_bytes=max_bytes, readonly=readonly
-    )
-    return RedisMapStore.open(url, create=create, settings=settings)
+    @classmethod
+    def parse(cls, url: str) -> RedisLocation:
+        """Parse ``url``.
+
+        Raises:
+            ConfigError: another scheme, no host, a bad ``cluster`` or ``prefix`` value, or a database
+                number with ``cluster=1`` (a cluster has database 0 only).
+        """
+        if not is_redis_url(url):
+            raise ConfigError(f"a Redis store URL starts with one of {list(REDIS_SCHEMES)}, got {url!r}")
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise ConfigError(f"Redis store URL {url!r} needs a host, e.g. redis://127.0.0.1:6379/?cluster=1")
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        cluster_text = query.pop("cluster", "0").lower()
+        if cluster_text not in ("0", "1", "true", "false", "yes", "no"):
+            raise ConfigError(f"Redis store URL {url!r}: cluster must be 1 or 0, got {cluster_text!r}")
+        cluster = cluster_text in ("1", "true", "yes")
+        prefix = query.pop("prefix", DEFAULT_PREFIX)
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise ConfigError(
+                f"Redis store URL {url!r}: prefix must be 1-64 letters, digits, '_', '.' or '-', got {prefix!r}"
+            )
+        if cluster and parts.path.strip("/") not in ("", "0"):
+            raise ConfigError(f"Redis store URL {url!r}: a Redis Cluster has database 0 only")
+        client_url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
+        return cls(url=url, client_url=client_url, cluster=cluster, prefix=prefix, options=query)
+
+    @property
+    def display(self) -> str:
+        """The URL without its password, for logs and stats."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))

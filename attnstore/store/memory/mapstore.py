@@ -1,5 +1,8 @@
 """MemoryMapStore: the map store interface in memory, for tests of other components.
 
+It has every capability the LMDB backend has (outputs-only entries, prefix
+blocks, compaction), so a suite that consults capabilities runs whole on it.
+
 Same behaviour as MapStore where callers can see it: validation, codecs (q8 is
 lossy here too), exact-duplicate handling, ids from 1 never reused, checksums,
 byte cap. No persistence, no DRAM tier (everything is in memory already).
@@ -25,6 +28,7 @@ from attnstore.errors import (
     NamespaceNotFoundError,
     shown,
 )
+from attnstore.protocol.keys import TokenHash
 from attnstore.protocol.records import (
     FORMAT_VERSION,
     EntryInfo,
@@ -36,6 +40,7 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
+from attnstore.store.memory.prefix_blocks import MemoryPrefixBlocks, _Blocks
 from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
@@ -43,7 +48,6 @@ from attnstore.store.namespace_rules import (
     outputs_only_feature_error,
     projector_update,
 )
-from attnstore.store.prefix.memory import MemoryPrefixBlocks, _Blocks
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -64,7 +68,7 @@ class _Entry:
     id: int
     length: int
     created: float
-    token_hash: bytes
+    token_hash: TokenHash
     feature: np.ndarray | None
     token_ids: np.ndarray | None
     writer: str | None
@@ -103,7 +107,17 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         self._evicted_entries = 0
         self._evicted_bytes = 0
         self._lock = threading.RLock()
-        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.prefix.memory)
+        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.memory.prefix_blocks)
+
+    @property
+    def supports_outputs_only(self) -> bool:
+        """See :attr:`MapStoreBase.supports_outputs_only`."""
+        return True
+
+    @property
+    def supports_compaction(self) -> bool:
+        """See :attr:`MapStoreBase.supports_compaction`: nothing to rewrite, so it reports the live entries."""
+        return True
 
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)
