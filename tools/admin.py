@@ -30,7 +30,8 @@ from google.protobuf.json_format import MessageToDict
 
 from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
-from attnstore.protocol.remote import DEFAULT_TARGET, TARGET_FORMS, RemoteStore
+from attnstore_client.connection.channel import DEFAULT_TARGET, TARGET_FORMS
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_tools import cold_start, drop_writer, train_projector
 from attnstore_tools.arguments import DefaultsHelpFormatter
 from attnstore_tools.build.fit import format_fit

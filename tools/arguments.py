@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnstore.protocol.remote import split_target
+from attnstore_client.connection.channel import split_target
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 
 from attnstore.protocol.records import Codec, NamespaceLayout, TokenLimits
-from attnstore.protocol.remote import RemoteStore
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import ProjectorConfig

@@ -24,7 +24,7 @@ from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, Daem
 
 from attnstore.errors import AttnStoreError
 from attnstore.protocol import keys
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore_client.keys import token_hash
 from attnstore_tools.cold_start import create_exact_namespace, token_limits

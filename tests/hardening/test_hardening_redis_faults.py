@@ -22,7 +22,7 @@ from store_helpers import make_entry
 
 from attnstore.errors import StoreFullError, UnavailableError
 from attnstore.protocol.records import NamespaceLayout
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.requests import exact_request
 from attnstore_client.cache import AttnCache
 from attnstore_tools.cold_start import create_exact_namespace
 

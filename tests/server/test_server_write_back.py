@@ -15,12 +15,13 @@ from store_helpers import projector_blob, softmax_maps
 from attnstore.errors import AuthError, WriteBackOffError
 from attnstore.protocol.keys import token_hash
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, exact_request, search_request
+from attnstore.protocol.requests import exact_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.server.auth import TokenTable, default_token_name
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore_client.connection.daemon import RemoteStore
 
 READ, WRITE, ADMIN, OTHER = "r" * 20, "w" * 20, "a" * 20, "o" * 20
 TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("read", OTHER)))

@@ -11,7 +11,7 @@ from cache_helpers import tiny_loaded
 from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.protocol.keys import token_hash
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore_tools.cli import main as cli_main
 from attnstore_tools.cold_start import create_exact_namespace

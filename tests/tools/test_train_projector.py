@@ -17,11 +17,12 @@ from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, Daem
 
 from attnstore.errors import AuthError, FingerprintMismatchError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch, NewEntry
-from attnstore.protocol.remote import RemoteStore, lookup_request, search_request
+from attnstore.protocol.requests import lookup_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.cache import AttnCache
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector

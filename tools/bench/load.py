@@ -47,9 +47,10 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError
 from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
-from attnstore.protocol.remote import RemoteStore, lookup_request
+from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store.redis.urls import is_redis_url, shown_location, store_location
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_tools.arguments import positive_int
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.output import write_json

@@ -144,11 +144,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -> list[VariantTiming]:
-    from attnstore.protocol.remote import RemoteStore
     from attnstore.store import NamespaceLayout, NewEntry
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.cache import AttnCache
     from attnstore_client.connection import connect
+    from attnstore_client.connection.daemon import RemoteStore
     from attnstore_client.keys import model_fingerprint, token_hash
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import RetryPolicy
@@ -241,7 +241,7 @@ def _check_kinds(samples: dict[str, list[Sample[CacheStats]]]) -> None:
 
 def _check_dram(target: str, dram_target: str) -> None:
     """``hit`` must have read its maps from the store and ``hit_dram`` from DRAM, as their names say."""
-    from attnstore.protocol.remote import RemoteStore
+    from attnstore_client.connection.daemon import RemoteStore
 
     with RemoteStore(target) as plain, RemoteStore(dram_target) as dram:
         plain_hits, dram_hits = plain.stats().dram_hits, dram.stats().dram_hits

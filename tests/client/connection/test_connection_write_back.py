@@ -6,7 +6,7 @@ import numpy as np
 from server_fixtures import FP, LAYOUT, memory_service, served
 
 from attnstore.protocol.keys import token_hash
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.requests import exact_request
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore_client.connection import RefusedRow, RowToWrite, connect
 
