@@ -24,7 +24,7 @@ from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
-from attnstore_tools.timing import median_ms, time_rounds
+from attnstore_tools.timing import add_timing_arguments, median_ms, time_rounds
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--suffixes", default="16,64,256", help="suffix lengths (default: 16,64,256)")
     parser.add_argument("--batch", type=int, default=1, help="rows per forward (default: 1)")
     parser.add_argument("--block-size", type=int, default=32, help="tokens per prefix block (default: 32)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, median taken (default: 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first (default: 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default: 0)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    add_timing_arguments(parser)
     parser.set_defaults(func=run)
 
 

@@ -19,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -27,7 +26,7 @@ from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
-from attnstore_tools.timing import median_ms, time_rounds
+from attnstore_tools.timing import add_timing_arguments, median_ms, time_rounds
 
 
 @dataclass(frozen=True)
@@ -52,11 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
     parser.add_argument("--lengths", default="32,128,512", help="comma-separated token lengths (default: 32,128,512)")
     parser.add_argument("--batch", type=int, default=16, help="rows per batch (default: 16)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, median taken (default: 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first (default: 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default: 0)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    add_timing_arguments(parser)
     parser.set_defaults(func=run)
 
 

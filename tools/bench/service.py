@@ -44,7 +44,7 @@ from attnstore_tools.arguments import documented_parser
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
-from attnstore_tools.timing import Sample, median_ms, time_rounds
+from attnstore_tools.timing import Sample, add_timing_arguments, median_ms, time_rounds
 
 if TYPE_CHECKING:
     from attnstore_client.stats import CacheStats
@@ -79,11 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
     parser.add_argument("--length", type=int, default=128, help="tokens per row (default: 128)")
     parser.add_argument("--batch", type=int, default=16, help="rows per batch (default: 16)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, median taken (default: 5, at least 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default: 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the token ids (default: 0)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    add_timing_arguments(parser, unit="rounds", seed_of="the token ids")
     parser.set_defaults(func=run)
 
 
