@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnstore.errors import ConfigError
 from attnstore.store.base import MapStoreBase
-from attnstore.store.lmdb.backup import backup_store
+from attnstore.store.lmdb.compaction import backup_store
 from attnstore.store.redis.urls import is_redis_url, store_location
 from attnstore_tools.output import write_json
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 def _open(location: str | Path, *, create: bool) -> MapStoreBase:
     if is_redis_url(location):
         from attnstore.store.redis.mapstore import RedisMapStore
-        from attnstore.store.redis.settings import RedisSettings
+        from attnstore.store.redis.urls import RedisSettings
 
         return RedisMapStore.open(str(location), create=create, settings=RedisSettings(dram_bytes=0))
     from attnstore.store import MapStore

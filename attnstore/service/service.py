@@ -22,11 +22,9 @@ from attnstore.errors import (
     FingerprintMismatchError,
     MapShapeError,
     NamespaceNotReadyError,
-    PrefixBlockCorruptError,
 )
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
@@ -35,13 +33,12 @@ from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.monitoring import ServiceMonitoring
-from attnstore.service.prefix_tier import PrefixCuts, prefix_matches, read_prefix
+from attnstore.service.prefix_tier import PrefixCuts, PrefixTierCalls
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
-from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
-from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES
-from attnstore.store.lmdb.residency import drop_mapped_pages
-from attnstore.store.lmdb.settings import DEFAULT_MAP_SIZE
+from attnstore.store import CompactReport, MapStoreBase, StoreStats, VerifyReport
+from attnstore.store.lmdb.env import drop_mapped_pages
+from attnstore.store.lmdb.mapstore import open_lmdb_store
 from attnstore.store.namespace_rules import check_projector_version
 from attnstore.store.redis.urls import is_redis_url
 from attnstore.store.reports import FeaturesReport, PrefetchReport
@@ -50,7 +47,7 @@ if TYPE_CHECKING:
     from attnstore.store.redis.connection import RedisStats
 
 
-class AttnStoreService(ServiceMonitoring):
+class AttnStoreService(ServiceMonitoring, PrefixTierCalls):
     """A map store with its vector indexes; thread-safe.
 
     Reads of maps go straight to the store (many threads at once); index
@@ -118,14 +115,8 @@ class AttnStoreService(ServiceMonitoring):
                                      map_size=map_size, readonly=readonly)
             store, redis_stats = redis, redis.redis_stats
         else:
-            store = MapStore.open(
-                path,
-                create=create,
-                max_bytes=max_bytes,
-                readonly=readonly,
-                dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
-                map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
-            )
+            store = open_lmdb_store(Path(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                                    map_size=map_size, readonly=readonly)
         try:
             service = cls(store, redis_stats=redis_stats)
         except BaseException:
@@ -134,7 +125,7 @@ class AttnStoreService(ServiceMonitoring):
             store.close()
             raise
         if readonly and not is_redis_url(path):
-            drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.residency)
+            drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.env)
         return service
 
     @property
@@ -349,30 +340,6 @@ class AttnStoreService(ServiceMonitoring):
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """An entry's stored final outputs ``(L, hidden)`` fp16, or None."""
         return self._store.read_outputs(namespace, entry_id)
-
-    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
-        """How the namespace stores prefix blocks; None when it stores none."""
-        return self._store.prefix_layout(namespace)
-
-    def prefix_matches(
-        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]
-    ) -> list[int]:
-        """Each row's stored prefix in whole blocks (see ``prefix_tier.prefix_matches``).
-
-        Raises:
-            FingerprintMismatchError: another model, or blocks of another size (or none).
-        """
-        self.check_fingerprint(namespace, fingerprint)
-        return prefix_matches(self._store, self._prefix_cuts, namespace, block_size, rows)
-
-    def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
-        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``); a block found corrupt is cut, so
-        prefix matches end before it from then on (a missing block ends them already: matches read records)."""
-        try:
-            return read_prefix(self._store, namespace, block_size, chain, chunk)
-        except PrefixBlockCorruptError as exc:
-            self._prefix_cuts.cut(namespace, exc.chain_hash)
-            raise
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
         """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""

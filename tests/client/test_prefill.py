@@ -25,7 +25,7 @@ from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_client.tiers.write_back import WriteBackSettings
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 TEXTS = sentences(12, seed=11)
 STORED = TEXTS[:4]

@@ -26,7 +26,7 @@ def make_store(request, tmp_path) -> StoreFactory:
             store = MapStore.open(path, create=True, dram_bytes=1 << 20, max_bytes=max_bytes)
         elif request.param.startswith("redis"):
             from attnstore.store.redis.mapstore import RedisMapStore
-            from attnstore.store.redis.settings import RedisSettings
+            from attnstore.store.redis.urls import RedisSettings
 
             servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
             settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)

@@ -480,3 +480,14 @@ class MapStore(LmdbPrefixBlocks, DramTiered, MapStoreBase):
                 logger.warning("map store %s: buffered hit counts lost on close: %s", self._root, exc)
         self._live.close()
 
+
+def open_lmdb_store(
+    path: Path, *, create: bool = False, dram_bytes: int | None = None, max_bytes: int | None = None,
+    map_size: int | None = None, readonly: bool = False,
+) -> MapStore:
+    """Open the LMDB store in folder ``path`` with the daemon's sizes (None: their defaults; see ``MapStore.open``)."""
+    return MapStore.open(
+        path, create=create, max_bytes=max_bytes, readonly=readonly,
+        dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
+        map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
+    )

@@ -56,8 +56,7 @@ from attnstore.store.redis.feed import RedisChangeFeed
 from attnstore.store.redis.ingest import commit
 from attnstore.store.redis.keys import StoreKeys, decode_record
 from attnstore.store.redis.reads import RedisEntryReads
-from attnstore.store.redis.settings import RedisSettings
-from attnstore.store.redis.urls import RedisLocation
+from attnstore.store.redis.urls import RedisLocation, RedisSettings
 from attnstore.store.redis.watch import StoreWatch
 from attnstore.store.reports import CompactReport, FeaturesReport, IngestReport, StoreStats, VerifyReport
 from attnstore.store.validate import PreparedEntry, prepare_entry

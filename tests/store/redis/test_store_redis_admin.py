@@ -19,7 +19,7 @@ from attnstore.store import MapStore
 from attnstore.store.redis.connection import RedisLocation, RetryTotals
 from attnstore.store.redis.keys import encode_entry
 from attnstore.store.redis.mapstore import RedisMapStore
-from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.redis.urls import RedisSettings
 from attnstore.store.validate import prepare_entry
 
 

@@ -27,10 +27,10 @@ from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
 from attnstore_client.tiers.write_back import WriteBackSettings
+from attnstore_tools.admin.cold_start import create_exact_namespace
+from attnstore_tools.admin.train_projector import TrainProjectorConfig, train_namespace_projector
 from attnstore_tools.build.fit import FitConfig
 from attnstore_tools.cli import main
-from attnstore_tools.cold_start import create_exact_namespace
-from attnstore_tools.train_projector import TrainProjectorConfig, train_namespace_projector
 
 # One length (6 words): a bidirectional model's projector trains and calibrates on same-length inputs.
 TEXTS = sentences(40, seed=11, min_words=6, max_words=6)
