@@ -15,7 +15,6 @@ affects as failed; it never raises into the caller except through
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -247,22 +246,13 @@ class _StreamedMaps(MapStream):
         super().__init__()
         self._deadline = deadline
         self._rows = range(rows)
-        self._cond = threading.Condition()
         self._layers: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._done = False
-        self._stream = ResendingStream("FetchMaps", open_call, resend, deadline, self._cond)
-        self._reader = threading.Thread(target=self._read_maps, name="attnstore-maps", daemon=True)
-        self._reader.start()
-
-    def _read_maps(self) -> None:
-        start = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            error = self._stream.receive_all(self._receive, lambda: self._done)
-        finally:
-            self.fetch_seconds = time.perf_counter() - start
-            self._finish(error)
+        self._stream = ResendingStream("FetchMaps", open_call, resend, deadline, receive=self._receive,
+                                       finish=self._finish, closed=lambda: self._done, thread="attnstore-maps")
+        self._cond = self._stream.cond
+        self._stream.start()
 
     def _receive(self, stream: Iterator[pb.LookupResponse]) -> None:
         """Take one attempt's messages (raises what breaks it)."""
@@ -308,8 +298,9 @@ class _StreamedMaps(MapStream):
                 self._failed.setdefault(row, cause_of(error))
             self._cond.notify_all()
 
-    def _finish(self, error: BaseException | None) -> None:
+    def _finish(self, error: BaseException | None, seconds: float) -> None:
         """The stream ended: rows still missing layers fail (with the stream's error, if any)."""
+        self.fetch_seconds = seconds
         if error is not None and not (isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.CANCELLED
                                       and self._done):
             self._fail_all(error)

@@ -11,7 +11,6 @@ affect; the forward learns of it through ``MapsUnavailableError`` from
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -44,33 +43,27 @@ class StreamedPrefix(PrefixStream):
         resend: StreamResend,
     ) -> None:
         super().__init__()
-        self._rows = rows
-        self._hidden_chunk = hidden_chunk
-        self._deadline = deadline
-        self._cond = threading.Condition()
+        self._rows, self._hidden_chunk, self._deadline = rows, hidden_chunk, deadline
         self._chunks: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._why: dict[int, str] = {}  # row -> what the store said of its failed chunk
         self._done = False
-        self._stream = ResendingStream("FetchPrefix", open_call, resend, deadline, self._cond)
-        self._reader = threading.Thread(target=self._read, name="attnstore-prefix", daemon=True)
-        self._reader.start()
+        self._stream = ResendingStream("FetchPrefix", open_call, resend, deadline, receive=self._receive,
+                                       finish=self._finish, closed=lambda: self._done, thread="attnstore-prefix")
+        self._cond = self._stream.cond
+        self._stream.start()
 
-    def _read(self) -> None:
-        start = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            error = self._stream.receive_all(self._receive, lambda: self._done)
-        finally:
-            self.fetch_seconds = time.perf_counter() - start
-            with self._cond:
-                if error is not None and not self._done:
-                    cause = cause_of(error_from_rpc(error) if isinstance(error, grpc.RpcError) else error)
-                    log.warning("FetchPrefix stream broke (%s): computing its rows", cause)
-                    for row in range(self._rows):
-                        self._failed.setdefault(row, cause)
-                self._done = True
-                self._cond.notify_all()
+    def _finish(self, error: BaseException | None, seconds: float) -> None:
+        """The stream ended: with an error, every row not failed yet fails with its cause."""
+        self.fetch_seconds = seconds
+        with self._cond:
+            if error is not None and not self._done:
+                cause = cause_of(error_from_rpc(error) if isinstance(error, grpc.RpcError) else error)
+                log.warning("FetchPrefix stream broke (%s): computing its rows", cause)
+                for row in range(self._rows):
+                    self._failed.setdefault(row, cause)
+            self._done = True
+            self._cond.notify_all()
 
     def _receive(self, stream: Iterator[pb.PrefixChunk]) -> None:
         """Take one attempt's messages (raises what breaks it)."""

@@ -81,45 +81,69 @@ def read_whole(read: Callable[[float | None], T], *, resend: StreamResend, limit
 
 
 class ResendingStream:
-    """One read-only call received on a reader thread, made again while its :class:`StreamResend` allows.
+    """One read-only call received on its own reader thread, made again while its :class:`StreamResend` allows.
+
+    The reader (``remote``'s FetchMaps, ``remote_prefix``'s FetchPrefix) keeps what arrives and calls
+    :meth:`start` once set up: ``receive(call)``
+    takes one attempt's messages and raises what breaks it; ``finish(error, seconds)`` runs once on the reader
+    thread when the last attempt ends (``error``: what ended it, or None when it ended whole or the reader
+    was ``closed`` meanwhile; ``seconds``: time spent receiving).
 
     Args:
         name: the RPC, for logs.
         open_call: makes the call, given the seconds left (None: no deadline).
         resend: how often a call broken by UNAVAILABLE is made again.
         deadline: ``time.monotonic()`` by which the call must end, or None.
-        cond: the reader's condition; a new call is made under it, so :meth:`cancel` always reaches the live one.
+        receive, finish: see above.
+        closed: whether the reader was closed (called holding :attr:`cond`).
+        thread: the reader thread's name.
     """
 
-    def __init__(self, name: str, open_call: Callable[[float | None], grpc.Call], resend: StreamResend,
-                 deadline: float | None, cond: threading.Condition) -> None:
+    def __init__(
+        self, name: str, open_call: Callable[[float | None], grpc.Call], resend: StreamResend, deadline: float | None,
+        *, receive: Callable[[grpc.Call], None], finish: Callable[[BaseException | None, float], None],
+        closed: Callable[[], bool], thread: str,
+    ) -> None:
+        self.cond = threading.Condition()  # the reader's lock: a new call is made under it, so cancel reaches it
         self._name = name
         self._open_call = open_call
         self._resend = resend
         self._deadline = deadline
-        self._cond = cond
+        self._receive = receive
+        self._finish = finish
+        self._closed = closed
         self._call = open_call(self.seconds_left())
+        self._thread = threading.Thread(target=self._run, name=thread, daemon=True)
+
+    def start(self) -> None:
+        """Start receiving on the reader thread (once the reader has set itself up: its callbacks run there)."""
+        self._thread.start()
 
     def seconds_left(self) -> float | None:
         """Seconds to the deadline (None: no deadline)."""
         return None if self._deadline is None else self._deadline - time.monotonic()
 
-    def receive_all(self, receive: Callable[[grpc.Call], None], closed: Callable[[], bool]) -> BaseException | None:
-        """Run ``receive`` on the call, and on each new one while broken calls are made again; the error that
-        ended the last attempt (a grpc.RpcError, or the AttnStoreError ``receive`` raised), or None when it
-        ended whole or the reader was ``closed`` meanwhile (``closed`` is called holding the condition)."""
+    def _run(self) -> None:
+        start = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            error = self._receive_all()
+        finally:
+            self._finish(error, time.perf_counter() - start)
+
+    def _receive_all(self) -> BaseException | None:
         call, attempt = self._call, 0
         while True:
             try:
-                receive(call)
+                self._receive(call)
                 return None
             except (grpc.RpcError, AttnStoreError) as exc:
                 if not retries_stream(exc, attempt, self._resend.retries, self._deadline):
                     return exc
                 log.info("%s stream broke (%s); sending it again", self._name, exc)
             time.sleep(STREAM_RETRY_PAUSE_S)
-            with self._cond:
-                if closed():  # closed, or past its deadline, meanwhile
+            with self.cond:
+                if self._closed():  # closed, or past its deadline, meanwhile
                     return None
                 attempt += 1
                 self._resend.count()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, positive_ints
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
 from attnstore_tools.timing import add_timing_arguments, median_ms, time_rounds
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON; returns the exit code."""
-    prefixes, suffixes = _lengths(args.prefixes, "--prefixes"), _lengths(args.suffixes, "--suffixes")
+    prefixes, suffixes = positive_ints(args.prefixes, "--prefixes"), positive_ints(args.suffixes, "--suffixes")
     if args.batch < 1 or args.repeats < 5 or args.warmup < 0 or args.threads < 1 or args.block_size < 1:
         raise ConfigError("need --batch >= 1, --repeats >= 5, --warmup >= 0, --threads >= 1, --block-size >= 1")
     bad = [p for p in prefixes if p % args.block_size]
@@ -132,15 +132,6 @@ def _chain(ids: list[int], block_size: int) -> list[bytes]:
 
     return chain_hashes(ids, block_size)
 
-
-def _lengths(text: str, option: str) -> list[int]:
-    try:
-        lengths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ConfigError(f"{option} needs positive integers, got {text!r}")
-    return lengths
 
 
 def _print_row(result: PrefixTiming, *, header: bool) -> None:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, positive_ints
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
 from attnstore_tools.timing import add_timing_arguments, median_ms, time_rounds
@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON; returns the exit code."""
-    lengths = _parse_lengths(args.lengths)
+    lengths = positive_ints(args.lengths, "--lengths")
     if args.batch < 1 or args.repeats < 5 or args.warmup < 0 or args.threads < 1:
         raise ConfigError(
             f"need --batch >= 1, --repeats >= 5, --warmup >= 0, --threads >= 1; got batch={args.batch}, "
@@ -161,15 +161,6 @@ def _attention_share(adapter, batch) -> float:
             handle.remove()
     return totals["attention"] / totals["block"] if totals["block"] else 0.0
 
-
-def _parse_lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--lengths must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ConfigError(f"--lengths needs positive integers, got {text!r}")
-    return lengths
 
 
 def _machine() -> dict[str, object]:

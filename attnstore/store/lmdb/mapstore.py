@@ -169,21 +169,15 @@ class MapStore(LmdbPrefixBlocks, DramTiered, MapStoreBase):
         return self._settings.readonly
 
     # ---------------------------------------------------------------- capabilities
+    # Every one but a change feed and shared admission counts: one process writes an LMDB store.
+
+    supports_outputs_only = True
+    supports_compaction = True  # into a new generation, swapped in
 
     @property
     def supports_writes(self) -> bool:
         """See :attr:`MapStoreBase.supports_writes`: unless opened read-only."""
         return not self._settings.readonly
-
-    @property
-    def supports_outputs_only(self) -> bool:
-        """See :attr:`MapStoreBase.supports_outputs_only`."""
-        return True
-
-    @property
-    def supports_compaction(self) -> bool:
-        """See :attr:`MapStoreBase.supports_compaction`: into a new generation, swapped in."""
-        return True
 
     def _state(self, name: str) -> NamespaceState:
         state = self._states.get(name)

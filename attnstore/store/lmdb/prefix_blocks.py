@@ -122,10 +122,7 @@ class LmdbPrefixBlocks:
 
         def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
 
-    @property
-    def supports_prefix_blocks(self) -> bool:
-        """See :attr:`PrefixBlockCalls.supports_prefix_blocks`."""
-        return True
+    supports_prefix_blocks = True  # see ``PrefixBlockCalls.supports_prefix_blocks``
 
     @contextmanager
     def _prefix_read(self, namespace: str) -> Iterator[tuple[Generation, lmdb.Transaction, PrefixLayout | None]]:

@@ -109,15 +109,9 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         self._lock = threading.RLock()
         self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.memory.prefix_blocks)
 
-    @property
-    def supports_outputs_only(self) -> bool:
-        """See :attr:`MapStoreBase.supports_outputs_only`."""
-        return True
-
-    @property
-    def supports_compaction(self) -> bool:
-        """See :attr:`MapStoreBase.supports_compaction`: nothing to rewrite, so it reports the live entries."""
-        return True
+    # Capabilities: every one the LMDB backend has (prefix blocks: ``MemoryPrefixBlocks``).
+    supports_outputs_only = True
+    supports_compaction = True  # nothing to rewrite: it reports the live entries
 
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)

@@ -33,10 +33,7 @@ class MemoryPrefixBlocks:
 
         def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
 
-    @property
-    def supports_prefix_blocks(self) -> bool:
-        """See :attr:`PrefixBlockCalls.supports_prefix_blocks`."""
-        return True
+    supports_prefix_blocks = True  # see ``PrefixBlockCalls.supports_prefix_blocks``
 
     def _prefix_of(self, namespace: str) -> _Blocks | None:
         self.get_namespace(namespace)

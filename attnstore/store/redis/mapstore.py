@@ -108,31 +108,17 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         return self._redis.location
 
     # ---- capabilities ---------------------------------------------------------
+    # Every one but prefix blocks; the store is shared, so it has a change feed and shared admission counts.
+
+    supports_outputs_only = True
+    supports_compaction = True  # forgets what Redis evicted, deletes orphan hashes
+    supports_change_feed = True  # every daemon on the store follows its log
+    supports_shared_admission = True  # every daemon on the store counts in it
 
     @property
     def supports_writes(self) -> bool:
         """See :attr:`MapStoreBase.supports_writes`: unless opened read-only."""
         return not self._settings.readonly
-
-    @property
-    def supports_outputs_only(self) -> bool:
-        """See :attr:`MapStoreBase.supports_outputs_only`."""
-        return True
-
-    @property
-    def supports_compaction(self) -> bool:
-        """See :attr:`MapStoreBase.supports_compaction`: forgets what Redis evicted, deletes orphan hashes."""
-        return True
-
-    @property
-    def supports_change_feed(self) -> bool:
-        """See :attr:`MapStoreBase.supports_change_feed`: every daemon on the store follows its log."""
-        return True
-
-    @property
-    def supports_shared_admission(self) -> bool:
-        """See :attr:`MapStoreBase.supports_shared_admission`: every daemon on the store counts in it."""
-        return True
 
     def _state(self, name: str) -> NamespaceState:
         info = self._catalog.get(name)
