@@ -30,6 +30,7 @@ import numpy as np
 
 from attnstore.errors import (
     ConfigError,
+    EntryNotFoundError,
     MapShapeError,
 )
 from attnstore.protocol.keys import TOKEN_HASH_BYTES
@@ -351,17 +352,29 @@ class MapStoreBase(PrefixBlockCalls, ABC):
     def _delete(self, namespace: str, ids: list[int]) -> int:
         """``delete`` with checked ids."""
 
-    @abstractmethod
     def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """Load entries into the DRAM tier in the background; ids no live entry has are skipped and counted."""
+        """Load entries into the DRAM tier in the background (``store.dram``); ids no live entry has are skipped
+        and counted. A store without a DRAM tier queues nothing.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+        """
+        self.get_namespace(namespace)
+        unknown = 0
+        for entry_id in dict.fromkeys(int(i) for i in ids):
+            try:
+                self.entry(namespace, entry_id)
+            except EntryNotFoundError:
+                unknown += 1
+        return PrefetchReport(queued=0, unknown=unknown)
 
     def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
         """Entries whose maps were just sent to a client, for a DRAM tier's admission; stores without one ignore it."""
         return None  # not abstract: only a store with a DRAM tier has something to do
 
-    @abstractmethod
     def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """Block until queued prefetches are done; False on timeout."""
+        """Block until queued prefetches are done; False on timeout (always done without a DRAM tier)."""
+        return True
 
     def change_feed(self) -> ChangeFeed:
         """The store's log of index changes (see ``feed``), when :attr:`supports_change_feed`.

@@ -56,7 +56,6 @@ from attnstore.store.reports import (
     FeaturesReport,
     IngestReport,
     NamespaceStats,
-    PrefetchReport,
     StoreStats,
     VerifyReport,
 )
@@ -382,16 +381,6 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         ns = self._ns(namespace)
         with self._lock:
             return sum(self._delete_one(ns, i) for i in ids)
-
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """Nothing to load: every entry is in memory. Unknown ids are counted as in the LMDB store."""
-        ns = self._ns(namespace)
-        wanted = set(int(i) for i in ids)
-        return PrefetchReport(queued=0, unknown=len(wanted - ns.entries.keys()))
-
-    def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """Always done."""
-        return True
 
     def compact(self) -> CompactReport:
         """Nothing to rewrite; reports the live entries."""
