@@ -1,8 +1,10 @@
-"""Keys that tie a client to a namespace: the model fingerprint and token hashes.
+"""Keys that tie a client to a namespace, from what the client holds: a loaded model, token ids as tensors.
 
 The fingerprint decides whether stored maps are valid for a model at all, so it
 covers everything that changes attention: the architecture config, the
-tokenizer's vocabulary and the weights. The token hash is the exact-tier key.
+tokenizer's vocabulary and the weights. The token hash is the exact-tier key;
+it is computed by ``attnstore.protocol.keys``, the one function the daemon and
+the backends use too: here only a tensor is brought to the CPU first.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from attnstore.protocol import keys
+from attnstore.protocol.keys import Fingerprint, TokenHash
+
 # Config keys that describe how a model was loaded, not what it computes.
 _VOLATILE_CONFIG_KEYS = frozenset(
     {"_attn_implementation", "_attn_implementation_internal", "attn_implementation",
@@ -23,7 +28,7 @@ _VOLATILE_CONFIG_KEYS = frozenset(
 )
 
 
-def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> str:
+def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Fingerprint:
     """Return the namespace fingerprint of a model and its tokenizer.
 
     sha256 over the canonical config JSON (load-time settings removed), the
@@ -45,18 +50,16 @@ def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         for name, tensor in sorted(model.state_dict().items()):
             digest.update(name.encode())
             digest.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()
+    return Fingerprint(digest.hexdigest())
 
 
-def token_hash(token_ids: Sequence[int] | torch.Tensor | np.ndarray) -> bytes:
-    """Return the exact-tier key of one row's token ids (no padding): 32 bytes of sha256.
+def token_hash(token_ids: Sequence[int] | torch.Tensor | np.ndarray) -> TokenHash:
+    """The exact-tier key of one row's token ids (no padding): ``protocol.keys.token_hash`` of them, a tensor
+    (on any device) taken to the CPU first.
 
-    Ids are hashed as little-endian int64 so the key does not depend on the
-    container type the ids came in.
+    Raises:
+        ValueError: the ids are not one row.
     """
     if isinstance(token_ids, torch.Tensor):
         token_ids = token_ids.detach().cpu().numpy()
-    ids = np.asarray(token_ids, dtype="<i8")
-    if ids.ndim != 1:
-        raise ValueError(f"token_hash(): expected one row of token ids, got shape {ids.shape}")
-    return hashlib.sha256(ids.tobytes()).digest()
+    return keys.token_hash(token_ids)

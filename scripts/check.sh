@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The static checks CI runs before the tests: ruff (lint and import order) and mypy
-# (types of attnstore and attnstore_client), both configured in pyproject.toml.
+# The static checks CI runs before the tests, each configured in pyproject.toml: ruff (lint and import
+# order), mypy (types of attnstore and attnstore_client), import-linter (the architecture's contracts:
+# layers, independent store backends, the client's boundary, no import circle) and deptry (every import
+# declared, every declared package imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check .
@@ -8,3 +10,5 @@ ruff check .
 mkdir -p build/typecheck
 ln -sfn ../../client build/typecheck/attnstore_client
 mypy
+lint-imports
+deptry .

@@ -25,7 +25,7 @@ from daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore_client.cache import AttnCache
 from attnstore_client.models import load_model
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 CALL_ROWS, CALLS = 64, 64
 

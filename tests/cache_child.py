@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 
-from attnstore.protocol.remote import RemoteStore
 from attnstore_client.cache import AttnCache
+from attnstore_client.connection.daemon import RemoteStore
 
 
 def main(mode: str, where: str, token: str, seed: str, count: str) -> None:

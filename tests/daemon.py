@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnstore.protocol.remote import RemoteStore
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_tools.launcher import ServeProcess
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"

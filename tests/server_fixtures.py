@@ -10,12 +10,12 @@ import grpc
 
 from attnstore.index import ExactIndex
 from attnstore.protocol.records import TokenLimits
-from attnstore.protocol.remote import RemoteStore
 from attnstore.server.auth import TokenTable
 from attnstore.server.config import ServerLimits
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore, NamespaceLayout
+from attnstore_client.connection.daemon import RemoteStore
 
 FP = "c0ffee" * 10 + "beef"  # 64 hex characters
 # Causal, so shorter queries may reuse longer entries (cropped).

@@ -14,7 +14,7 @@ import sys
 from server_fixtures import LAYOUT
 from store_helpers import make_entry
 
-from attnstore.protocol.remote import RemoteStore
+from attnstore_client.connection.daemon import RemoteStore
 
 
 def main(argv: list[str]) -> int:

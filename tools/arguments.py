@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from attnstore.protocol.remote import split_target
+from attnstore.errors import ConfigError
+from attnstore_client.connection.channel import split_target
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -60,3 +61,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
     return value
+
+
+def positive_ints(text: str, option: str) -> list[int]:
+    """The comma-separated integers >= 1 given to ``option`` (``--lengths 32,128,512``).
+
+    Raises:
+        ConfigError: not integers, or none, or one below 1 (the message names ``option``).
+    """
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} {text!r} must be comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{option} {text!r} must list positive integers")
+    return values

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnstore.errors import ConfigError
 from attnstore.store.base import MapStoreBase
-from attnstore.store.lmdb.backup import backup_store
+from attnstore.store.lmdb.compaction import backup_store
 from attnstore.store.redis.urls import is_redis_url, store_location
 from attnstore_tools.output import write_json
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 def _open(location: str | Path, *, create: bool) -> MapStoreBase:
     if is_redis_url(location):
         from attnstore.store.redis.mapstore import RedisMapStore
-        from attnstore.store.redis.settings import RedisSettings
+        from attnstore.store.redis.urls import RedisSettings
 
         return RedisMapStore.open(str(location), create=create, settings=RedisSettings(dram_bytes=0))
     from attnstore.store import MapStore
@@ -65,8 +65,8 @@ def _open(location: str | Path, *, create: bool) -> MapStoreBase:
 
 
 def _transfer(args: argparse.Namespace, source: str | Path, destination: str | Path) -> int:
-    from attnstore.store.redis.transfer import copy_namespaces
     from attnstore.store.redis.urls import shown_location
+    from attnstore.store.transfer import copy_namespaces
 
     with _open(source, create=False) as src, _open(destination, create=True) as dst:
         report = copy_namespaces(src, dst, args.namespace)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from attnstore.errors import ConfigError
-from attnstore_tools.admin import TOKEN_ENV, read_token
+from attnstore_tools.admin.command import TOKEN_ENV, read_token
 from attnstore_tools.arguments import documented_parser, store_url
 from attnstore_tools.corpus import read_texts
 from attnstore_tools.output import write_json

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from attnstore.errors import DaemonProcessError, UnavailableError
-from attnstore.protocol.remote import RemoteStore
+from attnstore_client.connection.daemon import RemoteStore
 
 # Enough of the log for a start-up traceback, without flooding a test report.
 _LOG_TAIL_CHARS = 8000

@@ -1,9 +1,14 @@
-"""The machine a measurement ran on, recorded beside every benchmark and evaluation figure."""
+"""The machine a measurement ran on, recorded beside every benchmark and evaluation figure, and a process's
+resident memory sampled while it runs."""
 
 from __future__ import annotations
 
 import platform
+import threading
+import time
 from pathlib import Path
+
+RSS_INTERVAL = 0.5  # seconds between RSS samples
 
 
 def cpu_model() -> str:
@@ -15,3 +20,40 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+class RssSampler:
+    """Samples VmRSS, RssAnon and RssFile of one process every ``RSS_INTERVAL`` seconds on a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._start = time.monotonic()
+
+    def read(self) -> dict[str, float]:
+        """One sample now: seconds since start and the three sizes in bytes."""
+        fields = {}
+        with open(f"/proc/{self._pid}/status", encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "RssAnon", "RssFile"):
+                    fields[name] = int(value.split()[0]) * 1024
+        return {"t": round(time.monotonic() - self._start, 2), "rss": fields["VmRSS"],
+                "anon": fields["RssAnon"], "file": fields["RssFile"]}
+
+    def start(self) -> None:
+        """Start sampling on the thread (the clock restarts)."""
+        self._start = time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling; ``samples`` holds what was taken."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.read())
+            self._stop.wait(RSS_INTERVAL)

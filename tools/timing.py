@@ -10,11 +10,13 @@ round to round, so none always runs first.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter
 from typing import Generic, TypeVar
 
@@ -87,3 +89,14 @@ def median_ms(seconds: Iterable[float]) -> float:
         statistics.StatisticsError: ``seconds`` is empty.
     """
     return statistics.median(seconds) * 1000.0
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser, *, unit: str = "runs per variant",
+                         seed_of: str = "the random token ids") -> None:
+    """Add the options every timed model benchmark takes: ``--repeats``, ``--warmup``, ``--threads``, ``--seed``
+    and ``--json`` (``unit`` names what is timed, ``seed_of`` what the seed draws)."""
+    parser.add_argument("--repeats", type=int, default=5, help=f"timed {unit}, median taken (default: 5, at least 5)")
+    parser.add_argument("--warmup", type=int, default=1, help=f"untimed {unit} first (default: 1)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
+    parser.add_argument("--seed", type=int, default=0, help=f"seed of {seed_of} (default: 0)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")

@@ -4,8 +4,8 @@ For a causal model the keys and values (and the last hidden states) of the
 tokens ``0..p-1`` do not depend on anything after them, so a stored prefix can
 stand in for computing it, exactly. A prompt is cut into blocks of
 ``block_size`` tokens; block ``i`` is keyed by a *chained* hash over every
-token from the start to its end (``h_i = sha256(h_{i-1} || tokens of block
-i)``, seeded with the block size), so equal keys mean equal prefixes and a
+token from the start to its end (``protocol.keys.BlockHash``: ``h_i =
+sha256(h_{i-1} || tokens of block i)``, seeded with the block size), so equal keys mean equal prefixes and a
 block is useful only after all the blocks before it. Lookups walk a row's
 chain from the start and stop at the first block not stored: an evicted or
 corrupt block cuts every chain through it there, never serves a wrong prefix.
@@ -16,7 +16,6 @@ hashes its rows and asks): imports numpy and ``attnstore.errors`` only.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,10 +23,10 @@ from typing import Literal
 import numpy as np
 
 from attnstore.errors import ConfigError, FingerprintMismatchError, MapShapeError
+from attnstore.protocol.keys import BLOCK_HASH_BYTES, ExtraKeys, chain_seed, hash_block_tokens
 
 PrefixDtype = Literal["float16", "float32"]
 PREFIX_DTYPES: tuple[PrefixDtype, ...] = ("float16", "float32")
-CHAIN_HASH_BYTES = 32
 DEFAULT_BLOCK_SIZE = 32  # tokens per block: a 5-shot MMLU prefix loses under 32 tokens to the block boundary
 
 
@@ -91,14 +90,17 @@ class PrefixLayout:
 class PrefixBlock:
     """One block to store: its chain position and its tokens' keys, values and last hidden states."""
 
-    chain_hash: bytes  # h_i, 32 bytes
+    chain_hash: bytes  # h_i, a BlockHash (32 bytes)
     parent: bytes | None  # h_{i-1}; None for the first block of a chain
     kv: np.ndarray  # (layers, 2, kv_heads, block_size, head_dim) in the layout's dtype
     hidden: np.ndarray  # (block_size, hidden) in the layout's dtype
 
 
-def chain_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int, *, blocks: int | None = None) -> list[bytes]:
-    """The chained hash of every whole block of ``token_ids`` (at most ``blocks`` of them).
+def chain_hashes(
+    token_ids: Sequence[int] | np.ndarray, block_size: int, *, blocks: int | None = None, extra_keys: ExtraKeys = ()
+) -> list[bytes]:
+    """The chained hash (a ``BlockHash``) of every whole block of ``token_ids`` (at most ``blocks`` of them; see
+    ``protocol.keys``).
 
     Ids are hashed as little-endian uint32 (any vocabulary below 2**32), the first
     hash seeded with the block size so that layouts of two block sizes never share a key.
@@ -110,10 +112,11 @@ def chain_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int, *, bloc
         raise ConfigError(f"chain_hashes(): block_size must be >= 1, got {block_size}")
     ids = np.asarray(token_ids, dtype="<u4")
     count = len(ids) // block_size if blocks is None else min(blocks, len(ids) // block_size)
-    previous = hashlib.sha256(b"attnstore-prefix/" + str(block_size).encode()).digest()
-    out = []
+    previous = chain_seed(block_size)
+    out: list[bytes] = []  # BlockHash each; the client's prefix tier keeps them as bytes
     for index in range(count):
-        previous = hashlib.sha256(previous + ids[index * block_size : (index + 1) * block_size].tobytes()).digest()
+        previous = hash_block_tokens(previous, ids[index * block_size : (index + 1) * block_size],
+                                     extra_keys=extra_keys)
         out.append(previous)
     return out
 
@@ -148,8 +151,8 @@ def check_block(layout: PrefixLayout, block: PrefixBlock, position: int) -> Pref
     if not isinstance(block, PrefixBlock):
         raise MapShapeError(f"prefix block {position} must be a PrefixBlock, got {type(block).__name__}")
     for name, value in (("chain_hash", block.chain_hash), ("parent", block.parent)):
-        if value is not None and (not isinstance(value, bytes) or len(value) != CHAIN_HASH_BYTES):
-            raise MapShapeError(f"prefix block {position}: {name} must be {CHAIN_HASH_BYTES} bytes, got {value!r:.80}")
+        if value is not None and (not isinstance(value, bytes) or len(value) != BLOCK_HASH_BYTES):
+            raise MapShapeError(f"prefix block {position}: {name} must be {BLOCK_HASH_BYTES} bytes, got {value!r:.80}")
     kv_shape = (layout.layers, *layout.layer_shape)
     hidden_shape = (layout.block_size, layout.hidden)
     for name, array, shape in (("kv", block.kv, kv_shape), ("hidden", block.hidden, hidden_shape)):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 
 from attnstore.errors import ConfigError, shown
+from attnstore.protocol.keys import TokenHash
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +32,6 @@ FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS: frozenset[int] = frozenset({1})
 
 # sha256 of the token ids: the exact-tier key.
-TOKEN_HASH_BYTES = 32
 
 # Namespace names become zarr paths and LMDB key prefixes: no "/" and no NUL.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -232,7 +232,7 @@ class NewEntry:
     """
 
     maps: np.ndarray | torch.Tensor | None  # (layers, heads, L, L) fp32 or fp16; None: outputs only
-    token_hash: bytes  # sha256 of the token ids (32 bytes): exact-tier key
+    token_hash: TokenHash  # sha256 of the token ids (32 bytes): exact-tier key (``protocol.keys``)
     outputs: np.ndarray | torch.Tensor | None = None  # (L, hidden) last hidden states, stored fp16
     feature: np.ndarray | torch.Tensor | None = None  # (feature_dim,) projector output, stored fp32
     # (L,) the input's token ids, stored uint32: what the fidelity gate compares queries with
@@ -254,7 +254,7 @@ class EntryInfo:
 
     id: int
     length: int  # token length L
-    token_hash: bytes
+    token_hash: TokenHash
     created: float  # unix time of ingest
     hits: int  # times served, including hits not yet flushed to disk
     last_hit: float  # unix time of the last hit; 0.0 if never hit

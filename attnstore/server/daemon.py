@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from attnstore.errors import AttnStoreError, ChecksumError, ConfigError, StoreDamagedError, StoreNotFoundError
 from attnstore.server.auth import TokenTable, load_tokens
@@ -32,7 +32,10 @@ from attnstore.service import AttnStoreService
 from attnstore.service.admission import AdmissionConfig
 from attnstore.service.follower import FollowerStatus
 from attnstore.store.redis.urls import shown_location
-from attnstore.store.reports import RedisStats, StoreStats
+from attnstore.store.reports import StoreStats
+
+if TYPE_CHECKING:
+    from attnstore.store.redis.connection import RedisStats
 
 log = logging.getLogger(__name__)
 

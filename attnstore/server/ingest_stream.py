@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnstore.errors import RequestLimitError, WireFormatError
+from attnstore.protocol.keys import TokenHash
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import WIRE_DTYPES, ChunkAssembler
@@ -183,8 +184,8 @@ class IngestStaging:
             )
         assert entry.maps is not None  # allocated when the first layer completed, and every layer did
         self._done.append(
-            NewEntry(maps=entry.maps, token_hash=entry.token_hash, outputs=entry.outputs, feature=entry.feature,
-                     token_ids=entry.token_ids)
+            NewEntry(maps=entry.maps, token_hash=TokenHash(entry.token_hash), outputs=entry.outputs,
+                     feature=entry.feature, token_ids=entry.token_ids)
         )
 
 

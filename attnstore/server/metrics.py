@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -40,7 +40,10 @@ from prometheus_client.registry import Collector
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.service.follower import FollowerStatus
 from attnstore.service.write_back import WriteBackResult
-from attnstore.store.reports import RedisStats, StoreStats
+from attnstore.store.reports import StoreStats
+
+if TYPE_CHECKING:
+    from attnstore.store.redis.connection import RedisStats
 
 log = logging.getLogger(__name__)
 

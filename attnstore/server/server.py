@@ -139,8 +139,8 @@ def create_server(
             ("grpc.max_send_message_length", limits.max_message_bytes),
             # Two daemons must never share a port silently (gRPC sets SO_REUSEPORT by default).
             ("grpc.so_reuseport", 0),
-            # Clients ping calls in flight (protocol.remote.KEEPALIVE_TIME_MS): accept it, or gRPC would
-            # answer a third ping without data with GOAWAY and fail the call.
+            # Clients ping calls in flight (attnstore_client.connection.channel.KEEPALIVE_TIME_MS): accept it, or
+            # gRPC would answer a third ping without data with GOAWAY and fail the call.
             ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MIN_PING_MS),
             ("grpc.http2.max_ping_strikes", 0),
         ],

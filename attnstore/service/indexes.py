@@ -59,7 +59,7 @@ class NamespaceIndexes:
         self._lock = threading.Lock()
         self._rebuilding = threading.Lock()  # one rebuild (or follower step) at a time
         self._journal: list[_Change] | None = None  # while a rebuild reads the store: changes made meanwhile
-        self._feed = store.change_feed()
+        self._feed = store.change_feed() if store.supports_change_feed else None
         self.skipped_records = 0  # change-log records that did not decode (only the follower's step writes it)
         self._positions: dict[str, str] = {}  # namespace -> its log position its index includes (with a feed)
         self._created: dict[str, float] = {}  # namespace -> created time of the namespace its index is of

@@ -7,10 +7,15 @@ read the rest at scrape time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from attnstore.service.follower import THREAD_NAME as FOLLOWER_THREAD
 from attnstore.service.follower import FollowerStatus, IndexFollower
 from attnstore.store import MapStoreBase
-from attnstore.store.reports import RedisStats
+
+if TYPE_CHECKING:
+    from attnstore.store.redis.connection import RedisStats
 
 
 class ServiceMonitoring:
@@ -18,6 +23,7 @@ class ServiceMonitoring:
 
     _store: MapStoreBase
     _follower: IndexFollower | None
+    _redis_stats: Callable[[], RedisStats] | None  # the Redis client's figures, for a store opened from a redis:// URL
 
     def serving_problem(self) -> str | None:
         """Why the store takes no writes now, while it lasts (see ``MapStoreBase.serving_problem``), or None."""
@@ -46,5 +52,6 @@ class ServiceMonitoring:
         return None if self._follower is None else self._follower.status()
 
     def redis_stats(self) -> RedisStats | None:
-        """See :meth:`MapStoreBase.redis_stats`."""
-        return self._store.redis_stats()
+        """The Redis client's figures (failures waited out, each primary's memory) of a store the service opened
+        from a ``redis://`` URL; None otherwise (see ``RedisMapStore.redis_stats``)."""
+        return None if self._redis_stats is None else self._redis_stats()

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnstore.errors import PrefixBlockCorruptError
 from attnstore.protocol.prefix import PrefixLayout, check_prefix_request
 from attnstore.store.base import MapStoreBase
+
+if TYPE_CHECKING:
+    from attnstore.protocol.records import NamespaceInfo
 
 
 class PrefixCuts:
@@ -77,3 +82,38 @@ def read_prefix(
     if chunk == layout.layers:
         return store.read_prefix_hidden(namespace, chain)
     return store.read_prefix_layer(namespace, chain, chunk)
+
+
+class PrefixTierCalls:
+    """The prefix tier's calls of ``AttnStoreService`` (a mixin: its store, its cuts and its fingerprint check)."""
+
+    _store: MapStoreBase
+    _prefix_cuts: PrefixCuts
+
+    if TYPE_CHECKING:
+
+        def check_fingerprint(self, name: str, fingerprint: str) -> NamespaceInfo: ...  # the service's
+
+    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        """How the namespace stores prefix blocks; None when it stores none."""
+        return self._store.prefix_layout(namespace)
+
+    def prefix_matches(
+        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]
+    ) -> list[int]:
+        """Each row's stored prefix in whole blocks (see ``prefix_tier.prefix_matches``).
+
+        Raises:
+            FingerprintMismatchError: another model, or blocks of another size (or none).
+        """
+        self.check_fingerprint(namespace, fingerprint)
+        return prefix_matches(self._store, self._prefix_cuts, namespace, block_size, rows)
+
+    def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
+        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``); a block found corrupt is cut, so
+        prefix matches end before it from then on (a missing block ends them already: matches read records)."""
+        try:
+            return read_prefix(self._store, namespace, block_size, chain, chunk)
+        except PrefixBlockCorruptError as exc:
+            self._prefix_cuts.cut(namespace, exc.chain_hash)
+            raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,11 +22,9 @@ from attnstore.errors import (
     FingerprintMismatchError,
     MapShapeError,
     NamespaceNotReadyError,
-    PrefixBlockCorruptError,
 )
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
@@ -34,18 +33,21 @@ from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.monitoring import ServiceMonitoring
-from attnstore.service.prefix_tier import PrefixCuts, prefix_matches, read_prefix
+from attnstore.service.prefix_tier import PrefixCuts, PrefixTierCalls
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
-from attnstore.store import CompactReport, MapStore, MapStoreBase, StoreStats, VerifyReport
-from attnstore.store.lmdb.residency import drop_mapped_pages
-from attnstore.store.lmdb.settings import DEFAULT_DRAM_BYTES, DEFAULT_MAP_SIZE
+from attnstore.store import CompactReport, MapStoreBase, StoreStats, VerifyReport
+from attnstore.store.lmdb.env import drop_mapped_pages
+from attnstore.store.lmdb.mapstore import open_lmdb_store
 from attnstore.store.namespace_rules import check_projector_version
-from attnstore.store.redis.urls import is_redis_url, open_redis_store
+from attnstore.store.redis.urls import is_redis_url
 from attnstore.store.reports import FeaturesReport, PrefetchReport
 
+if TYPE_CHECKING:
+    from attnstore.store.redis.connection import RedisStats
 
-class AttnStoreService(ServiceMonitoring):
+
+class AttnStoreService(ServiceMonitoring, PrefixTierCalls):
     """A map store with its vector indexes; thread-safe.
 
     Reads of maps go straight to the store (many threads at once); index
@@ -58,6 +60,7 @@ class AttnStoreService(ServiceMonitoring):
         *,
         make_index: Callable[[int], VectorIndex] = FaissIndex,
         length_penalty: float = 1.0,
+        redis_stats: Callable[[], RedisStats] | None = None,
     ) -> None:
         """Wrap an open store and build its indexes from the stored feature vectors.
 
@@ -66,11 +69,14 @@ class AttnStoreService(ServiceMonitoring):
             make_index: builds an empty index of a given dimension for a new bucket.
             length_penalty: predicted distance added per token when a causal query
                 matches a longer entry (the training target's length term).
+            redis_stats: the Redis client's figures of a store opened from a ``redis://`` URL, for the
+                daemon's metrics (``open`` passes them).
         """
         self._store = store
+        self._redis_stats = redis_stats
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
         # A store other daemons write to (Redis) is followed, so their ingests and deletes reach this index.
-        self._follower = IndexFollower(self._indexes) if store.change_feed() is not None else None
+        self._follower = IndexFollower(self._indexes) if store.supports_change_feed else None
         # namespace -> (the projector blob, its gate): parsed once per projector, not per lookup
         self._gates: dict[str, tuple[bytes, FidelityGate | None]] = {}
         # Counts the exact tier's asks and admits repeated misses for write-back. Off here (embedded mode
@@ -100,27 +106,26 @@ class AttnStoreService(ServiceMonitoring):
             UnavailableError: Redis cannot be reached.
         """
         store: MapStoreBase
+        redis_stats = None
         if is_redis_url(path):
-            store = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+            # Imported here: redis-py loads only with a Redis store.
+            from attnstore.store.redis.mapstore import open_redis_store
+
+            redis = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
                                      map_size=map_size, readonly=readonly)
+            store, redis_stats = redis, redis.redis_stats
         else:
-            store = MapStore.open(
-                path,
-                create=create,
-                max_bytes=max_bytes,
-                readonly=readonly,
-                dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
-                map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
-            )
+            store = open_lmdb_store(Path(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                                    map_size=map_size, readonly=readonly)
         try:
-            service = cls(store)
+            service = cls(store, redis_stats=redis_stats)
         except BaseException:
             # Building the indexes failed: the store (its environment, writer lock and threads) must not
             # outlive the failure, or a retry in this process finds it "open for writing elsewhere".
             store.close()
             raise
         if readonly and not is_redis_url(path):
-            drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.residency)
+            drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.env)
         return service
 
     @property
@@ -141,7 +146,8 @@ class AttnStoreService(ServiceMonitoring):
     def use_admission(self, config: AdmissionConfig) -> Admission:
         """Admit written-back rows by ``config``, counting in the store when it is shared (so every daemon
         of a fleet sees every daemon's asks), else in this process; returns the rule now in force."""
-        self.admission = Admission(config, self._store.admission_counts(config.shape))
+        shared = self._store.admission_counts(config.shape) if self._store.supports_shared_admission else None
+        self.admission = Admission(config, shared)
         return self.admission
 
     def get_namespace(self, name: str) -> NamespaceInfo:
@@ -334,30 +340,6 @@ class AttnStoreService(ServiceMonitoring):
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """An entry's stored final outputs ``(L, hidden)`` fp16, or None."""
         return self._store.read_outputs(namespace, entry_id)
-
-    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
-        """How the namespace stores prefix blocks; None when it stores none."""
-        return self._store.prefix_layout(namespace)
-
-    def prefix_matches(
-        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]
-    ) -> list[int]:
-        """Each row's stored prefix in whole blocks (see ``prefix_tier.prefix_matches``).
-
-        Raises:
-            FingerprintMismatchError: another model, or blocks of another size (or none).
-        """
-        self.check_fingerprint(namespace, fingerprint)
-        return prefix_matches(self._store, self._prefix_cuts, namespace, block_size, rows)
-
-    def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
-        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``); a block found corrupt is cut, so
-        prefix matches end before it from then on (a missing block ends them already: matches read records)."""
-        try:
-            return read_prefix(self._store, namespace, block_size, chain, chunk)
-        except PrefixBlockCorruptError as exc:
-            self._prefix_cuts.cut(namespace, exc.chain_hash)
-            raise
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
         """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""

@@ -2,8 +2,8 @@
 
 A written-back row is its token ids and final outputs, and, when the node
 captured them, its attention maps and the feature vector it projected for its
-map lookup. The daemon hashes the ids itself (the same key as the client's
-``keys.token_hash``), so a node cannot file a row under another row's key, and
+map lookup. The daemon hashes the ids itself (``protocol.keys.token_hash``, the
+client's key), so a node cannot file a row under another row's key, and
 it checks every row against its tokens, the namespace layout and the store's
 own rules for entries before anything is stored. Rows are judged one by one: a
 bad row (it does not decode, disagrees with its tokens, holds NaN/inf, has maps
@@ -24,7 +24,6 @@ so no index compares vectors of two projectors.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from attnstore.errors import (
     WriteBackOffError,
     shown,
 )
+from attnstore.protocol.keys import token_hash
 from attnstore.protocol.records import NamespaceInfo, NewEntry
 from attnstore.service.admission import Admission
 from attnstore.service.queries import IngestResult
@@ -51,11 +51,6 @@ log = logging.getLogger(__name__)
 
 # A write-back is judged against the namespace as it is; a projector replaced before the commit judges it again.
 _WRITE_BACK_ROUNDS = 3
-
-
-def hash_token_ids(token_ids: np.ndarray) -> bytes:
-    """The exact-tier key of one row: sha256 of its ids as little-endian int64 (as ``client.keys.token_hash``)."""
-    return hashlib.sha256(np.asarray(token_ids, dtype="<i8").tobytes()).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +154,7 @@ def check_row(index: int, row: WrittenRow, info: NamespaceInfo, writer: str | No
     _check_outputs(index, row.outputs)
     if row.feature is not None:
         _check_feature(index, row, info)
-    entry = NewEntry(maps=row.maps, token_hash=hash_token_ids(row.token_ids), outputs=row.outputs,
+    entry = NewEntry(maps=row.maps, token_hash=token_hash(row.token_ids), outputs=row.outputs,
                      token_ids=row.token_ids, feature=row.feature, writer=writer)
     prepare_entry(entry, layout, index, what="write-back row")
     return entry

@@ -33,13 +33,13 @@ if TYPE_CHECKING:
     from attnstore.store.base import MapStoreBase
     from attnstore.store.lmdb.mapstore import MapStore, StoreSettings
     from attnstore.store.lmdb.zarr_store import LMDBZarrStore, open_zarr
-    from attnstore.store.memory import MemoryMapStore
+    from attnstore.store.memory.mapstore import MemoryMapStore
 
 _LAZY = {
     "MapStoreBase": "attnstore.store.base",
     "MapStore": "attnstore.store.lmdb.mapstore",
     "StoreSettings": "attnstore.store.lmdb.mapstore",
-    "MemoryMapStore": "attnstore.store.memory",
+    "MemoryMapStore": "attnstore.store.memory.mapstore",
     "LMDBZarrStore": "attnstore.store.lmdb.zarr_store",
     "open_zarr": "attnstore.store.lmdb.zarr_store",
 }

@@ -1,4 +1,17 @@
-"""The map store interface, implemented by MapStore (LMDB) and MemoryMapStore (tests).
+"""The map store interface: a narrow core every backend implements, and optional abilities declared as capabilities.
+
+The core (namespaces; entries ingested, found by id and by token hash, their maps,
+outputs and metadata; hits; delete; stats; verify; close) is abstract; where a
+batched form exists (``find_by_hashes``, ``token_ids``) backends implement it and
+the single form is a default over it. What only some backends can do is declared
+as a ``supports_*`` property (as zarr's ``Store.supports_writes``) that callers
+consult, never a backend's name or type: outputs-only entries, prefix blocks,
+compaction, a change feed, shared admission counts. A method of an ability a
+store lacks refuses with ConfigError naming the capability.
+
+Implemented by MapStore (LMDB), RedisMapStore and MemoryMapStore (the in-memory
+twin, with every capability the LMDB backend has). The DRAM tier, prefetch and
+buffered hits in front of a backend are ``store.dram``'s.
 
 Arguments every backend must refuse alike (names, layouts, fingerprints,
 projector blobs, token hashes, entry ids) are checked here, before a backend's
@@ -18,13 +31,11 @@ import numpy as np
 from attnstore.errors import (
     ConfigError,
     EntryNotFoundError,
-    FingerprintMismatchError,
     MapShapeError,
 )
-from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout, check_block
+from attnstore.protocol.keys import TOKEN_HASH_BYTES
 from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.records import (
-    TOKEN_HASH_BYTES,
     EntryInfo,
     EntryRef,
     NamespaceInfo,
@@ -34,12 +45,12 @@ from attnstore.protocol.records import (
     check_entry_ids,
     check_namespace_name,
 )
+from attnstore.store.prefix.interface import PrefixBlockCalls
 from attnstore.store.reports import (
     CompactReport,
     FeaturesReport,
     IngestReport,
     PrefetchReport,
-    RedisStats,
     StoreStats,
     VerifyReport,
 )
@@ -49,21 +60,40 @@ if TYPE_CHECKING:
     from attnstore.store.feed import ChangeFeed
 
 
-def _checked_hashes(method: str, chain_hashes: Sequence[bytes]) -> list[bytes]:
-    checked = []
-    for position, value in enumerate(chain_hashes):
-        if not isinstance(value, bytes | bytearray | memoryview) or len(value) != CHAIN_HASH_BYTES:
-            raise MapShapeError(f"{method}(): chain hash {position} must be {CHAIN_HASH_BYTES} bytes, got {value!r:.9}")
-        checked.append(bytes(value))
-    return checked
-
-
-class MapStoreBase(ABC):
+class MapStoreBase(PrefixBlockCalls, ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
 
     Safe for concurrent readers on many threads; writes are serialised.
     Arrays returned by reads belong to the caller (never shared with the store).
     """
+
+    # ---- capabilities: what a caller may ask beyond the core ----------------------------------------
+
+    @property
+    def supports_writes(self) -> bool:
+        """Whether the store takes writes (False: opened read-only; writes raise ReadOnlyStoreError)."""
+        return True
+
+    @property
+    def supports_outputs_only(self) -> bool:
+        """Whether ``ingest`` keeps entries without maps (``NewEntry(maps=None)``: written back for the exact tier)."""
+        return False
+
+    @property
+    def supports_compaction(self) -> bool:
+        """Whether :meth:`compact` rewrites the live entries (and drops what deletes and crashes left)."""
+        return False
+
+    @property
+    def supports_change_feed(self) -> bool:
+        """Whether other processes share the store, so that it offers :meth:`change_feed` to follow them."""
+        return False
+
+    @property
+    def supports_shared_admission(self) -> bool:
+        """Whether the store keeps admission counts every process sharing it reads (:meth:`admission_counts`)."""
+        return False
+
 
     def create_namespace(
         self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, limits: TokenLimits | None = None
@@ -322,34 +352,49 @@ class MapStoreBase(ABC):
     def _delete(self, namespace: str, ids: list[int]) -> int:
         """``delete`` with checked ids."""
 
-    @abstractmethod
     def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """Load entries into the DRAM tier in the background; ids no live entry has are skipped and counted."""
+        """Load entries into the DRAM tier in the background (``store.dram``); ids no live entry has are skipped
+        and counted. A store without a DRAM tier queues nothing.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+        """
+        self.get_namespace(namespace)
+        unknown = 0
+        for entry_id in dict.fromkeys(int(i) for i in ids):
+            try:
+                self.entry(namespace, entry_id)
+            except EntryNotFoundError:
+                unknown += 1
+        return PrefetchReport(queued=0, unknown=unknown)
 
     def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
         """Entries whose maps were just sent to a client, for a DRAM tier's admission; stores without one ignore it."""
         return None  # not abstract: only a store with a DRAM tier has something to do
 
-    @abstractmethod
     def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """Block until queued prefetches are done; False on timeout."""
+        """Block until queued prefetches are done; False on timeout (always done without a DRAM tier)."""
+        return True
 
-    def change_feed(self) -> ChangeFeed | None:
-        """The store's log of index changes when other processes share it (see ``feed``); None by default.
+    def change_feed(self) -> ChangeFeed:
+        """The store's log of index changes (see ``feed``), when :attr:`supports_change_feed`.
 
         A store with a feed may change behind this process's back: its users follow
         the feed to keep their indexes current and check entries still exist before serving them.
+
+        Raises:
+            ConfigError: the store has no change feed.
         """
-        return None
+        raise self._lacks("change_feed()", "a change feed (supports_change_feed)")
 
-    def admission_counts(self, shape: SketchShape) -> AdmissionCounts | None:
-        """Admission counts kept in the store, which every process sharing it reads (see ``admission``);
-        None for a store no other process writes (the counts then live in the process)."""
-        return None
+    def admission_counts(self, shape: SketchShape) -> AdmissionCounts:
+        """Admission counts kept in the store, which every process sharing it reads (see ``admission``), when
+        :attr:`supports_shared_admission` (elsewhere the counts live in the process).
 
-    def redis_stats(self) -> RedisStats | None:
-        """A Redis-backed store's client figures (failures waited out, each primary's memory); None otherwise."""
-        return None
+        Raises:
+            ConfigError: the store keeps no shared counts.
+        """
+        raise self._lacks("admission_counts()", "shared admission counts (supports_shared_admission)")
 
     def dead_threads(self) -> list[str]:
         """Names of background threads that have died (the store then needs a restart); none by default."""
@@ -369,107 +414,13 @@ class MapStoreBase(ABC):
         damaged), or None while it is sound; a store with a fault needs a restart on sound storage."""
         return None
 
-    # ---- prefix blocks (causal namespaces; see attnstore.protocol.prefix) -----------------
-
-    def set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
-        """Record how ``namespace`` stores prefix blocks; its own layout again changes nothing.
-
-        Raises:
-            ConfigError: ``layout`` is not a PrefixLayout.
-            NamespaceNotFoundError: no such namespace.
-            FingerprintMismatchError: the namespace records another layout (another block size, say).
-        """
-        if not isinstance(layout, PrefixLayout):
-            raise ConfigError(f"set_prefix_layout(): layout must be a PrefixLayout, got {type(layout).__name__}")
-        return self._set_prefix_layout(namespace, layout)
-
-    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
-        """The namespace's prefix layout, or None while it stores no prefix blocks.
-
-        Raises:
-            NamespaceNotFoundError: no such namespace.
-        """
-        return self._prefix_layout(namespace)
-
-    def put_prefix_blocks(self, namespace: str, blocks: Sequence[PrefixBlock]) -> int:
-        """Store prefix blocks, all or nothing; returns how many were new (a stored hash is kept as it is).
-
-        A block's ``parent`` must be stored already or come earlier in ``blocks``, so a chain
-        is never visible with a gap; a crash mid-call leaves none of the call's blocks.
-
-        Raises:
-            NamespaceNotFoundError: no such namespace.
-            FingerprintMismatchError: the namespace has no prefix layout.
-            MapShapeError: a block that does not fit the layout, or whose parent is not stored.
-            StoreFullError: no room (nothing is written).
-        """
-        layout = self.prefix_layout(namespace)
-        if layout is None:
-            raise FingerprintMismatchError(f"put_prefix_blocks(): namespace {namespace!r} has no prefix layout")
-        return self._put_prefix_blocks(namespace, layout, [check_block(layout, b, i) for i, b in enumerate(blocks)])
-
-    def match_prefix(self, namespace: str, chain_hashes: Sequence[bytes]) -> int:
-        """How many of ``chain_hashes`` (one row's chain, from its first block) are stored, counted from the
-        start up to the first one that is not: a lookup stops at the first missing block.
-
-        Raises:
-            MapShapeError: a hash that is not 32 bytes.
-            NamespaceNotFoundError: no such namespace.
-        """
-        return self._match_prefix(namespace, _checked_hashes("match_prefix", chain_hashes))
-
-    def read_prefix_layer(self, namespace: str, chain_hashes: Sequence[bytes], layer: int) -> np.ndarray:
-        """The keys and values of one layer over the blocks of ``chain_hashes``, in order:
-        ``(2, kv_heads, blocks * block_size, head_dim)`` in the layout's dtype, one contiguous buffer.
-
-        Raises:
-            EntryNotFoundError: a block is not stored (any more).
-            ChecksumError: a block's stored bytes are corrupt (the message names it).
-            MapShapeError: a bad hash or ``layer``.
-        """
-        layout = self._layout_or_refuse(namespace)
-        if not isinstance(layer, int) or not 0 <= layer < layout.layers:
-            raise MapShapeError(f"read_prefix_layer(): layer must be in 0..{layout.layers - 1}, got {layer!r}")
-        return self._read_prefix_chunks(namespace, layout, _checked_hashes("read_prefix_layer", chain_hashes), layer)
-
-    def read_prefix_hidden(self, namespace: str, chain_hashes: Sequence[bytes]) -> np.ndarray:
-        """The last hidden states of the blocks' tokens, ``(blocks * block_size, hidden)`` in the layout's dtype.
-
-        Raises:
-            EntryNotFoundError, ChecksumError, MapShapeError: as :meth:`read_prefix_layer`.
-        """
-        layout = self._layout_or_refuse(namespace)
-        hashes = _checked_hashes("read_prefix_hidden", chain_hashes)
-        return self._read_prefix_chunks(namespace, layout, hashes, layout.layers)
-
-    def _layout_or_refuse(self, namespace: str) -> PrefixLayout:
-        layout = self.prefix_layout(namespace)
-        if layout is None:
-            raise FingerprintMismatchError(f"namespace {namespace!r} stores no prefix blocks")
-        return layout
-
-    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
-        raise ConfigError(f"{type(self).__name__} stores no prefix blocks (set_prefix_layout({namespace!r}))")
-
-    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
-        self.get_namespace(namespace)
-        return None  # a backend without prefix blocks: every namespace has none
-
-    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
-        raise ConfigError(f"{type(self).__name__} stores no prefix blocks (put_prefix_blocks({namespace!r}))")
-
-    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
-        return 0
-
-    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
-                            ) -> np.ndarray:
-        """Chunk ``chunk`` (a layer, or ``layout.layers`` for the hidden states) of every block, concatenated
-        along the tokens."""
-        raise EntryNotFoundError(f"{type(self).__name__} stores no prefix blocks")
-
-    @abstractmethod
     def compact(self) -> CompactReport:
-        """Rewrite live entries densely and drop deleted space; ids are kept."""
+        """Rewrite live entries densely and drop deleted space; ids are kept (when :attr:`supports_compaction`).
+
+        Raises:
+            ConfigError: the store cannot compact.
+        """
+        raise self._lacks("compact()", "compaction (supports_compaction)")
 
     @abstractmethod
     def verify(self) -> VerifyReport:

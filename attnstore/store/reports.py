@@ -186,31 +186,3 @@ class CompactReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
         return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryTotals:
-    """What waiting out failures has cost since the store was opened (the daemon's Redis metrics)."""
-
-    retries: int  # commands (or pipelines) sent again after a transient failure
-    waited_out: int  # calls that failed transiently, then succeeded
-    gave_up: int  # calls still failing after the failover wait: they raised (the RPC answered UNAVAILABLE)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeMemory:
-    """One Redis primary's memory, from ``INFO memory``."""
-
-    node: str  # HOST:PORT
-    used_bytes: int  # used_memory
-    max_bytes: int  # maxmemory; 0: none set
-
-
-@dataclass(frozen=True, slots=True)
-class RedisStats:
-    """A Redis-backed store's client figures: failures waited out, and each primary's memory."""
-
-    retries: RetryTotals
-    nodes: tuple[NodeMemory, ...]  # the primaries that answered INFO
-    resets: int = 0  # times the store was found replaced under this process (its identity changed)
-    unsafe: bool = False  # writes are refused now: the store's marker is gone, or an allkeys-* policy runs

@@ -12,7 +12,8 @@ from functools import lru_cache
 import numpy as np
 
 from attnstore.errors import MapShapeError, shown
-from attnstore.protocol.records import TOKEN_HASH_BYTES, NamespaceLayout, NewEntry
+from attnstore.protocol.keys import TOKEN_HASH_BYTES, TokenHash
+from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.store.codecs import to_fp16
 
 # Attention probabilities are in [0, 1]; the slack absorbs fp16 rounding of sums.
@@ -31,7 +32,7 @@ class PreparedEntry:
     """A checked entry, in the dtypes it is stored from."""
 
     maps: np.ndarray | None  # (layers, heads, L, L) float16 (lossless codecs) or float32 (q8); None: outputs only
-    token_hash: bytes
+    token_hash: TokenHash
     outputs: np.ndarray | None  # (L, hidden) float16
     feature: np.ndarray | None  # (feature_dim,) float32
     token_ids: np.ndarray | None  # (L,) uint32
@@ -188,7 +189,7 @@ def prepare_entry(entry: NewEntry, layout: NamespaceLayout, index: int = 0, *, w
     token_ids = None if entry.token_ids is None else _token_ids(entry.token_ids, length, where)
     if entry.writer is not None and (not isinstance(entry.writer, str) or not 0 < len(entry.writer) <= 64):
         raise MapShapeError(f"{where}: writer must be a name of 1-64 characters, got {shown(entry.writer)}")
-    return PreparedEntry(maps=maps, token_hash=bytes(token_hash), outputs=outputs, feature=feature,
+    return PreparedEntry(maps=maps, token_hash=TokenHash(bytes(token_hash)), outputs=outputs, feature=feature,
                          token_ids=token_ids, writer=entry.writer)
 
 

@@ -1,5 +1,6 @@
-"""The client's view of a store: ``connect(url)`` gives a daemon (``remote``) or an
-embedded store (``local``) behind one small interface (``base``)."""
+"""The client's view of a store: ``connect(url)`` (``connect``) gives a daemon (``remote``, over the
+synchronous ``daemon`` client, its ``channel`` and the ``resend`` loop of read-only streams) or an embedded
+store (``local``) behind one small interface (``base``)."""
 
 from attnstore_client.connection.base import (
     URL_SCHEMES,
@@ -12,8 +13,8 @@ from attnstore_client.connection.base import (
     RowToWrite,
     StoreConnection,
     WriteBackCounts,
-    connect,
 )
+from attnstore_client.connection.connect import connect
 
 __all__ = [
     "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "RefusedRow", "RowToWrite",

@@ -1,4 +1,4 @@
-"""A daemon as the client's store (``grpc://HOST:PORT``), over ``attnstore.protocol.remote``.
+"""A daemon as the client's store (``grpc://HOST:PORT``), over ``daemon.RemoteStore``.
 
 ``exact`` is one exact-only Lookup (token hashes in, stored outputs out);
 ``search`` one Search (matches only: the daemon reads the hits ahead into its
@@ -15,7 +15,6 @@ affects as failed; it never raises into the caller except through
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -24,7 +23,6 @@ import grpc
 import numpy as np
 
 from attnstore.errors import (
-    AttnStoreError,
     ChecksumError,
     ConfigError,
     FingerprintMismatchError,
@@ -35,17 +33,7 @@ from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.prefix_wire import chains_to_pb, prefix_layout_from_pb
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    STREAM_RETRY_PAUSE_S,
-    RemoteStore,
-    StreamResend,
-    channel_options,
-    exact_request,
-    grpc_target,
-    retries_stream,
-    search_request,
-)
+from attnstore.protocol.requests import exact_request, search_request
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler
@@ -62,7 +50,10 @@ from attnstore_client.connection.base import (
     WriteBackCounts,
     checked_projector,
 )
+from attnstore_client.connection.channel import DEFAULT_MAX_MESSAGE_BYTES, channel_options, grpc_target
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.connection.remote_prefix import StreamedPrefix
+from attnstore_client.connection.resend import ResendingStream, StreamResend
 from attnstore_client.resilience import cause_of
 
 log = logging.getLogger(__name__)
@@ -253,48 +244,15 @@ class _StreamedMaps(MapStream):
         self, open_call: Callable[[float | None], grpc.Call], rows: int, deadline: float | None, resend: StreamResend,
     ) -> None:
         super().__init__()
-        self._open_call = open_call
-        self._resend = resend
         self._deadline = deadline
         self._rows = range(rows)
-        self._cond = threading.Condition()
         self._layers: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._done = False
-        self._call = open_call(self._left())
-        self._reader = threading.Thread(target=self._read_maps, name="attnstore-maps", daemon=True)
-        self._reader.start()
-
-    def _left(self) -> float | None:
-        return None if self._deadline is None else self._deadline - time.monotonic()
-
-    def _read_maps(self) -> None:
-        start = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            error = self._receive_all()
-        finally:
-            self.fetch_seconds = time.perf_counter() - start
-            self._finish(error)
-
-    def _receive_all(self) -> BaseException | None:
-        """Receive the stream, made again while ``resend`` allows; the error that ended it, or None."""
-        call, attempt = self._call, 0
-        while True:
-            try:
-                self._receive(call)
-                return None
-            except (grpc.RpcError, AttnStoreError) as exc:
-                if not retries_stream(exc, attempt, self._resend.retries, self._deadline):
-                    return exc
-                log.info("FetchMaps stream broke (%s); sending it again", exc)
-            time.sleep(STREAM_RETRY_PAUSE_S)
-            with self._cond:
-                if self._done:  # closed, or past its deadline, meanwhile
-                    return None
-                attempt += 1
-                self._resend.count()
-                call = self._call = self._open_call(self._left())
+        self._stream = ResendingStream("FetchMaps", open_call, resend, deadline, receive=self._receive,
+                                       finish=self._finish, closed=lambda: self._done, thread="attnstore-maps")
+        self._cond = self._stream.cond
+        self._stream.start()
 
     def _receive(self, stream: Iterator[pb.LookupResponse]) -> None:
         """Take one attempt's messages (raises what breaks it)."""
@@ -340,8 +298,9 @@ class _StreamedMaps(MapStream):
                 self._failed.setdefault(row, cause_of(error))
             self._cond.notify_all()
 
-    def _finish(self, error: BaseException | None) -> None:
+    def _finish(self, error: BaseException | None, seconds: float) -> None:
         """The stream ended: rows still missing layers fail (with the stream's error, if any)."""
+        self.fetch_seconds = seconds
         if error is not None and not (isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.CANCELLED
                                       and self._done):
             self._fail_all(error)
@@ -370,7 +329,7 @@ class _StreamedMaps(MapStream):
                 if not self._complete(row):
                     self._failed.setdefault(row, "timeout")
             self._done = True
-            self._call.cancel()
+            self._stream.cancel()
 
     def layer(self, row: int, layer: int) -> np.ndarray:
         """See :meth:`MapStream.layer`."""
@@ -399,4 +358,4 @@ class _StreamedMaps(MapStream):
             finished = self._done
             self._done = True
         if not finished:
-            self._call.cancel()
+            self._stream.cancel()

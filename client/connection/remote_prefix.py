@@ -11,7 +11,6 @@ affect; the forward learns of it through ``MapsUnavailableError`` from
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -20,10 +19,10 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.prefix_wire import array_of
-from attnstore.protocol.remote import STREAM_RETRY_PAUSE_S, StreamResend, retries_stream
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.base import PrefixStream
+from attnstore_client.connection.resend import ResendingStream, StreamResend
 from attnstore_client.resilience import cause_of
 
 log = logging.getLogger(__name__)
@@ -44,58 +43,30 @@ class StreamedPrefix(PrefixStream):
         resend: StreamResend,
     ) -> None:
         super().__init__()
-        self._open_call = open_call
-        self._resend = resend
-        self._rows = rows
-        self._hidden_chunk = hidden_chunk
-        self._deadline = deadline
-        self._cond = threading.Condition()
+        self._rows, self._hidden_chunk, self._deadline = rows, hidden_chunk, deadline
         self._chunks: dict[tuple[int, int], np.ndarray] = {}
         self._failed: dict[int, str] = {}
         self._why: dict[int, str] = {}  # row -> what the store said of its failed chunk
         self._done = False
-        self._call = open_call(None if deadline is None else deadline - time.monotonic())
-        self._reader = threading.Thread(target=self._read, name="attnstore-prefix", daemon=True)
-        self._reader.start()
+        self._stream = ResendingStream("FetchPrefix", open_call, resend, deadline, receive=self._receive,
+                                       finish=self._finish, closed=lambda: self._done, thread="attnstore-prefix")
+        self._cond = self._stream.cond
+        self._stream.start()
 
-    def _read(self) -> None:
-        start = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            error = self._receive_all()
-        finally:
-            self.fetch_seconds = time.perf_counter() - start
-            with self._cond:
-                if error is not None and not self._done:
-                    cause = cause_of(error_from_rpc(error))
-                    log.warning("FetchPrefix stream broke (%s): computing its rows", cause)
-                    for row in range(self._rows):
-                        self._failed.setdefault(row, cause)
-                self._done = True
-                self._cond.notify_all()
-
-    def _receive_all(self) -> grpc.RpcError | None:
-        """Receive the stream, made again while ``resend`` allows; the error that ended it, or None."""
-        call, attempt = self._call, 0
-        while True:
-            try:
-                self._receive(call)
-                return None
-            except grpc.RpcError as exc:
-                if not retries_stream(exc, attempt, self._resend.retries, self._deadline):
-                    return exc
-                log.info("FetchPrefix stream broke (%s); sending it again", exc.code().name)
-            time.sleep(STREAM_RETRY_PAUSE_S)
-            with self._cond:
-                if self._done:  # closed, or past its deadline, meanwhile
-                    return None
-                attempt += 1
-                self._resend.count()
-                call = self._call = self._open_call(None if self._deadline is None
-                                                    else self._deadline - time.monotonic())
+    def _finish(self, error: BaseException | None, seconds: float) -> None:
+        """The stream ended: with an error, every row not failed yet fails with its cause."""
+        self.fetch_seconds = seconds
+        with self._cond:
+            if error is not None and not self._done:
+                cause = cause_of(error_from_rpc(error) if isinstance(error, grpc.RpcError) else error)
+                log.warning("FetchPrefix stream broke (%s): computing its rows", cause)
+                for row in range(self._rows):
+                    self._failed.setdefault(row, cause)
+            self._done = True
+            self._cond.notify_all()
 
     def _receive(self, stream: Iterator[pb.PrefixChunk]) -> None:
-        """Take one attempt's messages (raises the grpc.RpcError that breaks it)."""
+        """Take one attempt's messages (raises what breaks it)."""
         for message in stream:
             if message.HasField("error"):
                 log.warning("store could not serve the prefix of row %d (chunk %d): %s %s", message.row,
@@ -152,4 +123,4 @@ class StreamedPrefix(PrefixStream):
             self._done = True
             self._cond.notify_all()
         if not finished:
-            self._call.cancel()
+            self._stream.cancel()

@@ -3,7 +3,8 @@
 The cheapest hit there is: no projection, no call to the store, no forward. It
 holds what this node fetched from the store's exact tier and what it computed
 itself, as fp16 last hidden states (as the store keeps them), least recently
-used first out once its bytes would pass the cap (``LocalOutputs``). Keys are
+used first out once its bytes would pass the cap (``LocalOutputs``, on the
+byte-bounded LRU the store's DRAM tier uses too: ``attnstore.protocol.lru``). Keys are
 the namespace fingerprint and the row's token hash, so two models never share
 an entry.
 
@@ -16,14 +17,13 @@ does come back is kept from its second time on.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from attnstore.errors import ConfigError
+from attnstore.protocol.lru import ByteLRU
 from attnstore_client.call import Call, HiddenRows, Row
 from attnstore_client.tiers.base import Tier, TierContext
 
@@ -78,56 +78,40 @@ class LocalOutputs:
             raise ConfigError(f"exact_cache_bytes must be an int >= 0, got {capacity_bytes!r}")
         if admit_after not in (1, 2):
             raise ConfigError(f"LocalOutputs: admit_after must be 1 or 2, got {admit_after!r}")
-        self.capacity_bytes = capacity_bytes
-        self._entries: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._bytes = 0
-        self._hits = self._misses = self._evictions = self._declined = 0
+        self._lru: ByteLRU[bytes] = ByteLRU(capacity_bytes)
+        self._declined = 0
         self._door = _Doorkeeper() if admit_after == 2 else None
-        self._lock = threading.Lock()
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The cap (0 keeps nothing)."""
+        return self._lru.capacity_bytes
 
     def get(self, key: bytes) -> np.ndarray | None:
         """The outputs stored under ``key`` (the caller must not change them), or None."""
-        with self._lock:
-            outputs = self._entries.get(key)
-            if outputs is None:
-                self._misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self._hits += 1
-            return outputs
+        return self._lru.get(key)
 
     def put(self, key: bytes, outputs: np.ndarray) -> None:
         """Keep ``outputs`` (stored as fp16) under ``key`` if it was offered before; older entries leave to make
         room."""
         if 2 * outputs.size > self.capacity_bytes:  # its fp16 bytes
             return
-        with self._lock:
-            if self._door is not None and key not in self._entries and not self._door.seen(key):
+        with self._lru.lock:
+            if self._door is not None and key not in self._lru and not self._door.seen(key):
                 self._declined += 1
                 return
-        array = np.ascontiguousarray(outputs, dtype=np.float16)
-        with self._lock:
-            previous = self._entries.pop(key, None)
-            if previous is not None:
-                self._bytes -= previous.nbytes
-            self._entries[key] = array
-            self._bytes += array.nbytes
-            while self._bytes > self.capacity_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
-                self._evictions += 1
+        self._lru.put(key, np.ascontiguousarray(outputs, dtype=np.float16))
 
     def clear(self) -> None:
         """Forget every entry (the counters stay)."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+        self._lru.clear()
 
     def stats(self) -> LocalTierStats:
         """Bytes, entries and counters now."""
-        with self._lock:
-            return LocalTierStats(self.capacity_bytes, self._bytes, len(self._entries), self._hits, self._misses,
-                                  self._evictions, self._declined)
+        with self._lru.lock:
+            counts = self._lru.counts()
+            return LocalTierStats(counts.capacity_bytes, counts.bytes, counts.entries, counts.hits, counts.misses,
+                                  counts.evictions, self._declined)
 
 
 class LocalExactTier(Tier):

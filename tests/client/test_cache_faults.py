@@ -26,7 +26,7 @@ from attnstore.service import AttnStoreService
 from attnstore_client.cache import AttnCache
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.tiers.cost_model import CostSettings
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 SHORT = sentences(4, seed=51, min_words=3, max_words=3)
 LONG = sentences(4, seed=52, min_words=12, max_words=12)

@@ -13,7 +13,6 @@ from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore
 from attnstore.server.auth import TokenTable
 from attnstore.server.server import create_server
 from attnstore.service import AttnStoreService
@@ -22,10 +21,11 @@ from attnstore.store import MemoryMapStore
 from attnstore_client.batch import Batch
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import Match
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_client.tiers.write_back import WriteBackSettings
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 TEXTS = sentences(12, seed=11)
 STORED = TEXTS[:4]

@@ -18,15 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AttnStoreError
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol import keys as protocol_keys
+from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
-from attnstore.service.write_back import hash_token_ids
 from attnstore_client.keys import token_hash
-from attnstore_tools.cold_start import create_exact_namespace, token_limits
+from attnstore_tools.admin.cold_start import create_exact_namespace
+from attnstore_tools.build.command import token_limits
 
 TESTS = Path(__file__).resolve().parents[1]
 COUNT = 10
@@ -110,7 +112,7 @@ def test_maps_disagreeing_with_their_tokens_refuse_that_row_and_nothing_is_store
     with with_projector.client(WRITE_TOKEN) as writer:
         namespace = writer.get_namespace("default")
         before = writer.stats().entries
-        writer.lookup(exact_request("default", namespace.fingerprint, [hash_token_ids(ids)], [len(ids)]))
+        writer.lookup(exact_request("default", namespace.fingerprint, [protocol_keys.token_hash(ids)], [len(ids)]))
         layout = namespace.layout
         outputs = np.zeros((len(ids), layout.hidden), np.float32)
         maps = np.full((layout.layers, layout.heads, len(ids) - 1, len(ids) - 1), 1 / (len(ids) - 1), np.float32)
@@ -138,7 +140,7 @@ def test_a_write_token_cannot_poison_a_victims_lookups_with_decoys(with_projecto
     with with_projector.client(WRITE_TOKEN) as writer:
         fingerprint = writer.get_namespace("default").fingerprint
         before = writer.stats().entries
-        keys = [hash_token_ids(np.array(row.token_ids)) for row in decoys]
+        keys = [protocol_keys.token_hash(np.array(row.token_ids)) for row in decoys]
         writer.lookup(exact_request("default", fingerprint, keys, [len(row.token_ids) for row in decoys]))
         reply = writer.write_back("default", fingerprint, decoys)
         assert [(r.query_index, r.code) for r in reply.refused] == [(i, "INVALID_ARGUMENT") for i in range(3)]
@@ -150,9 +152,9 @@ def test_a_write_token_cannot_poison_a_victims_lookups_with_decoys(with_projecto
     assert (report["stats"]["map_hits"], report["stats"]["misses"]) == (0, 1)
 
 
-def test_the_daemon_hashes_token_ids_as_the_client_does() -> None:
+def test_the_client_keys_rows_with_the_protocols_token_hash_whatever_container_the_ids_come_in() -> None:
     ids = np.array([101, 7, 2000, 102])
-    assert hash_token_ids(ids) == token_hash(ids) == token_hash(ids.tolist())
+    assert protocol_keys.token_hash(ids) == token_hash(ids) == token_hash(ids.tolist()) == token_hash(torch.tensor(ids))
 
 
 def test_a_row_computed_by_one_client_process_is_an_exact_hit_for_another(admit_every_miss: DaemonProcess) -> None:
@@ -198,7 +200,7 @@ def test_outputs_disagreeing_with_their_tokens_refuse_that_row_and_nothing_is_st
     with admit_every_miss.client(WRITE_TOKEN) as writer:
         before = writer.stats().entries
         namespace = writer.get_namespace("default")
-        writer.lookup(exact_request("default", namespace.fingerprint, [hash_token_ids(ids)], [len(ids)]))
+        writer.lookup(exact_request("default", namespace.fingerprint, [protocol_keys.token_hash(ids)], [len(ids)]))
         bad = row_to_pb(ids, np.zeros((len(ids) + 1, namespace.layout.hidden), np.float32))
         reply = writer.write_back("default", namespace.fingerprint, [bad])
         assert [(r.query_index, r.code) for r in reply.refused] == [(0, "INVALID_ARGUMENT")]
@@ -221,7 +223,7 @@ def test_the_daemon_going_away_mid_write_back_loses_no_committed_entry(tmp_path:
             for start in range(0, len(rows), 50):
                 batch = rows[start : start + 50]
                 try:
-                    writer.lookup(exact_request("default", fingerprint, [hash_token_ids(i) for i, _ in batch],
+                    writer.lookup(exact_request("default", fingerprint, [protocol_keys.token_hash(i) for i, _ in batch],
                                                 [12] * len(batch)))
                     writer.write_back("default", fingerprint, [row_to_pb(i, o) for i, o in batch], timeout=5.0)
                 except AttnStoreError as exc:
@@ -245,8 +247,8 @@ def test_the_daemon_going_away_mid_write_back_loses_no_committed_entry(tmp_path:
             assert not report.corrupt and not report.store_problems
             for start in range(0, len(committed), 500):
                 chunk = committed[start : start + 500]
-                result = admin.lookup(exact_request("default", fingerprint,
-                                                    [hash_token_ids(rows[i][0]) for i in chunk], [12] * len(chunk)))
+                hashes = [protocol_keys.token_hash(rows[i][0]) for i in chunk]
+                result = admin.lookup(exact_request("default", fingerprint, hashes, [12] * len(chunk)))
                 assert len(result.outputs) == len(chunk)
                 for k, i in enumerate(chunk):
                     np.testing.assert_array_equal(result.outputs[k], rows[i][1].astype(np.float16))

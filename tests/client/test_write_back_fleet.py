@@ -16,7 +16,7 @@ import pytest
 from cache_helpers import tiny_loaded
 from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 TESTS = Path(__file__).resolve().parents[1]
 ROWS = 40

@@ -14,7 +14,7 @@ from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, ConfigError
 from attnstore.store import MapStore
-from attnstore.store.lmdb.backup import backup_store
+from attnstore.store.lmdb.compaction import backup_store
 from attnstore_tools.cli import main as cli_main
 
 LENGTH = 24

@@ -26,9 +26,10 @@ from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
+from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_chunks
+from attnstore_client.connection.daemon import RemoteStore
 
 LENGTH = 8
 MAX_QUERIES = 64

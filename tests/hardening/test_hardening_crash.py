@@ -24,9 +24,10 @@ from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, UnavailableError
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
+from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store import NamespaceLayout, NewEntry
+from attnstore_client.connection.daemon import RemoteStore
 
 LENGTH = 96  # big enough that a commit takes a while, small enough to ingest many per second
 ROUNDS = 2

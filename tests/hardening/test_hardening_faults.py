@@ -25,11 +25,12 @@ from store_helpers import fill_disk, make_entry
 
 from attnstore.errors import StoreFullError, UnavailableError
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
+from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.config import DaemonConfig
 from attnstore.server.daemon import Daemon
 from attnstore.store import NewEntry
+from attnstore_client.connection.daemon import RemoteStore
 
 
 def _lookup(

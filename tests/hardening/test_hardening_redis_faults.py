@@ -22,9 +22,9 @@ from store_helpers import make_entry
 
 from attnstore.errors import StoreFullError, UnavailableError
 from attnstore.protocol.records import NamespaceLayout
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.requests import exact_request
 from attnstore_client.cache import AttnCache
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 # Entries of a few KiB: a handful fill the little room left below maxmemory.
 LAYOUT = NamespaceLayout(layers=4, heads=4, causal=True, hidden=64, feature_dim=16)

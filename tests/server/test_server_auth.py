@@ -9,7 +9,7 @@ from store_helpers import make_entry
 
 from attnstore.errors import AuthError, ConfigError
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, ingest_requests, lookup_request
+from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.auth import (
     ADMIN_METHODS,
@@ -20,6 +20,7 @@ from attnstore.server.auth import (
     parse_tokens,
     required_role,
 )
+from attnstore_client.connection.daemon import RemoteStore
 
 ADMIN = "admin-token-aaaaaaaaaaaa"
 READ = "read-token-rrrrrrrrrrrrr"

@@ -9,7 +9,7 @@ import pytest
 
 from attnstore.errors import ConfigError
 from attnstore.server.config import DaemonConfig, ServerLimits, split_host_port
-from attnstore_tools.admin import read_token
+from attnstore_tools.admin.command import read_token
 from attnstore_tools.cli import build_parser
 from attnstore_tools.serve import config_from_args, parse_size
 

@@ -24,7 +24,7 @@ from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, AuthError, ChecksumError
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import ingest_requests, lookup_request
+from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.metrics import METRIC_NAMES
 from attnstore.store import MapStore, NewEntry

@@ -8,7 +8,7 @@ from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
 from attnstore.errors import RequestLimitError, WireFormatError
-from attnstore.protocol.remote import ingest_requests
+from attnstore.protocol.requests import ingest_requests
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_chunks
 from attnstore.server.ingest_stream import IngestStaging

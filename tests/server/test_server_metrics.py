@@ -15,7 +15,7 @@ from attnstore.protocol.status_codes import status_for
 from attnstore.server.metrics import REDIS_METRIC_NAMES, ROW_ERROR_CODES, RPC_CODES, RPC_METHODS, DaemonMetrics
 from attnstore.service import ROW_ERRORS
 from attnstore.service.follower import FollowerStatus
-from attnstore.store.reports import NodeMemory, RedisStats, RetryTotals
+from attnstore.store.redis.connection import NodeMemory, RedisStats, RetryTotals
 
 
 def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple], float]:

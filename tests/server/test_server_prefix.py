@@ -9,11 +9,11 @@ from daemon import READ_TOKEN, DaemonProcess
 from store_helpers import small_layout
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
-from attnstore.protocol.remote import open_channel
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.store import MapStore
 from attnstore.store.lmdb.prefix_blocks import chunk_key
+from attnstore_client.connection.channel import open_channel
 
 FP = "f" * 64
 LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")

@@ -27,11 +27,13 @@ from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
 from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
-from attnstore.protocol.remote import RemoteStore, lookup_request, open_channel
+from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.server.metrics import REDIS_METRIC_NAMES
 from attnstore.service.follower import FOLLOW_SECONDS
+from attnstore_client.connection.channel import open_channel
+from attnstore_client.connection.daemon import RemoteStore
 
 LENGTH = 8
 # The staleness bound with room for a loaded CI machine: one follow interval, the log read, the index update.

@@ -21,8 +21,9 @@ from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, StoreUnsafeError
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, lookup_request
+from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore_client.connection.daemon import RemoteStore
 
 LENGTH = 8
 

@@ -31,7 +31,7 @@ from attnstore.errors import (
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import GATE_METADATA_KEY
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import ingest_requests, lookup_request
+from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_chunks
 from attnstore.server.config import ServerLimits

@@ -13,14 +13,15 @@ from server_fixtures import FP, LAYOUT, LIMITS, memory_service, served
 from store_helpers import projector_blob, softmax_maps
 
 from attnstore.errors import AuthError, WriteBackOffError
+from attnstore.protocol.keys import token_hash
 from attnstore.protocol.records import LookupBatch
-from attnstore.protocol.remote import RemoteStore, exact_request, search_request
+from attnstore.protocol.requests import exact_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.server.auth import TokenTable, default_token_name
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore.service.write_back import hash_token_ids
+from attnstore_client.connection.daemon import RemoteStore
 
 READ, WRITE, ADMIN, OTHER = "r" * 20, "w" * 20, "a" * 20, "o" * 20
 TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("read", OTHER)))
@@ -46,7 +47,7 @@ def _service(admit_after: int = 2):
 
 
 def _ask(remote, rows) -> list[pb.Match]:
-    request = exact_request("ns", FP, [hash_token_ids(ids) for ids, _ in rows], [len(ids) for ids, _ in rows])
+    request = exact_request("ns", FP, [token_hash(ids) for ids, _ in rows], [len(ids) for ids, _ in rows])
     return remote.lookup(request).matches
 
 
@@ -75,7 +76,7 @@ def test_written_back_row_is_an_exact_hit_for_the_next_lookup_with_its_outputs()
         reply = remote.write_back("ns", FP, [row_to_pb(*row)])
         assert (reply.stored, reply.duplicates, reply.not_admitted) == (1, 0, 0)
         assert reply.bytes == row[1].size * 2
-        request = exact_request("ns", FP, [hash_token_ids(row[0])], [len(row[0])])
+        request = exact_request("ns", FP, [token_hash(row[0])], [len(row[0])])
         result = remote.lookup(request)
         assert result.matches[0].kind == pb.MATCH_KIND_EXACT and not result.matches[0].admit
         np.testing.assert_array_equal(result.outputs[0], row[1].astype(np.float16))
@@ -236,7 +237,7 @@ def test_maps_bytes_that_fail_their_crc_refuse_that_row_as_data_loss():
 def _admitted_write(service: AttnStoreService, rows: list[pb.WrittenRow]) -> pb.WriteBackResponse:
     """Write ``rows`` back after a second caller asked for each (so admission is no obstacle)."""
     with _two_callers(service) as (writer, other):
-        keys = [hash_token_ids(np.array(r.token_ids)) for r in rows]
+        keys = [token_hash(np.array(r.token_ids)) for r in rows]
         for caller in (writer, other):
             caller.lookup(exact_request("ns", FP, keys, [len(r.token_ids) for r in rows]))
         return writer.write_back("ns", FP, rows)
@@ -278,7 +279,7 @@ def test_a_namespace_without_recorded_limits_takes_no_write_back_until_they_are_
     service.create_namespace("old", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)  # made before limits
     row = _row(21)
     with served(service) as (_, remote):
-        remote.lookup(exact_request("old", FP, [hash_token_ids(row[0])], [5]))
+        remote.lookup(exact_request("old", FP, [token_hash(row[0])], [5]))
         with pytest.raises(WriteBackOffError, match="records no vocabulary size"):
             remote.write_back("old", FP, [row_to_pb(*row)])
         remote.create_namespace("old", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, limits=LIMITS)

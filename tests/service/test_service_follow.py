@@ -19,7 +19,7 @@ from attnstore.service import AttnStoreService, Query
 from attnstore.service.follower import FOLLOW_SECONDS
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.store.redis.mapstore import RedisMapStore
-from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.redis.urls import RedisSettings
 
 FP = "f" * 64
 BOUND = FOLLOW_SECONDS + 1.5

@@ -1,4 +1,9 @@
-"""Fixtures of the store suites: one factory of every map store backend, so each suite runs on all of them."""
+"""Fixtures of the store suites: one factory of every map store backend, so each suite runs on all of them.
+
+The suites consult a store's capabilities (``supports_*``), never its backend. Where a test must damage
+stored bytes behind a store's back, the factory's ``corrupt_prefix_chunk`` does it the backend's way: this
+file is the one place that knows which backend it made.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ def make_store(request, tmp_path) -> StoreFactory:
             store = MapStore.open(path, create=True, dram_bytes=1 << 20, max_bytes=max_bytes)
         elif request.param.startswith("redis"):
             from attnstore.store.redis.mapstore import RedisMapStore
-            from attnstore.store.redis.settings import RedisSettings
+            from attnstore.store.redis.urls import RedisSettings
 
             servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
             settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)
@@ -31,6 +36,25 @@ def make_store(request, tmp_path) -> StoreFactory:
         opened.append(store)
         return store
 
+    factory.corrupt_prefix_chunk = _CORRUPTORS.get(request.param)  # type: ignore[attr-defined]
     yield factory
     for store in opened:
         store.close()
+
+
+def _corrupt_memory_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
+    chunks = store._prefix[namespace].chunks[chain_hash]  # type: ignore[attr-defined]
+    chunks[chunk] = b"\x00" + chunks[chunk][1:]
+
+
+def _corrupt_lmdb_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
+    from attnstore.store.lmdb.prefix_blocks import chunk_key
+
+    with store._live.write() as (gen, txn):  # type: ignore[attr-defined]
+        raw = bytearray(txn.get(chunk_key(namespace, chain_hash, chunk), db=gen.db.prefix))
+        raw[0] ^= 0xFF
+        txn.put(chunk_key(namespace, chain_hash, chunk), bytes(raw), db=gen.db.prefix)
+
+
+# Flips the first byte of one stored chunk of a prefix block, per backend that stores prefix blocks.
+_CORRUPTORS = {"memory": _corrupt_memory_prefix_chunk, "lmdb": _corrupt_lmdb_prefix_chunk}

@@ -1,4 +1,4 @@
-"""Prefix blocks in every store backend (LMDB and in-memory): the same suite for both."""
+"""Prefix blocks in every store backend that keeps them (``supports_prefix_blocks``): one suite for all."""
 
 from __future__ import annotations
 
@@ -15,21 +15,20 @@ from attnstore.errors import (
     PrefixBlockMissingError,
 )
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes, usable_blocks
-from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from attnstore.store import MapStoreBase
 from attnstore.store.prefix import records as prefix_records
 
 LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
 
 
-@pytest.fixture(params=["lmdb", "memory"])
-def store(request, tmp_path):
-    if request.param == "lmdb":
-        opened: MapStoreBase = MapStore.open(tmp_path / "store", create=True, dram_bytes=1 << 20)
-    else:
-        opened = MemoryMapStore()
+@pytest.fixture
+def store(make_store) -> MapStoreBase:
+    """Every backend that stores prefix blocks (``make_store``, tests/store/conftest.py), with namespace ``ns``."""
+    opened = make_store()
+    if not opened.supports_prefix_blocks:
+        pytest.skip("the store keeps no prefix blocks (supports_prefix_blocks)")
     opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    yield opened
-    opened.close()
+    return opened
 
 
 def _chain(tokens: list[int], layout: PrefixLayout = LAYOUT, seed: int = 0) -> list[PrefixBlock]:
@@ -100,7 +99,7 @@ def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeyp
         return real(block)
 
     monkeypatch.setattr("attnstore.store.lmdb.prefix_blocks.block_chunks", failing)
-    monkeypatch.setattr("attnstore.store.prefix.memory.block_chunks", failing)
+    monkeypatch.setattr("attnstore.store.memory.prefix_blocks.block_chunks", failing)
     with pytest.raises(OSError):
         store.put_prefix_blocks("ns", blocks)
     assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 0
@@ -128,24 +127,11 @@ def test_a_namespace_without_a_prefix_layout_matches_nothing_and_refuses_blocks(
         store.set_prefix_layout("ns", {"block_size": 4})
 
 
-def _corrupt(store: MapStoreBase, block: PrefixBlock, chunk: int) -> None:
-    if isinstance(store, MemoryMapStore):
-        chunks = store._prefix["ns"].chunks[block.chain_hash]
-        chunks[chunk] = b"\x00" + chunks[chunk][1:]
-        return
-    from attnstore.store.lmdb.prefix_blocks import chunk_key
-
-    with store._live.write() as (gen, txn):
-        raw = bytearray(txn.get(chunk_key("ns", block.chain_hash, chunk), db=gen.db.prefix))
-        raw[0] ^= 0xFF
-        txn.put(chunk_key("ns", block.chain_hash, chunk), bytes(raw), db=gen.db.prefix)
-
-
-def test_a_corrupt_block_fails_its_read_and_verify_names_it(store):
+def test_a_corrupt_block_fails_its_read_and_verify_names_it(store, make_store):
     store.set_prefix_layout("ns", LAYOUT)
     blocks = _chain(list(range(12)))
     store.put_prefix_blocks("ns", blocks)
-    _corrupt(store, blocks[1], 2)
+    make_store.corrupt_prefix_chunk(store, "ns", blocks[1].chain_hash, 2)
     hashes = [b.chain_hash for b in blocks]
     with pytest.raises(ChecksumError, match=f"prefix block 1 of 3 in the chain \\({blocks[1].chain_hash.hex()}\\)"
                        ".*chunk 2 \\(layer 2\\)") as caught:
@@ -167,20 +153,6 @@ def test_stats_count_blocks_and_their_bytes_and_dropping_the_namespace_removes_t
     assert store.stats().prefix_blocks == 0
     store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
     assert store.prefix_layout("ns") is None
-
-
-def test_lmdb_blocks_survive_compaction_and_are_read_by_a_read_only_opening(tmp_path):
-    path = tmp_path / "store"
-    blocks = _chain(list(range(8)))
-    with MapStore.open(path, create=True) as store:
-        store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-        store.set_prefix_layout("ns", LAYOUT)
-        store.put_prefix_blocks("ns", blocks)
-        store.compact()
-        assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 2
-    with MapStore.open(path, readonly=True) as reader:
-        assert reader.prefix_layout("ns") == LAYOUT
-        assert np.array_equal(reader.read_prefix_hidden("ns", [blocks[0].chain_hash]), blocks[0].hidden)
 
 
 def test_a_chain_is_served_only_from_its_first_block_never_later_blocks_without_their_parents(store):

@@ -45,3 +45,15 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         build_parser().parse_args(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("attnstore 0.")
+
+
+def test_a_list_option_takes_comma_separated_positive_integers_and_names_itself_when_refused():
+    import pytest
+
+    from attnstore.errors import ConfigError
+    from attnstore_tools.arguments import positive_ints
+
+    assert positive_ints("32, 128,512,", "--lengths") == [32, 128, 512]
+    for bad, why in (("ten", "comma-separated integers"), ("0,4", "positive integers"), ("", "positive integers")):
+        with pytest.raises(ConfigError, match=f"--lengths '{bad}' must .*{why}"):
+            positive_ints(bad, "--lengths")

@@ -79,3 +79,15 @@ def test_each_round_wraps_every_round_untimed_and_after_call_follows_every_call(
 def test_bad_counts_are_refused_naming_them(repeats: int, warmup: int) -> None:
     with pytest.raises(ValueError, match=f"repeats={repeats}, warmup={warmup}"):
         time_rounds({"a": lambda: None}, repeats=repeats, warmup=warmup)
+
+
+def test_every_timed_bench_takes_the_same_timing_options_with_the_same_defaults():
+    import argparse
+
+    from attnstore_tools.timing import add_timing_arguments
+
+    parser = argparse.ArgumentParser()
+    add_timing_arguments(parser, unit="rounds")
+    args = parser.parse_args([])
+    assert (args.repeats, args.warmup, args.threads, args.seed, args.json) == (5, 1, 2, 0, None)
+    assert parser.parse_args(["--repeats", "7", "--json", "out.json"]).json.name == "out.json"

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from attnstore.errors import ConfigError
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, positive_ints
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; prints a table, writes JSON and the plot when asked."""
-    counts = _counts(args.rows)
+    counts = positive_ints(args.rows, "bench encode: --rows")
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown or not methods:
@@ -105,15 +105,6 @@ def run(args: argparse.Namespace) -> int:
         _plot(report, args.plot)
     return 0
 
-
-def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"bench encode: --rows {text!r} must be comma-separated integers") from None
-    if not counts or min(counts) < 1:
-        raise ConfigError(f"bench encode: --rows {text!r} must list positive row counts")
-    return counts
 
 
 def _load(data: str, root: Path) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:

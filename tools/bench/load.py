@@ -47,11 +47,13 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError
 from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
-from attnstore.protocol.remote import RemoteStore, lookup_request
+from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store.redis.urls import is_redis_url, shown_location, store_location
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_tools.arguments import positive_int
 from attnstore_tools.launcher import ServeProcess
+from attnstore_tools.machine import RssSampler
 from attnstore_tools.output import write_json
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,6 @@ NAMESPACE = "load"
 FINGERPRINT = "10ad" * 16
 _MIB = 1 << 20
 _SEED_BATCH = 32
-_RSS_INTERVAL = 0.5  # seconds between RSS samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,41 +289,6 @@ def _seed(target: str, token: str, spec: LoadSpec) -> dict[int, int]:
     return ids
 
 
-class _RssSampler:
-    """Samples VmRSS, RssAnon and RssFile of one process every ``_RSS_INTERVAL`` seconds on a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        self.samples: list[dict[str, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-        self._start = time.monotonic()
-
-    def read(self) -> dict[str, float]:
-        """One sample now: seconds since start and the three sizes in bytes."""
-        fields = {}
-        with open(f"/proc/{self._pid}/status", encoding="ascii") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name in ("VmRSS", "RssAnon", "RssFile"):
-                    fields[name] = int(value.split()[0]) * 1024
-        return {"t": round(time.monotonic() - self._start, 2), "rss": fields["VmRSS"],
-                "anon": fields["RssAnon"], "file": fields["RssFile"]}
-
-    def start(self) -> None:
-        self._start = time.monotonic()
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(self.read())
-            self._stop.wait(_RSS_INTERVAL)
-
-
 # ---- the run -----------------------------------------------------------------------------------
 
 
@@ -359,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
                 from attnstore.service.follower import FOLLOW_SECONDS  # here: client processes never load the service
 
                 time.sleep(FOLLOW_SECONDS + 1.0)  # every daemon's index has the seeded entries: past the bound
-            sampler = _RssSampler(daemon.pid) if daemon else None
+            sampler = RssSampler(daemon.pid) if daemon else None
             idle = sampler.read() if sampler else None
             victim = daemons[-1] if args.kill_daemon_after is not None else None
             fault = None if victim is None else threading.Timer(args.kill_daemon_after, _kill, (victim,))
@@ -386,7 +352,7 @@ def _kill(daemon: ServeProcess) -> None:
 
 def _run_clients(
     clients: int, duration: float, seed: int, target: str, token: str, spec: LoadSpec,
-    entry_ids: dict[int, int], workdir: Path, sampler: _RssSampler | None, fault: threading.Timer | None = None,
+    entry_ids: dict[int, int], workdir: Path, sampler: RssSampler | None, fault: threading.Timer | None = None,
 ) -> list[dict]:
     """Start the client processes, release them together, wait; their results in client order.
 
@@ -430,7 +396,7 @@ def _percentiles_ms(values: list[float]) -> dict[str, float | None]:
 
 def _report(
     args: argparse.Namespace, spec: LoadSpec, caps: DaemonCaps, results: list[dict],
-    sampler: _RssSampler | None, idle: dict[str, float] | None, own_daemon: bool,
+    sampler: RssSampler | None, idle: dict[str, float] | None, own_daemon: bool,
 ) -> dict:
     errors: Counter[str] = Counter()
     rows: Counter[str] = Counter()

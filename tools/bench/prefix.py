@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, positive_ints
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
-from attnstore_tools.timing import median_ms, time_rounds
+from attnstore_tools.timing import add_timing_arguments, median_ms, time_rounds
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--suffixes", default="16,64,256", help="suffix lengths (default: 16,64,256)")
     parser.add_argument("--batch", type=int, default=1, help="rows per forward (default: 1)")
     parser.add_argument("--block-size", type=int, default=32, help="tokens per prefix block (default: 32)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, median taken (default: 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first (default: 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default: 0)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    add_timing_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON; returns the exit code."""
-    prefixes, suffixes = _lengths(args.prefixes, "--prefixes"), _lengths(args.suffixes, "--suffixes")
+    prefixes, suffixes = positive_ints(args.prefixes, "--prefixes"), positive_ints(args.suffixes, "--suffixes")
     if args.batch < 1 or args.repeats < 5 or args.warmup < 0 or args.threads < 1 or args.block_size < 1:
         raise ConfigError("need --batch >= 1, --repeats >= 5, --warmup >= 0, --threads >= 1, --block-size >= 1")
     bad = [p for p in prefixes if p % args.block_size]
@@ -136,15 +132,6 @@ def _chain(ids: list[int], block_size: int) -> list[bytes]:
 
     return chain_hashes(ids, block_size)
 
-
-def _lengths(text: str, option: str) -> list[int]:
-    try:
-        lengths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ConfigError(f"{option} needs positive integers, got {text!r}")
-    return lengths
 
 
 def _print_row(result: PrefixTiming, *, header: bool) -> None:

@@ -19,15 +19,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import documented_parser, positive_ints
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
-from attnstore_tools.timing import median_ms, time_rounds
+from attnstore_tools.timing import add_timing_arguments, median_ms, time_rounds
 
 
 @dataclass(frozen=True)
@@ -52,17 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
     parser.add_argument("--lengths", default="32,128,512", help="comma-separated token lengths (default: 32,128,512)")
     parser.add_argument("--batch", type=int, default=16, help="rows per batch (default: 16)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant, median taken (default: 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first (default: 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default: 0)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    add_timing_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON; returns the exit code."""
-    lengths = _parse_lengths(args.lengths)
+    lengths = positive_ints(args.lengths, "--lengths")
     if args.batch < 1 or args.repeats < 5 or args.warmup < 0 or args.threads < 1:
         raise ConfigError(
             f"need --batch >= 1, --repeats >= 5, --warmup >= 0, --threads >= 1; got batch={args.batch}, "
@@ -166,15 +161,6 @@ def _attention_share(adapter, batch) -> float:
             handle.remove()
     return totals["attention"] / totals["block"] if totals["block"] else 0.0
 
-
-def _parse_lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--lengths must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ConfigError(f"--lengths needs positive integers, got {text!r}")
-    return lengths
 
 
 def _machine() -> dict[str, object]:

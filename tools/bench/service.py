@@ -44,7 +44,7 @@ from attnstore_tools.arguments import documented_parser
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
-from attnstore_tools.timing import Sample, median_ms, time_rounds
+from attnstore_tools.timing import Sample, add_timing_arguments, median_ms, time_rounds
 
 if TYPE_CHECKING:
     from attnstore_client.stats import CacheStats
@@ -79,11 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2", help="alias (minilm, smollm2) or local model path")
     parser.add_argument("--length", type=int, default=128, help="tokens per row (default: 128)")
     parser.add_argument("--batch", type=int, default=16, help="rows per batch (default: 16)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds, median taken (default: 5, at least 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default: 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the token ids (default: 0)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    add_timing_arguments(parser, unit="rounds", seed_of="the token ids")
     parser.set_defaults(func=run)
 
 
@@ -144,11 +140,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -> list[VariantTiming]:
-    from attnstore.protocol.remote import RemoteStore
     from attnstore.store import NamespaceLayout, NewEntry
     from attnstore_client.batch import batch_from_ids
     from attnstore_client.cache import AttnCache
     from attnstore_client.connection import connect
+    from attnstore_client.connection.daemon import RemoteStore
     from attnstore_client.keys import model_fingerprint, token_hash
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import RetryPolicy
@@ -241,7 +237,7 @@ def _check_kinds(samples: dict[str, list[Sample[CacheStats]]]) -> None:
 
 def _check_dram(target: str, dram_target: str) -> None:
     """``hit`` must have read its maps from the store and ``hit_dram`` from DRAM, as their names say."""
-    from attnstore.protocol.remote import RemoteStore
+    from attnstore_client.connection.daemon import RemoteStore
 
     with RemoteStore(target) as plain, RemoteStore(dram_target) as dram:
         plain_hits, dram_hits = plain.stats().dram_hits, dram.stats().dram_hits

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import CorpusError, NamespaceNotFoundError
-from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry
+from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.batch import batch_from_ids
@@ -41,7 +41,6 @@ from attnstore_tools.build.calibration import CalibrationConfig, CalibrationRepo
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
-from attnstore_tools.cold_start import token_limits
 from attnstore_tools.corpus import read_texts
 
 T = TypeVar("T")
@@ -98,6 +97,14 @@ class _Captured:
     source: torch.Tensor  # (L, hidden) fp32 feature source: the features clients will compute
     maps_path: Path  # (layers, heads, L, L) fp16 .npy
     outputs_path: Path  # (L, hidden) fp16 .npy
+
+
+def token_limits(loaded: LoadedModel) -> TokenLimits:
+    """What the daemon checks written-back rows of ``loaded``'s namespace against: ids below the larger of the
+    model's and the tokenizer's vocabulary (added tokens count), lengths within the model's positions."""
+    config = loaded.model.config
+    vocab = max(int(config.vocab_size), len(loaded.tokenizer))
+    return TokenLimits(vocab_size=vocab, max_length=int(config.max_position_embeddings))
 
 
 def build_namespace(

@@ -33,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, NamespaceNotFoundError
-from attnstore_tools.admin import TOKEN_ENV, read_token
+from attnstore_tools.admin.command import TOKEN_ENV, read_token
 from attnstore_tools.arguments import documented_parser, store_url
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.eval.scores import build_report, format_report

@@ -9,29 +9,19 @@ command must not need it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnstore.errors import ConfigError
-from attnstore_tools.report.tables import method_label, method_rows, metric_label
+from attnstore_tools.report.tables import PlotFile, method_label, method_rows, metric_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from attnstore_tools.report.command import EvalRun
+    from attnstore_tools.report.runs import EvalRun
 
 DPI = 110  # with the figure sizes below: about 700 x 400 pixels, tens of KB per PNG
 _SIZE = (6.4, 4.0)  # inches
-
-
-@dataclass(frozen=True, slots=True)
-class PlotFile:
-    """One plot of a run: written to ``path``, or not written because of ``skipped`` (a reason)."""
-
-    title: str  # "sweep" or "methods"
-    path: Path
-    skipped: str | None = None
 
 
 def write_plots(runs: Sequence[EvalRun], folder: Path) -> dict[str, list[PlotFile]]:

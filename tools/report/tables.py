@@ -18,14 +18,22 @@ from typing import TYPE_CHECKING, TypeGuard
 from attnstore.errors import ConfigError
 
 if TYPE_CHECKING:
-    from attnstore_tools.report.command import EvalRun, Row
-    from attnstore_tools.report.plots import PlotFile
+    from attnstore_tools.report.runs import EvalRun, Row
 
 DASH = "–"  # a figure the run does not have (null in the JSON)
 _MARKER = re.compile(r"<!-- (?P<end>/?)report:(?P<name>\S+) -->[ \t]*")
 # The methods table's row order; the full model comes first.
 _METHOD_ORDER = ("sentence_transformers", "dict_cache", "output_cache", "attncache", "lazyformer", "san", "attncache_f")
 _LAYER_METHODS = ("lazyformer", "san")  # report layer replays instead of a hit rate
+
+
+@dataclass(frozen=True, slots=True)
+class PlotFile:
+    """One plot of a run: written to ``path``, or not written because of ``skipped`` (a reason)."""
+
+    title: str  # "sweep" or "methods"
+    path: Path
+    skipped: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Compaction: copy the live entries of one generation densely into a new one.
+"""Copies of a generation: compaction (its live entries densely into a new one) and backup.
 
 Ids, records, hit counters, namespaces and projectors carry over unchanged;
 entries get new dense slots per length bucket, chunk bytes are copied verbatim
@@ -9,6 +9,8 @@ A compaction first checks that the disk has room for the copy, and a disk that
 fills up meanwhile fails it cleanly (``StoreFullError``, the new generation
 removed, the old one still live): its LMDB lock file is allocated before use
 (see ``env``), and LMDB writes data pages with ``write``, never through the map.
+
+**Backup** (``backup_store``): a consistent copy of a store's live generation, safe while a daemon writes to it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from pathlib import Path
 
 import lmdb
 
-from attnstore.errors import ChecksumError, StoreFullError
+from attnstore.errors import ChecksumError, ConfigError, StoreFullError
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import namespace_names
 from attnstore.store.lmdb.env import (
+    DATA_FILE,
     Databases,
     DbHandle,
     Generation,
@@ -39,10 +43,9 @@ from attnstore.store.lmdb.env import (
     write_current,
 )
 from attnstore.store.lmdb.ingest import raw_nbytes
-from attnstore.store.lmdb.live import LiveGeneration
+from attnstore.store.lmdb.live import LiveGeneration, open_live
 from attnstore.store.lmdb.records import (
     BucketRecord,
-    EntryRecord,
     bucket_key,
     encode_u64,
     entry_key,
@@ -292,4 +295,58 @@ def compact_live(
             seconds=time.perf_counter() - start,
         )
     remove_unused_generations(live.root, keep=new.name)
+    return report
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class BackupReport:
+    """What a backup copied."""
+
+    source: str
+    destination: str
+    generation: str  # the live generation at the start of the copy
+    file_bytes: int  # size of the copied data file
+    seconds: float
+
+
+def backup_store(source: str | Path, destination: str | Path, *, compact: bool = True) -> BackupReport:
+    """Copy the live generation of the store at ``source`` into a new store at ``destination``.
+
+    The copy is LMDB's ``mdb_env_copy``: one read transaction, so it holds every
+    entry committed before it began and nothing written later or left
+    uncommitted. Writers are not blocked. The generation is held (its shared
+    flock) for the whole copy, so a compaction that swaps generations meanwhile
+    cannot remove it; the backup then reflects the store as it was at its start.
+
+    Args:
+        source: store directory (a daemon may be serving it).
+        destination: directory for the copy; must not exist or be empty.
+        compact: leave free pages out (smaller copy, a little slower).
+
+    Raises:
+        StoreNotFoundError: no store at ``source``.
+        ConfigError: ``destination`` exists and is not empty.
+    """
+    source, destination = Path(source), Path(destination)
+    if destination.exists() and any(destination.iterdir()):
+        raise ConfigError(f"backup destination {destination} is not empty; give a new directory")
+    start = time.perf_counter()
+    gen = open_live(source, StoreSettings(readonly=True))
+    try:
+        target = destination / gen.name
+        target.mkdir(parents=True)
+        gen.env.copy(str(target), compact=compact)
+        write_current(destination, gen.name)
+    finally:
+        gen.release()
+    report = BackupReport(
+        source=str(source),
+        destination=str(destination),
+        generation=gen.name,
+        file_bytes=(target / DATA_FILE).stat().st_size,
+        seconds=time.perf_counter() - start,
+    )
+    logger.info("backed up %s (%s) to %s", source, gen.name, destination)
     return report

@@ -9,6 +9,7 @@ commit leaves no trace: LMDB discards the uncommitted pages.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import crc32c
@@ -17,11 +18,14 @@ import numpy as np
 
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.env import Databases, items_with_prefix
 from attnstore.store.lmdb.prefix_blocks import drop_prefix_keys
 from attnstore.store.lmdb.records import (
+    META_EVICTED_BYTES,
+    META_EVICTED_ENTRIES,
+    META_NEXT_ID,
     BucketRecord,
-    EntryRecord,
     HitRecord,
     bucket_key,
     decode_u64,
@@ -30,8 +34,10 @@ from attnstore.store.lmdb.records import (
     hash_key,
     length_key,
     ns_prefix,
+    read_counter,
     split_entry_key,
     split_length_key,
+    write_counter,
 )
 from attnstore.store.namespace_rules import outputs_only_feature_error
 from attnstore.store.reports import FeaturesReport
@@ -42,22 +48,6 @@ logger = logging.getLogger(__name__)
 
 # A new bucket gets this many slots; full buckets double.
 MIN_CAPACITY = 64
-
-META_NEXT_ID = b"next_id"
-META_EVICTED_ENTRIES = b"evicted_entries"
-META_EVICTED_BYTES = b"evicted_bytes"
-
-
-def read_counter(txn: lmdb.Transaction, db: Databases, key: bytes, default: int = 0) -> int:
-    """A uint64 counter of the ``meta`` db."""
-    raw = txn.get(key, db=db.meta)
-    return default if raw is None else decode_u64(raw)
-
-
-def write_counter(txn: lmdb.Transaction, db: Databases, key: bytes, value: int) -> None:
-    """Set a uint64 counter of the ``meta`` db."""
-    txn.put(key, encode_u64(value), db=db.meta)
-
 
 def load_bucket(txn: lmdb.Transaction, db: Databases, namespace: str, length: int) -> BucketRecord:
     """A bucket's record; an empty one if the bucket does not exist yet."""
@@ -287,7 +277,7 @@ def _delete_corrupt_record(txn: lmdb.Transaction, db: Databases, name: str, entr
     return 0
 
 
-def flush_hits(txn: lmdb.Transaction, db: Databases, pending: dict[tuple[str, int], tuple[int, float]]) -> None:
+def flush_hits(txn: lmdb.Transaction, db: Databases, pending: Mapping[tuple[str, int], tuple[int, float]]) -> None:
     """Add buffered hit counts to the ``hits`` db (entries deleted meanwhile are skipped)."""
     for (name, entry_id), (hits, last) in pending.items():
         key = entry_key(name, entry_id)

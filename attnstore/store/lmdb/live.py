@@ -48,7 +48,7 @@ from attnstore.store.lmdb.env import (
     remove_unused_generations,
     write_current,
 )
-from attnstore.store.lmdb.ingest import META_NEXT_ID, write_counter
+from attnstore.store.lmdb.records import META_NEXT_ID, write_counter
 from attnstore.store.lmdb.settings import StoreSettings
 from attnstore.store.zarr_layout import group_metadata, root_group_key
 

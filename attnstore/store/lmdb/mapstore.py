@@ -1,4 +1,4 @@
-"""MapStore: attention maps in a zarr v3 layout on LMDB, with a DRAM tier and prefetch.
+"""MapStore: attention maps in a zarr v3 layout on LMDB, with a DRAM tier and prefetch in front (``store.dram``).
 
 See DESIGN.md "Map store". One store is a directory of generations (see
 ``lmdb_env``); one process writes, any number read. Reads run on the calling
@@ -23,7 +23,6 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import (
-    MapShapeError,
     NamespaceNotFoundError,
     StoreFullError,
     StoreNotFoundError,
@@ -41,8 +40,9 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
-from attnstore.store.hit_buffer import HitBuffer
-from attnstore.store.hot_maps import HotMaps
+from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES, DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS
+from attnstore.store.dram.tiered import DramTiered, PendingHits
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
@@ -72,21 +72,14 @@ from attnstore.store.lmdb.reader import (
     read_outputs,
     store_stats,
 )
-from attnstore.store.lmdb.records import EntryRecord, entry_key
-from attnstore.store.lmdb.settings import (
-    DEFAULT_DRAM_BYTES,
-    DEFAULT_HIT_FLUSH_COUNT,
-    DEFAULT_HIT_FLUSH_SECONDS,
-    DEFAULT_MAP_SIZE,
-    StoreSettings,
-)
+from attnstore.store.lmdb.records import entry_key
+from attnstore.store.lmdb.settings import DEFAULT_MAP_SIZE, StoreSettings
 from attnstore.store.lmdb.verify import verify_live
 from attnstore.store.namespace_rules import check_projector_version, drops_features, projector_update
 from attnstore.store.reports import (
     CompactReport,
     FeaturesReport,
     IngestReport,
-    PrefetchReport,
     StoreStats,
     VerifyReport,
 )
@@ -101,17 +94,13 @@ logger = logging.getLogger(__name__)
 _PAGE = 256
 
 
-class MapStore(LmdbPrefixBlocks, MapStoreBase):
+class MapStore(LmdbPrefixBlocks, DramTiered, MapStoreBase):
     """The LMDB-backed map store. Open with :meth:`open`; use as a context manager.
 
-    Hit counters: :meth:`record_hits` counts in memory. The counts are written in
-    one transaction when ``hit_flush_count`` distinct entries are pending or
-    ``hit_flush_seconds`` have passed (checked on the next ``record_hits``), and
-    before byte-cap eviction, compaction and close. :meth:`entry` includes
-    counts not yet written. A read-only store keeps its counts in memory.
-
-    DRAM tier: reads look there first; a read that goes to LMDB admits the entry
-    (a second copy, owned by the tier). Returned tensors always belong to the caller.
+    Hit counters and the DRAM tier are ``DramTiered``'s: buffered hits are written in one
+    transaction (also inside an ingest's, before byte-cap eviction); :meth:`entry` includes
+    counts not yet written; a read-only store keeps its counts in memory. Returned arrays
+    always belong to the caller.
     """
 
     def __init__(self, live: LiveGeneration, settings: StoreSettings) -> None:
@@ -120,8 +109,8 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
         self._settings = settings
         self._states: dict[str, NamespaceState] = {}
         self._catalog = CatalogCache()
-        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
-        self._hot = HotMaps(self._load_maps, capacity_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue)
+        self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
+                         hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
 
     @classmethod
@@ -178,6 +167,17 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
     def readonly(self) -> bool:
         """True if opened read-only."""
         return self._settings.readonly
+
+    # ---------------------------------------------------------------- capabilities
+    # Every one but a change feed and shared admission counts: one process writes an LMDB store.
+
+    supports_outputs_only = True
+    supports_compaction = True  # into a new generation, swapped in
+
+    @property
+    def supports_writes(self) -> bool:
+        """See :attr:`MapStoreBase.supports_writes`: unless opened read-only."""
+        return not self._settings.readonly
 
     def _state(self, name: str) -> NamespaceState:
         state = self._states.get(name)
@@ -238,8 +238,7 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
             self._state_in(txn, gen, name)
             drop_namespace_keys(txn, gen.db, name)
         self._states.pop(name, None)
-        self._hot.clear()  # rare admin work: simpler than tracking the namespace's keys
-        self._hits.drop_namespace(name)
+        self._forget_namespace(name)
         logger.info("dropped namespace %r", name)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
@@ -318,32 +317,13 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
             decode_layers(txn, gen.db, state, record, range(state.layout.layers), out, self._read_helper)
         return out
 
-    def read_maps(self, namespace: str, entry_id: int, *, cache: bool = True) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_maps`.
-
-        Args:
-            namespace: namespace name.
-            entry_id: entry id.
-            cache: admit the entry into the DRAM tier if it came from LMDB.
-        """
-        return self._hot.maps(namespace, entry_id, cache=cache)  # (layers, heads, L, L)
-
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_layer`."""
+    def _load_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         state = self._state(namespace)
-        if not 0 <= layer < state.layout.layers:
-            raise MapShapeError(
-                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
-            )
-
-        def load_layer() -> np.ndarray:
-            with self._live.read() as (gen, txn):
-                record = load_record(txn, gen.db, namespace, entry_id)
-                out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
-                decode_layers(txn, gen.db, state, record, [layer], out)
-            return out[0]
-
-        return self._hot.layer(namespace, entry_id, layer, load_layer)  # (heads, L, L)
+        with self._live.read() as (gen, txn):
+            record = load_record(txn, gen.db, namespace, entry_id)
+            out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
+            decode_layers(txn, gen.db, state, record, [layer], out)
+        return out[0]  # (heads, L, L)
 
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """See :meth:`MapStoreBase.read_outputs`."""
@@ -358,7 +338,7 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
             return [find_ref(txn, gen.db, namespace, token_hash) for token_hash in token_hashes]
 
     def _info(self, namespace: str, record: EntryRecord, hits: int, last_hit: float) -> EntryInfo:
-        pending_hits, pending_last = self._hits.get(namespace, record.id)  # counted, not yet written
+        pending_hits, pending_last = self._pending_hits(namespace, record.id)  # counted, not yet written
         return record.info(hits + pending_hits, max(last_hit, pending_last))
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
@@ -401,20 +381,15 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
 
     # -------------------------------------------------------------- hits, delete
 
-    def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.record_hits` and the class docstring for when counts are written."""
-        self._state(namespace)
-        due = self._hits.add(namespace, ids, time.time())
-        if due and not self._settings.readonly:
-            self.flush_hits()
+    def _writes_hits(self) -> bool:
+        return not self._settings.readonly
 
-    def flush_hits(self) -> None:
-        """Write buffered hit counts now (one transaction)."""
+    def _write_hits(self, pending: PendingHits) -> None:
+        """Buffered hit counts in one transaction; also raises ReadOnlyStoreError."""
         self._live.check_writable()
-        with self._hits.draining() as pending:
-            if pending:
-                with self._live.write() as (gen, txn):
-                    flush_hits(txn, gen.db, pending)
+        if pending:
+            with self._live.write() as (gen, txn):
+                flush_hits(txn, gen.db, pending)
 
     def _delete(self, namespace: str, ids: list[int]) -> int:
         """See :meth:`MapStoreBase.delete`; also raises ReadOnlyStoreError."""
@@ -424,40 +399,9 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
         self._forget(namespace, ids)
         return deleted
 
-    def _forget(self, namespace: str, ids: Iterable[int]) -> None:
-        """Entries gone from the store leave the DRAM tier and the hit buffer."""
-        self._hot.discard(namespace, ids)
-        self._hits.drop(namespace, ids)
-
-    # ------------------------------------------------------------------ prefetch
-
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """See :meth:`MapStoreBase.prefetch`. Entries already in the DRAM tier are skipped.
-
-        Ids are checked against the live records here, in one read, so the worker
-        queues only entries that exist and unknown ids cost a count, not a log line each.
-        """
-        self._state(namespace)
-        wanted = list(dict.fromkeys(int(i) for i in ids))
+    def _live_ids(self, namespace: str, ids: list[int]) -> list[int]:
         with self._live.read() as (gen, txn):
-            known = [i for i in wanted if txn.get(entry_key(namespace, i), db=gen.db.entries) is not None]
-        return PrefetchReport(queued=self._hot.prefetch(namespace, known), unknown=len(wanted) - len(known))
-
-    def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.maps_served`: admitted to the DRAM tier on a second serve (``hot_maps``)."""
-        self._hot.served(namespace, ids)
-
-    def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """See :meth:`MapStoreBase.wait_prefetch`."""
-        return self._hot.wait_prefetch(timeout)
-
-    def dead_threads(self) -> list[str]:
-        """See :meth:`MapStoreBase.dead_threads`: the prefetch worker, the only long-lived one."""
-        return [] if self._hot.alive else ["attnstore-prefetch"]
-
-    def background_errors(self) -> dict[str, int]:
-        """See :meth:`MapStoreBase.background_errors`: the prefetch worker's."""
-        return {"attnstore-prefetch": self._hot.prefetch_errors}
+            return [i for i in ids if txn.get(entry_key(namespace, i), db=gen.db.entries) is not None]
 
     # --------------------------------------------------------------------- admin
 
@@ -498,10 +442,10 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""
+        pending_hits, dram = self._tier_stats()
         with self._live.read() as (gen, txn):
             stats = store_stats(
-                txn, gen, self._all_states(txn, gen), self._settings, pending_hits=len(self._hits),
-                dram=self._hot.stats(),
+                txn, gen, self._all_states(txn, gen), self._settings, pending_hits=pending_hits, dram=dram,
             )
         count, nbytes = stale_generations(self._root, self._live.name)
         return dataclasses.replace(stats, stale_generations=count, stale_generation_bytes=nbytes)
@@ -521,7 +465,7 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
         """See :meth:`MapStoreBase.close`."""
         if self._live.closed:
             return
-        self._hot.close()
+        self._stop_tier()
         self._read_helper.shutdown(wait=True)
         if not self._settings.readonly:
             try:
@@ -530,3 +474,14 @@ class MapStore(LmdbPrefixBlocks, MapStoreBase):
                 logger.warning("map store %s: buffered hit counts lost on close: %s", self._root, exc)
         self._live.close()
 
+
+def open_lmdb_store(
+    path: Path, *, create: bool = False, dram_bytes: int | None = None, max_bytes: int | None = None,
+    map_size: int | None = None, readonly: bool = False,
+) -> MapStore:
+    """Open the LMDB store in folder ``path`` with the daemon's sizes (None: their defaults; see ``MapStore.open``)."""
+    return MapStore.open(
+        path, create=create, max_bytes=max_bytes, readonly=readonly,
+        dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
+        map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
+    )

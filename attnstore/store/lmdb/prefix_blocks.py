@@ -25,7 +25,8 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import FingerprintMismatchError, MapShapeError
-from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout
+from attnstore.protocol.keys import BLOCK_HASH_BYTES
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
 from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
@@ -102,7 +103,7 @@ def prefix_problems(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, li
     for key, record in records:
         checked += 1
         name = key[: key.index(b"\x00")].decode()
-        chain_hash = key[-CHAIN_HASH_BYTES:]
+        chain_hash = key[-BLOCK_HASH_BYTES:]
         for chunk, crc in enumerate(record.crcs):
             raw = txn.get(chunk_key(name, chain_hash, chunk), db=db)
             if raw is None or crc32c.crc32c(raw) != crc:
@@ -120,6 +121,8 @@ class LmdbPrefixBlocks:
     if TYPE_CHECKING:
 
         def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
+
+    supports_prefix_blocks = True  # see ``PrefixBlockCalls.supports_prefix_blocks``
 
     @contextmanager
     def _prefix_read(self, namespace: str) -> Iterator[tuple[Generation, lmdb.Transaction, PrefixLayout | None]]:

@@ -19,17 +19,19 @@ import numpy as np
 from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, EntryRef
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.entry_record import EntryRecord, check_map_record
 from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
-from attnstore.store.lmdb.ingest import META_EVICTED_BYTES, META_EVICTED_ENTRIES, find_existing, read_counter
+from attnstore.store.lmdb.ingest import find_existing
 from attnstore.store.lmdb.prefix_blocks import prefix_usage
 from attnstore.store.lmdb.records import (
+    META_EVICTED_BYTES,
+    META_EVICTED_ENTRIES,
     BucketRecord,
-    EntryRecord,
     HitRecord,
     bucket_key,
-    check_map_record,
     entry_key,
     ns_prefix,
+    read_counter,
     split_entry_key,
     split_length_key,
 )

@@ -26,8 +26,9 @@ import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.env import Databases, DbHandle, Generation, read_current
-from attnstore.store.lmdb.records import BucketRecord, EntryRecord, bucket_key, entry_key, split_length_key
+from attnstore.store.lmdb.records import BucketRecord, bucket_key, entry_key, split_length_key
 from attnstore.store.zarr_layout import group_metadata
 
 if TYPE_CHECKING:

@@ -1,2 +1,2 @@
-"""Prefix blocks in the store, shared by the backends: how a block is kept (``records``) and the
-in-memory backend's hooks (``memory``); the LMDB backend's are in ``attnstore.store.lmdb.prefix_blocks``."""
+"""Prefix blocks in the store: the interface's calls for them (``interface``) and how a block is kept
+(``records``), shared by the backends that store them (``lmdb.prefix_blocks``, ``memory.prefix_blocks``)."""

@@ -18,10 +18,11 @@ import crc32c
 import numpy as np
 
 from attnstore.errors import PrefixBlockCorruptError, PrefixBlockMissingError
-from attnstore.protocol.prefix import CHAIN_HASH_BYTES, PrefixBlock, PrefixLayout
+from attnstore.protocol.keys import BLOCK_HASH_BYTES
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 
 _HEAD = struct.Struct("<dI")  # created (unix seconds), chunk count
-_NO_PARENT = bytes(CHAIN_HASH_BYTES)
+_NO_PARENT = bytes(BLOCK_HASH_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,8 @@ class BlockRecord:
     def decode(cls, raw: bytes | memoryview) -> BlockRecord:
         """The record ``encode`` wrote."""
         created, count = _HEAD.unpack_from(raw, 0)
-        parent = bytes(raw[_HEAD.size : _HEAD.size + CHAIN_HASH_BYTES])
-        crcs = struct.unpack_from(f"<{count}I", raw, _HEAD.size + CHAIN_HASH_BYTES)
+        parent = bytes(raw[_HEAD.size : _HEAD.size + BLOCK_HASH_BYTES])
+        crcs = struct.unpack_from(f"<{count}I", raw, _HEAD.size + BLOCK_HASH_BYTES)
         return cls(created, None if parent == _NO_PARENT else parent, crcs)
 
 

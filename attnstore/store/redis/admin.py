@@ -15,8 +15,7 @@ from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, NamespaceInfo
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.redis.connection import RedisConnection, translated
-from attnstore.store.redis.entries import decode_record, entry_problems
-from attnstore.store.redis.keys import RECORD_FIELD, StoreKeys
+from attnstore.store.redis.keys import RECORD_FIELD, StoreKeys, decode_record, entry_problems
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,

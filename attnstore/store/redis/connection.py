@@ -1,10 +1,6 @@
-"""Where a Redis store lives (its URL) and the one client every call goes through, with errors translated.
+"""The one client every call to a Redis store goes through, with failovers waited out and errors translated.
 
-``redis://HOST:PORT`` is one Redis server; ``redis://HOST:PORT/?cluster=1`` a
-Redis Cluster (any node: the client discovers the others and follows
-failovers). ``rediss://`` uses TLS. ``prefix=NAME`` names the store within the
-server (default ``attnstore``), so several stores may share one Redis. Other
-query parameters are redis-py's connection options (``socket_timeout=...``).
+Where the store lives (its URL, ``RedisLocation``) is ``urls``'.
 """
 
 from __future__ import annotations
@@ -16,9 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -34,14 +29,11 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from attnstore.errors import ConfigError, StorageError, StoreFullError, UnavailableError
-from attnstore.store.redis.urls import REDIS_SCHEMES, is_redis_url
-from attnstore.store.reports import NodeMemory, RetryTotals
+from attnstore.errors import StorageError, StoreFullError, UnavailableError
+from attnstore.store.redis.urls import RedisLocation
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "attnstore"
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 # redis-py's own retries of a command are few and quick (a dropped connection); waiting out a failover
 # is ``RetryingClient``'s, above them.
@@ -53,6 +45,34 @@ _CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 10.0, "socket_connect_time
 _TRANSIENT: tuple[type[BaseException], ...] = (
     redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError, RedisClusterException,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RetryTotals:
+    """What waiting out failures has cost since the store was opened (the daemon's Redis metrics)."""
+
+    retries: int  # commands (or pipelines) sent again after a transient failure
+    waited_out: int  # calls that failed transiently, then succeeded
+    gave_up: int  # calls still failing after the failover wait: they raised (the RPC answered UNAVAILABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMemory:
+    """One Redis primary's memory, from ``INFO memory``."""
+
+    node: str  # HOST:PORT
+    used_bytes: int  # used_memory
+    max_bytes: int  # maxmemory; 0: none set
+
+
+@dataclass(frozen=True, slots=True)
+class RedisStats:
+    """A Redis-backed store's client figures: failures waited out, and each primary's memory."""
+
+    retries: RetryTotals
+    nodes: tuple[NodeMemory, ...]  # the primaries that answered INFO
+    resets: int = 0  # times the store was found replaced under this process (its identity changed)
+    unsafe: bool = False  # writes are refused now: the store's marker is gone, or an allkeys-* policy runs
 
 
 # ---- waiting out failovers ----------------------------------------------------------------------
@@ -234,53 +254,6 @@ class RetryingClient:
                            self.outage)
 
         return call
-
-
-@dataclass(frozen=True, slots=True)
-class RedisLocation:
-    """A parsed store URL."""
-
-    url: str  # as given
-    client_url: str  # the URL redis-py opens: ours, less the store's own parameters
-    cluster: bool
-    prefix: str
-    options: dict[str, str] = field(default_factory=dict, compare=False)  # redis-py's query parameters
-
-    @classmethod
-    def parse(cls, url: str) -> RedisLocation:
-        """Parse ``url``.
-
-        Raises:
-            ConfigError: another scheme, no host, a bad ``cluster`` or ``prefix`` value, or a database
-                number with ``cluster=1`` (a cluster has database 0 only).
-        """
-        if not is_redis_url(url):
-            raise ConfigError(f"a Redis store URL starts with one of {list(REDIS_SCHEMES)}, got {url!r}")
-        parts = urlsplit(url)
-        if not parts.hostname:
-            raise ConfigError(f"Redis store URL {url!r} needs a host, e.g. redis://127.0.0.1:6379/?cluster=1")
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        cluster_text = query.pop("cluster", "0").lower()
-        if cluster_text not in ("0", "1", "true", "false", "yes", "no"):
-            raise ConfigError(f"Redis store URL {url!r}: cluster must be 1 or 0, got {cluster_text!r}")
-        cluster = cluster_text in ("1", "true", "yes")
-        prefix = query.pop("prefix", DEFAULT_PREFIX)
-        if not _PREFIX_RE.fullmatch(prefix):
-            raise ConfigError(
-                f"Redis store URL {url!r}: prefix must be 1-64 letters, digits, '_', '.' or '-', got {prefix!r}"
-            )
-        if cluster and parts.path.strip("/") not in ("", "0"):
-            raise ConfigError(f"Redis store URL {url!r}: a Redis Cluster has database 0 only")
-        client_url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
-        return cls(url=url, client_url=client_url, cluster=cluster, prefix=prefix, options=query)
-
-    @property
-    def display(self) -> str:
-        """The URL without its password, for logs and stats."""
-        parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port else host
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 
 
 # redis-py names the command of a failed pipeline with all its arguments: for an entry's HSET, kilobytes of

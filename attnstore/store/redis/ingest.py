@@ -13,9 +13,8 @@ from attnstore.errors import NamespaceNotFoundError, ProjectorChangedError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.redis import admin, scripts
 from attnstore.store.redis.connection import RedisConnection, translated
-from attnstore.store.redis.entries import encode_entry
-from attnstore.store.redis.keys import StoreKeys
-from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.redis.keys import StoreKeys, encode_entry
+from attnstore.store.redis.urls import RedisSettings
 from attnstore.store.validate import PreparedEntry
 
 

@@ -15,19 +15,19 @@ Guarantees, as the LMDB backend's where callers can see them:
   and the entry is forgotten (unregistered, its removal logged) so every
   daemon's index drops it.
 
-A process's DRAM tier and buffered hit counts are its own.
+A process's DRAM tier and buffered hit counts (``store.dram``) are its own.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from attnstore.errors import (
     ChecksumError,
+    ConfigError,
     EntryNotFoundError,
     NamespaceNotFoundError,
     ProjectorChangedError,
@@ -39,9 +39,9 @@ from attnstore.protocol.records import NamespaceInfo, NamespaceLayout, NewEntry,
 from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
+from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES
+from attnstore.store.dram.tiered import DramTiered, PendingHits
 from attnstore.store.feed import ChangeFeed
-from attnstore.store.hit_buffer import HitBuffer
-from attnstore.store.hot_maps import HotMaps
 from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
@@ -51,23 +51,14 @@ from attnstore.store.namespace_rules import (
 from attnstore.store.redis import admin, scripts
 from attnstore.store.redis.admission import RedisCounts
 from attnstore.store.redis.catalog import Catalog
-from attnstore.store.redis.connection import RedisConnection, RedisLocation, translated
-from attnstore.store.redis.entries import decode_record
+from attnstore.store.redis.connection import RedisConnection, RedisStats, translated
 from attnstore.store.redis.feed import RedisChangeFeed
 from attnstore.store.redis.ingest import commit
-from attnstore.store.redis.keys import StoreKeys
+from attnstore.store.redis.keys import StoreKeys, decode_record
 from attnstore.store.redis.reads import RedisEntryReads
-from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.redis.urls import RedisLocation, RedisSettings
 from attnstore.store.redis.watch import StoreWatch
-from attnstore.store.reports import (
-    CompactReport,
-    FeaturesReport,
-    IngestReport,
-    PrefetchReport,
-    RedisStats,
-    StoreStats,
-    VerifyReport,
-)
+from attnstore.store.reports import CompactReport, FeaturesReport, IngestReport, StoreStats, VerifyReport
 from attnstore.store.validate import PreparedEntry, prepare_entry
 
 logger = logging.getLogger(__name__)
@@ -75,7 +66,7 @@ logger = logging.getLogger(__name__)
 _COMMIT_ROUNDS = 4  # an entry found by hash, then deleted before the commit, is written anew: this many times at most
 
 
-class RedisMapStore(RedisEntryReads, MapStoreBase):
+class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
     """The Redis-backed map store. Open with :meth:`open`; use as a context manager."""
 
     def __init__(self, connection: RedisConnection, settings: RedisSettings, *, create: bool) -> None:
@@ -84,8 +75,8 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
         self._settings = settings
         self._catalog = Catalog(connection, self._keys, create=create, log_cap=settings.log_max_events)
         self._states: dict[str, tuple[float, NamespaceState]] = {}  # name -> (its created time, state)
-        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
-        self._hot = HotMaps(self._load_maps, capacity_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue)
+        self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
+                         hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
         self._watch = StoreWatch(connection, self._keys, self._catalog.identity, create=create)
         self._feed = RedisChangeFeed(connection, self._keys, self._catalog, self._forget_missing, self._hot.discard,
                                      self._check_store)
@@ -116,6 +107,19 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
         """Where the store lives."""
         return self._redis.location
 
+    # ---- capabilities ---------------------------------------------------------
+    # Every one but prefix blocks; the store is shared, so it has a change feed and shared admission counts.
+
+    supports_outputs_only = True
+    supports_compaction = True  # forgets what Redis evicted, deletes orphan hashes
+    supports_change_feed = True  # every daemon on the store follows its log
+    supports_shared_admission = True  # every daemon on the store counts in it
+
+    @property
+    def supports_writes(self) -> bool:
+        """See :attr:`MapStoreBase.supports_writes`: unless opened read-only."""
+        return not self._settings.readonly
+
     def _state(self, name: str) -> NamespaceState:
         info = self._catalog.get(name)
         cached = self._states.get(name)
@@ -143,8 +147,7 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
 
     def _forget_cached(self) -> None:
         """Drop everything cached of a store that was replaced: decoded maps, unflushed hits, records, salts."""
-        self._hot.clear()
-        self._hits.drain()
+        self._forget_all()
         self._catalog.forget_all()
         self._states.clear()
         if self._counts is not None:
@@ -193,8 +196,7 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
         stored = [self._keys.entry(name, i) for i in admin.entry_ids_stored(self._redis, self._keys, name)]
         admin.delete_keys(self._redis, stored)
         self._states.pop(name, None)
-        self._hot.clear()  # rare admin work: simpler than tracking the namespace's entries
-        self._hits.drop_namespace(name)
+        self._forget_namespace(name)
         logger.info("dropped namespace %r", name)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
@@ -324,27 +326,18 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
 
     # ---- hits, delete ---------------------------------------------------------
 
-    def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.record_hits`; counts are buffered and flushed like the LMDB backend's."""
-        self._state(namespace)
-        due = self._hits.add(namespace, ids, time.time())
-        if due and not self._settings.readonly:
-            self.flush_hits()
+    def _writes_hits(self) -> bool:
+        return not self._settings.readonly
 
-    def flush_hits(self) -> None:
-        """Write buffered hit counts now (one script per namespace)."""
-        pending = self._hits.drain()
+    def _write_hits(self, pending: PendingHits) -> None:
+        """Buffered hit counts, one script per namespace."""
         by_namespace: dict[str, list[bytes | str | int | float]] = {}
         for (name, entry_id), (hits, last) in pending.items():
             by_namespace.setdefault(name, []).extend([entry_id, hits, repr(last)])
-        try:
-            for name, args in by_namespace.items():
-                keys = self._keys.namespace(name)
-                with translated(f"writing hit counts of {name!r}"):
-                    self._redis.eval(scripts.HITS, [keys.ids, keys.recency, keys.hits], args)
-        except BaseException:
-            self._hits.restore(pending)
-            raise
+        for name, args in by_namespace.items():
+            keys = self._keys.namespace(name)
+            with translated(f"writing hit counts of {name!r}"):
+                self._redis.eval(scripts.HITS, [keys.ids, keys.recency, keys.hits], args)
 
     def _remove(self, namespace: str, ids: Sequence[int], reason: str) -> list[int]:
         """Unregister ``ids`` (logging their removal), then delete their hashes; returns those that were there."""
@@ -354,8 +347,7 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
                 scripts.REMOVE, keys.index_keys(), [self._settings.log_max_events, reason, *ids]
             )]
         admin.delete_keys(self._redis, [self._keys.entry(namespace, i) for i in removed])
-        self._hot.discard(namespace, ids)
-        self._hits.drop(namespace, ids)
+        self._forget(namespace, ids)
         return removed
 
     def _delete(self, namespace: str, ids: list[int]) -> int:
@@ -382,34 +374,10 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
                                namespace, forgotten[:20])
         return gone
 
-    # ---- prefetch -------------------------------------------------------------
-
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """See :meth:`MapStoreBase.prefetch`. Entries already in the DRAM tier are skipped."""
-        self._state(namespace)
-        wanted = sorted({int(i) for i in ids})
-        if not wanted:
-            return PrefetchReport(0, 0)
+    def _live_ids(self, namespace: str, ids: list[int]) -> list[int]:
         with translated(f"checking entries of {namespace!r}"):
-            metas = self._redis.client.hmget(self._keys.namespace(namespace).meta, [str(i) for i in wanted])
-        known = [i for i, meta in zip(wanted, metas, strict=True) if meta is not None]
-        return PrefetchReport(self._hot.prefetch(namespace, known), len(wanted) - len(known))
-
-    def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.maps_served`."""
-        self._hot.served(namespace, ids)
-
-    def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """See :meth:`MapStoreBase.wait_prefetch`."""
-        return self._hot.wait_prefetch(timeout)
-
-    def dead_threads(self) -> list[str]:
-        """See :meth:`MapStoreBase.dead_threads`: the prefetch worker, the only long-lived one."""
-        return [] if self._hot.alive else ["attnstore-prefetch"]
-
-    def background_errors(self) -> dict[str, int]:
-        """See :meth:`MapStoreBase.background_errors`: the prefetch worker's."""
-        return {"attnstore-prefetch": self._hot.prefetch_errors}
+            metas = self._redis.client.hmget(self._keys.namespace(namespace).meta, [str(i) for i in ids])
+        return [i for i, meta in zip(ids, metas, strict=True) if meta is not None]
 
     # ---- admin ----------------------------------------------------------------
 
@@ -440,18 +408,38 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`: ``file_bytes`` is Redis's used memory and ``map_size`` its
         maxmemory, summed over the primaries; evictions include entries Redis evicted that were found gone."""
+        pending_hits, dram = self._tier_stats()
         return admin.store_stats(self._redis, self._keys, self.list_namespaces(), self._settings.max_bytes,
-                                 pending_hits=len(self._hits), dram=self._hot.stats())
+                                 pending_hits=pending_hits, dram=dram)
 
     def close(self) -> None:
         """See :meth:`MapStoreBase.close`."""
         if self._closed:
             return
         self._closed = True
-        self._hot.close()
+        self._stop_tier()
         if not self._settings.readonly:
             try:
                 self.flush_hits()
             except Exception as exc:  # closing must finish: the counts are only statistics
                 logger.warning("map store %s: buffered hit counts lost on close: %s", self.location.display, exc)
         self._redis.close()
+
+
+def open_redis_store(
+    url: str, *, create: bool = False, dram_bytes: int | None = None, max_bytes: int | None = None,
+    map_size: int | None = None, readonly: bool = False,
+) -> RedisMapStore:
+    """Open the Redis store at ``url`` with the daemon's sizes (``map_size`` is LMDB's: refused here).
+
+    Raises:
+        ConfigError: a malformed URL, or ``map_size`` given.
+        UnavailableError: Redis cannot be reached.
+        StoreNotFoundError: no store under the URL's prefix and ``create`` is False.
+    """
+    if map_size is not None:
+        raise ConfigError(f"--map-size sizes an LMDB store; {url!r} is a Redis store (size it with Redis's maxmemory)")
+    settings = RedisSettings(
+        dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes, max_bytes=max_bytes, readonly=readonly
+    )
+    return RedisMapStore.open(url, create=create, settings=settings)

@@ -1,4 +1,4 @@
-"""Reads of a Redis store's entries: maps (through the DRAM tier), outputs, records, listings.
+"""Reads of a Redis store's entries: maps (the DRAM tier's loads), outputs, records, listings.
 
 A mixin of ``RedisMapStore`` (before ``MapStoreBase``): it reads with the store's
 client and keys, and forgets, through the store, a registered entry whose hash
@@ -13,16 +13,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, MapShapeError
+from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import EntryInfo, EntryRef
 from attnstore.store.arrays import NamespaceState
-from attnstore.store.hit_buffer import HitBuffer
-from attnstore.store.hot_maps import HotMaps
-from attnstore.store.lmdb.records import EntryRecord
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.redis import admin
 from attnstore.store.redis.connection import RedisConnection, translated
-from attnstore.store.redis.entries import decode_layers, decode_outputs, decode_record, layer_fields
-from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys
+from attnstore.store.redis.keys import (
+    OUTPUTS_FIELD,
+    RECORD_FIELD,
+    StoreKeys,
+    decode_layers,
+    decode_outputs,
+    decode_record,
+    layer_fields,
+)
 
 
 def _ref(raw: bytes | str | None) -> EntryRef | None:
@@ -41,12 +46,12 @@ class RedisEntryReads:
 
     _redis: RedisConnection
     _keys: StoreKeys
-    _hot: HotMaps
-    _hits: HitBuffer
 
     if TYPE_CHECKING:
 
         def _state(self, name: str) -> NamespaceState: ...  # the store's
+
+        def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]: ...  # DramTiered's
 
         def _forget_missing(self, namespace: str, ids: Sequence[int], *, known_gone: bool = False) -> list[int]: ...
 
@@ -74,26 +79,13 @@ class RedisEntryReads:
         decode_layers(state, record, fields, range(state.layout.layers), out)
         return out
 
-    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_maps`."""
-        return self._hot.maps(namespace, entry_id)  # (layers, heads, L, L)
-
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_layer`."""
+    def _load_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         state = self._state(namespace)
-        if not 0 <= layer < state.layout.layers:
-            raise MapShapeError(
-                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
-            )
-
-        def load_layer() -> np.ndarray:
-            fields = self._fields(namespace, entry_id, [RECORD_FIELD, *layer_fields(state, layer)])
-            record = self._record(namespace, state, entry_id, fields)
-            out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
-            decode_layers(state, record, fields, [layer], out)
-            return out[0]
-
-        return self._hot.layer(namespace, entry_id, layer, load_layer)  # (heads, L, L)
+        fields = self._fields(namespace, entry_id, [RECORD_FIELD, *layer_fields(state, layer)])
+        record = self._record(namespace, state, entry_id, fields)
+        out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
+        decode_layers(state, record, fields, [layer], out)
+        return out[0]  # (heads, L, L)
 
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
         """See :meth:`MapStoreBase.read_outputs`."""
@@ -127,7 +119,7 @@ class RedisEntryReads:
             except (EntryNotFoundError, ChecksumError):
                 infos.append(None)  # gone meanwhile, or corrupt (verify reports it)
                 continue
-            pending, pending_last = self._hits.get(namespace, entry_id)  # counted here, not yet flushed
+            pending, pending_last = self._pending_hits(namespace, entry_id)  # counted here, not yet flushed
             count = int(hits[2 * i] or 0) + pending
             last = max(float(hits[2 * i + 1] or 0.0), pending_last)
             infos.append(dataclasses.replace(record.info(count, last), feature=_feature(features[i])))

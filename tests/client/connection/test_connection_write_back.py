@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from server_fixtures import FP, LAYOUT, memory_service, served
 
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.keys import token_hash
+from attnstore.protocol.requests import exact_request
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore.service.write_back import hash_token_ids
 from attnstore_client.connection import RefusedRow, RowToWrite, connect
 
 
@@ -18,7 +18,7 @@ def test_a_bad_row_comes_back_refused_with_its_index_code_and_reason_and_the_oth
     good = RowToWrite(list(range(1, 6)), rng.normal(size=(5, LAYOUT.hidden)).astype(np.float16))
     bad = RowToWrite(list(range(11, 16)), np.full((5, LAYOUT.hidden), np.nan, np.float16))
     with served(service) as (_, remote), connect(f"grpc://{remote.target}") as connection:
-        remote.lookup(exact_request("ns", FP, [hash_token_ids(np.array(r.token_ids)) for r in (bad, good)], [5, 5]))
+        remote.lookup(exact_request("ns", FP, [token_hash(np.array(r.token_ids)) for r in (bad, good)], [5, 5]))
         counts = connection.write_back("ns", FP, [bad, good], timeout=10)
     assert (counts.stored, counts.duplicates, counts.not_admitted) == (1, 0, 0)
     assert len(counts.refused) == 1

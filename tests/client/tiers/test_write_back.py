@@ -12,10 +12,10 @@ import torch
 from server_fixtures import FP, LAYOUT, memory_service
 
 from attnstore.errors import ConfigError
+from attnstore.protocol.keys import token_hash
 from attnstore.server.auth import TokenTable
 from attnstore.server.server import create_server
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore.service.write_back import hash_token_ids
 from attnstore_client.connection import connect
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
@@ -40,7 +40,7 @@ def daemon():
 
 
 def _admit(connection, rows) -> None:
-    _, admitted = connection.exact_admitting("ns", FP, [hash_token_ids(i) for i, _ in rows], [6] * len(rows),
+    _, admitted = connection.exact_admitting("ns", FP, [token_hash(i) for i, _ in rows], [6] * len(rows),
                                              timeout=10.0)
     assert admitted == frozenset(range(len(rows)))
 

@@ -10,6 +10,7 @@ import pytest
 import zarr
 from store_helpers import make_entry, small_layout
 
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.store import MapStore
 from attnstore.store.lmdb.env import list_generations, read_current
 
@@ -136,3 +137,25 @@ def test_a_generation_left_by_a_killed_compaction_is_counted_in_stats_and_remove
         assert list_generations(root) == [live]
         stats = store.stats()
         assert (stats.stale_generations, stats.stale_generation_bytes) == (0, 0)
+
+
+def test_prefix_blocks_survive_compaction_and_are_read_by_a_read_only_opening(tmp_path):
+    layout = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
+    rng = np.random.default_rng(0)
+    hashes = chain_hashes(list(range(8)), layout.block_size)
+    blocks = [
+        PrefixBlock(h, hashes[i - 1] if i else None,
+                    rng.standard_normal((layout.layers, *layout.layer_shape)).astype(layout.dtype),
+                    rng.standard_normal((layout.block_size, layout.hidden)).astype(layout.dtype))
+        for i, h in enumerate(hashes)
+    ]
+    path = tmp_path / "store"
+    with MapStore.open(path, create=True) as store:
+        store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
+        store.set_prefix_layout("ns", layout)
+        store.put_prefix_blocks("ns", blocks)
+        store.compact()
+        assert store.match_prefix("ns", hashes) == 2
+    with MapStore.open(path, readonly=True) as reader:
+        assert reader.prefix_layout("ns") == layout
+        assert np.array_equal(reader.read_prefix_hidden("ns", [hashes[0]]), blocks[0].hidden)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from attnstore.errors import ChecksumError
+from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.records import (
     BucketRecord,
-    EntryRecord,
     HitRecord,
     entry_key,
     length_key,

@@ -16,11 +16,10 @@ from store_helpers import make_entry, projector_blob, small_layout
 
 from attnstore.errors import ConfigError, EntryNotFoundError, UnavailableError
 from attnstore.store import MapStore
-from attnstore.store.redis.connection import RedisLocation
-from attnstore.store.redis.entries import encode_entry
+from attnstore.store.redis.connection import RedisLocation, RetryTotals
+from attnstore.store.redis.keys import encode_entry
 from attnstore.store.redis.mapstore import RedisMapStore
-from attnstore.store.redis.settings import RedisSettings
-from attnstore.store.reports import RetryTotals
+from attnstore.store.redis.urls import RedisSettings
 from attnstore.store.validate import prepare_entry
 
 

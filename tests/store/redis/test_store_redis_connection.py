@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from attnstore.store.redis.connection import RetryCounts, retried
-from attnstore.store.reports import RetryTotals
+from attnstore.store.redis.connection import RetryCounts, RetryTotals, retried
 
 
 def failing_then(failures: list[BaseException], result: str = "ok"):

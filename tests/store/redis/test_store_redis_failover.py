@@ -16,7 +16,7 @@ from store_helpers import make_entry, small_layout
 
 from attnstore.errors import EntryNotFoundError
 from attnstore.store.redis.mapstore import RedisMapStore
-from attnstore.store.redis.settings import RedisSettings
+from attnstore.store.redis.urls import RedisSettings
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 
 _PROBE = """
 import sys
-import attnstore.server.config, attnstore.store.redis.urls, attnstore.protocol.remote, attnstore_client
+import attnstore.server.config, attnstore.store.redis.urls, attnstore_client.connection.daemon
 light = "redis" in sys.modules
 from attnstore.store.redis.mapstore import RedisMapStore
 print(light, "redis" in sys.modules)

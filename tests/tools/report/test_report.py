@@ -10,7 +10,7 @@ import pytest
 
 from attnstore.errors import ConfigError
 from attnstore_tools.cli import main
-from attnstore_tools.report.command import read_run
+from attnstore_tools.report.runs import read_run
 from attnstore_tools.report.tables import Block, splice_blocks
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

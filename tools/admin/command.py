@@ -2,10 +2,10 @@
 
 ``namespaces``, ``stats`` (a read token suffices), ``verify``, ``compact``,
 ``delete``, ``ingest``, ``create-namespace`` (admin token; an exact-tier-only
-namespace for a model, filled by write-back: ``attnstore_tools.cold_start``),
-``drop-writer`` (admin token; every entry one token wrote back:
-``attnstore_tools.drop_writer``) and ``train-projector`` (admin token; its projector, trained from the maps it stores:
-``attnstore_tools.train_projector``). ``ingest`` copies one namespace of a
+namespace for a model, filled by write-back: ``cold_start`` beside this module),
+``drop-writer`` (admin token; every entry one token wrote back: ``drop_writer``)
+and ``train-projector`` (admin token; its projector, trained from the maps it
+stores: ``train_projector``). ``ingest`` copies one namespace of a
 local map store (built offline by ``attnstore build``) into the daemon, in
 streams of ``--batch-entries`` entries, each committed on its own. Every command
 prints a table; ``--json PATH`` also writes the answer as JSON (``-``: the JSON
@@ -30,8 +30,9 @@ from google.protobuf.json_format import MessageToDict
 
 from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
-from attnstore.protocol.remote import DEFAULT_TARGET, TARGET_FORMS, RemoteStore
-from attnstore_tools import cold_start, drop_writer, train_projector
+from attnstore_client.connection.channel import DEFAULT_TARGET, TARGET_FORMS
+from attnstore_client.connection.daemon import RemoteStore
+from attnstore_tools.admin import cold_start, drop_writer, train_projector
 from attnstore_tools.arguments import DefaultsHelpFormatter
 from attnstore_tools.build.fit import format_fit
 

@@ -38,16 +38,15 @@ from tqdm.auto import tqdm
 from attnstore.errors import CorpusError, EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.records import NamespaceLayout
-from attnstore.protocol.remote import RemoteStore
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.batch import batch_from_ids
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_tools.build.calibration import CalibrationConfig
-from attnstore_tools.build.command import groups_of
+from attnstore_tools.build.command import groups_of, token_limits
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
 from attnstore_tools.build.training import MIN_CORPUS
-from attnstore_tools.cold_start import token_limits
 
 
 @dataclass(frozen=True)

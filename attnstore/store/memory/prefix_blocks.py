@@ -33,6 +33,8 @@ class MemoryPrefixBlocks:
 
         def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
 
+    supports_prefix_blocks = True  # see ``PrefixBlockCalls.supports_prefix_blocks``
+
     def _prefix_of(self, namespace: str) -> _Blocks | None:
         self.get_namespace(namespace)
         return self._prefix.get(namespace)

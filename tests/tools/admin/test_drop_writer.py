@@ -10,11 +10,11 @@ import pytest
 from cache_helpers import tiny_loaded
 from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, WRITE_TOKEN, DaemonProcess
 
-from attnstore.protocol.remote import exact_request
+from attnstore.protocol.keys import token_hash
+from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
-from attnstore.service.write_back import hash_token_ids
+from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.cli import main as cli_main
-from attnstore_tools.cold_start import create_exact_namespace
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def _write(daemon: DaemonProcess, token: str, seeds: list[int]) -> list[bytes]:
     """Rows of ``seeds`` written back by ``token`` after both nodes asked for them; their token hashes."""
     rng = [np.random.default_rng(seed) for seed in seeds]
     rows = [(r.integers(1, 90, size=6), r.normal(size=(6, 64)).astype(np.float32)) for r in rng]
-    keys = [hash_token_ids(ids) for ids, _ in rows]
+    keys = [token_hash(ids) for ids, _ in rows]
     with daemon.client(WRITE_TOKEN) as a, daemon.client(OTHER_WRITE_TOKEN) as b, daemon.client(token) as writer:
         fingerprint = writer.get_namespace("default").fingerprint
         for node in (a, b):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from attnstore.errors import EntryNotFoundError
-from attnstore.store.prefetch import Prefetcher
+from attnstore.store.dram.prefetch import Prefetcher
 
 
 def test_queued_entries_are_loaded_on_a_background_thread():

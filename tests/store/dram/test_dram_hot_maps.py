@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnstore.store.hot_maps import SERVED_HISTORY, HotMaps
+from attnstore.store.dram.hot_maps import SERVED_HISTORY, HotMaps
 
 LAYERS, HEADS, LENGTH = 2, 2, 4
 

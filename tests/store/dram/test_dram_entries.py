@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from attnstore.store.dram_tier import DramTier
+from attnstore.store.dram.entries import DramTier
 
 
 def _array(nbytes: int, fill: int = 0) -> np.ndarray:

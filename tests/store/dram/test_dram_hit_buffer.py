@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnstore.store.hit_buffer import HitBuffer
+from attnstore.store.dram.hit_buffer import HitBuffer
 
 
 class _Clock:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.remote import RemoteStore
+from attnstore_client.connection.daemon import RemoteStore
 
 
 @dataclass(frozen=True, slots=True)

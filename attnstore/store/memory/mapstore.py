@@ -1,5 +1,8 @@
 """MemoryMapStore: the map store interface in memory, for tests of other components.
 
+It has every capability the LMDB backend has (outputs-only entries, prefix
+blocks, compaction), so a suite that consults capabilities runs whole on it.
+
 Same behaviour as MapStore where callers can see it: validation, codecs (q8 is
 lossy here too), exact-duplicate handling, ids from 1 never reused, checksums,
 byte cap. No persistence, no DRAM tier (everything is in memory already).
@@ -25,6 +28,7 @@ from attnstore.errors import (
     NamespaceNotFoundError,
     shown,
 )
+from attnstore.protocol.keys import TokenHash
 from attnstore.protocol.records import (
     FORMAT_VERSION,
     EntryInfo,
@@ -36,6 +40,7 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
+from attnstore.store.memory.prefix_blocks import MemoryPrefixBlocks, _Blocks
 from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
@@ -43,7 +48,6 @@ from attnstore.store.namespace_rules import (
     outputs_only_feature_error,
     projector_update,
 )
-from attnstore.store.prefix.memory import MemoryPrefixBlocks, _Blocks
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -52,7 +56,6 @@ from attnstore.store.reports import (
     FeaturesReport,
     IngestReport,
     NamespaceStats,
-    PrefetchReport,
     StoreStats,
     VerifyReport,
 )
@@ -64,7 +67,7 @@ class _Entry:
     id: int
     length: int
     created: float
-    token_hash: bytes
+    token_hash: TokenHash
     feature: np.ndarray | None
     token_ids: np.ndarray | None
     writer: str | None
@@ -103,7 +106,11 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         self._evicted_entries = 0
         self._evicted_bytes = 0
         self._lock = threading.RLock()
-        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.prefix.memory)
+        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.memory.prefix_blocks)
+
+    # Capabilities: every one the LMDB backend has (prefix blocks: ``MemoryPrefixBlocks``).
+    supports_outputs_only = True
+    supports_compaction = True  # nothing to rewrite: it reports the live entries
 
     def _ns(self, name: str) -> _Namespace:
         ns = self._namespaces.get(name)
@@ -374,16 +381,6 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         ns = self._ns(namespace)
         with self._lock:
             return sum(self._delete_one(ns, i) for i in ids)
-
-    def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """Nothing to load: every entry is in memory. Unknown ids are counted as in the LMDB store."""
-        ns = self._ns(namespace)
-        wanted = set(int(i) for i in ids)
-        return PrefetchReport(queued=0, unknown=len(wanted - ns.entries.keys()))
-
-    def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """Always done."""
-        return True
 
     def compact(self) -> CompactReport:
         """Nothing to rewrite; reports the live entries."""

@@ -17,19 +17,20 @@ from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, Daem
 
 from attnstore.errors import AuthError, FingerprintMismatchError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch, NewEntry
-from attnstore.protocol.remote import RemoteStore, lookup_request, search_request
+from attnstore.protocol.requests import lookup_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
 from attnstore_client.batch import tokenize
 from attnstore_client.cache import AttnCache
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
 from attnstore_client.tiers.write_back import WriteBackSettings
+from attnstore_tools.admin.cold_start import create_exact_namespace
+from attnstore_tools.admin.train_projector import TrainProjectorConfig, train_namespace_projector
 from attnstore_tools.build.fit import FitConfig
 from attnstore_tools.cli import main
-from attnstore_tools.cold_start import create_exact_namespace
-from attnstore_tools.train_projector import TrainProjectorConfig, train_namespace_projector
 
 # One length (6 words): a bidirectional model's projector trains and calibrates on same-length inputs.
 TEXTS = sentences(40, seed=11, min_words=6, max_words=6)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from attnstore.store.dram_tier import DramTier
-from attnstore.store.prefetch import Prefetcher
+from attnstore.store.dram.entries import DramTier
+from attnstore.store.dram.prefetch import Prefetcher
 from attnstore.store.reports import DramStats
 
 LoadMaps = Callable[[str, int], np.ndarray]  # (namespace, id) -> (layers, heads, L, L) fp16

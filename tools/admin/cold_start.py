@@ -6,7 +6,7 @@ write-back into it is refused until then). The namespace gets the model's layout
 fingerprint and no projector, so it serves the exact tier alone; nodes that run
 the model with a write token fill it by write-back (``AttnCache(write_back=True)``)
 as traffic repeats. Map hits need a projector: ``admin train-projector``
-(``attnstore_tools.train_projector``) trains and installs one from the maps
+(``attnstore_tools.admin.train_projector``) trains and installs one from the maps
 written back and gives every stored entry its feature vector, after which map
 hits start. (A corpus works too: ``attnstore build`` then ``admin ingest
 --replace-projector``.)
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 
-from attnstore.protocol.records import Codec, NamespaceLayout, TokenLimits
-from attnstore.protocol.remote import RemoteStore
+from attnstore.protocol.records import Codec, NamespaceLayout
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
+from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import ProjectorConfig
+from attnstore_tools.build.command import token_limits
 
 
 def exact_tier_layout(loaded: LoadedModel, codec: Codec = "fp16") -> NamespaceLayout:
@@ -32,14 +33,6 @@ def exact_tier_layout(loaded: LoadedModel, codec: Codec = "fp16") -> NamespaceLa
         layers=adapter.num_layers, heads=adapter.num_heads, causal=adapter.causal, hidden=adapter.hidden_size,
         feature_dim=ProjectorConfig(hidden=adapter.hidden_size).dim, codec=codec,
     )
-
-
-def token_limits(loaded: LoadedModel) -> TokenLimits:
-    """What the daemon checks written-back rows of ``loaded``'s namespace against: ids below the larger of the
-    model's and the tokenizer's vocabulary (added tokens count), lengths within the model's positions."""
-    config = loaded.model.config
-    vocab = max(int(config.vocab_size), len(loaded.tokenizer))
-    return TokenLimits(vocab_size=vocab, max_length=int(config.max_position_embeddings))
 
 
 def create_exact_namespace(remote: RemoteStore, loaded: LoadedModel, name: str) -> pb.Namespace:

@@ -1,4 +1,7 @@
-"""The light client helper: what it imports, and TLS / mTLS against an in-process server."""
+"""The synchronous daemon client: what it loads, TLS / mTLS against an in-process server, daemon address forms.
+
+That the client never imports a store backend is a contract in pyproject.toml (``lint-imports``); torch,
+which the store's codecs import when they first cast, is checked here, at run time."""
 
 from __future__ import annotations
 
@@ -11,13 +14,12 @@ import pytest
 from server_fixtures import tls_server
 
 from attnstore.errors import ConfigError, UnavailableError
-from attnstore.protocol.remote import RemoteStore
+from attnstore_client.connection.daemon import RemoteStore
 
 
-def test_remote_helper_imports_no_storage_backend_or_torch() -> None:
+def test_the_daemon_client_loads_no_storage_backend_or_torch() -> None:
     code = (
-        "import sys, attnstore.protocol.remote, attnstore.protocol.status_codes, attnstore.protocol.wire,"
-        " attnstore.protocol.messages;"
+        "import sys, attnstore_client.connection.daemon, attnstore.protocol.requests;"
         "print(sorted(m for m in ('faiss', 'lmdb', 'zarr', 'torch', 'attnstore.service') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -79,7 +81,7 @@ def test_a_plaintext_grpc_url_with_tls_options_or_another_scheme_is_a_config_err
     ],
 )
 def test_several_daemon_addresses_become_one_round_robin_target_with_retries(address, target, balanced):
-    from attnstore.protocol.remote import grpc_target
+    from attnstore_client.connection.channel import grpc_target
 
     got, options = grpc_target(address)
     assert got == target
@@ -96,7 +98,7 @@ def test_several_daemon_addresses_become_one_round_robin_target_with_retries(add
     ],
 )
 def test_a_bad_daemon_list_is_refused_naming_the_item_and_the_forms(address, named):
-    from attnstore.protocol.remote import grpc_target
+    from attnstore_client.connection.channel import grpc_target
 
     with pytest.raises(ConfigError, match=re.escape(named)):
         grpc_target(address)

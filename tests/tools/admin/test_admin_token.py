@@ -9,7 +9,7 @@ import pytest
 from daemon import ADMIN_TOKEN, READ_TOKEN, write_token_file
 
 from attnstore.errors import ConfigError
-from attnstore_tools.admin import read_token
+from attnstore_tools.admin.command import read_token
 
 
 def _args(token_file: Path) -> argparse.Namespace:

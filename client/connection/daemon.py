@@ -1,0 +1,272 @@
+"""A small synchronous client of the daemon, for admin tools, tests and scripts, and the one the client's
+daemon connection (``remote``) builds on.
+
+Light on purpose: it imports grpc, numpy, the wire stubs and helpers and the
+error types, never faiss, lmdb, zarr or the service. Every failed call raises
+the AttnStore error the daemon's status stands for (see ``status_codes.error_from_rpc``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnstore.protocol.messages import layout_to_pb, limits_to_pb
+from attnstore.protocol.records import NamespaceLayout, NewEntry, TokenLimits
+from attnstore.protocol.requests import LookupResult, assembled_lookup, ingest_requests
+from attnstore.protocol.status_codes import error_from_rpc
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
+from attnstore.protocol.wire import ChunkAssembler
+from attnstore_client.connection.channel import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET, open_channel, several_daemons
+from attnstore_client.connection.resend import STREAM_RETRIES, StreamResend, read_whole
+
+T = TypeVar("T")
+
+
+class RemoteStore:
+    """Calls to one daemon over one channel. Use as a context manager, or ``close()``.
+
+    Args:
+        target: the daemon: ``grpc://HOST:PORT``, ``grpcs://HOST:PORT`` or ``HOST:PORT`` (see :func:`open_channel`).
+        token: bearer token (read or admin); None sends none.
+        timeout: default deadline per call in seconds (None: no deadline).
+        channel: an open channel to use instead of making one (the TLS arguments are then ignored).
+        tls, tls_ca, client_cert, client_key, max_message_bytes: see :func:`open_channel`.
+        stream_retries: times a read-only stream broken by UNAVAILABLE is sent again, whole (None:
+            ``STREAM_RETRIES`` when ``target`` names several daemons, else 0).
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        timeout: float | None = 60.0,
+        channel: grpc.Channel | None = None,
+        tls: bool = False,
+        tls_ca: bytes | str | Path | None = None,
+        client_cert: bytes | str | Path | None = None,
+        client_key: bytes | str | Path | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        stream_retries: int | None = None,
+    ) -> None:
+        self.target = target
+        self.stream_retries = (STREAM_RETRIES if several_daemons(target) else 0) if stream_retries is None \
+            else stream_retries
+        self._retried = 0
+        self._retried_lock = threading.Lock()
+        self._channel = channel or open_channel(
+            target, tls=tls, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key,
+            max_message_bytes=max_message_bytes,
+        )
+        self._stub = pb_grpc.AttnStoreStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stub(self) -> pb_grpc.AttnStoreStub:
+        """The raw stub, for calls this class does not wrap."""
+        return self._stub
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata (the bearer token), for calls made on ``stub``."""
+        return self._metadata
+
+    @property
+    def streams_retried(self) -> int:
+        """Read-only streams sent again after UNAVAILABLE so far (by this object and its users)."""
+        return self._retried
+
+    def stream_retried(self) -> None:
+        """Count one read-only stream sent again (the FetchMaps and FetchPrefix readers count theirs here)."""
+        with self._retried_lock:
+            self._retried += 1
+
+    def _read_stream(self, read: Callable[[float | None], T], timeout: float | None) -> T:
+        """``read(seconds left)``: one whole read-only stream (see ``resend.read_whole``)."""
+        return read_whole(read, resend=StreamResend(self.stream_retries, self.stream_retried),
+                          limit=timeout or self._timeout)
+
+    def _unary(self, method: Callable[..., T], request: object, timeout: float | None = None) -> T:
+        try:
+            return method(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    # ---- health -------------------------------------------------------------
+
+    def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """The health status name ("SERVING", "NOT_SERVING", ...) of ``service`` ("" = the server)."""
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    # ---- namespaces ---------------------------------------------------------
+
+    def create_namespace(
+        self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None,
+        replace_projector: bool = False, limits: TokenLimits | None = None,
+    ) -> pb.Namespace:
+        """Create a namespace (admin); idempotent for the same model, fingerprint and layout.
+
+        A projector different from the stored one is refused (ALREADY_EXISTS) unless ``replace_projector``.
+        ``limits`` (the model's vocabulary size and maximum length) are recorded where the namespace has none.
+        """
+        request = pb.CreateNamespaceRequest(
+            name=name, model=model, fingerprint=fingerprint, layout=layout_to_pb(layout),
+            projector=projector or b"", replace_projector=replace_projector, limits=limits_to_pb(limits),
+        )
+        return self._unary(self._stub.CreateNamespace, request)
+
+    def get_namespace(self, name: str) -> pb.Namespace:
+        """One namespace, with its projector bytes."""
+        return self._unary(self._stub.GetNamespace, pb.GetNamespaceRequest(name=name))
+
+    def list_namespaces(self) -> list[pb.Namespace]:
+        """Every namespace (projector bytes left out)."""
+        return list(self._unary(self._stub.ListNamespaces, pb.ListNamespacesRequest()).namespaces)
+
+    # ---- serving ------------------------------------------------------------
+
+    def iter_lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> Iterator[pb.LookupResponse]:
+        """The raw Lookup stream (matches first, then chunks), for callers that consume it layer by layer.
+
+        Never sent again: what was yielded cannot be taken back (:meth:`lookup` is).
+        """
+        try:
+            yield from self._stub.Lookup(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> LookupResult:
+        """Run a Lookup and assemble every hit row's maps and outputs.
+
+        A stream broken by a daemon going away is sent again, whole (see ``STREAM_RETRIES``).
+
+        Raises:
+            ChecksumError: a chunk arrived damaged.
+            WireFormatError: chunks are inconsistent, or a row's layers are incomplete.
+        """
+        return self._read_stream(
+            lambda left: assembled_lookup(self._stub.Lookup(request, metadata=self._metadata, timeout=left)), timeout
+        )
+
+    def search(self, request: pb.SearchRequest, timeout: float | None = None) -> list[pb.Match]:
+        """Matches only, no maps."""
+        return list(self._unary(self._stub.Search, request, timeout).matches)
+
+    def fetch(
+        self,
+        namespace: str,
+        fingerprint: str,
+        entry_ids: Sequence[int],
+        *,
+        length: int = 0,
+        timeout: float | None = None,
+    ) -> list[np.ndarray]:
+        """Maps ``(layers, heads, L, L)`` of each id, cropped to ``length`` (0 = stored length)."""
+        request = pb.FetchRequest(
+            namespace=namespace, fingerprint=fingerprint, entry_ids=list(entry_ids), length=length
+        )
+
+        def read(left: float | None) -> list[np.ndarray]:
+            assembler = ChunkAssembler(max_array_bytes=1 << 40)
+            layers: dict[int, dict[int, np.ndarray]] = {}
+            for chunk in self._stub.Fetch(request, metadata=self._metadata, timeout=left):
+                done = assembler.add(chunk)
+                if done is not None:
+                    (index, layer), array = done
+                    layers.setdefault(index, {})[int(layer)] = array
+            return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
+
+        return self._read_stream(read, timeout)
+
+    def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
+        """Queue entries for the DRAM tier; the reply says how many were queued and how many ids are unknown."""
+        request = pb.PrefetchRequest(namespace=namespace, entry_ids=list(entry_ids))
+        return self._unary(self._stub.Prefetch, request)
+
+    # ---- admin --------------------------------------------------------------
+
+    def ingest(
+        self, namespace: str, fingerprint: str, entries: Iterable[NewEntry], timeout: float | None = None,
+        *, projector_version: int = 0,
+    ) -> pb.IngestSummary:
+        """Ingest ``entries`` in one stream, all-or-nothing (admin); see ``ingest_requests``."""
+        try:
+            return self._stub.Ingest(
+                ingest_requests(namespace, fingerprint, entries, projector_version=projector_version),
+                metadata=self._metadata,
+                timeout=timeout or self._timeout,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def write_back(
+        self, namespace: str, fingerprint: str, rows: Sequence[pb.WrittenRow], timeout: float | None = None
+    ) -> pb.WriteBackResponse:
+        """Store computed rows' outputs for the exact tier (write or admin token); see ``protocol.write_back``."""
+        request = pb.WriteBackRequest(namespace=namespace, fingerprint=fingerprint, rows=list(rows))
+        return self._unary(self._stub.WriteBack, request, timeout)
+
+    def delete(self, namespace: str, entry_ids: Sequence[int]) -> int:
+        """Delete entries (admin); returns how many existed."""
+        return self._unary(self._stub.Delete, pb.DeleteRequest(namespace=namespace, entry_ids=list(entry_ids))).deleted
+
+    def compact(self, timeout: float | None = None) -> pb.CompactResponse:
+        """Compact the store (admin)."""
+        return self._unary(self._stub.Compact, pb.CompactRequest(), timeout)
+
+    def verify(self, timeout: float | None = None) -> pb.VerifyResponse:
+        """Check every stored chunk (admin)."""
+        return self._unary(self._stub.Verify, pb.VerifyRequest(), timeout)
+
+    def stats(self) -> pb.StatsResponse:
+        """Store statistics (read token suffices)."""
+        return self._unary(self._stub.Stats, pb.StatsRequest())
+
+    def iter_entries(
+        self, namespace: str, *, maps_only: bool = False, writer: str = "", timeout: float | None = None
+    ) -> Iterator[pb.StoredEntry]:
+        """The namespace's live entries in id order, without maps (admin); ``maps_only`` leaves out
+        entries that store outputs only, ``writer`` keeps only those that token name wrote back."""
+        request = pb.ListEntriesRequest(namespace=namespace, maps_only=maps_only, writer=writer)
+        try:
+            yield from self._stub.ListEntries(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def set_features(
+        self, namespace: str, projector_version: int, entry_ids: Sequence[int], features: np.ndarray,
+        timeout: float | None = None,
+    ) -> pb.SetFeaturesResponse:
+        """Give stored entries feature vectors (``(len(entry_ids), feature_dim)``) of the namespace's projector
+        ``projector_version`` (admin); the reply counts them and lists ids no live entry has."""
+        rows = np.asarray(features, dtype=np.float32)
+        request = pb.SetFeaturesRequest(
+            namespace=namespace, projector_version=projector_version,
+            features=[pb.EntryFeature(entry_id=int(i), feature=row.tolist())
+                      for i, row in zip(entry_ids, rows, strict=True)],
+        )
+        return self._unary(self._stub.SetFeatures, request, timeout)
