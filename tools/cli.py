@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ("demo", "build.command", "serve", "admin", "backup", "encode", "report.command")
+_COMMANDS: tuple[str, ...] = ("demo", "build.command", "serve", "admin", "backup", "encode", "node", "report.command")
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
