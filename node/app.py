@@ -113,15 +113,16 @@ def _error(error: ApiError) -> JSONResponse:
 
 
 def _ready_model(state: NodeState) -> ModelInfo:
-    """The served model, once loaded and while not draining.
+    """The served model, once loaded. A node that drains still serves the requests its open connections bring
+    (it accepts no new connection); only ``/health`` tells balancers to stop sending.
 
     Raises:
-        ApiError: 503 while the model loads, or the node drains.
+        ApiError: 503 while the model loads.
     """
     info = state.embedder.info
-    if info is None or state.draining:
-        why = "drains before it stops" if state.draining else "is loading its model"
-        raise ApiError(503, f"the node {why}; try again shortly", "unavailable", type="unavailable_error")
+    if info is None:
+        raise ApiError(503, "the node is loading its model; try again shortly", "unavailable",
+                       type="unavailable_error")
     return info
 
 
@@ -219,6 +220,8 @@ def _health_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             model = _ready_model(state)
+            if state.draining:
+                raise ApiError(503, "the node drains before it stops", "draining", type="unavailable_error")
         except ApiError as error:
             return _error(error)
         return JSONResponse({"status": "ok", "model": model.name})

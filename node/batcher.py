@@ -25,7 +25,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,6 +38,7 @@ from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.metrics import NodeMetrics
 from attnstore_node.schema import Input, ModelInfo
+from attnstore_node.settings import BatcherSettings
 from attnstore_node.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -47,23 +47,6 @@ log = logging.getLogger(__name__)
 PromptPool = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 # Weight of the latest call in the running mean row length the token budget is chosen for.
 _LENGTH_WEIGHT = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class BatcherSettings:
-    """How requests are merged into calls (the ``attnstore node`` options of the same names)."""
-
-    max_batch_tokens: int | None = None  # tokens per packed forward; None: from the cost model's fit (``budget``)
-    max_wait_ms: float = 5.0  # longest a request waits for others to join its call (a few ms: less than a forward)
-    batch_size: int = 128  # rows per forward at most, and per projection batch of the map tier (padded there)
-    max_call_rows: int = 4096  # rows per call at most, so one call never holds the next requests back for long
-    warmup: bool = True  # time forwards before serving (fast first requests, a forward fit from the start)
-
-    def __post_init__(self) -> None:
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise ValueError(f"max_batch_tokens must be >= 1 or None, got {self.max_batch_tokens}")
-        if self.max_wait_ms < 0 or self.batch_size < 1 or self.max_call_rows < 1:
-            raise ValueError(f"max_wait_ms must be >= 0, batch_size and max_call_rows >= 1; got {self}")
 
 
 class Ticket:

@@ -19,8 +19,11 @@ import logging
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from attnstore.errors import ConfigError
+from attnstore_node.schema import RequestLimits
+from attnstore_node.settings import BatcherSettings
 from attnstore_tools.admin import TOKEN_ENV, read_token
 from attnstore_tools.arguments import DefaultsHelpFormatter, positive_int, store_url
 from attnstore_tools.serve import parse_size
@@ -32,10 +35,6 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``node`` subcommand."""
-    from attnstore_client.cache import DEFAULT_EXACT_CACHE_BYTES
-    from attnstore_node.batcher import BatcherSettings
-    from attnstore_node.schema import RequestLimits
-
     batching, limits = BatcherSettings(), RequestLimits()
     p = subparsers.add_parser("node", help="serve embeddings over HTTP (OpenAI /v1/embeddings, TEI /embed)",
                               description=__doc__, formatter_class=DefaultsHelpFormatter)
@@ -53,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="deadline of one store call, s")
     p.add_argument("--write-back", action="store_true",
                    help="send computed rows the daemon admits to its exact tier (needs a write token)")
-    p.add_argument("--exact-cache-bytes", type=parse_size, default=DEFAULT_EXACT_CACHE_BYTES,
-                   help="this node's own exact tier (0 turns it off)")
+    p.add_argument("--exact-cache-bytes", type=parse_size,
+                   help="this node's own exact tier (0 turns it off; default: AttnCache's, 256MiB)")
     p.add_argument("--max-distance", type=float, help="map-hit distance threshold, no gate"
                    " (default: the namespace's fidelity gate, else its calibrated threshold)")
     p.add_argument("--device", help="cpu, cuda, cuda:1... (default: the CPU)")
@@ -90,9 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from attnstore_client.cache import AttnCache
     from attnstore_node.app import create_app
     from attnstore_node.auth import KeyCheck
-    from attnstore_node.batcher import Batcher, BatcherSettings
+    from attnstore_node.batcher import Batcher
     from attnstore_node.metrics import NodeMetrics
-    from attnstore_node.schema import RequestLimits
     from attnstore_node.server import bind, serve
 
     if args.threads is not None:
@@ -104,12 +102,14 @@ def run(args: argparse.Namespace) -> int:
     settings = BatcherSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                                batch_size=args.batch_size, max_call_rows=args.max_call_rows,
                                warmup=not args.no_warmup)
-    options = {} if args.max_distance is None else {"max_distance": args.max_distance}
+    options: dict[str, Any] = {} if args.max_distance is None else {"max_distance": args.max_distance}
+    if args.exact_cache_bytes is not None:
+        options["exact_cache_bytes"] = args.exact_cache_bytes
     open_cache = partial(
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
         client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, write_back=args.write_back,
-        exact_cache_bytes=args.exact_cache_bytes, device=args.device, **options,
+        device=args.device, **options,
     )
     metrics = NodeMetrics()
     batcher = Batcher(open_cache, args.served_model_name or args.model, settings, metrics)

@@ -15,8 +15,9 @@ from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
-from attnstore_node.batcher import Batcher, BatcherSettings
+from attnstore_node.batcher import Batcher
 from attnstore_node.errors import ApiError
+from attnstore_node.settings import BatcherSettings
 
 TEXTS = sentences(12, seed=3)
 STORED = TEXTS[:4]
