@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=batching.batch_size, help="rows per forward at most")
     p.add_argument("--max-call-rows", type=positive_int, default=batching.max_call_rows,
                    help="rows of the requests merged into one call at most")
+    p.add_argument("--padded", action="store_true",
+                   help="pad length-sorted batches (cut where the cost model's fit predicts the least time) instead of"
+                   " packing rows end to end: for devices where many small attention calls cost more than padding")
     p.add_argument("--no-warmup", action="store_true", help="serve at once, without timing forwards first")
     p.add_argument("--api-key-file", type=Path,
                    help="'key' or 'label key' lines; requests need 'Authorization: Bearer KEY' (default: no keys)")
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
         client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, write_back=args.write_back,
-        device=args.device, **options,
+        device=args.device, packed=not args.padded, **options,
     )
     metrics = NodeMetrics()
     batcher = Batcher(open_cache, args.served_model_name or args.model, settings, metrics)

@@ -16,6 +16,7 @@ from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_node.batcher import Batcher
+from attnstore_node.budget import MAX_TOKENS, MIN_TOKENS
 from attnstore_node.errors import ApiError
 from attnstore_node.settings import BatcherSettings
 
@@ -151,3 +152,20 @@ def test_a_model_that_cannot_load_is_reported_as_the_failure(bert) -> None:
     batcher.stop()
     assert isinstance(batcher.failure, OSError)
     assert batcher.info is None
+
+
+def test_the_warm_up_fits_the_forward_cost_before_the_first_request(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=1))
+
+    async def scenario():
+        await _ready(batcher)
+        return await batcher.embed([TEXTS[11]], truncate=True, max_input_tokens=64)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    cost = batcher.cache.cost_model.forward_cost()
+    assert cost is not None
+    budget = batcher.metrics.registry.get_sample_value("attnstore_node_max_batch_tokens")
+    assert budget is not None and MIN_TOKENS <= budget <= MAX_TOKENS  # chosen from the fit (the fallback without)

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``node`` to the ``bench`` group."""
     p = documented_parser(subparsers, "node", __doc__, summary="concurrent openai clients: node vs baselines")
     p.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
-    p.add_argument("--requests", type=int, default=400, help="requests per server and client count")
+    p.add_argument("--requests", type=int, default=240, help="requests per server and client count")
     p.add_argument("--max-lines", type=int, default=32, help="lines per request at most (at least 1)")
     p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
     p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
