@@ -6,9 +6,9 @@ The client's cost model fits every forward it times (packed ones included) as
 ``L`` costs ``fixed + T * (per_token + per_token_position * L)``; the budget is the
 smallest ``T`` whose fixed share is at most ``FIXED_SHARE``: larger forwards
 gain little throughput and hold every request of theirs back longer. Measured
-on all-MiniLM-L6-v2 at 2 CPU threads a forward's fixed cost is that of about
-100 tokens, so the budget lands near 3,000 tokens there; on a GPU, where the
-fixed cost is most of a small forward, it grows, up to ``MAX_TOKENS``.
+by ``attnstore bench node`` (all-MiniLM-L6-v2, log lines, 1 or 2 CPU threads) the
+budget lands between 2,300 and 7,600 tokens; on a GPU, where the fixed cost is
+most of a small forward, it grows, up to ``MAX_TOKENS``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from attnstore_client.tiers.cost_model import ForwardCost
 
 FIXED_SHARE = 0.03  # a forward's fixed cost at most this share of its time
 FALLBACK_TOKENS = 2048  # before the fit exists (the node's warm-up times forwards to make one at start)
-MIN_TOKENS = 256  # below: forwards too small to batch anything, whatever the fit says
+# Below: forwards too small to batch anything, whatever the fit says. A fit from timings disturbed by other
+# processes can find almost no fixed cost; a call would then be cut into many small forwards, each paying
+# its per-row attention calls (measured on 2 busy cores: a budget of 256 halved the node's rows/s at 1 client).
+MIN_TOKENS = 1024
 MAX_TOKENS = 32768  # above: a forward's activations and a request's wait grow with no gain left
 
 
