@@ -21,7 +21,7 @@ FIXED_SHARE = 0.03  # a forward's fixed cost at most this share of its time
 FALLBACK_TOKENS = 2048  # before the fit exists (the node's warm-up times forwards to make one at start)
 # Below: forwards too small to batch anything, whatever the fit says. A fit from timings disturbed by other
 # processes can find almost no fixed cost; a call would then be cut into many small forwards, each paying
-# its per-row attention calls (measured on 2 busy cores: a budget of 256 halved the node's rows/s at 1 client).
+# its per-row attention calls (seen in a bench node run on 2 busy cores: a fit set the budget to 256 tokens).
 MIN_TOKENS = 1024
 MAX_TOKENS = 32768  # above: a forward's activations and a request's wait grow with no gain left
 
