@@ -15,14 +15,16 @@ import sys
 from collections.abc import Sequence
 
 # Top-level subcommands, by module.
-_COMMANDS: tuple[str, ...] = ("demo", "build.command", "serve", "admin.command", "backup", "encode", "report.command")
+_COMMANDS: tuple[str, ...] = (
+    "demo", "build.command", "serve", "admin.command", "backup", "encode", "node", "report.command",
+)
 
 # Grouped subcommands: group name -> (help, modules).
 _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bench": (
         "benchmarks: print a table and write JSON",
         ("bench.store", "bench.replay", "bench.search", "bench.load", "bench.service", "bench.stream",
-         "bench.prefix", "bench.encode"),
+         "bench.prefix", "bench.encode", "bench.node"),
     ),
     "eval": (
         "evaluation: tasks against the full model, the oracle comparison and its corpora",

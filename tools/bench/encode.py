@@ -78,11 +78,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"bench encode: --methods {args.methods!r}: each must be one of {list(METHODS)}")
     if args.repeats < 1 or args.threads < 1 or args.batch < 1:
         raise ConfigError("bench encode: --repeats, --threads and --batch must be >= 1")
-    stored, queries, labels, stored_labels = _load(args.data, data_dir(args.data_dir))
+    stored, queries, labels, stored_labels = load_data(args.data, data_dir(args.data_dir))
     work = args.work_dir / args.data
-    store = _built_store(args, stored, work)
-    embeddings_path = _stored_embeddings(args, stored, work)
-    stored_embeddings = np.load(embeddings_path)
+    store = built_store(args.model, stored, work)
+    embeddings_path = stored_embeddings(args.model, stored, work, threads=args.threads, batch=args.batch)
+    stored_vectors = np.load(embeddings_path)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:
         scratch = Path(tmp)
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             row_labels = None if labels is None else [labels[i % len(labels)] for i in range(count)]
             _write_json(scratch / "texts.json", rows)
             reports = _children(args, methods, scratch, store, embeddings_path)
-            results.append(_summarise(count, reports, scratch, stored_embeddings, stored_labels, row_labels))
+            results.append(_summarise(count, reports, scratch, stored_vectors, stored_labels, row_labels))
             _print(results[-1])
     report = {
         "data": args.data, "model": args.model, "threads": args.threads, "batch": args.batch,
@@ -107,8 +107,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 
-def _load(data: str, root: Path) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
-    """Stored texts, query texts, and (logs) each query's and each stored text's template."""
+def load_data(data: str, root: Path) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
+    """Stored texts, query texts, and (logs) each query's and each stored text's template (see the module
+    docstring: the logs' first halves are stored, their second halves are the queries).
+
+    Raises:
+        ConfigError: no Loghub files under ``root``.
+    """
     if data == "sst2":
         path = root / "sst2_train.tsv"
         with path.open(encoding="utf-8", newline="") as f:
@@ -129,36 +134,37 @@ def _load(data: str, root: Path) -> tuple[list[str], list[str], list[str] | None
     return stored, queries, labels, stored_labels
 
 
-def _built_store(args: argparse.Namespace, stored: list[str], work: Path) -> Path:
-    """The store built from ``stored`` by ``attnstore build`` at its defaults, built once per corpus."""
-    digest = hashlib.sha256(json.dumps([args.model, stored]).encode()).hexdigest()[:16]
+def built_store(model: str, stored: list[str], work: Path) -> Path:
+    """The store (namespace ``NAMESPACE``) built from ``stored`` by ``attnstore build`` at its defaults, built
+    once per model and corpus under ``work`` and reused after."""
+    digest = hashlib.sha256(json.dumps([model, stored]).encode()).hexdigest()[:16]
     store, marker = work / f"store-{digest}", work / f"store-{digest}.built"
     if not marker.exists():
         corpus = work / "build.jsonl"
         corpus.parent.mkdir(parents=True, exist_ok=True)
         corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in stored), encoding="utf-8")
-        subprocess.run([sys.executable, "-m", "attnstore_tools.cli", "build", "--model", args.model, "--corpus",
+        subprocess.run([sys.executable, "-m", "attnstore_tools.cli", "build", "--model", model, "--corpus",
                         str(corpus), "--store", str(store), "--namespace", NAMESPACE], check=True)
         marker.write_text("built\n", encoding="utf-8")
     return store
 
 
-def _stored_embeddings(args: argparse.Namespace, stored: list[str], work: Path) -> Path:
+def stored_embeddings(model: str, stored: list[str], work: Path, *, threads: int, batch: int) -> Path:
     """sentence-transformers' embeddings of the stored texts (their ``.npy``): the dict's contents, and the
     template index; computed once per corpus."""
-    digest = hashlib.sha256(json.dumps([args.model, stored]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([model, stored]).encode()).hexdigest()[:16]
     path = work / f"stored-{digest}.npy"
     if not path.exists():
         import torch
 
         from attnstore_client.models import load_model
 
-        torch.set_num_threads(args.threads)
-        model = load_model(args.model).sentence_transformer
-        if model is None:
-            raise ConfigError(f"bench encode: {args.model!r} has no sentence-transformers configuration")
+        torch.set_num_threads(threads)
+        pipeline = load_model(model).sentence_transformer
+        if pipeline is None:
+            raise ConfigError(f"bench: {model!r} has no sentence-transformers configuration")
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, model.encode(stored, batch_size=args.batch, show_progress_bar=False))
+        np.save(path, pipeline.encode(stored, batch_size=batch, show_progress_bar=False))
     return path
 
 

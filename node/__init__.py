@@ -1,0 +1,1 @@
+"""``attnstore node``: an inference node that serves embeddings over HTTP (import name ``attnstore_node``)."""

@@ -1,0 +1,236 @@
+"""The node's HTTP routes (an ASGI app on Starlette): embeddings in OpenAI's and TEI's schemas, health, metrics.
+
+- ``POST /v1/embeddings`` (OpenAI), ``POST /embed`` (text-embeddings-inference),
+  ``GET /v1/models``: need an API key when the node has a key file
+  (``Authorization: Bearer KEY``);
+- ``GET /health``: 200 once the model is loaded, 503 while it loads or the node
+  drains; the store does not count (an unreachable store only means every row is
+  computed);
+- ``GET /metrics``: Prometheus text (``metrics``).
+
+Every refusal is an OpenAI-style JSON error (``errors``) with its 4xx status;
+nothing is computed for it. A request body is read up to the byte limit and no
+further. While a request waits for its vectors the app watches its connection:
+a client that disconnects has its request cancelled, which takes its rows out of
+the batcher's queue if its call has not begun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from attnstore_node.auth import KeyCheck
+from attnstore_node.engine import Embedded, Embedder
+from attnstore_node.errors import ApiError, bad_request
+from attnstore_node.metrics import CONTENT_TYPE, NodeMetrics
+from attnstore_node.schema import (
+    EmbedRequest,
+    ModelInfo,
+    RequestLimits,
+    openai_response,
+    parse_openai,
+    parse_tei,
+    tei_response,
+)
+
+log = logging.getLogger(__name__)
+
+# HTTP status nginx logs for a client that closed its connection before the answer: what the metrics count it as.
+CLIENT_CLOSED = 499
+
+
+class NodeState:
+    """What the routes share: the embedder, the keys, the limits, the metrics, and whether the node drains."""
+
+    def __init__(self, embedder: Embedder, keys: KeyCheck, limits: RequestLimits, metrics: NodeMetrics) -> None:
+        self.embedder = embedder
+        self.keys = keys
+        self.limits = limits
+        self.metrics = metrics
+        self.draining = False
+
+
+def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: RequestLimits = RequestLimits(),
+               metrics: NodeMetrics | None = None) -> Starlette:
+    """The node's ASGI app around ``embedder``, which it starts and stops with its lifespan.
+
+    Args:
+        embedder: what computes the vectors (the batcher, or a benchmark's baseline).
+        keys: the API keys (None: none needed).
+        limits: what one request may ask for.
+        metrics: the node's metrics (the batcher's, so that ``/metrics`` shows both).
+    """
+    state = NodeState(embedder, keys or KeyCheck(None), limits, metrics or NodeMetrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        embedder.start()
+        try:
+            yield
+        finally:
+            state.draining = True
+            await asyncio.to_thread(embedder.stop)
+
+    routes = [
+        Route("/v1/embeddings", _embedding_route(state, "/v1/embeddings", parse_openai, _openai_answer),
+              methods=["POST"]),
+        Route("/embed", _embedding_route(state, "/embed", parse_tei, _tei_answer), methods=["POST"]),
+        Route("/v1/models", _models_route(state), methods=["GET"]),
+        Route("/health", _health_route(state), methods=["GET"]),
+        Route("/metrics", _metrics_route(state), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.node = state
+    return app
+
+
+Parse = Callable[[Any, RequestLimits, ModelInfo], EmbedRequest]
+Answer = Callable[[Embedded, EmbedRequest, ModelInfo], Any]
+
+
+def _openai_answer(embedded: Embedded, request: EmbedRequest, model: ModelInfo) -> Any:
+    return openai_response(embedded.vectors, request, embedded.tokens, model.name)
+
+
+def _tei_answer(embedded: Embedded, request: EmbedRequest, model: ModelInfo) -> Any:
+    return tei_response(embedded.vectors, request)
+
+
+def _error(error: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _ready_model(state: NodeState) -> ModelInfo:
+    """The served model, once loaded. A node that drains still serves the requests its open connections bring
+    (it accepts no new connection); only ``/health`` tells balancers to stop sending.
+
+    Raises:
+        ApiError: 503 while the model loads.
+    """
+    info = state.embedder.info
+    if info is None:
+        raise ApiError(503, "the node is loading its model; try again shortly", "unavailable",
+                       type="unavailable_error")
+    return info
+
+
+def _embedding_route(
+    state: NodeState, route: str, parse: Parse, answer: Answer
+) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        started = time.perf_counter()
+        status = 500
+        try:
+            state.keys.check(request.headers.get("authorization"))
+            model = _ready_model(state)
+            body = await _json_body(request, state.limits.max_body_bytes)
+            parsed = parse(body, state.limits, model)
+            embedded = await _until_disconnect(request, state.embedder.embed(
+                parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens))
+            if embedded is None:
+                status = CLIENT_CLOSED
+                return Response(status_code=CLIENT_CLOSED)
+            state.metrics.inputs.inc(len(parsed.inputs))
+            status = 200
+            return JSONResponse(answer(embedded, parsed, model))
+        except ApiError as error:
+            status = error.status
+            return _error(error)
+        except Exception:
+            log.exception("event=request_failed route=%s", route)
+            return _error(ApiError(500, "the node failed to answer", "internal_error", type="server_error"))
+        finally:
+            state.metrics.requests.labels(route, str(status)).inc()
+            state.metrics.latency.labels(route).observe(time.perf_counter() - started)
+
+    return endpoint
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes.
+
+    Raises:
+        ApiError: 413 past the limit, 415 when not JSON, 400 when the JSON does not parse.
+    """
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, f"the body must be application/json, got {content_type!r}", "unsupported_media_type")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body has {declared} bytes; the limit is {limit}", "body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the body is over the limit of {limit} bytes", "body_too_large")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", "invalid_json") from None
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Embedded]) -> Embedded | None:
+    """``work``'s result, or None (``work`` cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (the body was read: the next ASGI message can only say so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _models_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            state.keys.check(request.headers.get("authorization"))
+            model = _ready_model(state)
+        except ApiError as error:
+            return _error(error)
+        return JSONResponse({"object": "list", "data": [
+            {"id": model.name, "object": "model", "created": 0, "owned_by": "attnstore"}]})
+
+    return endpoint
+
+
+def _health_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            model = _ready_model(state)
+            if state.draining:
+                raise ApiError(503, "the node drains before it stops", "draining", type="unavailable_error")
+        except ApiError as error:
+            return _error(error)
+        return JSONResponse({"status": "ok", "model": model.name})
+
+    return endpoint
+
+
+def _metrics_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    return endpoint

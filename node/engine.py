@@ -1,0 +1,57 @@
+"""What answers the embedding routes: an ``Embedder`` (the batcher over ``AttnCache``, or a benchmark's baseline).
+
+The HTTP layer (``app``) validates a request, hands its inputs to the embedder and
+awaits the vectors; cancelling that await (the client went away) tells the
+embedder it may drop the request's rows. One interface, so that the node and the
+baselines of ``attnstore bench node`` share everything but the embedding itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnstore_node.schema import Input, ModelInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """A request's answer: its vectors in input order and the tokens its inputs held."""
+
+    vectors: np.ndarray  # (n, dim) float32
+    tokens: int  # every input's tokens, special tokens included (``usage.prompt_tokens``)
+
+
+class Embedder(ABC):
+    """Turns validated inputs into vectors; started and stopped with the server."""
+
+    @property
+    @abstractmethod
+    def info(self) -> ModelInfo | None:
+        """The served model once loaded; None while it loads (``/health`` answers 503 until then)."""
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the embedder could not start (the server exits), or None."""
+        return None
+
+    @abstractmethod
+    def start(self) -> None:
+        """Begin loading (in the background: the server answers ``/health`` meanwhile)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Finish what was submitted, then release the model and the store; blocks until done."""
+
+    @abstractmethod
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
+        """The vectors of ``inputs``; an input past ``max_input_tokens`` (or the model's limit) is cut when
+        ``truncate``, else refused.
+
+        Raises:
+            ApiError: 400 for an input past the limit (``truncate`` false); 503 while stopping.
+            asyncio.CancelledError: the caller cancelled; the request's rows are dropped where not begun.
+        """

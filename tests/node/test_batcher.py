@@ -1,0 +1,171 @@
+"""The batcher: concurrent requests merged into one call, deduplicated across requests, each answered in full."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
+
+from attnstore.index import ExactIndex
+from attnstore.service import AttnStoreService
+from attnstore.store import MemoryMapStore
+from attnstore_client.cache import AttnCache
+from attnstore_client.connection.local import LocalConnection
+from attnstore_node.batcher import Batcher
+from attnstore_node.budget import MAX_TOKENS, MIN_TOKENS
+from attnstore_node.errors import ApiError
+from attnstore_node.settings import BatcherSettings
+
+TEXTS = sentences(12, seed=3)
+STORED = TEXTS[:4]
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return tiny_loaded("bert")
+
+
+def _batcher(bert, settings: BatcherSettings) -> Batcher:
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, bert, STORED)
+    batcher = Batcher(lambda: AttnCache(bert, LocalConnection("local:memory", service)), "tiny", settings)
+    batcher.start()
+    return batcher
+
+
+def _expected(bert, texts: list[str]) -> np.ndarray:
+    return torch.stack([h.mean(dim=0) for h in plain_hidden(bert, texts)]).numpy()
+
+
+async def _ready(batcher: Batcher) -> None:
+    while batcher.info is None:
+        assert batcher.failure is None
+        await asyncio.sleep(0.01)
+
+
+def test_concurrent_requests_are_one_call_and_each_gets_its_own_rows_deduplicated_across_requests(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=300, warmup=False, max_batch_tokens=8))
+    requests = [TEXTS[0:5], TEXTS[3:9], [TEXTS[8], TEXTS[1]], [[5, 6, 7, 8]]]
+
+    async def scenario():
+        await _ready(batcher)
+        return await asyncio.gather(*(batcher.embed(r, truncate=True, max_input_tokens=64) for r in requests))
+
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        batcher.stop()  # the call may still be ending when its last request is answered
+    stats = batcher.cache.last_stats
+    assert batcher.calls == 1
+    for request, answer in zip(requests[:3], answers[:3], strict=True):
+        assert answer.vectors.shape == (len(request), 64)
+        np.testing.assert_allclose(answer.vectors, _expected(bert, request), atol=2e-3)  # fp16 exact hits
+        assert answer.tokens == sum(len(text.split()) for text in request)
+    assert answers[3].tokens == 4
+    assert stats.rows == 14
+    assert stats.deduplicated == 4  # TEXTS[3], TEXTS[4], TEXTS[8] and TEXTS[1] came in two requests each
+    assert stats.forwarded_tokens == stats.forward_tokens  # packed: nothing padded
+    assert stats.exact_hits == 4
+
+
+def test_a_request_waits_no_longer_than_max_wait_when_alone(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=50, warmup=False))
+
+    async def scenario():
+        await _ready(batcher)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await batcher.embed([TEXTS[9]], truncate=True, max_input_tokens=64)
+        return loop.time() - started
+
+    try:
+        assert asyncio.run(scenario()) < 1.0
+    finally:
+        batcher.stop()
+
+
+def test_a_cancelled_request_is_taken_out_of_the_queue_and_never_computed(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=400, warmup=False))
+
+    async def scenario():
+        await _ready(batcher)
+        gone = asyncio.ensure_future(batcher.embed(TEXTS[6:10], truncate=True, max_input_tokens=64))
+        kept = asyncio.ensure_future(batcher.embed([TEXTS[10]], truncate=True, max_input_tokens=64))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        return await kept
+
+    try:
+        answer = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    stats = batcher.cache.last_stats
+    freed = batcher.metrics.registry.get_sample_value("attnstore_node_freed_rows_total")
+    assert answer.vectors.shape == (1, 64)
+    assert (batcher.calls, stats.rows, freed) == (1, 1, 4)
+
+
+def test_an_input_past_the_token_limit_is_refused_unless_truncation_is_asked(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=1, warmup=False))
+
+    async def scenario():
+        await _ready(batcher)
+        with pytest.raises(ApiError) as refused:
+            await batcher.embed([TEXTS[0]], truncate=False, max_input_tokens=2)
+        cut = await batcher.embed([TEXTS[0]], truncate=True, max_input_tokens=2)
+        return refused.value, cut
+
+    try:
+        refused, cut = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert (refused.status, refused.code) == (400, "context_length_exceeded")
+    assert cut.tokens == 2
+    np.testing.assert_allclose(cut.vectors, _expected(bert, [" ".join(TEXTS[0].split()[:2])]), atol=1e-4)
+
+
+def test_requests_after_stop_are_refused_with_503(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(warmup=False))
+    stopper = threading.Thread(target=batcher.stop)
+
+    async def scenario():
+        await _ready(batcher)
+        stopper.start()
+        stopper.join()
+        with pytest.raises(ApiError) as refused:
+            await batcher.embed([TEXTS[0]], truncate=True, max_input_tokens=64)
+        return refused.value
+
+    assert asyncio.run(scenario()).status == 503
+
+
+def test_a_model_that_cannot_load_is_reported_as_the_failure(bert) -> None:
+    def broken() -> AttnCache:
+        raise OSError("no such model")
+
+    batcher = Batcher(broken, "tiny", BatcherSettings(warmup=False))
+    batcher.start()
+    batcher.stop()
+    assert isinstance(batcher.failure, OSError)
+    assert batcher.info is None
+
+
+def test_the_warm_up_fits_the_forward_cost_before_the_first_request(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=1))
+
+    async def scenario():
+        await _ready(batcher)
+        return await batcher.embed([TEXTS[11]], truncate=True, max_input_tokens=64)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    cost = batcher.cache.cost_model.forward_cost()
+    assert cost is not None
+    budget = batcher.metrics.registry.get_sample_value("attnstore_node_max_batch_tokens")
+    assert budget is not None and MIN_TOKENS <= budget <= MAX_TOKENS  # chosen from the fit (the fallback without)

@@ -1,0 +1,122 @@
+"""Nodes for the node tests: a tiny model saved as a model folder, and ``attnstore node`` as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+from cache_helpers import tiny_loaded
+
+from attnstore.service import AttnStoreService
+from attnstore_client.keys import model_fingerprint
+from attnstore_client.models import LoadedModel, load_model
+from attnstore_tools.cold_start import exact_tier_layout
+
+API_KEY = "node-key-0123456789abcdef"
+_LOG_TAIL_CHARS = 6000
+
+
+def save_tiny_bert(folder: Path) -> LoadedModel:
+    """The tiny random BERT of the cache tests, with its word tokenizer, saved as a model folder (``--model``);
+    returns it as loaded back from there."""
+    if not (folder / "config.json").exists():
+        loaded = tiny_loaded("bert")
+        loaded.model.save_pretrained(folder)
+        loaded.tokenizer.save_pretrained(folder)
+    return load_model(str(folder))
+
+
+def tiny_store(path: Path, loaded: LoadedModel, namespace: str = "default") -> str:
+    """An embedded store at ``path`` with an exact-tier-only namespace for ``loaded``; its ``local:`` URL."""
+    service = AttnStoreService.open(path, create=True)
+    try:
+        service.create_namespace(namespace, model=loaded.name,
+                                 fingerprint=model_fingerprint(loaded.model, loaded.tokenizer),
+                                 layout=exact_tier_layout(loaded))
+    finally:
+        service.close()
+    return f"local:{path}"
+
+
+class NodeProcess:
+    """One ``attnstore node`` subprocess on a free loopback port.
+
+    Args:
+        model: ``--model``.
+        store: ``--store``.
+        workdir: where its ready file, log and key file go.
+        args: more ``node`` arguments.
+        keys: serve with a key file holding ``API_KEY``.
+    """
+
+    def __init__(self, model: str, store: str, workdir: Path, *, args: Sequence[str] = (), keys: bool = False) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_file = workdir / "node-ready.json"
+        self.log_path = workdir / "node.log"
+        self._command = [sys.executable, "-m", "attnstore_tools.cli", "node", "--model", model, "--store", store,
+                         "--listen", "127.0.0.1:0", "--ready-file", str(self.ready_file), *args]
+        if keys:
+            key_file = workdir / "keys.txt"
+            key_file.write_text(f"# test keys\ntests {API_KEY}\n", encoding="utf-8")
+            key_file.chmod(0o600)
+            self._command += ["--api-key-file", str(key_file)]
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> Self:
+        """Start the node and wait for its ready file (the model is loaded); returns ``self``.
+
+        Raises:
+            RuntimeError: it exited or was not ready in time (killed then); the message ends with its log.
+        """
+        self.ready_file.unlink(missing_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(self._command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the node exited with {self.process.returncode} at start{self._tail()}")
+            if self.ready_file.exists():
+                self.port = json.loads(self.ready_file.read_text(encoding="utf-8"))["port"]
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"the node was not ready within {timeout:g} s{self._tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Send ``sig`` and wait; returns the exit code."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"the node did not exit within {timeout:g} s{self._tail()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL the node if it still runs."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        """The node's log so far."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+
+    def _tail(self) -> str:
+        return f"; its log, {self.log_path}:\n{self.log()[-_LOG_TAIL_CHARS:]}"
