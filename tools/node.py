@@ -24,7 +24,7 @@ from typing import Any
 from attnstore.errors import ConfigError
 from attnstore_node.schema import RequestLimits
 from attnstore_node.settings import BatcherSettings
-from attnstore_tools.admin import TOKEN_ENV, read_token
+from attnstore_tools.admin.command import TOKEN_ENV, read_token
 from attnstore_tools.arguments import DefaultsHelpFormatter, positive_int, store_url
 from attnstore_tools.serve import parse_size
 

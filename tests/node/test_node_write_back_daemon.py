@@ -11,7 +11,7 @@ from cache_helpers import sentences
 from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from node_helpers import NodeProcess, save_tiny_bert
 
-from attnstore_tools.cold_start import create_exact_namespace
+from attnstore_tools.admin.cold_start import create_exact_namespace
 
 
 def _rows_by_tier(node: NodeProcess) -> dict[str, float]:
