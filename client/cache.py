@@ -32,7 +32,11 @@ from attnstore.errors import (
     UnavailableError,
 )
 from attnstore_client.adapters import adapter_for
-from attnstore_client.call import Call, NamespaceView
+from attnstore_client.call.rows import NamespaceView
+from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings
+from attnstore_client.call.sinks import Pooled, RowStates, Sink
+from attnstore_client.call.sources import Prompt, RowSource, TextRows, TokenRows, segment_tokens
+from attnstore_client.call.state import Call
 from attnstore_client.choices import ChoiceScores, score_prompts
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
@@ -43,9 +47,6 @@ from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPoli
 from attnstore_client.sentence.compat import SentenceTransformerAPI
 from attnstore_client.sentence.heads import PROMPT_EOL, PromptEolHead, sentence_head
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
-from attnstore_client.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings
-from attnstore_client.sinks import Pooled, RowStates, Sink
-from attnstore_client.sources import Prompt, RowSource, TextRows, TokenRows, segment_tokens
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.base import TierContext
 from attnstore_client.tiers.compute import ComputeTier

@@ -13,9 +13,9 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from attnstore.errors import ConfigError, UnsupportedModelError
+from attnstore_client.call.sinks import LastStates, Sink
+from attnstore_client.call.sources import Prompt, RowSource, TextRows, segment_tokens
 from attnstore_client.models import LoadedModel
-from attnstore_client.sinks import LastStates, Sink
-from attnstore_client.sources import Prompt, RowSource, TextRows, segment_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import time
 import torch
 
 from attnstore.errors import AttnStoreError, FingerprintMismatchError, UnavailableError
-from attnstore_client.call import NamespaceView
+from attnstore_client.call.rows import NamespaceView
 from attnstore_client.connection import StoreConnection
 from attnstore_client.projector import Projector
 from attnstore_client.resilience import CircuitBreaker

@@ -31,9 +31,10 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError
-from attnstore_client.call import Call, Row
+from attnstore_client.call.rows import Row
+from attnstore_client.call.sources import Chunk, RowSource
+from attnstore_client.call.state import Call
 from attnstore_client.keys import token_hash
-from attnstore_client.sources import Chunk, RowSource
 from attnstore_client.tiers.base import Tier
 
 

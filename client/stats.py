@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from attnstore_client.call import CallCounts
+from attnstore_client.call.state import CallCounts
 from attnstore_client.resilience import FALLBACK_CAUSES
 from attnstore_client.tiers.cost_model import BandEstimate
 

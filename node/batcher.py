@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from attnstore_client.cache import AttnCache
-from attnstore_client.call import HiddenRows
-from attnstore_client.sinks import Sink
-from attnstore_client.sources import TokenRows
+from attnstore_client.call.rows import HiddenRows
+from attnstore_client.call.sinks import Sink
+from attnstore_client.call.sources import TokenRows
 from attnstore_node.budget import batch_token_budget
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError, bad_request

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import AttnCache
 from attnstore_client.models import load_model
 from attnstore_tools.eval.tasks import load_task

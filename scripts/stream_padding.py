@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import batch_from_ids, group_by_length
+from attnstore_client.adapters.batch import batch_from_ids, group_by_length
 from attnstore_client.models import load_model
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_tools.bench.stream import LOGHUB, load_stream

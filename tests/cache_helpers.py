@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 from attnstore.service import AttnStoreService
 from attnstore.store import NamespaceLayout, NewEntry
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
 from attnstore_client.projector import Projector, ProjectorConfig

@@ -9,7 +9,7 @@ from adapter_helpers import FIRST_REAL_ID, VOCAB
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of

@@ -166,7 +166,7 @@ def _compare(loaded, store: Path, queries: list[str], scores: np.ndarray, args: 
 def _plain_encode(cache, texts: list[str], batch_size: int) -> np.ndarray:
     """The model without a store: sentence-transformers' own ``encode`` where the model has a
     configuration for it, else its plain forward batched as ``encode`` batches (longest first)."""
-    from attnstore_client.batch import batch_from_ids
+    from attnstore_client.adapters.batch import batch_from_ids
 
     pipeline = cache.loaded.sentence_transformer
     if pipeline is not None:

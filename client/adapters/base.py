@@ -40,14 +40,14 @@ import torch
 from torch import nn
 
 from attnstore.errors import MapShapeError
+from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.fused import FusedLinears, fused_linears_available
+from attnstore_client.adapters.layer_plan import LayerPlan
 from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed
 from attnstore_client.adapters.planned import attend_planned
+from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay, layer_maps
 from attnstore_client.adapters.rows import merge_rows, select_rows
-from attnstore_client.batch import Batch
-from attnstore_client.layer_plan import LayerPlan
 from attnstore_client.models import LoadedModel
-from attnstore_client.replay import ReplayMaps, apply_maps, check_replay, layer_maps
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from torch import nn
 
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter
+from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.packed import PackedBatch, tokens_of
-from attnstore_client.batch import Batch
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("query", "key", "value", "scaling")

@@ -3,7 +3,7 @@
 The three share one attention layout: ``q_proj``/``k_proj``/``v_proj``/``o_proj``,
 rotary embeddings applied to q and k by their modeling module's
 ``apply_rotary_pos_emb``, ``num_key_value_groups`` query heads per KV head, and an
-optional sliding window. Batches are right-padded (see ``attnstore_client.batch``).
+optional sliding window. Batches are right-padded (see ``attnstore_client.adapters.batch``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch import nn
 
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter
+from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.packed import PackedBatch, causal_allowed, tokens_of
-from attnstore_client.batch import Batch
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")

@@ -26,12 +26,12 @@ import torch
 from torch.nn import functional
 
 from attnstore.errors import ConfigError, MapShapeError
-from attnstore_client.replay import ReplayMaps, apply_maps, check_replay, layer_maps
+from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay, layer_maps
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from attnstore_client.adapters.base import Adapter
+    from attnstore_client.adapters.hooks import AttentionHooks
 
 Role = Literal["compute", "keep", "replay"]
 
@@ -162,7 +162,7 @@ def plan_packed(
 
 
 def attend_packed(
-    adapter: Adapter, layer: int, module: nn.Module, call: PackedCall, args: tuple, kwargs: dict
+    adapter: AttentionHooks, layer: int, module: nn.Module, call: PackedCall, args: tuple, kwargs: dict
 ) -> tuple:
     """One attention layer of a packed forward: ``(1, T, hidden)`` in, the module's ``(1, T, out)`` out."""
     hidden = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])[0]  # (T, hidden)

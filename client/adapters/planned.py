@@ -17,16 +17,16 @@ import torch
 from torch import nn
 
 from attnstore.errors import MapShapeError
+from attnstore_client.adapters.layer_plan import LayerPlan
+from attnstore_client.adapters.replay import check_layer_maps
 from attnstore_client.adapters.rows import merge_rows, select_rows
-from attnstore_client.layer_plan import LayerPlan
-from attnstore_client.replay import check_layer_maps
 
 if TYPE_CHECKING:
-    from attnstore_client.adapters.base import Adapter
+    from attnstore_client.adapters.hooks import AttentionHooks
 
 
 def attend_planned(
-    adapter: Adapter,
+    adapter: AttentionHooks,
     layer: int,
     module: nn.Module,
     original: Any,
@@ -72,7 +72,7 @@ def attend_planned(
 
 
 def _plan_maps(
-    adapter: Adapter, maps: torch.Tensor, row: int, layer: int, lengths: Sequence[int], dtype: torch.dtype
+    adapter: AttentionHooks, maps: torch.Tensor, row: int, layer: int, lengths: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
     """Check a plan's maps for one row and layer; return them cropped to ``(H, L, L)`` in ``dtype``."""
     if not isinstance(row, int) or not 0 <= row < len(lengths):

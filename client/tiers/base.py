@@ -28,7 +28,8 @@ import torch
 
 from attnstore.errors import AttnStoreError
 from attnstore_client.adapters import Adapter
-from attnstore_client.call import Call, NamespaceView, Row
+from attnstore_client.call.rows import NamespaceView, Row
+from attnstore_client.call.state import Call
 from attnstore_client.connection import StoreConnection
 from attnstore_client.resilience import CircuitBreaker, call_with_retries, cause_of
 from attnstore_client.tiers.cost_model import CostModel

@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_client.call import Call, Row
-from attnstore_client.forwards import cut, run_forward
+from attnstore_client.call.rows import Row
+from attnstore_client.call.state import Call
 from attnstore_client.tiers.base import Tier, TierContext
+from attnstore_client.tiers.forwards import cut, run_forward
 from attnstore_client.tiers.local_exact import LocalExactTier
 from attnstore_client.tiers.write_back import check_write_back_dtype
 

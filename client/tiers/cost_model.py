@@ -31,7 +31,7 @@ The same forwards also fit what a forward costs whatever its rows' kind,
 attention: ``rows * padded**2`` pairs padded, the sum of ``L**2`` packed),
 non-negative, over every band (``forward_cost``). That is what decides, for
 padded forwards, where rows of very different lengths are worth a forward of
-their own instead of padding to the longest (``attnstore_client.batch.group_by_length``).
+their own instead of padding to the longest (``attnstore_client.adapters.batch.group_by_length``).
 """
 
 from __future__ import annotations

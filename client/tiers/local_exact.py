@@ -24,7 +24,8 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.lru import ByteLRU
-from attnstore_client.call import Call, HiddenRows, Row
+from attnstore_client.call.rows import HiddenRows, Row
+from attnstore_client.call.state import Call
 from attnstore_client.tiers.base import Tier, TierContext
 
 

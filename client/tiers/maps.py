@@ -25,13 +25,14 @@ import torch
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch
-from attnstore_client.batch import Batch, batch_from_ids
-from attnstore_client.call import Call, Row
+from attnstore_client.adapters.batch import Batch, batch_from_ids
+from attnstore_client.call.rows import Row
+from attnstore_client.call.state import Call
 from attnstore_client.connection import MapStream, Match
-from attnstore_client.forwards import cut, run_forward
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
 from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.forwards import cut, run_forward
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from attnstore_client.call import Call, HiddenRows, Row
+from attnstore_client.call.rows import HiddenRows, Row
+from attnstore_client.call.state import Call
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
 from attnstore_client.tiers.local_exact import LocalExactTier
 

@@ -21,7 +21,7 @@ from attnstore.server.server import create_server
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import PROMPT_EOL, AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.projector import Projector, ProjectorConfig

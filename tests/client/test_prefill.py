@@ -18,7 +18,7 @@ from attnstore.server.server import create_server
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.store import MemoryMapStore
-from attnstore_client.batch import Batch
+from attnstore_client.adapters.batch import Batch
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import Match
 from attnstore_client.connection.daemon import RemoteStore

@@ -39,7 +39,7 @@ from attnstore.errors import CorpusError, EntryNotFoundError, FingerprintMismatc
 from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.records import NamespaceLayout
 from attnstore_client.adapters import Adapter, adapter_for
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model

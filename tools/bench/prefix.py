@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def _cell(adapter, path: Path, prefix: int, suffix: int, args: argparse.Namespace) -> PrefixTiming:
     from attnstore.protocol.records import NamespaceLayout
     from attnstore.service import AttnStoreService
-    from attnstore_client.batch import batch_from_ids
+    from attnstore_client.adapters.batch import batch_from_ids
     from attnstore_client.connection.local import LocalConnection
     from attnstore_client.keys import model_fingerprint
     from attnstore_client.tiers.prefix import capture_prefix_blocks, forward_with_prefix, prefix_layout_of

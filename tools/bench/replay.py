@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench_length(adapter, length: int, args: argparse.Namespace) -> ReplayTiming:
-    from attnstore_client.batch import batch_from_ids
+    from attnstore_client.adapters.batch import batch_from_ids
 
     generator = torch.Generator().manual_seed(args.seed + length)
     vocab = adapter.loaded.model.config.vocab_size

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -> list[VariantTiming]:
     from attnstore.store import NamespaceLayout, NewEntry
-    from attnstore_client.batch import batch_from_ids
+    from attnstore_client.adapters.batch import batch_from_ids
     from attnstore_client.cache import AttnCache
     from attnstore_client.connection import connect
     from attnstore_client.connection.daemon import RemoteStore

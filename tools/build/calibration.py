@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from attnstore.protocol.gate import FidelityGate, differing_positions, gate_features
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.projector import Calibration, Projector
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from attnstore.errors import CorpusError, NamespaceNotFoundError
 from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector

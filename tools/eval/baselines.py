@@ -29,9 +29,9 @@ import torch
 from attnstore.errors import ConfigError
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.adapters.batch import Batch, batch_from_ids
+from attnstore_client.adapters.layer_plan import LayerPlan, SharedMapsPlan
 from attnstore_client.keys import token_hash
-from attnstore_client.layer_plan import LayerPlan, SharedMapsPlan
 from attnstore_client.projector import Projector, ProjectorConfig
 from attnstore_tools.eval.variants import BatchRun, BatchVariant
 

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.sentence.heads import SentenceHead
 from attnstore_tools.eval.variants import AttentionTimer, CallRun, Queries, Variant
 from attnstore_tools.timing import time_rounds

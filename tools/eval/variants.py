@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.cache import AttnCache
 from attnstore_client.sentence.heads import SentenceHead
 from attnstore_client.tiers.cost_model import CostModel

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 from attnstore.errors import UnsupportedModelError
 from attnstore.protocol.prefix import DEFAULT_BLOCK_SIZE, PrefixBlock, PrefixDtype, PrefixLayout, chain_hashes
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 
 _DTYPES: dict[torch.dtype, PrefixDtype] = {torch.float32: "float32", torch.float16: "float16"}
 

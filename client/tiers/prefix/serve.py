@@ -19,8 +19,9 @@ import torch
 
 from attnstore.errors import AttnStoreError, MapsUnavailableError
 from attnstore.protocol.prefix import PrefixLayout
-from attnstore_client.batch import batch_from_ids
-from attnstore_client.call import Call, HiddenRows, Row
+from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.call.rows import HiddenRows, Row
+from attnstore_client.call.state import Call
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
 from attnstore_client.tiers.prefix.tier import PrefixCandidate, candidates, forward_with_prefix

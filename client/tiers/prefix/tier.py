@@ -32,7 +32,7 @@ from transformers.cache_utils import DynamicLayer
 
 from attnstore.protocol.prefix import PrefixLayout, chain_hashes, usable_blocks
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import Batch
+from attnstore_client.adapters.batch import Batch
 from attnstore_client.connection import PrefixStream
 
 

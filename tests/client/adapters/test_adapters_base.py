@@ -9,7 +9,7 @@ from transformers import GPT2Config, GPT2Model
 
 from attnstore.errors import MapShapeError, UnsupportedModelError
 from attnstore_client.adapters import BertAdapter, LlamaAdapter, adapter_for
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.models import LoadedModel
 
 

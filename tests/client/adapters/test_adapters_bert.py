@@ -8,7 +8,7 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters import BertAdapter, adapter_for
-from attnstore_client.batch import batch_from_ids, tokenize
+from attnstore_client.adapters.batch import batch_from_ids, tokenize
 
 TOL = 1e-4
 LENGTHS = [9, 3, 6]

@@ -6,9 +6,9 @@ import pytest
 import torch
 from adapter_helpers import max_diff, random_rows, tiny_model
 
-import attnstore_client.replay as replay_module
+import attnstore_client.adapters.replay as replay_module
 from attnstore_client.adapters import LlamaAdapter, adapter_for
-from attnstore_client.batch import batch_from_ids, tokenize
+from attnstore_client.adapters.batch import batch_from_ids, tokenize
 
 TOL = 1e-4
 LENGTHS = [11, 4, 8]

@@ -13,8 +13,8 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.adapters.packed import pack
-from attnstore_client.batch import batch_from_ids
 
 TOL = 1e-4
 # Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.

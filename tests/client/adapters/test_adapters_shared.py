@@ -12,7 +12,7 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
-from attnstore_client.batch import Batch, batch_from_ids
+from attnstore_client.adapters.batch import Batch, batch_from_ids
 
 TOL = 1e-4
 LENGTHS = [9, 3, 6]

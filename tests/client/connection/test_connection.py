@@ -25,7 +25,7 @@ from attnstore.errors import (
 from attnstore.protocol.records import LookupBatch
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.connection.base import checked_projector
 from attnstore_client.keys import model_fingerprint, token_hash

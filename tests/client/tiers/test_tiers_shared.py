@@ -23,14 +23,15 @@ from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.adapters import adapter_for
-from attnstore_client.call import Call, NamespaceView, Row
+from attnstore_client.call.rows import NamespaceView, Row
+from attnstore_client.call.settings import CallSettings
+from attnstore_client.call.sinks import RowStates
+from attnstore_client.call.state import Call
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
 from attnstore_client.namespace import NamespaceReader
 from attnstore_client.resilience import CircuitBreaker
-from attnstore_client.settings import CallSettings
-from attnstore_client.sinks import RowStates
 from attnstore_client.tiers.base import Tier, TierContext
 from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings

@@ -20,7 +20,7 @@ from attnstore.protocol.records import LookupBatch, NewEntry
 from attnstore.protocol.requests import lookup_request, search_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint, token_hash

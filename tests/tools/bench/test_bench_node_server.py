@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attnstore_node.errors import ApiError
-from attnstore_tools.bench.node_server import EncodeEmbedder
+from attnstore_tools.bench.node.server import EncodeEmbedder
 
 pytestmark = pytest.mark.real_model
 

@@ -7,7 +7,7 @@ import pytest
 
 from attnstore.errors import CorpusError, StoreFullError
 from attnstore.service import AttnStoreService, Query
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.projector import Projector
 from attnstore_tools.build.command import BuildConfig, build_namespace

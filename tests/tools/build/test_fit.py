@@ -9,7 +9,7 @@ import torch
 from cache_helpers import sentences, tiny_loaded
 
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import tokenize
+from attnstore_client.adapters.batch import tokenize
 from attnstore_tools.build.fit import FitConfig, SpilledArrays, fit_projector, format_fit
 from attnstore_tools.build.training import TrainConfig
 

@@ -12,9 +12,9 @@ from attnstore.errors import ConfigError
 from attnstore.service import AttnStoreService
 from attnstore.store import NamespaceLayout, NewEntry
 from attnstore_client.adapters import Adapter, adapter_for
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.adapters.layer_plan import SharedMapsPlan
 from attnstore_client.keys import token_hash
-from attnstore_client.layer_plan import SharedMapsPlan
 from attnstore_tools.eval.baselines import (
     AttnCacheFVariant,
     LayerKeys,

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from attnstore.errors import ConfigError, CorpusError
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.keys import token_hash
 
 LETTERS = ("A", "B", "C", "D")

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from attnstore.protocol.gate import FidelityGate
 from attnstore.service import AttnStoreService, Query
 from attnstore_client.adapters import Adapter
-from attnstore_client.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.keys import token_hash
 from attnstore_client.projector import Projector
 from attnstore_tools.build.training import map_distances

@@ -7,7 +7,7 @@ client count (so no point inherits another's cache):
   build`` at its defaults from the 8 Loghub systems' first 1,000 lines each
   (kept under ``--work-dir`` and reused);
 - ``sentence_transformers``: the node's own HTTP app answering each request with
-  ``SentenceTransformer.encode`` (``bench.node_server``);
+  ``SentenceTransformer.encode`` (``bench.node.server``);
 - ``dict``: the same with a dict cache in front, holding the stored lines'
   embeddings at start (as the node's store holds them) and every line it computes.
 
@@ -39,7 +39,7 @@ from typing import Any
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.bench.encode import NAMESPACE, built_store, load_data, stored_embeddings
-from attnstore_tools.bench.node_load import run_load, warm_up
+from attnstore_tools.bench.node.load import run_load, warm_up
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
@@ -124,7 +124,7 @@ def _command(args: argparse.Namespace, server: str, store: Path, scratch: Path, 
                 f"local:{store}", "--namespace", NAMESPACE, "--listen", "127.0.0.1:0", "--ready-file", str(ready),
                 "--threads", str(args.threads), *args.node_args.split()]
     method = "encode" if server == "sentence_transformers" else "dict"
-    command = [sys.executable, "-m", "attnstore_tools.bench.node_server", "--method", method, "--model", args.model,
+    command = [sys.executable, "-m", "attnstore_tools.bench.node.server", "--method", method, "--model", args.model,
                "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--threads", str(args.threads)]
     if method == "dict":
         command += ["--stored", str(scratch / "stored.json"), "--stored-embeddings", str(embeddings)]

@@ -1,7 +1,7 @@
 """The baseline servers of ``attnstore bench node``: the node's own HTTP app, each request through
 ``SentenceTransformer.encode`` (with a dict cache in front, for ``dict``), one request at a time.
 
-    python -m attnstore_tools.bench.node_server --method encode|dict --model minilm --listen 127.0.0.1:0 \
+    python -m attnstore_tools.bench.node.server --method encode|dict --model minilm --listen 127.0.0.1:0 \
         --ready-file F [--stored TEXTS.json --stored-embeddings EMBEDDINGS.npy] [--threads 2]
 
 The HTTP layer (routes, validation, keys, metrics, drain) is ``attnstore_node``'s,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from attnstore_client.call import HiddenRows
-from attnstore_client.sinks import LastStates, Pooled, RowStates
+from attnstore_client.call.rows import HiddenRows
+from attnstore_client.call.sinks import LastStates, Pooled, RowStates
 
 
 def _mean(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from attnstore_client.call import HiddenRows
+from attnstore_client.call.rows import HiddenRows
 
 # Pools right-padded last hidden states (B, P, hidden) and their mask (B, P) into (B, dim).
 Pool = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

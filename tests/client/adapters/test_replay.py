@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import attnstore_client.replay as replay_module
+import attnstore_client.adapters.replay as replay_module
 from attnstore.errors import MapShapeError
-from attnstore_client.replay import apply_maps, check_replay, layer_maps
+from attnstore_client.adapters.replay import apply_maps, check_replay, layer_maps
 
 
 def _causal_maps(heads: int, length: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_client.batch import batch_from_ids, group_by_length, tokenize
+from attnstore_client.adapters.batch import batch_from_ids, group_by_length, tokenize
 
 
 def test_batch_from_ids_pads_on_the_right_and_keeps_lengths():

@@ -10,8 +10,8 @@ from adapter_helpers import max_diff, random_rows, tiny_model
 
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
-from attnstore_client.batch import batch_from_ids
-from attnstore_client.layer_plan import LayerPlan, SharedMapsPlan
+from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.adapters.layer_plan import LayerPlan, SharedMapsPlan
 
 LENGTHS = [7, 4, 6]  # padded: rows 1 and 2 are shorter than the batch
 

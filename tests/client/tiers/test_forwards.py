@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore_client.call import Row
-from attnstore_client.forwards import cut
-from attnstore_client.settings import CallSettings
+from attnstore_client.call.rows import Row
+from attnstore_client.call.settings import CallSettings
 from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.forwards import cut
 
 
 def _rows(*lengths: int) -> list[Row]:

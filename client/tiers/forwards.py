@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attnstore_client.adapters.batch import batch_from_ids, group_by_length
 from attnstore_client.adapters.packed import pack
-from attnstore_client.batch import batch_from_ids, group_by_length
-from attnstore_client.call import HiddenRows, Row
-from attnstore_client.replay import ReplayMaps
-from attnstore_client.settings import CallSettings
+from attnstore_client.adapters.replay import ReplayMaps
+from attnstore_client.call.rows import HiddenRows, Row
+from attnstore_client.call.settings import CallSettings
 from attnstore_client.tiers.cost_model import CostModel
 
 if TYPE_CHECKING:

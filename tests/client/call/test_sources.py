@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnstore_client.sources import TextRows, Tokenized, TokenRows
+from attnstore_client.call.sources import TextRows, Tokenized, TokenRows
 
 
 def test_token_rows_come_longest_first_ties_in_input_order_in_chunks() -> None:
@@ -45,7 +45,7 @@ def test_a_text_repeated_in_the_call_is_tokenized_once_and_comes_as_a_repeat_of_
 def test_a_prompt_in_segments_is_tokenized_segment_by_segment_with_the_special_tokens_around_it() -> None:
     from cache_helpers import word_tokenizer
 
-    from attnstore_client.sources import segment_tokens
+    from attnstore_client.call.sources import segment_tokens
 
     tokenizer = word_tokenizer()
     [tokens] = segment_tokens(tokenizer, [["w2 w3", "w4", "w5 w6 w7"]], max_length=64)
@@ -58,7 +58,7 @@ def test_a_prompt_in_segments_longer_than_the_model_takes_is_refused_not_cut() -
     from cache_helpers import word_tokenizer
 
     from attnstore.errors import ConfigError
-    from attnstore_client.sources import segment_tokens
+    from attnstore_client.call.sources import segment_tokens
 
     with pytest.raises(ConfigError, match="prompt 0 in segments is 4 tokens, over the model's 3"):
         segment_tokens(word_tokenizer(), [["w2 w3", "w4 w5"]], max_length=3)

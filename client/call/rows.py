@@ -1,0 +1,89 @@
+"""The rows of a call: a distinct row until a tier serves it (``Row``), what a forward hands back for rows
+(``HiddenRows``), and what a call needs of its namespace (``NamespaceView``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from attnstore.protocol.prefix import PrefixLayout
+from attnstore_client.projector import Projector
+
+RowKind = Literal["exact", "prefix", "map", "miss", "fallback"]
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceView:
+    """What a call needs of its namespace, as last read from the store."""
+
+    projector: Projector | None = None  # None while the namespace has none: exact tiers only
+    version: int = 0  # the projector's version; searches state it
+    prefix: PrefixLayout | None = None  # how it stores prefix blocks; None: no prefix tier
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A distinct row of a call still to be served."""
+
+    index: int  # its first position in the call's input
+    tokens: Sequence[int]  # its token ids, special tokens included
+    key: bytes  # its exact-tier key (``keys.token_hash``)
+    # Token counts of its segments (instruction, chunks, question) when its prompt came in segments; () otherwise.
+    segments: tuple[int, ...] = ()
+
+
+class HiddenRows:
+    """Last hidden states of some rows, fp32: ``(T, hidden)`` end to end, or ``(B, P, hidden)`` right-padded.
+
+    Args:
+        values: the states.
+        lengths: each row's length.
+        starts: each row's first token in ``values`` when it is ``(T, hidden)``; None when padded.
+    """
+
+    def __init__(self, values: torch.Tensor, lengths: Sequence[int], starts: Sequence[int] | None = None) -> None:
+        self.values = values
+        self.lengths = tuple(lengths)
+        self.starts = None if starts is None else tuple(starts)
+
+    @classmethod
+    def stacked(cls, rows: Sequence[torch.Tensor]) -> HiddenRows:
+        """Rows given one by one, ``(L, hidden)`` each, as one ``(T, hidden)`` tensor."""
+        lengths = [int(row.shape[0]) for row in rows]
+        return cls(torch.cat(list(rows)), lengths, _ends_to_starts(lengths))
+
+    @property
+    def size(self) -> int:
+        """Number of rows."""
+        return len(self.lengths)
+
+    def row(self, r: int) -> torch.Tensor:
+        """Row ``r``'s states ``(L, hidden)``, a view."""
+        if self.starts is None:
+            return self.values[r, : self.lengths[r]]
+        return self.values[self.starts[r] : self.starts[r] + self.lengths[r]]
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows right-padded with zeros, ``(B, P, hidden)``, and their mask ``(B, P)`` long."""
+        padded = max(self.lengths)
+        positions = torch.arange(padded, device=self.values.device)  # (P,)
+        lengths = torch.tensor(self.lengths, device=self.values.device)  # (B,)
+        mask = (positions[None, :] < lengths[:, None]).long()  # (B, P)
+        if self.starts is None:
+            return self.values[:, :padded], mask
+        out = self.values.new_zeros((self.size, padded, self.values.shape[-1]))  # (B, P, hidden)
+        if self.starts == _ends_to_starts(self.lengths) and self.values.shape[0] == sum(self.lengths):
+            out.view(-1, out.shape[-1])[mask.view(-1).bool()] = self.values  # rows end to end: the mask's order
+        else:
+            for r, length in enumerate(self.lengths):
+                out[r, :length] = self.row(r)
+        return out, mask
+
+
+def _ends_to_starts(lengths: Sequence[int]) -> tuple[int, ...]:
+    """Where each row starts when rows of ``lengths`` lie end to end."""
+    return tuple(int(start) for start in np.concatenate([[0], np.cumsum(lengths)[:-1]]))
