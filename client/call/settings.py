@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from attnstore.errors import ConfigError
 from attnstore_client.resilience import RetryPolicy
@@ -16,6 +17,41 @@ DEFAULT_WINDOW = 512
 # Batches of rows a call takes through the tiers at a time: enough for few store round trips and
 # length-sorted forwards, few enough that what a chunk holds stays a few batches' worth.
 CHUNK_BATCHES = 16
+
+
+ChunkMethod = Literal["a3", "cacheblend", "full_reuse"]
+CHUNK_METHODS: tuple[ChunkMethod, ...] = ("a3", "cacheblend", "full_reuse")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSettings:
+    """How the chunk tier fuses stored chunks into a prompt (decoders, prompts in segments).
+
+    A prompt's first segment is its instruction, its last the question, the ones between
+    chunks: stored keys and values of each chunk are moved to its place in the prompt
+    (``tiers.chunks``) and a share ``ratio`` of the chunk tokens is computed again with
+    the attention to what precedes them that a chunk computed on its own missed.
+    """
+
+    # Which chunk tokens are computed again: "a3" those the question attends to most at the selection
+    # layer (A3); "cacheblend" those whose values deviate most there from the stored ones (CacheBlend);
+    # "full_reuse" none (stored keys and values only; the question alone is computed).
+    method: ChunkMethod = "a3"
+    ratio: float = 0.15  # share of the stored chunk tokens computed again (0..1)
+    # Layers before it compute every token (layer 0's keys and values depend on the token alone, so a few
+    # early layers cost little and give the selection true hidden states); the choice is made at it.
+    select_layer: int = 1
+    dtype: Literal["float16", "float32"] = "float16"  # how captured chunks are kept (computed in the model's)
+
+    def __post_init__(self) -> None:
+        if self.method not in CHUNK_METHODS:
+            raise ConfigError(f"ChunkSettings: method must be one of {list(CHUNK_METHODS)}, got {self.method!r}")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ConfigError(f"ChunkSettings: ratio must be within 0..1, got {self.ratio!r}")
+        if isinstance(self.select_layer, bool) or not isinstance(self.select_layer, int) or self.select_layer < 0:
+            raise ConfigError(f"ChunkSettings: select_layer must be an int >= 0, got {self.select_layer!r}")
+        if self.dtype not in ("float16", "float32"):
+            raise ConfigError(f"ChunkSettings: dtype must be 'float16' or 'float32', got {self.dtype!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +72,7 @@ class CallSettings:
     batch_size: int = 32  # rows per forward
     packed: bool = True  # forwards run their rows end to end, unpadded (``adapters.packed``)
     max_batch_tokens: int | None = None  # tokens per packed forward at most (a longer row goes alone); None: no cap
+    chunks: ChunkSettings | None = None  # fuse stored chunks into prompts in segments (decoders); None: no chunk tier
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -51,3 +88,4 @@ class CallSettings:
     def chunk_rows(self) -> int:
         """Rows a call takes through the tiers at a time."""
         return CHUNK_BATCHES * self.batch_size
+
