@@ -33,11 +33,11 @@ from attnstore.errors import (
 )
 from attnstore_client.adapters import adapter_for
 from attnstore_client.call.rows import NamespaceView
-from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings
+from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings, ChunkSettings
 from attnstore_client.call.sinks import Pooled, RowStates, Sink
 from attnstore_client.call.sources import Prompt, RowSource, TextRows, TokenRows, segment_tokens
 from attnstore_client.call.state import Call
-from attnstore_client.choices import ChoiceScores, score_prompts
+from attnstore_client.choices import ChoiceScores, last_states, score_prompts
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model, move_model, resolve_device
@@ -49,6 +49,8 @@ from attnstore_client.sentence.heads import PROMPT_EOL, PromptEolHead, sentence_
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.base import TierContext
+from attnstore_client.tiers.chunks.source import ChunkSource, MemoryChunkSource
+from attnstore_client.tiers.chunks.tier import ChunkTier
 from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
@@ -136,6 +138,9 @@ class AttnCache(SentenceTransformerAPI):
         write_back: send computed rows the daemon admits to its exact tier (needs a daemon, a write token).
         packed: run forwards with their rows end to end, nothing padded (``adapters.packed``); False pads
             length-sorted batches, cut where the cost model's fit predicts the least time.
+        chunks: fuse prompts given in segments from stored chunks (decoders; ``tiers.chunks``) in calls that
+            keep each prompt's last state (``score_choices``, ``last_hidden_states``); None: no chunk tier.
+        chunk_source: where chunks are kept (default: in this process, ``MemoryChunkSource``).
 
     Raises:
         ConfigError: a bad option or store URL.
@@ -167,6 +172,8 @@ class AttnCache(SentenceTransformerAPI):
         breaker: BreakerPolicy = BreakerPolicy(),
         write_back: bool | WriteBackSettings = False,
         packed: bool = True,
+        chunks: ChunkSettings | None = None,
+        chunk_source: ChunkSource | None = None,
     ) -> None:
         if max_distance is not None and not max_distance >= 0:
             raise ConfigError(f"AttnCache: max_distance must be >= 0, got {max_distance}")
@@ -179,7 +186,7 @@ class AttnCache(SentenceTransformerAPI):
         # Every option is checked before anything is opened: a bad one leaves nothing behind.
         outputs = LocalOutputs(exact_cache_bytes)
         self._settings = CallSettings(namespace, map_threshold(max_distance, None), exact, stream, timeout, retry,
-                                      prefix_min_tokens=prefix_min_tokens, packed=packed)
+                                      prefix_min_tokens=prefix_min_tokens, packed=packed, chunks=chunks)
         cost_model = CostModel(cost)
         self.device = resolve_device(device)
         self.loaded = load_model(model) if isinstance(model, str) else model
@@ -201,8 +208,10 @@ class AttnCache(SentenceTransformerAPI):
         self._context = TierContext(self.adapter, self.connection, self.fingerprint, self.device,
                                     CircuitBreaker(breaker), cost_model, reload_namespace=self._read_namespace)
         self._local = LocalExactTier(self._context, outputs)
+        self._chunks = ChunkTier(self._context, chunk_source or MemoryChunkSource())
         self._prefill = Prefill([
-            self._local, StoreExactTier(self._context, self._local), PrefixTier(self._context),
+            self._local, StoreExactTier(self._context, self._local),
+            self._chunks, PrefixTier(self._context),
             MapTier(self._context), ComputeTier(self._context, self._local),
         ])
         try:
@@ -272,6 +281,20 @@ class AttnCache(SentenceTransformerAPI):
     maps = _Flag("Whether map hits are looked for at all (False: the exact tiers only, a plain output cache).")
     prefix = _Flag("Whether rows start from stored prefixes of their keys and values (causal models).")
     packed = _Flag("Whether forwards run their rows end to end, unpadded (``adapters.packed``).")
+
+    @property
+    def chunks(self) -> ChunkSettings | None:
+        """How prompts in segments are fused from stored chunks (None: not at all); settable."""
+        return self._settings.chunks
+
+    @chunks.setter
+    def chunks(self, value: ChunkSettings | None) -> None:
+        self._settings = dataclasses.replace(self._settings, chunks=value)
+
+    @property
+    def chunk_source(self) -> ChunkSource:
+        """Where the chunk tier looks chunks up and puts the ones it computed."""
+        return self._chunks.source
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -497,3 +520,15 @@ class AttnCache(SentenceTransformerAPI):
         rows = [prompts] if isinstance(prompts, str) else list(prompts)
         return score_prompts(self.loaded, rows, choices, self.head.max_length,
                              partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))
+
+    def last_hidden_states(
+        self, prompts: str | Sequence[Prompt], batch_size: int = 32, show_progress_bar: bool | None = None
+    ) -> torch.Tensor:
+        """Each prompt's last hidden state ``(n, hidden)`` fp32, what :meth:`score_choices` scores; sets ``last_stats``.
+
+        A prompt may be a list of segments, as for :meth:`score_choices` (fused by the chunk tier when ``chunks``
+        is set). Raises ConfigError for a prompt in segments longer than the model's limit.
+        """
+        rows = [prompts] if isinstance(prompts, str) else list(prompts)
+        return last_states(self.loaded.tokenizer, rows, self.head.max_length,
+                           partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))

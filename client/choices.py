@@ -71,11 +71,25 @@ def score_prompts(
     ids = choice_ids(loaded.tokenizer, choices)
     if not prompts:
         return ChoiceScores(index=np.zeros(0, dtype=np.int64), probabilities=np.zeros((0, len(ids)), np.float32))
-    tokenizer = loaded.tokenizer
+    return next_token_choice(head, last_states(loaded.tokenizer, prompts, max_length, run), ids)
+
+
+def last_states(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], max_length: int,
+    run: Callable[[RowSource, Sink], object],
+) -> torch.Tensor:
+    """Each prompt's last hidden state ``(n, hidden)`` by ``run`` (one call into a ``LastStates`` sink; ``(0, 0)``
+    for no prompts).
+
+    A plain prompt is tokenized with special tokens and truncated to ``max_length``; a prompt in segments
+    is tokenized segment by segment (``sources.segment_tokens``).
+    """
+    if not prompts:
+        return torch.zeros((0, 0))
 
     def tokenize(chunk: list[str]) -> list[list[int]]:
         return tokenizer(chunk, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
 
     last = LastStates(len(prompts))
     run(TextRows(prompts, tokenize, partial(segment_tokens, tokenizer, max_length=max_length)), last)
-    return next_token_choice(head, last.result(), ids)
+    return last.result()

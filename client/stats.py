@@ -13,7 +13,8 @@ from attnstore_client.tiers.cost_model import BandEstimate
 
 # The fields a call's tallies (``CallCounts``) carry as they are.
 _FROM_COUNTS = frozenset({
-    "rows", "deduplicated", "exact_hits", "local_hits", "map_hits", "prefix_hits", "prefix_tokens", "misses",
+    "rows", "deduplicated", "exact_hits", "local_hits", "map_hits", "prefix_hits", "prefix_tokens", "chunk_hits",
+    "chunk_tokens", "chunk_recomputed", "chunks_captured", "misses",
     "skipped", "bytes_fetched", "projection_s", "lookup_s", "fetch_s", "forward_s", "forward_tokens",
     "forwarded_tokens",
 })
@@ -44,6 +45,10 @@ class CacheStats:
     map_hits: int = 0
     prefix_hits: int = 0  # distinct rows whose forward ran on the suffix only, the prefix's keys and values stored
     prefix_tokens: int = 0  # prompt tokens those rows took from stored prefixes instead of computing them
+    chunk_hits: int = 0  # distinct rows fused from stored chunks (prompts in segments, decoders; approximate)
+    chunk_tokens: int = 0  # prompt tokens those rows took from stored chunks and instructions
+    chunk_recomputed: int = 0  # ... of which chunk tokens computed again from the selection layer on
+    chunks_captured: int = 0  # instructions and chunks the chunk source lacked, computed on their own and stored
     misses: int = 0
     skipped: int = 0  # misses the cost model did not send for maps (a lookup would not have paid)
     fallbacks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cause -> rows
@@ -103,6 +108,7 @@ class CacheStats:
         return (
             f"{self.rows} rows ({self.deduplicated} repeats): {self.exact_hits} exact hits ({self.local_hits} local), "
             f"{self.prefix_hits} prefix hits ({self.prefix_tokens} tokens), "
+            f"{self.chunk_hits} chunk hits ({self.chunk_tokens} tokens stored, {self.chunk_recomputed} recomputed), "
             f"{self.map_hits} map hits, {self.misses} misses ({self.skipped} not looked up), "
             f"fallbacks: {fallbacks}; hit rate {self.hit_rate:.1%}; {self.bytes_fetched / 2**20:.1f} MiB fetched; "
             f"time {self.total_s:.2f} s (projection {self.projection_s:.2f}, lookup {self.lookup_s:.2f}, "

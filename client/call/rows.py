@@ -13,7 +13,7 @@ import torch
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore_client.projector import Projector
 
-RowKind = Literal["exact", "prefix", "map", "miss", "fallback"]
+RowKind = Literal["exact", "prefix", "chunk", "map", "miss", "fallback"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -22,6 +23,10 @@ Pool = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 class Sink(ABC):
     """Takes served rows, each with every input position it answers."""
+
+    # Whether it keeps only each row's last state: then a tier may hand it the states of a row's last tokens
+    # alone (the chunk tier computes only the question's).
+    last_only: ClassVar[bool] = False
 
     @abstractmethod
     def put(self, targets: Sequence[Sequence[int]], hidden: HiddenRows) -> None:
@@ -99,6 +104,8 @@ class Pooled(Sink):
 
 class LastStates(Sink):
     """Each row's last hidden state, in one ``(n, hidden)`` tensor: what a next-token score needs."""
+
+    last_only: ClassVar[bool] = True
 
     def __init__(self, rows: int) -> None:
         self._rows = rows

@@ -34,6 +34,10 @@ class CallCounts:
     map_hits: int = 0
     prefix_hits: int = 0  # distinct rows whose forward ran on the suffix only
     prefix_tokens: int = 0  # prompt tokens those rows took from stored prefixes (not computed)
+    chunk_hits: int = 0  # distinct rows fused from stored chunks (``tiers.chunks``)
+    chunk_tokens: int = 0  # prompt tokens those rows took from stored chunks and instructions
+    chunk_recomputed: int = 0  # ... of which chunk tokens computed again from the selection layer on
+    chunks_captured: int = 0  # instructions and chunks the source lacked, computed on their own and put in it
     misses: int = 0
     skipped: int = 0  # distinct rows the cost model kept from a map lookup (computed)
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -100,6 +104,8 @@ class Call:
                 counts.map_hits += 1
             elif row_kind == "prefix":
                 counts.prefix_hits += 1
+            elif row_kind == "chunk":
+                counts.chunk_hits += 1
             elif row_kind == "miss":
                 counts.misses += 1
         counts.sink_s += time.perf_counter() - started

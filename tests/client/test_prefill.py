@@ -176,7 +176,7 @@ def test_time_outside_the_tiers_is_reported_apart_from_each_tiers_time(bert, ser
     cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
     cache.encode(TEXTS, batch_size=4)
     stats = cache.last_stats
-    assert set(stats.tier_s) == {"local_exact", "store_exact", "prefix", "maps", "compute"}
+    assert set(stats.tier_s) == {"local_exact", "store_exact", "chunks", "prefix", "maps", "compute"}
     assert 0.0 < stats.overhead_s < stats.total_s
     assert stats.overhead_s + sum(stats.tier_s.values()) == pytest.approx(stats.total_s, rel=1e-6)
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from attnstore_client.adapters import Adapter
-from attnstore_client.settings import ChunkSettings
+from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.fusion import FusedRow, fused_forward
 from attnstore_client.tiers.chunks.source import ChunkKV
 

@@ -40,7 +40,7 @@ from torch import nn
 
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters import Adapter
-from attnstore_client.settings import ChunkSettings
+from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.selection import select_tokens
 from attnstore_client.tiers.chunks.source import ChunkKV
 

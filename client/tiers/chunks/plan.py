@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from attnstore_client.adapters import Adapter
-from attnstore_client.settings import ChunkSettings
+from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.capture import capture_chunks
 from attnstore_client.tiers.chunks.fusion import FusedRow, fused_forward
 from attnstore_client.tiers.chunks.source import ChunkKV, ChunkSource, chunk_key

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from attnstore_client.settings import ChunkSettings
+from attnstore_client.call.settings import ChunkSettings
 
 
 def chosen_count(ratio: float, candidates: int) -> int:

@@ -8,8 +8,8 @@ from adapter_helpers import random_rows, tiny_model
 
 from attnstore.errors import ConfigError
 from attnstore_client.adapters import adapter_for
-from attnstore_client.batch import batch_from_ids
-from attnstore_client.settings import ChunkSettings
+from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.plan import FusionCounts, fuse_prompts
 from attnstore_client.tiers.chunks.selection import chosen_count, select_tokens
 from attnstore_client.tiers.chunks.source import ChunkKV, MemoryChunkSource, chunk_key
