@@ -28,7 +28,7 @@ _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "eval": (
         "evaluation: tasks against the full model, the oracle comparison and its corpora",
-        ("eval.command", "eval.oracle.command", "eval.oracle.corpora"),
+        ("eval.command", "eval.icl", "eval.oracle.command", "eval.oracle.corpora"),
     ),
 }
 
