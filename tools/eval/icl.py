@@ -37,8 +37,8 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError
-from attnstore_client.sinks import LastStates
-from attnstore_client.sources import RowSource, Tokenized
+from attnstore_client.call.sinks import LastStates
+from attnstore_client.call.sources import RowSource, Tokenized
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.eval.oracle.corpora import LETTERS, mmlu_prompt
@@ -157,11 +157,11 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     from attnstore.store import MemoryMapStore
     from attnstore_client.adapters import adapter_for
     from attnstore_client.cache import AttnCache
+    from attnstore_client.call.settings import ChunkSettings
+    from attnstore_client.call.sources import segment_tokens
     from attnstore_client.choices import choice_ids
     from attnstore_client.connection.local import LocalConnection
     from attnstore_client.keys import model_fingerprint
-    from attnstore_client.settings import ChunkSettings
-    from attnstore_client.sources import segment_tokens
 
     adapter = adapter_for(loaded)
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
