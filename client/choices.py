@@ -16,6 +16,7 @@ from attnstore.errors import ConfigError, UnsupportedModelError
 from attnstore_client.call.sinks import LastStates, Sink
 from attnstore_client.call.sources import Prompt, RowSource, TextRows, segment_tokens
 from attnstore_client.models import LoadedModel
+from attnstore_client.sentence.heads import SentenceHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +94,56 @@ def last_states(
     last = LastStates(len(prompts))
     run(TextRows(prompts, tokenize, partial(segment_tokens, tokenizer, max_length=max_length)), last)
     return last.result()
+
+
+class ChoiceScoring:
+    """``score_choices`` and ``last_hidden_states`` of ``AttnCache``, over its model, head and ``run``."""
+
+    loaded: LoadedModel
+    head: SentenceHead
+    run: Callable[..., object]
+
+    def score_choices(
+        self,
+        prompts: str | Sequence[Prompt],
+        choices: Sequence[str] = ("A", "B", "C", "D"),
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> ChoiceScores:
+        """Score each prompt's next token over ``choices`` (classification, multiple choice).
+
+        The prompt is used as given (end it where the answer token follows, e.g.
+        ``"...\\nAnswer:"``); each choice must be one token of the tokenizer, as
+        the model would write it next (``" A"`` with its space for most BPE vocabularies).
+
+        Args:
+            prompts: one prompt or a sequence of prompts; a prompt may be a list of segments (instruction,
+                chunks, question), each tokenized on its own and the ids concatenated (fused from stored
+                chunks by the chunk tier when the cache's ``chunks`` is set).
+            choices: the candidate next tokens, as text.
+            batch_size, show_progress_bar: as for ``encode``.
+
+        Returns:
+            The chosen index and the probabilities over ``choices`` per prompt.
+
+        Raises:
+            UnsupportedModelError: the model is an encoder (no language-model head).
+            ConfigError: fewer than two choices, or a choice that is not exactly one token.
+        """
+        rows = [prompts] if isinstance(prompts, str) else list(prompts)
+        return score_prompts(self.loaded, rows, choices, self.head.max_length,
+                             partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))
+
+    def last_hidden_states(
+        self, prompts: str | Sequence[Prompt], batch_size: int = 32, show_progress_bar: bool | None = None
+    ) -> torch.Tensor:
+        """Each prompt's last hidden state ``(n, hidden)`` fp32, what :meth:`score_choices` scores; sets ``last_stats``.
+
+        A prompt may be a list of segments, as for :meth:`score_choices`.
+
+        Raises:
+            ConfigError: a prompt in segments longer than the model's limit.
+        """
+        rows = [prompts] if isinstance(prompts, str) else list(prompts)
+        return last_states(self.loaded.tokenizer, rows, self.head.max_length,
+                           partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))
