@@ -23,6 +23,10 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.nn import functional
+
+# Token counts a linear layer sees are padded to a multiple of this (see ``FusedLinears._kernel``).
+TOKEN_STEP = 64
 
 # Activation modules oneDNN fuses into the GEMM before them, by the attr name its kernel takes.
 _FUSABLE: Mapping[str, str] = {"GELUActivation": "gelu"}
@@ -60,7 +64,15 @@ class FusedLinears:
         algorithm = "none" if attr == "gelu" else ""  # GELU by its erf, as nn.GELU computes it
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, scalars, algorithm)
+            # oneDNN builds (and keeps) kernels per input shape: a packed forward's token count, different at
+            # nearly every call, would grow the process by about a MiB per count seen. Tokens padded to a
+            # multiple of TOKEN_STEP bound the shapes (and that memory) at the cost of a few zero rows.
+            tokens = x.shape[-2]
+            step = -tokens % TOKEN_STEP
+            if step:
+                x = functional.pad(x, (0, 0, 0, step))
+            out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, scalars, algorithm)
+            return out[..., :tokens, :] if step else out
 
         return forward
 

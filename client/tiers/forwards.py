@@ -1,11 +1,12 @@
 """The forwards a call runs: rows cut into batches, packed end to end (or right-padded), timed for the cost model.
 
-Packed (the default, ``CallSettings.packed``): a forward is ``batch_size`` rows of
-a length-sorted run, end to end with nothing padded (``adapters.packed``), so
-there is no padding to avoid. Padded: the rows are cut as sentence-transformers
-cuts them until the cost model has timed ``min_forwards`` forwards, then where
-its fit predicts the least time (``batch.group_by_length``). Either way every
-forward's time is recorded with its computed and replayed tokens and the
+Packed (the default, ``CallSettings.packed``): a forward is a length-sorted run of
+rows end to end with nothing padded (``adapters.packed``), as many as fit in the
+tokens a padded batch of ``batch_size`` of them would hold (see ``cut``).
+Padded: the rows are cut as sentence-transformers cuts them until the cost model
+has timed ``min_forwards`` forwards, then where its fit predicts the least time
+(``batch.group_by_length``). Either way every forward's time is recorded with
+its computed and replayed tokens and the
 token pairs its attention covers.
 """
 
@@ -41,16 +42,25 @@ class ForwardResult:
 
 
 def cut(rows: Sequence[Row], settings: CallSettings, cost_model: CostModel) -> list[list[Row]]:
-    """``rows`` (sorted longest first) cut into forwards of at most ``settings.batch_size`` rows (and, packed, of
-    at most ``settings.max_batch_tokens`` tokens: a longer row goes alone)."""
+    """``rows`` (sorted longest first) cut into forwards.
+
+    Packed, with ``settings.max_batch_tokens``: at most ``batch_size`` rows and that many tokens (a longer row
+    goes alone). Packed without it: the tokens a padded batch of ``batch_size`` of these rows would hold (their
+    longest times ``batch_size``), so a forward takes no more memory than sentence-transformers' batch, and the
+    shorter rows fill the room its padding would have taken (larger forwards run the linear layers faster).
+    Padded: as sentence-transformers cuts them, then where the cost model's fit predicts the least time.
+    """
     size = settings.batch_size
     if settings.packed:
         budget = settings.max_batch_tokens
+        most = size if budget is not None else len(rows)
+        if budget is None and rows:
+            budget = size * max(len(row.tokens) for row in rows)
         forwards: list[list[Row]] = []
         tokens = 0
         for row in rows:
             length = len(row.tokens)
-            if not forwards or len(forwards[-1]) >= size or (budget is not None and tokens + length > budget):
+            if not forwards or len(forwards[-1]) >= most or (budget is not None and tokens + length > budget):
                 forwards.append([])
                 tokens = 0
             forwards[-1].append(row)

@@ -19,9 +19,10 @@ def _sizes(forwards: list[list[Row]]) -> list[list[int]]:
     return [[len(row.tokens) for row in forward] for forward in forwards]
 
 
-def test_packed_forwards_take_batch_size_rows_and_stay_under_the_token_budget() -> None:
+def test_packed_forwards_hold_the_tokens_of_a_padded_batch_or_batch_size_rows_under_a_token_budget() -> None:
     rows = _rows(50, 40, 30, 20, 10, 10, 5)
-    assert _sizes(cut(rows, CallSettings("n", 0.0, batch_size=3), CostModel())) == [[50, 40, 30], [20, 10, 10], [5]]
+    # No budget: 3 padded rows of the longest (150 tokens) is the room, filled by the shorter rows.
+    assert _sizes(cut(rows, CallSettings("n", 0.0, batch_size=3), CostModel())) == [[50, 40, 30, 20, 10], [10, 5]]
     budget = CallSettings("n", 0.0, batch_size=3, max_batch_tokens=60)
     assert _sizes(cut(rows, budget, CostModel())) == [[50], [40], [30, 20, 10], [10, 5]]
     alone = CallSettings("n", 0.0, batch_size=8, max_batch_tokens=45)
