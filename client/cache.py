@@ -377,7 +377,8 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
                 a list of segments (tokenized one by one, the ids concatenated; not with a prompt or PromptEOL).
             prompt_name: one of the model's ``prompts`` to put before every text.
             prompt: a prompt to put before every text (wins over ``prompt_name``).
-            batch_size: rows per forward.
+            batch_size: rows per forward, as sentence-transformers takes it; packed forwards hold the tokens of
+                ``batch_size`` padded rows (their longest times ``batch_size``), shorter rows filling the rest.
             show_progress_bar: a bar over the rows computed; None shows it when logging is at INFO or lower.
             output_value: ``"sentence_embedding"``, ``"token_embeddings"`` (per text ``(L, hidden)``),
                 or None (a dict of both per text).
@@ -464,9 +465,10 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
         Args:
             source: the call's rows.
             sink: where each served row goes, as its forward (or tier) ends.
-            batch_size: rows per forward.
+            batch_size: rows per forward (packed: the tokens of ``batch_size`` padded rows, see ``tiers.forwards.cut``).
             show_progress_bar: a bar over the rows; None shows it when logging is at INFO or lower.
-            max_batch_tokens: tokens per packed forward at most (None: ``batch_size`` rows alone decide).
+            max_batch_tokens: tokens per packed forward at most, and then ``batch_size`` rows at most (None:
+                ``batch_size`` padded rows' tokens).
 
         Raises:
             ConfigError: a row without tokens, or a bad ``batch_size`` or ``max_batch_tokens``.

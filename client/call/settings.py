@@ -69,7 +69,7 @@ class CallSettings:
     window: int = DEFAULT_WINDOW  # rows per exact-tier call (at most the daemon's --max-queries)
     prefix: bool = True  # start rows from stored prefixes (causal namespaces that store prefix blocks)
     prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS  # shorter stored prefixes are not fetched
-    batch_size: int = 32  # rows per forward
+    batch_size: int = 32  # rows per forward (packed: the tokens of that many padded rows, ``tiers.forwards.cut``)
     packed: bool = True  # forwards run their rows end to end, unpadded (``adapters.packed``)
     max_batch_tokens: int | None = None  # tokens per packed forward at most (a longer row goes alone); None: no cap
     chunks: ChunkSettings | None = None  # fuse stored chunks into prompts in segments (decoders); None: no chunk tier
