@@ -14,6 +14,7 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.adapters.fused import padded_tokens
 from attnstore_client.adapters.packed import pack
 
 TOL = 1e-4
@@ -126,3 +127,10 @@ def test_onednn_linear_kernels_give_the_same_outputs_and_leave_the_model_as_it_w
     fused, _ = adapter.forward_packed(packed)
     assert max_diff(fused, plain) < 1e-5
     assert not any("forward" in module.__dict__ for module in adapter.model.modules())  # nothing left patched
+
+
+def test_fused_linears_see_few_token_counts_and_pad_little() -> None:
+    counts = range(1, 8193)
+    assert len({padded_tokens(tokens) for tokens in counts}) <= 160  # oneDNN keeps a kernel per shape
+    for tokens in counts:
+        assert 0 <= padded_tokens(tokens) - tokens <= max(15, tokens // 32)
