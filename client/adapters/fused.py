@@ -37,14 +37,15 @@ def fused_linears_available(model: nn.Module) -> bool:
 
 
 def padded_tokens(tokens: int) -> int:
-    """The token count a linear layer runs ``tokens`` as: rounded up to a step of 1/32 to 1/64 of it (16 at least).
+    """The token count a linear layer runs ``tokens`` as: rounded up to a multiple of 64, or of 1/32 to 1/64 of
+    the count from 4,096 tokens on.
 
-    oneDNN builds and keeps a kernel, with its buffers, per input shape, and a packed forward's token count is
-    new at nearly every forward: unrounded, a 67,349-row call grew the process by 0.7 GB. Rounded, a workload
-    sees at most 32 shapes per doubling of the count (64 below 1,024), and a forward computes at most 1/32 more
-    rows in its linear layers (15 at most below 1,024 tokens).
+    oneDNN builds (JIT-compiling) and keeps a kernel, with its buffers, per input shape, and a packed forward's
+    token count is new at nearly every forward: unrounded, a 67,349-row call grew the process by 0.7 GB.
+    Rounded, a workload sees at most 64 shapes below 4,096 tokens and 32 per doubling above, and a forward
+    computes at most 63 rows (1/32 from 4,096 tokens on) more in its linear layers than it holds.
     """
-    step = max(16, 1 << max(0, tokens.bit_length() - 6))
+    step = max(64, 1 << max(0, tokens.bit_length() - 6))
     return -(-tokens // step) * step
 
 

@@ -131,6 +131,6 @@ def test_onednn_linear_kernels_give_the_same_outputs_and_leave_the_model_as_it_w
 
 def test_fused_linears_see_few_token_counts_and_pad_little() -> None:
     counts = range(1, 8193)
-    assert len({padded_tokens(tokens) for tokens in counts}) <= 160  # oneDNN keeps a kernel per shape
+    assert len({padded_tokens(tokens) for tokens in counts}) <= 96  # oneDNN keeps a kernel per shape
     for tokens in counts:
-        assert 0 <= padded_tokens(tokens) - tokens <= max(15, tokens // 32)
+        assert 0 <= padded_tokens(tokens) - tokens <= max(63, tokens // 32)
