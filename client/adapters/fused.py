@@ -25,6 +25,12 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+# oneDNN builds (JIT-compiling) and keeps a kernel, with its buffers, per input shape, about 0.6 MiB each, and a
+# packed forward's token count is new at nearly every forward: a 67,349-row call grew the process by 0.7 GB.
+# The first EXACT_COUNTS counts a model sees run as they are; a count new after those is rounded up
+# (padded_tokens), which costs its zero rows (rounding every count made an 8,000-line call 10% slower).
+EXACT_COUNTS = 128
+
 # Activation modules oneDNN fuses into the GEMM before them, by the attr name its kernel takes.
 _FUSABLE: Mapping[str, str] = {"GELUActivation": "gelu"}
 
@@ -37,14 +43,8 @@ def fused_linears_available(model: nn.Module) -> bool:
 
 
 def padded_tokens(tokens: int) -> int:
-    """The token count a linear layer runs ``tokens`` as: rounded up to a multiple of 64, or of 1/32 to 1/64 of
-    the count from 4,096 tokens on.
-
-    oneDNN builds (JIT-compiling) and keeps a kernel, with its buffers, per input shape, and a packed forward's
-    token count is new at nearly every forward: unrounded, a 67,349-row call grew the process by 0.7 GB.
-    Rounded, a workload sees at most 64 shapes below 4,096 tokens and 32 per doubling above, and a forward
-    computes at most 63 rows (1/32 from 4,096 tokens on) more in its linear layers than it holds.
-    """
+    """``tokens`` rounded up to a multiple of 64, or of 1/32 to 1/64 of it from 4,096 tokens on: at most 64
+    counts below 4,096 and 32 per doubling above."""
     step = max(64, 1 << max(0, tokens.bit_length() - 6))
     return -(-tokens // step) * step
 
@@ -63,6 +63,7 @@ class FusedLinears:
         with torch.no_grad():
             self._packed = {id(m): torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None)
                             for m in self._linears}
+        self._counts: set[int] = set()  # token counts run as they are (EXACT_COUNTS at most)
         self._fused = {owner: (linear, _FUSABLE[type(act).__name__])
                        for owner, linear in fused.items()
                        if (act := getattr(owner, "intermediate_act_fn", None)) is not None
@@ -75,13 +76,20 @@ class FusedLinears:
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             tokens = x.shape[-2]
-            extra = padded_tokens(tokens) - tokens
+            extra = self._run_as(tokens) - tokens
             if extra:
                 x = functional.pad(x, (0, 0, 0, extra))
             out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, scalars, algorithm)
             return out[..., :tokens, :] if extra else out
 
         return forward
+
+    def _run_as(self, tokens: int) -> int:
+        """The token count ``tokens`` rows run as: itself if seen before or among the first EXACT_COUNTS."""
+        if tokens in self._counts or len(self._counts) < EXACT_COUNTS:
+            self._counts.add(tokens)
+            return tokens
+        return padded_tokens(tokens)
 
     @contextmanager
     def installed(self) -> Iterator[None]:

@@ -14,7 +14,7 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.adapters.fused import padded_tokens
+from attnstore_client.adapters.fused import EXACT_COUNTS, FusedLinears, padded_tokens
 from attnstore_client.adapters.packed import pack
 
 TOL = 1e-4
@@ -134,3 +134,19 @@ def test_fused_linears_see_few_token_counts_and_pad_little() -> None:
     assert len({padded_tokens(tokens) for tokens in counts}) <= 96  # oneDNN keeps a kernel per shape
     for tokens in counts:
         assert 0 <= padded_tokens(tokens) - tokens <= max(63, tokens // 32)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_fused_linears_run_the_first_token_counts_as_they_are_and_round_new_ones_after() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    fused = FusedLinears(model, {})
+    x = torch.randn(EXACT_COUNTS + 10, 8)
+    with torch.no_grad():
+        expected = model(x)
+        with fused.installed():
+            outputs = [model(x[:tokens]) for tokens in range(1, EXACT_COUNTS + 11)]
+    for tokens, out in enumerate(outputs, start=1):  # rounded or not, each row's output is the plain layer's
+        assert out.shape == (tokens, 4) and torch.allclose(out, expected[:tokens], atol=1e-5)
+    assert fused._run_as(1) == 1  # seen before: as it is
+    assert fused._run_as(EXACT_COUNTS) == EXACT_COUNTS  # the last count run before the cap filled
+    assert fused._run_as(EXACT_COUNTS + 1) == padded_tokens(EXACT_COUNTS + 1) == 192  # new after it: rounded
