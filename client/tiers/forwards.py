@@ -6,8 +6,7 @@ tokens a padded batch of ``batch_size`` of them would hold (see ``cut``).
 Padded: the rows are cut as sentence-transformers cuts them until the cost model
 has timed ``min_forwards`` forwards, then where its fit predicts the least time
 (``batch.group_by_length``). Either way every forward's time is recorded with
-its computed and replayed tokens and the
-token pairs its attention covers.
+its computed and replayed tokens and the token pairs its attention covers.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def cut(rows: Sequence[Row], settings: CallSettings, cost_model: CostModel) -> l
     Packed, with ``settings.max_batch_tokens``: at most ``batch_size`` rows and that many tokens (a longer row
     goes alone). Packed without it: the tokens a padded batch of ``batch_size`` of these rows would hold (their
     longest times ``batch_size``), so a forward takes no more memory than sentence-transformers' batch, and the
-    shorter rows fill the room its padding would have taken (larger forwards run the linear layers faster).
+    shorter rows fill the room its padding would have taken.
     Padded: as sentence-transformers cuts them, then where the cost model's fit predicts the least time.
     """
     size = settings.batch_size
