@@ -169,7 +169,8 @@ def test_each_forward_is_pooled_as_it_ends_never_the_whole_call_at_once(bert, se
     cache.head.pool = recorded  # type: ignore[method-assign]
     texts = sentences(50, seed=32, min_words=2, max_words=9)
     cache.encode(texts, batch_size=8)
-    assert sum(pooled) == 50 and max(pooled) <= 8
+    # Packed forwards hold the tokens of 8 padded rows (their longest times 8), so more rows where they are short.
+    assert sum(pooled) == 50 and len(pooled) > 1 and max(pooled) < 50
 
 
 def test_time_outside_the_tiers_is_reported_apart_from_each_tiers_time(bert, service) -> None:
