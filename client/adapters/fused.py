@@ -29,7 +29,7 @@ from torch.nn import functional
 # packed forward's token count is new at nearly every forward: a 67,349-row call grew the process by 0.7 GB.
 # The first EXACT_COUNTS counts a model sees run as they are; a count new after those is rounded up
 # (padded_tokens), which costs its zero rows (rounding every count made an 8,000-line call 10% slower).
-EXACT_COUNTS = 128
+EXACT_COUNTS = 64
 
 # Activation modules oneDNN fuses into the GEMM before them, by the attr name its kernel takes.
 _FUSABLE: Mapping[str, str] = {"GELUActivation": "gelu"}
