@@ -149,4 +149,5 @@ def test_fused_linears_run_the_first_token_counts_as_they_are_and_round_new_ones
         assert out.shape == (tokens, 4) and torch.allclose(out, expected[:tokens], atol=1e-5)
     assert fused._run_as(1) == 1  # seen before: as it is
     assert fused._run_as(EXACT_COUNTS) == EXACT_COUNTS  # the last count run before the cap filled
-    assert fused._run_as(EXACT_COUNTS + 1) == padded_tokens(EXACT_COUNTS + 1) == 192  # new after it: rounded
+    new = EXACT_COUNTS + 1  # new after it: rounded up
+    assert fused._run_as(new) == padded_tokens(new) > new and padded_tokens(new) % 64 == 0
