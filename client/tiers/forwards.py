@@ -51,15 +51,15 @@ def cut(rows: Sequence[Row], settings: CallSettings, cost_model: CostModel) -> l
     """
     size = settings.batch_size
     if settings.packed:
-        budget = settings.max_batch_tokens
-        most = size if budget is not None else len(rows)
-        if budget is None and rows:
-            budget = size * max(len(row.tokens) for row in rows)
+        if settings.max_batch_tokens is None:
+            most, budget = len(rows), size * max((len(row.tokens) for row in rows), default=0)
+        else:
+            most, budget = size, settings.max_batch_tokens
         forwards: list[list[Row]] = []
         tokens = 0
         for row in rows:
             length = len(row.tokens)
-            if not forwards or len(forwards[-1]) >= most or (budget is not None and tokens + length > budget):
+            if not forwards or len(forwards[-1]) >= most or tokens + length > budget:
                 forwards.append([])
                 tokens = 0
             forwards[-1].append(row)
