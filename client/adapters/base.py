@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar, Literal
@@ -41,9 +41,9 @@ from torch import nn
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters.batch import Batch
-from attnstore_client.adapters.fused import FusedLinears, fused_linears_available
+from attnstore_client.adapters.fused import FusedLinears, fused_linears_available, padded_tokens
 from attnstore_client.adapters.layer_plan import LayerPlan
-from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed
+from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed, with_filler
 from attnstore_client.adapters.planned import attend_planned
 from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay, layer_maps
 from attnstore_client.adapters.rows import merge_rows, select_rows
@@ -320,19 +320,23 @@ class Adapter(ABC):
         Raises:
             MapShapeError: as ``forward_keeping``.
         """
+        fused = self._fused_linears()
+        tokens = batch.tokens
+        if fused is not None:  # oneDNN keeps a kernel per token count: round it once, with filler rows
+            batch = with_filler(batch, padded_tokens(tokens) - tokens)
         call = plan_packed(batch, dict(replay or {}), keep, layers=self.num_layers, heads=self.num_heads,
                            causal=self.causal)
-        with torch.inference_mode(), self._patched(call), self._linear_kernels():
-            out = self._run_packed(batch)  # (T, hidden)
+        with torch.inference_mode(), self._patched(call), fused.installed() if fused else nullcontext():
+            out = self._run_packed(batch)[:tokens]  # (T, hidden)
         return out, dict(call.kept)
 
-    def _linear_kernels(self) -> AbstractContextManager[None]:
-        """oneDNN's linear kernels for this forward, where they are there and wanted (``fused_linears``)."""
+    def _fused_linears(self) -> FusedLinears | None:
+        """oneDNN's linear kernels for packed forwards, where they are there and wanted (``fused_linears``)."""
         if not self.fused_linears or not fused_linears_available(self.model):
-            return nullcontext()
+            return None
         if self._fused is None:
             self._fused = FusedLinears(self.model, self._fusable())
-        return self._fused.installed()
+        return self._fused
 
     def forward_planned(self, batch: Batch, plan: LayerPlan) -> torch.Tensor:
         """One forward of the whole batch in which ``plan`` decides, layer by layer, which rows replay.

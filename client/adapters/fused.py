@@ -14,6 +14,14 @@ order: outputs move by about 1e-6.
 ``nn.Linear`` through those kernels and fuses the activations it knows
 (BERT's exact GELU). Measured in ``docs/BENCHMARKS.md`` ("Encode"); used only
 where oneDNN is available and the model runs on the CPU in fp32.
+
+oneDNN builds (JIT-compiling) and keeps a kernel, with its buffers, per input
+shape, about 0.6 MiB each, and a packed forward's token count is new at nearly
+every forward: unrounded, a 67,349-row call grew the process by 0.7 GB. So every
+count runs rounded up (``padded_tokens``): the adapter pads a packed forward
+once, with filler rows (``packed.with_filler``), and a linear layer pads only an
+input whose count is still unrounded (the query/key projections of a forward's
+computing rows when others replay).
 """
 
 from __future__ import annotations
@@ -24,12 +32,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 from torch.nn import functional
-
-# oneDNN builds (JIT-compiling) and keeps a kernel, with its buffers, per input shape, about 0.6 MiB each, and a
-# packed forward's token count is new at nearly every forward: a 67,349-row call grew the process by 0.7 GB.
-# The first EXACT_COUNTS counts a model sees run as they are; a count new after those is rounded up
-# (padded_tokens), which costs its zero rows (rounding every count made an 8,000-line call 10% slower).
-EXACT_COUNTS = 64
 
 # Activation modules oneDNN fuses into the GEMM before them, by the attr name its kernel takes.
 _FUSABLE: Mapping[str, str] = {"GELUActivation": "gelu"}
@@ -44,7 +46,7 @@ def fused_linears_available(model: nn.Module) -> bool:
 
 def padded_tokens(tokens: int) -> int:
     """``tokens`` rounded up to a multiple of 64, or of 1/32 to 1/64 of it from 4,096 tokens on: at most 64
-    counts below 4,096 and 32 per doubling above."""
+    counts below 4,096 and 32 per doubling above; a rounded count rounds to itself."""
     step = max(64, 1 << max(0, tokens.bit_length() - 6))
     return -(-tokens // step) * step
 
@@ -63,7 +65,6 @@ class FusedLinears:
         with torch.no_grad():
             self._packed = {id(m): torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None)
                             for m in self._linears}
-        self._counts: set[int] = set()  # token counts run as they are (EXACT_COUNTS at most)
         self._fused = {owner: (linear, _FUSABLE[type(act).__name__])
                        for owner, linear in fused.items()
                        if (act := getattr(owner, "intermediate_act_fn", None)) is not None
@@ -76,20 +77,13 @@ class FusedLinears:
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             tokens = x.shape[-2]
-            extra = self._run_as(tokens) - tokens
+            extra = padded_tokens(tokens) - tokens
             if extra:
                 x = functional.pad(x, (0, 0, 0, extra))
             out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, scalars, algorithm)
             return out[..., :tokens, :] if extra else out
 
         return forward
-
-    def _run_as(self, tokens: int) -> int:
-        """The token count ``tokens`` rows run as: itself if seen before or among the first EXACT_COUNTS."""
-        if tokens in self._counts or len(self._counts) < EXACT_COUNTS:
-            self._counts.add(tokens)
-            return tokens
-        return padded_tokens(tokens)
 
     @contextmanager
     def installed(self) -> Iterator[None]:

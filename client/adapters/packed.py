@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from attnstore_client.adapters.hooks import AttentionHooks
 
-Role = Literal["compute", "keep", "replay"]
+Role = Literal["compute", "keep", "replay", "fill"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class PackedBatch:
     position_ids: torch.Tensor  # (T,) long, 0..L-1 for every row
     lengths: tuple[int, ...]
     starts: tuple[int, ...]  # each row's first token in the sequence
+    filler: int = 0  # the last rows are filler rows (``with_filler``), not rows of the caller's
 
     @property
     def size(self) -> int:
@@ -59,7 +60,8 @@ class PackedBatch:
         """The same batch with its tensors on ``device`` (itself when they are there already)."""
         if self.input_ids.device == torch.device(device):
             return self
-        return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.lengths, self.starts)
+        return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.lengths, self.starts,
+                           self.filler)
 
     def row(self, flat: torch.Tensor, row: int) -> torch.Tensor:
         """Row ``row`` of a ``(T, ...)`` tensor laid out as this batch: ``(L, ...)``, a view."""
@@ -82,6 +84,26 @@ def pack(rows: Sequence[Sequence[int]]) -> PackedBatch:
     input_ids = torch.as_tensor([token for row in rows for token in row], dtype=torch.long)  # (T,)
     position_ids = torch.cat([torch.arange(length) for length in lengths])  # (T,)
     return PackedBatch(input_ids, position_ids, lengths, starts)
+
+
+# Filler rows are at most this long: within any model's positions, and one attention run however many there are.
+FILLER_ROW = 64
+
+
+def with_filler(batch: PackedBatch, tokens: int) -> PackedBatch:
+    """``batch`` with ``tokens`` more, as rows of token 0 (of at most FILLER_ROW tokens) after its own rows.
+
+    The rows' own tokens keep their places (``batch.row`` reads them the same) and see nothing of the filler:
+    attention runs row by row. Filler rows compute when a row of the batch does, else they skip attention.
+    """
+    if tokens <= 0:
+        return batch
+    fill = [FILLER_ROW] * (tokens // FILLER_ROW) + ([tokens % FILLER_ROW] if tokens % FILLER_ROW else [])
+    lengths = batch.lengths + tuple(fill)
+    device = batch.input_ids.device
+    input_ids = torch.cat([batch.input_ids, torch.zeros(tokens, dtype=torch.long, device=device)])
+    positions = torch.cat([batch.position_ids, *(torch.arange(n, device=device) for n in fill)])
+    return PackedBatch(input_ids, positions, lengths, _starts(lengths), batch.filler + len(fill))
 
 
 def _starts(lengths: Sequence[int]) -> tuple[int, ...]:
@@ -128,16 +150,18 @@ def plan_packed(
     Raises:
         MapShapeError: maps of the wrong shape, or a row to keep outside the batch or replaying.
     """
-    check_replay(replay, batch.lengths, layers=layers, heads=heads, causal=causal)
+    own = batch.size - batch.filler
+    check_replay(replay, batch.lengths[:own], layers=layers, heads=heads, causal=causal)
     keeping = set(keep)
-    bad = sorted(row for row in keeping if not (isinstance(row, int) and 0 <= row < batch.size) or row in replay)
+    bad = sorted(row for row in keeping if not (isinstance(row, int) and 0 <= row < own) or row in replay)
     if bad:
         raise MapShapeError(
             f"forward_packed(): rows {bad} cannot keep their maps: a row to keep is a computing row of this batch"
-            f" (0..{batch.size - 1}), not a replaying one"
+            f" (0..{own - 1}), not a replaying one"
         )
-    roles: list[Role] = ["replay" if row in replay else "keep" if row in keeping else "compute"
-                         for row in range(batch.size)]
+    roles: list[Role] = ["replay" if row in replay else "keep" if row in keeping else "compute" for row in range(own)]
+    # Filler rows compute with the rows that do (their q/k in the same rounded projection), else compute nothing.
+    roles += ["compute" if len(replay) < own else "fill"] * batch.filler
     runs: list[Run] = []
     for row, (length, role) in enumerate(zip(batch.lengths, roles, strict=True)):
         last = runs[-1] if runs else None
@@ -145,7 +169,7 @@ def plan_packed(
             runs[-1] = Run(last.first, last.count + 1, length, role)
         else:
             runs.append(Run(row, 1, length, role))
-    computing = [row for row in range(batch.size) if roles[row] != "replay"]
+    computing = [row for row in range(batch.size) if roles[row] in ("compute", "keep")]
     offsets, total = {}, 0
     for row in computing:
         offsets[row] = total
@@ -179,6 +203,9 @@ def attend_packed(
         end = start + run.count * run.length
         run_values = values[start:end].view(run.count, run.length, kv_heads, head_dim)  # (n, L, KVH, d)
         out = context[start:end].view(run.count, run.length, heads, head_dim)  # (n, L, H, d), a view of context
+        if run.role == "fill":
+            out.zero_()
+            continue
         if run.role == "replay":
             maps = [layer_maps(call.replay[row], row, layer, run.length, heads=heads, causal=adapter.causal,
                                dtype=hidden.dtype) for row in run.rows]  # per row (H, L, L)

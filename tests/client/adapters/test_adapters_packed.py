@@ -14,8 +14,8 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.adapters.fused import EXACT_COUNTS, FusedLinears, padded_tokens
-from attnstore_client.adapters.packed import pack
+from attnstore_client.adapters.fused import FusedLinears, padded_tokens
+from attnstore_client.adapters.packed import pack, with_filler
 
 TOL = 1e-4
 # Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.
@@ -137,17 +137,45 @@ def test_fused_linears_see_few_token_counts_and_pad_little() -> None:
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_fused_linears_run_the_first_token_counts_as_they_are_and_round_new_ones_after() -> None:
+def test_fused_linears_give_each_row_the_plain_layers_output_whatever_the_token_count() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 4))
     fused = FusedLinears(model, {})
-    x = torch.randn(EXACT_COUNTS + 10, 8)
+    x = torch.randn(200, 8)
     with torch.no_grad():
         expected = model(x)
         with fused.installed():
-            outputs = [model(x[:tokens]) for tokens in range(1, EXACT_COUNTS + 11)]
-    for tokens, out in enumerate(outputs, start=1):  # rounded or not, each row's output is the plain layer's
+            outputs = [model(x[:tokens]) for tokens in range(1, 201)]
+    for tokens, out in enumerate(outputs, start=1):  # an unrounded count is padded inside, never seen outside
         assert out.shape == (tokens, 4) and torch.allclose(out, expected[:tokens], atol=1e-5)
-    assert fused._run_as(1) == 1  # seen before: as it is
-    assert fused._run_as(EXACT_COUNTS) == EXACT_COUNTS  # the last count run before the cap filled
-    new = EXACT_COUNTS + 1  # new after it: rounded up
-    assert fused._run_as(new) == padded_tokens(new) > new and padded_tokens(new) % 64 == 0
+
+
+def test_a_rounded_token_count_rounds_to_itself() -> None:
+    for tokens in range(1, 20_000):
+        rounded = padded_tokens(tokens)
+        assert padded_tokens(rounded) == rounded
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_a_packed_forward_runs_its_linear_layers_at_rounded_counts_only(adapter: Adapter, rows, kind: str) -> None:
+    seen: list[int] = []
+    linears = [m for m in adapter.model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[-2])) for m in linears]
+    try:
+        packed = pack(rows)  # 50 tokens: filler rows make 64 of them
+        out, _ = adapter.forward_packed(packed)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen and all(tokens == padded_tokens(tokens) for tokens in seen)
+    assert out.shape == (packed.tokens, adapter.hidden_size)
+    for r, expected in enumerate(_padded_rows(adapter, rows, kind)):  # the filler is invisible to the rows
+        assert max_diff(packed.row(out, r), expected) < TOL
+
+
+def test_filler_rows_follow_the_rows_and_leave_them_in_place() -> None:
+    packed = pack([[7, 8, 9], [10]])
+    filled = with_filler(packed, 130)
+    assert filled.tokens == 134 and filled.lengths == (3, 1, 64, 64, 2)
+    assert filled.row(filled.input_ids, 0).tolist() == [7, 8, 9] and filled.row(filled.input_ids, 1).tolist() == [10]
+    assert filled.position_ids[4:].tolist() == list(range(64)) * 2 + [0, 1]
+    assert with_filler(packed, 0) is packed
