@@ -41,6 +41,9 @@ class ChunkSettings:
     # Layers before it compute every token (layer 0's keys and values depend on the token alone, so a few
     # early layers cost little and give the selection true hidden states); the choice is made at it.
     select_layer: int = 1
+    # The last chunks, next to the question, computed in full even when stored: what the question reads most
+    # closely (the most similar exemplar goes last) then sees the true context.
+    recent: int = 0
     dtype: Literal["float16", "float32"] = "float16"  # how captured chunks are kept (computed in the model's)
 
     def __post_init__(self) -> None:
@@ -50,6 +53,8 @@ class ChunkSettings:
             raise ConfigError(f"ChunkSettings: ratio must be within 0..1, got {self.ratio!r}")
         if isinstance(self.select_layer, bool) or not isinstance(self.select_layer, int) or self.select_layer < 0:
             raise ConfigError(f"ChunkSettings: select_layer must be an int >= 0, got {self.select_layer!r}")
+        if isinstance(self.recent, bool) or not isinstance(self.recent, int) or self.recent < 0:
+            raise ConfigError(f"ChunkSettings: recent must be an int >= 0, got {self.recent!r}")
         if self.dtype not in ("float16", "float32"):
             raise ConfigError(f"ChunkSettings: dtype must be 'float16' or 'float32', got {self.dtype!r}")
 

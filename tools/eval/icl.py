@@ -12,7 +12,9 @@ exemplars (most similar last), query. Every method scores the same prompts
   prefix tier gives at best here: the prompts share nothing after the instruction);
 - ``full_reuse``: every exemplar's stored keys and values moved to its place, the query alone computed;
 - ``cacheblend@r``, ``a3@r``: the same, with a share r of exemplar tokens computed again,
-  chosen by value deviation (CacheBlend) or by the query's attention (A3) at layer 1.
+  chosen by value deviation (CacheBlend) or by the query's attention (A3) at layer 1;
+- with ``--recent K``, the same three again with the last K exemplars (the most
+  similar, next to the query) computed in full (``+K`` rows).
 
 The exemplars' chunks are computed on their own after the instruction and stored
 in an in-memory chunk source before any method is timed (a store built ahead).
@@ -20,6 +22,9 @@ Per method: accuracy, answers agreeing with full prefill, cosine of the last
 hidden state to full prefill's, share of prompt tokens computed (token-layers
 over prompt tokens times layers), and its time end to end including and
 excluding retrieval (fetching the chunks), with the speedups over full prefill.
+Agreement is also given on the *clear* queries alone, those where full prefill's
+top choice leads the next by at least ``CLEAR`` in probability: a query full
+prefill itself nearly ties flips at the smallest change of its last state.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from attnstore_tools.output import write_json
 log = logging.getLogger(__name__)
 
 RATIOS = (0.05, 0.15, 0.3)
+CLEAR = 0.1  # a clear query: full prefill's top choice leads the next by this much probability
 _SST2_INSTRUCTION = "Classify the sentiment of each movie review as positive or negative.\n\n"
 _SST2_LABELS = (" negative", " positive")
 _MMLU_INSTRUCTION = "The following are multiple choice questions (with answers).\n\n"
@@ -149,7 +155,7 @@ class MethodRun:
 
 
 def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, ratios: Sequence[float] = RATIOS,
-                 batch_size: int = 16, progress: bool = True) -> dict[str, object]:
+                 recent: Sequence[int] = (), batch_size: int = 16, progress: bool = True) -> dict[str, object]:
     """Run every method over ``prompts`` and score them against full prefill; returns the report."""
     from attnstore.index import ExactIndex
     from attnstore.protocol.records import NamespaceLayout
@@ -179,6 +185,10 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     methods: list[tuple[str, ChunkSettings | None]] = [("full", None), ("prefix", ChunkSettings(method="full_reuse")),
                                                         ("full_reuse", ChunkSettings(method="full_reuse"))]
     methods += [(f"{m}@{r:g}", ChunkSettings(method=m, ratio=r)) for m in ("cacheblend", "a3") for r in ratios]
+    for k in (k for k in recent if k > 0):
+        methods += [(f"full_reuse+{k}", ChunkSettings(method="full_reuse", recent=k))]
+        methods += [(f"{m}@{r:g}+{k}", ChunkSettings(method=m, ratio=r, recent=k))
+                    for m in ("cacheblend", "a3") for r in ratios]
     # The exemplars' chunks, computed on their own after the instruction: stored before anything is timed.
     cache.chunks = ChunkSettings(method="full_reuse")
     started = time.perf_counter()
@@ -228,6 +238,8 @@ def _report(task: IclTask, loaded, runs: list[MethodRun], answers: Sequence[int]
     scores = {run.name: next_token_choice(loaded.lm_head, run.last, answers) for run in runs}
     full = runs[0]
     reference = scores["full"].index
+    top_two = np.sort(scores["full"].probabilities, axis=1)[:, -2:]  # (n, 2)
+    clear = top_two[:, 1] - top_two[:, 0] >= CLEAR  # (n,)
     methods = []
     for run in runs:
         chosen = scores[run.name].index
@@ -236,6 +248,7 @@ def _report(task: IclTask, loaded, runs: list[MethodRun], answers: Sequence[int]
             "method": run.name,
             "accuracy": round(float((chosen == task.gold).mean() * 100), 2),
             "agreement": round(float((chosen == reference).mean() * 100), 2),
+            "agreement_clear": round(float((chosen == reference)[clear].mean() * 100), 2) if clear.any() else None,
             "cosine_mean": round(float(cosine.mean()), 5),
             "cosine_min": round(float(cosine.min()), 5),
             "computed_share": round(run.computed_tokens / prompt_tokens, 4),
@@ -248,6 +261,7 @@ def _report(task: IclTask, loaded, runs: list[MethodRun], answers: Sequence[int]
         "task": task.name, "model": loaded.name, "queries": count, "prompt_tokens": int(prompt_tokens),
         "mean_prompt_tokens": round(prompt_tokens / max(count, 1), 1), "torch_threads": torch.get_num_threads(),
         "cores": os.cpu_count(), "chunk_build_seconds": round(build_s, 2), "chunks_stored": captured,
+        "clear_share": round(float(clear.mean()), 4), "clear_margin": CLEAR,
         "methods": methods,
     }
 
@@ -256,11 +270,14 @@ def format_icl(report: dict) -> str:
     """The report as a table."""
     lines = [f"eval icl: {report['task']}, {report['model']}, {report['queries']} queries, "
              f"{report['mean_prompt_tokens']} tokens per prompt, {report['chunks_stored']} chunks stored in "
-             f"{report['chunk_build_seconds']} s",
-             f"{'method':<16} {'acc %':>6} {'agree %':>8} {'cos':>7} {'cos min':>8} {'computed':>9} "
+             f"{report['chunk_build_seconds']} s; {report['clear_share']:.1%} of queries clear (full prefill's "
+             f"choice leads by >= {report['clear_margin']})",
+             f"{'method':<18} {'acc %':>6} {'agree %':>8} {'clear %':>8} {'cos':>7} {'cos min':>8} {'computed':>9} "
              f"{'s':>7} {'x incl':>7} {'x excl':>7}"]
     for m in report["methods"]:
-        lines.append(f"{m['method']:<16} {m['accuracy']:>6.1f} {m['agreement']:>8.1f} {m['cosine_mean']:>7.4f} "
+        clear = "-" if m["agreement_clear"] is None else f"{m['agreement_clear']:.1f}"
+        lines.append(f"{m['method']:<18} {m['accuracy']:>6.1f} {m['agreement']:>8.1f} {clear:>8} "
+                     f"{m['cosine_mean']:>7.4f} "
                      f"{m['cosine_min']:>8.4f} {m['computed_share']:>9.1%} {m['seconds']:>7.2f} "
                      f"{m['speedup_incl_retrieval']:>7.2f} {m['speedup_excl_retrieval']:>7.2f}")
     return "\n".join(lines)
@@ -282,6 +299,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                  "(default: all)")
     parser.add_argument("--ratios", type=_floats, default=RATIOS,
                         help="recompute ratios of CacheBlend and A3 (default 0.05,0.15,0.3)")
+    parser.add_argument("--recent", type=_ints, default=(),
+                        help="comma-separated K: rows with the last K exemplars computed in full (default none)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the query and pool samples (default 0)")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -297,6 +316,16 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation; returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -310,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"eval icl needs a decoder with a language-model head; {args.model!r} is not one")
     task = load_icl_task(args.task, data_dir(args.data), limit=args.limit, pool=args.pool, seed=args.seed)
     prompts = retrieve(task, args.shots, progress=not args.no_progress)
-    report = evaluate_icl(loaded, prompts, task, ratios=args.ratios, batch_size=args.batch_size,
+    report = evaluate_icl(loaded, prompts, task, ratios=args.ratios, recent=args.recent, batch_size=args.batch_size,
                           progress=not args.no_progress)
     report.update(shots=args.shots, pool=len(task.pool), seed=args.seed)
     print(format_icl(report))

@@ -8,7 +8,8 @@ segment, ``Row.segments``):
 2. a missing instruction is computed on its own and stored (it is exact: a true
    prefix); a missing chunk is computed on its own after the instruction and
    stored for the next prompts, and in this prompt it is computed in place, at
-   every layer, with everything before it (so it costs what a full forward would);
+   every layer, with everything before it (so it costs what a full forward would),
+   as are the last ``ChunkSettings.recent`` chunks, stored or not;
 3. the prompts run through ``fusion.fused_forward`` a batch at a time.
 """
 
@@ -92,7 +93,7 @@ def fuse_prompts(
             wanted[chunk_key(c.instruction, chunk)] = (context, chunk)
     missing: set[bytes] = set()
     chunks = _lookup(adapter, source, wanted, settings, batch_size, device, counts, missing=missing)
-    rows = [_row(ids, c, instructions, chunks, missing, device) for (ids, _), c in zip(prompts, cut, strict=True)]
+    rows = [_row(ids, c, instructions, chunks, missing, device, settings.recent) for (ids, _), c in zip(prompts, cut, strict=True)]
     out: list[torch.Tensor] = []
     for start in range(0, len(rows), batch_size):
         batch = rows[start : start + batch_size]
@@ -137,16 +138,17 @@ def _lookup(
 
 def _row(
     ids: Sequence[int], cut: _Segments, instructions: dict[bytes, ChunkKV], chunks: dict[bytes, ChunkKV],
-    missing: set[bytes], device: torch.device,
+    missing: set[bytes], device: torch.device, recent: int,
 ) -> FusedRow:
-    """A prompt's fused row: its instruction and stored chunks as parts, its question and missing chunks always."""
+    """A prompt's fused row: its instruction and stored chunks as parts; its question, missing chunks and last
+    ``recent`` chunks computed always."""
     tokens = torch.tensor(list(ids), dtype=torch.long, device=device)
     always = torch.zeros(len(ids), dtype=torch.bool, device=device)
     always[len(ids) - cut.question :] = True
     parts = [(0, instructions[chunk_key(None, cut.instruction)])] if cut.instruction else []
-    for start, chunk in cut.chunks:
+    for number, (start, chunk) in enumerate(cut.chunks):
         key = chunk_key(cut.instruction, chunk)
-        if key in missing:
+        if key in missing or number >= len(cut.chunks) - recent:
             always[start : start + len(chunk)] = True
         else:
             parts.append((start, chunks[key]))

@@ -87,6 +87,19 @@ def test_missing_chunks_are_computed_in_place_and_put_in_the_source(adapter):
     assert again.captured == 0 and again.stored_tokens == 6 + 9 + 8
 
 
+def test_the_last_chunks_asked_for_are_computed_in_full_and_the_ones_before_them_stay_stored(adapter):
+    prompts = [prompt(INSTRUCTION, C1, C2, C3, Q1)]
+    source = filled(adapter, *prompts)
+    counts = FusionCounts()
+    recent = ChunkSettings(method="full_reuse", recent=2, dtype="float32")
+    states = fuse_prompts(adapter, source, prompts, recent, counts=counts)[0]
+    assert counts.candidate_tokens == 7 and counts.stored_tokens == 6 + 7  # C1 only; C2 and C3 computed
+    # Every chunk but the first computed in full, the first right after the instruction: full prefill's states.
+    assert torch.allclose(states, full(adapter, prompts[0][0])[-4:], atol=1e-4)
+    with pytest.raises(ConfigError, match="recent"):
+        ChunkSettings(recent=-1)
+
+
 @pytest.mark.parametrize("method", ["a3", "cacheblend"])
 @pytest.mark.parametrize("ratio", [0.0, 0.15, 0.5, 0.9])
 def test_the_ratio_of_chunk_tokens_computed_again_is_respected(adapter, method, ratio):
