@@ -52,6 +52,7 @@ from attnstore_tools.output import write_json
 log = logging.getLogger(__name__)
 
 RATIOS = (0.05, 0.15, 0.3)
+CHUNK_BYTES = 12 << 30  # 872 SST-2 prompts' exemplars: about 5,000 chunks, 3.5 GB in fp16
 CLEAR = 0.1  # a clear query: full prefill's top choice leads the next by this much probability
 _SST2_INSTRUCTION = "Classify the sentiment of each movie review as positive or negative.\n\n"
 _SST2_LABELS = (" negative", " positive")
@@ -168,6 +169,7 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     from attnstore_client.choices import choice_ids
     from attnstore_client.connection.local import LocalConnection
     from attnstore_client.keys import model_fingerprint
+    from attnstore_client.tiers.chunks.source import MemoryChunkSource
 
     adapter = adapter_for(loaded)
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
@@ -175,8 +177,9 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
                              hidden=adapter.hidden_size, feature_dim=16)
     service.create_namespace("icl", model=loaded.name, fingerprint=fingerprint, layout=layout)
+    # Room for every chunk (a store built ahead): an evicted chunk would be computed again in each method's pass.
     cache = AttnCache(loaded, LocalConnection("local:memory", service), namespace="icl", exact=False,
-                      exact_cache_bytes=0)
+                      exact_cache_bytes=0, chunk_source=MemoryChunkSource(capacity_bytes=CHUNK_BYTES))
     cache.maps = cache.prefix = False
     answers = choice_ids(loaded.tokenizer, task.choices)
     tokenized = segment_tokens(loaded.tokenizer, prompts, max_length=10**9)
@@ -195,6 +198,10 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     _last(cache, tokenized, batch_size, progress)
     build_s = time.perf_counter() - started
     captured = cache.last_stats.chunks_captured
+    evicted = cache.chunk_source.stats().evictions if isinstance(cache.chunk_source, MemoryChunkSource) else 0
+    if evicted:
+        raise ConfigError(f"eval icl: {evicted} chunks did not fit in {CHUNK_BYTES} bytes; every method would "
+                          "compute them again")
     runs: list[MethodRun] = []
     for name, settings in tqdm(methods, desc="methods", unit="method", disable=not progress):
         cache.chunks = settings
