@@ -290,6 +290,34 @@ def format_icl(report: dict) -> str:
     return "\n".join(lines)
 
 
+def plot_icl(report: dict, path: Path) -> None:
+    """A PNG of each method's agreement with full prefill against its speedup (including retrieval).
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ConfigError("eval icl draws its plot with matplotlib: pip install 'attnstore[eval]'") from exc
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    for m in report["methods"]:
+        family = m["method"].split("@")[0].split("+")[0]
+        marker = {"full": "s", "prefix": "D", "full_reuse": "v", "cacheblend": "o", "a3": "^"}.get(family, "x")
+        ax.scatter(m["speedup_incl_retrieval"], m["agreement"], marker=marker)
+        ax.annotate(m["method"], (m["speedup_incl_retrieval"], m["agreement"]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.axhline(98, linestyle=":", linewidth=0.8)
+    ax.axvline(2.5, linestyle=":", linewidth=0.8)
+    ax.set_xlabel("speedup over full prefill, including retrieval (×)")
+    ax.set_ylabel("answers agreeing with full prefill (%)")
+    ax.set_title(f"eval icl: {report['task']}, {report['model']}, {report['queries']} queries, "
+                 f"{report.get('shots', '?')} shots", fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
 # ---- the command ------------------------------------------------------------------
 
 
@@ -311,6 +339,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the query and pool samples (default 0)")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--plot", type=Path, help="write a PNG of agreement against speedup here")
     parser.add_argument("--data", type=Path, default=None, help=DATA_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
@@ -353,4 +382,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, report, indent=1)
         print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot_icl(report, args.plot)
+        print(f"wrote {args.plot}")
     return 0
