@@ -26,7 +26,7 @@ def test_the_in_memory_twin_has_every_capability_the_lmdb_backend_has(tmp_path):
         lmdb_has = {name for name in CAPABILITIES if getattr(lmdb_store, name)}
     twin_has = {name for name in CAPABILITIES if getattr(MemoryMapStore(), name)}
     assert lmdb_has <= twin_has
-    assert {"supports_outputs_only", "supports_prefix_blocks", "supports_compaction"} <= lmdb_has
+    assert {"supports_outputs_only", "supports_prefix_blocks", "supports_chunks", "supports_compaction"} <= lmdb_has
 
 
 def test_a_read_only_store_declares_it_takes_no_writes(tmp_path):

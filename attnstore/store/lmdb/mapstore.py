@@ -44,6 +44,7 @@ from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES, DEFAULT_HIT_FLUSH_
 from attnstore.store.dram.tiered import DramTiered, PendingHits
 from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
+from attnstore.store.lmdb.chunks.calls import ChunkReads, LmdbChunks
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
     Generation,
@@ -60,7 +61,6 @@ from attnstore.store.lmdb.ingest import (
     write_entries,
 )
 from attnstore.store.lmdb.live import LiveGeneration
-from attnstore.store.lmdb.chunks.calls import ChunkReads, LmdbChunks
 from attnstore.store.lmdb.prefix_blocks import LmdbPrefixBlocks
 from attnstore.store.lmdb.reader import (
     decode_layers,

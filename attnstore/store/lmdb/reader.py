@@ -20,9 +20,9 @@ from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, EntryRef
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord, check_map_record
+from attnstore.store.lmdb.chunks.keys import chunk_usage
 from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
 from attnstore.store.lmdb.ingest import find_existing
-from attnstore.store.lmdb.chunks.keys import chunk_usage
 from attnstore.store.lmdb.prefix_blocks import prefix_usage
 from attnstore.store.lmdb.records import (
     META_EVICTED_BYTES,

@@ -23,9 +23,9 @@ from attnstore.errors import AttnStoreError, ChecksumError, StoreFullError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import decode_namespace, namespace_names
+from attnstore.store.lmdb.chunks.keys import chunk_findings
 from attnstore.store.lmdb.env import DB_NAMES, Generation, items_with_prefix
 from attnstore.store.lmdb.live import LiveGeneration
-from attnstore.store.lmdb.chunks.keys import chunk_findings
 from attnstore.store.lmdb.prefix_blocks import prefix_problems
 from attnstore.store.lmdb.records import BucketRecord, decode_u64, hash_key, length_key, ns_prefix, split_entry_key
 from attnstore.store.reports import CorruptChunk, CorruptEntry, VerifyReport

@@ -118,7 +118,8 @@ class RedisMapStore(RedisEntryReads, RedisChunks, DramTiered, MapStoreBase):
         return self._redis.location
 
     # ---- capabilities ---------------------------------------------------------
-    # Every one but prefix blocks (chunks: ``RedisChunks``); the store is shared, so it has a change feed and shared admission counts.
+    # Every one but prefix blocks (chunks: ``RedisChunks``); the store is shared, so it has a change feed and
+    # shared admission counts.
 
     supports_outputs_only = True
     supports_compaction = True  # forgets what Redis evicted, deletes orphan hashes
