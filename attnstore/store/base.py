@@ -6,8 +6,8 @@ batched form exists (``find_by_hashes``, ``token_ids``) backends implement it an
 the single form is a default over it. What only some backends can do is declared
 as a ``supports_*`` property (as zarr's ``Store.supports_writes``) that callers
 consult, never a backend's name or type: outputs-only entries, prefix blocks,
-compaction, a change feed, shared admission counts. A method of an ability a
-store lacks refuses with ConfigError naming the capability.
+chunk entries, compaction, a change feed, shared admission counts. A method of
+an ability a store lacks refuses with ConfigError naming the capability.
 
 Implemented by MapStore (LMDB), RedisMapStore and MemoryMapStore (the in-memory
 twin, with every capability the LMDB backend has). The DRAM tier, prefetch and
@@ -45,6 +45,7 @@ from attnstore.protocol.records import (
     check_entry_ids,
     check_namespace_name,
 )
+from attnstore.store.chunks.interface import ChunkCalls
 from attnstore.store.prefix.interface import PrefixBlockCalls
 from attnstore.store.reports import (
     CompactReport,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from attnstore.store.feed import ChangeFeed
 
 
-class MapStoreBase(PrefixBlockCalls, ABC):
+class MapStoreBase(PrefixBlockCalls, ChunkCalls, ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
 
     Safe for concurrent readers on many threads; writes are serialised.

@@ -84,6 +84,9 @@ class NamespaceStats:
     stored_bytes: int
     raw_bytes: int
     buckets: tuple[BucketStats, ...]
+    # chunk entries (keys and values of text chunks): outside stored_bytes, inside what max_bytes caps
+    chunk_entries: int = 0
+    chunk_bytes: int = 0
 
     @property
     def ratio(self) -> float:
@@ -115,6 +118,9 @@ class StoreStats:
     # prefix blocks (keys and values of prompt prefixes, causal namespaces): outside stored_bytes and max_bytes
     prefix_blocks: int = 0
     prefix_bytes: int = 0
+    # chunk entries over every namespace (per namespace in ``namespaces``): max_bytes caps them with stored_bytes
+    chunk_entries: int = 0
+    chunk_bytes: int = 0
 
     @property
     def ratio(self) -> float:
@@ -142,6 +148,15 @@ class CorruptEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class CorruptChunk:
+    """One chunk entry verify found damaged; reading it raises ChecksumError."""
+
+    namespace: str
+    key: str  # the chunk's key, hex
+    reason: str  # e.g. "layer 3 fails its crc32c"
+
+
+@dataclass(frozen=True, slots=True)
 class VerifyReport:
     """Result of walking every entry and chunk of the store."""
 
@@ -154,11 +169,13 @@ class VerifyReport:
     # prefix block (named by its chain hash)
     problems: tuple[str, ...] = ()
     prefix_blocks_checked: int = 0
+    chunk_entries_checked: int = 0
+    corrupt_chunks: tuple[CorruptChunk, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when no entry is corrupt and the store shows no other damage (orphans are harmless)."""
-        return not self.corrupt and not self.problems
+        """True when no entry or chunk is corrupt and the store shows no other damage (orphans are harmless)."""
+        return not self.corrupt and not self.problems and not self.corrupt_chunks
 
     def corrupt_ids(self, namespace: str) -> list[int]:
         """Ids of the corrupt entries of ``namespace``."""
@@ -169,6 +186,19 @@ class VerifyReport:
         data = dataclasses.asdict(self)
         data["ok"] = self.ok
         return data
+
+
+def with_chunk_usage(stats: StoreStats, usage: dict[str, tuple[int, int]]) -> StoreStats:
+    """``stats`` with each namespace's chunk entries and bytes (``usage``: name -> (entries, bytes)) and their
+    totals."""
+    namespaces = tuple(
+        dataclasses.replace(ns, chunk_entries=usage.get(ns.name, (0, 0))[0], chunk_bytes=usage.get(ns.name, (0, 0))[1])
+        for ns in stats.namespaces
+    )
+    return dataclasses.replace(
+        stats, namespaces=namespaces, chunk_entries=sum(ns.chunk_entries for ns in namespaces),
+        chunk_bytes=sum(ns.chunk_bytes for ns in namespaces),
+    )
 
 
 @dataclass(frozen=True, slots=True)

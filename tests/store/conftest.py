@@ -1,8 +1,8 @@
 """Fixtures of the store suites: one factory of every map store backend, so each suite runs on all of them.
 
 The suites consult a store's capabilities (``supports_*``), never its backend. Where a test must damage
-stored bytes behind a store's back, the factory's ``corrupt_prefix_chunk`` does it the backend's way: this
-file is the one place that knows which backend it made.
+stored bytes behind a store's back, the factory's ``corrupt_prefix_chunk`` and ``corrupt_chunk_layer`` do it
+the backend's way: this file is the one place that knows which backend it made.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def make_store(request, tmp_path) -> StoreFactory:
         return store
 
     factory.corrupt_prefix_chunk = _CORRUPTORS.get(request.param)  # type: ignore[attr-defined]
+    factory.corrupt_chunk_layer = _CHUNK_CORRUPTORS.get(request.param.split("-")[0])  # type: ignore[attr-defined]
     yield factory
     for store in opened:
         store.close()
@@ -58,3 +59,12 @@ def _corrupt_lmdb_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: 
 
 # Flips the first byte of one stored chunk of a prefix block, per backend that stores prefix blocks.
 _CORRUPTORS = {"memory": _corrupt_memory_prefix_chunk, "lmdb": _corrupt_lmdb_prefix_chunk}
+
+
+def _corrupt_memory_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, layer: int) -> None:
+    pieces = store._chunks[namespace].pieces[key]  # type: ignore[attr-defined]
+    pieces[layer] = bytes([pieces[layer][0] ^ 0xFF]) + pieces[layer][1:]
+
+
+# Flips the first byte of one stored layer of a chunk entry, per backend, through the backend's own storage.
+_CHUNK_CORRUPTORS = {"memory": _corrupt_memory_chunk_layer}

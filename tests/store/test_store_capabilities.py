@@ -6,6 +6,7 @@ import pytest
 from store_helpers import small_layout
 
 from attnstore.errors import ConfigError
+from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
 
@@ -14,7 +15,8 @@ CAPABILITIES = sorted(name for name in dir(MapStoreBase) if name.startswith("sup
 
 def test_the_interface_declares_each_optional_ability_as_a_capability():
     assert CAPABILITIES == [
-        "supports_change_feed", "supports_compaction", "supports_outputs_only", "supports_prefix_blocks",
+        "supports_change_feed", "supports_chunks", "supports_compaction", "supports_outputs_only",
+        "supports_prefix_blocks",
         "supports_shared_admission", "supports_writes",
     ]
 
@@ -46,3 +48,7 @@ def test_a_store_refuses_the_calls_of_an_ability_it_lacks_naming_the_capability(
         assert store.prefix_layout("ns") is None and store.match_prefix("ns", []) == 0
         with pytest.raises(ConfigError, match="supports_prefix_blocks"):
             store.set_prefix_layout("ns", PrefixLayout(4, 3, 2, 5, 6, "float32"))
+    if not store.supports_chunks:
+        assert store.chunk_layout("ns") is None and store.chunk_lengths("ns", [bytes(32)]) == [None]
+        with pytest.raises(ConfigError, match="supports_chunks"):
+            store.set_chunk_layout("ns", ChunkLayout(3, 2, 5, "float32"))

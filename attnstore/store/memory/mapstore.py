@@ -40,6 +40,7 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
+from attnstore.store.memory.chunks import MemoryChunks, _Chunks
 from attnstore.store.memory.prefix_blocks import MemoryPrefixBlocks, _Blocks
 from attnstore.store.namespace_rules import (
     check_projector_version,
@@ -58,6 +59,7 @@ from attnstore.store.reports import (
     NamespaceStats,
     StoreStats,
     VerifyReport,
+    with_chunk_usage,
 )
 from attnstore.store.validate import prepare_entry
 
@@ -89,7 +91,7 @@ class _Namespace:
     hashes: dict[bytes, int] = field(default_factory=dict)
 
 
-class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
+class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
     """In-memory map store.
 
     Args:
@@ -107,8 +109,9 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
         self._evicted_bytes = 0
         self._lock = threading.RLock()
         self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.memory.prefix_blocks)
+        self._chunks: dict[str, _Chunks] = {}  # namespace -> its chunk entries (see store.memory.chunks)
 
-    # Capabilities: every one the LMDB backend has (prefix blocks: ``MemoryPrefixBlocks``).
+    # Capabilities: every one the LMDB backend has (prefix blocks, chunks: ``MemoryPrefixBlocks``, ``MemoryChunks``).
     supports_outputs_only = True
     supports_compaction = True  # nothing to rewrite: it reports the live entries
 
@@ -154,6 +157,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
             self._ns(name)
             del self._namespaces[name]
             self._prefix.pop(name, None)
+            self._chunks.pop(name, None)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
         """See :meth:`MapStoreBase.set_projector`."""
@@ -243,24 +247,34 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
                 missing=[entry_id for entry_id in entry_ids if entry_id not in ns.entries],
             )
 
+    def _entry_bytes(self) -> int:
+        return sum(e.nbytes for ns in self._namespaces.values() for e in ns.entries.values())
+
     def _evict(self, protect: set[tuple[str, int]]) -> dict[str, list[int]]:
-        """Evict least recently hit entries down to 90% of the cap; the evicted ids by namespace."""
+        """Evict the least recently used entries and chunks down to 90% of the cap; the evicted entry ids by
+        namespace."""
         evicted: dict[str, list[int]] = {}
         if self._max_bytes is None:
             return evicted
-        total = sum(e.nbytes for ns in self._namespaces.values() for e in ns.entries.values())
+        total = self._entry_bytes() + self._chunk_bytes()
         if total <= self._max_bytes:
             return evicted
-        candidates = sorted(
+        candidates: list[tuple[float, str, int | bytes]] = [  # an entry's id, or a chunk's key
             (max(e.last_hit, e.created), name, e.id)
             for name, ns in self._namespaces.items()
             for e in ns.entries.values()
             if (name, e.id) not in protect
-        )
+        ]
+        candidates += [(c.recency, c.namespace, c.key) for c in self._chunk_candidates()]
+        candidates.sort(key=lambda c: c[:2])
         target = int(self._max_bytes * 0.9)
-        for _, name, entry_id in candidates:
+        for _, name, ident in candidates:
             if total <= target:
                 break
+            if isinstance(ident, bytes):
+                total -= self._evict_chunk(name, ident)
+                continue
+            entry_id = ident
             nbytes = self._namespaces[name].entries[entry_id].nbytes
             self._delete_one(self._namespaces[name], entry_id)
             total -= nbytes
@@ -402,8 +416,10 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
                             corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} chunk: crc32c mismatch"))
                             break
             blocks, problems = self._prefix_problems()
+            chunk_entries, corrupt_chunks = self._chunk_findings()
         return VerifyReport(entries, checked, tuple(corrupt), 0, time.perf_counter() - start, tuple(problems),
-                            prefix_blocks_checked=blocks)
+                            prefix_blocks_checked=blocks, chunk_entries_checked=chunk_entries,
+                            corrupt_chunks=tuple(corrupt_chunks))
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""
@@ -434,7 +450,8 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
                     )
                 )
             prefix_blocks, prefix_bytes = self._prefix_usage()
-        return StoreStats(
+            chunk_usage = self._chunk_usage()
+        return with_chunk_usage(StoreStats(
             path="memory",
             generation="memory",
             format_version=FORMAT_VERSION,
@@ -451,7 +468,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MapStoreBase):
             dram=DramStats(0, 0, 0, 0, 0, 0, 0),
             prefix_blocks=prefix_blocks,
             prefix_bytes=prefix_bytes,
-        )
+        ), chunk_usage)
 
     def close(self) -> None:
         """Nothing to release."""
