@@ -127,12 +127,12 @@ class ChunkTierCalls:
         for chunk in chunks:
             _check_chunk(chunk, layout)
         check_chunk_keys([chunk.key for chunk in chunks])
-        stored = self.chunk_layout(namespace)
-        if stored is not None:
-            check_chunk_layout(stored, namespace, layout)
+        recorded = self.chunk_layout(namespace)
+        if recorded is not None:
+            check_chunk_layout(recorded, namespace, layout)
         if not chunks:
             return ChunkPutResult(0, 0, 0)
-        if stored is None:  # the first put's layout (refused when another put set another one meanwhile)
+        if recorded is None:  # the first put's layout (refused when another put set another one meanwhile)
             self._store.set_chunk_layout(namespace, layout)
         unique = list({chunk.key: chunk for chunk in chunks}.values())
         known = self._store.chunk_lengths(namespace, [chunk.key for chunk in unique])
