@@ -66,5 +66,31 @@ def _corrupt_memory_chunk_layer(store: MapStoreBase, namespace: str, key: bytes,
     pieces[layer] = bytes([pieces[layer][0] ^ 0xFF]) + pieces[layer][1:]
 
 
+def _corrupt_lmdb_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, layer: int) -> None:
+    """Flips a byte of the layer in the data file itself (every copy of it there: LMDB keeps freed pages)."""
+    from attnstore.store.lmdb.chunks.keys import piece_key
+
+    with store._live.read() as (gen, txn):  # type: ignore[attr-defined]
+        piece = bytes(txn.get(piece_key(namespace, key, layer), db=gen.db.chunks))
+        path = gen.data_path
+    data = path.read_bytes()
+    offset = data.find(piece)
+    assert offset >= 0, "the layer's bytes are not in the data file"
+    with path.open("r+b") as file:
+        while offset >= 0:
+            file.seek(offset)
+            file.write(bytes([piece[0] ^ 0xFF]))
+            offset = data.find(piece, offset + 1)
+
+
+def _corrupt_redis_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, layer: int) -> None:
+    """Writes the layer back with its first byte flipped, with Redis's own HSET."""
+    hash_key = store._keys.namespace(namespace).chunk(key)  # type: ignore[attr-defined]
+    client = store._redis.client  # type: ignore[attr-defined]
+    piece = bytes(client.hget(hash_key, str(layer)))
+    client.hset(hash_key, str(layer), bytes([piece[0] ^ 0xFF]) + piece[1:])
+
+
 # Flips the first byte of one stored layer of a chunk entry, per backend, through the backend's own storage.
-_CHUNK_CORRUPTORS = {"memory": _corrupt_memory_chunk_layer}
+_CHUNK_CORRUPTORS = {"memory": _corrupt_memory_chunk_layer, "lmdb": _corrupt_lmdb_chunk_layer,
+                     "redis": _corrupt_redis_chunk_layer}

@@ -148,11 +148,13 @@ def compact_into(
                 with txn.cursor(db=getattr(sdb, name)) as cursor:
                     for raw_key, value in cursor.iternext():
                         writer.put(bytes(raw_key), value, getattr(ddb, name))
-            if sdb.prefix is not None and ddb.prefix is not None:
-                # Prefix blocks are copied as they are: their keys hold nothing deleted (drops delete them).
-                with txn.cursor(db=sdb.prefix) as cursor:
-                    for raw_key, value in cursor.iternext():
-                        writer.put(bytes(raw_key), value, ddb.prefix)
+            for source, dest in ((sdb.prefix, ddb.prefix), (sdb.chunks, ddb.chunks)):
+                if source is not None and dest is not None:
+                    # Prefix blocks and chunks are copied as they are: their keys hold nothing deleted (deletes
+                    # and drops delete them).
+                    with txn.cursor(db=source) as cursor:
+                        for raw_key, value in cursor.iternext():
+                            writer.put(bytes(raw_key), value, dest)
             total_chunks = 0
             with txn.cursor(db=sdb.zarr) as cursor:
                 for raw_key, value in cursor.iternext():

@@ -67,6 +67,7 @@ DB_NAMES: tuple[str, ...] = ("meta", "catalog", "projectors", "entries", "length
 RESERVED_DB_NAMES: tuple[str, ...] = ("index",)
 # Prefix blocks: created by a writer when missing, so stores from before them open as they are.
 PREFIX_DB_NAME = "prefix"
+CHUNKS_DB_NAME = "chunks"  # chunk entries: likewise created by a writer when missing
 _MAX_DBS = 16
 _MAX_READERS = 512
 # Size LMDB gives a new lock file: its header (two 64-byte cache lines) and one 64-byte slot per
@@ -213,6 +214,8 @@ class Databases:
     # ns NUL kind ... -> prefix layout, block records and chunks (prefix_blocks.py); None in a read-only
     # opening of a store written before prefix blocks existed (it has none)
     prefix: DbHandle | None = None
+    # ns NUL kind ... -> chunk layout, records and layers (lmdb.chunks.keys); None as ``prefix`` is
+    chunks: DbHandle | None = None
 
 
 def free_disk_bytes(path: Path) -> int:
@@ -352,7 +355,8 @@ class Generation:
                 readahead=not readonly,
             )
             handles = {n: self.env.open_db(n.encode(), create=not readonly) for n in DB_NAMES}
-            self.db = Databases(**handles, prefix=_open_optional_db(self.env, PREFIX_DB_NAME, readonly=readonly))
+            self.db = Databases(**handles, prefix=_open_optional_db(self.env, PREFIX_DB_NAME, readonly=readonly),
+                                chunks=_open_optional_db(self.env, CHUNKS_DB_NAME, readonly=readonly))
         except lmdb.Error as exc:
             release_lock(self._holder_fd)
             if getattr(self, "env", None) is not None:

@@ -19,6 +19,7 @@ import numpy as np
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord
+from attnstore.store.lmdb.chunks.keys import delete_chunk, drop_chunk_keys, eviction_candidates, total_bytes
 from attnstore.store.lmdb.env import Databases, items_with_prefix
 from attnstore.store.lmdb.prefix_blocks import drop_prefix_keys
 from attnstore.store.lmdb.records import (
@@ -37,6 +38,7 @@ from attnstore.store.lmdb.records import (
     read_counter,
     split_entry_key,
     split_length_key,
+    stored_bytes,
     write_counter,
 )
 from attnstore.store.namespace_rules import outputs_only_feature_error
@@ -287,12 +289,6 @@ def flush_hits(txn: lmdb.Transaction, db: Databases, pending: Mapping[tuple[str,
         txn.put(key, HitRecord(current.hits + hits, max(current.last_hit, last)).to_bytes(), db=db.hits)
 
 
-def stored_bytes(txn: lmdb.Transaction, db: Databases) -> int:
-    """Stored bytes of every live entry (sum over buckets)."""
-    with txn.cursor(db=db.buckets) as cursor:
-        return sum(BucketRecord.from_bytes(v).stored_bytes for _, v in cursor.iternext())
-
-
 @dataclass(frozen=True, slots=True)
 class Evicted:
     """Entries removed by the byte cap in one transaction."""
@@ -314,7 +310,8 @@ def evict_over_cap(
     low_water: float,
     protect: set[tuple[str, int]],
 ) -> Evicted:
-    """If live bytes exceed ``max_bytes``, delete least recently hit entries down to ``low_water * max_bytes``.
+    """If live bytes (entries' and chunks') exceed ``max_bytes``, delete the least recently used entries and
+    chunks (the later of storing and last hit or read) down to ``low_water * max_bytes``.
 
     Args:
         txn: write transaction.
@@ -326,13 +323,13 @@ def evict_over_cap(
         protect: ``(namespace, id)`` never evicted (the entries just ingested).
 
     Returns:
-        What was evicted (nothing when under the cap).
+        The entries evicted (nothing when under the cap).
     """
-    total = stored_bytes(txn, db)
+    total = stored_bytes(txn, db) + total_bytes(txn, db.chunks)
     if total <= max_bytes:
         return Evicted({}, 0)
     target = int(max_bytes * low_water)
-    candidates = []
+    candidates: list[tuple[float, str, int | bytes]] = []  # an entry's id, or a chunk's key
     with txn.cursor(db=db.entries) as cursor:
         for key, raw in cursor.iternext():
             name, entry_id = split_entry_key(key)
@@ -344,12 +341,18 @@ def evict_over_cap(
                 continue
             last_hit = HitRecord.from_bytes(txn.get(key, db=db.hits)).last_hit
             candidates.append((max(last_hit, record.created), name, entry_id))
-    candidates.sort()
+    candidates += [(c.recency, c.namespace, c.key) for c in eviction_candidates(txn, db.chunks, set())]
+    candidates.sort(key=lambda c: c[:2])  # stable: entries of one time and namespace in id order
     evicted: dict[str, list[int]] = {}
-    freed = 0
-    for _, name, entry_id in candidates:
-        if total - freed <= target:
+    freed = chunk_bytes = 0
+    for _, name, ident in candidates:
+        if total - freed - chunk_bytes <= target:
             break
+        if isinstance(ident, bytes):
+            assert db.chunks is not None  # it listed the chunk
+            chunk_bytes += delete_chunk(txn, db.chunks, name, ident) or 0
+            continue
+        entry_id = ident
         nbytes = delete_entry(txn, db, states[name], entry_id)
         if nbytes is not None:
             freed += nbytes
@@ -357,7 +360,7 @@ def evict_over_cap(
     result = Evicted(evicted, freed)
     write_counter(txn, db, META_EVICTED_ENTRIES, read_counter(txn, db, META_EVICTED_ENTRIES) + result.count)
     write_counter(txn, db, META_EVICTED_BYTES, read_counter(txn, db, META_EVICTED_BYTES) + freed)
-    if total - freed > max_bytes:
+    if total - freed - chunk_bytes > max_bytes:
         logger.warning(
             "store holds %s bytes over its cap of %s even after evicting every older entry", total - freed, max_bytes
         )
@@ -383,4 +386,4 @@ def drop_namespace_keys(txn: lmdb.Transaction, db: Databases, name: str) -> int:
                 removed += bool(txn.delete(key, db=handle))
     for handle in (db.catalog, db.projectors):
         removed += bool(txn.delete(name.encode(), db=handle))
-    return removed + drop_prefix_keys(txn, db.prefix, name)
+    return removed + drop_prefix_keys(txn, db.prefix, name) + drop_chunk_keys(txn, db.chunks, name)

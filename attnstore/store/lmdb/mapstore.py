@@ -60,6 +60,7 @@ from attnstore.store.lmdb.ingest import (
     write_entries,
 )
 from attnstore.store.lmdb.live import LiveGeneration
+from attnstore.store.lmdb.chunks.calls import ChunkReads, LmdbChunks
 from attnstore.store.lmdb.prefix_blocks import LmdbPrefixBlocks
 from attnstore.store.lmdb.reader import (
     decode_layers,
@@ -94,7 +95,7 @@ logger = logging.getLogger(__name__)
 _PAGE = 256
 
 
-class MapStore(LmdbPrefixBlocks, DramTiered, MapStoreBase):
+class MapStore(LmdbPrefixBlocks, LmdbChunks, DramTiered, MapStoreBase):
     """The LMDB-backed map store. Open with :meth:`open`; use as a context manager.
 
     Hit counters and the DRAM tier are ``DramTiered``'s: buffered hits are written in one
@@ -109,6 +110,7 @@ class MapStore(LmdbPrefixBlocks, DramTiered, MapStoreBase):
         self._settings = settings
         self._states: dict[str, NamespaceState] = {}
         self._catalog = CatalogCache()
+        self._chunk_reads = ChunkReads()
         self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
                          hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
@@ -280,6 +282,7 @@ class MapStore(LmdbPrefixBlocks, DramTiered, MapStoreBase):
             evicted = None
             if max_bytes is not None:
                 flush_hits(txn, gen.db, pending)
+                self._chunk_reads.flush(txn, gen.db.chunks)
                 protect = {(namespace, i) for i in new}
                 evicted = evict_over_cap(
                     txn, gen.db, self._all_states(txn, gen), max_bytes, self._settings.evict_low_water, protect

@@ -22,6 +22,7 @@ from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord, check_map_record
 from attnstore.store.lmdb.env import Databases, Generation, items_with_prefix
 from attnstore.store.lmdb.ingest import find_existing
+from attnstore.store.lmdb.chunks.keys import chunk_usage
 from attnstore.store.lmdb.prefix_blocks import prefix_usage
 from attnstore.store.lmdb.records import (
     META_EVICTED_BYTES,
@@ -36,7 +37,7 @@ from attnstore.store.lmdb.records import (
     split_length_key,
 )
 from attnstore.store.lmdb.settings import StoreSettings
-from attnstore.store.reports import BucketStats, DramStats, NamespaceStats, StoreStats
+from attnstore.store.reports import BucketStats, DramStats, NamespaceStats, StoreStats, with_chunk_usage
 from attnstore.store.zarr_layout import ChunkedArray
 
 logger = logging.getLogger(__name__)
@@ -284,7 +285,7 @@ def store_stats(
     """The whole store's statistics, read in ``txn`` on ``gen``."""
     namespaces = namespace_stats(txn, gen.db, states)
     prefix_blocks, prefix_bytes = prefix_usage(txn, gen.db.prefix)
-    return StoreStats(
+    stats = StoreStats(
         path=str(gen.path.parent),
         generation=gen.name,
         format_version=FORMAT_VERSION,
@@ -302,3 +303,4 @@ def store_stats(
         prefix_blocks=prefix_blocks,
         prefix_bytes=prefix_bytes,
     )
+    return with_chunk_usage(stats, chunk_usage(txn, gen.db.chunks))

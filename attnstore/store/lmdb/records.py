@@ -126,3 +126,9 @@ class HitRecord:
         if raw is None:
             return cls(0, 0.0)
         return cls(*_HITS.unpack(bytes(raw)))
+
+
+def stored_bytes(txn: lmdb.Transaction, db: Databases) -> int:
+    """Stored bytes of every live entry (sum over buckets)."""
+    with txn.cursor(db=db.buckets) as cursor:
+        return sum(BucketRecord.from_bytes(v).stored_bytes for _, v in cursor.iternext())

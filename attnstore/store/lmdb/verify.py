@@ -25,9 +25,10 @@ from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import decode_namespace, namespace_names
 from attnstore.store.lmdb.env import DB_NAMES, Generation, items_with_prefix
 from attnstore.store.lmdb.live import LiveGeneration
+from attnstore.store.lmdb.chunks.keys import chunk_findings
 from attnstore.store.lmdb.prefix_blocks import prefix_problems
 from attnstore.store.lmdb.records import BucketRecord, decode_u64, hash_key, length_key, ns_prefix, split_entry_key
-from attnstore.store.reports import CorruptEntry, VerifyReport
+from attnstore.store.reports import CorruptChunk, CorruptEntry, VerifyReport
 from attnstore.store.zarr_layout import parse_chunk_key
 
 # Reasons listed per corrupt entry at most (the first ones say enough).
@@ -128,7 +129,8 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
     corrupt: list[CorruptEntry] = []
     problems: list[str] = []
     counts = [0, 0, 0]  # entries, chunks, orphans: kept by the walk when it fails part way
-    blocks_checked = 0
+    blocks_checked = chunks_checked = 0
+    corrupt_chunks: list[CorruptChunk] = []
     try:
         with gen.env.begin(buffers=True) as txn:
             _walk_entries(txn, gen, states, corrupt, counts)
@@ -136,6 +138,7 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
             problems += _projector_problems(txn, gen)
             blocks_checked, block_problems = prefix_problems(txn, gen.db.prefix)
             problems += block_problems
+            chunks_checked, corrupt_chunks = chunk_findings(txn, gen.db.chunks)
     except (lmdb.Error, AttnStoreError) as exc:
         problems.append(f"the database cannot be walked ({type(exc).__name__}: {exc}): it is damaged")
     return VerifyReport(
@@ -146,6 +149,8 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
         seconds=time.perf_counter() - start,
         problems=tuple(problems),
         prefix_blocks_checked=blocks_checked,
+        chunk_entries_checked=chunks_checked,
+        corrupt_chunks=tuple(corrupt_chunks),
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, NamespaceInfo
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.redis.chunks import walks as chunk_walks
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import RECORD_FIELD, StoreKeys, decode_record, entry_problems
 from attnstore.store.reports import (
@@ -83,33 +84,48 @@ def evicted_counts(connection: RedisConnection, keys: StoreKeys, namespace: str)
     return int(n or 0), int(b or 0)
 
 
+def entry_bytes(connection: RedisConnection, keys: StoreKeys, namespaces: Sequence[str]) -> int:
+    """Stored bytes of every registered entry of ``namespaces``."""
+    return sum(b.stored_bytes for ns in namespaces for b in bucket_stats(connection, keys, ns))
+
+
 def eviction_victims(
     connection: RedisConnection, keys: StoreKeys, namespaces: Sequence[str], max_bytes: int, low_water: float,
     protect: set[tuple[str, int]],
-) -> dict[str, list[int]]:
-    """The least recently hit entries (all namespaces) to remove to bring stored bytes to ``low_water`` of the cap.
+) -> tuple[dict[str, list[int]], dict[str, list[bytes]]]:
+    """The least recently used entries and chunks (all namespaces) to remove to bring stored bytes (entries' and
+    chunks') to ``low_water`` of the cap: entry ids and chunk keys by namespace.
 
     Reads each namespace's recency in pages, merged oldest first; ``protect`` (this ingest's entries) stays.
     """
-    total = sum(b.stored_bytes for ns in namespaces for b in bucket_stats(connection, keys, ns))
+    total = entry_bytes(connection, keys, namespaces) + chunk_walks.total_bytes(connection, keys, namespaces)
     if total <= max_bytes:
-        return {}
+        return {}, {}
     target = int(max_bytes * low_water)
 
-    def oldest(ns: str) -> Iterator[tuple[float, str, int]]:
+    def oldest(ns: str) -> Iterator[tuple[float, str, int, int | bytes]]:
         start = 0
         while True:
             with translated(f"reading the recency of {ns!r}"):
                 page = connection.client.zrange(keys.namespace(ns).recency, start, start + PAGE - 1, withscores=True)
             if not page:
                 return
-            yield from ((float(score), ns, int(entry_id)) for entry_id, score in page)
+            yield from ((float(score), ns, 0, int(entry_id)) for entry_id, score in page)
             start += PAGE
 
+    listed = chunk_walks.candidates(connection, keys, namespaces, set())
+    sizes = {(c.namespace, c.key): c.nbytes for c in listed}
+    chunks: list[tuple[float, str, int, int | bytes]] = sorted((c.recency, c.namespace, 1, c.key) for c in listed)
     victims: dict[str, list[int]] = {}
-    for _, ns, entry_id in heapq.merge(*(oldest(ns) for ns in namespaces)):
+    chunk_victims: dict[str, list[bytes]] = {}
+    for _, ns, _kind, ident in heapq.merge(chunks, *(oldest(ns) for ns in namespaces)):
         if total <= target:
             break
+        if isinstance(ident, bytes):
+            chunk_victims.setdefault(ns, []).append(ident)
+            total -= sizes[(ns, ident)]
+            continue
+        entry_id = ident
         if (ns, entry_id) in protect:
             continue
         with translated(f"reading entry {entry_id} of {ns!r}"):
@@ -118,7 +134,7 @@ def eviction_victims(
             continue  # removed meanwhile
         total -= int(bytes(meta)[32:].split(b" ")[1])
         victims.setdefault(ns, []).append(entry_id)
-    return victims
+    return victims, chunk_victims
 
 
 def records(connection: RedisConnection, keys: StoreKeys, namespace: str, ids: Sequence[int]) -> list[bytes | None]:

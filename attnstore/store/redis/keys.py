@@ -24,6 +24,14 @@ Keys are hash-tagged (Redis Cluster hashes only the part in braces), in three gr
     {P/ns}:log         STREAM of ingests (ids, lengths, features), deletes (ids) and feature resets
     {P/ns}:trimmed     the last log id trimmed away (the log is capped)
     {P/ns}:adm:*       admission counts of the fleet (see ``store.redis.admission``)
+    {P/ns}:chunk_layout      the namespace's ChunkLayout JSON: it stores chunk entries (``store.redis.chunks``)
+    {P/ns}:chunks            HASH chunk key (32 bytes) -> ChunkRecord: the chunks stored (what makes one visible)
+    {P/ns}:chunk_recency     ZSET chunk key -> max(stored, last read): what the byte cap evicts first
+    {P/ns}:chunk_bytes       bytes of every stored chunk's layers
+    {P/ns}:c:<hex key>       HASH layer number -> that layer's keys and values, of one chunk
+
+A namespace's chunks live on its shard, so one script stores a call's chunks together (no TTL: a
+``volatile-*`` policy never evicts them; the byte cap does).
 
 ``{P/ns/17}:entry`` -- one entry, one HASH (one key: Redis evicts a whole entry or nothing)::
 
@@ -123,6 +131,30 @@ class NamespaceKeys:
     @property
     def trimmed(self) -> str:
         return self.key("trimmed")
+
+    @property
+    def chunk_layout(self) -> str:
+        return self.key("chunk_layout")
+
+    @property
+    def chunks(self) -> str:
+        return self.key("chunks")
+
+    @property
+    def chunk_recency(self) -> str:
+        return self.key("chunk_recency")
+
+    @property
+    def chunk_bytes(self) -> str:
+        return self.key("chunk_bytes")
+
+    def chunk(self, key: bytes) -> str:
+        """The hash of one chunk's layers."""
+        return self.key(f"c:{key.hex()}")
+
+    def chunk_keys(self) -> list[str]:
+        """The chunk scripts' first KEYS, in order: layout, records, recency, byte count."""
+        return [self.chunk_layout, self.chunks, self.chunk_recency, self.chunk_bytes]
 
     def index_keys(self) -> list[str]:
         """The keys the ingest and remove scripts touch, in their KEYS order."""

@@ -20,6 +20,7 @@ A process's DRAM tier and buffered hit counts (``store.dram``) are its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -51,6 +52,8 @@ from attnstore.store.namespace_rules import (
 from attnstore.store.redis import admin, scripts
 from attnstore.store.redis.admission import RedisCounts
 from attnstore.store.redis.catalog import Catalog
+from attnstore.store.redis.chunks import walks as chunk_walks
+from attnstore.store.redis.chunks.calls import RedisChunks
 from attnstore.store.redis.connection import RedisConnection, RedisStats, translated
 from attnstore.store.redis.feed import RedisChangeFeed
 from attnstore.store.redis.ingest import commit
@@ -58,7 +61,14 @@ from attnstore.store.redis.keys import StoreKeys, decode_record
 from attnstore.store.redis.reads import RedisEntryReads
 from attnstore.store.redis.urls import RedisLocation, RedisSettings
 from attnstore.store.redis.watch import StoreWatch
-from attnstore.store.reports import CompactReport, FeaturesReport, IngestReport, StoreStats, VerifyReport
+from attnstore.store.reports import (
+    CompactReport,
+    FeaturesReport,
+    IngestReport,
+    StoreStats,
+    VerifyReport,
+    with_chunk_usage,
+)
 from attnstore.store.validate import PreparedEntry, prepare_entry
 
 logger = logging.getLogger(__name__)
@@ -66,7 +76,7 @@ logger = logging.getLogger(__name__)
 _COMMIT_ROUNDS = 4  # an entry found by hash, then deleted before the commit, is written anew: this many times at most
 
 
-class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
+class RedisMapStore(RedisEntryReads, RedisChunks, DramTiered, MapStoreBase):
     """The Redis-backed map store. Open with :meth:`open`; use as a context manager."""
 
     def __init__(self, connection: RedisConnection, settings: RedisSettings, *, create: bool) -> None:
@@ -108,7 +118,7 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         return self._redis.location
 
     # ---- capabilities ---------------------------------------------------------
-    # Every one but prefix blocks; the store is shared, so it has a change feed and shared admission counts.
+    # Every one but prefix blocks (chunks: ``RedisChunks``); the store is shared, so it has a change feed and shared admission counts.
 
     supports_outputs_only = True
     supports_compaction = True  # forgets what Redis evicted, deletes orphan hashes
@@ -190,6 +200,7 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         self._catalog.get(name)
         keys = self._keys.namespace(name)
         self._catalog.unlist(name)
+        chunk_walks.drop(self._redis, self._keys, name)
         with translated(f"dropping namespace {name!r}"):
             self._redis.client.delete(*keys.all_keys())  # one slot: one atomic command
         self._catalog.forget(name)
@@ -310,10 +321,12 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         self.flush_hits()  # recency must include the hits buffered here
         max_bytes = self._settings.max_bytes
         assert max_bytes is not None
-        victims = admin.eviction_victims(
+        victims, chunk_victims = admin.eviction_victims(
             self._redis, self._keys, self._catalog.names(), max_bytes, self._settings.evict_low_water,
             {(namespace, i) for i in protect},
         )
+        for name, keys in chunk_victims.items():
+            chunk_walks.delete(self._redis, self._keys, name, keys)
         evicted: dict[str, list[int]] = {}
         for name, ids in victims.items():
             gone = self._remove(name, ids, "evict")
@@ -323,6 +336,9 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
             logger.warning("map store %s over its cap of %s bytes: evicted %s least recently hit entries",
                            self.location.display, max_bytes, sum(len(v) for v in evicted.values()))
         return evicted
+
+    def _entry_bytes(self) -> int:
+        return admin.entry_bytes(self._redis, self._keys, self._catalog.names())
 
     # ---- hits, delete ---------------------------------------------------------
 
@@ -396,6 +412,8 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         """See :meth:`MapStoreBase.verify`. Entries Redis evicted are forgotten, not reported corrupt."""
         states = {info.name: self._state(info.name) for info in self.list_namespaces()}
         report = admin.verify(self._redis, self._keys, states, self._forget_missing)
+        checked, corrupt = chunk_walks.findings(self._redis, self._keys, sorted(states))
+        report = dataclasses.replace(report, chunk_entries_checked=checked, corrupt_chunks=tuple(corrupt))
         if not report.ok:
             logger.warning("verify of %s found %s corrupt entries", self.location.display, len(report.corrupt))
         return report
@@ -409,8 +427,10 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         """See :meth:`MapStoreBase.stats`: ``file_bytes`` is Redis's used memory and ``map_size`` its
         maxmemory, summed over the primaries; evictions include entries Redis evicted that were found gone."""
         pending_hits, dram = self._tier_stats()
-        return admin.store_stats(self._redis, self._keys, self.list_namespaces(), self._settings.max_bytes,
-                                 pending_hits=pending_hits, dram=dram)
+        namespaces = self.list_namespaces()
+        stats = admin.store_stats(self._redis, self._keys, namespaces, self._settings.max_bytes,
+                                  pending_hits=pending_hits, dram=dram)
+        return with_chunk_usage(stats, chunk_walks.usage(self._redis, self._keys, [n.name for n in namespaces]))
 
     def close(self) -> None:
         """See :meth:`MapStoreBase.close`."""

@@ -1,0 +1,224 @@
+"""Chunk entries in their own LMDB sub-database, and what one transaction does with them.
+
+Keys (the namespace name holds no NUL and is never empty, so no namespace's keys reach another's or the
+total's)::
+
+    ns NUL "L"                -> the namespace's ChunkLayout (JSON)
+    ns NUL "R" key            -> ChunkRecord (created, length, writer, crc32c per layer)
+    ns NUL "C" key layer(>H)  -> the layer's keys and values
+    ns NUL "T" key            -> when the chunk was last read (float64; reads are noted in memory and
+                                 written with the next write, as hits are)
+    NUL "total"               -> bytes of every stored chunk's layers (uint64): what the byte cap adds
+                                 to the entries' bytes, without a walk per write
+
+A chunk's layers are written in the transaction that writes its record, so a
+chunk is visible with all its bytes or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+
+import lmdb
+
+from attnstore.protocol.chunks import CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
+from attnstore.store.chunks.records import (
+    ChunkCandidate,
+    ChunkRecord,
+    chunk_pieces,
+    chunk_problem,
+    new_record,
+)
+from attnstore.store.lmdb.env import DbHandle, items_with_prefix
+from attnstore.store.lmdb.records import ns_prefix
+from attnstore.store.reports import CorruptChunk
+
+_LAYOUT = b"L"
+_RECORD = b"R"
+_PIECE = b"C"
+_READ = b"T"
+_TOTAL = b"\x00total"
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+
+
+def layout_key(namespace: str) -> bytes:
+    """Key of the namespace's chunk layout."""
+    return ns_prefix(namespace) + _LAYOUT
+
+
+def record_key(namespace: str, key: bytes) -> bytes:
+    """Key of one chunk's record."""
+    return ns_prefix(namespace) + _RECORD + key
+
+
+def piece_key(namespace: str, key: bytes, layer: int) -> bytes:
+    """Key of one layer of one chunk."""
+    return ns_prefix(namespace) + _PIECE + key + struct.pack(">H", layer)
+
+
+def _read_key(namespace: str, key: bytes) -> bytes:
+    return ns_prefix(namespace) + _READ + key
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    namespace: str
+    kind: bytes
+    rest: bytes
+
+
+def _parse(raw_key: bytes | memoryview) -> _Parsed | None:
+    key = bytes(raw_key)
+    sep = key.find(b"\x00")
+    if sep <= 0:
+        return None  # the total
+    return _Parsed(key[:sep].decode(), key[sep + 1 : sep + 2], key[sep + 2 :])
+
+
+def read_layout(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> ChunkLayout | None:
+    """The namespace's chunk layout in ``txn``, or None."""
+    raw = None if db is None else txn.get(layout_key(namespace), db=db)
+    return None if raw is None else ChunkLayout.from_dict(json.loads(bytes(raw)))
+
+
+def write_layout(txn: lmdb.Transaction, db: DbHandle, namespace: str, layout: ChunkLayout) -> None:
+    """Record the namespace's chunk layout."""
+    txn.put(layout_key(namespace), json.dumps(layout.to_dict()).encode(), db=db)
+
+
+def read_record(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> ChunkRecord | None:
+    """One chunk's record in ``txn``, or None while it is not stored."""
+    raw = None if db is None else txn.get(record_key(namespace, key), db=db)
+    return None if raw is None else ChunkRecord.decode(raw)
+
+
+def total_bytes(txn: lmdb.Transaction, db: DbHandle | None) -> int:
+    """Bytes of every stored chunk."""
+    raw = None if db is None else txn.get(_TOTAL, db=db)
+    return 0 if raw is None else int(_U64.unpack(raw)[0])
+
+
+def _add_total(txn: lmdb.Transaction, db: DbHandle, delta: int) -> None:
+    txn.put(_TOTAL, _U64.pack(max(0, total_bytes(txn, db) + delta)), db=db)
+
+
+def put_chunk(txn: lmdb.Transaction, db: DbHandle, namespace: str, chunk: StoredChunk) -> None:
+    """Write one checked chunk not stored yet: its layers, then its record."""
+    pieces = chunk_pieces(chunk)
+    for layer, piece in enumerate(pieces):
+        txn.put(piece_key(namespace, chunk.key, layer), piece, db=db)
+    txn.put(record_key(namespace, chunk.key), new_record(chunk, pieces).encode(), db=db)
+    _add_total(txn, db, sum(len(p) for p in pieces))
+
+
+def delete_chunk(txn: lmdb.Transaction, db: DbHandle, namespace: str, key: bytes) -> int | None:
+    """Delete one chunk; its bytes, or None when it was not stored."""
+    record = read_record(txn, db, namespace, key)
+    if record is None:
+        return None
+    nbytes = 0
+    for layer in range(len(record.crcs)):
+        piece = txn.pop(piece_key(namespace, key, layer), db=db)
+        nbytes += 0 if piece is None else len(piece)
+    txn.delete(record_key(namespace, key), db=db)
+    txn.delete(_read_key(namespace, key), db=db)
+    _add_total(txn, db, -nbytes)
+    return nbytes
+
+
+def drop_chunk_keys(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> int:
+    """Delete the namespace's layout and chunks in ``txn`` (with the namespace); returns how many keys."""
+    if db is None:
+        return 0
+    nbytes = 0
+    with txn.cursor(db=db) as cursor:
+        keys = []
+        for key, value in items_with_prefix(cursor, ns_prefix(namespace)):
+            keys.append(key)
+            parsed = _parse(key)
+            nbytes += len(value) if parsed is not None and parsed.kind == _PIECE else 0
+    removed = sum(bool(txn.delete(key, db=db)) for key in keys)
+    if nbytes:
+        _add_total(txn, db, -nbytes)
+    return removed
+
+
+def note_reads(txn: lmdb.Transaction, db: DbHandle | None, reads: Mapping[tuple[str, bytes], float]) -> None:
+    """Write when chunks were last read (chunks deleted meanwhile are skipped)."""
+    if db is None:
+        return
+    for (namespace, key), when in reads.items():
+        if txn.get(record_key(namespace, key), db=db) is None:
+            continue
+        old = txn.get(_read_key(namespace, key), db=db)
+        txn.put(_read_key(namespace, key), _F64.pack(max(when, 0.0 if old is None else _F64.unpack(old)[0])), db=db)
+
+
+def _records(txn: lmdb.Transaction, db: DbHandle) -> list[tuple[str, bytes, ChunkRecord]]:
+    found = []
+    with txn.cursor(db=db) as cursor:
+        for raw_key, value in cursor.iternext():
+            parsed = _parse(raw_key)
+            if parsed is not None and parsed.kind == _RECORD and len(parsed.rest) == CHUNK_KEY_BYTES:
+                found.append((parsed.namespace, parsed.rest, ChunkRecord.decode(bytes(value))))
+    return found
+
+
+def eviction_candidates(txn: lmdb.Transaction, db: DbHandle | None, protect: set[tuple[str, bytes]]
+                        ) -> list[ChunkCandidate]:
+    """Every stored chunk but those in ``protect``, with its recency (the later of its storing and last read)."""
+    if db is None:
+        return []
+    layouts: dict[str, ChunkLayout | None] = {}
+    candidates = []
+    for namespace, key, record in _records(txn, db):
+        if (namespace, key) in protect:
+            continue
+        layout = layouts.setdefault(namespace, read_layout(txn, db, namespace))
+        last = txn.get(_read_key(namespace, key), db=db)
+        recency = max(record.created, 0.0 if last is None else _F64.unpack(last)[0])
+        nbytes = 0 if layout is None else layout.chunk_bytes(record.length)
+        candidates.append(ChunkCandidate(recency, namespace, key, nbytes))
+    return candidates
+
+
+def _piece(txn: lmdb.Transaction, db: DbHandle, namespace: str, key: bytes, layer: int) -> bytes | memoryview | None:
+    return txn.get(piece_key(namespace, key, layer), db=db)
+
+
+def chunk_usage(txn: lmdb.Transaction, db: DbHandle | None) -> dict[str, tuple[int, int]]:
+    """Chunk entries and their bytes per namespace."""
+    usage: dict[str, tuple[int, int]] = {}
+    if db is None:
+        return usage
+    with txn.cursor(db=db) as cursor:
+        for raw_key, value in cursor.iternext():
+            parsed = _parse(raw_key)
+            if parsed is None or parsed.kind not in (_RECORD, _PIECE):
+                continue
+            count, nbytes = usage.get(parsed.namespace, (0, 0))
+            usage[parsed.namespace] = (count + 1, nbytes) if parsed.kind == _RECORD else (count, nbytes + len(value))
+    return usage
+
+
+def chunk_findings(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, list[CorruptChunk]]:
+    """Chunks checked, and each one whose record or layers are damaged or missing."""
+    if db is None:
+        return 0, []
+    corrupt = []
+    records = _records(txn, db)
+    layouts: dict[str, ChunkLayout | None] = {}
+    for namespace, key, record in records:
+        layout = layouts.setdefault(namespace, read_layout(txn, db, namespace))
+        if layout is None:
+            corrupt.append(CorruptChunk(namespace, key.hex(), "its namespace has no chunk layout"))
+            continue
+        problem = chunk_problem(layout, record, partial(_piece, txn, db, namespace, key))
+        if problem is not None:
+            corrupt.append(CorruptChunk(namespace, key.hex(), problem))
+    return len(records), corrupt

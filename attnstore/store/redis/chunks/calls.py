@@ -1,0 +1,122 @@
+"""The chunk hooks of ``MapStoreBase`` for the Redis store: one script per ``put_chunks`` call.
+
+A namespace's chunks live on its shard (``keys``), so the put script stores a
+call's chunks together, atomically: a client killed mid-call has sent all of the
+script or none of it. Before the put, the byte cap evicts the least recently read
+chunks of every namespace when the store would go over it (``chunks_to_evict``);
+several writers may race there, and the cap is then passed by at most their
+puts until the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
+from attnstore.protocol.chunks import ChunkLayout, StoredChunk
+from attnstore.store.chunks.records import ChunkRecord, chunk_pieces, chunks_to_evict, gather_layers, new_record, where
+from attnstore.store.redis.chunks import scripts, walks
+from attnstore.store.redis.connection import RedisConnection, translated
+from attnstore.store.redis.keys import StoreKeys
+
+if TYPE_CHECKING:
+    from attnstore.protocol.records import NamespaceInfo
+    from attnstore.store.redis.catalog import Catalog
+    from attnstore.store.redis.urls import RedisSettings
+
+logger = logging.getLogger(__name__)
+
+
+class RedisChunks:
+    """The chunk hooks of ``MapStoreBase`` for ``RedisMapStore`` (a mixin before ``MapStoreBase``)."""
+
+    _redis: RedisConnection
+    _keys: StoreKeys
+    _settings: RedisSettings
+    _catalog: Catalog
+
+    if TYPE_CHECKING:
+
+        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
+
+        def _check_writable(self) -> None: ...  # the store's
+
+        def _entry_bytes(self) -> int: ...  # the store's: stored bytes of every registered entry
+
+    supports_chunks = True  # see ``ChunkCalls.supports_chunks``
+
+    def _set_chunk_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
+        self._check_writable()
+        self.get_namespace(namespace)
+        with translated(f"setting the chunk layout of {namespace!r}"):
+            taken = self._redis.client.set(self._keys.namespace(namespace).chunk_layout, walks.layout_json(layout),
+                                           nx=True)
+        stored = layout if taken else walks.read_layout(self._redis, self._keys, namespace)
+        if stored != layout:
+            raise FingerprintMismatchError(f"namespace {namespace!r} stores chunks as {stored}; asked for {layout}")
+        return layout
+
+    def _chunk_layout(self, namespace: str) -> ChunkLayout | None:
+        self.get_namespace(namespace)
+        return walks.read_layout(self._redis, self._keys, namespace)
+
+    def _put_chunks(self, namespace: str, layout: ChunkLayout, chunks: list[StoredChunk]) -> int:
+        self._check_writable()
+        if not chunks:
+            return 0
+        ns_keys = self._keys.namespace(namespace)
+        with translated(f"looking up chunks of {namespace!r}"):
+            stored = self._redis.client.hmget(ns_keys.chunks, [c.key for c in chunks])
+        incoming = sum(c.kv.nbytes for c, there in zip(chunks, stored, strict=True) if there is None)
+        max_bytes = self._settings.max_bytes
+        if max_bytes is not None and incoming:
+            names = self._catalog.names()
+            used = self._entry_bytes() + walks.total_bytes(self._redis, self._keys, names)
+            if used + incoming > max_bytes:
+                protect = {(namespace, c.key) for c in chunks}
+                victims = chunks_to_evict(used, incoming, max_bytes, self._settings.evict_low_water,
+                                          walks.candidates(self._redis, self._keys, names, protect))
+                by_namespace: dict[str, list[bytes]] = {}
+                for victim in victims:
+                    by_namespace.setdefault(victim.namespace, []).append(victim.key)
+                for name, gone in by_namespace.items():
+                    walks.delete(self._redis, self._keys, name, gone)
+                logger.warning("map store %s over its cap of %s bytes: evicted %s least recently read chunks",
+                               self._redis.location.display, max_bytes, len(victims))
+        args: list[bytes | str | int | float] = [walks.layout_json(layout), repr(time.time()), layout.layers]
+        for chunk in chunks:
+            pieces = chunk_pieces(chunk)
+            args += [chunk.key, new_record(chunk, pieces).encode(), sum(len(p) for p in pieces), *pieces]
+        with translated(f"storing chunks of {namespace!r}"):
+            reply = self._redis.eval(scripts.PUT, [*ns_keys.chunk_keys(), *(ns_keys.chunk(c.key) for c in chunks)],
+                                     args)
+        if bytes(reply[0]) != b"ok":
+            raise FingerprintMismatchError(f"namespace {namespace!r}: its chunk layout changed meanwhile")
+        return int(reply[1])
+
+    def _chunk_lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
+        if not keys:
+            return []
+        with translated(f"looking up chunks of {namespace!r}"):
+            records = self._redis.client.hmget(self._keys.namespace(namespace).chunks, keys)
+        return [None if raw is None else ChunkRecord.decode(raw).length for raw in records]
+
+    def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
+        ns_keys = self._keys.namespace(namespace)
+        now = "" if self._settings.readonly else repr(time.time())
+        with translated(f"reading {where(namespace, key)}"):
+            reply = self._redis.eval(scripts.READ, [*ns_keys.chunk_keys(), ns_keys.chunk(key)],
+                                     [key, now, *(str(layer) for layer in layers)])
+        if not reply:
+            raise EntryNotFoundError(f"{where(namespace, key)} is not stored")
+        record = ChunkRecord.decode(reply[0])
+        pieces = dict(zip(layers, reply[1:], strict=True))
+        return gather_layers(namespace, layout, key, record, layers, pieces.__getitem__)
+
+    def _delete_chunks(self, namespace: str, keys: list[bytes]) -> int:
+        self._check_writable()
+        return walks.delete(self._redis, self._keys, namespace, keys)

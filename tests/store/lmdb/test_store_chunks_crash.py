@@ -1,0 +1,71 @@
+"""Crash safety of chunk entries: SIGKILL a writer of chunks at random points, reopen, check every chunk.
+
+The writer is a forked child (``crash_helpers.run_until_killed``) running
+``store_chunks_crash_child.run`` on a real LMDB store: it stores batches of
+chunks, one ``put_chunks`` call a batch. After each kill: every chunk of a
+committed call reads back whole and identical, the chunks of the call in flight
+are all visible or none is, nothing of an uncommitted call is stored or counted,
+and verify is clean.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+from crash_helpers import run_until_killed
+from store_chunks_crash_child import LAYOUT, NAMESPACE, batch_of, chunk_of, run
+
+from attnstore.errors import EntryNotFoundError
+from attnstore.store import MapStore
+
+KILLS = 24
+
+
+def _check_store(store: MapStore, committed: set[int], in_flight: int | None) -> set[int]:
+    """Check the store against the committed batches; returns them with the batch in flight if it landed."""
+    if in_flight is not None:
+        keys = batch_of(in_flight)
+        visible = [length is not None for length in store.chunk_lengths(NAMESPACE, list(keys))]
+        assert sum(visible) in (0, len(keys)), f"batch {in_flight}: {sum(visible)} of {len(keys)} chunks visible"
+        if all(visible):
+            committed = committed | {in_flight}
+        else:
+            with pytest.raises(EntryNotFoundError):
+                store.read_chunk(NAMESPACE, keys[0])
+    keys = [key for batch in sorted(committed) for key in batch_of(batch)]
+    for key in keys:
+        expected = chunk_of(key)
+        assert np.array_equal(store.read_chunk(NAMESPACE, key), expected.kv)
+        assert np.array_equal(store.read_chunk_layer(NAMESPACE, key, LAYOUT.layers - 1), expected.kv[-1])
+    stats = store.stats()
+    assert stats.chunk_entries == len(keys)
+    assert stats.chunk_bytes == sum(chunk_of(key).kv.nbytes for key in keys)
+    report = store.verify()
+    assert report.ok and report.chunk_entries_checked == len(keys), report
+    return committed
+
+
+def test_sigkill_mid_put_chunks_never_leaves_part_of_a_call_visible(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    rng = random.Random(20261125)
+    committed: set[int] = set()
+    kills_inside_a_call = 0
+    for round_ in range(KILLS):
+        in_flight = None
+        batches = max(committed, default=-1) + 1
+        for line in run_until_killed(partial(run, path, batches, seed=round_), rng.uniform(0.0, 0.15)):
+            verb, batch = line.split(" ")
+            if verb == "begin":
+                in_flight = int(batch)
+            else:
+                committed.add(int(batch))
+                in_flight = None
+        kills_inside_a_call += in_flight is not None
+        with MapStore.open(path, dram_bytes=0) as store:
+            committed = _check_store(store, committed, in_flight)
+    assert len(committed) > 2 * KILLS  # the children did real work between kills
+    assert kills_inside_a_call >= 5  # and were often killed inside a call
