@@ -136,7 +136,9 @@ def test_put_chunks_needs_a_write_token_stores_all_or_nothing_and_counts_duplica
         got = writer.fetch_chunks("ns", FP, LAYOUT, [c.key for c in fresh], timeout=10)
         assert all(np.array_equal(g, c.kv) for g, c in zip(got, fresh, strict=True))
         with pytest.raises(FingerprintMismatchError, match="kv_heads=1"):
-            writer.put_chunks("ns", FP, ChunkLayout(3, 1, 10, "float32"), [_chunk(13, 1)], timeout=10)
+            other = ChunkLayout(3, 1, 10, "float32")
+            chunk = StoredChunk(b"\3" * 32, np.zeros((3, *other.layer_shape(1)), np.float32))
+            writer.put_chunks("ns", FP, other, [chunk], timeout=10)
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
     assert 'attnstore_chunks_put_total{namespace="ns"} 2.0' in metrics
 
