@@ -366,7 +366,8 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
                 corrupt=[
                     pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt
                 ],
-                store_problems=list(report.problems),
+                store_problems=[*report.problems,
+                                *(f"chunk {c.namespace}/{c.key}: {c.reason}" for c in report.corrupt_chunks)],
                 chunks_checked=report.chunks_checked,
                 orphan_chunks=report.orphan_chunks,
                 seconds=report.seconds,
