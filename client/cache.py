@@ -50,6 +50,7 @@ from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precis
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.base import TierContext
 from attnstore_client.tiers.chunks.source import ChunkSource, MemoryChunkSource
+from attnstore_client.tiers.chunks.store_source import StoreChunkSource
 from attnstore_client.tiers.chunks.tier import ChunkTier
 from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
@@ -96,10 +97,12 @@ class _Resources:
 
     connection: StoreConnection
     write_back: WriteBackWorker | None = None
+    chunks: StoreChunkSource | None = None
 
     def close(self) -> None:
-        if self.write_back is not None:
-            self.write_back.close()
+        for worker in (self.write_back, self.chunks):
+            if worker is not None:
+                worker.close()
         self.connection.close()
 
 
@@ -140,7 +143,8 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
             length-sorted batches, cut where the cost model's fit predicts the least time.
         chunks: fuse prompts given in segments from stored chunks (decoders; ``tiers.chunks``) in calls that
             keep each prompt's last state (``score_choices``, ``last_hidden_states``); None: no chunk tier.
-        chunk_source: where chunks are kept (default: in this process, ``MemoryChunkSource``).
+        chunk_source: where chunks are kept (default: the namespace's stored chunks, ``StoreChunkSource``, behind
+            a ``MemoryChunkSource``; the ones computed are written back with ``write_back``).
 
     Raises:
         ConfigError: a bad option or store URL.
@@ -219,6 +223,10 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
                 check_write_back_dtype(self.loaded.model)
             self._context.write_back = start_write_back(self.connection, namespace, self.fingerprint, write_back)
             self._resources.write_back = self._context.write_back
+            if chunk_source is None:  # the namespace's stored chunks, behind this process's
+                self._chunks.source = self._resources.chunks = StoreChunkSource(
+                    self.connection, namespace, self.fingerprint, self.adapter, dtype=chunks.dtype if chunks else None,
+                    timeout=timeout, write_back=self._context.write_back is not None)
             self._read_namespace()
         except UnavailableError as exc:
             # The store can only make a call faster: compute until it answers (NamespaceReader.refresh).

@@ -17,7 +17,7 @@ from cache_helpers import tiny_loaded
 from attnstore.service import AttnStoreService
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_tools.admin.cold_start import exact_tier_layout
+from attnstore_tools.build.namespace_layout import exact_tier_layout
 
 API_KEY = "node-key-0123456789abcdef"
 _LOG_TAIL_CHARS = 6000

@@ -1,4 +1,8 @@
-"""Prefix-tier messages: layouts and chunks to and from the wire (light: the client uses it too)."""
+"""Prefix- and chunk-tier messages: layouts and arrays to and from the wire (light: the client uses it too).
+
+Both tiers send keys and values as raw arrays with their dtype, shape and
+crc32c (``PrefixChunk``, ``ChunkData``, ``ChunkPut``); one check reads them all.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import crc32c
 import numpy as np
 
 from attnstore.errors import ChecksumError, WireFormatError
+from attnstore.protocol.chunks import CHUNK_DTYPES, CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
 from attnstore.protocol.prefix import PREFIX_DTYPES, PrefixLayout
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
@@ -52,12 +57,79 @@ def array_of(message: pb.PrefixChunk) -> np.ndarray:
         ChecksumError: the bytes were damaged in transit.
         WireFormatError: an unknown dtype, or bytes that do not fill the shape.
     """
+    return _checked_array(message, f"prefix chunk {message.chunk} of row {message.row}")
+
+
+def chunk_layout_to_pb(layout: ChunkLayout) -> pb.ChunkLayout:
+    """A chunk layout as its wire message."""
+    return pb.ChunkLayout(layers=layout.layers, kv_heads=layout.kv_heads, head_dim=layout.head_dim,
+                          dtype=layout.dtype)
+
+
+def chunk_layout_from_pb(message: pb.ChunkLayout) -> ChunkLayout:
+    """The chunk layout of a wire message.
+
+    Raises:
+        WireFormatError: an unknown dtype or a zero size.
+    """
+    if message.dtype not in CHUNK_DTYPES:
+        raise WireFormatError(f"chunk layout dtype {message.dtype!r} is not one of {list(CHUNK_DTYPES)}")
+    if 0 in (message.layers, message.kv_heads, message.head_dim):
+        raise WireFormatError(f"bad chunk layout on the wire: layers {message.layers}, kv_heads"
+                              f" {message.kv_heads}, head_dim {message.head_dim} (each must be >= 1)")
+    try:
+        return ChunkLayout(int(message.layers), int(message.kv_heads), int(message.head_dim),
+                           CHUNK_DTYPES[CHUNK_DTYPES.index(message.dtype)])
+    except ValueError as exc:
+        raise WireFormatError(f"bad chunk layout on the wire: {exc}") from None
+
+
+def chunk_data(chunk: int, layer: int, array: np.ndarray) -> pb.ChunkData:
+    """One chunk's layer (its keys and values ``(2, KVH, C, d)``) as a wire message."""
+    data = array.tobytes()
+    return pb.ChunkData(chunk=chunk, layer=layer, dtype=str(array.dtype), shape=list(array.shape), data=data,
+                        crc32c=crc32c.crc32c(data))
+
+
+def chunk_data_array(message: pb.ChunkData) -> np.ndarray:
+    """The array of a ``ChunkData`` message, checked as :func:`array_of` checks a prefix chunk."""
+    return _checked_array(message, f"layer {message.layer} of chunk {message.chunk}")
+
+
+def chunk_put(chunk: StoredChunk) -> pb.ChunkPut:
+    """A whole chunk to store as a wire message."""
+    data = np.ascontiguousarray(chunk.kv).tobytes()
+    return pb.ChunkPut(key=chunk.key, dtype=str(chunk.kv.dtype), shape=list(chunk.kv.shape), data=data,
+                       crc32c=crc32c.crc32c(data))
+
+
+def stored_chunk_of(message: pb.ChunkPut, layout: ChunkLayout, writer: str | None = None) -> StoredChunk:
+    """The chunk a ``ChunkPut`` carries, checked against ``layout``.
+
+    Raises:
+        ChecksumError: the bytes were damaged in transit.
+        WireFormatError: a key that is not 32 bytes, an unknown dtype, bytes that do not fill the shape, or a
+            shape or dtype other than the layout's.
+    """
+    key = bytes(message.key)
+    if len(key) != CHUNK_KEY_BYTES:
+        raise WireFormatError(f"a chunk key is {CHUNK_KEY_BYTES} bytes, got {len(key)}")
+    kv = _checked_array(message, f"chunk {key.hex()[:16]}")
+    if kv.ndim != 5 or kv.shape[3] < 1 or kv.shape != (layout.layers, *layout.layer_shape(kv.shape[3])):
+        raise WireFormatError(f"chunk {key.hex()[:16]}: shape {kv.shape} is not (layers, 2, kv_heads, C, head_dim)"
+                              f" of layout {layout}")
+    if kv.dtype != np.dtype(layout.dtype):
+        raise WireFormatError(f"chunk {key.hex()[:16]}: dtype {kv.dtype}, the layout's is {layout.dtype}")
+    return StoredChunk(key, kv, writer)
+
+
+def _checked_array(message: pb.PrefixChunk | pb.ChunkData | pb.ChunkPut, what: str) -> np.ndarray:
     if crc32c.crc32c(message.data) != message.crc32c:
-        raise ChecksumError(f"prefix chunk {message.chunk} of row {message.row} fails its crc32c")
+        raise ChecksumError(f"{what} fails its crc32c")
     if message.dtype not in PREFIX_DTYPES:
-        raise WireFormatError(f"prefix chunk dtype {message.dtype!r} is not one of {list(PREFIX_DTYPES)}")
+        raise WireFormatError(f"{what}: dtype {message.dtype!r} is not one of {list(PREFIX_DTYPES)}")
     shape = tuple(int(n) for n in message.shape)
     array = np.frombuffer(message.data, dtype=message.dtype)
     if array.size != int(np.prod(shape)):
-        raise WireFormatError(f"prefix chunk of row {message.row}: {array.size} values for shape {shape}")
+        raise WireFormatError(f"{what}: {array.size} values for shape {shape}")
     return array.reshape(shape)

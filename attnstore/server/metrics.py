@@ -68,7 +68,7 @@ RPC_CODES: tuple[str, ...] = (
 # The codes of a dropped hit row: those of attnstore.service.ROW_ERRORS (a test keeps them equal).
 ROW_ERROR_CODES: tuple[str, ...] = ("DATA_LOSS", "INVALID_ARGUMENT", "NOT_FOUND")
 HIT_KINDS: tuple[str, ...] = ("exact", "map")
-STREAMED_KINDS: tuple[str, ...] = ("maps", "outputs")
+STREAMED_KINDS: tuple[str, ...] = ("maps", "outputs", "prefix", "chunks")
 
 # Every metric name the daemon exports (without _total/_bucket suffixes).
 METRIC_NAMES: tuple[str, ...] = (
@@ -87,6 +87,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "attnstore_fetch_seconds",
     "attnstore_ingested_entries",
     "attnstore_ingested_bytes",
+    "attnstore_chunks_put",
+    "attnstore_chunks_put_bytes",
     "attnstore_store_entries",
     "attnstore_store_stored_bytes",
     "attnstore_store_evicted_entries",
@@ -345,6 +347,12 @@ class DaemonMetrics:
             "attnstore_write_back_refused", "Written-back rows refused one by one (bad rows; the rest stored)",
             ["namespace"], registry=reg,
         )
+        self._chunks_put = Counter(
+            "attnstore_chunks_put", "Chunks stored by PutChunks (new ones only)", ["namespace"], registry=reg
+        )
+        self._chunks_put_bytes = Counter(
+            "attnstore_chunks_put_bytes", "Bytes of the chunks PutChunks stored", ["namespace"], registry=reg
+        )
         self._admitted = Counter(
             "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
         )
@@ -422,7 +430,7 @@ class DaemonMetrics:
         """One layer (or one entry's outputs) was read from the store in ``seconds``."""
         self._fetch.observe(seconds)
 
-    def streamed(self, kind: Literal["maps", "outputs", "prefix"], nbytes: int) -> None:
+    def streamed(self, kind: Literal["maps", "outputs", "prefix", "chunks"], nbytes: int) -> None:
         """``nbytes`` of array data went out to a client."""
         self._bytes.labels(kind).inc(nbytes)
 
@@ -443,6 +451,11 @@ class DaemonMetrics:
         self._written_back_map_bytes.labels(namespace).inc(result.maps_bytes)
         self._not_admitted.labels(namespace).inc(result.not_admitted)
         self._refused.labels(namespace).inc(len(result.refused))
+
+    def chunks_put(self, namespace: str, chunks: int, nbytes: int) -> None:
+        """A PutChunks stored ``chunks`` new chunks of ``nbytes`` bytes."""
+        self._chunks_put.labels(namespace).inc(chunks)
+        self._chunks_put_bytes.labels(namespace).inc(nbytes)
 
     def admitted(self, namespace: str, rows: int) -> None:
         """A Lookup marked ``rows`` misses admit."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.messages import layout_to_pb, limits_to_pb
 from attnstore.protocol.prefix import PrefixLayout
-from attnstore.protocol.prefix_wire import prefix_layout_to_pb
+from attnstore.protocol.prefix_wire import chunk_layout_to_pb, prefix_layout_to_pb
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -15,8 +16,11 @@ from attnstore.store.reports import StoreStats
 KIND_TO_PB = {"miss": pb.MATCH_KIND_MISS, "exact": pb.MATCH_KIND_EXACT, "map": pb.MATCH_KIND_MAP}
 
 
-def namespace_to_pb(info: NamespaceInfo, *, projector: bool, prefix: PrefixLayout | None = None) -> pb.Namespace:
-    """A namespace as its wire message, with or without the projector bytes, with its prefix layout if any."""
+def namespace_to_pb(
+    info: NamespaceInfo, *, projector: bool, prefix: PrefixLayout | None = None, chunks: ChunkLayout | None = None
+) -> pb.Namespace:
+    """A namespace as its wire message, with or without the projector bytes, with its prefix and chunk layouts
+    if any."""
     return pb.Namespace(
         name=info.name,
         model=info.model,
@@ -29,6 +33,7 @@ def namespace_to_pb(info: NamespaceInfo, *, projector: bool, prefix: PrefixLayou
         projector_version=info.projector_version,
         prefix=None if prefix is None else prefix_layout_to_pb(prefix),
         limits=limits_to_pb(info.limits),
+        chunks=None if chunks is None else chunk_layout_to_pb(chunks),
     )
 
 

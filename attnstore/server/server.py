@@ -5,6 +5,13 @@ synchronously), the standard health service, reflection (v1 and v1alpha), the be
 interceptor, explicit message sizes, and optional TLS. ``create_server`` follows
 the grpc examples: it returns the server and its bound port, so tests serve on
 port 0.
+
+The standard health service is ``HealthServicer`` here: grpcio-health-checking's
+servicer answers ``List`` with UNIMPLEMENTED although reflection advertises it,
+and keeps ``Watch`` streams open through a shutdown (``grpc.Server.stop(grace)``
+then waits the whole grace period for them); this subclass answers ``List`` and,
+at drain, sends NOT_SERVING to every watcher and ends its stream, so an idle
+daemon stops at once.
 """
 
 from __future__ import annotations
@@ -19,11 +26,37 @@ from attnstore.errors import ConfigError
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.server.auth import SERVICE_NAME, BearerTokenInterceptor, TokenTable, anonymous_caller
 from attnstore.server.config import ServerLimits
-from attnstore.server.health import HealthServicer
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.reflection import enable_reflection
 from attnstore.server.servicer import AttnStoreServicer
 from attnstore.service import AttnStoreService
+
+
+class HealthServicer(health.HealthServicer):
+    """``grpc.health.v1.Health``: Check, Watch and List; watches are non-blocking (one small pool)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            experimental_non_blocking=True, experimental_thread_pool=futures.ThreadPoolExecutor(max_workers=1)
+        )
+
+    def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.ServicerContext
+    ) -> health_pb2.HealthListResponse:
+        """Every service's status ("" is the server as a whole)."""
+        with self._lock:
+            statuses = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={name: health_pb2.HealthCheckResponse(status=status) for name, status in statuses.items()}
+        )
+
+    def drain(self) -> None:
+        """Report NOT_SERVING for good, and end every open ``Watch`` (after it was told NOT_SERVING)."""
+        self.enter_graceful_shutdown()
+        with self._lock:
+            watchers = [callback for callbacks in self._send_response_callbacks.values() for callback in callbacks]
+        for send in watchers:
+            send(None)  # None ends the stream with OK; the stream's close callback then forgets it
 
 
 @dataclass(frozen=True, slots=True)

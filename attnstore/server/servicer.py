@@ -37,6 +37,7 @@ from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import output_chunks
 from attnstore.protocol.write_back import row_from_pb
 from attnstore.server.auth import Caller, anonymous_caller
+from attnstore.server.chunk_calls import ChunkCalls
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.map_streams import MapRow, layer_chunks, row_stream
@@ -55,7 +56,7 @@ def _decoded_row(row: pb.WrittenRow, index: int) -> WrittenRow | AttnStoreError:
         return exc
 
 
-class AttnStoreServicer(pb_grpc.AttnStoreServicer):
+class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
     """Implements ``attnstore.v1.AttnStore`` over an ``AttnStoreService``.
 
     The service may be attached after the server starts (the daemon builds its
@@ -135,12 +136,14 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             self._metrics.namespace_known(request.name)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
             return namespace_to_pb(service.get_namespace(request.name), projector=True,
-                                   prefix=service.prefix_layout(request.name))
+                                   prefix=service.prefix_layout(request.name),
+                                   chunks=service.chunk_layout(request.name))
 
     def GetNamespace(self, request: pb.GetNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
         with self._call("GetNamespace", context) as service:
             return namespace_to_pb(service.get_namespace(request.name), projector=True,
-                                   prefix=service.prefix_layout(request.name))
+                                   prefix=service.prefix_layout(request.name),
+                                   chunks=service.chunk_layout(request.name))
 
     def ListNamespaces(
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
@@ -363,7 +366,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 corrupt=[
                     pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt
                 ],
-                store_problems=list(report.problems),
+                store_problems=[*report.problems,
+                                *(f"chunk {c.namespace}/{c.key}: {c.reason}" for c in report.corrupt_chunks)],
                 chunks_checked=report.chunks_checked,
                 orphan_chunks=report.orphan_chunks,
                 seconds=report.seconds,

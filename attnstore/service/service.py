@@ -28,6 +28,7 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
+from attnstore.service.chunk_tier import ChunkTierCalls
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from attnstore.store.redis.connection import RedisStats
 
 
-class AttnStoreService(ServiceMonitoring, PrefixTierCalls):
+class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
     """A map store with its vector indexes; thread-safe.
 
     Reads of maps go straight to the store (many threads at once); index

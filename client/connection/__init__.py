@@ -4,6 +4,7 @@ store (``local``) behind one small interface (``base``)."""
 
 from attnstore_client.connection.base import (
     URL_SCHEMES,
+    ChunkPutCounts,
     MapStream,
     Match,
     MatchKind,
@@ -17,6 +18,6 @@ from attnstore_client.connection.base import (
 from attnstore_client.connection.connect import connect
 
 __all__ = [
-    "URL_SCHEMES", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream", "RefusedRow", "RowToWrite",
-    "StoreConnection", "WriteBackCounts", "connect",
+    "URL_SCHEMES", "ChunkPutCounts", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream",
+    "RefusedRow", "RowToWrite", "StoreConnection", "WriteBackCounts", "connect",
 ]

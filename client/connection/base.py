@@ -7,7 +7,8 @@ steps, each asked only for the rows that need it: ``exact`` (stored outputs of
 rows whose tokens are stored, by token hash alone), ``search`` (the map tier:
 which stored entry each row may replay) and ``fetch_maps`` (those entries' maps,
 layer by layer, so a forward may start replaying layer 0 before the last layer
-has arrived).
+has arrived). The prefix and chunk tiers of causal models have calls of their
+own (``match_prefix``/``fetch_prefix``, ``match_chunks``/``fetch_chunks``/``put_chunks``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Literal
 import crc32c
 import numpy as np
 
-from attnstore.errors import ChecksumError, MapsUnavailableError, WriteBackOffError
+from attnstore.errors import AttnStoreError, ChecksumError, EntryNotFoundError, MapsUnavailableError, WriteBackOffError
+from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.records import LookupBatch
 
@@ -43,6 +45,7 @@ class NamespaceHandle:
     projector: bytes | None  # safetensors bytes; None until a build has finished
     projector_version: int = 0  # 0 without a projector; +1 each time the namespace's is replaced
     prefix: PrefixLayout | None = None  # how it stores prefix blocks (causal models); None: it stores none
+    chunks: ChunkLayout | None = None  # how it stores chunks (the chunk tier); None: it stores none
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,14 @@ def checked_projector(name: str, projector: bytes | None, crc: int | None) -> by
             " (admin verify reports it; store it again)"
         )
     return projector
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPutCounts:
+    """What the store did with one put of chunks."""
+
+    stored: int  # chunks new to the store
+    duplicates: int  # chunks it had already
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +277,43 @@ class StoreConnection(ABC):
             AttnStoreError: the call failed before anything arrived (the caller computes the rows).
         """
         raise MapsUnavailableError(f"{type(self).__name__} has no prefix tier", row=0, cause="row_error")
+
+    def match_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
+    ) -> list[int | None]:
+        """Each chunk key's stored length in tokens, None where it is not stored (a connection without a chunk
+        tier stores none).
+
+        Raises:
+            FingerprintMismatchError: another model, or a namespace of another chunk layout (or none).
+            AttnStoreError: the call failed.
+        """
+        return [None] * len(keys)
+
+    def fetch_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
+    ) -> list[np.ndarray | AttnStoreError]:
+        """Each chunk's keys and values ``(layers, 2, KVH, C, d)``, or what kept it: ``EntryNotFoundError``
+        (not stored), ``ChecksumError`` (damaged in the store or on the way; the message names it).
+
+        Raises:
+            FingerprintMismatchError: as :meth:`match_chunks`.
+            AttnStoreError: the call failed as a whole.
+        """
+        return [EntryNotFoundError(f"{type(self).__name__} has no chunk tier") for _ in keys]
+
+    def put_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, chunks: Sequence[StoredChunk], *,
+        timeout: float | None,
+    ) -> ChunkPutCounts:
+        """Store chunks for every node, all or none (the namespace takes ``layout`` when it records none).
+
+        Raises:
+            WriteBackOffError: this connection cannot store chunks (see ``supports_write_back``).
+            FingerprintMismatchError: another model, or another chunk layout.
+            AttnStoreError: the call failed (nothing stored).
+        """
+        raise WriteBackOffError(f"{type(self).__name__} cannot store chunks: that needs a daemon (grpc://)")
 
     @abstractmethod
     def health(self) -> str:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import AttnStoreError, MapsUnavailableError
+from attnstore.errors import AttnStoreError, ChecksumError, EntryNotFoundError, MapsUnavailableError
+from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.connection.base import (
     MapStream,
@@ -35,6 +36,9 @@ from attnstore_client.resilience import cause_of
 
 if TYPE_CHECKING:
     from attnstore.service import AttnStoreService
+
+# What a damaged or vanished chunk raises (``attnstore.service.ROW_ERRORS``, not imported before a store is opened).
+ROW_ERRORS = (ChecksumError, EntryNotFoundError)
 
 
 class _SharedStores:
@@ -105,6 +109,7 @@ class LocalConnection(StoreConnection):
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
             projector=checked_projector(info.name, info.projector, info.projector_crc32c),
             projector_version=info.projector_version, prefix=self._service.prefix_layout(name),
+            chunks=self._service.chunk_layout(name),
         )
 
     def exact(
@@ -159,6 +164,25 @@ class LocalConnection(StoreConnection):
         """See :meth:`StoreConnection.fetch_prefix`: each layer is read from the store when the forward asks."""
         self._service.check_fingerprint(namespace, fingerprint)
         return _LocalPrefix(self._service, namespace, block_size, [list(row) for row in rows])
+
+    def match_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
+    ) -> list[int | None]:
+        """See :meth:`StoreConnection.match_chunks` (in-process: ``timeout`` does not apply)."""
+        return self._service.chunk_lengths(namespace, fingerprint, layout, keys)
+
+    def fetch_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
+    ) -> list[np.ndarray | AttnStoreError]:
+        """See :meth:`StoreConnection.fetch_chunks`: each chunk read from the store, checked, whole."""
+        self._service.check_chunk_request(namespace, fingerprint, layout)
+        out: list[np.ndarray | AttnStoreError] = []
+        for key in keys:
+            try:
+                out.append(self._service.read_chunk(namespace, key))  # (layers, 2, KVH, C, d)
+            except ROW_ERRORS as exc:
+                out.append(exc)
+        return out
 
     def health(self) -> str:
         """``"SERVING"`` while the store's background threads live."""

@@ -23,22 +23,26 @@ import grpc
 import numpy as np
 
 from attnstore.errors import (
+    AttnStoreError,
     ChecksumError,
     ConfigError,
     FingerprintMismatchError,
     MapsUnavailableError,
     WireFormatError,
 )
+from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.prefix import PrefixLayout
-from attnstore.protocol.prefix_wire import chains_to_pb, prefix_layout_from_pb
+from attnstore.protocol.prefix_wire import chains_to_pb, chunk_layout_from_pb, prefix_layout_from_pb
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import exact_request, search_request
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import ChunkAssembler
 from attnstore.protocol.write_back import row_to_pb
+from attnstore_client.connection import remote_chunks
 from attnstore_client.connection.base import (
+    ChunkPutCounts,
     MapStream,
     Match,
     MatchKind,
@@ -110,6 +114,7 @@ class RemoteConnection(StoreConnection):
             projector_version=info.projector_version,
             prefix=self._prefix_layouts.setdefault(name, prefix_layout_from_pb(info.prefix))
             if info.HasField("prefix") else None,
+            chunks=chunk_layout_from_pb(info.chunks) if info.HasField("chunks") else None,
         )
 
     def exact(
@@ -187,6 +192,25 @@ class RemoteConnection(StoreConnection):
             lambda left: self._remote.stub.FetchPrefix(request, metadata=self._remote.metadata, timeout=left),
             len(rows), layout.layers, None if timeout is None else time.monotonic() + timeout, self._resend,
         )
+
+    def match_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
+    ) -> list[int | None]:
+        """See :meth:`StoreConnection.match_chunks`: one ChunkMatch."""
+        return remote_chunks.match_chunks(self._remote, namespace, fingerprint, layout, keys, timeout)
+
+    def fetch_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
+    ) -> list[np.ndarray | AttnStoreError]:
+        """See :meth:`StoreConnection.fetch_chunks`: one FetchChunks, received whole."""
+        return remote_chunks.fetch_chunks(self._remote, namespace, fingerprint, layout, keys, timeout)
+
+    def put_chunks(
+        self, namespace: str, fingerprint: str, layout: ChunkLayout, chunks: Sequence[StoredChunk], *,
+        timeout: float | None,
+    ) -> ChunkPutCounts:
+        """See :meth:`StoreConnection.put_chunks`: one PutChunks (a write token)."""
+        return remote_chunks.put_chunks(self._remote, namespace, fingerprint, layout, chunks, timeout)
 
     @property
     def streams_retried(self) -> int:

@@ -28,7 +28,7 @@ from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore_client.keys import token_hash
 from attnstore_tools.admin.cold_start import create_exact_namespace
-from attnstore_tools.build.command import token_limits
+from attnstore_tools.build.namespace_layout import token_limits
 
 TESTS = Path(__file__).resolve().parents[1]
 COUNT = 10

@@ -16,23 +16,11 @@ from __future__ import annotations
 
 import argparse
 
-from attnstore.protocol.records import Codec, NamespaceLayout
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore_client.adapters import adapter_for
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.projector import ProjectorConfig
-from attnstore_tools.build.command import token_limits
-
-
-def exact_tier_layout(loaded: LoadedModel, codec: Codec = "fp16") -> NamespaceLayout:
-    """The layout of ``loaded``'s namespace, with the default projector's feature size (for a later projector)."""
-    adapter = adapter_for(loaded)
-    return NamespaceLayout(
-        layers=adapter.num_layers, heads=adapter.num_heads, causal=adapter.causal, hidden=adapter.hidden_size,
-        feature_dim=ProjectorConfig(hidden=adapter.hidden_size).dim, codec=codec,
-    )
+from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
 
 
 def create_exact_namespace(remote: RemoteStore, loaded: LoadedModel, name: str) -> pb.Namespace:

@@ -44,8 +44,9 @@ from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_tools.build.calibration import CalibrationConfig
-from attnstore_tools.build.command import groups_of, token_limits
+from attnstore_tools.build.command import groups_of
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
+from attnstore_tools.build.namespace_layout import token_limits
 from attnstore_tools.build.training import MIN_CORPUS
 
 

@@ -30,15 +30,18 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import CorpusError, NamespaceNotFoundError
-from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry, TokenLimits
+from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.connection import URL_SCHEMES
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
+from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
+from attnstore_tools.build.namespace_layout import token_limits
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
 from attnstore_tools.corpus import read_texts
@@ -97,14 +100,6 @@ class _Captured:
     source: torch.Tensor  # (L, hidden) fp32 feature source: the features clients will compute
     maps_path: Path  # (layers, heads, L, L) fp16 .npy
     outputs_path: Path  # (L, hidden) fp16 .npy
-
-
-def token_limits(loaded: LoadedModel) -> TokenLimits:
-    """What the daemon checks written-back rows of ``loaded``'s namespace against: ids below the larger of the
-    model's and the tokenizer's vocabulary (added tokens count), lengths within the model's positions."""
-    config = loaded.model.config
-    vocab = max(int(config.vocab_size), len(loaded.tokenizer))
-    return TokenLimits(vocab_size=vocab, max_length=int(config.max_position_embeddings))
 
 
 def build_namespace(
@@ -346,9 +341,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--model", required=True, help="model alias (minilm, smollm2) or a local model folder")
-    parser.add_argument("--corpus", required=True, type=Path, help=".txt (one per line), .tsv or .jsonl")
+    parser.add_argument("--corpus", type=Path, help=".txt (one per line), .tsv or .jsonl (needed without --chunks)")
     parser.add_argument("--column", help="text column of a .tsv corpus, or field of a .jsonl one")
-    parser.add_argument("--store", required=True, type=Path, help="map store folder (created if missing)")
+    parser.add_argument("--store", required=True,
+                        help="map store folder (created if missing); with --chunks alone also grpc://HOST:PORT")
     parser.add_argument("--namespace", default="default", help="namespace to fill (default: default)")
     parser.add_argument("--codec", default="fp16", choices=CODECS, help="map codec of a new namespace")
     parser.add_argument("--max-length", type=int, default=256, help="skip rows over this many tokens (default 256)")
@@ -366,6 +362,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="store a prefix block only when this many prompts start with it (default 2; 1: all)")
     parser.add_argument("--prefix-dtype", choices=["float32", "float16"],
                         help="prefix blocks' dtype (default: the model's, exact; float16 halves the bytes)")
+    parser.add_argument("--chunks", type=Path, metavar="FILE",
+                        help="store the chunks of FILE for the chunk tier (.txt one chunk per line, or .jsonl with"
+                             " a text field; causal models): their keys and values computed after --instruction")
+    parser.add_argument("--instruction", default="", help="the text chunks are computed after (default: none)")
+    parser.add_argument("--chunk-dtype", default="float16", choices=["float16", "float32"],
+                        help="chunks' dtype (default float16, the chunk tier's; float32 is exact)")
+    parser.add_argument("--token", help="bearer token of a grpc:// store (write or admin)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
 
@@ -374,8 +377,21 @@ def run(args: argparse.Namespace) -> int:
     """Run ``attnstore build``."""
     if args.max_length < 1:
         raise CorpusError(f"--max-length must be >= 1, got {args.max_length}")
-    texts = read_texts(args.corpus, column=args.column)
+    if args.corpus is None and args.chunks is None:
+        raise CorpusError("build needs --corpus FILE, --chunks FILE or both")
+    if args.corpus is not None and args.store.startswith(URL_SCHEMES):
+        raise CorpusError(f"--corpus builds into a store folder, not {args.store}; a daemon takes --chunks alone")
     loaded = load_model(args.model)
+    if args.corpus is not None:
+        _build_corpus(args, loaded)
+    if args.chunks is not None:
+        config = ChunkBuildConfig(args.namespace, args.instruction, args.chunk_dtype, args.batch_size)
+        print(run_chunks(args.chunks, loaded, args.store, config, token=args.token, progress=not args.no_progress))
+    return 0
+
+
+def _build_corpus(args: argparse.Namespace, loaded: LoadedModel) -> None:
+    texts = read_texts(args.corpus, column=args.column)
     config = BuildConfig(
         namespace=args.namespace,
         codec=args.codec,
@@ -391,7 +407,6 @@ def run(args: argparse.Namespace) -> int:
     with AttnStoreService.open(args.store, create=True) as service:
         report = build_namespace(loaded, texts, service, config, progress=not args.no_progress)
     print(format_report(report))
-    return 0
 
 
 def format_report(report: BuildReport) -> str:

@@ -37,7 +37,7 @@ class Layout(_message.Message):
     def __init__(self, layers: _Optional[int] = ..., heads: _Optional[int] = ..., causal: _Optional[bool] = ..., hidden: _Optional[int] = ..., feature_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class Namespace(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version", "prefix", "limits")
+    __slots__ = ("name", "model", "fingerprint", "layout", "format_version", "created", "projector", "projector_crc32c", "projector_version", "prefix", "limits", "chunks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class Namespace(_message.Message):
     PROJECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
@@ -60,7 +61,8 @@ class Namespace(_message.Message):
     projector_version: int
     prefix: PrefixLayout
     limits: TokenLimits
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ..., prefix: _Optional[_Union[PrefixLayout, _Mapping]] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ...) -> None: ...
+    chunks: ChunkLayout
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., format_version: _Optional[int] = ..., created: _Optional[float] = ..., projector: _Optional[bytes] = ..., projector_crc32c: _Optional[int] = ..., projector_version: _Optional[int] = ..., prefix: _Optional[_Union[PrefixLayout, _Mapping]] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ..., chunks: _Optional[_Union[ChunkLayout, _Mapping]] = ...) -> None: ...
 
 class TokenLimits(_message.Message):
     __slots__ = ("vocab_size", "max_length")
@@ -667,3 +669,99 @@ class PrefixChunk(_message.Message):
     crc32c: int
     error: RowError
     def __init__(self, row: _Optional[int] = ..., chunk: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
+
+class ChunkLayout(_message.Message):
+    __slots__ = ("layers", "kv_heads", "head_dim", "dtype")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    def __init__(self, layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class ChunkMatchRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "layout", "keys")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    layout: ChunkLayout
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[ChunkLayout, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ChunkMatchResponse(_message.Message):
+    __slots__ = ("lengths",)
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lengths: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FetchChunksRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "layout", "keys")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    layout: ChunkLayout
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[ChunkLayout, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ChunkData(_message.Message):
+    __slots__ = ("chunk", "layer", "dtype", "shape", "data", "crc32c", "error")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    layer: int
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    crc32c: int
+    error: RowError
+    def __init__(self, chunk: _Optional[int] = ..., layer: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
+
+class ChunkPut(_message.Message):
+    __slots__ = ("key", "dtype", "shape", "data", "crc32c")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    crc32c: int
+    def __init__(self, key: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class PutChunksRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "layout", "chunks")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    layout: ChunkLayout
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkPut]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[ChunkLayout, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[ChunkPut, _Mapping]]] = ...) -> None: ...
+
+class PutChunksResponse(_message.Message):
+    __slots__ = ("stored", "duplicates", "bytes")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    duplicates: int
+    bytes: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...

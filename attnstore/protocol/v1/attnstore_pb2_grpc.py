@@ -84,6 +84,21 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.FromString,
                 _registered_method=True)
+        self.ChunkMatch = channel.unary_unary(
+                '/attnstore.v1.AttnStore/ChunkMatch',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchResponse.FromString,
+                _registered_method=True)
+        self.FetchChunks = channel.unary_stream(
+                '/attnstore.v1.AttnStore/FetchChunks',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchChunksRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkData.FromString,
+                _registered_method=True)
+        self.PutChunks = channel.unary_unary(
+                '/attnstore.v1.AttnStore/PutChunks',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.PutChunksRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PutChunksResponse.FromString,
+                _registered_method=True)
         self.Ingest = channel.stream_unary(
                 '/attnstore.v1.AttnStore/Ingest',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.IngestRequest.SerializeToString,
@@ -207,6 +222,31 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChunkMatch(self, request, context):
+        """The chunk tier (causal namespaces): each chunk key's stored length in tokens (0: not
+        stored); then the chunks' keys (before RoPE) and values layer by layer. A fingerprint or
+        a ChunkLayout other than the namespace's (another model, KV layout or dtype) is
+        FAILED_PRECONDITION naming both; a chunk that cannot be served gets one ChunkData with
+        its error (NOT_FOUND: not stored, DATA_LOSS: damaged) and nothing more, the others go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchChunks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutChunks(self, request, context):
+        """Chunks a node computed, or a build made (a write or admin token, as WriteBack): all of a
+        call or none; the namespace takes the call's ChunkLayout when it records none yet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request_iterator, context):
         """Admin: need the admin token.
         """
@@ -317,6 +357,21 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.FetchPrefix,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.SerializeToString,
+            ),
+            'ChunkMatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChunkMatch,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchResponse.SerializeToString,
+            ),
+            'FetchChunks': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchChunks,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchChunksRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkData.SerializeToString,
+            ),
+            'PutChunks': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutChunks,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PutChunksRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PutChunksResponse.SerializeToString,
             ),
             'Ingest': grpc.stream_unary_rpc_method_handler(
                     servicer.Ingest,
@@ -629,6 +684,87 @@ class AttnStore:
             '/attnstore.v1.AttnStore/FetchPrefix',
             attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChunkMatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/ChunkMatch',
+            attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/FetchChunks',
+            attnstore_dot_v1_dot_attnstore__pb2.FetchChunksRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.ChunkData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/PutChunks',
+            attnstore_dot_v1_dot_attnstore__pb2.PutChunksRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.PutChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,

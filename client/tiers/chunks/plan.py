@@ -11,6 +11,10 @@ segment, ``Row.segments``):
    every layer, with everything before it (so it costs what a full forward would),
    as are the last ``ChunkSettings.recent`` chunks, stored or not;
 3. the prompts run through ``fusion.fused_forward`` a batch at a time.
+
+A prompt whose instruction or a chunk the source holds damaged (a store's
+``ChecksumError``) is not fused: it is left for the other tiers, which compute
+it in full, and the damaged part is not computed on its own or put back.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class FusionCounts:
     candidate_tokens: int = 0  # stored chunk tokens (instructions not included)
     token_layers: int = 0  # tokens times layers the fused forwards computed
     captured: int = 0  # instructions and chunks computed on their own and put in the source
+    damaged: int = 0  # prompts left unfused: the source holds their instruction or a chunk damaged
     bytes_fetched: int = 0
     fetch_s: float = 0.0  # looking chunks up in the source
     capture_s: float = 0.0  # computing the missing ones on their own
@@ -65,8 +70,9 @@ def fuse_prompts(
     adapter: Adapter, source: ChunkSource, prompts: Sequence[tuple[Sequence[int], Sequence[int]]],
     settings: ChunkSettings, *, batch_size: int = 32, device: torch.device | None = None,
     counts: FusionCounts | None = None,
-) -> list[torch.Tensor]:
-    """The question's last hidden states ``(question, hidden)`` of every prompt, fused from ``source``.
+) -> list[torch.Tensor | None]:
+    """The question's last hidden states ``(question, hidden)`` of every prompt, fused from ``source``; None for
+    a prompt whose instruction or a chunk the source holds damaged (``counts.damaged``).
 
     Args:
         adapter: a Llama-like causal model's adapter.
@@ -84,20 +90,29 @@ def fuse_prompts(
     device = device or next(adapter.model.parameters()).device
     counts = counts if counts is not None else FusionCounts()
     cut = [_Segments.of(ids, segments) for ids, segments in prompts]
+    damaged: set[bytes] = set()
     instructions = _lookup(adapter, source, {chunk_key(None, c.instruction): (None, c.instruction) for c in cut
-                                             if c.instruction}, settings, batch_size, device, counts)
+                                             if c.instruction}, settings, batch_size, device, counts, damaged)
+    unfused = {i for i, c in enumerate(cut) if c.instruction and chunk_key(None, c.instruction) in damaged}
     wanted: dict[bytes, tuple[ChunkKV | None, tuple[int, ...]]] = {}
-    for c in cut:
+    for i, c in enumerate(cut):
+        if i in unfused:
+            continue  # its chunks' context is unusable: they are not computed on their own either
         context = instructions.get(chunk_key(None, c.instruction)) if c.instruction else None
         for _, chunk in c.chunks:
             wanted[chunk_key(c.instruction, chunk)] = (context, chunk)
     missing: set[bytes] = set()
-    chunks = _lookup(adapter, source, wanted, settings, batch_size, device, counts, missing=missing)
-    rows = [_row(ids, c, instructions, chunks, missing, device, settings.recent) for (ids, _), c in zip(prompts, cut, strict=True)]
-    out: list[torch.Tensor] = []
+    chunks = _lookup(adapter, source, wanted, settings, batch_size, device, counts, damaged, missing=missing)
+    unfused |= {i for i, c in enumerate(cut)
+                if any(chunk_key(c.instruction, chunk) in damaged for _, chunk in c.chunks)}
+    counts.damaged += len(unfused)
+    fused = [i for i in range(len(cut)) if i not in unfused]
+    rows = [_row(prompts[i][0], cut[i], instructions, chunks, missing, device, settings.recent) for i in fused]
+    out: list[torch.Tensor | None] = [None] * len(cut)
     for start in range(0, len(rows), batch_size):
         batch = rows[start : start + batch_size]
-        out += fused_forward(adapter, batch, settings)
+        for i, states in zip(fused[start : start + batch_size], fused_forward(adapter, batch, settings), strict=True):
+            out[i] = states
         for row in batch:
             counts.stored_tokens += sum(part.length for _, part in row.parts)
             counts.chosen_tokens += row.chosen
@@ -108,20 +123,16 @@ def fuse_prompts(
 
 def _lookup(
     adapter: Adapter, source: ChunkSource, wanted: dict[bytes, tuple[ChunkKV | None, tuple[int, ...]]],
-    settings: ChunkSettings, batch_size: int, device: torch.device, counts: FusionCounts,
+    settings: ChunkSettings, batch_size: int, device: torch.device, counts: FusionCounts, damaged: set[bytes],
     missing: set[bytes] | None = None,
 ) -> dict[bytes, ChunkKV]:
-    """The chunks of ``wanted`` (key -> context, ids) from the source; the missing ones computed, put and
-    (when ``missing`` is given) named in it."""
+    """The chunks of ``wanted`` (key -> context, ids) from the source; those it holds damaged named in
+    ``damaged``; the missing ones computed, put and (when ``missing`` is given) named in it."""
     started = time.perf_counter()
-    found: dict[bytes, ChunkKV] = {}
-    for key in wanted:
-        chunk = source.get(key)
-        if chunk is not None:
-            found[key] = chunk
-            counts.bytes_fetched += chunk.nbytes
+    found = source.get_many(list(wanted), damaged) if wanted else {}
+    counts.bytes_fetched += sum(chunk.nbytes for chunk in found.values())
     counts.fetch_s += time.perf_counter() - started
-    absent = [key for key in wanted if key not in found]
+    absent = [key for key in wanted if key not in found and key not in damaged]
     if absent:
         started = time.perf_counter()
         computed = capture_chunks(adapter, [wanted[key] for key in absent], dtype=settings.dtype,

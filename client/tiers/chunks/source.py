@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ChecksumError, ConfigError
 from attnstore_client.keys import token_hash
 
 # In-memory chunks: about 1,000 SmolLM2 chunks of 40 tokens in fp16 (2 x 30 layers x 3 KV heads x 64 x 40 x 2 bytes).
@@ -66,11 +66,32 @@ class ChunkKV:
 
 
 class ChunkSource(ABC):
-    """Stored chunks by key (``chunk_key``); a missing chunk is None, never an error."""
+    """Stored chunks by key (``chunk_key``); a missing chunk is None, never an error (a damaged one is)."""
 
     @abstractmethod
     def get(self, key: bytes) -> ChunkKV | None:
-        """The chunk stored under ``key``, or None."""
+        """The chunk stored under ``key``, or None.
+
+        Raises:
+            ChecksumError: the source holds the chunk damaged (a store's source; the message names it).
+        """
+
+    def get_many(self, keys: Sequence[bytes], damaged: set[bytes] | None = None) -> dict[bytes, ChunkKV]:
+        """The chunks of ``keys`` the source holds; the keys of those it holds damaged are added to ``damaged``.
+
+        A source over a store answers in one call; this default asks :meth:`get` for each.
+        """
+        found: dict[bytes, ChunkKV] = {}
+        for key in keys:
+            try:
+                chunk = self.get(key)
+            except ChecksumError:
+                if damaged is not None:
+                    damaged.add(key)
+                continue
+            if chunk is not None:
+                found[key] = chunk
+        return found
 
     @abstractmethod
     def put(self, key: bytes, chunk: ChunkKV) -> None:

@@ -9,7 +9,9 @@ that wants them all (``encode``, ``hidden_states``) leaves its rows to the
 other tiers. A row is served when its prompt came in at least two segments
 (instruction, question; chunks between). Its result approximates the full
 forward's (the chosen share of chunk tokens decides how closely): rows it
-serves are ``"chunk"`` rows and never enter the exact tiers.
+serves are ``"chunk"`` rows and never enter the exact tiers. A row whose
+instruction or a chunk the source holds damaged is left to the other tiers and
+counted as a ``"checksum"`` fallback: it is computed in full, the call goes on.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class ChunkTier(Tier):
         tallies.chunk_tokens += counts.stored_tokens
         tallies.chunk_recomputed += counts.chosen_tokens
         tallies.chunks_captured += counts.captured
-        call.deliver(asked, HiddenRows.stacked(states), "chunk")  # the question's states (q, hidden) per row
-        served = {row.index for row in asked}
+        call.fail([row for row, out in zip(asked, states, strict=True) if out is None], "checksum")
+        fused = [(row, out) for row, out in zip(asked, states, strict=True) if out is not None]
+        if fused:  # the question's states (q, hidden) per row
+            call.deliver([row for row, _ in fused], HiddenRows.stacked([out for _, out in fused]), "chunk")
+        served = {row.index for row, _ in fused}
         return [row for row in rows if row.index not in served]
