@@ -27,3 +27,13 @@ def test_no_package_folder_holds_more_than_12_modules():
             counts[path.parent] = counts.get(path.parent, 0) + 1
     crowded = {str(d.relative_to(ROOT)): n for d, n in counts.items() if n > MAX_MODULES}
     assert crowded == {}
+
+
+def test_every_package_folder_is_listed_for_a_non_editable_install():
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    names = {folder: name for name, folder in config["package-dir"].items()}
+    found = {names[init.relative_to(ROOT).parts[0]] + "".join("." + part for part in init.relative_to(ROOT).parts[1:-1])
+             for package in PACKAGES for init in (ROOT / package).rglob("__init__.py")}
+    assert found - set(config["packages"]) == set()
