@@ -36,14 +36,16 @@ class ChunkSettings:
     # Which chunk tokens are computed again: "a3" those the question attends to most at the selection
     # layer (A3); "cacheblend" those whose values deviate most there from the stored ones (CacheBlend);
     # "full_reuse" none (stored keys and values only; the question alone is computed).
-    method: ChunkMethod = "a3"
-    ratio: float = 0.15  # share of the stored chunk tokens computed again (0..1)
+    # The defaults are what `attnstore eval icl` measured to keep the most answers per unit of speed (docs/
+    # RESULTS.md, "In-context classification with stored chunks"): the last chunk in full, the others as stored.
+    method: ChunkMethod = "full_reuse"
+    ratio: float = 0.15  # share of the stored chunk tokens computed again (0..1; a3 and cacheblend)
     # Layers before it compute every token (layer 0's keys and values depend on the token alone, so a few
     # early layers cost little and give the selection true hidden states); the choice is made at it.
     select_layer: int = 1
     # The last chunks, next to the question, computed in full even when stored: what the question reads most
     # closely (the most similar exemplar goes last) then sees the true context.
-    recent: int = 0
+    recent: int = 1
     dtype: Literal["float16", "float32"] = "float16"  # how captured chunks are kept (computed in the model's)
 
     def __post_init__(self) -> None:

@@ -185,15 +185,16 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     tokenized = segment_tokens(loaded.tokenizer, prompts, max_length=10**9)
     # The prefix tier's best case: the instruction stored, everything after it computed (one segment).
     as_prefix = [Tokenized(row.ids, (row.segments[0], sum(row.segments[1:]))) for row in tokenized]
-    methods: list[tuple[str, ChunkSettings | None]] = [("full", None), ("prefix", ChunkSettings(method="full_reuse")),
-                                                        ("full_reuse", ChunkSettings(method="full_reuse"))]
-    methods += [(f"{m}@{r:g}", ChunkSettings(method=m, ratio=r)) for m in ("cacheblend", "a3") for r in ratios]
+    reuse = ChunkSettings(method="full_reuse", recent=0)
+    methods: list[tuple[str, ChunkSettings | None]] = [("full", None), ("prefix", reuse), ("full_reuse", reuse)]
+    methods += [(f"{m}@{r:g}", ChunkSettings(method=m, ratio=r, recent=0))
+                for m in ("cacheblend", "a3") for r in ratios]
     for k in (k for k in recent if k > 0):
         methods += [(f"full_reuse+{k}", ChunkSettings(method="full_reuse", recent=k))]
         methods += [(f"{m}@{r:g}+{k}", ChunkSettings(method=m, ratio=r, recent=k))
                     for m in ("cacheblend", "a3") for r in ratios]
     # The exemplars' chunks, computed on their own after the instruction: stored before anything is timed.
-    cache.chunks = ChunkSettings(method="full_reuse")
+    cache.chunks = reuse
     started = time.perf_counter()
     _last(cache, tokenized, batch_size, progress)
     build_s = time.perf_counter() - started

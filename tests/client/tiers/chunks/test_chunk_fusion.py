@@ -15,6 +15,7 @@ from attnstore_client.tiers.chunks.selection import chosen_count, select_tokens
 from attnstore_client.tiers.chunks.source import ChunkKV, MemoryChunkSource, chunk_key
 
 INSTRUCTION, C1, C2, C3, C4, Q1, Q2 = random_rows([6, 7, 9, 5, 8, 4, 3], seed=3)
+REUSE = ChunkSettings(method="full_reuse", recent=0, dtype="float32")  # stored chunks only, none computed again
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def full(adapter, ids: list[int]) -> torch.Tensor:
 def filled(adapter, *prompts) -> MemoryChunkSource:
     """A source holding every instruction and chunk of ``prompts``, each computed on its own."""
     source = MemoryChunkSource()
-    fuse_prompts(adapter, source, list(prompts), ChunkSettings(method="full_reuse", dtype="float32"))
+    fuse_prompts(adapter, source, list(prompts), REUSE)
     return source
 
 
@@ -43,7 +44,7 @@ def test_every_chunk_stored_and_all_computed_again_equals_full_prefill(adapter, 
     source = filled(adapter, prompt(INSTRUCTION, C1, Q1), prompt(INSTRUCTION, C2, Q1), prompt(INSTRUCTION, C3, Q1))
     prompts = [prompt(INSTRUCTION, C3, C1, C2, Q2), prompt(INSTRUCTION, C2, C3, Q1)]
     counts = FusionCounts()
-    out = fuse_prompts(adapter, source, prompts, ChunkSettings(method=method, ratio=1.0, dtype="float32"),
+    out = fuse_prompts(adapter, source, prompts, ChunkSettings(method=method, ratio=1.0, recent=0, dtype="float32"),
                        counts=counts)
     for (ids, segments), states in zip(prompts, out, strict=True):
         want = full(adapter, ids)[-segments[-1] :]
@@ -55,7 +56,7 @@ def test_a_chunk_reused_where_it_was_computed_equals_full_prefill_without_any_re
     # Right after the instruction, a stored chunk's keys and values are the full forward's at every layer.
     source = filled(adapter, prompt(INSTRUCTION, C1, C2, Q1))
     ids, segments = prompt(INSTRUCTION, C1, Q2)
-    states = fuse_prompts(adapter, source, [(ids, segments)], ChunkSettings(method="full_reuse", dtype="float32"))[0]
+    states = fuse_prompts(adapter, source, [(ids, segments)], REUSE)[0]
     assert torch.allclose(states, full(adapter, ids)[-3:], atol=1e-4)
 
 
@@ -63,7 +64,7 @@ def test_full_reuse_runs_and_differs_from_full_prefill_where_chunks_moved(adapte
     source = filled(adapter, prompt(INSTRUCTION, C1, C2, C3, Q1))
     ids, segments = prompt(INSTRUCTION, C3, C2, C1, Q1)
     counts = FusionCounts()
-    states = fuse_prompts(adapter, source, [(ids, segments)], ChunkSettings(method="full_reuse", dtype="float32"),
+    states = fuse_prompts(adapter, source, [(ids, segments)], REUSE,
                           counts=counts)[0]
     assert torch.isfinite(states).all()
     assert (states - full(adapter, ids)[-4:]).abs().max() > 1e-3
@@ -75,14 +76,14 @@ def test_missing_chunks_are_computed_in_place_and_put_in_the_source(adapter):
     source = MemoryChunkSource()
     ids, segments = prompt(INSTRUCTION, C2, C4, Q1)
     counts = FusionCounts()
-    states = fuse_prompts(adapter, source, [(ids, segments)], ChunkSettings(method="full_reuse", dtype="float32"),
+    states = fuse_prompts(adapter, source, [(ids, segments)], REUSE,
                           counts=counts)[0]
     assert torch.allclose(states, full(adapter, ids)[-4:], atol=1e-4)  # nothing was stored: all computed
     assert counts.captured == 3 and counts.stored_tokens == 6  # the instruction is exact wherever it comes from
     assert source.contains(chunk_key(None, INSTRUCTION)) and source.contains(chunk_key(INSTRUCTION, C4))
     assert not source.contains(chunk_key(None, C4))  # a chunk is stored under the instruction it followed
     again = FusionCounts()
-    fuse_prompts(adapter, source, [(ids, segments)], ChunkSettings(method="full_reuse", dtype="float32"),
+    fuse_prompts(adapter, source, [(ids, segments)], REUSE,
                  counts=again)
     assert again.captured == 0 and again.stored_tokens == 6 + 9 + 8
 
@@ -106,7 +107,7 @@ def test_the_ratio_of_chunk_tokens_computed_again_is_respected(adapter, method, 
     prompts = [prompt(INSTRUCTION, C1, C2, C3, Q1), prompt(INSTRUCTION, C4, C1, Q2)]
     source = filled(adapter, *prompts)
     counts = FusionCounts()
-    fuse_prompts(adapter, source, prompts, ChunkSettings(method=method, ratio=ratio), counts=counts)
+    fuse_prompts(adapter, source, prompts, ChunkSettings(method=method, ratio=ratio, recent=0), counts=counts)
     assert counts.candidate_tokens == 21 + 15
     assert counts.chosen_tokens == chosen_count(ratio, 21) + chosen_count(ratio, 15)
     # select_layer 1: every token after the instruction at layer 0, then the chosen ones and the question.

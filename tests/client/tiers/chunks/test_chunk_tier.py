@@ -20,7 +20,7 @@ PROMPTS = [
     [INSTRUCTION, CHUNKS[2], CHUNKS[0], CHUNKS[3], "w9"],
     [INSTRUCTION, CHUNKS[1], CHUNKS[3], CHUNKS[2], "w7 w9 w8"],
 ]
-EXACT = ChunkSettings(method="a3", ratio=1.0, dtype="float32")
+EXACT = ChunkSettings(method="a3", ratio=1.0, recent=0, dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_prompts_in_segments_are_fused_from_stored_chunks_and_all_recomputed_equ
 
 def test_full_reuse_computes_the_question_alone_and_is_approximate(llama, cache):
     cache.last_hidden_states(PROMPTS)  # stores every chunk
-    cache.chunks = ChunkSettings(method="full_reuse", dtype="float32")
+    cache.chunks = ChunkSettings(method="full_reuse", recent=0, dtype="float32")
     got = cache.last_hidden_states(PROMPTS)
     assert cache.last_row_kinds == ("chunk",) * 3 and cache.last_stats.chunk_recomputed == 0
     assert cache.last_stats.forward_tokens == 2 + 1 + 3  # the questions, in full-forward tokens

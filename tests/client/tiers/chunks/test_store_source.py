@@ -34,7 +34,7 @@ PROMPTS = [
     [INSTRUCTION, CHUNKS[2], CHUNKS[0], CHUNKS[3], "bad"],
     [INSTRUCTION, CHUNKS[1], CHUNKS[3], "is the field good or bad"],
 ]
-EXACT = ChunkSettings(method="a3", ratio=1.0, dtype="float32")
+EXACT = ChunkSettings(method="a3", ratio=1.0, recent=0, dtype="float32")
 
 
 @pytest.fixture(scope="module")
