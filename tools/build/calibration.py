@@ -45,12 +45,16 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from attnstore.errors import ConfigError
 from attnstore.protocol.gate import FidelityGate, differing_positions, gate_features
 from attnstore_client.adapters import Adapter
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.projector import Calibration, Projector
 
 log = logging.getLogger(__name__)
+
+# Fewer pseudo-queries than this calibrate nothing: the projector then serves exact hits only.
+MIN_PSEUDO_QUERIES = 16
 
 # Bounds of the fitted exponent: 0 is the plain threshold; past 2 a fit on a few
 # pairs is more likely noise than a real length effect.
@@ -69,6 +73,10 @@ class CalibrationConfig:
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        if not 0.0 < self.precision < 1.0:
+            raise ConfigError(f"CalibrationConfig: precision must be in (0, 1), got {self.precision!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class CalibrationReport:
@@ -76,7 +84,7 @@ class CalibrationReport:
 
     pairs: int  # pseudo-queries replayed
     faithful: float  # share of them whose replay was faithful (no threshold)
-    calibration: Calibration | None  # None when too few pseudo-queries
+    calibration: Calibration  # max_distance None: no threshold reached the target (or too few pseudo-queries)
     hit_rate: float  # share of pseudo-queries within the recommended threshold
     hit_precision: float | None  # faithful share of those
     gate: FidelityGate | None = None  # None: not fitted (disabled, too few pairs, or no precise enough rule)
@@ -112,10 +120,19 @@ def calibrate_projector(
     projector.gate = None
     lengths = np.array([len(row) for row in ids])
     pairs = _pseudo_queries(projector.project(sources), lengths, config)
-    if len(pairs) < 16:
-        log.warning("calibration skipped: %d pseudo-queries (inputs sharing a length with another)", len(pairs))
-        return CalibrationReport(pairs=len(pairs), faithful=float("nan"), calibration=None, hit_rate=0.0,
-                                 hit_precision=None)
+    if len(pairs) < MIN_PSEUDO_QUERIES:
+        # Too few to tell a faithful distance from an unfaithful one: the projector recommends no
+        # threshold (exact hits only) rather than leaving clients the uncalibrated default, which a
+        # projector trained on a few dozen maps does not honour (a cold start's map hits fell to
+        # cosine 0.40 with it). A later build or train-projector with more inputs calibrates.
+        log.warning("calibration found %d pseudo-queries (inputs sharing a length with another), fewer than %d: "
+                    "the projector serves exact hits only", len(pairs), MIN_PSEUDO_QUERIES)
+        projector.calibration = Calibration(
+            length_exponent=0.0, reference_length=max(1, int(np.median(lengths))) if lengths.size else 1,
+            max_distance=None, fidelity=config.fidelity, precision=config.precision, pairs=len(pairs),
+        )
+        return CalibrationReport(pairs=len(pairs), faithful=float("nan"), calibration=projector.calibration,
+                                 hit_rate=0.0, hit_precision=None)
     cosine = _replay_cosines(adapter, ids, maps, outputs, pairs, config)
     faithful = cosine >= config.fidelity
     distance = np.array([d for _, _, d in pairs])
@@ -123,7 +140,7 @@ def calibrate_projector(
     exponent = _length_exponent(distance, length, faithful)
     reference = int(np.median(length))
     scaled = distance * (length / reference) ** -exponent
-    threshold = _threshold(scaled, faithful, config.precision)
+    threshold = _threshold(scaled, faithful, config.precision, min_hits(config.precision))
     hits = scaled <= threshold if threshold is not None else np.zeros(len(pairs), dtype=bool)
     projector.calibration = Calibration(
         length_exponent=exponent, reference_length=reference, max_distance=threshold,
@@ -190,13 +207,14 @@ def _fit_gate(
     probability = fitted.probabilities(features)  # (pairs,)
     owner = np.array([i for i, _, _ in pairs])
     best = [max(np.flatnonzero(owner == i), key=lambda k: probability[k]) for i in np.unique(owner)]
-    threshold = _threshold(1.0 - probability[best], faithful[best], config.precision)
+    support = min_hits(config.precision)
+    threshold = _threshold(1.0 - probability[best], faithful[best], config.precision, support)
     if threshold is None:
         return None, 0.0, None
     gate = dataclasses.replace(fitted, min_probability=max(1.0 - threshold, 1e-6))
     served = probability[best] >= gate.cutoff
-    if not served.any():
-        return None, 0.0, None  # no pick is trusted on its own: a gate would serve nothing
+    if served.sum() < support:
+        return None, 0.0, None  # too few picks trusted on their own to know the gate's precision
     return gate, float(served.mean()), float(faithful[best][served].mean())
 
 
@@ -296,11 +314,24 @@ def _length_exponent(distance: np.ndarray, length: np.ndarray, faithful: np.ndar
     return float(min(max(gamma, 0.0), _MAX_EXPONENT)) if math.isfinite(gamma) else 0.0
 
 
-def _threshold(distance: np.ndarray, faithful: np.ndarray, precision: float) -> float | None:
-    """The largest threshold whose hits (distance <= it) are at least ``precision`` faithful."""
+def min_hits(precision: float) -> int:
+    """Hits a threshold needs before its precision is trusted: all of them faithful would put the
+    one-sided 95% lower bound of its precision (Clopper-Pearson, ``0.05 ** (1 / n)``) at ``precision``.
+
+    59 at 95%: a threshold or gate fitted on a cold start's 17 faithful picks (all of them, so 100% on
+    the pseudo-queries) served map hits at cosine 0.40 to held-out rows.
+    """
+    if precision >= 1.0:
+        raise ConfigError(f"calibration: precision must be below 1, got {precision!r}")
+    return max(1, math.ceil(math.log(0.05) / math.log(precision)))
+
+
+def _threshold(distance: np.ndarray, faithful: np.ndarray, precision: float, support: int) -> float | None:
+    """The largest threshold whose hits (distance <= it), at least ``support`` of them, are ``precision`` faithful."""
     order = np.argsort(distance, kind="stable")
     d, f = distance[order], faithful[order]
-    share = np.cumsum(f) / np.arange(1, d.size + 1)
+    count = np.arange(1, d.size + 1)
+    share = np.cumsum(f) / count
     ends = np.r_[d[1:] != d[:-1], True]  # a threshold takes every pick at its distance
-    ok = np.flatnonzero((share >= precision) & ends)
+    ok = np.flatnonzero((share >= precision) & ends & (count >= support))
     return float(d[ok[-1]]) if ok.size else None

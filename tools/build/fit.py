@@ -16,7 +16,12 @@ import torch
 
 from attnstore_client.adapters import Adapter
 from attnstore_client.projector import Projector
-from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport, calibrate_projector
+from attnstore_tools.build.calibration import (
+    MIN_PSEUDO_QUERIES,
+    CalibrationConfig,
+    CalibrationReport,
+    calibrate_projector,
+)
 from attnstore_tools.build.training import TrainConfig, TrainReport, train_projector
 
 
@@ -104,26 +109,27 @@ def format_fit(train: TrainReport | None, calibration: CalibrationReport | None)
             f" val Spearman {t.val_spearman:.3f} (mean-pooled key {t.val_spearman_mean_pooled:.3f})"
         )
     c = calibration
-    if c is not None and c.calibration is not None:
-        cal = c.calibration
-        threshold = "none reached the target" if cal.max_distance is None else f"{cal.max_distance:.4g}"
-        within = (
-            "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
-        )
+    if c is None:
+        return lines
+    if c.pairs < MIN_PSEUDO_QUERIES:
+        lines.append(f"calibration: {c.pairs} pseudo-queries, fewer than {MIN_PSEUDO_QUERIES}: no threshold, "
+                     "exact hits only until a run with more inputs")
+        return lines
+    cal = c.calibration
+    threshold = "none reached the target" if cal.max_distance is None else f"{cal.max_distance:.4g}"
+    within = "" if c.hit_precision is None else f", {c.hit_rate:.1%} of them within it, {c.hit_precision:.1%} faithful"
+    lines.append(
+        f"calibration: {c.pairs} pseudo-queries, {c.faithful:.1%} faithful at cosine >= {cal.fidelity};"
+        f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"
+        f" (precision {cal.precision:.0%}{within})"
+    )
+    if c.gate is not None:
+        precision = "" if c.gate_hit_precision is None else f", {c.gate_hit_precision:.1%} faithful"
         lines.append(
-            f"calibration: {c.pairs} pseudo-queries, {c.faithful:.1%} faithful at cosine >= {cal.fidelity};"
-            f" length exponent {cal.length_exponent:.2f}; recommended max distance {threshold}"
-            f" (precision {cal.precision:.0%}{within})"
+            f"fidelity gate: {c.gate.candidates} candidates per query, cutoff {c.gate.cutoff:.3f} (set-level"
+            f" threshold {c.gate.min_probability:.3f}); serves {c.gate_hit_rate:.1%} of the pseudo-queries"
+            f"{precision}"
         )
-        if c.gate is not None:
-            precision = "" if c.gate_hit_precision is None else f", {c.gate_hit_precision:.1%} faithful"
-            lines.append(
-                f"fidelity gate: {c.gate.candidates} candidates per query, cutoff {c.gate.cutoff:.3f} (set-level"
-                f" threshold {c.gate.min_probability:.3f}); serves {c.gate_hit_rate:.1%} of the pseudo-queries"
-                f"{precision}"
-            )
-        else:
-            lines.append("fidelity gate: none (no rule reached the target precision on the pseudo-queries)")
-    elif c is not None:
-        lines.append(f"calibration: skipped ({c.pairs} pseudo-queries)")
+    else:
+        lines.append("fidelity gate: none (no rule reached the target precision on the pseudo-queries)")
     return lines

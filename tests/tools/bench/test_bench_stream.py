@@ -62,6 +62,7 @@ def test_a_cold_start_run_fills_an_empty_namespace_trains_its_projector_halfway_
     assert report["projector_version"] == 1 and report["entries"] >= 16 and trained["train_projector_seconds"] > 0
     assert cold["daemon"]["written_back_entries"] >= report["entries"] and result["daemon_rss_within_caps"]
     # Every row answered; the dicts start empty, so their first rows are all misses.
-    # A projector trained on a few dozen written-back maps: 97.7-100% of rows at cosine >= 0.99 over runs.
-    assert sum(cold["hit_rate"].values()) == pytest.approx(1.0) and cold["frac_cos_099"] >= 0.97
+    # A projector trained on a few dozen written-back maps calibrates no threshold (too few pseudo-query hits to
+    # trust one); its map hits were at cosine 0.40 when it did. Map hits left: rows stored meanwhile, distance 0.
+    assert sum(cold["hit_rate"].values()) == pytest.approx(1.0) and cold["frac_cos_099"] >= 0.99
     assert result["variants"]["dict"]["hit_rate"]["miss"] > 0.5

@@ -9,13 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-from attnstore.errors import FormatVersionError
+from attnstore.errors import ConfigError, FormatVersionError
 from attnstore.protocol.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
 from attnstore_client.projector import Calibration, Projector, ProjectorConfig
-from attnstore_tools.build.calibration import CalibrationConfig, _length_exponent, _threshold
+from attnstore_tools.build.calibration import (
+    MIN_PSEUDO_QUERIES,
+    CalibrationConfig,
+    _length_exponent,
+    _threshold,
+    min_hits,
+)
 from attnstore_tools.build.command import BuildConfig, BuildReport, build_namespace
+from attnstore_tools.build.fit import format_fit
 from attnstore_tools.build.training import TrainConfig
 
 
@@ -39,9 +46,21 @@ def test_the_exponent_is_zero_when_the_fit_has_nothing_to_say():
 def test_the_threshold_is_the_largest_whose_hits_reach_the_precision():
     distance = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
     faithful = np.array([True, True, False, True, False])
-    assert _threshold(distance, faithful, 0.95) == 0.2
-    assert _threshold(distance, faithful, 0.75) == 0.4
-    assert _threshold(distance, np.zeros(5, dtype=bool), 0.5) is None
+    assert _threshold(distance, faithful, 0.95, 1) == 0.2
+    assert _threshold(distance, faithful, 0.75, 1) == 0.4
+    assert _threshold(distance, np.zeros(5, dtype=bool), 0.5, 1) is None
+
+
+def test_a_threshold_needs_enough_hits_for_its_precision_to_be_trusted():
+    # 17 faithful picks of 17 are 100% on the pseudo-queries and say little about held-out rows.
+    assert min_hits(0.95) == 59 and min_hits(0.55) == 6
+    distance = np.linspace(0.001, 0.1, 80)
+    faithful = np.arange(80) < 17
+    assert _threshold(distance, faithful, 0.95, min_hits(0.95)) is None
+    faithful = np.arange(80) < 70  # 70 faithful, then 10 not: the largest threshold of >= 59 hits at 95%
+    assert _threshold(distance, faithful, 0.95, min_hits(0.95)) == pytest.approx(distance[72])
+    with pytest.raises(ConfigError, match="precision"):
+        CalibrationConfig(precision=1.0)
 
 
 def test_a_calibrated_projector_scales_each_row_by_its_length_and_round_trips():
@@ -92,6 +111,20 @@ def test_build_calibrates_a_new_projector_and_the_cache_defaults_to_its_threshol
         assert cache.max_distance == pytest.approx(expected)
     with AttnCache(minilm_model, f"local:{tmp_path / 'store'}", namespace="ns", max_distance=0.5) as cache:
         assert cache.max_distance == 0.5
+
+
+def test_too_few_pseudo_queries_calibrate_the_projector_to_exact_hits_only(minilm_model, tmp_path):
+    # Five lengths with three lines each and three lines of lengths of their own: 15 pseudo-queries, too few to
+    # tell a faithful distance from an unfaithful one (the client's uncalibrated default would trust them).
+    words = ["disk", "node", "job", "link", "fan", "port", "cpu", "log", "user", "task", "cache", "queue", "shard"]
+    texts = [" ".join([first, *words[1:size]]) for size in (2, 4, 6, 8, 10) for first in ("alpha", "beta", "gamma")]
+    texts += [" ".join(words[:size]) for size in (11, 12, 13)]
+    report, stored = _build(minilm_model, texts, tmp_path / "store")
+    assert report.calibration is not None and report.calibration.pairs < MIN_PSEUDO_QUERIES
+    assert stored.calibration is not None and stored.calibration.max_distance is None and stored.gate is None
+    assert any("exact hits only" in line for line in format_fit(None, report.calibration))
+    with AttnCache(minilm_model, f"local:{tmp_path / 'store'}", namespace="ns") as cache:
+        assert cache.max_distance == 0.0 and not cache.gated
 
 
 def test_build_fits_a_fidelity_gate_and_stores_it_with_the_projector(minilm_model, tmp_path):
