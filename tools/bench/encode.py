@@ -6,7 +6,7 @@ same texts in one call, with ``--threads`` torch threads: sentence-transformers'
 misses encoded in one call: what a user writes first); ``AttnCache.encode`` in
 embedded mode on a store built by ``attnstore build`` at its defaults. Per N:
 seconds (median of ``--repeats`` children per method, run interleaved), peak RSS
-(``ru_maxrss`` of each child), AttnCache's time outside the tiers
+(each child's own ``VmHWM``: its ``ru_maxrss`` would carry this process's), AttnCache's time outside the tiers
 (``CacheStats.overhead_s``) and its retrieval (projection, lookups, fetches),
 speedups against both (excluding and including retrieval), and fidelity: the share
 of rows whose AttnCache embedding has cosine >= 0.99 to sentence-transformers', and

@@ -10,20 +10,22 @@ dict's contents), embeddings (where to save the call's ``.npy``, or null) and re
 (where to write the JSON: seconds, peak RSS, the cache's stats). Every method gets the
 same texts in one call: ``SentenceTransformer.encode``; a dict of the stored texts'
 embeddings in front of it (the distinct misses encoded in one call); ``AttnCache.encode``
-in embedded mode. The peak RSS is the whole process's (model, store and call).
+in embedded mode. The peak RSS is the whole process's (model, store and call): its ``VmHWM``
+(``machine.peak_rss_bytes``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from attnstore_tools.machine import peak_rss_bytes
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         report["seconds"] = time.perf_counter() - started
         report["stats"] = cache.last_stats.to_json_dict()
         cache.close()
-    report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    report["peak_rss_bytes"] = peak_rss_bytes()  # its own: ru_maxrss would carry the parent's
     if spec.get("embeddings"):
         np.save(spec["embeddings"], np.asarray(embeddings, dtype=np.float32))
     Path(spec["report"]).write_text(json.dumps(report), encoding="utf-8")
