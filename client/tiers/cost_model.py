@@ -20,8 +20,10 @@ are worth writing back (``replay_pays``) when one hit would save more than its
 lookup costs, ``saving > cost``, whatever the hit rate: stored maps are what
 raise a band's hit rate, so that rule cannot wait for hits. The first
 ``min_samples`` rows of a band are always sent (there is nothing to estimate
-from yet), and afterwards a share ``explore`` of the rows the rule would not
-send is sent anyway, so a band whose traffic changes is noticed. Sums are
+from yet); past them, while a figure is still missing (the band's first forward
+has not ended), a row is sent only as exploration, and afterwards the rule
+decides, with a share ``explore`` of the rows it would not send sent anyway, so
+a band whose traffic changes is noticed. Sums are
 exponentially weighted (``decay`` per recorded batch) so they follow the
 traffic. The same model serves a daemon and an embedded store: it only sees times.
 
@@ -84,7 +86,7 @@ class BandEstimate:
     saving_ms: float | None  # forward time a map hit of the band's longest length saves
     cost_ms: float | None  # projection and search time per row asked
     # Whether the rule sends rows of the band's longest length now (past the first min_samples); None
-    # while a figure is missing (no forward or no asked row yet): then every row is sent.
+    # while a figure is missing (no forward or no asked row yet): then rows are sent only as exploration.
     worth: bool | None
 
 
@@ -95,6 +97,7 @@ _SUMS = ("asked", "hits", "lookup_s", "forwards", "tokens", "replayed", "seconds
 class _Band:
     asked_total: int = 0
     skipped_total: int = 0
+    sent_total: int = 0  # rows should_ask sent (their lookups are recorded after the search)
     # Exponentially weighted sums: of lookups, and the normal equations of
     # seconds ~ c * computed tokens + r * replayed tokens over forwards.
     asked: float = 0.0
@@ -225,13 +228,17 @@ class CostModel:
         with self._lock:
             band = self._bands.setdefault(self.band_of(length), _Band())
             worth = band.worth(length)
+            # Until the band's figures exist (no forward timed, or nothing asked), its first min_samples
+            # rows are what they are estimated from: asking every row of a fresh process's first chunk
+            # cost the logs call 713 lookups for 68 hits. Exploration goes on meanwhile.
             ask = (
-                band.asked_total < self.settings.min_samples
-                or worth is None
-                or worth
+                band.sent_total < self.settings.min_samples
+                or bool(worth)
                 or self._rng.random() < self.settings.explore
             )
-            if not ask:
+            if ask:
+                band.sent_total += 1
+            else:
                 band.skipped_total += 1
             return ask
 

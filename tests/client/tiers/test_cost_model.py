@@ -22,14 +22,16 @@ def _forwards(model: CostModel, length: int, *, computed: int, replayed: int, se
         model.record_forward(length, computed_tokens=computed, replayed_tokens=replayed, seconds=seconds)
 
 
-def test_every_row_is_asked_until_the_band_has_its_samples_and_a_forward_time() -> None:
+def test_a_band_asks_its_first_samples_then_only_explores_until_a_forward_is_timed() -> None:
     model = CostModel(CostSettings(min_samples=10, explore=0.0))
-    assert _asked(model, 20, 50) == 50  # nothing recorded yet
-    model.record_lookup(20, rows=10, hits=0, seconds=0.01)
-    assert _asked(model, 20, 50) == 50  # no forward time yet: the saving is unknown
+    assert _asked(model, 20, 50) == 10  # nothing timed yet: the first 10 are the samples, the rest wait
+    model.record_lookup(20, rows=10, hits=5, seconds=0.01)
+    assert _asked(model, 20, 50) == 0  # no forward time yet: the saving is unknown, so not worth asking yet
     _forwards(model, 20, computed=200, replayed=0, seconds=0.1)
-    assert _asked(model, 20, 50) == 0  # no hits: nothing to save
+    assert _asked(model, 20, 50) == 50  # half the rows hit and a hit saves more than a lookup costs
     assert _asked(model, 5, 3) == 3  # another band is not affected
+    exploring = CostModel(CostSettings(min_samples=10, explore=0.5, seed=0))
+    assert 10 < _asked(exploring, 20, 110) < 110  # the samples, then about half the others
 
 
 def test_the_per_token_times_of_computed_and_replayed_rows_are_fitted_from_mixed_forwards() -> None:
