@@ -1,7 +1,7 @@
 """Write-back: the rows this node computed and the store admitted, sent to the store off the critical path.
 
 ``encode`` only puts a row on a bounded queue (no copy, no serialisation, no
-waiting); one worker thread takes rows off it in batches, converts them to fp16
+waiting); one worker thread (``tiers.background``) takes rows off it in batches, converts them to fp16
 and sends them in one ``WriteBack`` call per batch. A row goes with its maps
 (captured in its own forward, see ``prefill``) and the feature of its map
 lookup when it has them, so the store adds it to the map tier too; the queue's
@@ -21,8 +21,6 @@ with rows still queued, so ``flush()`` always returns.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ import torch
 
 from attnstore.errors import AttnStoreError, AuthError, ConfigError, WriteBackOffError
 from attnstore_client.connection import RefusedRow, RowToWrite, StoreConnection
+from attnstore_client.tiers.background import BackgroundSender
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class _Queued:
     projector_version: int
 
 
-class WriteBackWorker:
+class WriteBackWorker(BackgroundSender[_Queued]):
     """A bounded queue and one thread that writes rows back to ``connection``'s namespace.
 
     Args:
@@ -110,22 +109,18 @@ class WriteBackWorker:
     def __init__(
         self, connection: StoreConnection, namespace: str, fingerprint: str, settings: WriteBackSettings
     ) -> None:
+        super().__init__(name="attnstore-write-back", max_queued=settings.max_queued,
+                         batch_items=settings.batch_rows, batch_bytes=settings.batch_bytes,
+                         counts=("queued_maps", "maps_over_budget", "stored", "maps_stored", "duplicates",
+                                 "not_admitted", "dropped_invalid", "refused", "errors", "calls",
+                                 "pending_map_bytes"))
         self._connection = connection
         self._namespace = namespace
         self._fingerprint = fingerprint
         self.settings = settings
-        self._queue: queue.Queue[_Queued | None] = queue.Queue(maxsize=settings.max_queued)  # None: stop
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._counts = {k: 0 for k in ("queued", "queued_maps", "maps_over_budget", "stored", "maps_stored",
-                                        "duplicates", "not_admitted", "dropped_full", "dropped_failed",
-                                        "dropped_invalid", "refused", "errors", "calls", "pending",
-                                        "pending_map_bytes")}
         self._stale_version = 0  # features of projector versions up to this one were refused as stale
         self._refusals_logged: set[str] = set()  # status codes whose first refusal was logged
-        self._disabled: str | None = None
-        self._thread = threading.Thread(target=self._run, name="attnstore-write-back", daemon=True)
-        self._thread.start()
+        self._start()
 
     def put(
         self, token_ids: Sequence[int], outputs: np.ndarray | torch.Tensor, maps: torch.Tensor | None = None,
@@ -140,73 +135,25 @@ class WriteBackWorker:
             feature: the ``(feature_dim,)`` projector output of its map lookup (only with maps), or None.
             projector_version: the namespace's projector version ``feature`` came from.
         """
-        if self._disabled is not None:
-            self._add(dropped_failed=1)
-            return False
         map_bytes = 0 if maps is None else 2 * int(maps.numel())
         with self._lock:
             over = map_bytes and self._counts["pending_map_bytes"] + map_bytes > self.settings.max_queued_bytes
         if over:
             maps, feature, map_bytes = None, None, 0
         row = _Queued(token_ids, outputs, maps, feature, projector_version)
-        try:
-            self._queue.put_nowait(row)
-        except queue.Full:
-            self._add(dropped_full=1)
-            return False
-        self._add(queued=1, pending=1, queued_maps=int(maps is not None), maps_over_budget=int(bool(over)),
-                  pending_map_bytes=map_bytes)
-        return True
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued row was sent (or dropped); False on timeout, or if the thread is gone."""
-        with self._idle:
-            done = self._idle.wait_for(lambda: self._counts["pending"] == 0 or not self._thread.is_alive(), timeout)
-            return done and self._counts["pending"] == 0
+        return self._offer(row, queued_maps=int(maps is not None), maps_over_budget=int(bool(over)),
+                           pending_map_bytes=map_bytes)
 
     def stats(self) -> WriteBackStats:
         """The counts so far."""
-        with self._lock:
-            counts = {k: n for k, n in self._counts.items() if k != "pending_map_bytes"}
-            return WriteBackStats(**counts, disabled=self._disabled)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued (up to ``timeout`` seconds), then stop the thread."""
-        self.flush(timeout)
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            return  # the thread is stuck in a call: it is a daemon thread, and dies with the process
-        self._thread.join(timeout)
+        counts = self._snapshot()
+        del counts["pending_map_bytes"]
+        return WriteBackStats(**counts, disabled=self._disabled)
 
     # ---- the worker thread ------------------------------------------------------
 
-    def _add(self, **deltas: int) -> None:
-        with self._idle:
-            for key, n in deltas.items():
-                self._counts[key] += n
-            if self._counts["pending"] == 0:
-                self._idle.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            nbytes = _fp16_bytes(item)
-            # Take what else is waiting, up to one call's worth: batching without waiting for more.
-            while len(batch) < self.settings.batch_rows and nbytes < self.settings.batch_bytes:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._send(batch)
-                    return
-                batch.append(more)
-                nbytes += _fp16_bytes(more)
-            self._send(batch)
+    def _size(self, item: _Queued) -> int:
+        return _fp16_bytes(item)
 
     def _send(self, batch: list[_Queued]) -> None:
         sent = {"pending": -len(batch), "pending_map_bytes": -sum(_map_bytes(row) for row in batch)}

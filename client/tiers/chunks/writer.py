@@ -3,7 +3,7 @@
 The chunk tier computes a chunk its source lacks (``chunks_captured``) and puts
 it; where write-back is on, ``StoreChunkSource.put`` hands it to a
 ``ChunkWriter``: a bounded queue (no copy, no waiting) and one thread that sends
-what waits in ``PutChunks`` calls of at most ``batch_bytes``. Like rows written
+what waits in ``PutChunks`` calls of at most ``batch_bytes`` (``tiers.background``). Like rows written
 back (``tiers.write_back``), chunks are a cache's fill, never data: a full queue
 drops the new chunk, a failed call drops its batch, a refused one (another
 layout, a bad chunk) counts its chunks as refused, and a refused token or a
@@ -14,14 +14,13 @@ can block or fail a call.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnstore.errors import AttnStoreError, AuthError, ConfigError, WriteBackOffError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore_client.connection import StoreConnection
+from attnstore_client.tiers.background import BackgroundSender
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ class ChunkWriterStats:
     disabled: str | None  # why the writer turned itself off, if it did
 
 
-class ChunkWriter:
+class ChunkWriter(BackgroundSender[StoredChunk]):
     """A bounded queue and one thread that puts chunks in ``connection``'s namespace.
 
     Args:
@@ -67,78 +66,26 @@ class ChunkWriter:
         self, connection: StoreConnection, namespace: str, fingerprint: str, layout: Callable[[], ChunkLayout],
         settings: ChunkWriterSettings = ChunkWriterSettings(),
     ) -> None:
+        super().__init__(name="attnstore-chunk-writer", max_queued=settings.max_queued,
+                         batch_items=settings.max_queued, batch_bytes=settings.batch_bytes,
+                         counts=("stored", "duplicates", "refused"))
         self._connection, self._namespace, self._fingerprint = connection, namespace, fingerprint
         self._layout = layout
         self.settings = settings
-        self._queue: queue.Queue[StoredChunk | None] = queue.Queue(maxsize=settings.max_queued)  # None: stop
-        self._idle = threading.Condition()
-        self._counts = dict.fromkeys(("queued", "stored", "duplicates", "dropped_full", "dropped_failed",
-                                      "refused", "pending"), 0)
-        self._disabled: str | None = None
-        self._thread = threading.Thread(target=self._run, name="attnstore-chunk-writer", daemon=True)
-        self._thread.start()
+        self._start()
 
     def put(self, chunk: StoredChunk) -> bool:
         """Queue one chunk; False when it was dropped. Never blocks."""
-        if self._disabled is not None:
-            self._add(dropped_failed=1)
-            return False
-        try:
-            self._queue.put_nowait(chunk)
-        except queue.Full:
-            self._add(dropped_full=1)
-            return False
-        self._add(queued=1, pending=1)
-        return True
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued chunk was sent (or dropped); False on timeout, or if the thread is gone."""
-        with self._idle:
-            done = self._idle.wait_for(lambda: self._counts["pending"] == 0 or not self._thread.is_alive(), timeout)
-            return done and self._counts["pending"] == 0
+        return self._offer(chunk)
 
     def stats(self) -> ChunkWriterStats:
         """The counts so far."""
-        with self._idle:
-            counts = {k: n for k, n in self._counts.items() if k != "pending"}
-            return ChunkWriterStats(**counts, disabled=self._disabled)
+        counts = self._snapshot()
+        del counts["pending"]
+        return ChunkWriterStats(**counts, disabled=self._disabled)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued (up to ``timeout`` seconds), then stop the thread."""
-        self.flush(timeout)
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            return  # the thread is stuck in a call: it is a daemon thread, and dies with the process
-        self._thread.join(timeout)
-
-    def _add(self, **deltas: int) -> None:
-        with self._idle:
-            for key, n in deltas.items():
-                self._counts[key] += n
-            if self._counts["pending"] == 0:
-                self._idle.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch, nbytes = [item], item.kv.nbytes
-            while nbytes < self.settings.batch_bytes:  # what else waits, up to one call's worth
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._send(batch)
-                    return
-                if nbytes + more.kv.nbytes > self.settings.batch_bytes:
-                    self._send(batch)
-                    batch, nbytes = [], 0
-                batch.append(more)
-                nbytes += more.kv.nbytes
-            self._send(batch)
+    def _size(self, item: StoredChunk) -> int:
+        return item.kv.nbytes
 
     def _send(self, batch: list[StoredChunk]) -> None:
         done = {"pending": -len(batch)}
