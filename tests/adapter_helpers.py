@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Literal
@@ -81,10 +82,16 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def save_tiny_decoder(folder: Path) -> Path:
-    """Save a tiny random Llama as a local Hugging Face folder, with MiniLM's tokenizer files."""
+def save_tiny_decoder(folder: Path, *, full_vocab: bool = False) -> Path:
+    """Save a tiny random Llama as a local Hugging Face folder, with MiniLM's tokenizer files.
+
+    ``full_vocab``: a vocabulary as large as that tokenizer's (30,522), so any real text fits it.
+    """
     tiny = tiny_model("llama")
-    causal_lm = LlamaForCausalLM(tiny.model.config)
+    config = copy.deepcopy(tiny.model.config)  # tiny_model's own stays as it is
+    if full_vocab:
+        config.vocab_size = 30522
+    causal_lm = LlamaForCausalLM(config)
     causal_lm.save_pretrained(folder)
     tokenizer_source = resolve_model_path("minilm")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):

@@ -16,7 +16,6 @@ import pytest
 from adapter_helpers import save_tiny_decoder
 from cache_helpers import tiny_loaded
 from daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
-from transformers import AutoConfig, LlamaForCausalLM
 
 from attnstore.errors import AuthError, NamespaceNotFoundError, UnsupportedModelError
 from attnstore.service import AttnStoreService
@@ -38,11 +37,7 @@ def chunk_texts(count: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def decoder_folder(tmp_path_factory):
-    # The tiny decoder with a vocabulary as large as its (MiniLM) tokenizer's, so real text fits it.
-    folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny") / "model")
-    config = AutoConfig.from_pretrained(folder)
-    config.vocab_size = 30522
-    LlamaForCausalLM(config).save_pretrained(folder)
+    folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny") / "model", full_vocab=True)
     return folder
 
 

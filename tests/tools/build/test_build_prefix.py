@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from adapter_helpers import save_tiny_decoder
-from transformers import AutoConfig, LlamaForCausalLM
 
 from attnstore.protocol.prefix import chain_hashes
 from attnstore.service import AttnStoreService
@@ -16,11 +15,7 @@ from attnstore_tools.build.prefix import PrefixBuildConfig
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    # The tiny decoder with a vocabulary as large as its (MiniLM) tokenizer's, so real text fits it.
-    folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny") / "model")
-    config = AutoConfig.from_pretrained(folder)
-    config.vocab_size = 30522
-    LlamaForCausalLM(config).save_pretrained(folder)
+    folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny") / "model", full_vocab=True)
     return load_model(str(folder))
 
 

@@ -12,7 +12,6 @@ import torch
 from adapter_helpers import save_tiny_decoder
 from chunk_helpers import damage_chunk
 from daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
-from transformers import AutoConfig, LlamaForCausalLM
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.service import AttnStoreService
@@ -39,11 +38,7 @@ EXACT = ChunkSettings(method="a3", ratio=1.0, recent=0, dtype="float32")
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    # The tiny decoder with a vocabulary as large as its (MiniLM) tokenizer's, so real text fits it.
-    folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny") / "model")
-    config = AutoConfig.from_pretrained(folder)
-    config.vocab_size = 30522
-    LlamaForCausalLM(config).save_pretrained(folder)
+    folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny") / "model", full_vocab=True)
     return load_model(str(folder))
 
 
