@@ -38,6 +38,7 @@ def make_store(request, tmp_path) -> StoreFactory:
 
     factory.corrupt_prefix_chunk = _CORRUPTORS.get(request.param)  # type: ignore[attr-defined]
     factory.corrupt_chunk_layer = _CHUNK_CORRUPTORS.get(request.param.split("-")[0])  # type: ignore[attr-defined]
+    factory.cut_chunk_record = _RECORD_CUTTERS.get(request.param.split("-")[0])  # type: ignore[attr-defined]
     yield factory
     for store in opened:
         store.close()
@@ -94,3 +95,21 @@ def _corrupt_redis_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, 
 # Flips the first byte of one stored layer of a chunk entry, per backend, through the backend's own storage.
 _CHUNK_CORRUPTORS = {"memory": _corrupt_memory_chunk_layer, "lmdb": _corrupt_lmdb_chunk_layer,
                      "redis": _corrupt_redis_chunk_layer}
+
+
+def _cut_lmdb_chunk_record(store: MapStoreBase, namespace: str, key: bytes) -> None:
+    from attnstore.store.lmdb.chunks.keys import record_key
+
+    with store._live.write() as (gen, txn):  # type: ignore[attr-defined]
+        raw = bytes(txn.get(record_key(namespace, key), db=gen.db.chunks))
+        txn.put(record_key(namespace, key), raw[:7], db=gen.db.chunks)
+
+
+def _cut_redis_chunk_record(store: MapStoreBase, namespace: str, key: bytes) -> None:
+    records = store._keys.namespace(namespace).chunks  # type: ignore[attr-defined]
+    client = store._redis.client  # type: ignore[attr-defined]
+    client.hset(records, key, bytes(client.hget(records, key))[:7])
+
+
+# Cuts a chunk's stored record short, per backend that keeps records as bytes (memory keeps objects).
+_RECORD_CUTTERS = {"lmdb": _cut_lmdb_chunk_record, "redis": _cut_redis_chunk_record}

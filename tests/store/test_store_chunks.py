@@ -149,6 +149,38 @@ def test_a_damaged_chunk_fails_its_read_naming_it_and_verify_names_it(store, mak
     assert "layer 2" in report.corrupt_chunks[0].reason and report.to_dict()["corrupt_chunks"]
 
 
+def test_a_damaged_chunk_record_fails_reads_is_not_matched_is_named_by_verify_and_deletes(store, make_store):
+    if make_store.cut_chunk_record is None:
+        pytest.skip("this backend keeps records as objects, not bytes")
+    chunks = [_chunk(0), _chunk(1)]
+    store.put_chunks("ns", chunks)
+    make_store.cut_chunk_record(store, "ns", chunks[1].key)
+    with pytest.raises(ChecksumError, match=f"chunk {chunks[1].key.hex()} of namespace 'ns': its record is damaged"):
+        store.read_chunk("ns", chunks[1].key)
+    assert store.chunk_lengths("ns", [c.key for c in chunks]) == [5, None]  # computed where a prompt needs it
+    report = store.verify()
+    assert not report.ok and report.chunk_entries_checked == 2
+    assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("ns", chunks[1].key.hex())]
+    assert "record is damaged" in report.corrupt_chunks[0].reason
+    assert store.delete_chunks("ns", [chunks[1].key]) == 1
+    assert store.verify().ok and store.stats().chunk_bytes == CHUNK_BYTES  # its layers went with it
+    assert np.array_equal(store.read_chunk("ns", chunks[0].key), chunks[0].kv)
+
+
+def test_a_damaged_chunk_record_is_evicted_first_however_recent(make_store):
+    store = _open(make_store, max_bytes=3 * CHUNK_BYTES + 120)
+    if make_store.cut_chunk_record is None:
+        pytest.skip("this backend keeps records as objects, not bytes")
+    for i in range(3):
+        store.put_chunks("ns", [_chunk(i)])
+        time.sleep(0.01)
+    make_store.cut_chunk_record(store, "ns", _key(2))  # the most recent chunk
+    assert store.put_chunks("ns", [_chunk(3)]) == 1  # over the cap: the damaged one goes, then the oldest
+    assert store.chunk_lengths("ns", [_key(i) for i in range(4)]) == [None, 5, None, 5]
+    assert store.stats().chunk_bytes == 2 * CHUNK_BYTES
+    assert store.verify().ok
+
+
 def test_delete_removes_chunks_and_counts_those_stored(store):
     store.put_chunks("ns", [_chunk(0), _chunk(1)])
     assert store.delete_chunks("ns", [_key(0), _key(0), _key(7)]) == 1

@@ -39,11 +39,21 @@ class ChunkRecord:
         return head + struct.pack(f"<{len(self.crcs)}I", *self.crcs) + (self.writer or "").encode()
 
     @classmethod
-    def decode(cls, raw: bytes | memoryview) -> ChunkRecord:
-        """The record ``encode`` wrote."""
-        created, length, count, has_writer = _HEAD.unpack_from(raw, 0)
-        crcs = struct.unpack_from(f"<{count}I", raw, _HEAD.size)
-        writer = bytes(raw[_HEAD.size + 4 * count :]).decode() if has_writer else None
+    def decode(cls, raw: bytes | memoryview, name: str = "a chunk") -> ChunkRecord:
+        """The record ``encode`` wrote.
+
+        Raises:
+            ChecksumError: bytes no record encodes (cut short or overwritten), naming the chunk ``name``.
+        """
+        try:
+            created, length, count, has_writer = _HEAD.unpack_from(raw, 0)
+            crcs = struct.unpack_from(f"<{count}I", raw, _HEAD.size)
+            tail = bytes(raw[_HEAD.size + 4 * count :])
+            writer = tail.decode() if has_writer else None
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise ChecksumError(f"{name}: its record is damaged ({exc})") from exc
+        if has_writer > 1 or (tail and not has_writer) or length < 1:
+            raise ChecksumError(f"{name}: its record is damaged ({len(raw)} bytes no record encodes)")
         return cls(created, length, crcs, writer)
 
 

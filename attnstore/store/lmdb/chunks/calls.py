@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 import lmdb
 import numpy as np
 
-from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
+from attnstore.errors import ChecksumError, EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.store.chunks.records import chunks_to_evict, gather_layers, where
 from attnstore.store.lmdb.chunks.keys import (
     delete_chunk,
     eviction_candidates,
+    is_stored,
     note_reads,
     piece_key,
     put_chunk,
@@ -105,7 +106,7 @@ class LmdbChunks:
             assert db is not None
             if read_layout(txn, db, namespace) != layout:
                 raise FingerprintMismatchError(f"namespace {namespace!r}: its chunk layout changed meanwhile")
-            fresh = [c for c in chunks if read_record(txn, db, namespace, c.key) is None]
+            fresh = [c for c in chunks if not is_stored(txn, db, namespace, c.key)]
             incoming = sum(c.kv.nbytes for c in fresh)
             victims = []
             if max_bytes is not None and fresh:
@@ -127,8 +128,7 @@ class LmdbChunks:
 
     def _chunk_lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
         with self._chunk_read(namespace) as (gen, txn):
-            records = [read_record(txn, gen.db.chunks, namespace, key) for key in keys]
-        return [None if r is None else r.length for r in records]
+            return [_length(txn, gen.db.chunks, namespace, key) for key in keys]
 
     def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         with self._chunk_read(namespace) as (gen, txn):
@@ -148,3 +148,13 @@ class LmdbChunks:
             db = gen.db.chunks
             assert db is not None
             return sum(delete_chunk(txn, db, namespace, key) is not None for key in keys)
+
+
+def _length(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> int | None:
+    """A chunk's length, or None while it is not stored or its record is damaged (then it is computed where a
+    prompt needs it, and verify names it)."""
+    try:
+        record = read_record(txn, db, namespace, key)
+    except ChecksumError:
+        return None
+    return None if record is None else record.length

@@ -25,6 +25,7 @@ from functools import partial
 
 import lmdb
 
+from attnstore.errors import ChecksumError
 from attnstore.protocol.chunks import CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
 from attnstore.store.chunks.records import (
     ChunkCandidate,
@@ -32,6 +33,7 @@ from attnstore.store.chunks.records import (
     chunk_pieces,
     chunk_problem,
     new_record,
+    where,
 )
 from attnstore.store.lmdb.env import DbHandle, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
@@ -92,9 +94,18 @@ def write_layout(txn: lmdb.Transaction, db: DbHandle, namespace: str, layout: Ch
 
 
 def read_record(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> ChunkRecord | None:
-    """One chunk's record in ``txn``, or None while it is not stored."""
+    """One chunk's record in ``txn``, or None while it is not stored.
+
+    Raises:
+        ChecksumError: its record is damaged.
+    """
     raw = None if db is None else txn.get(record_key(namespace, key), db=db)
-    return None if raw is None else ChunkRecord.decode(raw)
+    return None if raw is None else ChunkRecord.decode(raw, where(namespace, key))
+
+
+def is_stored(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> bool:
+    """Whether a chunk has a record in ``txn``, sound or damaged."""
+    return db is not None and txn.get(record_key(namespace, key), db=db) is not None
 
 
 def total_bytes(txn: lmdb.Transaction, db: DbHandle | None) -> int:
@@ -117,14 +128,22 @@ def put_chunk(txn: lmdb.Transaction, db: DbHandle, namespace: str, chunk: Stored
 
 
 def delete_chunk(txn: lmdb.Transaction, db: DbHandle, namespace: str, key: bytes) -> int | None:
-    """Delete one chunk; its bytes, or None when it was not stored."""
-    record = read_record(txn, db, namespace, key)
-    if record is None:
+    """Delete one chunk (a damaged record too); its bytes, or None when it was not stored."""
+    if not is_stored(txn, db, namespace, key):
         return None
-    nbytes = 0
-    for layer in range(len(record.crcs)):
+    layers: int | None = None  # a damaged record's layers are 0, 1, ... up to the first missing one
+    try:
+        record = read_record(txn, db, namespace, key)
+        layers = None if record is None else len(record.crcs)
+    except ChecksumError:
+        pass
+    nbytes, layer = 0, 0
+    while layers is None or layer < layers:
         piece = txn.pop(piece_key(namespace, key, layer), db=db)
+        if piece is None and layers is None:
+            break
         nbytes += 0 if piece is None else len(piece)
+        layer += 1
     txn.delete(record_key(namespace, key), db=db)
     txn.delete(_read_key(namespace, key), db=db)
     _add_total(txn, db, -nbytes)
@@ -159,13 +178,19 @@ def note_reads(txn: lmdb.Transaction, db: DbHandle | None, reads: Mapping[tuple[
         txn.put(_read_key(namespace, key), _F64.pack(max(when, 0.0 if old is None else _F64.unpack(old)[0])), db=db)
 
 
-def _records(txn: lmdb.Transaction, db: DbHandle) -> list[tuple[str, bytes, ChunkRecord]]:
-    found = []
+def _records(txn: lmdb.Transaction, db: DbHandle) -> list[tuple[str, bytes, ChunkRecord | ChecksumError]]:
+    """Every chunk's record, or the error its damaged record raises."""
+    found: list[tuple[str, bytes, ChunkRecord | ChecksumError]] = []
     with txn.cursor(db=db) as cursor:
         for raw_key, value in cursor.iternext():
             parsed = _parse(raw_key)
             if parsed is not None and parsed.kind == _RECORD and len(parsed.rest) == CHUNK_KEY_BYTES:
-                found.append((parsed.namespace, parsed.rest, ChunkRecord.decode(bytes(value))))
+                try:
+                    record: ChunkRecord | ChecksumError = ChunkRecord.decode(
+                        bytes(value), where(parsed.namespace, parsed.rest))
+                except ChecksumError as exc:
+                    record = exc
+                found.append((parsed.namespace, parsed.rest, record))
     return found
 
 
@@ -180,11 +205,22 @@ def eviction_candidates(txn: lmdb.Transaction, db: DbHandle | None, protect: set
         if (namespace, key) in protect:
             continue
         layout = layouts.setdefault(namespace, read_layout(txn, db, namespace))
+        if isinstance(record, ChecksumError):  # a damaged chunk goes first, with the bytes of its layers
+            candidates.append(ChunkCandidate(0.0, namespace, key, _layer_bytes(txn, db, namespace, key)))
+            continue
         last = txn.get(_read_key(namespace, key), db=db)
         recency = max(record.created, 0.0 if last is None else _F64.unpack(last)[0])
         nbytes = 0 if layout is None else layout.chunk_bytes(record.length)
         candidates.append(ChunkCandidate(recency, namespace, key, nbytes))
     return candidates
+
+
+def _layer_bytes(txn: lmdb.Transaction, db: DbHandle, namespace: str, key: bytes) -> int:
+    """Bytes of a chunk's layers 0, 1, ... up to the first missing one."""
+    nbytes, layer = 0, 0
+    while (piece := txn.get(piece_key(namespace, key, layer), db=db)) is not None:
+        nbytes, layer = nbytes + len(piece), layer + 1
+    return nbytes
 
 
 def _piece(txn: lmdb.Transaction, db: DbHandle, namespace: str, key: bytes, layer: int) -> bytes | memoryview | None:
@@ -217,6 +253,9 @@ def chunk_findings(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, lis
         layout = layouts.setdefault(namespace, read_layout(txn, db, namespace))
         if layout is None:
             corrupt.append(CorruptChunk(namespace, key.hex(), "its namespace has no chunk layout"))
+            continue
+        if isinstance(record, ChecksumError):
+            corrupt.append(CorruptChunk(namespace, key.hex(), str(record)))
             continue
         problem = chunk_problem(layout, record, partial(_piece, txn, db, namespace, key))
         if problem is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
+from attnstore.errors import ChecksumError, EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.store.chunks.records import ChunkRecord, chunk_pieces, chunks_to_evict, gather_layers, new_record, where
 from attnstore.store.redis.chunks import scripts, walks
@@ -103,7 +103,7 @@ class RedisChunks:
             return []
         with translated(f"looking up chunks of {namespace!r}"):
             records = self._redis.client.hmget(self._keys.namespace(namespace).chunks, keys)
-        return [None if raw is None else ChunkRecord.decode(raw).length for raw in records]
+        return [None if raw is None else _length(raw) for raw in records]
 
     def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         ns_keys = self._keys.namespace(namespace)
@@ -113,10 +113,19 @@ class RedisChunks:
                                      [key, now, *(str(layer) for layer in layers)])
         if not reply:
             raise EntryNotFoundError(f"{where(namespace, key)} is not stored")
-        record = ChunkRecord.decode(reply[0])
+        record = ChunkRecord.decode(reply[0], where(namespace, key))
         pieces = dict(zip(layers, reply[1:], strict=True))
         return gather_layers(namespace, layout, key, record, layers, pieces.__getitem__)
 
     def _delete_chunks(self, namespace: str, keys: list[bytes]) -> int:
         self._check_writable()
         return walks.delete(self._redis, self._keys, namespace, keys)
+
+
+def _length(raw: bytes) -> int | None:
+    """A chunk's length, or None when its record is damaged (then it is computed where a prompt needs it, and
+    verify names it)."""
+    try:
+        return ChunkRecord.decode(raw).length
+    except ChecksumError:
+        return None

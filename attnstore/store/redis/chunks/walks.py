@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from attnstore.errors import ChecksumError
 from attnstore.protocol.chunks import ChunkLayout
-from attnstore.store.chunks.records import ChunkCandidate, ChunkRecord, chunk_problem
+from attnstore.store.chunks.records import ChunkCandidate, ChunkRecord, chunk_problem, where
 from attnstore.store.redis.chunks import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
@@ -55,8 +56,14 @@ def candidates(
             key = bytes(raw_key)
             record = records.get(key)
             if record is not None and (name, key) not in protect:
-                nbytes = layout.chunk_bytes(ChunkRecord.decode(record).length)
-                found.append(ChunkCandidate(float(score), name, key, nbytes))
+                try:
+                    candidate = ChunkCandidate(float(score), name, key,
+                                               layout.chunk_bytes(ChunkRecord.decode(record).length))
+                except ChecksumError:  # a damaged chunk goes first, with the bytes of its layers
+                    with translated(f"reading a damaged chunk of {name!r}"):
+                        layers = connection.client.hvals(ns_keys.chunk(key))
+                    candidate = ChunkCandidate(0.0, name, key, sum(len(piece) for piece in layers))
+                found.append(candidate)
     return found
 
 
@@ -109,7 +116,12 @@ def findings(connection: RedisConnection, keys: StoreKeys, namespaces: Sequence[
                 corrupt.append(CorruptChunk(name, key.hex(), "its namespace has no chunk layout"))
                 continue
             pieces = {int(field): bytes(value) for field, value in fields.items()}
-            problem = chunk_problem(layout, ChunkRecord.decode(raw_record), pieces.get)
+            try:
+                record = ChunkRecord.decode(raw_record, where(name, key))
+            except ChecksumError as exc:
+                corrupt.append(CorruptChunk(name, key.hex(), str(exc)))
+                continue
+            problem = chunk_problem(layout, record, pieces.get)
             if problem is not None:
                 corrupt.append(CorruptChunk(name, key.hex(), problem))
     return checked, corrupt
