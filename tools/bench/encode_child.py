@@ -2,16 +2,16 @@
 
     python -m attnstore_tools.bench.encode_child SPEC.json
 
-SPEC (JSON, written by ``bench.encode``): method (``sentence_transformers``, ``dict`` or
-``attnstore``), model, threads, batch, texts (a JSON file of the call's texts), warmup
-(a JSON file of texts encoded first, untimed), store and namespace (``attnstore``),
+SPEC (JSON, written by ``bench.encode``): method (``sentence_transformers``, ``dict``,
+``attnstore`` or ``attnstore_exact``), model, threads, batch, texts (a JSON file of the call's texts), warmup
+(a JSON file of texts encoded first, untimed), store and namespace (the ``attnstore`` methods),
 stored (a JSON file of the stored texts) and stored_embeddings (their ``.npy``, the
 dict's contents), embeddings (where to save the call's ``.npy``, or null) and report
 (where to write the JSON: seconds, peak RSS, the cache's stats). Every method gets the
 same texts in one call: ``SentenceTransformer.encode``; a dict of the stored texts'
 embeddings in front of it (the distinct misses encoded in one call); ``AttnCache.encode``
-in embedded mode. The peak RSS is the whole process's (model, store and call): its ``VmHWM``
-(``machine.peak_rss_bytes``).
+in embedded mode, with every tier or (``attnstore_exact``) without the map tier (``maps = False``).
+The peak RSS is the whole process's (model, store and call): its ``VmHWM`` (``machine.peak_rss_bytes``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         from attnstore_client.cache import AttnCache
 
         cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"])
+        cache.maps = spec["method"] != "attnstore_exact"
         cache.encode(warmup, batch_size=batch, show_progress_bar=False)
         cache.reset_stats()
         started = time.perf_counter()

@@ -39,7 +39,7 @@ def test_a_short_run_times_every_method_in_its_own_child_and_reports_rss_overhea
     assert [result["rows"] for result in report["results"]] == [30, 90]
     for result in report["results"]:
         methods = result["methods"]
-        assert set(methods) == {"sentence_transformers", "dict", "attnstore"}
+        assert set(methods) == {"sentence_transformers", "dict", "attnstore"}  # the default methods
         assert all(m["seconds"] > 0 and m["peak_rss_bytes"] > 100 * 2**20 for m in methods.values())
         assert 0 <= methods["attnstore"]["overhead_s"] < methods["attnstore"]["seconds"]
         assert result["frac_cos_099"] >= 0.95 and result["speedup_vs_dict"] > 0
@@ -53,5 +53,24 @@ def test_bad_rows_or_methods_are_refused_by_name(tmp_path: Path, capsys: pytest.
     assert cli_main(["bench", "encode", "--rows", "ten", "--work-dir", str(tmp_path)]) != 0
     assert "--rows 'ten' must be comma-separated integers" in capsys.readouterr().err
     assert cli_main(["bench", "encode", "--methods", "plain", "--work-dir", str(tmp_path)]) != 0
-    assert "each must be one of ['sentence_transformers', 'dict', 'attnstore']" in capsys.readouterr().err
+    assert "each must be one of ['sentence_transformers', 'dict', 'attnstore', 'attnstore_exact']" in (
+        capsys.readouterr().err)
     assert not any(tmp_path.iterdir())  # refused before anything was built
+
+
+def test_the_attnstore_exact_method_runs_attncache_without_its_map_tier_beside_the_default(tmp_path: Path) -> None:
+    data = _small_data(tmp_path / "data", 40)
+    out = tmp_path / "encode.json"
+    code = cli_main(["bench", "encode", "--data-dir", str(data), "--rows", "60", "--repeats", "1",
+                     "--methods", "dict,attnstore,attnstore_exact", "--work-dir", str(tmp_path / "work"),
+                     "--json", str(out)])
+    result = json.loads(out.read_text())["results"][0]
+    exact, default = result["methods"]["attnstore_exact"], result["methods"]["attnstore"]
+    assert code == 0 and exact["stats"]["rows"] == default["stats"]["rows"] == 60
+    # Without the map tier no row is projected or skipped, no map fetched, none a map hit (the exact tier's
+    # lookups still count as retrieval).
+    stats = exact["stats"]
+    assert stats["map_hits"] == stats["skipped"] == stats["projection_s"] == stats["fetch_s"] == 0
+    assert default["stats"]["map_hits"] + default["stats"]["skipped"] > 0  # the default's map tier saw rows
+    assert exact["speedup_vs_dict"] > 0 and "frac_cos_099" not in exact  # no sentence-transformers reference run
+    assert result["speedup_vs_dict"] == default["speedup_vs_dict"]  # the default's figures stay at the top level
