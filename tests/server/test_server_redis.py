@@ -1,6 +1,6 @@
 """Stateless daemons on one real 3-master, 3-replica Redis Cluster: what one serves, the other serves too.
 
-Two ``attnstore serve --store redis://...?cluster=1`` processes share one store.
+Two ``attnstore serve --store redis://...?cluster=1`` processes share one store (entries and chunks).
 Exact hits need no index and are current at once; map hits go through each
 daemon's own index, which follows the store's log every
 ``attnstore.service.follower.FOLLOW_SECONDS`` (the staleness bound).
@@ -21,17 +21,20 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from daemon import ADMIN_TOKEN, DaemonProcess
+from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from redis_servers import free_port
 from server_fixtures import FP, LAYOUT
 from store_helpers import make_entry
 
+from attnstore.errors import FingerprintMismatchError
+from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.server.metrics import REDIS_METRIC_NAMES
 from attnstore.service.follower import FOLLOW_SECONDS
+from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
 from attnstore_client.connection.daemon import RemoteStore
 
@@ -100,6 +103,25 @@ def test_an_entry_deleted_through_one_daemon_is_a_miss_through_the_other_within_
         assert through_a.delete("ns", [entry_id]) == 1
         assert _lookup(through_b, [2], exact=True)[0][0] != pb.MATCH_KIND_EXACT  # the exact tier is current at once
         _until(lambda: _lookup(through_b, [2], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS)
+
+
+def test_chunks_put_through_one_daemon_are_matched_and_fetched_whole_through_the_other(daemons):
+    a, b = daemons
+    layout = ChunkLayout(layers=LAYOUT.layers, kv_heads=2, head_dim=4, dtype="float32")
+    rng = np.random.default_rng(5)
+    chunks = [StoredChunk(rng.bytes(32), rng.standard_normal((layout.layers, *layout.layer_shape(n)), np.float32))
+              for n in (3, 9)]
+    with a.client() as admin:
+        admin.create_namespace("chunked", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    with connect(f"grpc://{a.target}", token=WRITE_TOKEN) as writer:
+        assert writer.put_chunks("chunked", FP, layout, chunks, timeout=10).stored == 2
+    with connect(f"grpc://{b.target}", token=READ_TOKEN) as reader:  # no index involved: current at once
+        assert reader.match_chunks("chunked", FP, layout, [c.key for c in chunks], timeout=10) == [3, 9]
+        got = reader.fetch_chunks("chunked", FP, layout, [c.key for c in chunks], timeout=10)
+        with pytest.raises(FingerprintMismatchError, match="kv_heads=1"):
+            reader.match_chunks("chunked", FP, ChunkLayout(LAYOUT.layers, 1, 8, "float32"), [chunks[0].key],
+                                timeout=10)
+    assert all(isinstance(g, np.ndarray) and np.array_equal(g, c.kv) for g, c in zip(got, chunks, strict=True))
 
 
 def test_an_entry_redis_lost_is_a_miss_through_either_daemon_never_an_error(daemons, redis_cluster, store_url):
