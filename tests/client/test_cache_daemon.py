@@ -150,7 +150,8 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_ends_cleanly_and_outputs_stay_
     # Usually the drain's GOAWAY ends the stream (unavailable); under load gRPC sometimes leaves the call
     # open, and the client's deadline ends it (timeout). Either way every row is computed.
     assert stats.fallback_rows == 8 and set(stats.fallbacks) <= {"unavailable", "timeout"} and stats.map_hits == 0
-    assert stats.bytes_fetched < 8 * 5 * 2**20  # the stream was cut short
+    # The stream was cut short of its last layer (on loopback most of it may have gone out before the drain).
+    assert stats.bytes_fetched < sum(np.asarray(entry.maps, np.float16).nbytes for entry in captured.entries)
     expected = torch.stack([h[-1] for h in plain_hidden(loaded, prompts)]).numpy()
     np.testing.assert_allclose(embeddings, expected, atol=1e-4)
 
