@@ -222,11 +222,6 @@ def _summarise(
     result: dict[str, Any] = {"rows": count, "methods": methods}
     embeddings = {m: np.load(scratch / f"{m}.npy") for m in reports}
     reference = embeddings.get("sentence_transformers")
-    for method, entry in methods.items():
-        if method.startswith("attnstore") and reference is not None:
-            cosines = _cosines(embeddings[method], reference)
-            entry["frac_cos_099"] = float(np.mean(cosines >= 0.99))
-            entry["min_cos"] = float(cosines.min())
     if labels is not None and stored_labels is not None:
         result["template_accuracy"] = {
             m: _template_accuracy(e, stored_embeddings, stored_labels, labels) for m, e in embeddings.items()
@@ -234,6 +229,10 @@ def _summarise(
     for method, entry in methods.items():
         if not method.startswith("attnstore"):
             continue
+        if reference is not None:
+            cosines = _cosines(embeddings[method], reference)
+            entry["frac_cos_099"] = float(np.mean(cosines >= 0.99))
+            entry["min_cos"] = float(cosines.min())
         excluding = entry["seconds"] - entry["retrieval_s"]
         for base in ("sentence_transformers", "dict"):
             if base in methods:
