@@ -34,14 +34,27 @@ def peak_rss_bytes() -> int:
     /proc, ``ru_maxrss`` is what there is (KiB on Linux, bytes on macOS).
     """
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        return status_bytes("self", "VmHWM")["VmHWM"]
+    except (OSError, KeyError):
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def status_bytes(pid: int | str, *names: str) -> dict[str, int]:
+    """The sizes ``names`` (``VmRSS``, ``VmHWM``, ``RssAnon``...) of process ``pid`` (or ``"self"``) in bytes,
+    from ``/proc/PID/status``; those it does not list are left out.
+
+    Raises:
+        OSError: no such process, or no /proc.
+    """
+    fields = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in names:
+                fields[name] = int(value.split()[0]) * 1024  # kB
+    return fields
 
 
 class RssSampler:
@@ -56,12 +69,7 @@ class RssSampler:
 
     def read(self) -> dict[str, float]:
         """One sample now: seconds since start and the three sizes in bytes."""
-        fields = {}
-        with open(f"/proc/{self._pid}/status", encoding="ascii") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name in ("VmRSS", "RssAnon", "RssFile"):
-                    fields[name] = int(value.split()[0]) * 1024
+        fields = status_bytes(self._pid, "VmRSS", "RssAnon", "RssFile")
         return {"t": round(time.monotonic() - self._start, 2), "rss": fields["VmRSS"],
                 "anon": fields["RssAnon"], "file": fields["RssFile"]}
 

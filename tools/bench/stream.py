@@ -53,6 +53,7 @@ import numpy as np
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.launcher import ServeProcess
+from attnstore_tools.machine import status_bytes
 from attnstore_tools.output import write_json
 
 VARIANTS = ("plain", "dict", "attnstore", "attnstore_exact_write_back", "attnstore_write_back")
@@ -349,12 +350,9 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
 
 def _rss_bytes(pid: int) -> int | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+        return status_bytes(pid, "VmRSS").get("VmRSS")
     except OSError:
         return None
-    return None
 
 
 def _print(result: dict[str, Any]) -> None:
