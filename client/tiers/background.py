@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -22,7 +23,7 @@ T = TypeVar("T")
 _COUNTS = ("queued", "dropped_full", "dropped_failed", "pending")
 
 
-class BackgroundSender(Generic[T]):
+class BackgroundSender(ABC, Generic[T]):
     """The queue, the thread and the counts; subclasses call ``_start`` at the end of their ``__init__``.
 
     Args:
@@ -88,13 +89,13 @@ class BackgroundSender(Generic[T]):
         with self._lock:
             return dict(self._counts)
 
+    @abstractmethod
     def _size(self, item: T) -> int:
         """Bytes ``item`` adds to a batch."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _send(self, batch: list[T]) -> None:
         """Send ``batch``; never raises, and adds ``pending=-len(batch)`` with its outcome's counts."""
-        raise NotImplementedError
 
     # ---- the thread ---------------------------------------------------------------
 

@@ -57,6 +57,17 @@ class ChunkRecord:
         return cls(created, length, crcs, writer)
 
 
+def stored_length(raw: bytes | memoryview | None) -> int | None:
+    """The length a stored record says, or None for no record or a damaged one (that chunk is computed where a
+    prompt needs it, and verify names it)."""
+    if raw is None:
+        return None
+    try:
+        return ChunkRecord.decode(raw).length
+    except ChecksumError:
+        return None
+
+
 def chunk_pieces(chunk: StoredChunk) -> list[bytes]:
     """The bytes of a checked chunk, one piece per layer."""
     return [chunk.kv[layer].tobytes() for layer in range(chunk.kv.shape[0])]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import lmdb
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, FingerprintMismatchError
+from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.store.chunks.records import chunks_to_evict, gather_layers, where
 from attnstore.store.lmdb.chunks.keys import (
@@ -30,6 +30,7 @@ from attnstore.store.lmdb.chunks.keys import (
     put_chunk,
     read_layout,
     read_record,
+    record_length,
     total_bytes,
     write_layout,
 )
@@ -128,7 +129,7 @@ class LmdbChunks:
 
     def _chunk_lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
         with self._chunk_read(namespace) as (gen, txn):
-            return [_length(txn, gen.db.chunks, namespace, key) for key in keys]
+            return [record_length(txn, gen.db.chunks, namespace, key) for key in keys]
 
     def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         with self._chunk_read(namespace) as (gen, txn):
@@ -149,12 +150,3 @@ class LmdbChunks:
             assert db is not None
             return sum(delete_chunk(txn, db, namespace, key) is not None for key in keys)
 
-
-def _length(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> int | None:
-    """A chunk's length, or None while it is not stored or its record is damaged (then it is computed where a
-    prompt needs it, and verify names it)."""
-    try:
-        record = read_record(txn, db, namespace, key)
-    except ChecksumError:
-        return None
-    return None if record is None else record.length

@@ -33,6 +33,7 @@ from attnstore.store.chunks.records import (
     chunk_pieces,
     chunk_problem,
     new_record,
+    stored_length,
     where,
 )
 from attnstore.store.lmdb.env import DbHandle, items_with_prefix
@@ -101,6 +102,11 @@ def read_record(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key:
     """
     raw = None if db is None else txn.get(record_key(namespace, key), db=db)
     return None if raw is None else ChunkRecord.decode(raw, where(namespace, key))
+
+
+def record_length(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> int | None:
+    """A chunk's length in ``txn``, or None while it is not stored or its record is damaged (``stored_length``)."""
+    return stored_length(None if db is None else txn.get(record_key(namespace, key), db=db))
 
 
 def is_stored(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> bool:

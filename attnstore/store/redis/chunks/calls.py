@@ -16,9 +16,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, FingerprintMismatchError
+from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
-from attnstore.store.chunks.records import ChunkRecord, chunk_pieces, chunks_to_evict, gather_layers, new_record, where
+from attnstore.store.chunks.records import (
+    ChunkRecord,
+    chunk_pieces,
+    chunks_to_evict,
+    gather_layers,
+    new_record,
+    stored_length,
+    where,
+)
 from attnstore.store.redis.chunks import scripts, walks
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
@@ -103,7 +111,7 @@ class RedisChunks:
             return []
         with translated(f"looking up chunks of {namespace!r}"):
             records = self._redis.client.hmget(self._keys.namespace(namespace).chunks, keys)
-        return [None if raw is None else _length(raw) for raw in records]
+        return [stored_length(raw) for raw in records]
 
     def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         ns_keys = self._keys.namespace(namespace)
@@ -121,11 +129,3 @@ class RedisChunks:
         self._check_writable()
         return walks.delete(self._redis, self._keys, namespace, keys)
 
-
-def _length(raw: bytes) -> int | None:
-    """A chunk's length, or None when its record is damaged (then it is computed where a prompt needs it, and
-    verify names it)."""
-    try:
-        return ChunkRecord.decode(raw).length
-    except ChecksumError:
-        return None
