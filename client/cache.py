@@ -20,17 +20,13 @@ import logging
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from attnstore.errors import (
-    ConfigError,
-    UnavailableError,
-)
+from attnstore.errors import ConfigError, UnavailableError
 from attnstore_client.adapters import adapter_for
 from attnstore_client.call.rows import NamespaceView
 from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings, ChunkSettings
@@ -54,6 +50,7 @@ from attnstore_client.tiers.chunks.store_source import StoreChunkSource
 from attnstore_client.tiers.chunks.tier import ChunkTier
 from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
+from attnstore_client.tiers.forward_pool import ForwardPool
 from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_threshold
 from attnstore_client.tiers.maps import MapTier
@@ -91,16 +88,17 @@ class _Flag:
         cache._settings = dataclasses.replace(cache._settings, **changes)
 
 
-@dataclass
+@dataclasses.dataclass
 class _Resources:
     """What an ``AttnCache`` holds open: closed once, by ``close()`` or when the cache is collected."""
 
     connection: StoreConnection
+    forwards: ForwardPool
     write_back: WriteBackWorker | None = None
     chunks: StoreChunkSource | None = None
 
     def close(self) -> None:
-        for worker in (self.write_back, self.chunks):
+        for worker in (self.forwards, self.write_back, self.chunks):
             if worker is not None:
                 worker.close()
         self.connection.close()
@@ -205,12 +203,13 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
             if isinstance(store, str) else store
         )
         # What this cache holds open, released by close() or, for a cache dropped without it, by the collector.
-        self._resources = _Resources(self.connection)
+        self._resources = _Resources(self.connection, ForwardPool())
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._namespace = NamespaceReader(self.connection, namespace, self.fingerprint, model=self.loaded.name,
                                           causal=self.adapter.causal, device=self.device)
         self._context = TierContext(self.adapter, self.connection, self.fingerprint, self.device,
-                                    CircuitBreaker(breaker), cost_model, reload_namespace=self._read_namespace)
+                                    CircuitBreaker(breaker), cost_model, forwards=self._resources.forwards,
+                                    reload_namespace=self._read_namespace)
         self._local = LocalExactTier(self._context, outputs)
         self._chunks = ChunkTier(self._context, chunk_source or MemoryChunkSource())
         self._prefill = Prefill([
@@ -289,6 +288,7 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
     maps = _Flag("Whether map hits are looked for at all (False: the exact tiers only, a plain output cache).")
     prefix = _Flag("Whether rows start from stored prefixes of their keys and values (causal models).")
     packed = _Flag("Whether forwards run their rows end to end, unpadded (``adapters.packed``).")
+    side_by_side = _Flag("Whether packed CPU forwards run side by side, a thread each (``tiers.forward_pool``).")
 
     @property
     def chunks(self) -> ChunkSettings | None:

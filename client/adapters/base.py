@@ -41,7 +41,7 @@ from torch import nn
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters.batch import Batch
-from attnstore_client.adapters.fused import FusedLinears, fused_linears_available, padded_tokens
+from attnstore_client.adapters.fused import FusedLinears, KernelTiming, fused_linears_available, padded_tokens
 from attnstore_client.adapters.layer_plan import LayerPlan
 from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed, with_filler
 from attnstore_client.adapters.planned import attend_planned
@@ -101,12 +101,18 @@ class Adapter(ABC):
         self.hidden_size: int = config.hidden_size
         self.head_dim: int = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
         self._modules: list[nn.Module] = list(self._attention_modules())
-        self._call: _Call | PackedCall | None = None
-        self._lock = threading.Lock()
-        # Packed forwards run the linear layers on oneDNN's kernels where they are there (adapters.fused);
-        # the weights are reordered on the first such forward.
-        self.fused_linears = True
+        # The call in flight on each thread: packed forwards may run side by side (``tiers.forward_pool``).
+        # The wrappers stay installed while any call runs.
+        self._calls = threading.local()
+        self._patch_lock = threading.Lock()
+        self._patches = 0
+        self._own_forwards: list[Any] = []
+        self._fused_lock = threading.Lock()
+        # Packed forwards run the linear layers on oneDNN's kernels (adapters.fused) where they are there and,
+        # with "auto", where the first packed forward's timing finds them faster than torch's own on this CPU.
+        self.fused_linears: bool | Literal["auto"] = "auto"
         self._fused: FusedLinears | None = None
+        self.kernel_timing: KernelTiming | None = None  # "auto"'s measurement, once taken
 
     # --- what a family provides ---------------------------------------------------
 
@@ -334,6 +340,17 @@ class Adapter(ABC):
         """oneDNN's linear kernels for packed forwards, where they are there and wanted (``fused_linears``)."""
         if not self.fused_linears or not fused_linears_available(self.model):
             return None
+        with self._fused_lock:  # forwards side by side: one of them times the kernels, alone
+            return self._chosen_linears()
+
+    def _chosen_linears(self) -> FusedLinears | None:
+        if self.fused_linears == "auto":
+            if self.kernel_timing is None:
+                fused = FusedLinears(self.model, self._fusable())
+                self.kernel_timing = fused.faster()
+                self._fused = fused if self.kernel_timing.onednn_wins else None  # the loser's weights not kept
+            if not self.kernel_timing.onednn_wins:
+                return None
         if self._fused is None:
             self._fused = FusedLinears(self.model, self._fusable())
         return self._fused
@@ -365,24 +382,30 @@ class Adapter(ABC):
 
     @contextmanager
     def _patched(self, call: _Call | PackedCall) -> Iterator[None]:
-        with self._lock:
-            own_forwards = [module.__dict__.get("forward") for module in self._modules]
-            try:
+        """Within the block, this thread's forwards run ``call``; the model is as it was once no call runs."""
+        with self._patch_lock:
+            if not self._patches:
+                self._own_forwards = [module.__dict__.get("forward") for module in self._modules]
                 for layer, module in enumerate(self._modules):
                     module.forward = partial(self._attend, layer, module, module.forward)
-                self._call = call
-                yield
-            finally:
-                self._call = None
-                for module, own in zip(self._modules, own_forwards, strict=True):
-                    if own is None:
-                        module.__dict__.pop("forward", None)
-                    else:
-                        module.forward = own
+            self._patches += 1
+        self._calls.current = call
+        try:
+            yield
+        finally:
+            self._calls.current = None
+            with self._patch_lock:
+                self._patches -= 1
+                if not self._patches:
+                    for module, own in zip(self._modules, self._own_forwards, strict=True):
+                        if own is None:
+                            module.__dict__.pop("forward", None)
+                        else:
+                            module.forward = own
 
     def _attend(self, layer: int, module: nn.Module, original: Any, *args: Any, **kwargs: Any) -> tuple:
         """The wrapped attention forward: split rows into replayed hits and computed misses."""
-        call = self._call
+        call = getattr(self._calls, "current", None)
         if call is None:
             return original(*args, **kwargs)
         if isinstance(call, PackedCall):

@@ -6,7 +6,8 @@ embeddings, projections, MLPs and norms (nearly all of a forward's FLOPs) run on
 ``(T, hidden)`` with nothing padded. Only attention needs the rows apart: it runs
 per *run* of consecutive rows of equal length, each run one ``(n, H, L, d)``
 batch of the model's own kernel (``scaled_dot_product_attention``, causal for
-decoders) with no mask at all. Rows sorted by length make few runs.
+decoders) with no mask at all, or on the CPU, for rows up to ``SHORT_ROW``
+tokens, matmul, softmax, matmul (faster there). Rows sorted by length make few runs.
 
 In a run a row either computes (the model's kernel), keeps its maps (computes
 them explicitly in fp32, as ``Adapter.capture`` does, hands them back as fp16
@@ -85,6 +86,11 @@ def pack(rows: Sequence[Sequence[int]]) -> PackedBatch:
     position_ids = torch.cat([torch.arange(length) for length in lengths])  # (T,)
     return PackedBatch(input_ids, position_ids, lengths, starts)
 
+
+# Rows up to this long attend faster on the CPU as matmul, softmax, matmul than through torch's flash
+# kernel, whose blocking is made for long rows: 1.3-2x at 12 heads and 12-48 tokens on 2 cores, and the
+# packed forwards of log lines 3-4% faster; slower from 64 tokens on (docs/BENCHMARKS.md, "Encode").
+SHORT_ROW = 40
 
 # Filler rows are at most this long: within any model's positions, and one attention run however many there are.
 FILLER_ROW = 64
@@ -219,9 +225,9 @@ def attend_packed(
         key = keys[span].view(run.count, run.length, kv_heads, head_dim).transpose(1, 2)  # (n, KVH, L, d)
         value = run_values.transpose(1, 2)  # (n, KVH, L, d)
         window = adapter._sliding_window(module)
-        if run.role == "keep":
+        if run.role == "keep" or (run.length <= SHORT_ROW and hidden.device.type == "cpu"):
             probs = _probs(query, key, scaling, adapter.causal, window)  # (n, H, L, L) fp32
-            for k, row in enumerate(run.rows):
+            for k, row in enumerate(run.rows if run.role == "keep" else ()):
                 call.kept[row][layer].copy_(probs[k])
             grouped = probs.to(hidden.dtype).view(run.count, kv_heads, -1, run.length)  # (n, KVH, G*L, L)
             attended = torch.matmul(grouped, value).view(run.count, heads, run.length, head_dim)  # (n, H, L, d)

@@ -79,6 +79,9 @@ class CallSettings:
     batch_size: int = 32  # rows per forward (packed: the tokens of that many padded rows, ``tiers.forwards.cut``)
     packed: bool = True  # forwards run their rows end to end, unpadded (``adapters.packed``)
     max_batch_tokens: int | None = None  # tokens per packed forward at most (a longer row goes alone); None: no cap
+    # Packed forwards on the CPU run side by side, as many as torch has threads, one thread each
+    # (``tiers.forward_pool``): 12% faster than one at a time on 2 cores, where each op waits for both.
+    side_by_side: bool = True
     chunks: ChunkSettings | None = None  # fuse stored chunks into prompts in segments (decoders); None: no chunk tier
 
     def __post_init__(self) -> None:

@@ -29,10 +29,12 @@ import torch
 from attnstore.errors import AttnStoreError
 from attnstore_client.adapters import Adapter
 from attnstore_client.call.rows import NamespaceView, Row
+from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
 from attnstore_client.connection import StoreConnection
 from attnstore_client.resilience import CircuitBreaker, call_with_retries, cause_of
 from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.forward_pool import ForwardPool
 from attnstore_client.tiers.write_back import WriteBackWorker
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class TierContext:
         breaker: shared by every call.
         cost_model: decides which rows are sent for maps, and how forwards are cut.
         write_back: where computed rows the store admits go; None: nowhere.
+        forwards: the threads packed forwards run on side by side (``forward_pool``).
         reload_namespace: reads the namespace again when a search is told its projector was replaced;
             None leaves that a failed call.
     """
@@ -63,8 +66,16 @@ class TierContext:
     breaker: CircuitBreaker
     cost_model: CostModel
     write_back: WriteBackWorker | None = None
+    forwards: ForwardPool = field(default_factory=ForwardPool)
     reload_namespace: Callable[[], NamespaceView] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))  # retry jitter
+
+    def side_by_side(self, settings: CallSettings) -> int:
+        """How many packed forwards run at once: as many as torch has threads, on the CPU and where the call
+        lets them (``CallSettings.side_by_side``); else 1."""
+        if not (settings.side_by_side and settings.packed and self.device.type == "cpu"):
+            return 1
+        return torch.get_num_threads()
 
     def to_device(self, array: object) -> torch.Tensor:
         """A numpy array as an fp32 tensor on the device: through pinned memory to a GPU."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 from typing import ClassVar
 
 import numpy as np
@@ -31,9 +32,10 @@ import torch
 
 from attnstore.errors import ConfigError
 from attnstore_client.call.rows import Row
+from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
 from attnstore_client.tiers.base import Tier, TierContext
-from attnstore_client.tiers.forwards import cut, run_forward
+from attnstore_client.tiers.forwards import ForwardResult, cut, run_forward
 from attnstore_client.tiers.local_exact import LocalExactTier
 from attnstore_client.tiers.write_back import check_write_back_dtype
 
@@ -56,15 +58,23 @@ class ComputeTier(Tier):
         self._check_dtype()
         keep = self._maps_to_keep(rows, call)
         ordered = sorted(rows, key=lambda row: -len(row.tokens))
-        for forward in cut(ordered, call.settings, self._context.cost_model):
-            keeping = self._keeping(forward, keep)
-            result = run_forward(self._context, forward, call.settings, keep=keeping)
+        workers = self._context.side_by_side(call.settings)
+        forwards = cut(ordered, call.settings, self._context.cost_model, side_by_side=workers)
+        workers = min(workers, len(forwards))
+        jobs = [partial(self._forward, forward, self._keeping(forward, keep), call.settings, workers)
+                for forward in forwards]
+        for forward, result in self._context.forwards.run(jobs, workers):  # each as it ends, on this thread
             call.forwarded(result.seconds, result.tokens, result.forwarded)
             call.deliver(forward, result.hidden, "miss")
             if call.settings.exact:
                 for position, row in enumerate(forward):
                     self._keep_outputs(row, result.hidden.row(position), result.kept.get(position), call)
         return []
+
+    def _forward(
+        self, forward: list[Row], keeping: list[int], settings: CallSettings, side_by_side: int
+    ) -> tuple[list[Row], ForwardResult]:
+        return forward, run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side)
 
     def _check_dtype(self) -> None:
         """A model cast away from fp32 after the cache was made writes nothing back (see ``check_write_back_dtype``)."""

@@ -137,6 +137,7 @@ def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_o
     # Exact tier off: the stored rows are map hits, interleaved with misses in the input.
     texts = [TEXTS[4], STORED[0], TEXTS[5], STORED[1], TEXTS[6], STORED[2], TEXTS[7], TEXTS[8], TEXTS[9]]
     cache = AttnCache(bert, CountingConnection(service), exact=False)
+    cache.side_by_side = False  # forwards one at a time, cut as this pins (side by side they share the room)
     forwards = _forward_sizes(cache)
     embeddings = cache.encode(texts, batch_size=4)
     np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)

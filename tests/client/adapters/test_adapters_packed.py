@@ -14,8 +14,8 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.adapters.fused import FusedLinears, padded_tokens
-from attnstore_client.adapters.packed import pack, with_filler
+from attnstore_client.adapters.fused import FusedLinears, KernelTiming, padded_tokens
+from attnstore_client.adapters.packed import SHORT_ROW, pack, with_filler
 
 TOL = 1e-4
 # Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.
@@ -157,6 +157,7 @@ def test_a_rounded_token_count_rounds_to_itself() -> None:
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 def test_a_packed_forward_runs_its_linear_layers_at_rounded_counts_only(adapter: Adapter, rows, kind: str) -> None:
+    adapter.fused_linears = True
     seen: list[int] = []
     linears = [m for m in adapter.model.modules() if isinstance(m, torch.nn.Linear)]
     hooks = [m.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[-2])) for m in linears]
@@ -179,3 +180,71 @@ def test_filler_rows_follow_the_rows_and_leave_them_in_place() -> None:
     assert filled.row(filled.input_ids, 0).tolist() == [7, 8, 9] and filled.row(filled.input_ids, 1).tolist() == [10]
     assert filled.position_ids[4:].tolist() == list(range(64)) * 2 + [0, 1]
     assert with_filler(packed, 0) is packed
+
+
+def _linear_token_counts(adapter: Adapter, packed) -> list[int]:
+    seen: list[int] = []
+    linears = [m for m in adapter.model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[-2])) for m in linears]
+    try:
+        adapter.forward_packed(packed)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("onednn_wins", [True, False])
+def test_auto_runs_the_linear_layers_on_whichever_kernels_its_timing_found_faster(rows, onednn_wins: bool) -> None:
+    adapter = adapter_for(tiny_model("bert"))
+    assert adapter.fused_linears == "auto"
+    adapter.kernel_timing = KernelTiming(onednn_s=1.0 if onednn_wins else 2.0, plain_s=1.5, tokens=512)
+    packed = pack(rows)  # 50 tokens
+    counts = _linear_token_counts(adapter, packed)
+    assert set(counts) == ({padded_tokens(packed.tokens)} if onednn_wins else {packed.tokens})
+    assert (adapter._fused is not None) == onednn_wins  # the loser keeps no copy of the weights
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_auto_times_both_kernels_once_and_keeps_its_choice(rows) -> None:
+    adapter = adapter_for(tiny_model("bert"))
+    adapter.forward_packed(pack(rows))
+    timing = adapter.kernel_timing
+    assert timing is not None and timing.onednn_s > 0 and timing.plain_s > 0 and timing.tokens == 512
+    adapter.forward_packed(pack(rows))
+    assert adapter.kernel_timing is timing
+    assert (adapter._fused is not None) == timing.onednn_wins
+
+
+def test_short_rows_attend_as_the_models_own_kernel_does(kind: str) -> None:
+    adapter = adapter_for(tiny_model(kind))
+    lengths = [SHORT_ROW + 9, SHORT_ROW + 1, SHORT_ROW, SHORT_ROW, 5]  # both sides of the threshold, in one forward
+    rows = random_rows(lengths, seed=11)
+    packed = pack(rows)
+    out, _ = adapter.forward_packed(packed)
+    for r, expected in enumerate(_padded_rows(adapter, rows, kind)):
+        assert max_diff(packed.row(out, r), expected) < TOL
+
+
+def test_packed_forwards_on_two_threads_at_once_give_what_each_gives_alone(kind: str) -> None:
+    import threading
+
+    adapter = adapter_for(tiny_model(kind))
+    batches = [pack(random_rows([12, 7, 7, 3], seed=seed)) for seed in range(6)]
+    alone = [adapter.forward_packed(batch)[0] for batch in batches]
+    together: dict[int, torch.Tensor] = {}
+    start = threading.Barrier(2)
+
+    def worker(indices: range) -> None:
+        start.wait()
+        for i in indices:
+            together[i] = adapter.forward_packed(batches[i])[0]
+
+    threads = [threading.Thread(target=worker, args=(range(k, 6, 2),)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(max_diff(together[i], alone[i]) < 1e-6 for i in range(6))
+    assert not any("forward" in module.__dict__ for module in adapter.model.modules())  # nothing left patched

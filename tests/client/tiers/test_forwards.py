@@ -32,3 +32,15 @@ def test_packed_forwards_hold_the_tokens_of_a_padded_batch_or_batch_size_rows_un
 def test_a_token_budget_below_one_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="max_batch_tokens must be >= 1"):
         CallSettings("n", 0.0, max_batch_tokens=0)
+
+
+def test_forwards_run_side_by_side_share_the_room_in_a_multiple_of_the_workers_of_even_tokens() -> None:
+    rows = _rows(60, 50, 40, 30, 30, 20, 20, 20, 10, 10, 5)
+    settings = CallSettings("n", 0.0, batch_size=4)  # the room of 4 padded rows of the longest: 240 tokens
+    assert _sizes(cut(rows, settings, CostModel())) == [[60, 50, 40, 30, 30, 20], [20, 20, 10, 10, 5]]
+    two = cut(rows, settings, CostModel(), side_by_side=2)  # 120 tokens each: 3 forwards, evened into 4
+    assert _sizes(two) == [[60, 50], [40], [30, 30, 20], [20, 20, 10, 10, 5]]
+    assert [row for forward in two for row in forward] == rows  # every row once, in order
+    longest = cut(_rows(212, 40, 30, 20), settings, CostModel(), side_by_side=2)
+    assert _sizes(longest) == [[212], [40, 30, 20]]  # a row longer than a share takes more than one
+    assert cut(rows[:1], settings, CostModel(), side_by_side=4) == [rows[:1]]
