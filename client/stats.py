@@ -56,7 +56,9 @@ class CacheStats:
     projection_s: float = 0.0  # feature sources and the projector
     lookup_s: float = 0.0  # until the matches arrived (retries included)
     fetch_s: float = 0.0  # receiving maps and outputs
-    forward_s: float = 0.0  # the model's forward passes (reruns after a failed stream included)
+    # The model's forward passes (reruns after a failed stream included); forwards run side by side count
+    # their share of the wall time (each its seconds over how many ran at once).
+    forward_s: float = 0.0
     forward_tokens: int = 0  # tokens of the rows the forwards served (for prefix hits: their suffixes)
     forwarded_tokens: int = 0  # tokens the forwards ran, padding included (packed forwards: none)
     # Time outside the tiers: tokenizing, hashing, deduplication, pooling, writing the result.

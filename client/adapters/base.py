@@ -41,7 +41,7 @@ from torch import nn
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters.batch import Batch
-from attnstore_client.adapters.fused import FusedLinears, KernelTiming, fused_linears_available, padded_tokens
+from attnstore_client.adapters.fused import FusedLinears, fused_linears_available, onednn_pays, padded_tokens
 from attnstore_client.adapters.layer_plan import LayerPlan
 from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed, with_filler
 from attnstore_client.adapters.planned import attend_planned
@@ -109,10 +109,9 @@ class Adapter(ABC):
         self._own_forwards: list[Any] = []
         self._fused_lock = threading.Lock()
         # Packed forwards run the linear layers on oneDNN's kernels (adapters.fused) where they are there and,
-        # with "auto", where the first packed forward's timing finds them faster than torch's own on this CPU.
+        # with "auto", where they pay on this CPU (fused.onednn_pays); True or False forces either way.
         self.fused_linears: bool | Literal["auto"] = "auto"
         self._fused: FusedLinears | None = None
-        self.kernel_timing: KernelTiming | None = None  # "auto"'s measurement, once taken
 
     # --- what a family provides ---------------------------------------------------
 
@@ -336,24 +335,20 @@ class Adapter(ABC):
             out = self._run_packed(batch)[:tokens]  # (T, hidden)
         return out, dict(call.kept)
 
-    def _fused_linears(self) -> FusedLinears | None:
-        """oneDNN's linear kernels for packed forwards, where they are there and wanted (``fused_linears``)."""
-        if not self.fused_linears or not fused_linears_available(self.model):
-            return None
-        with self._fused_lock:  # forwards side by side: one of them times the kernels, alone
-            return self._chosen_linears()
+    @property
+    def linear_kernels(self) -> Literal["onednn", "torch"]:
+        """What packed forwards run the linear layers on (``fused_linears``)."""
+        wanted = onednn_pays() if self.fused_linears == "auto" else self.fused_linears
+        return "onednn" if wanted and fused_linears_available(self.model) else "torch"
 
-    def _chosen_linears(self) -> FusedLinears | None:
-        if self.fused_linears == "auto":
-            if self.kernel_timing is None:
-                fused = FusedLinears(self.model, self._fusable())
-                self.kernel_timing = fused.faster()
-                self._fused = fused if self.kernel_timing.onednn_wins else None  # the loser's weights not kept
-            if not self.kernel_timing.onednn_wins:
-                return None
-        if self._fused is None:
-            self._fused = FusedLinears(self.model, self._fusable())
-        return self._fused
+    def _fused_linears(self) -> FusedLinears | None:
+        """oneDNN's linear kernels for packed forwards, where they are there and wanted (``linear_kernels``)."""
+        if self.linear_kernels != "onednn":
+            return None
+        with self._fused_lock:  # forwards side by side: the weights are reordered once
+            if self._fused is None:
+                self._fused = FusedLinears(self.model, self._fusable())
+            return self._fused
 
     def forward_planned(self, batch: Batch, plan: LayerPlan) -> torch.Tensor:
         """One forward of the whole batch in which ``plan`` decides, layer by layer, which rows replay.

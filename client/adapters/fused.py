@@ -13,9 +13,9 @@ order: outputs move by about 1e-6.
 +85 MiB for all-MiniLM-L6-v2) and, for the duration of a call, routes every
 ``nn.Linear`` through those kernels and fuses the activations it knows
 (BERT's exact GELU). Measured in ``docs/BENCHMARKS.md`` ("Encode"); used only
-where oneDNN is available, the model runs on the CPU in fp32, and (``faster``) they
-beat torch's own kernels on this machine: on an Intel Xeon with AVX-512 they do,
-on an AMD EPYC (Zen 3, AVX2) MKL's GEMMs run the same forwards 18% faster.
+where oneDNN is available, the model runs on the CPU in fp32, and (``onednn_pays``)
+the CPU runs AVX-512: on an AMD EPYC with AVX2, MKL's GEMMs run the same forwards
+17-18% faster.
 
 oneDNN builds (JIT-compiling) and keeps a kernel, with its buffers, per input
 shape, about 0.6 MiB each, and a packed forward's token count is new at nearly
@@ -28,12 +28,9 @@ computing rows when others replay).
 
 from __future__ import annotations
 
-import statistics
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -57,38 +54,15 @@ def padded_tokens(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
-# oneDNN's kernels are used only when at least this much faster (``KernelTiming.onednn_wins``). On an AMD EPYC
-# (Zen 3, AVX2) the timing put them 4-20% behind torch's, and whole packed forwards ran 18% slower on them.
-ONEDNN_MARGIN = 0.95
+def onednn_pays() -> bool:
+    """Whether oneDNN's kernels beat torch's own (BLAS) on this CPU: where torch runs AVX-512 code.
 
-
-@dataclass(frozen=True)
-class KernelTiming:
-    """One forward's linear layers at ``tokens`` tokens on oneDNN's kernels and on torch's own."""
-
-    onednn_s: float
-    plain_s: float
-    tokens: int
-
-    @property
-    def onednn_wins(self) -> bool:
-        """Whether oneDNN's kernels are clearly faster: by ``ONEDNN_MARGIN``, since they also cost a second copy
-        of the weights, filler rows and a kernel built per token count, which this timing leaves out."""
-        return self.onednn_s < ONEDNN_MARGIN * self.plain_s
-
-
-def _plain(linear: nn.Linear, owner: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The layer as the model runs it: ``linear``, then ``owner``'s activation when it fuses one."""
-    activation = getattr(owner, "intermediate_act_fn", None) if owner is not linear else None
-    if activation is None:
-        return lambda x: functional.linear(x, linear.weight, linear.bias)
-    return lambda x: activation(functional.linear(x, linear.weight, linear.bias))
-
-
-def _seconds(kernel: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
-    started = time.perf_counter()
-    kernel(x)
-    return time.perf_counter() - started
+    Measured on whole packed forwards of log lines (``docs/BENCHMARKS.md``, "Encode"): on an Intel Xeon with
+    AVX-512 they were the faster; on an AMD EPYC (Zen 3, AVX2) MKL's GEMMs ran the same forwards 17-18%
+    faster, on two threads and side by side on one each. Timing single layers at start-up could not tell:
+    from one process to the next it put oneDNN anywhere from 10% ahead to 20% behind on that EPYC.
+    """
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 class FusedLinears:
@@ -126,37 +100,6 @@ class FusedLinears:
             return out[..., :tokens, :] if extra else out
 
         return forward
-
-    def faster(self, tokens: int = 512, rounds: int = 5) -> KernelTiming:
-        """Time these kernels against the model's own layers (torch's BLAS GEMM, then the activation) on
-        ``tokens`` random rows: each distinct layer shape once a round, alternating which goes first, the
-        medians weighted by how many layers have that shape (one forward's linear layers, in proportion).
-
-        A few tens of milliseconds for a small encoder, once per adapter: cheap beside a call, and decided on
-        this machine, since which kernels win depends on the CPU (``docs/BENCHMARKS.md``, "Encode").
-        """
-        shapes: dict[tuple[int, int, str], tuple[Callable[[torch.Tensor], torch.Tensor],
-                                                  Callable[[torch.Tensor], torch.Tensor], int]] = {}
-        fused = {id(linear): (owner, attr) for owner, (linear, attr) in self._fused.items()}
-        for linear in self._linears:
-            owner, attr = fused.get(id(linear), (linear, "none"))
-            key = (linear.in_features, linear.out_features, attr)
-            known = shapes.get(key)
-            shapes[key] = (known[0], known[1], known[2] + 1) if known else (self._kernel(linear, attr),
-                                                                           _plain(linear, owner), 1)
-        samples: dict[tuple[int, int, str], tuple[list[float], list[float]]] = {key: ([], []) for key in shapes}
-        with torch.no_grad():
-            inputs = {key: torch.randn(padded_tokens(tokens), key[0]) for key in shapes}
-            for turn in range(rounds + 1):  # the first round builds oneDNN's kernels and is not counted
-                for key, (onednn, plain, _) in shapes.items():
-                    first, second = (onednn, plain) if turn % 2 else (plain, onednn)
-                    times = {fn: _seconds(fn, inputs[key]) for fn in (first, second)}
-                    if turn:
-                        samples[key][0].append(times[onednn])
-                        samples[key][1].append(times[plain])
-        onednn_s = sum(statistics.median(samples[key][0]) * count for key, (_, _, count) in shapes.items())
-        plain_s = sum(statistics.median(samples[key][1]) * count for key, (_, _, count) in shapes.items())
-        return KernelTiming(onednn_s=onednn_s, plain_s=plain_s, tokens=padded_tokens(tokens))
 
     @contextmanager
     def installed(self) -> Iterator[None]:

@@ -218,7 +218,7 @@ def _summarise(
             entry["overhead_share"] = statistics.median(s["overhead_s"] / s["total_s"] for s in stats)
             entry["retrieval_s"] = statistics.median(s["projection_s"] + s["lookup_s"] + s["fetch_s"] for s in stats)
             entry["stats"] = stats[0]
-            entry["linear_kernels_runs"] = [r.get("linear_kernels") for r in runs]
+            entry["linear_kernels"] = runs[0]["linear_kernels"]
         methods[method] = entry
     result: dict[str, Any] = {"rows": count, "methods": methods}
     embeddings = {m: np.load(scratch / f"{m}.npy") for m in reports}
@@ -270,20 +270,15 @@ def _print(result: dict[str, Any]) -> None:
     print(f"  {'method':24} {'seconds':>9} {'rows/s':>9} {'peak RSS MiB':>13} {'outside tiers':>14}")
     for method, entry in result["methods"].items():
         outside = f"{entry['overhead_s']:.2f} s ({entry['overhead_share']:.1%})" if "overhead_s" in entry else "-"
+        kernels = f" (linear layers on {entry['linear_kernels']})" if "linear_kernels" in entry else ""
         print(f"  {method:24} {entry['seconds']:9.2f} {entry['rows_per_s']:9.1f}"
-              f" {entry['peak_rss_bytes'] / 2**20:13.0f} {outside:>14}")
+              f" {entry['peak_rss_bytes'] / 2**20:13.0f} {outside:>14}{kernels}")
     for method, entry in result["methods"].items():
         for base in ("dict", "sentence_transformers"):
             if f"speedup_vs_{base}" in entry:
                 print(f"  {method} vs {base}: {entry[f'speedup_vs_{base}']:.2f}x including retrieval,"
                       f" {entry[f'speedup_vs_{base}_excluding_retrieval']:.2f}x excluding it;"
                       f" peak RSS {entry[f'rss_vs_{base}']:.2f}x")
-    for method, entry in result["methods"].items():
-        kernels = [k for k in entry.get("linear_kernels_runs", []) if k]
-        if kernels:
-            print(f"  {method} linear layers on (oneDNN vs torch's timing): " + ", ".join(
-                f"{'oneDNN' if k['onednn'] else 'torch'} ({k['onednn_s'] * 1e3:.0f} vs {k['plain_s'] * 1e3:.0f} ms)"
-                for k in kernels))
     for method, entry in result["methods"].items():
         if "frac_cos_099" in entry:
             print(f"  {method} fidelity: {entry['frac_cos_099']:.2%} of rows at cosine >= 0.99,"

@@ -67,9 +67,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         embeddings = cache.encode(texts, batch_size=batch, show_progress_bar=False)
         report["seconds"] = time.perf_counter() - started
         report["stats"] = cache.last_stats.to_json_dict()
-        timing = cache.adapter.kernel_timing  # the linear kernels the call ran on, as the adapter chose them
-        report["linear_kernels"] = None if timing is None else {
-            "onednn": timing.onednn_wins, "onednn_s": timing.onednn_s, "plain_s": timing.plain_s}
+        report["linear_kernels"] = cache.adapter.linear_kernels
         cache.close()
     report["peak_rss_bytes"] = peak_rss_bytes()  # its own: ru_maxrss would carry the parent's
     if spec.get("embeddings"):

@@ -14,7 +14,7 @@ from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.adapters.fused import FusedLinears, KernelTiming, padded_tokens
+from attnstore_client.adapters.fused import FusedLinears, padded_tokens
 from attnstore_client.adapters.packed import SHORT_ROW, pack, with_filler
 
 TOL = 1e-4
@@ -195,26 +195,19 @@ def _linear_token_counts(adapter: Adapter, packed) -> list[int]:
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-@pytest.mark.parametrize("onednn_wins", [True, False])
-def test_auto_runs_the_linear_layers_on_whichever_kernels_its_timing_found_faster(rows, onednn_wins: bool) -> None:
+@pytest.mark.parametrize(("capability", "kernels"), [("AVX512", "onednn"), ("AVX2", "torch")])
+def test_auto_runs_the_linear_layers_on_onednn_only_where_the_cpu_runs_avx512(
+    rows, monkeypatch: pytest.MonkeyPatch, capability: str, kernels: str
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     adapter = adapter_for(tiny_model("bert"))
-    assert adapter.fused_linears == "auto"
-    adapter.kernel_timing = KernelTiming(onednn_s=1.0 if onednn_wins else 2.0, plain_s=1.5, tokens=512)
+    assert adapter.fused_linears == "auto" and adapter.linear_kernels == kernels
     packed = pack(rows)  # 50 tokens
     counts = _linear_token_counts(adapter, packed)
-    assert set(counts) == ({padded_tokens(packed.tokens)} if onednn_wins else {packed.tokens})
-    assert (adapter._fused is not None) == onednn_wins  # the loser keeps no copy of the weights
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_auto_times_both_kernels_once_and_keeps_its_choice(rows) -> None:
-    adapter = adapter_for(tiny_model("bert"))
-    adapter.forward_packed(pack(rows))
-    timing = adapter.kernel_timing
-    assert timing is not None and timing.onednn_s > 0 and timing.plain_s > 0 and timing.tokens == 512
-    adapter.forward_packed(pack(rows))
-    assert adapter.kernel_timing is timing
-    assert (adapter._fused is not None) == timing.onednn_wins
+    assert set(counts) == ({padded_tokens(packed.tokens)} if kernels == "onednn" else {packed.tokens})
+    assert (adapter._fused is not None) == (kernels == "onednn")  # no second copy of the weights on torch's
+    adapter.fused_linears = capability != "AVX512"  # forced the other way
+    assert adapter.linear_kernels != kernels
 
 
 def test_short_rows_attend_as_the_models_own_kernel_does(kind: str) -> None:
