@@ -27,13 +27,20 @@ def _small_data(folder: Path, lines: int) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Small logs data and one work folder for the module: the store is built by the first run, reused after."""
+    root = tmp_path_factory.mktemp("bench-encode")
+    return _small_data(root / "data", 40), root / "work"
+
+
 def test_a_short_run_times_every_method_in_its_own_child_and_reports_rss_overhead_and_fidelity(
-    tmp_path: Path,
+    tmp_path: Path, logs: tuple[Path, Path],
 ) -> None:
-    data = _small_data(tmp_path / "data", 40)
+    data, work = logs
     out, plot = tmp_path / "encode.json", tmp_path / "encode.png"
     code = cli_main(["bench", "encode", "--data-dir", str(data), "--rows", "30,90", "--repeats", "1",
-                     "--work-dir", str(tmp_path / "work"), "--json", str(out), "--plot", str(plot)])
+                     "--work-dir", str(work), "--json", str(out), "--plot", str(plot)])
     report = json.loads(out.read_text())
     assert code == 0 and plot.stat().st_size > 0 and report["stored_rows"] == 40
     assert [result["rows"] for result in report["results"]] == [30, 90]
@@ -46,7 +53,7 @@ def test_a_short_run_times_every_method_in_its_own_child_and_reports_rss_overhea
         assert set(result["template_accuracy"]) == set(methods)
         assert methods["attnstore"]["stats"]["rows"] == result["rows"]
     # The store was built once and is kept for the next run.
-    assert len(list((tmp_path / "work" / "logs").glob("store-*.built"))) == 1
+    assert len(list((work / "logs").glob("store-*.built"))) == 1
 
 
 def test_bad_rows_or_methods_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,12 +65,13 @@ def test_bad_rows_or_methods_are_refused_by_name(tmp_path: Path, capsys: pytest.
     assert not any(tmp_path.iterdir())  # refused before anything was built
 
 
-def test_the_attnstore_exact_method_runs_attncache_without_its_map_tier_beside_the_default(tmp_path: Path) -> None:
-    data = _small_data(tmp_path / "data", 40)
+def test_the_attnstore_exact_method_runs_attncache_without_its_map_tier_beside_the_default(
+    tmp_path: Path, logs: tuple[Path, Path],
+) -> None:
+    data, work = logs
     out = tmp_path / "encode.json"
     code = cli_main(["bench", "encode", "--data-dir", str(data), "--rows", "60", "--repeats", "1",
-                     "--methods", "dict,attnstore,attnstore_exact", "--work-dir", str(tmp_path / "work"),
-                     "--json", str(out)])
+                     "--methods", "dict,attnstore,attnstore_exact", "--work-dir", str(work), "--json", str(out)])
     result = json.loads(out.read_text())["results"][0]
     exact, default = result["methods"]["attnstore_exact"], result["methods"]["attnstore"]
     assert code == 0 and exact["stats"]["rows"] == default["stats"]["rows"] == 60
