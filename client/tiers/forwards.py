@@ -52,8 +52,8 @@ def cut(
     Padded: as sentence-transformers cuts them, then where the cost model's fit predicts the least time.
     Packed forwards run ``side_by_side`` at once (``forward_pool``) get that share of the room each (together
     they hold what one would), and come in a multiple of that many of even tokens (fewer where a row is longer
-    than a share), so that they end together: a chunk of 2 to 11 forwards otherwise left a core idle for half a
-    forward.
+    than a share; more where a share of short rows holds more than ``most`` rows), so that they end together: a
+    chunk of 2 to 11 forwards otherwise left a core idle for half a forward.
     """
     size = settings.batch_size
     if settings.packed:
@@ -63,7 +63,9 @@ def cut(
             most, budget = size, settings.max_batch_tokens
         if side_by_side > 1 and len(rows) > 1:  # their share of the room each, all at once holding what one does
             forwards = _packed(rows, most, -(-budget // side_by_side))
-            return _even(rows, -(-len(forwards) // side_by_side) * side_by_side)
+            even = _even(rows, -(-len(forwards) // side_by_side) * side_by_side)
+            # Evening goes by tokens: a share of short rows is cut again to the ``most`` rows a forward may hold.
+            return [part for forward in even for part in _packed(forward, most, budget)]
         return _packed(rows, most, budget)
     cost = cost_model.forward_cost()
     groups = group_by_length([len(row.tokens) for row in rows], size, None if cost is None else cost.seconds)

@@ -44,3 +44,12 @@ def test_forwards_run_side_by_side_share_the_room_in_a_multiple_of_the_workers_o
     longest = cut(_rows(212, 40, 30, 20), settings, CostModel(), side_by_side=2)
     assert _sizes(longest) == [[212], [40, 30, 20]]  # a row longer than a share takes more than one
     assert cut(rows[:1], settings, CostModel(), side_by_side=4) == [rows[:1]]
+
+
+def test_forwards_side_by_side_under_max_batch_tokens_still_hold_at_most_batch_size_rows() -> None:
+    rows = _rows(*([100] * 32 + [10] * 96))
+    settings = CallSettings("n", 0.0, batch_size=32, max_batch_tokens=8192)
+    forwards = cut(rows, settings, CostModel(), side_by_side=2)
+    assert max(len(forward) for forward in forwards) <= 32
+    assert max(sum(len(row.tokens) for row in forward) for forward in forwards) <= 8192
+    assert [row for forward in forwards for row in forward] == rows  # every row once, in order
