@@ -97,17 +97,22 @@ RETRIED: tuple[type[BaseException], ...] = (
 T = TypeVar("T")
 
 
-_RETRIED_OR_RACE: tuple[type[BaseException], ...] = (*RETRIED, AttributeError, ValueError)
+_RACES = (AttributeError, ValueError, RuntimeError)
+_RETRIED_OR_RACE: tuple[type[BaseException], ...] = (*RETRIED, *_RACES)
 
 
-def _dropped_under_us(exc: AttributeError | ValueError) -> bool:
+def _dropped_under_us(exc: AttributeError | ValueError | RuntimeError) -> bool:
     """Whether ``exc`` is redis-py's race, not a bug of ours: at a failover one thread's cluster client
     resets the connection pools and disconnects connections another thread is reading from, whose
     parser then finds its buffer gone ("'NoneType' object has no attribute 'readline'") or its socket
-    file closed ("I/O operation on closed file")."""
+    file closed ("I/O operation on closed file"); or it reloads the slot map, iterating the node table
+    while another thread's MOVED reply adds to it ("dictionary changed size during iteration", redis-py
+    5.3's ``NodesManager.initialize``)."""
     message = str(exc)
     if isinstance(exc, AttributeError):
         return "'NoneType' object has no attribute" in message
+    if isinstance(exc, RuntimeError):
+        return "dictionary changed size during iteration" in message
     return "I/O operation on closed file" in message
 
 
@@ -175,7 +180,7 @@ def retried(
         try:
             result = call()
         except _RETRIED_OR_RACE as exc:
-            if isinstance(exc, (AttributeError, ValueError)) and not _dropped_under_us(exc):
+            if isinstance(exc, _RACES) and not _dropped_under_us(exc):
                 raise
             if time.monotonic() + pause > deadline:
                 if counts is not None:
