@@ -29,6 +29,7 @@ from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.call.rows import Row
 from attnstore_client.call.state import Call
 from attnstore_client.connection import MapStream, Match
+from attnstore_client.projector import Projector
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
 from attnstore_client.tiers.cost_model import CostModel
@@ -102,16 +103,21 @@ class MapTier(Tier):
         size = call.settings.batch_size
         for start in range(0, len(ordered), size):
             chunk = ordered[start : start + size]
+            projector = call.namespace.projector
+            if projector is None:
+                _projector_gone(call, ordered[start:])
+                break
             started = time.perf_counter()
             batch = batch_from_ids([row.tokens for row in chunk], context.adapter.loaded.tokenizer.pad_token_id)
             batch = batch.to(context.device)
-            features = self._project(call, batch)  # (B, d)
+            features = self._project(projector, batch)  # (B, d)
             call.counts.projection_s += time.perf_counter() - started
-            version = call.namespace.version
-            call.features.update((row.index, (features[k], version)) for k, row in enumerate(chunk))
-            search = partial(self._searched, call, features, batch, [row.tokens for row in chunk])
+            _keep_features(call, chunk, features)
+            search = partial(self._searched, call, chunk, features, batch)
             matches = ask_store(context, call, search, ordered[start:])
             if matches is None:
+                if call.store_down is None:  # not a store failure: the namespace has no projector any more
+                    _projector_gone(call, ordered[start:])
                 break
             found = {row.index: m for row, m in zip(chunk, matches, strict=True) if m.kind == "map" and m.entry_id}
             hits.update(found)
@@ -121,9 +127,7 @@ class MapTier(Tier):
                 context.cost_model.record_lookup(length, len(group), group_hits, seconds * len(group) / len(chunk))
         return hits
 
-    def _project(self, call: Call, batch: Batch) -> np.ndarray:
-        projector = call.namespace.projector
-        assert projector is not None  # the map tier runs only with one
+    def _project(self, projector: Projector, batch: Batch) -> np.ndarray:
         return projector.project(self._context.adapter.feature_source(batch))  # (B, d)
 
     def _request(self, call: Call, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]]) -> LookupBatch:
@@ -135,11 +139,16 @@ class MapTier(Tier):
         )
 
     def _searched(
-        self, call: Call, features: np.ndarray, batch: Batch, tokens: list[Sequence[int]], remaining: float | None
-    ) -> list[Match]:
+        self, call: Call, chunk: list[Row], features: np.ndarray, batch: Batch, remaining: float | None
+    ) -> list[Match] | None:
         """Search the batch; when the namespace's projector was replaced meanwhile, load the new one and search
-        again with the batch projected by it (the store is fine: the breaker is not told)."""
+        again with the batch projected by it (the store is fine: the breaker is not told).
+
+        None when the namespace read again has no projector at all (the store was emptied and the namespace
+        made again): the view is adopted (exact tiers only from now on) and nothing is searched.
+        """
         context = self._context
+        tokens = [row.tokens for row in chunk]
         try:
             return context.connection.search(self._request(call, features, batch, tokens), timeout=remaining)
         except ProjectorChangedError as exc:
@@ -147,7 +156,11 @@ class MapTier(Tier):
                 raise
             log.warning("namespace %r: its projector was replaced, following it (%s)", call.settings.namespace, exc)
             call.namespace = context.reload_namespace()
-            features = self._project(call, batch)  # (B, d)
+            projector = call.namespace.projector
+            if projector is None:
+                return None
+            features = self._project(projector, batch)  # (B, d)
+            _keep_features(call, chunk, features)
             return context.connection.search(self._request(call, features, batch, tokens), timeout=remaining)
 
     # ---- replay ---------------------------------------------------------------
@@ -196,6 +209,25 @@ class MapTier(Tier):
         for k, cause in failed.items():
             call.fail([rows[k]], cause)
         return [row.index for k, row in enumerate(rows) if k not in failed]
+
+
+def _keep_features(call: Call, chunk: Sequence[Row], features: np.ndarray) -> None:
+    """Keep each row's feature with the projector version it came from (a written-back row carries it)."""
+    version = call.namespace.version
+    call.features.update((row.index, (features[k], version)) for k, row in enumerate(chunk))
+
+
+def _projector_gone(call: Call, rows: Sequence[Row]) -> None:
+    """The namespace lost its projector mid-call (made again without one): ``rows`` are computed, as fallbacks.
+
+    The store can only make a call faster, so a namespace replaced under a client is a reason to compute,
+    never an error; their features of the old projector are dropped with it.
+    """
+    log.warning("namespace %r has no projector any more: computing %d rows, exact hits only until it has one",
+                call.settings.namespace, len(rows))
+    for row in rows:
+        call.features.pop(row.index, None)
+    call.fail(rows, "refused")
 
 
 def _by_band(lengths: Sequence[int]) -> dict[int, list[int]]:
