@@ -1,8 +1,11 @@
 """A namespace's projector blob: safetensors bytes whose header metadata carries the gate.
 
-The blob is the client's projector (``attnstore_client.projector``) as safetensors
+The blob is the projector (``attnstore.protocol.features.projector``) as safetensors
 bytes. Servers check a blob before storing it and apply the fidelity gate the
-build put in its metadata; they never load its weights, and read it without torch.
+build put in its metadata, reading it without torch. A namespace's stored blob
+may also hold the model's embedding layer (tensors under ``embedding_layer.``,
+see ``features.embedding_layer``): what its daemon derives written-back rows'
+features with. It stays on the daemon: a client is sent the blob without it.
 The ``safetensors`` library checks the whole blob (header, dtypes, offsets);
 the metadata is then read from its header.
 """
@@ -12,11 +15,15 @@ from __future__ import annotations
 import json
 
 import safetensors
+import safetensors.numpy
 
 from attnstore.errors import ConfigError, FormatVersionError, WireFormatError
 from attnstore.protocol.gate import FidelityGate
 
 GATE_METADATA_KEY = "attnstore.fidelity_gate"
+# The embedding layer's tensors and its record (kind, norm epsilon, positions) in a stored projector blob.
+EMBEDDING_LAYER_PREFIX = "embedding_layer."
+EMBEDDING_LAYER_METADATA_KEY = "attnstore.embedding_layer"
 
 
 def projector_metadata(blob: bytes) -> dict[str, str]:
@@ -36,15 +43,44 @@ def projector_metadata(blob: bytes) -> dict[str, str]:
 
 
 def same_weights(a: bytes, b: bytes) -> bool:
-    """Whether two projector blobs hold the same tensors (their metadata, such as the gate, may differ).
+    """Whether two projector blobs hold the same projector tensors (their metadata, such as the gate, and
+    whether they carry the embedding layer may differ).
 
-    Features depend on the weights alone: a blob that only changes the gate projects as before.
+    Features depend on the projector's weights alone (an embedding layer added to the same projector
+    derives the features it made): a blob that only changes the gate projects as before.
     A blob that does not parse (a damaged stored one) holds no weights to compare: False.
     """
     try:
-        return sorted(safetensors.deserialize(bytes(a))) == sorted(safetensors.deserialize(bytes(b)))
+        return _projector_tensors(a) == _projector_tensors(b)
     except Exception:  # the library's SafetensorError, or ValueError on a bad header
         return False
+
+
+def _projector_tensors(blob: bytes) -> list[tuple[str, object]]:
+    tensors = safetensors.deserialize(bytes(blob))
+    return sorted(item for item in tensors if not item[0].startswith(EMBEDDING_LAYER_PREFIX))
+
+
+def has_embedding_layer(blob: bytes | None) -> bool:
+    """Whether a (checked) projector blob carries the model's embedding layer."""
+    return blob is not None and EMBEDDING_LAYER_METADATA_KEY in projector_metadata(blob)
+
+
+def without_embedding_layer(blob: bytes) -> bytes:
+    """The projector blob a client is sent: ``blob`` less its embedding layer (itself when it has none).
+
+    A client projects with the model it runs; the layer (tens of MB) is the daemon's alone.
+
+    Raises:
+        WireFormatError: the blob is not valid safetensors bytes.
+    """
+    metadata = projector_metadata(blob)
+    if EMBEDDING_LAYER_METADATA_KEY not in metadata:
+        return bytes(blob)
+    tensors = {name: array for name, array in safetensors.numpy.load(bytes(blob)).items()
+               if not name.startswith(EMBEDDING_LAYER_PREFIX)}
+    del metadata[EMBEDDING_LAYER_METADATA_KEY]
+    return safetensors.numpy.save(tensors, metadata=metadata)
 
 
 def gate_from_projector(blob: bytes) -> FidelityGate | None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import crc32c
+
 from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.messages import layout_to_pb, limits_to_pb
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.prefix_wire import chunk_layout_to_pb, prefix_layout_to_pb
+from attnstore.protocol.projector_blob import without_embedding_layer
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -20,7 +23,12 @@ def namespace_to_pb(
     info: NamespaceInfo, *, projector: bool, prefix: PrefixLayout | None = None, chunks: ChunkLayout | None = None
 ) -> pb.Namespace:
     """A namespace as its wire message, with or without the projector bytes, with its prefix and chunk layouts
-    if any."""
+    if any.
+
+    The projector is sent without the embedding layer a stored blob may carry (the daemon's, to derive
+    written-back rows' features): its checksum is then the sent bytes'.
+    """
+    sent = without_embedding_layer(info.projector) if projector and info.projector is not None else b""
     return pb.Namespace(
         name=info.name,
         model=info.model,
@@ -28,8 +36,8 @@ def namespace_to_pb(
         layout=layout_to_pb(info.layout),
         format_version=info.format_version,
         created=info.created,
-        projector=(info.projector or b"") if projector else b"",
-        projector_crc32c=info.projector_crc32c,
+        projector=sent,
+        projector_crc32c=info.projector_crc32c if sent == (info.projector or b"") else crc32c.crc32c(sent),
         projector_version=info.projector_version,
         prefix=None if prefix is None else prefix_layout_to_pb(prefix),
         limits=limits_to_pb(info.limits),

@@ -29,6 +29,7 @@ from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.chunk_tier import ChunkTierCalls
+from attnstore.service.derived_features import DerivedFeatures
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
@@ -84,6 +85,7 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
         # cannot write back, and should not pay for counting); the daemon sets its --admit-after rule.
         self.admission = Admission(AdmissionConfig(admit_after=0))
         self.write_backs = WriteBackCounter()
+        self.derived_features = DerivedFeatures()  # written-back rows' features, from their tokens
         self._prefix_cuts = PrefixCuts()  # prefix blocks found unservable: chains end before them
 
     @classmethod
@@ -284,7 +286,9 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
 
         Rows are judged one by one: a bad row (or one that did not decode: its error is given in
         its place) is refused alone and listed in the result; the others are stored. Rows with
-        maps become full entries (in the map index at once when they carry a feature), rows
+        maps become full entries (in the map index at once with the feature the daemon derives from
+        their tokens, where the namespace's projector carries its embedding layer; a sent feature is never
+        stored), rows
         without outputs-only ones. Rows the admission rule has not admitted are skipped; rows
         already stored count as duplicates. New entries are recorded as ``writer``'s (the name of
         the writing token: ``admin drop-writer`` removes them).
@@ -298,7 +302,7 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
         result = write_rows(
             lambda: self.check_fingerprint(namespace, fingerprint),
             lambda entries, version: self.ingest(namespace, fingerprint, entries, projector_version=version),
-            rows, self.admission, writer,
+            rows, self.admission, writer, self.derived_features,
         )
         self.write_backs.add(result)
         return result

@@ -15,15 +15,19 @@ times) are skipped, so a node cannot fill the store with rows nobody repeats.
 
 A row without maps becomes an outputs-only entry: the exact tier serves it at
 once; the map tier never sees it. A row with maps becomes a full entry in the
-namespace's codec: with a feature it joins the map index in the same call (every
-node's next search can hit it); without one (the namespace has no projector yet)
-it waits for a projector, which computes its feature from its maps' row later.
-A feature must come from the namespace's current projector, stated by version,
-so no index compares vectors of two projectors.
+namespace's codec, whose feature the daemon derives from the row's tokens
+(``derived_features``: the namespace's projector over its embedding layer), so
+it joins the map index in the same call. The feature a node sends is never
+stored (a sender choosing it could place its row next to another user's
+queries): it is still checked (its shape, and its projector version, which tells
+a node its projector is stale), then replaced. A namespace without a projector,
+or whose projector was stored without its embedding layer, stores the row
+without a feature: it waits for ``admin train-projector``, which features it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -43,6 +47,7 @@ from attnstore.errors import (
 from attnstore.protocol.keys import token_hash
 from attnstore.protocol.records import NamespaceInfo, NewEntry
 from attnstore.service.admission import Admission
+from attnstore.service.derived_features import DerivedFeatures
 from attnstore.service.queries import IngestResult
 from attnstore.store.namespace_rules import check_projector_version
 from attnstore.store.validate import prepare_entry
@@ -216,15 +221,18 @@ class WriteBackPlan:
 
 
 def plan_write_back(
-    info: NamespaceInfo, rows: Sequence[WrittenRow | AttnStoreError], admission: Admission, writer: str | None = None
+    info: NamespaceInfo, rows: Sequence[WrittenRow | AttnStoreError], admission: Admission, writer: str | None = None,
+    derived: DerivedFeatures | None = None,
 ) -> WriteBackPlan:
-    """Judge each row on its own: refused (it did not decode, or fails ``check_row``), not admitted, or stored.
+    """Judge each row on its own: refused (it did not decode, or fails ``check_row``), not admitted, or stored,
+    with the feature ``derived`` computes from its tokens (none without it).
 
     Args:
         info: the namespace as it is now.
         rows: each row of the call, or the error decoding it raised.
         admission: the daemon's admission rule.
         writer: the name of the token writing (recorded with each entry stored).
+        derived: derives the stored rows' features (None: they are stored without one).
 
     Raises:
         WriteBackOffError: write-back is off (``admit_after`` 0), or the namespace records no token limits
@@ -251,8 +259,26 @@ def plan_write_back(
         log.info("event=write_back_rows_refused namespace=%s refused=%d first=%r", info.name, len(refused),
                  str(refused[0].error)[:200])
     admitted = admission.admitted(info.name, [entry.token_hash for entry in checked])
-    entries = [entry for entry, yes in zip(checked, admitted, strict=True) if yes]
+    entries = _with_derived_features(info, [entry for entry, yes in zip(checked, admitted, strict=True) if yes],
+                                     derived)
     return WriteBackPlan(entries, tuple(refused), len(checked) - len(entries))
+
+
+def _with_derived_features(info: NamespaceInfo, entries: list[NewEntry], derived: DerivedFeatures | None
+                           ) -> list[NewEntry]:
+    """``entries`` with the sent features dropped, and those with maps given the feature of their tokens."""
+    mapped = [k for k, entry in enumerate(entries) if entry.maps is not None]
+    features = None  # (len(mapped), feature_dim)
+    if derived is not None and mapped:
+        try:
+            features = derived.features(info, [np.asarray(entries[k].token_ids) for k in mapped])
+        except MapShapeError as exc:  # tokens the limits let through but the layer cannot embed: no feature
+            log.warning("event=write_back_features_not_derived namespace=%s rows=%d: %s", info.name, len(mapped), exc)
+    out = [dataclasses.replace(entry, feature=None) if entry.feature is not None else entry for entry in entries]
+    if features is not None:
+        for row, k in enumerate(mapped):
+            out[k] = dataclasses.replace(out[k], feature=features[row])
+    return out
 
 
 def summarise(
@@ -279,6 +305,7 @@ def write_rows(
     rows: Sequence[WrittenRow | AttnStoreError],
     admission: Admission,
     writer: str | None,
+    derived: DerivedFeatures | None = None,
 ) -> WriteBackResult:
     """Judge ``rows`` (``plan_write_back``) and store the admitted ones with ``ingest``; see
     ``AttnStoreService.write_back``.
@@ -286,7 +313,7 @@ def write_rows(
     Args:
         namespace_now: the namespace as it is now (checking the caller's fingerprint).
         ingest: stores entries, checking the projector version given (None: none) inside its write.
-        rows, admission, writer: see ``plan_write_back``.
+        rows, admission, writer, derived: see ``plan_write_back``.
 
     Raises:
         WriteBackOffError: see ``plan_write_back``; and whatever ``namespace_now`` and ``ingest`` raise for
@@ -294,7 +321,7 @@ def write_rows(
     """
     info = namespace_now()
     for attempt in range(_WRITE_BACK_ROUNDS):
-        plan = plan_write_back(info, rows, admission, writer)
+        plan = plan_write_back(info, rows, admission, writer, derived)
         featured = any(e.feature is not None for e in plan.entries)
         try:
             # Checked again inside the write: the projector may be replaced between the check and the commit.

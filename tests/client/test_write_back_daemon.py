@@ -27,6 +27,7 @@ from attnstore.protocol import keys as protocol_keys
 from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore_client.keys import token_hash
+from attnstore_client.projector import embedding_layer_of
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.build.namespace_layout import token_limits
 
@@ -67,15 +68,16 @@ def admit_second_ask(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def with_projector(tmp_path_factory: pytest.TempPathFactory):
-    """A daemon admitting every miss, whose namespace has a projector and entries of 3 tokens only."""
+    """A daemon admitting every miss, whose namespace has a projector (with the embedding layer it derives written-back
+    rows' features with) and entries of 3 tokens only."""
     workdir = tmp_path_factory.mktemp("write-back-maps")
     process = DaemonProcess(workdir / "store", workdir, extra_args=("--admit-after", "1")).start()
     loaded = tiny_loaded("bert")
     captured = capture_entries(loaded, sentences(4, seed=40, min_words=3, max_words=3))
     with process.client(ADMIN_TOKEN) as admin:
         admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
-                               layout=captured.layout, projector=captured.projector.to_safetensors_bytes(),
-                               limits=token_limits(loaded))
+                               layout=captured.layout, projector=embedding_layer_of(loaded.model).attach_to(
+                                   captured.projector.to_safetensors_bytes()), limits=token_limits(loaded))
         admin.ingest("default", captured.fingerprint, captured.entries)
     yield process
     assert process.stop() == 0, process.log()

@@ -175,7 +175,9 @@ def _projector_service() -> AttnStoreService:
     return service
 
 
-def test_a_row_written_back_with_maps_and_feature_is_a_map_hit_at_once_and_counted():
+def test_a_sent_feature_is_never_stored_a_projector_without_embedding_layer_leaves_the_row_unsearched():
+    """The daemon derives written-back features from tokens (tests/client/test_write_back_decoy_daemon.py); a
+    projector stored without the model's embedding layer cannot, so the row waits for train-projector."""
     ids, outputs, maps, feature = _with_maps(10)
     with served(_projector_service()) as (_, remote):
         _ask(remote, [(ids, outputs)])
@@ -184,7 +186,7 @@ def test_a_row_written_back_with_maps_and_feature_is_a_map_hit_at_once_and_count
         assert reply.bytes == LAYOUT.map_nbytes(5) + LAYOUT.outputs_nbytes(5)
         batch = LookupBatch("ns", FP, feature[None] + 1e-3, [5], max_distance=1.0, projector_version=1)
         (match,) = remote.search(search_request(batch))
-        assert match.kind == pb.MATCH_KIND_MAP
+        assert match.kind == pb.MATCH_KIND_MISS
         stats = remote.stats()
         assert (stats.written_back_map_entries, stats.written_back_map_bytes) == (1, LAYOUT.map_nbytes(5))
 

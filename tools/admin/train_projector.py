@@ -25,6 +25,7 @@ token ids cannot be projected: they are counted and stay in the exact tier.
 from __future__ import annotations
 
 import argparse
+import logging
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -43,11 +44,14 @@ from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
+from attnstore_client.projector import Projector, embedding_layer_of
 from attnstore_tools.build.calibration import CalibrationConfig
 from attnstore_tools.build.command import groups_of
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
 from attnstore_tools.build.namespace_layout import token_limits
 from attnstore_tools.build.training import MIN_CORPUS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ def train_namespace_projector(
             raise CorpusError(f"cannot train a projector on the entries of namespace {namespace!r}: {exc}") from None
     installed = remote.create_namespace(
         namespace, model=info.model, fingerprint=info.fingerprint, layout=layout,
-        projector=projector.to_safetensors_bytes(), replace_projector=True, limits=token_limits(loaded),
+        projector=_with_embedding_layer(projector, adapter), replace_projector=True, limits=token_limits(loaded),
     )
     version = int(installed.projector_version)
     featured, missing = _send_features(remote, namespace, version, read, projector.project(sources), config)
@@ -252,3 +256,24 @@ def run(args: argparse.Namespace, remote: RemoteStore) -> TrainProjectorReport:
                     calibration=None if args.no_calibration else CalibrationConfig())
     config = TrainProjectorConfig(fit=fit, batch_size=args.batch_size, progress=not args.no_progress)
     return train_namespace_projector(remote, load_model(args.model), args.namespace, config)
+
+
+# The blob travels in one CreateNamespace message: the daemon's default cap, less room for the rest of it.
+_MAX_SENT_BLOB_BYTES = (8 << 20) - (256 << 10)
+
+
+def _with_embedding_layer(projector: Projector, adapter: Adapter) -> bytes:
+    """The projector's blob with the model's embedding layer (the daemon derives written-back rows' features
+    from it), where it fits one message; else without it, and written-back rows wait for this command again.
+
+    MiniLM's layer is ~47 MB: over a daemon's default message cap, so such a namespace gets its layer from
+    ``attnstore build`` (which writes the store directly) for now.
+    """
+    blob = projector.to_safetensors_bytes()
+    with_layer = embedding_layer_of(adapter.model).attach_to(blob)
+    if len(with_layer) <= _MAX_SENT_BLOB_BYTES:
+        return with_layer
+    log.warning("the embedding layer (%d bytes) does not fit one message: the projector is installed without it,"
+                " so written-back rows are stored without features until train-projector features them",
+                len(with_layer) - len(blob))
+    return blob

@@ -37,7 +37,7 @@ from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.connection import URL_SCHEMES
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.projector import Projector
+from attnstore_client.projector import Projector, embedding_layer_of
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
 from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
@@ -69,6 +69,9 @@ class BuildConfig:
     # Stores the corpus's prefix blocks (keys and values of whole blocks of tokens); None: for causal models.
     prefix_blocks: bool | None = None
     prefix: PrefixBuildConfig = field(default_factory=PrefixBuildConfig)
+    # Stores the model's embedding layer with the projector (MiniLM: ~47 MB), from which the daemon derives
+    # written-back rows' features; without it they are stored featureless until train-projector runs.
+    embedding_layer: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,10 @@ def build_namespace(
                 prefix = store_prefix_blocks(adapter, [r.ids for r in rows], service, config.namespace, config.prefix,
                                              pad_id=loaded.tokenizer.pad_token_id, progress=progress)
             if created:
-                service.set_projector(config.namespace, projector.to_safetensors_bytes())
+                # With the model's embedding layer: the daemon derives written-back rows' features from it.
+                blob = projector.to_safetensors_bytes()
+                layer = embedding_layer_of(adapter.model) if config.embedding_layer else None
+                service.set_projector(config.namespace, blob if layer is None else layer.attach_to(blob))
         except BaseException:
             _undo(service, config.namespace, created, added)
             raise

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import CorpusError, StoreFullError
+from attnstore.protocol.projector_blob import has_embedding_layer
 from attnstore.service import AttnStoreService, Query
 from attnstore_client.adapters.batch import tokenize
 from attnstore_client.keys import model_fingerprint, token_hash
@@ -45,6 +46,7 @@ def test_build_stores_every_distinct_row_with_its_maps_outputs_and_projector(min
     assert info.fingerprint == model_fingerprint(minilm_model.model, minilm_model.tokenizer)
     assert (info.layout.layers, info.layout.heads, info.layout.causal) == (6, 12, False)
     projector = Projector.from_safetensors_bytes(info.projector)
+    assert has_embedding_layer(info.projector)  # the daemon derives written-back rows' features with it
     # A corpus row is an exact hit whose stored maps are the model's own.
     from attnstore_client.adapters import adapter_for
 
@@ -93,7 +95,9 @@ def test_a_failed_build_leaves_the_store_as_it_was(minilm_model, tmp_path):
     texts = corpus()
     path = tmp_path / "small"
     with AttnStoreService.open(path, create=True, map_size=2 << 20) as service:
-        build_namespace(minilm_model, texts[:20], service, BuildConfig(namespace="kept", train=_QUICK), progress=False)
+        # Without the embedding layer (~47 MB): this store is 2 MiB so that the builds below fill it.
+        build_namespace(minilm_model, texts[:20], service,
+                        BuildConfig(namespace="kept", train=_QUICK, embedding_layer=False), progress=False)
         kept = service.stats().entries
         # One entry per transaction: the store fills up part way through the ingest.
         with pytest.raises(StoreFullError):

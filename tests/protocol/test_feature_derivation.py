@@ -1,0 +1,68 @@
+"""A daemon's feature of a row, derived from its tokens, equals the client's (tiny random models).
+
+The client projects ``adapter.feature_source(batch)`` (its model's embedding stage on
+a padded batch); the daemon runs ``FeatureDeriver`` over the embedding layer stored in
+the namespace's projector blob. Both must give the same vector to float rounding,
+else a written-back row would land elsewhere than the client's own search looks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from adapter_helpers import TinyKind, pad_id, random_rows, tiny_model
+
+from attnstore.errors import MapShapeError
+from attnstore.protocol.features.embedding_layer import FeatureDeriver
+from attnstore.protocol.projector_blob import has_embedding_layer, same_weights, without_embedding_layer
+from attnstore_client.adapters import adapter_for
+from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.projector import Projector, ProjectorConfig, embedding_layer_of
+
+LENGTHS = [3, 9, 17, 1, 40]
+
+
+def _projector(hidden: int) -> Projector:
+    torch.manual_seed(3)
+    return Projector(ProjectorConfig(hidden=hidden)).eval()
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "llama"])
+def test_the_daemons_derived_feature_equals_the_clients_projected_one(kind: TinyKind) -> None:
+    adapter = adapter_for(tiny_model(kind))
+    projector = _projector(adapter.hidden_size)
+    rows = random_rows(LENGTHS, seed=5)
+    expected = projector.project(adapter.feature_source(batch_from_ids(rows, pad_id(kind))))  # (n, dim)
+
+    blob = embedding_layer_of(adapter.model).attach_to(projector.to_safetensors_bytes())
+    deriver = FeatureDeriver.from_projector_blob(blob)
+    assert deriver is not None
+    derived = deriver.features([np.asarray(row) for row in rows])
+    np.testing.assert_allclose(derived, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_blob_sent_to_clients_holds_the_same_projector_without_the_layer() -> None:
+    adapter = adapter_for(tiny_model("bert"))
+    projector = _projector(adapter.hidden_size)
+    plain = projector.to_safetensors_bytes()
+    blob = embedding_layer_of(adapter.model).attach_to(plain)
+    sent = without_embedding_layer(blob)
+    assert has_embedding_layer(blob) and not has_embedding_layer(sent) and not has_embedding_layer(plain)
+    assert len(sent) < len(blob) and same_weights(blob, plain) and same_weights(sent, plain)
+    assert FeatureDeriver.from_projector_blob(sent) is None  # a client's copy derives nothing
+    rows = [torch.tensor(row) for row in random_rows([6], seed=2)]
+    source = adapter.feature_source(batch_from_ids([r.tolist() for r in rows], 0))
+    for loaded in (Projector.from_safetensors_bytes(blob), Projector.from_safetensors_bytes(sent)):
+        np.testing.assert_array_equal(loaded.project(source), projector.project(source))
+
+
+def test_a_row_the_layer_cannot_embed_is_refused_as_the_rows_own_error() -> None:
+    adapter = adapter_for(tiny_model("bert"))
+    deriver = FeatureDeriver.from_projector_blob(
+        embedding_layer_of(adapter.model).attach_to(_projector(adapter.hidden_size).to_safetensors_bytes()))
+    assert deriver is not None
+    with pytest.raises(MapShapeError, match="inside the vocabulary"):
+        deriver.features([np.array([5, 10_000])])
+    with pytest.raises(MapShapeError, match="positions"):
+        deriver.features([np.full(300, 5)])
