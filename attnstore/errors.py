@@ -184,3 +184,7 @@ class MapsNotStoredError(EntryNotFoundError):
 class WriteBackOffError(AttnStoreError, RuntimeError):
     """Write-back is turned off where it was asked for (the daemon runs with ``--admit-after 0``, or the
     client is embedded: write-back needs the daemon)."""
+
+
+class UnwrittenRowError(AttnStoreError, RuntimeError):
+    """A call ended with an input row its sink never received: an internal error, raised instead of a garbage row."""

@@ -4,7 +4,8 @@ A call's rows are taken a chunk at a time (``CallSettings.chunk_rows``), longest
 first, as sentence-transformers orders them (``sources``). For each chunk:
 
 1. its rows are tokenized (text input) and hashed; rows with identical tokens
-   are one row (computed once, every copy answered, across chunks too);
+   are one row (computed once, every copy answered, across chunks too), and a
+   repeated text is a copy of the row its first occurrence resolved to;
 2. the tiers are asked in order, each only for the rows still open
    (``tiers.base.Tier``): this process's exact tier, the store's exact tier,
    stored prefixes (causal models), map replay where the cost model expects it
@@ -13,6 +14,8 @@ first, as sentence-transformers orders them (``sources``). For each chunk:
    which pools them into the preallocated result in input order.
 
 So a call holds its result plus a chunk in flight, whatever its number of rows.
+At the end the sink must hold every input position (``Sink.check``): a row no
+tier delivered raises ``UnwrittenRowError`` instead of returning its buffer.
 Each tier's time is kept apart (``CallCounts.tier_s``); the rest of the call
 (tokenizing, hashing, deduplication, pooling, writing the result) is its
 overhead, reported as ``CacheStats.overhead_s`` so it can never hide.
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from attnstore.errors import ConfigError
+from attnstore.errors import ConfigError, UnwrittenRowError
 from attnstore_client.call.rows import Row
 from attnstore_client.call.sources import Chunk, RowSource
 from attnstore_client.call.state import Call
@@ -55,6 +58,7 @@ class Prefill:
 
         Raises:
             ConfigError: a row without tokens.
+            UnwrittenRowError: a row no tier served (a bug in a tier, never a value handed out).
         """
         started = time.perf_counter()
         first: dict[bytes, int] = {}  # token hash -> the input position of its first row
@@ -67,8 +71,10 @@ class Prefill:
                         break
                     rows = self._serve(tier, rows, call)
                 if rows:
-                    raise AssertionError(f"{len(rows)} rows left open by the last tier, {self.tiers[-1].name}")
+                    raise UnwrittenRowError(f"{len(rows)} rows left open by the last tier, {self.tiers[-1].name}:"
+                                            f" rows {[row.index for row in rows[:8]]}")
                 bar.update(len(chunk))
+        call.sink.check(call.kinds)  # a row no tier delivered is a bug: raise, never hand out its buffer
         call.counts.total_s = time.perf_counter() - started
 
     @staticmethod
@@ -83,26 +89,34 @@ class Prefill:
 
     @staticmethod
     def _distinct(chunk: Chunk, first: dict[bytes, int], roots: dict[int, int], call: Call) -> list[Row]:
-        """The chunk's rows not seen before in the call; a copy of a served row is answered at once, a copy of
-        one in flight when its original is served."""
+        """The chunk's rows not seen before in the call.
+
+        Every other row is a copy of one distinct row, its *root*: the first row of the call with its tokens.
+        A text that repeats an earlier text takes that text's root, also when the earlier text was itself a copy
+        (an uncased model gives "Fox" and "fox" one row; a later "fox" is a copy of the first "Fox"). A copy of
+        a served root is answered at once, a copy of one in flight when its root is served.
+        """
         rows: list[Row] = []
-        copies: list[tuple[int, int]] = []  # (position, the position of the row it copies)
+        copies: list[int] = []  # positions of this chunk answered by a root
         for position, tokens in chunk.rows:
             if not len(tokens.ids):
                 raise ConfigError(f"row {position} has no tokens; every row needs at least one")
             key = token_hash(tokens.ids)
-            original = first.setdefault(key, position)
-            if original == position:
+            root = first.setdefault(key, position)
+            if root == position:
                 rows.append(Row(position, tokens.ids, key, tokens.segments))
             else:
-                copies.append((position, original))
-        copies += [(position, roots.get(earlier, earlier)) for position, earlier in chunk.repeats]
-        for position, original in copies:
-            roots[position] = original
+                roots[position] = root
+                copies.append(position)
+        for position, earlier in chunk.repeats:  # after the rows: ``earlier`` may be a copy found just above
+            roots[position] = roots.get(earlier, earlier)
+            copies.append(position)
+        for position in copies:
+            root = roots[position]
             call.counts.deduplicated += 1
-            if call.kinds[original]:
-                call.sink.copy(original, position)
-                call.kinds[position] = call.kinds[original]
+            if call.kinds[root]:
+                call.sink.copy(root, position)
+                call.kinds[position] = call.kinds[root]
             else:
-                call.copies.setdefault(original, []).append(position)
+                call.copies.setdefault(root, []).append(position)
         return rows

@@ -8,9 +8,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # Never reach a model hub from the tests: the real models are packaged wheels.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The differential fuzz harness's long run (tests/fuzz; docs/OPERATIONS.md, "Fuzzing"):
+# `python -m pytest tests/fuzz --hypothesis-profile long`, ATTNSTORE_FUZZ_EXAMPLES examples per test,
+# each run drawing new ones. The suite runs the harness's own fast, derandomised profile.
+settings.register_profile("long", max_examples=int(os.environ.get("ATTNSTORE_FUZZ_EXAMPLES", "2000")),
+                          deadline=None, print_blob=True)
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,11 @@ class OutputOptions:
     normalize_embeddings: bool = False
     truncate_dim: int | None = None
 
+    @property
+    def quantized(self) -> Precision:
+        """The precision results are given in (float32 for None)."""
+        return self.precision or "float32"
+
     def __post_init__(self) -> None:
         if self.output_value not in OUTPUT_VALUES:
             raise ConfigError(f"encode(): output_value must be one of {list(OUTPUT_VALUES)}, got {self.output_value!r}")
@@ -68,7 +73,8 @@ def check_keywords(extra: Mapping[str, Any]) -> None:
 
 def shape_outputs(
     sentences: torch.Tensor | None, tokens: Sequence[torch.Tensor] | None, options: OutputOptions, *, single: bool
-) -> np.ndarray | torch.Tensor | list[torch.Tensor] | list[dict[str, torch.Tensor]] | dict[str, torch.Tensor]:
+) -> (np.ndarray | torch.Tensor | list[torch.Tensor] | list[np.ndarray] | list[dict[str, torch.Tensor]]
+      | dict[str, torch.Tensor]):
     """The results as sentence-transformers returns them.
 
     Args:
@@ -77,29 +83,35 @@ def shape_outputs(
         options: the call's options.
         single: the call was given one input (its result comes back without the list).
     """
+    quantized = options.quantized != "float32"
     if options.output_value == "token_embeddings":
         assert tokens is not None  # what was asked for
-        rows: list[torch.Tensor] = list(tokens)
+        rows: list[torch.Tensor] | list[np.ndarray] = list(tokens)
+        if quantized:  # as sentence-transformers does: one set of int8 ranges over every row's tokens
+            rows = _quantize([row.cpu().float().numpy() for row in tokens], options.quantized)
         return rows[0] if single else rows
     assert sentences is not None  # every other output value has them
     embeddings = sentences
     if options.truncate_dim is not None:
         embeddings = embeddings[:, : options.truncate_dim]
-    if options.normalize_embeddings:
-        embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
     if options.output_value is None:
+        # sentence-transformers hands back the model's features as they are (never normalised), and cannot
+        # quantise them: refused here with the reason instead of its TypeError.
+        if quantized:
+            raise ConfigError(f"encode(): precision {options.precision!r} needs output_value 'sentence_embedding' or"
+                              " 'token_embeddings'; output_value=None gives the float features")
         assert tokens is not None  # both were asked for
         dicts = [
             {"token_embeddings": token, "sentence_embedding": embedding}
             for token, embedding in zip(tokens, embeddings, strict=True)
         ]
         return dicts[0] if single else dicts
+    if options.normalize_embeddings:
+        embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
     result: np.ndarray | torch.Tensor | list[torch.Tensor]
-    if options.precision not in (None, "float32"):
-        from sentence_transformers.util.quantization import quantize_embeddings
-
-        quantized = np.asarray(quantize_embeddings(embeddings.cpu().float().numpy(), precision=options.precision))
-        result = torch.from_numpy(quantized) if options.convert_to_tensor else quantized
+    if quantized:
+        quantized_rows = np.asarray(_quantize(embeddings.cpu().float().numpy(), options.quantized))
+        result = torch.from_numpy(quantized_rows) if options.convert_to_tensor else quantized_rows
     elif options.convert_to_tensor:
         result = embeddings
     elif options.convert_to_numpy:
@@ -107,3 +119,10 @@ def shape_outputs(
     else:
         result = list(embeddings)
     return result[0] if single else result
+
+
+def _quantize(embeddings: Any, precision: Precision) -> Any:
+    """sentence-transformers' ``quantize_embeddings`` (imported when asked for: it pulls in its util package)."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    return quantize_embeddings(embeddings, precision=precision)

@@ -98,6 +98,31 @@ def test_identical_rows_in_one_call_are_computed_once_and_every_copy_answered(be
     assert cache.last_row_kinds == ("miss",) * 6
 
 
+def test_a_repeated_text_whose_first_occurrence_copies_an_earlier_row_is_answered(bert, service) -> None:
+    # The issue's case: "Quick Brown Fox", "quick brown fox", "quick brown fox" on an uncased model. The word
+    # tokenizer maps capitalised words to [UNK], so rows 0 and 1 have one set of tokens and row 2 repeats row 1's
+    # text: its row was never written (uninitialised memory, kind '').
+    texts = ["w2 W3 w4", "w2 W5 w4", "w2 W5 w4"]
+    cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
+    embeddings = cache.encode(texts)
+    assert cache.last_row_kinds == ("miss",) * 3
+    np.testing.assert_array_equal(embeddings[1], embeddings[0])
+    np.testing.assert_array_equal(embeddings[2], embeddings[0])
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+
+
+def test_repeats_of_token_duplicates_are_answered_across_chunks_in_any_order(bert, service) -> None:
+    # batch_size 1: a chunk of the stream is 16 rows, so the copies and their roots fall in different chunks.
+    # Capitalised words are all [UNK]: "W7 w3 w4" and "W9 w3 w4" are one row, each text repeated many times.
+    rests = [text.split(" ", 1)[1] for text in sentences(6, seed=31, min_words=3, max_words=3)]
+    variants = [f"W{k} {rest}" for rest in rests for k in range(4)] * 3
+    texts = [variants[k] for k in np.random.default_rng(5).permutation(len(variants))]
+    cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
+    embeddings = cache.encode(texts, batch_size=1)
+    assert all(cache.last_row_kinds)
+    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+
+
 def test_the_local_tier_answers_a_call_repeated_a_third_time_without_asking_the_store(bert, service) -> None:
     connection = CountingConnection(service)
     cache = AttnCache(bert, connection)

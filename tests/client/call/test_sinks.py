@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from attnstore.errors import UnwrittenRowError
 from attnstore_client.call.rows import HiddenRows
 from attnstore_client.call.sinks import LastStates, Pooled, RowStates
 
@@ -73,3 +75,20 @@ def test_padded_rows_and_packed_rows_give_the_same_padded_view() -> None:
         torch.testing.assert_close(packed.row(r), row)
         torch.testing.assert_close(padded.row(r), row)
     assert float(tokens[1, 1:].abs().sum()) == 0.0  # padding is zeros
+
+
+@pytest.mark.parametrize("make", [lambda: Pooled(3, _mean), lambda: RowStates(3), lambda: LastStates(3),
+                                  lambda: Pooled(3, _mean, keep_states=True)])
+def test_a_sink_missing_a_row_raises_naming_it_instead_of_returning_its_buffer(make) -> None:
+    sink = make()
+    sink.put([[0], [2]], HiddenRows.stacked(_rows(2, 3)))
+    with pytest.raises(UnwrittenRowError, match=r"row 1 \(kind 'miss'\)"):
+        sink.check(["miss", "miss", "miss"])
+    with pytest.raises(UnwrittenRowError, match="row 1"):
+        sink.result()
+
+
+def test_a_copy_of_a_row_not_yet_received_raises() -> None:
+    sink = Pooled(2, _mean)
+    with pytest.raises(UnwrittenRowError, match="row 1 copies row 0"):
+        sink.copy(0, 1)
