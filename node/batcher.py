@@ -1,6 +1,8 @@
 """The batcher: concurrent requests merged into one ``AttnCache`` call, each answered as its own rows are done.
 
-Requests queue here from the event loop (``embed``). One thread takes them in
+A request is tokenized and held to its limits before it is queued (``embed``,
+through ``tokenization``): one refused is answered at once, and the queue holds
+only requests ready to run, each with its own token rows. One thread takes them in
 calls, one after another (an ``AttnCache`` runs one call at a time): a call
 begins once its first request has waited ``max_wait_ms`` for others to join it,
 or sooner once a forward's worth of tokens is waiting; while a call runs, the
@@ -14,7 +16,12 @@ one whose rows all hit the exact tiers does not wait for the call's forwards.
 Forwards are packed (no padding) and cut under a token budget: ``max_batch_tokens``
 when given, else chosen from the cost model's forward fit (``budget``), which the
 node's warm-up seeds. A request whose client goes away before its call begins
-is taken out of the queue: its rows are never computed.
+is taken out of the queue: its rows are never computed; one whose call has begun
+stays in it, so the requests its rows were shared with get them all.
+
+A call that fails answers its open requests with a 500 and the thread serves the
+next call. Should the thread itself end, every waiting request gets a 503 and so
+does ``/health`` (``fault``): the node no longer serves.
 """
 
 from __future__ import annotations
@@ -35,10 +42,11 @@ from attnstore_client.call.sinks import Sink
 from attnstore_client.call.sources import TokenRows
 from attnstore_node.budget import batch_token_budget
 from attnstore_node.engine import Embedded, Embedder
-from attnstore_node.errors import ApiError, bad_request
+from attnstore_node.errors import ApiError
 from attnstore_node.metrics import NodeMetrics
 from attnstore_node.schema import Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
+from attnstore_node.tokenization import RequestTokenizer, TokenizedRequest
 from attnstore_node.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -50,30 +58,23 @@ _LENGTH_WEIGHT = 0.2
 
 
 class Ticket:
-    """One request in the batcher: its inputs, then its rows, vectors and count of rows still open."""
+    """One request in the batcher: its token rows, then its vectors and its count of rows still open."""
 
-    def __init__(
-        self, inputs: Sequence[Input], truncate: bool, max_input_tokens: int, future: asyncio.Future[Embedded]
-    ) -> None:
-        self.inputs = inputs
-        self.truncate = truncate
-        self.max_input_tokens = max_input_tokens
+    def __init__(self, request: TokenizedRequest, future: asyncio.Future[Embedded]) -> None:
+        self.rows = request.rows
+        self.prompts = request.prompts  # per row, the prompt tokens its pooling leaves out
+        self.tokens = request.tokens
         self.future = future
         self.loop = future.get_loop()
         self.arrived = time.monotonic()
         self.cancelled = False
-        # Tokens it is expected to hold, before it is tokenized (about 4 characters a token).
-        self.estimate = sum(len(item) // 4 + 2 if isinstance(item, str) else len(item) for item in inputs)
-        self.rows: list[Sequence[int]] = []  # its token rows, once tokenized and held to its limits
-        self.prompts: list[int] = []  # per row, the prompt tokens its pooling leaves out
-        self.tokens = 0
         self.vectors: np.ndarray | None = None  # (n, dim), allocated at its first row
-        self.remaining = len(inputs)
+        self.remaining = len(request.rows)
 
     def write(self, index: int, vector: np.ndarray) -> None:
         """Row ``index``'s vector is in; the last one answers the request."""
         if self.vectors is None:
-            self.vectors = np.empty((len(self.inputs), vector.shape[-1]), np.float32)
+            self.vectors = np.empty((len(self.rows), vector.shape[-1]), np.float32)
         self.vectors[index] = vector
         self.remaining -= 1
         if self.remaining == 0:
@@ -118,12 +119,12 @@ class _Routes(Sink):
     """
 
     def __init__(self, owners: Sequence[tuple[Ticket, int]], prompts: Sequence[int], pool: PromptPool) -> None:
+        super().__init__(len(owners))
         self._owners = owners
         self._prompts = prompts
         self._pool = pool
 
-    def put(self, targets: Sequence[Sequence[int]], hidden: HiddenRows) -> None:
-        """See :meth:`Sink.put`."""
+    def _put(self, targets: Sequence[Sequence[int]], hidden: HiddenRows) -> None:
         tokens, mask = hidden.padded()  # (B, P, hidden), (B, P)
         prompts = [self._prompts[positions[0]] for positions in targets]
         pooled = np.empty((len(targets), 0), np.float32)
@@ -139,10 +140,9 @@ class _Routes(Sink):
                 ticket, index = self._owners[position]
                 ticket.write(index, pooled[r])
 
-    def copy(self, source: int, target: int) -> None:
-        """See :meth:`Sink.copy`."""
+    def _copy(self, source: int, target: int) -> None:
         ticket, index = self._owners[source]
-        assert ticket.vectors is not None  # a copy follows its source
+        assert ticket.vectors is not None  # Sink.copy checked the source was received
         owner, row = self._owners[target]
         owner.write(row, ticket.vectors[index])
 
@@ -172,7 +172,9 @@ class Batcher(Embedder):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._info: ModelInfo | None = None
+        self._tokenizer: RequestTokenizer | None = None
         self._failure: BaseException | None = None
+        self._fault: BaseException | None = None
         self._mean_length = 32.0
         self.cache: AttnCache | None = None
         self.calls = 0  # calls run so far
@@ -186,6 +188,11 @@ class Batcher(Embedder):
     def failure(self) -> BaseException | None:
         """See :meth:`Embedder.failure`."""
         return self._failure
+
+    @property
+    def fault(self) -> BaseException | None:
+        """See :meth:`Embedder.fault`: what ended the batcher's thread while the node served."""
+        return self._fault
 
     def start(self) -> None:
         """See :meth:`Embedder.start`: the thread opens the cache, warms it up, then serves calls."""
@@ -201,13 +208,19 @@ class Batcher(Embedder):
             self._thread.join()
 
     async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
-        """See :meth:`Embedder.embed`."""
+        """See :meth:`Embedder.embed`: tokenized and held to its limits first, then queued."""
+        tokenizer = self._tokenizer
+        if tokenizer is None or self._unavailable():
+            raise _unavailable()
+        try:
+            request = await tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens)
+        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
+            raise _unavailable() from None
         future: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
-        ticket = Ticket(inputs, truncate, max_input_tokens, future)
+        ticket = Ticket(request, future)
         with self._cond:
-            if self._stopping or self._failure is not None:
-                raise ApiError(503, "the node is shutting down; send the request to another node", "unavailable",
-                               type="unavailable_error")
+            if self._unavailable():
+                raise _unavailable()
             self._queue.append(ticket)
             self._queued(ticket, +1)
             self._cond.notify()
@@ -217,6 +230,9 @@ class Batcher(Embedder):
             self._cancel(ticket)
             raise
 
+    def _unavailable(self) -> bool:
+        return self._stopping or self._failure is not None or self._fault is not None
+
     # ---- the batcher's thread -------------------------------------------------
 
     def _main(self) -> None:
@@ -225,22 +241,35 @@ class Batcher(Embedder):
             if self.settings.warmup:
                 warm_up(cache)
             vocab = int(cache.adapter.loaded.model.config.vocab_size)
+            self._tokenizer = RequestTokenizer(cache)
             self._info = ModelInfo(self._name, int(cache.head.dimension), vocab, int(cache.head.max_length))
         except BaseException as exc:
             log.exception("event=load_failed model=%s", self._name)
             with self._cond:
                 self._failure = exc
-                queued, self._queue = list(self._queue), deque()
-            for ticket in queued:
-                ticket.reject(ApiError(503, "the node could not load its model", "unavailable",
-                                       type="unavailable_error"))
+            self._reject_queued()
             return
         self.metrics.ready.set(1)
         try:
             while (batch := self._collect()) is not None:
-                self._run(cache, batch)
+                try:
+                    self._run(cache, batch)
+                except Exception:
+                    log.exception("event=call_failed requests=%d", len(batch))
+                    _reject_open(batch, ApiError(500, "the node failed to embed this request", "internal_error",
+                                                 type="server_error"))
+                except BaseException:
+                    _reject_open(batch, _unavailable())
+                    raise
+        except BaseException as exc:
+            log.critical("event=batcher_stopped error=%r: the node no longer serves; restart it", exc, exc_info=True)
+            with self._cond:
+                self._fault = exc  # logged, and reported by /health: the thread ends here
         finally:
             self.metrics.ready.set(0)
+            self._reject_queued()
+            if self._tokenizer is not None:
+                self._tokenizer.close()
             cache.close()
 
     def _collect(self) -> list[Ticket] | None:
@@ -260,21 +289,22 @@ class Batcher(Embedder):
                 self._cond.wait(left)
             batch: list[Ticket] = []
             rows = 0
-            while self._queue and (not batch or rows + len(self._queue[0].inputs) <= self.settings.max_call_rows):
+            while self._queue and (not batch or rows + len(self._queue[0].rows) <= self.settings.max_call_rows):
                 ticket = self._queue.popleft()
                 self._queued(ticket, -1)
                 batch.append(ticket)
-                rows += len(ticket.inputs)
+                rows += len(ticket.rows)
             return batch
 
     def _run(self, cache: AttnCache, batch: list[Ticket]) -> None:
         started = time.monotonic()
         for ticket in batch:
             self.metrics.wait.observe(started - ticket.arrived)
-        live = self._tokenize(cache, batch)
+        with self._cond:  # a request cancelled from here on stays in the call: its rows may be another's
+            live = [ticket for ticket in batch if not ticket.cancelled]
         if not live:
             return
-        owners = [(ticket, index) for ticket in live for index in range(len(ticket.inputs))]
+        owners = [(ticket, index) for ticket in live for index in range(len(ticket.rows))]
         rows = [row for ticket in live for row in ticket.rows]
         prompts = [prompt for ticket in live for prompt in ticket.prompts]
         budget = self._budget()
@@ -284,62 +314,25 @@ class Batcher(Embedder):
                               batch_size=self.settings.batch_size, max_batch_tokens=budget, show_progress_bar=False)
         except Exception:
             log.exception("event=call_failed requests=%d rows=%d", len(live), len(rows))
-            for ticket in live:
-                if ticket.remaining > 0:
-                    ticket.reject(ApiError(500, "the node failed to embed this request", "internal_error",
-                                           type="server_error"))
+            _reject_open(live, ApiError(500, "the node failed to embed this request", "internal_error",
+                                        type="server_error"))
             return
         self.calls += 1
         tokens = sum(len(row) for row in rows)
         self._mean_length += _LENGTH_WEIGHT * (tokens / len(rows) - self._mean_length)
         self.metrics.record_call(stats, len(live), tokens, time.monotonic() - started)
-        for ticket in live:
-            if ticket.remaining > 0:  # cannot happen: every row of a call is served
-                ticket.reject(AssertionError(f"{ticket.remaining} rows of a request were not served"))
+        # The call checked that every row was written (Sink.check); a request still open is a bug, answered loudly.
+        _reject_open(live, ApiError(500, "the node did not compute every row of this request", "internal_error",
+                                    type="server_error"))
 
-    def _tokenize(self, cache: AttnCache, batch: list[Ticket]) -> list[Ticket]:
-        """Give each request its token rows (texts tokenized together) held to its limits; the requests that
-        passed (the others are answered with a 400)."""
-        head = cache.head
-        prompt = head.resolve_prompt(None, None)
-        texts = [item for ticket in batch for item in ticket.inputs if isinstance(item, str)]
-        tokenized, prompt_length = head.tokenize(texts, prompt) if texts else ([], 0)
-        next_text = iter(tokenized)
-        live = []
-        for ticket in batch:
-            rows: list[Sequence[int]] = []
-            try:
-                for index, item in enumerate(ticket.inputs):
-                    row = next(next_text) if isinstance(item, str) else item
-                    rows.append(self._limited(cache, ticket, index, item, row))
-                    ticket.prompts.append(prompt_length if isinstance(item, str) else 0)
-            except ApiError as exc:
-                ticket.reject(exc)
-                continue
-            ticket.rows = rows
-            ticket.tokens = sum(len(row) for row in rows)
-            if not ticket.cancelled:
-                live.append(ticket)
-        return live
-
-    @staticmethod
-    def _limited(cache: AttnCache, ticket: Ticket, index: int, item: Input, row: Sequence[int]) -> Sequence[int]:
-        """``row`` within ``ticket``'s token limit and the model's: cut if the request allows it, else refused.
-
-        Raises:
-            ApiError: 400 ``context_length_exceeded``.
-        """
-        head = cache.head
-        limit = min(ticket.max_input_tokens, head.max_length)
-        length = len(row)
-        if isinstance(item, str) and length == head.max_length and not ticket.truncate:
-            length = len(cache.adapter.loaded.tokenizer(item)["input_ids"])  # was it cut by the tokenizer?
-        if length <= limit:
-            return row
-        if ticket.truncate:
-            return row[:limit]
-        raise bad_request(f"input {index} has {length} tokens; the limit is {limit} (send truncate=true to cut it)",
-                          "context_length_exceeded", "inputs")
+    def _reject_queued(self) -> None:
+        """Answer every queued request with a 503: the thread ends."""
+        with self._cond:
+            queued, self._queue = list(self._queue), deque()
+            for ticket in queued:
+                self._queued(ticket, -1)
+        for ticket in queued:
+            ticket.reject(_unavailable())
 
     # ---- bookkeeping ----------------------------------------------------------
 
@@ -351,8 +344,8 @@ class Batcher(Embedder):
 
     def _queued(self, ticket: Ticket, sign: int) -> None:
         """Count ``ticket`` into (+1) or out of (-1) the queue; the caller holds the lock."""
-        self._queued_rows += sign * len(ticket.inputs)
-        self._queued_tokens += sign * ticket.estimate
+        self._queued_rows += sign * len(ticket.rows)
+        self._queued_tokens += sign * ticket.tokens
         self.metrics.queue_requests.set(len(self._queue))
         self.metrics.queue_rows.set(self._queued_rows)
 
@@ -364,4 +357,16 @@ class Batcher(Embedder):
             if ticket in self._queue:
                 self._queue.remove(ticket)
                 self._queued(ticket, -1)
-                self.metrics.freed_rows.inc(len(ticket.inputs))
+                self.metrics.freed_rows.inc(len(ticket.rows))
+
+
+def _reject_open(tickets: Sequence[Ticket], error: ApiError) -> None:
+    """Answer with ``error`` each of ``tickets`` still waiting for rows."""
+    for ticket in tickets:
+        if ticket.remaining > 0:
+            ticket.reject(error)
+
+
+def _unavailable() -> ApiError:
+    return ApiError(503, "the node is not serving (loading, stopping or its batcher stopped); send the request to"
+                    " another node", "unavailable", type="unavailable_error")

@@ -38,6 +38,11 @@ class Embedder(ABC):
         """Why the embedder could not start (the server exits), or None."""
         return None
 
+    @property
+    def fault(self) -> BaseException | None:
+        """Why the embedder stopped serving after it started (``/health`` answers 503), or None while it serves."""
+        return None
+
     @abstractmethod
     def start(self) -> None:
         """Begin loading (in the background: the server answers ``/health`` meanwhile)."""
@@ -52,6 +57,7 @@ class Embedder(ABC):
         ``truncate``, else refused.
 
         Raises:
-            ApiError: 400 for an input past the limit (``truncate`` false); 503 while stopping.
+            ApiError: 400 for an input past the limit (``truncate`` false); 500 when preparing or computing this
+                request failed (the embedder goes on serving others); 503 while stopping or once it stopped.
             asyncio.CancelledError: the caller cancelled; the request's rows are dropped where not begun.
         """

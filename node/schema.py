@@ -39,10 +39,13 @@ class RequestLimits:
     max_inputs: int = 2048  # inputs per request: OpenAI's own limit
     max_input_tokens: int = 8192  # tokens per input (OpenAI's); the model's own limit applies first
     max_body_bytes: int = 8 * 2**20  # a request body of 2,048 inputs of 1,000 characters, with room
+    # Seconds a client has to send a request's headers, and then its body: a full body at about 1 Mbit/s, while
+    # a client that trickles bytes (or sends none) holds a connection no longer than this.
+    read_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        if min(self.max_inputs, self.max_input_tokens, self.max_body_bytes) < 1:
-            raise ValueError(f"RequestLimits: every limit must be >= 1, got {self}")
+        if min(self.max_inputs, self.max_input_tokens, self.max_body_bytes) < 1 or not self.read_timeout > 0:
+            raise ValueError(f"RequestLimits: every limit must be >= 1 and read_timeout > 0, got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,11 @@ def _input(item: Any, param: str, model: ModelInfo) -> Input:
     if isinstance(item, str):
         if not item:
             raise bad_request(f"{param} is an empty string; every input needs text", "empty_input", param)
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON's "\\ud800": a lone surrogate, which no tokenizer takes
+            raise bad_request(f"{param} is not valid Unicode text: a lone surrogate {item[exc.start]!r} at character"
+                              f" {exc.start}", "invalid_input", param) from None
         return item
     if not isinstance(item, list) or not all(_is_id(v) for v in item):
         raise bad_request(f"{param} must be a string or a list of token ids (integers)", "invalid_input", param)

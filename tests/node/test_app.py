@@ -25,10 +25,15 @@ class _Ones(Embedder):
     def __init__(self) -> None:
         self.loaded = True
         self.calls = 0
+        self.stopped: BaseException | None = None
 
     @property
     def info(self) -> ModelInfo | None:
         return ModelInfo("m", 4, 100, 16) if self.loaded else None
+
+    @property
+    def fault(self) -> BaseException | None:
+        return self.stopped
 
     def start(self) -> None:
         pass
@@ -98,3 +103,12 @@ def test_metrics_are_prometheus_text_with_every_route_and_status_from_zero(node)
     assert 'attnstore_node_requests_total{route="/embed",status="400"} 0.0' in text
     assert "attnstore_node_request_seconds_bucket" in text
     assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+
+
+def test_health_and_embedding_routes_are_503_once_the_embedder_stopped_serving(node) -> None:
+    client, embedder, _ = node
+    embedder.stopped = RuntimeError("its thread ended")
+    health = client.get("/health", headers={"Authorization": ""})
+    assert (health.status_code, health.json()["error"]["code"]) == (503, "batcher_stopped")
+    assert client.post("/v1/embeddings", json={"model": "m", "input": "a"}).status_code == 503
+    assert embedder.calls == 0

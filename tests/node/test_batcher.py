@@ -48,7 +48,7 @@ async def _ready(batcher: Batcher) -> None:
 
 
 def test_concurrent_requests_are_one_call_and_each_gets_its_own_rows_deduplicated_across_requests(bert) -> None:
-    batcher = _batcher(bert, BatcherSettings(max_wait_ms=300, warmup=False, max_batch_tokens=8))
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=300, warmup=False, max_batch_tokens=512))
     requests = [TEXTS[0:5], TEXTS[3:9], [TEXTS[8], TEXTS[1]], [[5, 6, 7, 8]]]
 
     async def scenario():
@@ -169,3 +169,34 @@ def test_the_warm_up_fits_the_forward_cost_before_the_first_request(bert) -> Non
     assert cost is not None
     budget = batcher.metrics.registry.get_sample_value("attnstore_node_max_batch_tokens")
     assert budget is not None and MIN_TOKENS <= budget <= MAX_TOKENS  # chosen from the fit (the fallback without)
+
+
+class _DyingCache(AttnCache):
+    """A cache whose call ends the thread it runs on (what an escaped error did to the batcher)."""
+
+    def run(self, *args, **kwargs):
+        raise SystemExit("the batcher's thread ends")
+
+
+def test_a_batcher_whose_thread_ends_answers_503_and_reports_its_fault(bert) -> None:
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, bert, STORED)
+    batcher = Batcher(lambda: _DyingCache(bert, LocalConnection("local:memory", service)), "tiny",
+                      BatcherSettings(max_wait_ms=1, warmup=False))
+    batcher.start()
+
+    async def scenario():
+        await _ready(batcher)
+        with pytest.raises(ApiError) as first:
+            await batcher.embed([TEXTS[0]], truncate=True, max_input_tokens=64)
+        with pytest.raises(ApiError) as later:
+            await batcher.embed([TEXTS[1]], truncate=True, max_input_tokens=64)
+        return first.value, later.value
+
+    try:
+        first, later = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert (first.status, later.status) == (503, 503)
+    assert isinstance(batcher.fault, SystemExit)
+    assert batcher.metrics.registry.get_sample_value("attnstore_node_ready") == 0

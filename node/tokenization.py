@@ -1,0 +1,109 @@
+"""A request's inputs turned into token rows held to its limits, before it is queued (TEI's validation step).
+
+Each request is tokenized on its own, as ``SentenceTransformer.encode`` tokenizes
+(the model's prompt and truncation), and every row is held to the request's token
+limit: cut when the request allows it, else the request is refused with a 400
+naming the input. So a refused input refuses its own request only, at once, and
+the batcher only ever merges requests that are ready to run: no row of one
+request can be taken for another's.
+
+Tokenizing runs on one worker thread of its own (``RequestTokenizer.submit``), off
+the event loop and off the batcher's thread: the model's fast tokenizer is not
+safe to call from two threads at once, and a long request never holds up a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from attnstore_client.cache import AttnCache
+from attnstore_node.errors import ApiError, bad_request
+from attnstore_node.schema import Input
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedRequest:
+    """A request ready to be batched: its token rows, in input order, held to its limits."""
+
+    rows: tuple[tuple[int, ...], ...]
+    prompts: tuple[int, ...]  # per row, the prompt tokens its pooling leaves out
+    tokens: int  # every row's tokens (``usage.prompt_tokens``)
+
+
+class RequestTokenizer:
+    """Tokenizes one request at a time on a worker thread of its own.
+
+    Args:
+        cache: the opened cache, whose model's head tokenizes.
+    """
+
+    def __init__(self, cache: AttnCache) -> None:
+        self._cache = cache
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-node-tokenizer")
+
+    async def submit(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> TokenizedRequest:
+        """``inputs`` tokenized on the worker thread (see :meth:`tokenize`).
+
+        Raises:
+            ApiError: 400 for an input past the limit (``truncate`` false), 500 when tokenizing fails otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._tokenize_or_500, inputs, truncate, max_input_tokens)
+
+    def close(self) -> None:
+        """Stop the worker thread once what was submitted is done."""
+        self._worker.shutdown(wait=True)
+
+    def _tokenize_or_500(self, inputs: Sequence[Input], truncate: bool, max_input_tokens: int) -> TokenizedRequest:
+        try:
+            return self.tokenize(inputs, truncate=truncate, max_input_tokens=max_input_tokens)
+        except ApiError:
+            raise
+        except Exception:
+            log.exception("event=tokenize_failed inputs=%d", len(inputs))
+            raise ApiError(500, "the node failed to tokenize this request", "internal_error",
+                           type="server_error") from None
+
+    def tokenize(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> TokenizedRequest:
+        """The request's token rows: texts tokenized together, token ids as given, each held to the limit
+        (``max_input_tokens``, the model's own first).
+
+        Raises:
+            ApiError: 400 ``context_length_exceeded`` for the first input past the limit, ``truncate`` false.
+        """
+        head = self._cache.head
+        texts = [item for item in inputs if isinstance(item, str)]
+        tokenized, prompt_length = head.tokenize(texts, head.resolve_prompt(None, None)) if texts else ([], 0)
+        next_text = iter(tokenized)  # this request's own texts only
+        rows: list[tuple[int, ...]] = []
+        prompts: list[int] = []
+        for index, item in enumerate(inputs):
+            row = next(next_text) if isinstance(item, str) else item
+            rows.append(self._limited(index, item, row, truncate, max_input_tokens))
+            prompts.append(prompt_length if isinstance(item, str) else 0)
+        return TokenizedRequest(tuple(rows), tuple(prompts), sum(len(row) for row in rows))
+
+    def _limited(self, index: int, item: Input, row: Sequence[int], truncate: bool,
+                 max_input_tokens: int) -> tuple[int, ...]:
+        """``row`` within the request's token limit and the model's: cut if the request allows it, else refused.
+
+        Raises:
+            ApiError: 400 ``context_length_exceeded``.
+        """
+        head = self._cache.head
+        limit = min(max_input_tokens, head.max_length)
+        length = len(row)
+        if isinstance(item, str) and length == head.max_length and not truncate:
+            length = len(self._cache.adapter.loaded.tokenizer(item)["input_ids"])  # was it cut by the tokenizer?
+        if length <= limit:
+            return tuple(row)
+        if truncate:
+            return tuple(row[:limit])
+        raise bad_request(f"input {index} has {length} tokens; the limit is {limit} (send truncate=true to cut it)",
+                          "context_length_exceeded", "inputs")
