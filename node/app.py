@@ -8,11 +8,15 @@
   computed);
 - ``GET /metrics``: Prometheus text (``metrics``).
 
-Every refusal is an OpenAI-style JSON error (``errors``) with its 4xx status;
-nothing is computed for it. A request body is read up to the byte limit and no
-further. While a request waits for its vectors the app watches its connection:
-a client that disconnects has its request cancelled, which takes its rows out of
-the batcher's queue if its call has not begun.
+Every refusal is an OpenAI-style JSON error (``errors``) with its 4xx status,
+unknown paths (404) and wrong methods (405) included, counted in
+``requests_total``; nothing is computed for it. A request body is read up to the
+byte limit and no further, and within ``read_timeout`` seconds (else 408; the
+server bounds the headers the same way). A client that disconnects while its body
+is read is counted as 499, without a traceback; while a request waits for its
+vectors the app watches its connection: a client that disconnects has its
+request cancelled, which takes its rows out of the batcher's queue if its call
+has not begun.
 """
 
 from __future__ import annotations
@@ -26,14 +30,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from attnstore_node.auth import KeyCheck
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError, bad_request
-from attnstore_node.metrics import CONTENT_TYPE, NodeMetrics
+from attnstore_node.metrics import CONTENT_TYPE, OTHER_ROUTE, NodeMetrics
 from attnstore_node.schema import (
     EmbedRequest,
     ModelInfo,
@@ -48,6 +53,7 @@ log = logging.getLogger(__name__)
 
 # HTTP status nginx logs for a client that closed its connection before the answer: what the metrics count it as.
 CLIENT_CLOSED = 499
+REQUEST_TIMEOUT = 408
 
 
 class NodeState:
@@ -90,7 +96,23 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
         Route("/health", _health_route(state), methods=["GET"]),
         Route("/metrics", _metrics_route(state), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    paths = {route.path for route in routes}
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own 404 (no such path) and 405 (a method the route does not take), as JSON and counted."""
+        assert isinstance(exc, HTTPException)
+        route = request.url.path if request.url.path in paths else OTHER_ROUTE
+        state.metrics.requests.labels(route, str(exc.status_code)).inc()
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow")
+            error = ApiError(405, f"{request.method} is not allowed on {route}; allowed: {allowed}",
+                             "method_not_allowed")
+        else:
+            error = ApiError(exc.status_code, f"no route {request.url.path!r}; the routes are {sorted(paths)}",
+                             "not_found" if exc.status_code == 404 else "http_error")
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.node = state
     return app
 
@@ -109,6 +131,8 @@ def _tei_answer(embedded: Embedded, request: EmbedRequest, model: ModelInfo) -> 
 
 def _error(error: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    if error.status == REQUEST_TIMEOUT:  # the rest of a body that came too slowly is not read: close
+        headers = {"Connection": "close"}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
@@ -123,6 +147,9 @@ def _ready_model(state: NodeState) -> ModelInfo:
     if info is None:
         raise ApiError(503, "the node is loading its model; try again shortly", "unavailable",
                        type="unavailable_error")
+    if state.embedder.fault is not None:
+        raise ApiError(503, f"the node's batcher stopped ({state.embedder.fault!r}); restart the node",
+                       "batcher_stopped", type="unavailable_error")
     return info
 
 
@@ -135,7 +162,7 @@ def _embedding_route(
         try:
             state.keys.check(request.headers.get("authorization"))
             model = _ready_model(state)
-            body = await _json_body(request, state.limits.max_body_bytes)
+            body = await _json_body(request, state.limits.max_body_bytes, state.limits.read_timeout)
             parsed = parse(body, state.limits, model)
             embedded = await _until_disconnect(request, state.embedder.embed(
                 parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens))
@@ -148,6 +175,10 @@ def _embedding_route(
         except ApiError as error:
             status = error.status
             return _error(error)
+        except ClientDisconnect:
+            status = CLIENT_CLOSED
+            log.info("event=client_disconnected route=%s while=reading_body", route)
+            return Response(status_code=CLIENT_CLOSED)
         except Exception:
             log.exception("event=request_failed route=%s", route)
             return _error(ApiError(500, "the node failed to answer", "internal_error", type="server_error"))
@@ -158,11 +189,13 @@ def _embedding_route(
     return endpoint
 
 
-async def _json_body(request: Request, limit: int) -> Any:
-    """The request's JSON body, read up to ``limit`` bytes.
+async def _json_body(request: Request, limit: int, timeout: float) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes within ``timeout`` seconds.
 
     Raises:
-        ApiError: 413 past the limit, 415 when not JSON, 400 when the JSON does not parse.
+        ApiError: 413 past the limit, 415 when not JSON, 400 when the JSON does not parse (or nests too deep),
+            408 when the body is not in within ``timeout``.
+        ClientDisconnect: the client went away before the body was in.
     """
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if content_type != "application/json":
@@ -171,14 +204,22 @@ async def _json_body(request: Request, limit: int) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body has {declared} bytes; the limit is {limit}", "body_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the body is over the limit of {limit} bytes", "body_too_large")
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise ApiError(413, f"the body is over the limit of {limit} bytes", "body_too_large")
+    except TimeoutError:
+        raise ApiError(REQUEST_TIMEOUT, f"the body did not arrive within {timeout:g} s ({len(body)} bytes came)",
+                       "request_timeout") from None
     try:
         return json.loads(body)
     except ValueError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:
+        raise bad_request("the body is not valid JSON here: it nests arrays or objects too deep",
+                          "invalid_json") from None
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Embedded]) -> Embedded | None:

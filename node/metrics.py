@@ -24,7 +24,11 @@ from prometheus_client import (
 from attnstore_client.stats import CacheStats
 
 ROUTES: tuple[str, ...] = ("/v1/embeddings", "/embed")
-STATUSES: tuple[str, ...] = ("200", "400", "401", "404", "405", "413", "415", "499", "500", "503")
+STATUSES: tuple[str, ...] = ("200", "400", "401", "404", "405", "408", "413", "415", "499", "500", "503")
+# The route of requests to no route of the node (404), and of those refused before their request line and headers
+# were in (400 not HTTP, 408 too slow): a path of the client's choice would make a label per path.
+OTHER_ROUTE = "other"
+OTHER_STATUSES: tuple[str, ...] = ("400", "404", "408")
 # Where a row's result came from: the tiers of a call, and copies of a row of the same call.
 TIERS: tuple[str, ...] = ("local_exact", "store_exact", "prefix", "map", "computed", "fallback", "deduplicated")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -39,7 +43,8 @@ class NodeMetrics:
         self.registry = registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
-        self.requests = Counter("attnstore_node_requests", "Embedding requests answered, by route and HTTP status",
+        self.requests = Counter("attnstore_node_requests", "Requests answered (embedding routes, and refusals on any"
+                                " route), by route and HTTP status",
                                 ["route", "status"], registry=registry)
         self.latency = Histogram("attnstore_node_request_seconds", "Seconds from a request's arrival to its answer",
                                  ["route"], buckets=_LATENCY_BUCKETS, registry=registry)
@@ -75,6 +80,8 @@ class NodeMetrics:
             self.latency.labels(route)
             for status in STATUSES:
                 self.requests.labels(route, status)
+        for status in OTHER_STATUSES:
+            self.requests.labels(OTHER_ROUTE, status)
         for tier in TIERS:
             self.rows.labels(tier)
 

@@ -1,4 +1,5 @@
-"""Running the node's app on uvicorn: the listening socket, the ready file, signals, and the graceful drain.
+"""Running the node's app on uvicorn: the listening socket, the ready file, signals, the graceful drain, and the
+deadline that bounds slow clients.
 
 The socket is bound before the model loads, so ``/health`` answers 503 while it
 loads; once the model is loaded the ready file (``{pid, address, port}`` as JSON)
@@ -7,10 +8,20 @@ says 503, requests in flight are answered (within ``grace`` seconds), the batche
 serves what it holds and closes the cache (its write-back queue sent), and the
 process exits 0. SIGHUP reloads the API key file. A model that cannot be loaded
 ends the process with exit code 2.
+
+uvicorn closes an idle keep-alive connection, but not one that trickles a
+request's line and headers (or sends nothing at all). The node's HTTP protocol
+(uvicorn's h11 protocol with a deadline) gives each request ``read_timeout``
+seconds from its first byte (from the connection's opening for the first) until
+its headers are in: then it answers 408 with a JSON error body (a connection that
+sent nothing is closed without one) and counts it under the route ``other``. The
+body has the same time again, bounded by the app (``app``). uvicorn's own 400 for
+bytes that are not HTTP gets the JSON error body too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -24,9 +35,12 @@ from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from attnstore.errors import ConfigError
-from attnstore_node.app import NodeState
+from attnstore_node.app import REQUEST_TIMEOUT, NodeState
+from attnstore_node.errors import ApiError, bad_request
+from attnstore_node.metrics import OTHER_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +68,75 @@ def bind(listen: str) -> socket.socket:
         raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
+
+
+class _DeadlineProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on each request's line and headers (see the module)."""
+
+    read_timeout: float = 60.0  # the subclass ``node_protocol`` makes sets both
+    count: Callable[[int], None] = staticmethod(lambda status: None)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Arm the deadline of the first request."""
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._sent = False  # bytes of the request under the deadline came
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        """Arm the deadline at a request's first byte; disarm it once its headers are in (a new cycle)."""
+        cycle = self.cycle
+        if self._deadline is None and (cycle is None or cycle.response_complete):
+            self._arm()
+        self._sent = True
+        super().data_received(data)
+        if self.cycle is not cycle:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """See uvicorn's; the deadline goes with the connection."""
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP, as a JSON error body, counted."""
+        self._disarm()
+        self._answer(bad_request(f"{msg} (not HTTP/1.1)", "invalid_http"), "Bad Request")
+
+    def _arm(self) -> None:
+        self._sent = False
+        self._deadline = self.loop.call_later(self.read_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if not self._sent:  # nothing came: no request to answer
+            self.transport.close()
+            return
+        log.info("event=read_timeout client=%s seconds=%g while=headers", self.client, self.read_timeout)
+        self._answer(ApiError(REQUEST_TIMEOUT, f"the request's headers did not arrive within {self.read_timeout:g} s",
+                              "request_timeout"), "Request Timeout")
+
+    def _answer(self, error: ApiError, reason: str) -> None:
+        """Write ``error`` as the connection's last response (no request cycle runs) and close it."""
+        body = json.dumps(error.body()).encode()
+        head = (f"HTTP/1.1 {error.status} {reason}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii")
+        self.count(error.status)
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+def node_protocol(read_timeout: float, count: Callable[[int], None]) -> type[H11Protocol]:
+    """The node's HTTP protocol class for uvicorn: each request's headers within ``read_timeout`` seconds;
+    ``count(status)`` counts what it answers itself."""
+    return type("NodeProtocol", (_DeadlineProtocol,), {"read_timeout": read_timeout, "count": staticmethod(count)})
 
 
 class _NodeServer(uvicorn.Server):
@@ -125,7 +208,12 @@ def serve(app: Starlette, sock: socket.socket, *, ready_file: Path | None = None
             tmp.write_text(json.dumps({"pid": os.getpid(), "address": address, "port": port}), encoding="utf-8")
             os.replace(tmp, ready_file)
 
-    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=grace)
+    def count(status: int) -> None:
+        state.metrics.requests.labels(OTHER_ROUTE, str(status)).inc()
+
+    protocol = node_protocol(state.limits.read_timeout, count)
+    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=grace,
+                            http=protocol)
     server = _NodeServer(config, state, ready, state.keys.reload)
     log.info("event=listening address=%s health=loading", address)
     try:
