@@ -75,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-input-tokens", type=positive_int, default=limits.max_input_tokens,
                    help="tokens per input (the model's own limit applies first)")
     p.add_argument("--max-body-bytes", type=parse_size, default=limits.max_body_bytes, help="bytes per request body")
+    p.add_argument("--read-timeout", type=float, default=limits.read_timeout,
+                   help="seconds a client has to send a request's line and headers, then as many for its body; past"
+                   " them the node answers 408 and closes the connection (a connection that sends nothing is closed)")
     p.add_argument("--grace", type=int, default=30, help="seconds requests in flight get to finish on SIGTERM")
     p.add_argument("--ready-file", type=Path, help="write {pid, address, port} as JSON here once the model is loaded")
     p.set_defaults(func=run)
@@ -85,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "log_level", "WARNING") == "WARNING":
         logging.getLogger().setLevel(logging.INFO)  # a server's lifecycle events are INFO
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.timeout <= 0 or args.max_wait_ms < 0 or args.grace < 0:
-        raise ConfigError("--timeout must be > 0, --max-wait-ms and --grace >= 0")
+    if args.timeout <= 0 or args.read_timeout <= 0 or args.max_wait_ms < 0 or args.grace < 0:
+        raise ConfigError("--timeout and --read-timeout must be > 0, --max-wait-ms and --grace >= 0")
     import torch
 
     from attnstore_client.cache import AttnCache
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     keys = KeyCheck(args.api_key_file)
     if keys.keys is None:
         log.warning("event=no_api_keys detail='every client may call this node; give --api-key-file to require keys'")
-    limits = RequestLimits(args.max_inputs, args.max_input_tokens, args.max_body_bytes)
+    limits = RequestLimits(args.max_inputs, args.max_input_tokens, args.max_body_bytes, args.read_timeout)
     settings = BatcherSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                                batch_size=args.batch_size, max_call_rows=args.max_call_rows,
                                warmup=not args.no_warmup)
