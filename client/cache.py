@@ -285,6 +285,7 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
             raise ConfigError("AttnCache: this namespace has no fidelity gate (built without calibration)")
         self._settings = dataclasses.replace(self._settings, gate=bool(value))
 
+    exact = _Flag("Whether the exact tiers (this process's and the store's stored outputs) answer rows.")
     maps = _Flag("Whether map hits are looked for at all (False: the exact tiers only, a plain output cache).")
     prefix = _Flag("Whether rows start from stored prefixes of their keys and values (causal models).")
     packed = _Flag("Whether forwards run their rows end to end, unpadded (``adapters.packed``).")

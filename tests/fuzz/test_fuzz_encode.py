@@ -18,7 +18,7 @@ The fast profile runs in the suite; a long run is ``python -m pytest tests/fuzz 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,9 @@ import pytest
 import torch
 from cache_helpers import capture_entries
 from daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
+from fuzz_harness import Tally, fuzz_settings
 from fuzz_texts import MAPS_ONLY, STORED, colliding_calls
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from sentence_transformers import SentenceTransformer
 
@@ -43,41 +44,6 @@ COMPUTED = 0.9999  # computed rows and exact hits (fp16 outputs)
 MAPPED = 0.99  # map hits: what the fidelity gate promises of a hit
 KINDS = {"exact", "map", "miss", "fallback"}
 MAX_ROWS = 70  # with batch_size <= 4 a chunk of the stream is at most 64 rows: long calls cross chunks
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-
-
-def fuzz_settings() -> settings:
-    """The fast profile in the suite; the loaded profile's example count under ``--hypothesis-profile long``."""
-    if settings.default.max_examples >= 1000:
-        return settings(settings.default, suppress_health_check=list(HealthCheck), deadline=None)
-    return FAST
-
-
-@dataclass
-class Tally:
-    """What the harness ran, printed at the end of the module."""
-
-    calls: int = 0
-    rows: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
-    configurations: set[str] = field(default_factory=set)
-
-    def count(self, configuration: str, kinds: tuple[str, ...]) -> None:
-        self.calls += 1
-        self.rows += len(kinds)
-        self.configurations.add(configuration)
-        for kind in kinds:
-            self.kinds[kind] = self.kinds.get(kind, 0) + 1
-
-
-@pytest.fixture(scope="module")
-def tally(request: pytest.FixtureRequest) -> Iterator[Tally]:
-    tally = Tally()
-    yield tally
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"fuzz encode: {tally.calls} calls, {tally.rows} rows, kinds {tally.kinds},"
-                            f" {len(tally.configurations)} configurations")
 
 
 @pytest.fixture(scope="module")
@@ -205,13 +171,10 @@ def _check_repeats(texts: list[str], result: Any, output_value: str | None) -> N
         earlier = first.setdefault(text, row)
         if earlier == row:
             continue
-        if output_value is None:
-            for key in ("sentence_embedding", "token_embeddings"):
-                assert torch.equal(result[row][key], result[earlier][key]), f"row {row} != row {earlier} ({key})"
-        elif output_value == "token_embeddings":
-            assert torch.equal(result[row], result[earlier]), f"row {row} != row {earlier}"
-        else:
-            np.testing.assert_array_equal(_numpy(result[row]), _numpy(result[earlier]), f"row {row} != {earlier}")
+        keys = ("sentence_embedding", "token_embeddings") if output_value is None else (None,)
+        for key in keys:
+            mine, theirs = (result[row], result[earlier]) if key is None else (result[row][key], result[earlier][key])
+            np.testing.assert_array_equal(_numpy(mine), _numpy(theirs), f"row {row} != row {earlier} ({key})")
 
 
 def _check_call(cache: AttnCache, reference: SentenceTransformer, texts: list[str], opts: Options) -> tuple[str, ...]:
@@ -260,14 +223,14 @@ CONFIGURATIONS = ("embedded", "embedded, no local tier", "embedded, maps only", 
 def test_every_row_of_a_colliding_call_equals_sentence_transformers(
     caches: dict[str, AttnCache], reference: SentenceTransformer, tally: Tally
 ) -> None:
-    @fuzz_settings()
+    @fuzz_settings(fast_examples=40)
     @given(texts=colliding_calls(MAX_ROWS), opts=options, where=st.sampled_from(CONFIGURATIONS))
     def check(texts: list[str], opts: Options, where: str) -> None:
         # sentence-transformers cannot stack quantised token rows of unequal lengths into one tensor
         assume(not (opts.output_value == "token_embeddings" and opts.precision != "float32"
                     and opts.convert_to_tensor))
         kinds = _check_call(caches[where], reference, texts, opts)
-        tally.count(f"{where} {opts}", kinds)
+        tally.count("encode", f"{where} {opts}", kinds)
 
     check()
 
