@@ -1,11 +1,12 @@
 """Write-back: the rows this node computed and the store admitted, sent to the store off the critical path.
 
-``encode`` only puts a row on a bounded queue (no copy, no serialisation, no
-waiting); one worker thread (``tiers.background``) takes rows off it in batches, converts them to fp16
-and sends them in one ``WriteBack`` call per batch. A row goes with its maps
-(captured in its own forward, see ``prefill``) and the feature of its map
-lookup when it has them, so the store adds it to the map tier too; the queue's
-maps are bounded in bytes (``max_queued_bytes``): past it a row is queued with
+``encode`` only puts a row on a bounded queue (its token ids copied, nothing
+else: no serialisation, no waiting); one worker thread (``tiers.background``)
+takes rows off it in batches, converts them to fp16 and sends them in one
+``WriteBack`` call per batch. A row goes with its maps (captured in its own
+forward, see ``prefill``) and the feature of its map lookup when it has them,
+so the store adds it to the map tier too; the queue's maps are bounded in bytes
+(``max_queued_bytes``): past it a row is queued with
 its outputs only, and counted. Written-back rows are a
 cache's fill, never data: a full queue drops the new row, a failed call (the
 daemon unreachable, a refused token) drops its batch, and both are counted, so
@@ -129,8 +130,9 @@ class WriteBackWorker(BackgroundSender[_Queued]):
         """Queue one computed row; False when it was dropped. Never blocks.
 
         Args:
-            token_ids: its ``(L,)`` ids.
-            outputs: its ``(L, hidden)`` last hidden states.
+            token_ids: its ``(L,)`` ids, copied here: they may be the caller's own row (``hidden_states(ids)``),
+                which it may change once the call returned, before the worker sends them.
+            outputs: its ``(L, hidden)`` last hidden states (kept as given: the compute tier hands over a copy).
             maps: its ``(layers, heads, L, L)`` fp16 maps, or None (outputs only).
             feature: the ``(feature_dim,)`` projector output of its map lookup (only with maps), or None.
             projector_version: the namespace's projector version ``feature`` came from.
@@ -140,7 +142,7 @@ class WriteBackWorker(BackgroundSender[_Queued]):
             over = map_bytes and self._counts["pending_map_bytes"] + map_bytes > self.settings.max_queued_bytes
         if over:
             maps, feature, map_bytes = None, None, 0
-        row = _Queued(token_ids, outputs, maps, feature, projector_version)
+        row = _Queued(np.asarray(token_ids, dtype=np.int64).tolist(), outputs, maps, feature, projector_version)
         return self._offer(row, queued_maps=int(maps is not None), maps_over_budget=int(bool(over)),
                            pending_map_bytes=map_bytes)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 
 import numpy as np
@@ -184,3 +185,40 @@ def test_a_row_the_store_refuses_alone_is_counted_and_logged_once_and_the_others
     assert (stats.refused, stats.stored, stats.dropped_failed, stats.calls) == (2, 3, 0, 1)
     assert caplog.text.count("the store refused a written-back row (INVALID_ARGUMENT)") == 1
     assert service.write_backs.stats().entries == 3
+
+
+class _Gated:
+    """A connection whose write-back calls wait until ``open`` is set (the row stays with the worker meanwhile)."""
+
+    url = "gated://"
+    supports_write_back = True
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.open = threading.Event()
+
+    def write_back(self, *args, **kwargs):
+        assert self.open.wait(10.0)
+        return self._inner.write_back(*args, **kwargs)
+
+
+def test_token_ids_the_caller_changes_after_put_are_not_what_is_written_back(daemon) -> None:
+    # hidden_states(ids) hands the caller's own rows to the tiers: a caller reusing its buffer once the call
+    # returned must not make the worker store these outputs under other tokens (every node would be served them).
+    service, url = daemon
+    rows = _rows(2, seed=6)
+    with connect(url, token=WRITE) as connection:
+        _admit(connection, rows)
+        gated = _Gated(connection)
+        worker = WriteBackWorker(gated, "ns", FP, WriteBackSettings())  # type: ignore[arg-type]
+        original = [ids.copy() for ids, _ in rows]
+        assert all(worker.put(ids, out) for ids, out in rows)
+        for ids, _ in rows:
+            ids[:] = 5  # the caller's next rows, written into the same buffer
+        gated.open.set()
+        assert worker.flush(10.0)
+        worker.close()
+        found = connection.exact("ns", FP, [token_hash(ids) for ids in original], [6] * len(rows), timeout=10.0)
+    assert sorted(found) == [0, 1]
+    for k, (_, out) in enumerate(rows):
+        np.testing.assert_allclose(found[k], out.astype(np.float16), atol=1e-3)
