@@ -69,13 +69,18 @@ class Ticket:
         self.arrived = time.monotonic()
         self.cancelled = False
         self.vectors: np.ndarray | None = None  # (n, dim), allocated at its first row
+        self._written = np.zeros(len(request.rows), dtype=bool)  # per row: its vector is in
         self.remaining = len(request.rows)
 
     def write(self, index: int, vector: np.ndarray) -> None:
-        """Row ``index``'s vector is in; the last one answers the request."""
+        """Row ``index``'s vector is in; once every row's is, the request is answered (a row written twice
+        counts once, so the answer never carries a row that was not written)."""
         if self.vectors is None:
             self.vectors = np.empty((len(self.rows), vector.shape[-1]), np.float32)
         self.vectors[index] = vector
+        if self._written[index]:
+            return
+        self._written[index] = True
         self.remaining -= 1
         if self.remaining == 0:
             self._settle(Embedded(self.vectors, self.tokens), None)

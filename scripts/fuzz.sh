@@ -14,11 +14,9 @@ end=$((SECONDS + minutes * 60))
 rounds=0
 while ((SECONDS < end)); do
     rounds=$((rounds + 1))
-    if ! python -m pytest -q tests/fuzz --hypothesis-profile long -p no:cacheprovider -p no:logging 2>&1 \
-        | grep -v "quantization buckets" | tee -a "$log" | grep -E "^fuzz |passed|failed|^E " ; then
-        :
-    fi
-    if grep -qE "[0-9]+ failed|error" "$log"; then
+    python -m pytest -q -rA tests/fuzz --hypothesis-profile long -p no:cacheprovider -p no:logging 2>&1 \
+        | grep -v "quantization buckets" | tee -a "$log" | grep -E "^fuzz |passed|failed|^E "
+    if grep -qE "[0-9]+ (failed|error)" "$log"; then
         echo "fuzz: round $rounds failed (above)" >&2
         exit 1
     fi

@@ -6,14 +6,14 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
 
-# Examples at or over this mean a long run's profile is loaded (tests/conftest.py registers "long").
-LONG_EXAMPLES = 1000
+# The profile of a long run (tests/conftest.py registers it; scripts/fuzz.sh loads it).
+LONG_PROFILE = "long"
 
 
 def fuzz_settings(*, fast_examples: int) -> settings:
     """In the suite, ``fast_examples`` derandomised examples (the same calls every run); under
     ``--hypothesis-profile long``, the profile's examples, new ones every run."""
-    if settings.default.max_examples >= LONG_EXAMPLES:
+    if settings.get_current_profile_name() == LONG_PROFILE:
         return settings(settings.default, suppress_health_check=list(HealthCheck), deadline=None)
     return settings(max_examples=fast_examples, deadline=None, suppress_health_check=list(HealthCheck),
                     derandomize=True)

@@ -200,3 +200,22 @@ def test_a_batcher_whose_thread_ends_answers_503_and_reports_its_fault(bert) -> 
     assert (first.status, later.status) == (503, 503)
     assert isinstance(batcher.fault, SystemExit)
     assert batcher.metrics.registry.get_sample_value("attnstore_node_ready") == 0
+
+
+def test_a_ticket_answers_only_once_every_row_is_written_and_a_row_written_twice_counts_once() -> None:
+    from attnstore_node.batcher import Ticket
+    from attnstore_node.tokenization import TokenizedRequest
+
+    async def scenario() -> bool:
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        ticket = Ticket(TokenizedRequest(rows=((5, 6), (7,)), prompts=(0, 0), tokens=3), future)
+        ticket.write(0, np.ones(4, np.float32))
+        ticket.write(0, np.ones(4, np.float32))  # the same row again: row 1 is still open
+        await asyncio.sleep(0.05)
+        answered_early = future.done()
+        ticket.write(1, np.zeros(4, np.float32))
+        embedded = await asyncio.wait_for(future, 5)
+        np.testing.assert_array_equal(embedded.vectors, [[1, 1, 1, 1], [0, 0, 0, 0]])
+        return answered_early
+
+    assert asyncio.run(scenario()) is False
