@@ -6,9 +6,15 @@ import hashlib
 
 import numpy as np
 import pytest
+import torch
 
 from attnstore.errors import ConfigError
-from attnstore_client.tiers.local_exact import LocalOutputs
+from attnstore_client.call.rows import NamespaceView, Row
+from attnstore_client.call.settings import CallSettings
+from attnstore_client.call.sinks import RowStates
+from attnstore_client.call.state import Call
+from attnstore_client.tiers.base import TierContext
+from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 
 
 def _outputs(rows: int, value: float = 1.0) -> np.ndarray:
@@ -84,3 +90,24 @@ def test_a_bulk_of_keys_offered_once_keeps_nothing() -> None:
 def test_admit_after_other_than_one_or_two_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="admit_after must be 1 or 2"):
         LocalOutputs(1024, admit_after=3)
+
+
+class _Context:
+    """What ``LocalExactTier`` takes of a ``TierContext``: the fingerprint, the device and its ``to_device``."""
+
+    fingerprint = "f" * 64
+    device = torch.device("cpu")
+    to_device = TierContext.to_device
+
+
+def test_a_served_row_changed_in_place_by_the_caller_leaves_the_tiers_entry_as_it_was() -> None:
+    tier = LocalExactTier(_Context(), LocalOutputs(1024, admit_after=1))  # type: ignore[arg-type]
+    row = Row(0, [5, 6], b"k" * 32)
+    tier.outputs.put(tier.key(row), _outputs(2, 0.5))
+    for _ in range(2):
+        sink = RowStates(1)
+        call = Call(CallSettings("ns", max_distance=None), NamespaceView(), sink, 1)
+        assert tier.serve([row], call) == [] and call.kinds == ["exact"]
+        (states,) = sink.result()
+        assert torch.equal(states, torch.full((2, 4), 0.5))
+        states.fill_(7.0)  # the caller reuses its result
