@@ -61,7 +61,7 @@ class Prefill:
             UnwrittenRowError: a row no tier served (a bug in a tier, never a value handed out).
         """
         started = time.perf_counter()
-        first: dict[bytes, int] = {}  # token hash -> the input position of its first row
+        first: dict[bytes, int] = {}  # token hash (and segments, chunk tier on) -> the position of its first row
         roots: dict[int, int] = {}  # the position of a copy -> the position of the row it copies
         with tqdm(total=len(source), desc="rows", unit="row", disable=not progress) as bar:
             for chunk in source.chunks(call.settings.chunk_rows):
@@ -102,7 +102,10 @@ class Prefill:
             if not len(tokens.ids):
                 raise ConfigError(f"row {position} has no tokens; every row needs at least one")
             key = token_hash(tokens.ids)
-            root = first.setdefault(key, position)
+            # With the chunk tier on, a prompt's segments decide what it is fused from: the same ids cut into other
+            # segments (or given as a plain text) are another row.
+            same = key + repr(tokens.segments).encode() if call.settings.chunks is not None else key
+            root = first.setdefault(same, position)
             if root == position:
                 rows.append(Row(position, tokens.ids, key, tokens.segments))
             else:

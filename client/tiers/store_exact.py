@@ -42,6 +42,7 @@ class StoreExactTier(Tier):
                 return left + rows[start:]
             found, admitted = reply
             call.admitted.update(window[position].index for position in admitted)
+            found = self._fitting(found, window, call)
             served = [window[position] for position in sorted(found)]
             if served:
                 outputs = [found[position] for position in sorted(found)]
@@ -51,6 +52,16 @@ class StoreExactTier(Tier):
                     self._local.outputs.put(self._local.key(row), array)
             left += [row for position, row in enumerate(window) if position not in found]
         return left
+
+    def _fitting(self, found: dict[int, np.ndarray], window: Sequence[Row], call: Call) -> dict[int, np.ndarray]:
+        """The stored outputs shaped as their rows, ``(L, hidden)``; a store answering another shape is bad data,
+        and its rows are computed (a ``bad_data`` fallback), never served."""
+        hidden = self._context.adapter.hidden_size
+        wrong = [p for p, array in found.items() if array.shape != (len(window[p].tokens), hidden)]
+        if not wrong:
+            return found
+        call.fail([window[p] for p in wrong], "bad_data")
+        return {p: array for p, array in found.items() if p not in wrong}
 
     def _exact(
         self, call: Call, window: Sequence[Row], remaining: float | None

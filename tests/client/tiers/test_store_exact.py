@@ -69,3 +69,27 @@ def test_a_store_gone_after_answering_a_window_leaves_the_later_windows_to_the_c
     assert connection.calls == 2  # the store is not asked again in the call
     assert call.kinds == ["exact"] * 2 + ["fallback"] * 5
     assert call.counts.exact_hits == 2 and call.counts.fallbacks == {"unavailable": 5}
+
+
+class _WrongShapes(LocalConnection):
+    """A real embedded connection whose store answers each stored row with outputs one token short."""
+
+    def exact(self, namespace: str, fingerprint: str, hashes: Sequence[bytes], lengths: Sequence[int], *,
+              timeout: float | None) -> dict[int, np.ndarray]:
+        found = super().exact(namespace, fingerprint, hashes, lengths, timeout=timeout)
+        return {position: array[:-1] for position, array in found.items()}
+
+
+def test_stored_outputs_of_another_shape_than_their_row_are_computed_as_bad_data_not_served() -> None:
+    from attnstore_client.cache import AttnCache
+
+    bert = tiny_loaded("bert")
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, bert, STORED)
+    cache = AttnCache(bert, _WrongShapes("local:memory", service), exact_cache_bytes=0)
+    cache.maps = False
+    embeddings = cache.encode(TEXTS)
+    assert cache.last_row_kinds == ("fallback",) * len(STORED) + ("miss",) * (len(TEXTS) - len(STORED))
+    assert cache.last_stats.fallbacks == {"bad_data": len(STORED)}
+    expected = torch.stack([h.mean(dim=0) for h in plain_hidden(bert, TEXTS)]).numpy()
+    np.testing.assert_allclose(embeddings, expected, atol=TOLERANCE)

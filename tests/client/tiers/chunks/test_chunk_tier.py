@@ -72,3 +72,14 @@ def test_calls_that_want_every_token_and_plain_prompts_are_not_fused(llama, cach
     cache.chunks = None
     got = cache.last_hidden_states(PROMPTS)
     assert cache.last_row_kinds == ("miss",) * 3 and torch.allclose(got, full_last(llama, PROMPTS), atol=1e-5)
+
+
+def test_the_same_ids_cut_into_other_segments_or_given_plain_are_rows_of_their_own(llama, cache):
+    # Deduplication by ids alone gave the plain text (computed exactly) the fused prompt's approximation.
+    cache.last_hidden_states(PROMPTS)  # stores every chunk
+    cache.chunks = ChunkSettings(method="full_reuse", recent=0, dtype="float32")
+    fused, plain = PROMPTS[1], " ".join(PROMPTS[1])
+    got = cache.last_hidden_states([fused, plain, fused])
+    assert cache.last_row_kinds == ("chunk", "miss", "chunk")
+    assert torch.allclose(got[1], full_last(llama, [fused])[0], atol=1e-5)
+    assert torch.equal(got[2], got[0]) and not torch.allclose(got[0], got[1], atol=1e-3)
