@@ -66,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each child")
     p.add_argument("--batch", type=int, default=32, help="batch_size of every encode call")
+    p.add_argument("--device", default="cpu", help="where every method's model runs (cpu, cuda)")
     p.add_argument("--data-dir", type=Path, default=None, help=DATA_HELP)
     p.add_argument("--work-dir", type=Path, default=Path("runs/bench-encode"), help="where the built store is kept")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             results.append(_summarise(count, reports, scratch, stored_vectors, stored_labels, row_labels))
             _print(results[-1])
     report = {
-        "data": args.data, "model": args.model, "threads": args.threads, "batch": args.batch,
+        "data": args.data, "model": args.model, "threads": args.threads, "batch": args.batch, "device": args.device,
         "repeats": args.repeats, "cpu": cpu_model(), "stored_rows": len(stored), "results": results,
     }
     if args.json is not None:
@@ -187,6 +188,7 @@ def _children(
         for method in methods:
             spec = {
                 "method": method, "model": args.model, "threads": args.threads, "batch": args.batch,
+                "device": args.device,
                 "texts": str(scratch / "texts.json"), "warmup": str(scratch / "warmup.json"),
                 "store": str(store), "namespace": NAMESPACE, "stored": str(scratch / "stored.json"),
                 "stored_embeddings": str(stored_embeddings), "report": str(scratch / f"{method}-{repeat}.json"),

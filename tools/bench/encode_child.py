@@ -3,7 +3,8 @@
     python -m attnstore_tools.bench.encode_child SPEC.json
 
 SPEC (JSON, written by ``bench.encode``): method (``sentence_transformers``, ``dict``,
-``attnstore`` or ``attnstore_exact``), model, threads, batch, texts (a JSON file of the call's texts), warmup
+``attnstore`` or ``attnstore_exact``), model, threads, batch, device (where the model runs; default cpu),
+texts (a JSON file of the call's texts), warmup
 (a JSON file of texts encoded first, untimed), store and namespace (the ``attnstore`` methods),
 stored (a JSON file of the stored texts) and stored_embeddings (their ``.npy``, the
 dict's contents), embeddings (where to save the call's ``.npy``, or null) and report
@@ -42,6 +43,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     loaded = load_model(spec["model"])
     model = loaded.sentence_transformer
     assert model is not None, "bench encode needs a sentence-transformers model"
+    device = spec.get("device", "cpu")
+    model.to(device)
     report: dict[str, Any] = {"method": spec["method"], "rows": len(texts)}
     if spec["method"] == "sentence_transformers":
         model.encode(warmup, batch_size=batch, show_progress_bar=False)
@@ -59,7 +62,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         from attnstore_client.cache import AttnCache
 
-        cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"])
+        cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"], device=device)
         cache.maps = spec["method"] != "attnstore_exact"
         cache.encode(warmup, batch_size=batch, show_progress_bar=False)
         cache.reset_stats()
