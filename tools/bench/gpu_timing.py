@@ -1,12 +1,13 @@
 """The timings of ``attnstore bench gpu``: plain, packed and replaying forwards on one device, and what fetching a
 hit's maps and copying them there costs against the forward the hit saves.
 
-Per model, dtype and length, one batch of random token ids (fixed seed) is captured once and its maps kept on
-the device in fp16 (what a store holds). The plain forward (the model's ``sdpa`` attention: the baseline), the
-packed forward (rows end to end, ``forward_packed``) and the all-hit replaying forward then run round-robin
-(``timing.time_rounds``), each call ending with a device synchronisation, so a time is the call's end to end. The
-attention modules' own time is read in separate passes with hooks that synchronise around each module (they slow
-the pass they run in, which is why it is not the timed one).
+Per model and length, one batch of random token ids (fixed seed) is captured once by the fp32 model on the CPU
+(``Adapter.capture`` keeps maps in fp32 host buffers) and its maps are kept on the device in fp16 (what a store
+holds); per dtype, a copy of the model is cast and moved to the device. The plain forward (the model's ``sdpa``
+attention: the baseline), the packed forward (rows end to end, ``forward_packed``) and the all-hit replaying
+forward then run round-robin (``timing.time_rounds``), each call ending with a device synchronisation, so a time
+is the call's end to end. The attention modules' own time is read in separate passes with hooks that synchronise
+around each module (they slow the pass they run in, which is why it is not the timed one).
 
 Fetch and copy: one entry per length is written to an LMDB store in a scratch folder; fetching its maps through
 an embedded connection and copying them to the device through pinned memory (as the map tier does) is timed
