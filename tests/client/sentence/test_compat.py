@@ -71,6 +71,15 @@ def test_quantized_embeddings_of_computed_rows_equal_sentence_transformers(pair,
     assert close.mean() >= 0.99
 
 
+def test_quantized_token_embeddings_are_quantized_over_the_whole_call_as_sentence_transformers_does(pair) -> None:
+    # Found by the fuzz harness: token embeddings came back as floats whatever the precision.
+    cache, model = pair
+    got = cache.encode(QUERIES[:2], output_value="token_embeddings", precision="binary")
+    want = model.encode(QUERIES[:2], output_value="token_embeddings", precision="binary")
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.dtype == theirs.dtype == np.int8 and mine.shape == theirs.shape
+
+
 def test_one_text_gives_one_vector_and_no_texts_an_empty_array(pair) -> None:
     cache, model = pair
     _close(cache.encode(QUERIES[0]), model.encode(QUERIES[0]))
