@@ -411,8 +411,8 @@ class Adapter(ABC):
         if call.captured is not None:
             maps = []
             for row, probs in enumerate(self._attention_probs(module, hidden, call.lengths, args, kwargs)):
-                call.captured[row][layer].copy_(probs)
-                maps.append(call.captured[row][layer])  # (H, L, L)
+                call.captured[row][layer].copy_(probs)  # kept fp32 on the CPU, whatever the model's device and dtype
+                maps.append(probs.to(hidden.dtype))  # (H, L, L), replayed where and as the model runs
             return self._replay_rows(module, hidden, maps, call.lengths), None
         if call.plan is not None:
             return attend_planned(self, layer, module, original, call.plan, call.lengths, hidden, args, kwargs)

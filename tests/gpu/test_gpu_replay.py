@@ -52,8 +52,6 @@ def test_fp16_maps_replay_into_a_half_precision_model(device, dtype) -> None:
         assert torch.allclose(replayed[row, :length].float(), plain[row, :length], atol=0.05, rtol=0.05)
 
 
-@pytest.mark.xfail(reason="Adapter.capture keeps maps in fp32 CPU buffers and replays those against the values: a"
-                          " model on the GPU or in half precision fails (reported on issue 39)", strict=False)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_capture_runs_where_the_model_is(device, dtype) -> None:
     loaded = tiny_model("llama")
