@@ -73,6 +73,17 @@ def small_tmpfs(tmp_path: Path):
 
 
 
+@pytest.fixture
+def redis(tmp_path: Path):
+    """A real ``redis-server`` of the test's own, on a free loopback port (tests that flush or restart it)."""
+    from redis_servers import RedisServer, require_redis
+
+    require_redis()
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
     """One real ``redis-server`` on a free loopback port for the session; tests use fresh key prefixes."""

@@ -16,12 +16,14 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+
+from attnstore.errors import AttnStoreError
 
 _START_SECONDS = 20.0
 _POLL = 0.05
@@ -32,6 +34,20 @@ def require_redis() -> None:
     missing = [name for name in ("redis-server", "redis-cli") if shutil.which(name) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed (scripts/install.sh installs Debian's redis-server)")
+
+
+def wait_until(check: Callable[[], object], seconds: float, what: str = "") -> None:
+    """Wait until ``check()`` is true, for at most ``seconds``; an ``AttnStoreError`` it raises counts as not yet
+    (Redis coming back, a daemon noticing a flushed store or catching up)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if check():
+                return
+        except AttnStoreError:
+            pass
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
+        time.sleep(0.1)
 
 
 def _port_free(port: int) -> bool:

@@ -9,7 +9,6 @@ projector changed, reads the namespace again and finds none. Its rows must be co
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,33 +16,12 @@ import pytest
 import torch
 from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from redis_servers import RedisServer, require_redis, unique_prefix
+from redis_servers import RedisServer, unique_prefix, wait_until
 
-from attnstore.errors import AttnStoreError
 from attnstore_client import namespace as namespace_module
 from attnstore_client.cache import AttnCache
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.build.namespace_layout import token_limits
-
-
-@pytest.fixture
-def redis(tmp_path: Path):
-    require_redis()
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
-
-
-def _until(check, seconds: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if check():
-                return
-        except AttnStoreError:
-            pass  # the daemon noticing the flushed store
-        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
-        time.sleep(0.1)
 
 
 def _cosines(loaded, texts: list[str], embeddings: np.ndarray) -> list[float]:
@@ -73,8 +51,8 @@ def test_a_namespace_replaced_without_a_projector_under_a_running_client_compute
 
                 with redis.client() as raw:
                     raw.flushall()
-                _until(lambda: create_exact_namespace(admin, loaded, "default").projector == b"",
-                       what="the namespace made again, without a projector")
+                wait_until(lambda: create_exact_namespace(admin, loaded, "default").projector == b"", 60.0,
+                           what="the namespace made again, without a projector")
 
                 embeddings = cache.encode(queries)
                 assert min(_cosines(loaded, queries, embeddings)) >= 0.9999

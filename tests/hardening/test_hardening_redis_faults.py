@@ -16,7 +16,7 @@ import pytest
 import torch
 from cache_helpers import plain_hidden, sentences, tiny_loaded
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from redis_servers import RedisServer, require_redis, unique_prefix
+from redis_servers import RedisServer, unique_prefix
 from server_fixtures import FP, LIMITS
 from store_helpers import make_entry
 
@@ -28,14 +28,6 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 
 # Entries of a few KiB: a handful fill the little room left below maxmemory.
 LAYOUT = NamespaceLayout(layers=4, heads=4, causal=True, hidden=64, feature_dim=16)
-
-
-@pytest.fixture
-def redis(tmp_path: Path):
-    require_redis()
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
 
 
 def test_redis_full_is_resource_exhausted_naming_the_command_without_its_bytes_and_lookups_go_on(

@@ -9,43 +9,22 @@ running Redis turns writes away and health NOT_SERVING until it is undone.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from redis_servers import RedisServer, require_redis, unique_prefix
+from redis_servers import RedisServer, unique_prefix, wait_until
 from server_fixtures import FP, LAYOUT, LIMITS
 from store_helpers import make_entry
 
-from attnstore.errors import AttnStoreError, StoreUnsafeError
+from attnstore.errors import StoreUnsafeError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.daemon import RemoteStore
 
 LENGTH = 8
-
-
-@pytest.fixture
-def redis(tmp_path: Path):
-    require_redis()
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
-
-
-def _until(check, seconds: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if check():
-                return
-        except AttnStoreError:
-            pass  # Redis coming back, the daemon catching up
-        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
-        time.sleep(0.1)
 
 
 def _fill(admin: RemoteStore, seeds: list[int]) -> list[int]:
@@ -77,11 +56,11 @@ def test_redis_restarted_empty_and_refilled_serves_the_new_entries_not_the_daemo
             assert _map_hits(reader, [0, 1, 2, 3]) == old
             for _ in range(3):  # served three times: in the DRAM tier from the second serve on
                 reader.fetch("ns", FP, [old[0]])
-            _until(lambda: reader.stats().dram_entries >= 1, what="entry 1 in the DRAM tier")
+            wait_until(lambda: reader.stats().dram_entries >= 1, 30.0, what="entry 1 in the DRAM tier")
             redis.kill()
             redis.restart()
-            _until(lambda: _fill(admin, [10, 11, 12, 13]) == old, what="the new corpus under the same ids")
-            _until(lambda: _map_hits(reader, [10, 11, 12, 13]) == old, what="the new entries searchable")
+            wait_until(lambda: _fill(admin, [10, 11, 12, 13]) == old, 30.0, what="the new corpus under the same ids")
+            wait_until(lambda: _map_hits(reader, [10, 11, 12, 13]) == old, 30.0, what="the new entries searchable")
             assert _map_hits(reader, [0, 1, 2, 3]) == [None] * 4  # nothing of the old index is left
             (maps,) = reader.fetch("ns", FP, [old[0]])
             np.testing.assert_array_equal(maps, make_entry(LAYOUT, LENGTH, 10).maps.astype(np.float16))
@@ -106,7 +85,7 @@ def test_a_store_flushed_under_a_daemon_without_create_refuses_writes_and_is_not
             _fill(admin, [0, 1])
             with redis.client() as raw:
                 raw.flushall()
-            _until(lambda: admin.health() == "NOT_SERVING", what="health NOT_SERVING")
+            wait_until(lambda: admin.health() == "NOT_SERVING", 30.0, what="health NOT_SERVING")
             with pytest.raises(StoreUnsafeError, match="FAILED_PRECONDITION.*the store's marker is gone"):
                 _fill(admin, [2])
             assert admin.stats().dram_entries == 0
@@ -123,12 +102,12 @@ def test_an_allkeys_policy_set_on_a_running_redis_refuses_writes_until_it_is_und
         with daemon.client(ADMIN_TOKEN) as admin, redis.client() as raw:
             _fill(admin, [0])
             raw.config_set("maxmemory-policy", "allkeys-lru")
-            _until(lambda: admin.health() == "NOT_SERVING", what="health NOT_SERVING under allkeys-lru")
+            wait_until(lambda: admin.health() == "NOT_SERVING", 30.0, what="health NOT_SERVING under allkeys-lru")
             with pytest.raises(StoreUnsafeError, match="FAILED_PRECONDITION.*maxmemory-policy allkeys-lru"):
                 admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 5)])
             assert _map_hits(admin, [0]) != [None]  # reads go on
             raw.config_set("maxmemory-policy", "volatile-lru")
-            _until(lambda: admin.health() == "SERVING", what="health SERVING again")
+            wait_until(lambda: admin.health() == "SERVING", 30.0, what="health SERVING again")
             assert admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 5)]).entries == 1
     finally:
         assert daemon.stop() == 0, daemon.log()
