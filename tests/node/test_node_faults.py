@@ -3,46 +3,25 @@ store) over real HTTP and raw loopback sockets. Each was found by probing the no
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from cache_helpers import sentences
-from node_helpers import NodeProcess, save_tiny_bert, tiny_store
-
-from attnstore_tools import node as node_command
+from node_helpers import NodeProcess, tiny_store
 
 READ_TIMEOUT = 2.0  # seconds the node gives a request's headers, then its body (--read-timeout)
-
-
-def _cli_takes(flag: str) -> bool:
-    """Whether ``attnstore node`` has the option ``flag``."""
-    commands = argparse.ArgumentParser().add_subparsers()
-    node_command.register(commands)
-    return flag in commands.choices["node"]._option_string_actions
-
-
-HAS_READ_TIMEOUT = _cli_takes("--read-timeout")
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    return folder, save_tiny_bert(folder)
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, model):
     folder, loaded = model
     workdir = tmp_path_factory.mktemp("node-faults")
-    timeout = ("--read-timeout", str(READ_TIMEOUT)) if HAS_READ_TIMEOUT else ()
     process = NodeProcess(str(folder), tiny_store(workdir / "store", loaded), workdir,
-                          args=("--no-warmup", "--max-wait-ms", "20", *timeout)).start()
+                          args=("--no-warmup", "--max-wait-ms", "20", "--read-timeout", str(READ_TIMEOUT))).start()
     yield process
     assert process.stop() == 0, process.log()
 
@@ -130,7 +109,6 @@ def _answer_until_closed(conn: socket.socket, within: float) -> tuple[bytes, flo
     return received, time.monotonic() - started
 
 
-@pytest.mark.skipif(not HAS_READ_TIMEOUT, reason="attnstore node has no --read-timeout yet (tools/node.py)")
 def test_clients_trickling_headers_or_body_get_408_and_are_closed_and_silent_ones_are_closed(node) -> None:
     body = b'{"input": "' + b"x" * 500 + b'"}'
     headers = (b"POST /v1/embeddings HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"

@@ -12,13 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cache_helpers import sentences
-from node_helpers import NodeProcess, save_tiny_bert, tiny_store
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    return folder, save_tiny_bert(folder)
+from node_helpers import NodeProcess, tiny_store
 
 
 @pytest.fixture(scope="module")
