@@ -33,7 +33,7 @@ from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettin
 from attnstore_client.call.sinks import Pooled, RowStates, Sink
 from attnstore_client.call.sources import Prompt, RowSource, TextRows, TokenRows, segment_tokens
 from attnstore_client.call.state import Call
-from attnstore_client.choices import ChoiceScores, ChoiceScoring
+from attnstore_client.choices import ChoiceScores, last_states, score_prompts
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model, move_model, resolve_device
@@ -104,7 +104,7 @@ class _Resources:
         self.connection.close()
 
 
-class AttnCache(SentenceTransformerAPI, ChoiceScoring):
+class AttnCache(SentenceTransformerAPI):
     """A model whose prefill is served from an attention-map store where possible.
 
     Used like a ``SentenceTransformer``: ``encode`` and the rest of its public
@@ -463,6 +463,53 @@ class AttnCache(SentenceTransformerAPI, ChoiceScoring):
         if ids:
             self.run(TokenRows(ids), states, batch_size=batch_size, show_progress_bar=show_progress_bar)
         return states.result()
+
+    # ---- decoders: next-token choices --------------------------------------------
+
+    def score_choices(
+        self,
+        prompts: str | Sequence[Prompt],
+        choices: Sequence[str] = ("A", "B", "C", "D"),
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+    ) -> ChoiceScores:
+        """Score each prompt's next token over ``choices`` (classification, multiple choice).
+
+        The prompt is used as given (end it where the answer token follows, e.g.
+        ``"...\\nAnswer:"``); each choice must be one token of the tokenizer, as
+        the model would write it next (``" A"`` with its space for most BPE vocabularies).
+
+        Args:
+            prompts: one prompt or a sequence of prompts; a prompt may be a list of segments (instruction,
+                chunks, question), each tokenized on its own and the ids concatenated (fused from stored
+                chunks by the chunk tier when the cache's ``chunks`` is set).
+            choices: the candidate next tokens, as text.
+            batch_size, show_progress_bar: as for ``encode``.
+
+        Returns:
+            The chosen index and the probabilities over ``choices`` per prompt.
+
+        Raises:
+            UnsupportedModelError: the model is an encoder (no language-model head).
+            ConfigError: fewer than two choices, or a choice that is not exactly one token.
+        """
+        run = partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return score_prompts(self.loaded, prompts, choices, self.head.max_length, run)
+
+    def last_hidden_states(
+        self, prompts: str | Sequence[Prompt], batch_size: int = 32, show_progress_bar: bool | None = None
+    ) -> torch.Tensor:
+        """Each prompt's last hidden state ``(n, hidden)`` fp32, what :meth:`score_choices` scores; sets ``last_stats``.
+
+        A prompt may be a list of segments, as for :meth:`score_choices`.
+
+        Raises:
+            ConfigError: a prompt in segments longer than the model's limit.
+        """
+        run = partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        return last_states(self.loaded.tokenizer, prompts, self.head.max_length, run)
+
+    # ---- one call ---------------------------------------------------------------
 
     def run(
         self, source: RowSource, sink: Sink, *, batch_size: int = 32, show_progress_bar: bool | None = None,

@@ -16,7 +16,6 @@ from attnstore.errors import ConfigError, UnsupportedModelError
 from attnstore_client.call.sinks import LastStates, Sink
 from attnstore_client.call.sources import Prompt, RowSource, TextRows, segment_tokens
 from attnstore_client.models import LoadedModel
-from attnstore_client.sentence.heads import SentenceHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +52,13 @@ def next_token_choice(lm_head: nn.Module, last: torch.Tensor, ids: Sequence[int]
 
 
 def score_prompts(
-    loaded: LoadedModel, prompts: Sequence[Prompt], choices: Sequence[str], max_length: int,
+    loaded: LoadedModel, prompts: str | Sequence[Prompt], choices: Sequence[str], max_length: int,
     run: Callable[[RowSource, Sink], object],
 ) -> ChoiceScores:
     """``AttnCache.score_choices``: the prompts' last hidden states by ``run`` (one call), then the choices' odds.
 
-    A prompt is a string, or a list of segments (instruction, chunks, question; see ``sources``).
+    ``prompts`` is one prompt or a sequence of them; a prompt is a string, or a list of segments (instruction,
+    chunks, question; see ``sources``).
 
     Raises:
         UnsupportedModelError: the model is an encoder (no language-model head).
@@ -70,80 +70,34 @@ def score_prompts(
             f"score_choices() needs a decoder with a language-model head; {loaded.name!r} is an encoder"
         )
     ids = choice_ids(loaded.tokenizer, choices)
-    if not prompts:
+    rows = _listed(prompts)
+    if not rows:
         return ChoiceScores(index=np.zeros(0, dtype=np.int64), probabilities=np.zeros((0, len(ids)), np.float32))
-    return next_token_choice(head, last_states(loaded.tokenizer, prompts, max_length, run), ids)
+    return next_token_choice(head, last_states(loaded.tokenizer, rows, max_length, run), ids)
 
 
 def last_states(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], max_length: int,
+    tokenizer: PreTrainedTokenizerBase, prompts: str | Sequence[Prompt], max_length: int,
     run: Callable[[RowSource, Sink], object],
 ) -> torch.Tensor:
-    """Each prompt's last hidden state ``(n, hidden)`` by ``run`` (one call into a ``LastStates`` sink; ``(0, 0)``
-    for no prompts).
+    """``AttnCache.last_hidden_states``: each prompt's last hidden state ``(n, hidden)`` by ``run`` (one call into
+    a ``LastStates`` sink; ``(0, 0)`` for no prompts).
 
     A plain prompt is tokenized with special tokens and truncated to ``max_length``; a prompt in segments
     is tokenized segment by segment (``sources.segment_tokens``).
     """
-    if not prompts:
+    rows = _listed(prompts)
+    if not rows:
         return torch.zeros((0, 0))
 
     def tokenize(chunk: list[str]) -> list[list[int]]:
         return tokenizer(chunk, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
 
-    last = LastStates(len(prompts))
-    run(TextRows(prompts, tokenize, partial(segment_tokens, tokenizer, max_length=max_length)), last)
+    last = LastStates(len(rows))
+    run(TextRows(rows, tokenize, partial(segment_tokens, tokenizer, max_length=max_length)), last)
     return last.result()
 
 
-class ChoiceScoring:
-    """``score_choices`` and ``last_hidden_states`` of ``AttnCache``, over its model, head and ``run``."""
-
-    loaded: LoadedModel
-    head: SentenceHead
-    run: Callable[..., object]
-
-    def score_choices(
-        self,
-        prompts: str | Sequence[Prompt],
-        choices: Sequence[str] = ("A", "B", "C", "D"),
-        batch_size: int = 32,
-        show_progress_bar: bool | None = None,
-    ) -> ChoiceScores:
-        """Score each prompt's next token over ``choices`` (classification, multiple choice).
-
-        The prompt is used as given (end it where the answer token follows, e.g.
-        ``"...\\nAnswer:"``); each choice must be one token of the tokenizer, as
-        the model would write it next (``" A"`` with its space for most BPE vocabularies).
-
-        Args:
-            prompts: one prompt or a sequence of prompts; a prompt may be a list of segments (instruction,
-                chunks, question), each tokenized on its own and the ids concatenated (fused from stored
-                chunks by the chunk tier when the cache's ``chunks`` is set).
-            choices: the candidate next tokens, as text.
-            batch_size, show_progress_bar: as for ``encode``.
-
-        Returns:
-            The chosen index and the probabilities over ``choices`` per prompt.
-
-        Raises:
-            UnsupportedModelError: the model is an encoder (no language-model head).
-            ConfigError: fewer than two choices, or a choice that is not exactly one token.
-        """
-        rows = [prompts] if isinstance(prompts, str) else list(prompts)
-        return score_prompts(self.loaded, rows, choices, self.head.max_length,
-                             partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))
-
-    def last_hidden_states(
-        self, prompts: str | Sequence[Prompt], batch_size: int = 32, show_progress_bar: bool | None = None
-    ) -> torch.Tensor:
-        """Each prompt's last hidden state ``(n, hidden)`` fp32, what :meth:`score_choices` scores; sets ``last_stats``.
-
-        A prompt may be a list of segments, as for :meth:`score_choices`.
-
-        Raises:
-            ConfigError: a prompt in segments longer than the model's limit.
-        """
-        rows = [prompts] if isinstance(prompts, str) else list(prompts)
-        return last_states(self.loaded.tokenizer, rows, self.head.max_length,
-                           partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar))
+def _listed(prompts: str | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt as a list of one; a sequence of prompts as a list."""
+    return [prompts] if isinstance(prompts, str) else list(prompts)
