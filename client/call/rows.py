@@ -1,10 +1,11 @@
-"""The rows of a call: a distinct row until a tier serves it (``Row``), what a forward hands back for rows
-(``HiddenRows``), and what a call needs of its namespace (``NamespaceView``)."""
+"""The rows of a call: a distinct row until a tier serves it (``Row``) with what the tiers learn of it on the way
+(``RowFacts``), what a forward hands back for rows (``HiddenRows``), and what a call needs of its namespace
+(``NamespaceView``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -25,6 +26,16 @@ class NamespaceView:
     prefix: PrefixLayout | None = None  # how it stores prefix blocks; None: no prefix tier
 
 
+@dataclass(slots=True)
+class RowFacts:
+    """What a tier learns of a row in flight that a later tier of the same call reads (one per ``Row``)."""
+
+    admitted: bool = False  # the store asks this node to write the row back once computed (``store_exact``)
+    failed: str | None = None  # why a tier that should have served it could not (a fallback cause): it is computed
+    feature: np.ndarray | None = None  # (d,) its projected feature (``maps``): a written-back row carries it
+    projector_version: int = 0  # the version of the projector ``feature`` came from
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     """A distinct row of a call still to be served."""
@@ -34,6 +45,7 @@ class Row:
     key: bytes  # its exact-tier key (``keys.token_hash``)
     # Token counts of its segments (instruction, chunks, question) when its prompt came in segments; () otherwise.
     segments: tuple[int, ...] = ()
+    facts: RowFacts = field(default_factory=RowFacts, compare=False, repr=False)  # set by the tiers as it goes
 
 
 class HiddenRows:

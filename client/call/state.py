@@ -1,10 +1,12 @@
 """One call's state as it flows through the tiers: its rows, what they came back as, and its tallies.
 
 A call's input rows are taken a chunk at a time (``prefill``); every distinct
-row of a chunk is a ``Row`` until a tier serves it. A tier that serves rows
-hands their last hidden states to ``Call.deliver``, which passes them straight
-on to the call's ``Sink`` (pooling into the preallocated result, for
-``encode``) with every copy of each row, so nothing of a served row stays
+row of a chunk is a ``Row`` until a tier serves it. What a tier learns of a row
+for the tiers after it (admitted for write-back, failed, its feature) is kept
+on the row (``RowFacts``); ``Call`` holds what is the whole call's. A tier that
+serves rows hands their last hidden states to ``Call.deliver``, which passes
+them straight on to the call's ``Sink`` (pooling into the preallocated result,
+for ``encode``) with every copy of each row, so nothing of a served row stays
 behind in the call.
 """
 
@@ -14,8 +16,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from attnstore_client.call.rows import HiddenRows, NamespaceView, Row, RowKind
 from attnstore_client.call.settings import CallSettings
@@ -80,10 +80,7 @@ class Call:
         self.counts = CallCounts(rows=rows)
         self.kinds: list[str] = [""] * rows  # per input row, once served
         self.copies: dict[int, list[int]] = {}  # a row's index -> its later copies in the chunk in flight
-        self.failed: set[int] = set()  # rows a tier should have served but could not: computed as fallbacks
         self.store_down: str | None = None  # why the store is not asked again in this call (a fallback cause)
-        self.admitted: set[int] = set()  # rows the store asks this node to write back once computed
-        self.features: dict[int, tuple[np.ndarray, int]] = {}  # row -> its projected feature and projector version
 
     def deliver(self, rows: Sequence[Row], hidden: HiddenRows, kind: RowKind) -> None:
         """Hand served rows (row ``r`` of ``hidden`` is ``rows[r]``) and their copies to the sink, and count them.
@@ -95,7 +92,7 @@ class Call:
         self.sink.put(targets, hidden)
         counts = self.counts
         for row, indices in zip(rows, targets, strict=True):
-            row_kind = "fallback" if kind == "miss" and row.index in self.failed else kind
+            row_kind = "fallback" if kind == "miss" and row.facts.failed is not None else kind
             for index in indices:
                 self.kinds[index] = row_kind
             if row_kind == "exact":
@@ -118,6 +115,7 @@ class Call:
 
     def fail(self, rows: Sequence[Row], cause: str) -> None:
         """``rows`` could not be served by the store (``cause``): they are computed and counted as fallbacks."""
-        fresh = [row for row in rows if row.index not in self.failed]
+        fresh = [row for row in rows if row.facts.failed is None]
         self.counts.fallback(cause, len(fresh))
-        self.failed.update(row.index for row in fresh)
+        for row in fresh:
+            row.facts.failed = cause

@@ -92,15 +92,17 @@ class ComputeTier(Tier):
         outputs = hidden.to(torch.float16).cpu().numpy()  # (L, hidden), its own copy: what the store keeps
         self._local.outputs.put(self._local.key(row), outputs)
         write_back = self._context.write_back
-        if write_back is None or row.index not in call.admitted:
+        if write_back is None or not row.facts.admitted:
             return
         if maps is None:
             write_back.put(row.tokens, outputs)
             return
         # A feature from a projector replaced since the lookup would be refused: the maps go without it.
-        feature = call.features.get(row.index)
-        vector, version = feature if feature is not None and feature[1] == call.namespace.version else (None, 0)
-        write_back.put(row.tokens, outputs, maps, vector, version)
+        facts = row.facts
+        if facts.feature is None or facts.projector_version != call.namespace.version:
+            write_back.put(row.tokens, outputs, maps)
+        else:
+            write_back.put(row.tokens, outputs, maps, facts.feature, facts.projector_version)
 
     def _maps_to_keep(self, rows: Sequence[Row], call: Call) -> set[int]:
         """The admitted rows whose maps are kept in their forward, to be written back with them.
@@ -117,8 +119,8 @@ class ComputeTier(Tier):
         limit = write_back.settings.max_row_map_bytes
         return {
             row.index for row in rows
-            if row.index in call.admitted
-            and (call.namespace.projector is None or row.index in call.features)
+            if row.facts.admitted
+            and (call.namespace.projector is None or row.facts.feature is not None)
             and per_token * len(row.tokens) ** 2 <= limit
             and self._context.cost_model.replay_pays(len(row.tokens))
         }

@@ -77,7 +77,7 @@ class MapTier(Tier):
         if not call.settings.maps or call.namespace.projector is None:
             return rows
         cost_model = self._context.cost_model
-        eligible = [row for row in rows if row.index not in call.failed]
+        eligible = [row for row in rows if row.facts.failed is None]
         asked = [row for row in eligible if cost_model.should_ask(len(row.tokens))]
         call.counts.skipped += len(eligible) - len(asked)
         hits = self._search(asked, call)
@@ -94,8 +94,8 @@ class MapTier(Tier):
     def _search(self, rows: list[Row], call: Call) -> dict[int, Match]:
         """Project and search ``rows`` a batch at a time; the map hits by row index.
 
-        Each projected row's feature and the projector version it came from are kept in
-        ``call.features`` (a written-back row carries it, so the store indexes it without projecting again).
+        Each projected row's feature and the projector version it came from are kept on the row
+        (``RowFacts.feature``: a written-back row carries it, so the store indexes it without projecting again).
         """
         context = self._context
         hits: dict[int, Match] = {}
@@ -213,8 +213,8 @@ class MapTier(Tier):
 
 def _keep_features(call: Call, chunk: Sequence[Row], features: np.ndarray) -> None:
     """Keep each row's feature with the projector version it came from (a written-back row carries it)."""
-    version = call.namespace.version
-    call.features.update((row.index, (features[k], version)) for k, row in enumerate(chunk))
+    for k, row in enumerate(chunk):
+        row.facts.feature, row.facts.projector_version = features[k], call.namespace.version
 
 
 def _projector_gone(call: Call, rows: Sequence[Row]) -> None:
@@ -226,7 +226,7 @@ def _projector_gone(call: Call, rows: Sequence[Row]) -> None:
     log.warning("namespace %r has no projector any more: computing %d rows, exact hits only until it has one",
                 call.settings.namespace, len(rows))
     for row in rows:
-        call.features.pop(row.index, None)
+        row.facts.feature = None
     call.fail(rows, "refused")
 
 

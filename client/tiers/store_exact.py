@@ -3,7 +3,7 @@
 Asked a window of rows per call (``CallSettings.window``, at most the daemon's
 ``--max-queries``), nothing projected. What it answers also enters this
 process's own exact tier. With write-back on, the same call says which missed
-rows the store admits (``Call.admitted``): the compute tier writes those back.
+rows the store admits (``RowFacts.admitted``): the compute tier writes those back.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class StoreExactTier(Tier):
             if reply is None:
                 return left + rows[start:]
             found, admitted = reply
-            call.admitted.update(window[position].index for position in admitted)
+            for position in admitted:
+                window[position].facts.admitted = True
             found = self._fitting(found, window, call)
             served = [window[position] for position in sorted(found)]
             if served:

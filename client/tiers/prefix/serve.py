@@ -44,7 +44,7 @@ class PrefixTier(Tier):
             return rows
         by_index = {row.index: row for row in rows}
         tokens = {row.index: row.tokens for row in rows}
-        asked = candidates([row.index for row in rows if row.index not in call.failed], tokens, layout,
+        asked = candidates([row.index for row in rows if row.facts.failed is None], tokens, layout,
                            call.settings.prefix_min_tokens)
         if not asked:
             return rows
