@@ -209,7 +209,7 @@ class AttnCache(SentenceTransformerAPI):
                                           causal=self.adapter.causal, device=self.device)
         self._context = TierContext(self.adapter, self.connection, self.fingerprint, self.device,
                                     CircuitBreaker(breaker), cost_model, forwards=self._resources.forwards,
-                                    reload_namespace=self._read_namespace)
+                                    reload_namespace=self._namespace.read)
         self._local = LocalExactTier(self._context, outputs)
         self._chunks = ChunkTier(self._context, chunk_source or MemoryChunkSource())
         self._prefill = Prefill([
@@ -226,7 +226,7 @@ class AttnCache(SentenceTransformerAPI):
                 self._chunks.source = self._resources.chunks = StoreChunkSource(
                     self.connection, namespace, self.fingerprint, self.adapter, dtype=chunks.dtype if chunks else None,
                     timeout=timeout, write_back=self._context.write_back is not None)
-            self._read_namespace()
+            self._adopt(self._namespace.read())
         except UnavailableError as exc:
             # The store can only make a call faster: compute until it answers (NamespaceReader.refresh).
             log.warning("store %s is unreachable: computing every row until it answers (%s)", self.connection.url, exc)
@@ -241,23 +241,18 @@ class AttnCache(SentenceTransformerAPI):
 
     # ---- the namespace ----------------------------------------------------------
 
-    def _read_namespace(self) -> NamespaceView:
-        """Read the namespace (``NamespaceReader.read``) and take its projector's threshold and gate.
+    def _adopt(self, view: NamespaceView) -> None:
+        """Take the threshold and gate of ``view``'s projector into the calls' settings.
 
-        Raises:
-            FingerprintMismatchError, NamespaceNotFoundError, AuthError: as for the constructor.
-            UnavailableError: the store cannot be reached.
+        The one place the cache's settings follow its namespace, whoever read it: the constructor, ``refresh``
+        before a call, or a call's map tier told the projector was replaced (``run`` adopts the view it ended with).
         """
-        return self._adopt(self._namespace.read())
-
-    def _adopt(self, view: NamespaceView) -> NamespaceView:
         if view.projector is not None:
             self._settings = dataclasses.replace(
                 self._settings,
                 max_distance=map_threshold(self._max_distance, view.projector),
                 gate=self._max_distance is None and view.projector.gate is not None,
             )
-        return view
 
     # ---- settings ---------------------------------------------------------------
 
@@ -537,8 +532,13 @@ class AttnCache(SentenceTransformerAPI):
         if self._namespace.refresh(self._context.breaker):
             self._adopt(self._namespace.view)
         settings = dataclasses.replace(self._settings, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
-        call = Call(settings, self._namespace.view, sink, len(source))
-        self._prefill.run(source, call, progress=show_progress_bar)
+        view = self._namespace.view
+        call = Call(settings, view, sink, len(source))
+        try:
+            self._prefill.run(source, call, progress=show_progress_bar)
+        finally:
+            if call.namespace is not view:  # the map tier read it again (its projector was replaced): follow it
+                self._adopt(call.namespace)
         self._record(call, time.perf_counter() - started)
         return self.last_stats
 

@@ -55,8 +55,9 @@ class TierContext:
         cost_model: decides which rows are sent for maps, and how forwards are cut.
         write_back: where computed rows the store admits go; None: nowhere.
         forwards: the threads packed forwards run on side by side (``forward_pool``).
-        reload_namespace: reads the namespace again when a search is told its projector was replaced;
-            None leaves that a failed call.
+        reload_namespace: reads the namespace again when a search is told its projector was replaced and returns
+            the new view, which the call adopts (``Call.namespace``; the cache takes its settings from the view the
+            call ended with); it changes nothing else. None leaves that a failed call.
     """
 
     adapter: Adapter
