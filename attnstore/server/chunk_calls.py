@@ -1,4 +1,4 @@
-"""The chunk tier's RPCs: ChunkMatch, FetchChunks and PutChunks, thin over ``AttnStoreService``'s chunk calls.
+"""The chunk tier's RPCs: ChunkMatch, FetchChunks and PutChunks, thin over ``AttnStoreService.chunks``.
 
 A mixin of ``AttnStoreServicer``: it uses the servicer's ``_call`` (status
 codes, metrics, the in-flight count), its request limit and its callers.
@@ -45,7 +45,7 @@ class ChunkCalls:
     def ChunkMatch(self, request: pb.ChunkMatchRequest, context: grpc.ServicerContext) -> pb.ChunkMatchResponse:
         with self._call("ChunkMatch", context) as service:
             self._check_count("ChunkMatch", len(request.keys), "keys")
-            lengths = service.chunk_lengths(request.namespace, request.fingerprint,
+            lengths = service.chunks.lengths(request.namespace, request.fingerprint,
                                             chunk_layout_from_pb(request.layout), [bytes(k) for k in request.keys])
             return pb.ChunkMatchResponse(lengths=[length or 0 for length in lengths])
 
@@ -55,7 +55,7 @@ class ChunkCalls:
             self._check_count("FetchChunks", len(request.keys), "keys")
             keys = [bytes(k) for k in request.keys]
             check_chunk_keys(keys)
-            layout = service.check_chunk_request(request.namespace, request.fingerprint,
+            layout = service.chunks.check_request(request.namespace, request.fingerprint,
                                                  chunk_layout_from_pb(request.layout))
             failed: set[int] = set()
             for layer in range(layout.layers):
@@ -63,7 +63,7 @@ class ChunkCalls:
                     if chunk in failed or not context.is_active():
                         continue
                     try:
-                        array = service.read_chunk_layer(request.namespace, key, layer)  # (2, KVH, C, d)
+                        array = service.chunks.read_layer(request.namespace, key, layer)  # (2, KVH, C, d)
                     except ROW_ERRORS as exc:
                         # A damaged or missing chunk loses itself only; the client computes what needed it.
                         failed.add(chunk)
@@ -84,7 +84,7 @@ class ChunkCalls:
             layout = chunk_layout_from_pb(request.layout)
             writer = self._callers(context).name
             chunks = [stored_chunk_of(message, layout, writer) for message in request.chunks]
-            result = service.put_chunks(request.namespace, request.fingerprint, layout, chunks)
+            result = service.chunks.put(request.namespace, request.fingerprint, layout, chunks)
             self._metrics.chunks_put(request.namespace, result.stored, result.bytes)
             log.info("event=chunks_put namespace=%s chunks=%d stored=%d duplicates=%d bytes=%d writer=%s",
                      request.namespace, len(chunks), result.stored, result.duplicates, result.bytes, writer)

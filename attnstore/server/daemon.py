@@ -121,15 +121,15 @@ class Daemon:
 
     def _follower_status(self) -> FollowerStatus | None:
         service = self._service
-        return None if service is None else service.follower_status()
+        return None if service is None else service.monitoring.follower_status()
 
     def _redis_stats(self) -> RedisStats | None:
         service = self._service
-        return None if service is None else service.redis_stats()
+        return None if service is None else service.monitoring.redis_stats()
 
     def _background_errors(self) -> dict[str, int]:
         service = self._service
-        errors = {} if service is None else service.background_errors()
+        errors = {} if service is None else service.monitoring.background_errors()
         errors[WATCHDOG_THREAD] = self._watchdog_errors
         return errors
 
@@ -263,13 +263,13 @@ class Daemon:
         service, server = self._service, self._server
         if self._degraded or service is None or server is None:
             return
-        fault = service.storage_fault()
+        fault = service.monitoring.storage_fault()
         if fault is not None:
             self._degraded = True
             server.set_serving(False)
             log.error("event=storage_fault health=NOT_SERVING detail='%s; restart the daemon on sound storage'", fault)
             return
-        dead = service.dead_threads()
+        dead = service.monitoring.dead_threads()
         if dead:
             self._degraded = True
             server.set_serving(False)
@@ -286,13 +286,13 @@ class Daemon:
         service, server = self._service, self._server
         if self._degraded or service is None or server is None:
             return
-        status = service.follower_status()
+        status = service.monitoring.follower_status()
         resets = 0 if status is None else status.resets
         reset, self._resets_seen = resets > self._resets_seen, resets
         if reset:
             log.error("event=store_reset health=NOT_SERVING detail='the store was replaced under this daemon (Redis"
                       " lost its data?): every cache and index of the old one was dropped and rebuilt'")
-        problem = service.serving_problem()
+        problem = service.monitoring.serving_problem()
         if problem != self._problem:
             self._problem = problem
             if problem is not None:

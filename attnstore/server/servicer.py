@@ -136,14 +136,14 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
             self._metrics.namespace_known(request.name)
             log.info("event=namespace_created namespace=%s model=%s", request.name, request.model)
             return namespace_to_pb(service.get_namespace(request.name), projector=True,
-                                   prefix=service.prefix_layout(request.name),
-                                   chunks=service.chunk_layout(request.name))
+                                   prefix=service.prefixes.layout(request.name),
+                                   chunks=service.chunks.layout(request.name))
 
     def GetNamespace(self, request: pb.GetNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
         with self._call("GetNamespace", context) as service:
             return namespace_to_pb(service.get_namespace(request.name), projector=True,
-                                   prefix=service.prefix_layout(request.name),
-                                   chunks=service.chunk_layout(request.name))
+                                   prefix=service.prefixes.layout(request.name),
+                                   chunks=service.chunks.layout(request.name))
 
     def ListNamespaces(
         self, request: pb.ListNamespacesRequest, context: grpc.ServicerContext
@@ -237,7 +237,7 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
         with self._call("PrefixMatch", context) as service:
             self._check_count("PrefixMatch", len(request.rows), "rows")
             rows = [list(row.chain_hashes) for row in request.rows]
-            blocks = service.prefix_matches(request.namespace, request.fingerprint, int(request.block_size), rows)
+            blocks = service.prefixes.matches(request.namespace, request.fingerprint, int(request.block_size), rows)
             return pb.PrefixMatchResponse(blocks=blocks)
 
     def FetchPrefix(self, request: pb.FetchPrefixRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefixChunk]:
@@ -246,7 +246,7 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
         with self._call("FetchPrefix", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
             self._check_count("FetchPrefix", len(request.rows), "rows")
-            layout = check_prefix_request(service.prefix_layout(request.namespace), request.namespace,
+            layout = check_prefix_request(service.prefixes.layout(request.namespace), request.namespace,
                                           int(request.block_size))
             rows = [list(row.chain_hashes) for row in request.rows]
             failed: set[int] = set()
@@ -255,7 +255,7 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
                     if row in failed or not context.is_active():
                         continue
                     try:
-                        array = service.read_prefix(request.namespace, layout.block_size, chain, chunk)
+                        array = service.prefixes.read(request.namespace, layout.block_size, chain, chunk)
                     except ROW_ERRORS as exc:
                         # A corrupt or vanished block loses this row only; the client computes it.
                         failed.add(row)

@@ -14,7 +14,7 @@ write-back): a chunk is either absent or readable in full.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,43 +60,45 @@ def check_chunk_keys(keys: Sequence[bytes]) -> None:
         raise MapShapeError(f"a chunk key is {CHUNK_KEY_BYTES} bytes, got {len(bad)}")
 
 
-class ChunkTierCalls:
-    """The chunk tier's calls of ``AttnStoreService`` (a mixin: its store and its fingerprint check)."""
+class ServiceChunks:
+    """The service's chunk tier: its stored chunks (over the store), matched, read and put; thread-safe."""
 
-    _store: MapStoreBase
+    def __init__(self, store: MapStoreBase, check_fingerprint: Callable[[str, str], NamespaceInfo]) -> None:
+        """
+        Args:
+            store: the service's map store.
+            check_fingerprint: the service's check that a request's model is the namespace's
+                (``AttnStoreService.check_fingerprint``).
+        """
+        self._store = store
+        self._check_fingerprint = check_fingerprint
 
-    if TYPE_CHECKING:
-
-        def check_fingerprint(self, name: str, fingerprint: str) -> NamespaceInfo: ...  # the service's
-
-    def chunk_layout(self, namespace: str) -> ChunkLayout | None:
+    def layout(self, namespace: str) -> ChunkLayout | None:
         """How the namespace stores chunks; None when it stores none (or its store cannot hold chunks)."""
         return self._store.chunk_layout(namespace) if self._store.supports_chunks else None
 
-    def check_chunk_request(self, namespace: str, fingerprint: str, layout: ChunkLayout) -> ChunkLayout:
+    def check_request(self, namespace: str, fingerprint: str, layout: ChunkLayout) -> ChunkLayout:
         """The namespace's chunk layout, once the request's model and layout are its own.
 
         Raises:
             NamespaceNotFoundError: no such namespace.
             FingerprintMismatchError: another model, or another chunk layout (or none stored).
         """
-        self.check_fingerprint(namespace, fingerprint)
-        return check_chunk_layout(self.chunk_layout(namespace), namespace, layout)
+        self._check_fingerprint(namespace, fingerprint)
+        return check_chunk_layout(self.layout(namespace), namespace, layout)
 
-    def chunk_lengths(
-        self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes]
-    ) -> list[int | None]:
+    def lengths(self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes]) -> list[int | None]:
         """Each key's stored chunk length in tokens; None where it is not stored.
 
         Raises:
-            FingerprintMismatchError: see :meth:`check_chunk_request`.
+            FingerprintMismatchError: see :meth:`check_request`.
             MapShapeError: a key that is not 32 bytes.
         """
-        self.check_chunk_request(namespace, fingerprint, layout)
+        self.check_request(namespace, fingerprint, layout)
         check_chunk_keys(keys)
         return self._store.chunk_lengths(namespace, list(keys))
 
-    def read_chunk_layer(self, namespace: str, key: bytes, layer: int) -> np.ndarray:
+    def read_layer(self, namespace: str, key: bytes, layer: int) -> np.ndarray:
         """One chunk's keys and values of one layer ``(2, KVH, C, d)`` (the request is checked by the caller).
 
         Raises:
@@ -104,15 +106,15 @@ class ChunkTierCalls:
         """
         return self._store.read_chunk_layer(namespace, key, layer)
 
-    def read_chunk(self, namespace: str, key: bytes) -> np.ndarray:
+    def read(self, namespace: str, key: bytes) -> np.ndarray:
         """One chunk's keys and values of every layer ``(layers, 2, KVH, C, d)`` (checked by the caller).
 
         Raises:
-            EntryNotFoundError, ChecksumError: as :meth:`read_chunk_layer`.
+            EntryNotFoundError, ChecksumError: as :meth:`read_layer`.
         """
         return self._store.read_chunk(namespace, key)
 
-    def put_chunks(
+    def put(
         self, namespace: str, fingerprint: str, layout: ChunkLayout, chunks: Sequence[StoredChunk]
     ) -> ChunkPutResult:
         """Store ``chunks`` (all or none); the namespace takes ``layout`` when it records none yet.
@@ -123,11 +125,11 @@ class ChunkTierCalls:
                 ``layout`` (nothing is stored).
             StoreFullError: the store is full (nothing is stored).
         """
-        self.check_fingerprint(namespace, fingerprint)
+        self._check_fingerprint(namespace, fingerprint)
         for chunk in chunks:
             _check_chunk(chunk, layout)
         check_chunk_keys([chunk.key for chunk in chunks])
-        recorded = self.chunk_layout(namespace)
+        recorded = self.layout(namespace)
         if recorded is not None:
             check_chunk_layout(recorded, namespace, layout)
         if not chunks:

@@ -1,8 +1,8 @@
 """What the daemon watches of its service: storage faults, background threads, the follower, Redis.
 
-A mixin of ``AttnStoreService`` (its store and index follower): the daemon's
-watchdog turns health NOT_SERVING on a fault or a dead thread, and the metrics
-read the rest at scrape time.
+The service's ``monitoring`` part (over its store and index follower): the
+daemon's watchdog turns health NOT_SERVING on a fault or a dead thread, and the
+metrics read the rest at scrape time.
 """
 
 from __future__ import annotations
@@ -19,11 +19,23 @@ if TYPE_CHECKING:
 
 
 class ServiceMonitoring:
-    """The monitoring methods of ``AttnStoreService``."""
+    """What the daemon watches of ``AttnStoreService``: its store's faults and threads, its follower, Redis."""
 
-    _store: MapStoreBase
-    _follower: IndexFollower | None
-    _redis_stats: Callable[[], RedisStats] | None  # the Redis client's figures, for a store opened from a redis:// URL
+    def __init__(
+        self,
+        store: MapStoreBase,
+        follower: IndexFollower | None,
+        redis_stats: Callable[[], RedisStats] | None = None,
+    ) -> None:
+        """
+        Args:
+            store: the service's map store.
+            follower: the service's index follower of a shared store's log; None for a store no one else writes.
+            redis_stats: the Redis client's figures, for a store opened from a ``redis://`` URL.
+        """
+        self._store = store
+        self._follower = follower
+        self._redis_stats = redis_stats
 
     def serving_problem(self) -> str | None:
         """Why the store takes no writes now, while it lasts (see ``MapStoreBase.serving_problem``), or None."""

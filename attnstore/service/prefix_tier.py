@@ -15,7 +15,7 @@ stop fetching megabytes they cannot use on every call. Cuts are this process's
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,66 +54,57 @@ class PrefixCuts:
             return next((position for position in range(stored) if bytes(chain[position]) in cut), stored)
 
 
-def prefix_matches(
-    store: MapStoreBase, cuts: PrefixCuts, namespace: str, block_size: int, rows: Sequence[Sequence[bytes]]
-) -> list[int]:
-    """Each row's count of stored blocks from its first on (a lookup stops at the first missing or cut block).
+class ServicePrefixes:
+    """The service's prefix tier: its stored prefix blocks (over the store), matched and read; thread-safe."""
 
-    Raises:
-        FingerprintMismatchError: the namespace stores no prefix blocks, or blocks of another size.
-        MapShapeError: a hash that is not 32 bytes.
-    """
-    check_prefix_request(store.prefix_layout(namespace), namespace, block_size)
-    return [cuts.blocks(namespace, row, store.match_prefix(namespace, row)) for row in rows]
+    def __init__(self, store: MapStoreBase, check_fingerprint: Callable[[str, str], NamespaceInfo]) -> None:
+        """
+        Args:
+            store: the service's map store.
+            check_fingerprint: the service's check that a request's model is the namespace's
+                (``AttnStoreService.check_fingerprint``).
+        """
+        self._store = store
+        self._check_fingerprint = check_fingerprint
+        self._cuts = PrefixCuts()  # prefix blocks found unservable: chains end before them
 
-
-def read_prefix(
-    store: MapStoreBase, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int
-) -> np.ndarray:
-    """Chunk ``chunk`` of a row's stored prefix: a layer's keys and values ``(2, KVH, p, d)``, or (``chunk`` =
-    the layer count) the prefix's last hidden states ``(p, hidden)``.
-
-    Raises:
-        FingerprintMismatchError: another block size.
-        PrefixBlockMissingError: a block is no longer stored, or the chain skips its parents;
-            PrefixBlockCorruptError: a block is corrupt (both name it; see ``PrefixCuts``).
-    """
-    layout: PrefixLayout = check_prefix_request(store.prefix_layout(namespace), namespace, block_size)
-    if chunk == layout.layers:
-        return store.read_prefix_hidden(namespace, chain)
-    return store.read_prefix_layer(namespace, chain, chunk)
-
-
-class PrefixTierCalls:
-    """The prefix tier's calls of ``AttnStoreService`` (a mixin: its store, its cuts and its fingerprint check)."""
-
-    _store: MapStoreBase
-    _prefix_cuts: PrefixCuts
-
-    if TYPE_CHECKING:
-
-        def check_fingerprint(self, name: str, fingerprint: str) -> NamespaceInfo: ...  # the service's
-
-    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+    def layout(self, namespace: str) -> PrefixLayout | None:
         """How the namespace stores prefix blocks; None when it stores none."""
         return self._store.prefix_layout(namespace)
 
-    def prefix_matches(
-        self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]
-    ) -> list[int]:
-        """Each row's stored prefix in whole blocks (see ``prefix_tier.prefix_matches``).
+    def matches(self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]) -> list[int]:
+        """Each row's count of stored blocks from its first on (a lookup stops at the first missing or cut block).
 
         Raises:
+            NamespaceNotFoundError: no such namespace.
             FingerprintMismatchError: another model, or blocks of another size (or none).
+            MapShapeError: a hash that is not 32 bytes.
         """
-        self.check_fingerprint(namespace, fingerprint)
-        return prefix_matches(self._store, self._prefix_cuts, namespace, block_size, rows)
+        self._check_fingerprint(namespace, fingerprint)
+        check_prefix_request(self._store.prefix_layout(namespace), namespace, block_size)
+        return [self._cuts.blocks(namespace, row, self._store.match_prefix(namespace, row)) for row in rows]
 
-    def read_prefix(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
-        """One chunk of a row's stored prefix (see ``prefix_tier.read_prefix``); a block found corrupt is cut, so
-        prefix matches end before it from then on (a missing block ends them already: matches read records)."""
+    def read(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
+        """Chunk ``chunk`` of a row's stored prefix: a layer's keys and values ``(2, KVH, p, d)``, or (``chunk`` =
+        the layer count) the prefix's last hidden states ``(p, hidden)``.
+
+        A block found corrupt is cut, so prefix matches end before it from then on (a missing block ends them
+        already: matches read records).
+
+        Raises:
+            FingerprintMismatchError: another block size.
+            PrefixBlockMissingError: a block is no longer stored, or the chain skips its parents;
+                PrefixBlockCorruptError: a block is corrupt (both name it; see ``PrefixCuts``).
+        """
+        layout = check_prefix_request(self._store.prefix_layout(namespace), namespace, block_size)
         try:
-            return read_prefix(self._store, namespace, block_size, chain, chunk)
+            if chunk == layout.layers:
+                return self._store.read_prefix_hidden(namespace, chain)
+            return self._store.read_prefix_layer(namespace, chain, chunk)
         except PrefixBlockCorruptError as exc:
-            self._prefix_cuts.cut(namespace, exc.chain_hash)
+            self._cuts.cut(namespace, exc.chain_hash)
             raise
+
+    def forget(self, namespace: str) -> None:
+        """Forget what was learnt of a dropped namespace (its cut blocks)."""
+        self._cuts.forget(namespace)

@@ -28,32 +28,32 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore.service.chunk_tier import ChunkTierCalls
+from attnstore.service.chunk_tier import ServiceChunks
 from attnstore.service.derived_features import DerivedFeatures
 from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
 from attnstore.service.monitoring import ServiceMonitoring
-from attnstore.service.prefix_tier import PrefixCuts, PrefixTierCalls
+from attnstore.service.prefix_tier import ServicePrefixes
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStoreBase, StoreStats, VerifyReport
-from attnstore.store.lmdb.env import drop_mapped_pages
-from attnstore.store.lmdb.mapstore import open_lmdb_store
 from attnstore.store.namespace_rules import check_projector_version
-from attnstore.store.redis.urls import is_redis_url
+from attnstore.store.opening import open_store
 from attnstore.store.reports import FeaturesReport, PrefetchReport
 
 if TYPE_CHECKING:
     from attnstore.store.redis.connection import RedisStats
 
 
-class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
+class AttnStoreService:
     """A map store with its vector indexes; thread-safe.
 
     Reads of maps go straight to the store (many threads at once); index
-    searches and updates are serialised by ``NamespaceIndexes``.
+    searches and updates are serialised by ``NamespaceIndexes``. Its parts over the
+    same store: ``prefixes`` (the prefix tier), ``chunks`` (the chunk tier) and
+    ``monitoring`` (what the daemon watches).
     """
 
     def __init__(
@@ -75,7 +75,6 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
                 daemon's metrics (``open`` passes them).
         """
         self._store = store
-        self._redis_stats = redis_stats
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
         # A store other daemons write to (Redis) is followed, so their ingests and deletes reach this index.
         self._follower = IndexFollower(self._indexes) if store.supports_change_feed else None
@@ -86,7 +85,9 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
         self.admission = Admission(AdmissionConfig(admit_after=0))
         self.write_backs = WriteBackCounter()
         self.derived_features = DerivedFeatures()  # written-back rows' features, from their tokens
-        self._prefix_cuts = PrefixCuts()  # prefix blocks found unservable: chains end before them
+        self.prefixes = ServicePrefixes(store, self.check_fingerprint)
+        self.chunks = ServiceChunks(store, self.check_fingerprint)
+        self.monitoring = ServiceMonitoring(store, self._follower, redis_stats)
 
     @classmethod
     def open(
@@ -99,8 +100,8 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
         map_size: int | None = None,
         readonly: bool = False,
     ) -> AttnStoreService:
-        """Open the store at ``path`` and build its indexes: an LMDB folder, or a ``redis://`` URL
-        (one Redis server, or a Redis Cluster with ``?cluster=1``; see ``attnstore.store.redis``).
+        """Open the store at ``path`` (an LMDB folder or a ``redis://`` URL: see ``store.opening.open_store``)
+        and build its indexes.
 
         Raises:
             StoreNotFoundError: no store there and ``create`` is False.
@@ -108,27 +109,16 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
             ConfigError: a malformed Redis URL, or ``map_size`` with one.
             UnavailableError: Redis cannot be reached.
         """
-        store: MapStoreBase
-        redis_stats = None
-        if is_redis_url(path):
-            # Imported here: redis-py loads only with a Redis store.
-            from attnstore.store.redis.mapstore import open_redis_store
-
-            redis = open_redis_store(str(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
-                                     map_size=map_size, readonly=readonly)
-            store, redis_stats = redis, redis.redis_stats
-        else:
-            store = open_lmdb_store(Path(path), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
-                                    map_size=map_size, readonly=readonly)
+        opened = open_store(path, create=create, dram_bytes=dram_bytes, max_bytes=max_bytes, map_size=map_size,
+                            readonly=readonly)
         try:
-            service = cls(store, redis_stats=redis_stats)
+            service = cls(opened.store, redis_stats=opened.redis_stats)
         except BaseException:
             # Building the indexes failed: the store (its environment, writer lock and threads) must not
             # outlive the failure, or a retry in this process finds it "open for writing elsewhere".
-            store.close()
+            opened.store.close()
             raise
-        if readonly and not is_redis_url(path):
-            drop_mapped_pages(Path(path))  # what building the indexes mapped in, unasked (store.lmdb.env)
+        opened.read_through()  # building the indexes read every feature vector
         return service
 
     @property
@@ -169,7 +159,7 @@ class AttnStoreService(ServiceMonitoring, PrefixTierCalls, ChunkTierCalls):
         """
         self._store.drop_namespace(name)
         self._indexes.drop(name)
-        self._prefix_cuts.forget(name)
+        self.prefixes.forget(name)
 
     def set_projector(self, name: str, blob: bytes, *, replace: bool = False) -> NamespaceInfo:
         """Store the namespace's projector weights (safetensors bytes); returns the namespace as it is now.

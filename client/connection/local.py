@@ -108,8 +108,8 @@ class LocalConnection(StoreConnection):
             name=info.name, model=info.model, fingerprint=info.fingerprint, layers=layout.layers,
             heads=layout.heads, causal=layout.causal, hidden=layout.hidden, feature_dim=layout.feature_dim,
             projector=checked_projector(info.name, info.projector, info.projector_crc32c),
-            projector_version=info.projector_version, prefix=self._service.prefix_layout(name),
-            chunks=self._service.chunk_layout(name),
+            projector_version=info.projector_version, prefix=self._service.prefixes.layout(name),
+            chunks=self._service.chunks.layout(name),
         )
 
     def exact(
@@ -155,7 +155,7 @@ class LocalConnection(StoreConnection):
         timeout: float | None,
     ) -> list[int]:
         """See :meth:`StoreConnection.match_prefix` (in-process: ``timeout`` does not apply)."""
-        return self._service.prefix_matches(namespace, fingerprint, block_size, rows)
+        return self._service.prefixes.matches(namespace, fingerprint, block_size, rows)
 
     def fetch_prefix(
         self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
@@ -169,24 +169,24 @@ class LocalConnection(StoreConnection):
         self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
     ) -> list[int | None]:
         """See :meth:`StoreConnection.match_chunks` (in-process: ``timeout`` does not apply)."""
-        return self._service.chunk_lengths(namespace, fingerprint, layout, keys)
+        return self._service.chunks.lengths(namespace, fingerprint, layout, keys)
 
     def fetch_chunks(
         self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,
     ) -> list[np.ndarray | AttnStoreError]:
         """See :meth:`StoreConnection.fetch_chunks`: each chunk read from the store, checked, whole."""
-        self._service.check_chunk_request(namespace, fingerprint, layout)
+        self._service.chunks.check_request(namespace, fingerprint, layout)
         out: list[np.ndarray | AttnStoreError] = []
         for key in keys:
             try:
-                out.append(self._service.read_chunk(namespace, key))  # (layers, 2, KVH, C, d)
+                out.append(self._service.chunks.read(namespace, key))  # (layers, 2, KVH, C, d)
             except ROW_ERRORS as exc:
                 out.append(exc)
         return out
 
     def health(self) -> str:
         """``"SERVING"`` while the store's background threads live."""
-        return "NOT_SERVING" if self._service.dead_threads() else "SERVING"
+        return "NOT_SERVING" if self._service.monitoring.dead_threads() else "SERVING"
 
     def close(self) -> None:
         """Let go of the store (the last connection to it in this process closes it). Idempotent."""
@@ -242,7 +242,7 @@ class _LocalPrefix(PrefixStream):
     def _read(self, row: int, chunk: int) -> np.ndarray:
         start = time.perf_counter()
         try:
-            array = self._service.read_prefix(self._namespace, self._block_size, self._rows[row], chunk)
+            array = self._service.prefixes.read(self._namespace, self._block_size, self._rows[row], chunk)
         except AttnStoreError as exc:
             cause = "checksum" if cause_of(exc) == "checksum" else "row_error"
             raise MapsUnavailableError(f"row {row}: prefix chunk {chunk}: {exc}", row=row, cause=cause) from exc
@@ -256,6 +256,6 @@ class _LocalPrefix(PrefixStream):
 
     def hidden(self, row: int) -> np.ndarray:
         """See :meth:`PrefixStream.hidden`."""
-        layout = self._service.prefix_layout(self._namespace)
+        layout = self._service.prefixes.layout(self._namespace)
         assert layout is not None  # the rows were matched against it
         return self._read(row, layout.layers)

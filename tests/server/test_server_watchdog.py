@@ -13,7 +13,7 @@ import pytest
 
 from attnstore.server.config import DaemonConfig
 from attnstore.server.daemon import Daemon
-from attnstore.service import AttnStoreService
+from attnstore.service.monitoring import ServiceMonitoring
 
 
 def _metric(port: int, name: str) -> float:
@@ -24,10 +24,10 @@ def _metric(port: int, name: str) -> float:
 def test_a_watchdog_check_that_raises_is_counted_and_the_daemon_still_drains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(self: AttnStoreService) -> str | None:
+    def broken(self: ServiceMonitoring) -> str | None:
         raise RuntimeError("a bug in a health check")
 
-    monkeypatch.setattr(AttnStoreService, "storage_fault", broken)
+    monkeypatch.setattr(ServiceMonitoring, "storage_fault", broken)
     ready = tmp_path / "ready.json"
     daemon = Daemon(DaemonConfig(tmp_path / "store", listen="127.0.0.1:0", create=True, metrics_port=0,
                                  ready_file=ready, grace_seconds=1.0))

@@ -30,32 +30,32 @@ def service() -> AttnStoreService:
 
 
 def test_a_put_sets_the_layout_stores_new_chunks_and_counts_the_rest_as_duplicates(service):
-    assert service.chunk_layout("ns") is None
+    assert service.chunks.layout("ns") is None
     first, second = _chunk(0, 3), _chunk(1, 1)
-    result = service.put_chunks("ns", FP, LAYOUT, [first, first])
+    result = service.chunks.put("ns", FP, LAYOUT, [first, first])
     assert (result.stored, result.duplicates, result.bytes) == (1, 1, first.kv.nbytes)
-    assert service.chunk_layout("ns") == LAYOUT
-    result = service.put_chunks("ns", FP, LAYOUT, [first, second])
+    assert service.chunks.layout("ns") == LAYOUT
+    result = service.chunks.put("ns", FP, LAYOUT, [first, second])
     assert (result.stored, result.duplicates, result.bytes) == (1, 1, second.kv.nbytes)
-    assert service.chunk_lengths("ns", FP, LAYOUT, [first.key, second.key, b"\0" * 32]) == [3, 1, None]
-    assert np.array_equal(service.read_chunk("ns", second.key), second.kv)
+    assert service.chunks.lengths("ns", FP, LAYOUT, [first.key, second.key, b"\0" * 32]) == [3, 1, None]
+    assert np.array_equal(service.chunks.read("ns", second.key), second.kv)
 
 
 def test_a_chunk_not_finite_or_unlike_the_layout_refuses_the_whole_put(service):
     bad = StoredChunk(b"\1" * 32, np.full((2, *LAYOUT.layer_shape(2)), np.inf, dtype=np.float32))
     with pytest.raises(MapShapeError, match="not finite"):
-        service.put_chunks("ns", FP, LAYOUT, [_chunk(0, 3), bad])
+        service.chunks.put("ns", FP, LAYOUT, [_chunk(0, 3), bad])
     with pytest.raises(MapShapeError, match="does not fit"):
-        service.put_chunks("ns", FP, LAYOUT, [StoredChunk(b"\2" * 32, np.zeros((2, 2, 1, 0, 3), np.float32))])
-    assert service.chunk_layout("ns") is None  # nothing stored, not even the layout
+        service.chunks.put("ns", FP, LAYOUT, [StoredChunk(b"\2" * 32, np.zeros((2, 2, 1, 0, 3), np.float32))])
+    assert service.chunks.layout("ns") is None  # nothing stored, not even the layout
 
 
 def test_another_model_or_chunk_layout_is_refused_naming_both(service):
-    service.put_chunks("ns", FP, LAYOUT, [_chunk(0, 3)])
+    service.chunks.put("ns", FP, LAYOUT, [_chunk(0, 3)])
     with pytest.raises(FingerprintMismatchError, match="fingerprint"):
-        service.chunk_lengths("ns", "e" * 64, LAYOUT, [b"\0" * 32])
+        service.chunks.lengths("ns", "e" * 64, LAYOUT, [b"\0" * 32])
     other = ChunkLayout(layers=2, kv_heads=1, head_dim=3, dtype="float16")
     with pytest.raises(FingerprintMismatchError, match="dtype='float32'.*dtype='float16'"):
-        service.check_chunk_request("ns", FP, other)
+        service.chunks.check_request("ns", FP, other)
     with pytest.raises(FingerprintMismatchError):
-        service.put_chunks("ns", FP, other, [])  # no chunks, still another layout: refused
+        service.chunks.put("ns", FP, other, [])  # no chunks, still another layout: refused

@@ -99,18 +99,18 @@ def test_the_follower_status_counts_changes_applied_and_reads_within_the_bound(p
     first, second = pair
     first.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
     time.sleep(BOUND)  # the second has indexed the new namespace: what follows reaches it through the log
-    assert second.follower_status().seconds_since_read < FOLLOW_SECONDS * 2  # read at every interval
-    before = second.follower_status().changes_applied
+    assert second.monitoring.follower_status().seconds_since_read < FOLLOW_SECONDS * 2  # read at every interval
+    before = second.monitoring.follower_status().changes_applied
     ids = first.ingest("ns", FP, [make_entry(small_layout(), 6, seed=s) for s in (1, 2)]).entry_ids
     first.delete("ns", ids[:1])
-    _until(lambda: second.follower_status().changes_applied >= before + 2)  # one ingest, one delete logged
-    status = second.follower_status()
+    _until(lambda: second.monitoring.follower_status().changes_applied >= before + 2)  # one ingest, one delete logged
+    status = second.monitoring.follower_status()
     assert status.failed_reads == 0 and status.seconds_since_read < BOUND
 
 
 def test_a_service_on_a_store_no_one_shares_has_no_follower_status(tmp_path):
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
-        assert service.follower_status() is None and service.redis_stats() is None
+        assert service.monitoring.follower_status() is None and service.monitoring.redis_stats() is None
 
 
 def _searched(indexes: NamespaceIndexes, store: RedisMapStore, seeds: list[int]) -> list[int | None]:
@@ -142,9 +142,9 @@ def test_a_log_record_that_does_not_decode_is_skipped_counted_and_the_follower_g
         raw.xadd(log_key, {"op": "del"})
     (second,) = a.ingest("ns", FP, [make_entry(small_layout(), 6, seed=2)]).entry_ids
     _until(lambda: _kinds(b, [1, 2]) == [("map", first), ("map", second)])
-    status = b.follower_status()
+    status = b.monitoring.follower_status()
     assert status.skipped_records == 2 and status.errors == 0
-    assert b.dead_threads() == []
+    assert b.monitoring.dead_threads() == []
 
 
 def test_an_unexpected_error_in_a_follower_step_is_counted_and_the_next_step_runs(pair, monkeypatch):
@@ -164,4 +164,4 @@ def test_an_unexpected_error_in_a_follower_step_is_counted_and_the_next_step_run
     monkeypatch.setattr(indexes, "follow", failing_then_following)
     (entry_id,) = a.ingest("ns", FP, [make_entry(small_layout(), 6, seed=3)]).entry_ids
     _until(lambda: _kinds(b, [3]) == [("map", entry_id)])
-    assert b.follower_status().errors == 2 and b.dead_threads() == []
+    assert b.monitoring.follower_status().errors == 2 and b.monitoring.dead_threads() == []

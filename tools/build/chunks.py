@@ -164,12 +164,12 @@ def build_chunks_into(
                                      layout=exact_tier_layout(loaded), limits=token_limits(loaded))
 
         def put(layout: ChunkLayout, chunks: Sequence[StoredChunk]) -> int:
-            return service.put_chunks(config.namespace, fingerprint, layout, chunks).stored
+            return service.chunks.put(config.namespace, fingerprint, layout, chunks).stored
 
         def known(layout: ChunkLayout, keys: Sequence[bytes]) -> list[bool]:
-            if service.chunk_layout(config.namespace) is None:
+            if service.chunks.layout(config.namespace) is None:
                 return [False] * len(keys)
-            return [n is not None for n in service.chunk_lengths(config.namespace, fingerprint, layout, keys)]
+            return [n is not None for n in service.chunks.lengths(config.namespace, fingerprint, layout, keys)]
 
         return build_chunks(loaded, texts, put, known, config, progress=progress)
 

@@ -63,10 +63,10 @@ def test_build_stores_each_distinct_chunk_once_under_the_clients_keys_and_a_seco
     assert report.added == 12 + 1  # and the instruction
     with AttnStoreService.open(tmp_path / "store") as service:
         fingerprint = model_fingerprint(decoder.model, decoder.tokenizer)
-        layout = service.chunk_layout("default")
+        layout = service.chunks.layout("default")
         assert layout is not None and layout.dtype == "float32"
         keys = sorted(_keys(decoder, texts[:12]))
-        lengths = service.chunk_lengths("default", fingerprint, layout, keys)
+        lengths = service.chunks.lengths("default", fingerprint, layout, keys)
         assert all(n is not None and n >= 3 for n in lengths)
         instruction = segment_tokens(decoder.tokenizer, [[INSTRUCTION, ""]], max_length=512)[0].segments[0]
         assert report.bytes == sum(layout.chunk_bytes(n) for n in lengths) + layout.chunk_bytes(instruction)
@@ -142,18 +142,18 @@ def test_a_build_killed_mid_run_leaves_only_whole_correct_chunks_and_the_next_on
     keys = sorted(_keys(decoder, texts))
     store = tmp_path / "store"
     with AttnStoreService.open(reference) as service:
-        want = {key: service.read_chunk("default", key) for key in keys}
+        want = {key: service.chunks.read("default", key) for key in keys}
     visible_before = 0
     for after in (20, 100, 100):  # each run skips what the runs before stored
         _killed_build(decoder_folder, store, corpus, after)
         with AttnStoreService.open(store) as service:
-            layout = service.chunk_layout("default")
+            layout = service.chunks.layout("default")
             assert layout is not None
-            lengths = service.chunk_lengths("default", fingerprint, layout, keys)
+            lengths = service.chunks.lengths("default", fingerprint, layout, keys)
             visible = [key for key, n in zip(keys, lengths, strict=True) if n is not None]
             assert visible_before < len(visible) < len(keys)  # killed mid-run, after more than the last time
             for key in visible:  # whole, and equal to an uninterrupted build's
-                np.testing.assert_array_equal(service.read_chunk("default", key), want[key])
+                np.testing.assert_array_equal(service.chunks.read("default", key), want[key])
             report = service.verify()
             assert report.ok, report
         visible_before = len(visible)

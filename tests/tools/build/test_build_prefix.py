@@ -32,7 +32,7 @@ def test_build_stores_each_prompts_blocks_once_and_a_second_build_runs_no_prompt
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         report = build_namespace(decoder, prompts, service, config, progress=False)
         assert report.prefix is not None and report.prefix.prompts == 20
-        layout = service.prefix_layout("default")
+        layout = service.prefixes.layout("default")
         assert layout.block_size == 8 and layout.dtype == "float32"
         ids = [decoder.tokenizer(p)["input_ids"] for p in prompts]
         distinct = {h for row in ids for h in chain_hashes(row, 8)}
@@ -46,7 +46,7 @@ def test_build_without_prefix_blocks_stores_none(decoder, tmp_path):
     config = BuildConfig(calibration=None, prefix_blocks=False)
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         report = build_namespace(decoder, _prompts(20), service, config, progress=False)
-        assert report.prefix is None and service.prefix_layout("default") is None
+        assert report.prefix is None and service.prefixes.layout("default") is None
 
 
 def test_a_corpus_whose_prompts_share_no_block_records_no_prefix_layout(decoder, tmp_path):
@@ -54,7 +54,7 @@ def test_a_corpus_whose_prompts_share_no_block_records_no_prefix_layout(decoder,
     prompts = [f"{i} " + p for i, p in enumerate(_prompts(20))]  # each starts differently
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         report = build_namespace(decoder, prompts, service, config, progress=False)
-        assert report.prefix.blocks == 0 and service.prefix_layout("default") is None
+        assert report.prefix.blocks == 0 and service.prefixes.layout("default") is None
 
 
 def test_by_default_only_blocks_that_several_prompts_start_with_are_stored(decoder, tmp_path):

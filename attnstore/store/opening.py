@@ -1,0 +1,66 @@
+"""Opening a store by its location: an LMDB folder or a ``redis://`` URL, the one place that tells them apart.
+
+What a backend needs beyond the ``MapStoreBase`` interface comes with the store in an
+``OpenedStore``: the Redis client's figures (for the daemon's metrics) and what to do once
+the caller has read the store through (a read-only LMDB store drops the pages it mapped in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnstore.store.lmdb.env import drop_mapped_pages
+from attnstore.store.lmdb.mapstore import open_lmdb_store
+from attnstore.store.redis.urls import is_redis_url
+
+if TYPE_CHECKING:
+    from attnstore.store.base import MapStoreBase
+    from attnstore.store.redis.connection import RedisStats
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedStore:
+    """An open store and what its backend adds to the interface."""
+
+    store: MapStoreBase
+    redis_stats: Callable[[], RedisStats] | None  # the Redis client's figures; None for a store not on Redis
+    read_through: Callable[[], None]  # call once the store was read through (building indexes): drops what it mapped
+
+
+def open_store(
+    location: str | Path,
+    *,
+    create: bool = False,
+    dram_bytes: int | None = None,
+    max_bytes: int | None = None,
+    map_size: int | None = None,
+    readonly: bool = False,
+) -> OpenedStore:
+    """Open the store at ``location``: an LMDB folder, or a ``redis://`` URL (one Redis server, or a Redis
+    Cluster with ``?cluster=1``; see ``attnstore.store.redis``). None sizes take their defaults.
+
+    Raises:
+        StoreNotFoundError: no store there and ``create`` is False.
+        FormatVersionError: the store was written in an unknown format version.
+        ConfigError: a malformed Redis URL, or ``map_size`` with one.
+        UnavailableError: Redis cannot be reached.
+    """
+    if is_redis_url(location):
+        # Imported here: redis-py loads only with a Redis store.
+        from attnstore.store.redis.mapstore import open_redis_store
+
+        redis = open_redis_store(str(location), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                                 map_size=map_size, readonly=readonly)
+        return OpenedStore(redis, redis.redis_stats, lambda: None)
+    folder = Path(location)
+    store = open_lmdb_store(folder, create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
+                            map_size=map_size, readonly=readonly)
+
+    def read_through() -> None:
+        if readonly:
+            drop_mapped_pages(folder)  # what the reads mapped in, unasked (see ``lmdb.env.drop_mapped_pages``)
+
+    return OpenedStore(store, None, read_through)
