@@ -152,8 +152,11 @@ def test_a_build_killed_mid_run_leaves_only_whole_correct_chunks_and_the_next_on
             lengths = service.chunks.lengths("default", fingerprint, layout, keys)
             visible = [key for key, n in zip(keys, lengths, strict=True) if n is not None]
             assert visible_before < len(visible) < len(keys)  # killed mid-run, after more than the last time
-            for key in visible:  # whole, and equal to an uninterrupted build's
-                np.testing.assert_array_equal(service.chunks.read("default", key), want[key])
+            # Whole, and an uninterrupted build's values: a resumed run puts other chunks in a forward together, and
+            # where torch runs AVX-512 kernels a forward's numbers move in their last fp16 bit with the batch they
+            # share (1 of 1,152 values by 2e-6 here), so within two fp16 steps; a torn chunk is far off.
+            for key in visible:
+                np.testing.assert_allclose(service.chunks.read("default", key), want[key], rtol=2e-3, atol=2e-5)
             report = service.verify()
             assert report.ok, report
         visible_before = len(visible)
