@@ -25,7 +25,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import ChunkAssembler
 from attnstore_client.connection.channel import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET, open_channel, several_daemons
-from attnstore_client.connection.resend import STREAM_RETRIES, StreamResend, read_whole
+from attnstore_client.connection.resend import STREAM_RETRIES, StreamResend, guarded_stream, read_whole
 
 T = TypeVar("T")
 
@@ -155,7 +155,8 @@ class RemoteStore:
         Never sent again: what was yielded cannot be taken back (:meth:`lookup` is).
         """
         try:
-            yield from self._stub.Lookup(request, metadata=self._metadata, timeout=timeout or self._timeout)
+            seconds = timeout or self._timeout
+            yield from guarded_stream(self._stub.Lookup(request, metadata=self._metadata, timeout=seconds), seconds)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from exc
 
@@ -169,7 +170,8 @@ class RemoteStore:
             WireFormatError: chunks are inconsistent, or a row's layers are incomplete.
         """
         return self._read_stream(
-            lambda left: assembled_lookup(self._stub.Lookup(request, metadata=self._metadata, timeout=left)), timeout
+            lambda left: assembled_lookup(
+                guarded_stream(self._stub.Lookup(request, metadata=self._metadata, timeout=left), left)), timeout
         )
 
     def search(self, request: pb.SearchRequest, timeout: float | None = None) -> list[pb.Match]:
@@ -193,7 +195,7 @@ class RemoteStore:
         def read(left: float | None) -> list[np.ndarray]:
             assembler = ChunkAssembler(max_array_bytes=1 << 40)
             layers: dict[int, dict[int, np.ndarray]] = {}
-            for chunk in self._stub.Fetch(request, metadata=self._metadata, timeout=left):
+            for chunk in guarded_stream(self._stub.Fetch(request, metadata=self._metadata, timeout=left), left):
                 done = assembler.add(chunk)
                 if done is not None:
                     (index, layer), array = done

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 
-from attnstore.errors import AttnStoreError
+from attnstore.errors import AttnStoreError, UnavailableError
 from attnstore.protocol.status_codes import error_from_rpc
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,41 @@ T = TypeVar("T")
 
 STREAM_RETRIES = 2
 STREAM_RETRY_PAUSE_S = 0.05  # gRPC notices the dead daemon's connection meanwhile
+# How long past its deadline a server stream is left before this side cancels it: gRPC's own deadline
+# fires first, except when it does not (a Lookup was seen waiting for ever after its daemon stopped).
+DEADLINE_GRACE_S = 1.0
+M = TypeVar("M")
+
+
+def guarded_stream(call: Iterator[M], seconds: float | None) -> Iterator[M]:
+    """The messages of a server stream (a ``grpc.Call`` as its stub returned it), cancelled from this side
+    ``DEADLINE_GRACE_S`` past ``seconds`` should gRPC's own deadline not end it, so no read waits for ever.
+
+    Raises:
+        UnavailableError: ``DEADLINE_EXCEEDED``, the stream cancelled past its deadline.
+        grpc.RpcError: what else ends the stream.
+    """
+    if seconds is None:
+        yield from call
+        return
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        call.cancel()  # type: ignore[attr-defined]  # a stub's stream is a grpc.Call
+
+    timer = threading.Timer(max(0.0, seconds) + DEADLINE_GRACE_S, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield from call
+    except grpc.RpcError as exc:
+        if expired.is_set():
+            raise UnavailableError(f"DEADLINE_EXCEEDED: the stream outlived its deadline of {seconds:.2f} s and"
+                                   " was cancelled by the client") from exc
+        raise
+    finally:
+        timer.cancel()
 
 
 def retries_stream(exc: BaseException, attempt: int, retries: int, deadline: float | None) -> bool:
