@@ -95,7 +95,8 @@ class MapTier(Tier):
         """Project and search ``rows`` a batch at a time; the map hits by row index.
 
         Each projected row's feature and the projector version it came from are kept on the row
-        (``RowFacts.feature``: a written-back row carries it, so the store indexes it without projecting again).
+        (``RowFacts.feature``: a written-back row carries it and its version, which the daemon checks to tell a
+        node its projector is stale; the daemon indexes the row by the feature it derives from the tokens).
         """
         context = self._context
         hits: dict[int, Match] = {}
