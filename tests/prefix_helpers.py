@@ -31,9 +31,9 @@ def fill_prefix_namespace(service: AttnStoreService, llama: LoadedModel, rows: l
                              hidden=adapter.hidden_size, feature_dim=16)
     service.create_namespace("default", model=llama.name,
                              fingerprint=model_fingerprint(llama.model, llama.tokenizer), layout=layout)
-    prefix_layout = service.store.set_prefix_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
+    prefix_layout = service.store.prefixes.set_layout("default", prefix_layout_of(adapter, block_size=BLOCK))
     for blocks in capture_prefix_blocks(adapter, rows, prefix_layout, pad_id=0):
-        service.store.put_prefix_blocks("default", blocks)
+        service.store.prefixes.put("default", blocks)
 
 
 SHARED_A = prefix_rows([40], seed=10)[0]  # 5 whole blocks

@@ -55,13 +55,13 @@ def run(path: Path, batches: int, out_fd: int, seed: int) -> None:
 
     with MapStore.open(path, create=True, dram_bytes=0) as store:
         store.create_namespace(NAMESPACE, model="crash", fingerprint=FINGERPRINT, layout=small_layout())
-        store.set_chunk_layout(NAMESPACE, LAYOUT)
+        store.chunks.set_layout(NAMESPACE, LAYOUT)
         say("ready")
         while True:
             chunks = [chunk_of(key) for key in batch_of(batches)]
             if batches and rng.random() < 0.2:
                 chunks += [chunk_of(key) for key in batch_of(rng.randrange(batches))[:3]]
             say(f"begin {batches}")
-            store.put_chunks(NAMESPACE, chunks)
+            store.chunks.put(NAMESPACE, chunks)
             say(f"put {batches}")
             batches += 1

@@ -68,8 +68,8 @@ def run(path: Path, chains: int, out_fd: int, seed: int) -> None:
 
     with MapStore.open(path, create=True, dram_bytes=0) as store:
         store.create_namespace(NAMESPACE, model="crash", fingerprint=FINGERPRINT, layout=small_layout())
-        store.set_prefix_layout(NAMESPACE, LAYOUT)
-        stored = {c: store.match_prefix(NAMESPACE, list(chain_of(c))) for c in range(chains)}
+        store.prefixes.set_layout(NAMESPACE, LAYOUT)
+        stored = {c: store.prefixes.match(NAMESPACE, list(chain_of(c))) for c in range(chains)}
         say("ready")
         while True:
             open_chains = [c for c, end in stored.items() if end < CHAIN_BLOCKS]
@@ -78,10 +78,10 @@ def run(path: Path, chains: int, out_fd: int, seed: int) -> None:
             else:
                 chain = chains
                 chains += 1
-                stored[chain] = store.match_prefix(NAMESPACE, list(chain_of(chain)))  # its family's blocks
+                stored[chain] = store.prefixes.match(NAMESPACE, list(chain_of(chain)))  # its family's blocks
             first = stored[chain]
             last = min(CHAIN_BLOCKS, first + rng.randint(2, 5))
             say(f"begin {chain} {first} {last}")
-            store.put_prefix_blocks(NAMESPACE, blocks_of(chain, last))
+            store.prefixes.put(NAMESPACE, blocks_of(chain, last))
             say(f"put {chain} {first} {last}")
             stored[chain] = last

@@ -75,7 +75,7 @@ class ServiceChunks:
 
     def layout(self, namespace: str) -> ChunkLayout | None:
         """How the namespace stores chunks; None when it stores none (or its store cannot hold chunks)."""
-        return self._store.chunk_layout(namespace) if self._store.supports_chunks else None
+        return None if self._store.chunks is None else self._store.chunks.layout(namespace)
 
     def check_request(self, namespace: str, fingerprint: str, layout: ChunkLayout) -> ChunkLayout:
         """The namespace's chunk layout, once the request's model and layout are its own.
@@ -96,7 +96,7 @@ class ServiceChunks:
         """
         self.check_request(namespace, fingerprint, layout)
         check_chunk_keys(keys)
-        return self._store.chunk_lengths(namespace, list(keys))
+        return self._store.require_chunks("chunks.lengths()").lengths(namespace, list(keys))
 
     def read_layer(self, namespace: str, key: bytes, layer: int) -> np.ndarray:
         """One chunk's keys and values of one layer ``(2, KVH, C, d)`` (the request is checked by the caller).
@@ -104,7 +104,7 @@ class ServiceChunks:
         Raises:
             EntryNotFoundError: the chunk is not stored; ChecksumError: it is damaged (the message names it).
         """
-        return self._store.read_chunk_layer(namespace, key, layer)
+        return self._store.require_chunks("chunks.read_layer()").read_layer(namespace, key, layer)
 
     def read(self, namespace: str, key: bytes) -> np.ndarray:
         """One chunk's keys and values of every layer ``(layers, 2, KVH, C, d)`` (checked by the caller).
@@ -112,7 +112,7 @@ class ServiceChunks:
         Raises:
             EntryNotFoundError, ChecksumError: as :meth:`read_layer`.
         """
-        return self._store.read_chunk(namespace, key)
+        return self._store.require_chunks("chunks.read()").read(namespace, key)
 
     def put(
         self, namespace: str, fingerprint: str, layout: ChunkLayout, chunks: Sequence[StoredChunk]
@@ -134,11 +134,12 @@ class ServiceChunks:
             check_chunk_layout(recorded, namespace, layout)
         if not chunks:
             return ChunkPutResult(0, 0, 0)
+        stored_chunks = self._store.require_chunks("chunks.put()")
         if recorded is None:  # the first put's layout (refused when another put set another one meanwhile)
-            self._store.set_chunk_layout(namespace, layout)
+            stored_chunks.set_layout(namespace, layout)
         unique = list({chunk.key: chunk for chunk in chunks}.values())
-        known = self._store.chunk_lengths(namespace, [chunk.key for chunk in unique])
-        stored = self._store.put_chunks(namespace, unique)
+        known = stored_chunks.lengths(namespace, [chunk.key for chunk in unique])
+        stored = stored_chunks.put(namespace, unique)
         fresh = sum(chunk.kv.nbytes for chunk, length in zip(unique, known, strict=True) if length is None)
         return ChunkPutResult(stored, len(chunks) - stored, fresh)
 

@@ -70,7 +70,10 @@ class ServicePrefixes:
 
     def layout(self, namespace: str) -> PrefixLayout | None:
         """How the namespace stores prefix blocks; None when it stores none."""
-        return self._store.prefix_layout(namespace)
+        if self._store.prefixes is None:  # a store without prefix blocks: no namespace stores any
+            self._store.get_namespace(namespace)
+            return None
+        return self._store.prefixes.layout(namespace)
 
     def matches(self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]]) -> list[int]:
         """Each row's count of stored blocks from its first on (a lookup stops at the first missing or cut block).
@@ -81,8 +84,9 @@ class ServicePrefixes:
             MapShapeError: a hash that is not 32 bytes.
         """
         self._check_fingerprint(namespace, fingerprint)
-        check_prefix_request(self._store.prefix_layout(namespace), namespace, block_size)
-        return [self._cuts.blocks(namespace, row, self._store.match_prefix(namespace, row)) for row in rows]
+        check_prefix_request(self.layout(namespace), namespace, block_size)
+        prefixes = self._store.require_prefixes("prefixes.match()")
+        return [self._cuts.blocks(namespace, row, prefixes.match(namespace, row)) for row in rows]
 
     def read(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
         """Chunk ``chunk`` of a row's stored prefix: a layer's keys and values ``(2, KVH, p, d)``, or (``chunk`` =
@@ -96,11 +100,12 @@ class ServicePrefixes:
             PrefixBlockMissingError: a block is no longer stored, or the chain skips its parents;
                 PrefixBlockCorruptError: a block is corrupt (both name it; see ``PrefixCuts``).
         """
-        layout = check_prefix_request(self._store.prefix_layout(namespace), namespace, block_size)
+        layout = check_prefix_request(self.layout(namespace), namespace, block_size)
+        prefixes = self._store.require_prefixes("prefixes.read_layer()")
         try:
             if chunk == layout.layers:
-                return self._store.read_prefix_hidden(namespace, chain)
-            return self._store.read_prefix_layer(namespace, chain, chunk)
+                return prefixes.read_hidden(namespace, chain)
+            return prefixes.read_layer(namespace, chain, chunk)
         except PrefixBlockCorruptError as exc:
             self._cuts.cut(namespace, exc.chain_hash)
             raise

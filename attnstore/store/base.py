@@ -45,8 +45,6 @@ from attnstore.protocol.records import (
     check_entry_ids,
     check_namespace_name,
 )
-from attnstore.store.chunks.interface import ChunkCalls
-from attnstore.store.prefix.interface import PrefixBlockCalls
 from attnstore.store.reports import (
     CompactReport,
     FeaturesReport,
@@ -58,15 +56,49 @@ from attnstore.store.reports import (
 
 if TYPE_CHECKING:
     from attnstore.store.admission import AdmissionCounts, SketchShape
+    from attnstore.store.chunks.interface import StoredChunks
     from attnstore.store.feed import ChangeFeed
+    from attnstore.store.prefix.interface import PrefixBlocks
 
 
-class MapStoreBase(PrefixBlockCalls, ChunkCalls, ABC):
+class MapStoreBase(ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
 
     Safe for concurrent readers on many threads; writes are serialised.
     Arrays returned by reads belong to the caller (never shared with the store).
     """
+
+    # ---- optional parts: None where the backend lacks them ------------------------------------------
+
+    prefixes: PrefixBlocks | None = None
+    """The store's prefix blocks (causal namespaces; see ``store.prefix``), or None where it keeps none."""
+
+    chunks: StoredChunks | None = None
+    """The store's chunk entries (see ``store.chunks``), or None where it keeps none."""
+
+    def require_prefixes(self, call: str) -> PrefixBlocks:
+        """``prefixes``, for ``call`` that needs them.
+
+        Raises:
+            ConfigError: the store keeps no prefix blocks.
+        """
+        if self.prefixes is None:
+            raise self._lacks(call, "prefix blocks (store.prefixes is None)")
+        return self.prefixes
+
+    def require_chunks(self, call: str) -> StoredChunks:
+        """``chunks``, for ``call`` that needs them.
+
+        Raises:
+            ConfigError: the store keeps no chunk entries.
+        """
+        if self.chunks is None:
+            raise self._lacks(call, "chunk entries (store.chunks is None)")
+        return self.chunks
+
+    def _lacks(self, call: str, capability: str) -> ConfigError:
+        """The error of a call that needs ``capability``, which this store lacks."""
+        return ConfigError(f"{type(self).__name__}.{call}: this store lacks {capability}")
 
     # ---- capabilities: what a caller may ask beyond the core ----------------------------------------
 

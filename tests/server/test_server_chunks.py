@@ -43,8 +43,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         store.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
         for name in ("empty", "blank"):
             store.create_namespace(name, model="tiny", fingerprint=FP, layout=small_layout())
-        store.set_chunk_layout("ns", LAYOUT)
-        store.put_chunks("ns", CHUNKS)
+        store.chunks.set_layout("ns", LAYOUT)
+        store.chunks.put("ns", CHUNKS)
     damage_chunk(workdir / "store", "ns", CHUNKS[2].key, layer=1)
     process = DaemonProcess(workdir / "store", workdir).start()
     yield process

@@ -26,8 +26,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     rng = np.random.default_rng(0)
     with MapStore.open(workdir / "store", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
-        store.set_prefix_layout("ns", LAYOUT)
-        store.put_prefix_blocks("ns", [
+        store.prefixes.set_layout("ns", LAYOUT)
+        store.prefixes.put("ns", [
             PrefixBlock(h, HASHES[i - 1] if i else None,
                         rng.standard_normal((LAYOUT.layers, *LAYOUT.layer_shape)).astype(np.float32),
                         rng.standard_normal((LAYOUT.block_size, LAYOUT.hidden)).astype(np.float32))

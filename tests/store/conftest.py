@@ -1,6 +1,7 @@
 """Fixtures of the store suites: one factory of every map store backend, so each suite runs on all of them.
 
-The suites consult a store's capabilities (``supports_*``), never its backend. Where a test must damage
+The suites consult a store's capabilities (``supports_*``) and parts (``prefixes``, ``chunks``), never its
+backend. Where a test must damage
 stored bytes behind a store's back, the factory's ``corrupt_prefix_chunk`` and ``corrupt_chunk_layer`` do it
 the backend's way: this file is the one place that knows which backend it made.
 """
@@ -45,7 +46,7 @@ def make_store(request, tmp_path) -> StoreFactory:
 
 
 def _corrupt_memory_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
-    chunks = store._prefix[namespace].chunks[chain_hash]  # type: ignore[attr-defined]
+    chunks = store.prefixes._prefix[namespace].chunks[chain_hash]  # type: ignore[union-attr]
     chunks[chunk] = b"\x00" + chunks[chunk][1:]
 
 
@@ -63,7 +64,7 @@ _CORRUPTORS = {"memory": _corrupt_memory_prefix_chunk, "lmdb": _corrupt_lmdb_pre
 
 
 def _corrupt_memory_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, layer: int) -> None:
-    pieces = store._chunks[namespace].pieces[key]  # type: ignore[attr-defined]
+    pieces = store.chunks._chunks[namespace].pieces[key]  # type: ignore[union-attr]
     pieces[layer] = bytes([pieces[layer][0] ^ 0xFF]) + pieces[layer][1:]
 
 

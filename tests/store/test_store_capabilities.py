@@ -1,4 +1,5 @@
-"""Capabilities: what each store declares it can do beyond the core, and how a store refuses what it cannot."""
+"""Capabilities and optional parts: what each store declares it can do beyond the core, and how a store refuses
+what it cannot."""
 
 from __future__ import annotations
 
@@ -6,17 +7,15 @@ import pytest
 from store_helpers import small_layout
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.chunks import ChunkLayout
-from attnstore.protocol.prefix import PrefixLayout
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
 
 CAPABILITIES = sorted(name for name in dir(MapStoreBase) if name.startswith("supports_"))
+PARTS = ("prefixes", "chunks")  # optional parts: None where a backend lacks them
 
 
 def test_the_interface_declares_each_optional_ability_as_a_capability():
     assert CAPABILITIES == [
-        "supports_change_feed", "supports_chunks", "supports_compaction", "supports_outputs_only",
-        "supports_prefix_blocks",
+        "supports_change_feed", "supports_compaction", "supports_outputs_only",
         "supports_shared_admission", "supports_writes",
     ]
 
@@ -24,9 +23,12 @@ def test_the_interface_declares_each_optional_ability_as_a_capability():
 def test_the_in_memory_twin_has_every_capability_the_lmdb_backend_has(tmp_path):
     with MapStore.open(tmp_path / "store", create=True) as lmdb_store:
         lmdb_has = {name for name in CAPABILITIES if getattr(lmdb_store, name)}
-    twin_has = {name for name in CAPABILITIES if getattr(MemoryMapStore(), name)}
+        lmdb_parts = {name for name in PARTS if getattr(lmdb_store, name) is not None}
+    twin = MemoryMapStore()
+    twin_has = {name for name in CAPABILITIES if getattr(twin, name)}
     assert lmdb_has <= twin_has
-    assert {"supports_outputs_only", "supports_prefix_blocks", "supports_chunks", "supports_compaction"} <= lmdb_has
+    assert {name for name in PARTS if getattr(twin, name) is not None} == lmdb_parts == set(PARTS)
+    assert {"supports_outputs_only", "supports_compaction"} <= lmdb_has
 
 
 def test_a_read_only_store_declares_it_takes_no_writes(tmp_path):
@@ -44,11 +46,13 @@ def test_a_store_refuses_the_calls_of_an_ability_it_lacks_naming_the_capability(
     if not store.supports_shared_admission:
         with pytest.raises(ConfigError, match="supports_shared_admission"):
             store.admission_counts(None)  # type: ignore[arg-type]
-    if not store.supports_prefix_blocks:
-        assert store.prefix_layout("ns") is None and store.match_prefix("ns", []) == 0
-        with pytest.raises(ConfigError, match="supports_prefix_blocks"):
-            store.set_prefix_layout("ns", PrefixLayout(4, 3, 2, 5, 6, "float32"))
-    if not store.supports_chunks:
-        assert store.chunk_layout("ns") is None and store.chunk_lengths("ns", [bytes(32)]) == [None]
-        with pytest.raises(ConfigError, match="supports_chunks"):
-            store.set_chunk_layout("ns", ChunkLayout(3, 2, 5, "float32"))
+    if store.prefixes is None:
+        with pytest.raises(ConfigError, match=r"store.prefixes is None"):
+            store.require_prefixes("prefixes.set_layout()")
+    else:
+        assert store.require_prefixes("prefixes.set_layout()") is store.prefixes
+    if store.chunks is None:
+        with pytest.raises(ConfigError, match=r"store.chunks is None"):
+            store.require_chunks("chunks.set_layout()")
+    else:
+        assert store.require_chunks("chunks.set_layout()") is store.chunks

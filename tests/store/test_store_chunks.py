@@ -1,4 +1,4 @@
-"""Chunk entries in every store backend (``supports_chunks``): one suite for all."""
+"""Chunk entries in every store backend that keeps them (``store.chunks``): one suite for all."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ def _chunk(i: int, length: int = 5, layout: ChunkLayout = LAYOUT, writer: str | 
 
 def _open(make_store, max_bytes: int | None = None) -> MapStoreBase:
     store = make_store(max_bytes)
-    if not store.supports_chunks:
-        pytest.skip("the store keeps no chunk entries (supports_chunks)")
+    if store.chunks is None:
+        pytest.skip(f"{type(store).__name__} keeps no chunk entries (store.chunks is None)")
     store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    store.set_chunk_layout("ns", LAYOUT)
+    store.chunks.set_layout("ns", LAYOUT)
     return store
 
 
@@ -52,60 +52,60 @@ def store(make_store) -> MapStoreBase:
 
 def test_chunks_round_trip_every_layer_and_the_whole_chunk(store):
     chunks = [_chunk(0), _chunk(1, length=9), _chunk(2, length=1)]
-    assert store.put_chunks("ns", chunks) == 3
+    assert store.chunks.put("ns", chunks) == 3
     for chunk in chunks:
-        whole = store.read_chunk("ns", chunk.key)
+        whole = store.chunks.read("ns", chunk.key)
         assert whole.dtype == np.float32 and np.array_equal(whole, chunk.kv)  # (layers, 2, KVH, C, d)
         for layer in range(LAYOUT.layers):
-            assert np.array_equal(store.read_chunk_layer("ns", chunk.key, layer), chunk.kv[layer])
-    assert store.chunk_lengths("ns", [_key(1), _key(7), _key(2)]) == [9, None, 1]
-    assert store.chunk_layout("ns") == LAYOUT
+            assert np.array_equal(store.chunks.read_layer("ns", chunk.key, layer), chunk.kv[layer])
+    assert store.chunks.lengths("ns", [_key(1), _key(7), _key(2)]) == [9, None, 1]
+    assert store.chunks.layout("ns") == LAYOUT
 
 
 def test_fp16_chunks_round_trip_in_fp16(make_store):
     store = make_store()
-    if not store.supports_chunks:
-        pytest.skip("the store keeps no chunk entries (supports_chunks)")
+    if store.chunks is None:
+        pytest.skip(f"{type(store).__name__} keeps no chunk entries (store.chunks is None)")
     store.create_namespace("half", model="tiny", fingerprint="f" * 64, layout=small_layout())
     half = ChunkLayout(layers=2, kv_heads=1, head_dim=8, dtype="float16")
-    store.set_chunk_layout("half", half)
+    store.chunks.set_layout("half", half)
     chunk = _chunk(3, length=4, layout=half)
-    store.put_chunks("half", [chunk])
-    read = store.read_chunk_layer("half", chunk.key, 1)
+    store.chunks.put("half", [chunk])
+    read = store.chunks.read_layer("half", chunk.key, 1)
     assert read.dtype == np.float16 and np.array_equal(read, chunk.kv[1])
 
 
 def test_a_stored_key_is_kept_as_it_is_and_a_key_given_twice_is_stored_once(store):
     first = _chunk(0)
-    assert store.put_chunks("ns", [first, StoredChunk(first.key, _chunk(9).kv)]) == 1
-    assert store.put_chunks("ns", [StoredChunk(first.key, _chunk(8).kv), _chunk(1)]) == 1
-    assert np.array_equal(store.read_chunk("ns", first.key), first.kv)
+    assert store.chunks.put("ns", [first, StoredChunk(first.key, _chunk(9).kv)]) == 1
+    assert store.chunks.put("ns", [StoredChunk(first.key, _chunk(8).kv), _chunk(1)]) == 1
+    assert np.array_equal(store.chunks.read("ns", first.key), first.kv)
     assert store.stats().chunk_entries == 2
 
 
 def test_another_layout_is_refused_and_its_own_again_changes_nothing(store):
-    assert store.set_chunk_layout("ns", LAYOUT) == LAYOUT
+    assert store.chunks.set_layout("ns", LAYOUT) == LAYOUT
     for other in (ChunkLayout(4, 2, 4, "float32"), ChunkLayout(3, 2, 4, "float16")):
         with pytest.raises(FingerprintMismatchError):
-            store.set_chunk_layout("ns", other)
-    assert store.chunk_layout("ns") == LAYOUT
+            store.chunks.set_layout("ns", other)
+    assert store.chunks.layout("ns") == LAYOUT
     with pytest.raises(ConfigError, match="ChunkLayout"):
-        store.set_chunk_layout("ns", LAYOUT.to_dict())
+        store.chunks.set_layout("ns", LAYOUT.to_dict())
 
 
 def test_a_namespace_without_a_chunk_layout_stores_none_and_refuses_chunks(store):
     store.create_namespace("bare", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    assert store.chunk_layout("bare") is None
-    assert store.chunk_lengths("bare", [_key(0)]) == [None]
-    assert store.delete_chunks("bare", [_key(0)]) == 0
+    assert store.chunks.layout("bare") is None
+    assert store.chunks.lengths("bare", [_key(0)]) == [None]
+    assert store.chunks.delete("bare", [_key(0)]) == 0
     with pytest.raises(FingerprintMismatchError, match="bare"):
-        store.put_chunks("bare", [_chunk(0)])
+        store.chunks.put("bare", [_chunk(0)])
     with pytest.raises(FingerprintMismatchError, match="bare"):
-        store.read_chunk("bare", _key(0))
+        store.chunks.read("bare", _key(0))
     with pytest.raises(NamespaceNotFoundError):
-        store.set_chunk_layout("nowhere", LAYOUT)
+        store.chunks.set_layout("nowhere", LAYOUT)
     with pytest.raises(NamespaceNotFoundError):
-        store.chunk_lengths("nowhere", [_key(0)])
+        store.chunks.lengths("nowhere", [_key(0)])
 
 
 def test_a_chunk_of_another_shape_dtype_or_key_is_refused_by_position_and_nothing_is_written(store):
@@ -120,29 +120,29 @@ def test_a_chunk_of_another_shape_dtype_or_key_is_refused_by_position_and_nothin
     }
     for match, chunk in bad.items():
         with pytest.raises(MapShapeError, match=f"chunk 1.*{match}|chunk 1 must be"):
-            store.put_chunks("ns", [good, chunk])
-    assert store.chunk_lengths("ns", [good.key]) == [None]
+            store.chunks.put("ns", [good, chunk])
+    assert store.chunks.lengths("ns", [good.key]) == [None]
     with pytest.raises(MapShapeError, match="chunk key 0"):
-        store.chunk_lengths("ns", [b"x" * 31])
+        store.chunks.lengths("ns", [b"x" * 31])
     with pytest.raises(MapShapeError, match="layer must be in 0..2"):
-        store.read_chunk_layer("ns", good.key, 3)
+        store.chunks.read_layer("ns", good.key, 3)
 
 
 def test_a_missing_chunk_is_entry_not_found(store):
     with pytest.raises(EntryNotFoundError, match=_key(5).hex()):
-        store.read_chunk_layer("ns", _key(5), 0)
+        store.chunks.read_layer("ns", _key(5), 0)
 
 
 def test_a_damaged_chunk_fails_its_read_naming_it_and_verify_names_it(store, make_store):
     chunks = [_chunk(0), _chunk(1)]
-    store.put_chunks("ns", chunks)
+    store.chunks.put("ns", chunks)
     assert store.verify().ok
     make_store.corrupt_chunk_layer(store, "ns", chunks[1].key, 2)
     with pytest.raises(ChecksumError, match=f"chunk {chunks[1].key.hex()} of namespace 'ns': layer 2"):
-        store.read_chunk_layer("ns", chunks[1].key, 2)
+        store.chunks.read_layer("ns", chunks[1].key, 2)
     with pytest.raises(ChecksumError, match=chunks[1].key.hex()):
-        store.read_chunk("ns", chunks[1].key)
-    assert np.array_equal(store.read_chunk_layer("ns", chunks[1].key, 1), chunks[1].kv[1])  # other layers sound
+        store.chunks.read("ns", chunks[1].key)
+    assert np.array_equal(store.chunks.read_layer("ns", chunks[1].key, 1), chunks[1].kv[1])  # other layers sound
     report = store.verify()
     assert not report.ok and report.chunk_entries_checked == 2
     assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("ns", chunks[1].key.hex())]
@@ -153,18 +153,18 @@ def test_a_damaged_chunk_record_fails_reads_is_not_matched_is_named_by_verify_an
     if make_store.cut_chunk_record is None:
         pytest.skip("this backend keeps records as objects, not bytes")
     chunks = [_chunk(0), _chunk(1)]
-    store.put_chunks("ns", chunks)
+    store.chunks.put("ns", chunks)
     make_store.cut_chunk_record(store, "ns", chunks[1].key)
     with pytest.raises(ChecksumError, match=f"chunk {chunks[1].key.hex()} of namespace 'ns': its record is damaged"):
-        store.read_chunk("ns", chunks[1].key)
-    assert store.chunk_lengths("ns", [c.key for c in chunks]) == [5, None]  # computed where a prompt needs it
+        store.chunks.read("ns", chunks[1].key)
+    assert store.chunks.lengths("ns", [c.key for c in chunks]) == [5, None]  # computed where a prompt needs it
     report = store.verify()
     assert not report.ok and report.chunk_entries_checked == 2
     assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("ns", chunks[1].key.hex())]
     assert "record is damaged" in report.corrupt_chunks[0].reason
-    assert store.delete_chunks("ns", [chunks[1].key]) == 1
+    assert store.chunks.delete("ns", [chunks[1].key]) == 1
     assert store.verify().ok and store.stats().chunk_bytes == CHUNK_BYTES  # its layers went with it
-    assert np.array_equal(store.read_chunk("ns", chunks[0].key), chunks[0].kv)
+    assert np.array_equal(store.chunks.read("ns", chunks[0].key), chunks[0].kv)
 
 
 def test_a_damaged_chunk_record_is_evicted_first_however_recent(make_store):
@@ -172,28 +172,28 @@ def test_a_damaged_chunk_record_is_evicted_first_however_recent(make_store):
     if make_store.cut_chunk_record is None:
         pytest.skip("this backend keeps records as objects, not bytes")
     for i in range(3):
-        store.put_chunks("ns", [_chunk(i)])
+        store.chunks.put("ns", [_chunk(i)])
         time.sleep(0.01)
     make_store.cut_chunk_record(store, "ns", _key(2))  # the most recent chunk
-    assert store.put_chunks("ns", [_chunk(3)]) == 1  # over the cap: the damaged one goes, then the oldest
-    assert store.chunk_lengths("ns", [_key(i) for i in range(4)]) == [None, 5, None, 5]
+    assert store.chunks.put("ns", [_chunk(3)]) == 1  # over the cap: the damaged one goes, then the oldest
+    assert store.chunks.lengths("ns", [_key(i) for i in range(4)]) == [None, 5, None, 5]
     assert store.stats().chunk_bytes == 2 * CHUNK_BYTES
     assert store.verify().ok
 
 
 def test_delete_removes_chunks_and_counts_those_stored(store):
-    store.put_chunks("ns", [_chunk(0), _chunk(1)])
-    assert store.delete_chunks("ns", [_key(0), _key(0), _key(7)]) == 1
-    assert store.chunk_lengths("ns", [_key(0), _key(1)]) == [None, 5]
+    store.chunks.put("ns", [_chunk(0), _chunk(1)])
+    assert store.chunks.delete("ns", [_key(0), _key(0), _key(7)]) == 1
+    assert store.chunks.lengths("ns", [_key(0), _key(1)]) == [None, 5]
     with pytest.raises(EntryNotFoundError):
-        store.read_chunk("ns", _key(0))
+        store.chunks.read("ns", _key(0))
 
 
 def test_stats_count_chunks_and_their_bytes_per_namespace(store):
     store.create_namespace("other", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    store.set_chunk_layout("other", LAYOUT)
-    store.put_chunks("ns", [_chunk(0), _chunk(1, length=9)])
-    store.put_chunks("other", [_chunk(2)])
+    store.chunks.set_layout("other", LAYOUT)
+    store.chunks.put("ns", [_chunk(0), _chunk(1, length=9)])
+    store.chunks.put("other", [_chunk(2)])
     stats = store.stats()
     by_name = {ns.name: (ns.chunk_entries, ns.chunk_bytes) for ns in stats.namespaces}
     assert by_name == {"ns": (2, CHUNK_BYTES + LAYOUT.chunk_bytes(9)), "other": (1, CHUNK_BYTES)}
@@ -202,54 +202,54 @@ def test_stats_count_chunks_and_their_bytes_per_namespace(store):
 
 
 def test_dropping_the_namespace_removes_its_chunks_and_layout(store):
-    store.put_chunks("ns", [_chunk(0)])
+    store.chunks.put("ns", [_chunk(0)])
     store.drop_namespace("ns")
     assert store.stats().chunk_entries == 0
     store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    assert store.chunk_layout("ns") is None
-    store.set_chunk_layout("ns", LAYOUT)
-    assert store.chunk_lengths("ns", [_key(0)]) == [None]
+    assert store.chunks.layout("ns") is None
+    store.chunks.set_layout("ns", LAYOUT)
+    assert store.chunks.lengths("ns", [_key(0)]) == [None]
 
 
 def test_compaction_keeps_chunks(store):
     if not store.supports_compaction:
         pytest.skip("the store cannot compact")
-    store.put_chunks("ns", [_chunk(0), _chunk(1)])
-    store.delete_chunks("ns", [_key(1)])
+    store.chunks.put("ns", [_chunk(0), _chunk(1)])
+    store.chunks.delete("ns", [_key(1)])
     store.compact()
-    assert np.array_equal(store.read_chunk("ns", _key(0)), _chunk(0).kv)
-    assert store.chunk_lengths("ns", [_key(0), _key(1)]) == [5, None]
-    assert store.chunk_layout("ns") == LAYOUT and store.verify().ok
+    assert np.array_equal(store.chunks.read("ns", _key(0)), _chunk(0).kv)
+    assert store.chunks.lengths("ns", [_key(0), _key(1)]) == [5, None]
+    assert store.chunks.layout("ns") == LAYOUT and store.verify().ok
 
 
 def test_the_byte_cap_evicts_the_least_recently_read_chunks_first(make_store):
     store = _open(make_store, max_bytes=3 * CHUNK_BYTES + 120)
     for i in range(3):
-        store.put_chunks("ns", [_chunk(i)])
+        store.chunks.put("ns", [_chunk(i)])
         time.sleep(0.01)
-    store.read_chunk_layer("ns", _key(0), 0)  # chunk 0 is now the most recently used
+    store.chunks.read_layer("ns", _key(0), 0)  # chunk 0 is now the most recently used
     time.sleep(0.01)
-    assert store.put_chunks("ns", [_chunk(3)]) == 1  # over the cap: evicts down to 90% of it
-    assert store.chunk_lengths("ns", [_key(i) for i in range(4)]) == [5, None, None, 5]
+    assert store.chunks.put("ns", [_chunk(3)]) == 1  # over the cap: evicts down to 90% of it
+    assert store.chunks.lengths("ns", [_key(i) for i in range(4)]) == [5, None, None, 5]
     assert store.stats().chunk_entries == 2
 
 
 def test_chunks_larger_than_the_cap_are_refused_and_nothing_is_written(make_store):
     store = _open(make_store, max_bytes=2 * CHUNK_BYTES)
-    store.put_chunks("ns", [_chunk(0)])
+    store.chunks.put("ns", [_chunk(0)])
     with pytest.raises(StoreFullError, match="chunks"):
-        store.put_chunks("ns", [_chunk(1), _chunk(2), _chunk(3)])
-    assert store.chunk_lengths("ns", [_key(i) for i in range(4)]) == [5, None, None, None]
+        store.chunks.put("ns", [_chunk(1), _chunk(2), _chunk(3)])
+    assert store.chunks.lengths("ns", [_key(i) for i in range(4)]) == [5, None, None, None]
 
 
 def test_an_ingest_over_the_cap_evicts_the_least_recently_used_chunks_and_keeps_the_entry(make_store):
     store = _open(make_store, max_bytes=3 * CHUNK_BYTES + 120)
     for i in range(3):
-        store.put_chunks("ns", [_chunk(i)])
+        store.chunks.put("ns", [_chunk(i)])
         time.sleep(0.01)
-    store.read_chunk("ns", _key(0))
+    store.chunks.read("ns", _key(0))
     time.sleep(0.01)
     report = store.ingest("ns", [make_entry(small_layout(), 8, seed=1)])  # 896 bytes of maps and outputs
     assert report.evicted == {}
-    assert store.chunk_lengths("ns", [_key(i) for i in range(3)]) == [5, None, None]
+    assert store.chunks.lengths("ns", [_key(i) for i in range(3)]) == [5, None, None]
     assert store.entry("ns", report.entry_ids[0]).length == 8

@@ -1,4 +1,4 @@
-"""Prefix blocks in every store backend that keeps them (``supports_prefix_blocks``): one suite for all."""
+"""Prefix blocks in every store backend that keeps them (``store.prefixes``): one suite for all."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, 
 def store(make_store) -> MapStoreBase:
     """Every backend that stores prefix blocks (``make_store``, tests/store/conftest.py), with namespace ``ns``."""
     opened = make_store()
-    if not opened.supports_prefix_blocks:
-        pytest.skip("the store keeps no prefix blocks (supports_prefix_blocks)")
+    if opened.prefixes is None:
+        pytest.skip(f"{type(opened).__name__} keeps no prefix blocks (store.prefixes is None)")
     opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
     return opened
 
@@ -55,39 +55,39 @@ def test_chain_hashes_depend_on_every_earlier_token_and_on_the_block_size():
 
 
 def test_blocks_round_trip_keys_values_and_hidden_states_concatenated_over_the_chain(store):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(12)))
-    assert store.put_prefix_blocks("ns", blocks) == 3
-    assert store.put_prefix_blocks("ns", blocks) == 0  # stored once
+    assert store.prefixes.put("ns", blocks) == 3
+    assert store.prefixes.put("ns", blocks) == 0  # stored once
     hashes = [b.chain_hash for b in blocks]
     for layer in range(LAYOUT.layers):
         expected = np.concatenate([b.kv[layer] for b in blocks], axis=2)  # (2, KVH, 12, d)
-        assert np.array_equal(store.read_prefix_layer("ns", hashes, layer), expected)
-    assert np.array_equal(store.read_prefix_hidden("ns", hashes[:2]), np.concatenate([b.hidden for b in blocks[:2]]))
-    assert store.prefix_layout("ns") == LAYOUT
+        assert np.array_equal(store.prefixes.read_layer("ns", hashes, layer), expected)
+    assert np.array_equal(store.prefixes.read_hidden("ns", hashes[:2]), np.concatenate([b.hidden for b in blocks[:2]]))
+    assert store.prefixes.layout("ns") == LAYOUT
 
 
 def test_a_lookup_stops_at_the_first_block_not_stored(store):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     stored = _chain(list(range(8)))
-    store.put_prefix_blocks("ns", stored)
+    store.prefixes.put("ns", stored)
     longer = chain_hashes([*range(8), 50, 51, 52, 53], 4)
-    assert store.match_prefix("ns", longer) == 2
-    assert store.match_prefix("ns", chain_hashes([7, *range(1, 12)], 4)) == 0
-    assert store.match_prefix("ns", []) == 0
+    assert store.prefixes.match("ns", longer) == 2
+    assert store.prefixes.match("ns", chain_hashes([7, *range(1, 12)], 4)) == 0
+    assert store.prefixes.match("ns", []) == 0
 
 
 def test_a_block_whose_parent_is_not_stored_is_refused_and_nothing_of_the_call_is_written(store):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(12)))
     with pytest.raises(MapShapeError, match="parent"):
-        store.put_prefix_blocks("ns", [blocks[0], blocks[2]])
-    assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 0
+        store.prefixes.put("ns", [blocks[0], blocks[2]])
+    assert store.prefixes.match("ns", [b.chain_hash for b in blocks]) == 0
     assert store.stats().prefix_blocks == 0
 
 
 def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeypatch):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(16)))
     real = prefix_records.block_chunks
     calls = []
@@ -101,67 +101,67 @@ def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeyp
     monkeypatch.setattr("attnstore.store.lmdb.prefix_blocks.block_chunks", failing)
     monkeypatch.setattr("attnstore.store.memory.prefix_blocks.block_chunks", failing)
     with pytest.raises(OSError):
-        store.put_prefix_blocks("ns", blocks)
-    assert store.match_prefix("ns", [b.chain_hash for b in blocks]) == 0
+        store.prefixes.put("ns", blocks)
+    assert store.prefixes.match("ns", [b.chain_hash for b in blocks]) == 0
     assert store.stats().prefix_blocks == 0
 
 
 def test_another_block_size_or_shape_is_refused(store):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     other = PrefixLayout(8, LAYOUT.layers, LAYOUT.kv_heads, LAYOUT.head_dim, LAYOUT.hidden, LAYOUT.dtype)
     with pytest.raises(FingerprintMismatchError):
-        store.set_prefix_layout("ns", other)
+        store.prefixes.set_layout("ns", other)
     with pytest.raises(MapShapeError, match="kv must be"):
-        store.put_prefix_blocks("ns", _chain(list(range(8)), other))
+        store.prefixes.put("ns", _chain(list(range(8)), other))
     half = _chain(list(range(4)))[0]
     with pytest.raises(MapShapeError, match="float32"):
-        store.put_prefix_blocks("ns", [PrefixBlock(half.chain_hash, None, half.kv.astype(np.float16), half.hidden)])
+        store.prefixes.put("ns", [PrefixBlock(half.chain_hash, None, half.kv.astype(np.float16), half.hidden)])
 
 
 def test_a_namespace_without_a_prefix_layout_matches_nothing_and_refuses_blocks(store):
-    assert store.prefix_layout("ns") is None
-    assert store.match_prefix("ns", chain_hashes(list(range(8)), 4)) == 0
+    assert store.prefixes.layout("ns") is None
+    assert store.prefixes.match("ns", chain_hashes(list(range(8)), 4)) == 0
     with pytest.raises(FingerprintMismatchError):
-        store.put_prefix_blocks("ns", _chain(list(range(4))))
+        store.prefixes.put("ns", _chain(list(range(4))))
     with pytest.raises(ConfigError):
-        store.set_prefix_layout("ns", {"block_size": 4})
+        store.prefixes.set_layout("ns", {"block_size": 4})
 
 
 def test_a_corrupt_block_fails_its_read_and_verify_names_it(store, make_store):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(12)))
-    store.put_prefix_blocks("ns", blocks)
+    store.prefixes.put("ns", blocks)
     make_store.corrupt_prefix_chunk(store, "ns", blocks[1].chain_hash, 2)
     hashes = [b.chain_hash for b in blocks]
     with pytest.raises(ChecksumError, match=f"prefix block 1 of 3 in the chain \\({blocks[1].chain_hash.hex()}\\)"
                        ".*chunk 2 \\(layer 2\\)") as caught:
-        store.read_prefix_layer("ns", hashes, 2)
+        store.prefixes.read_layer("ns", hashes, 2)
     assert isinstance(caught.value, PrefixBlockError)
     assert (caught.value.block, caught.value.chain_hash) == (1, blocks[1].chain_hash)
-    assert store.read_prefix_layer("ns", hashes, 1).shape == (2, 2, 12, 5)  # other layers are sound
+    assert store.prefixes.read_layer("ns", hashes, 1).shape == (2, 2, 12, 5)  # other layers are sound
     report = store.verify()
     assert not report.ok and report.prefix_blocks_checked == 3
     assert any(blocks[1].chain_hash.hex() in problem for problem in report.problems)
 
 
 def test_stats_count_blocks_and_their_bytes_and_dropping_the_namespace_removes_them(store):
-    store.set_prefix_layout("ns", LAYOUT)
-    store.put_prefix_blocks("ns", _chain(list(range(12))))
+    store.prefixes.set_layout("ns", LAYOUT)
+    store.prefixes.put("ns", _chain(list(range(12))))
     stats = store.stats()
     assert stats.prefix_blocks == 3 and stats.prefix_bytes == 3 * LAYOUT.block_bytes
     store.drop_namespace("ns")
     assert store.stats().prefix_blocks == 0
     store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-    assert store.prefix_layout("ns") is None
+    assert store.prefixes.layout("ns") is None
 
 
 def test_a_chain_is_served_only_from_its_first_block_never_later_blocks_without_their_parents(store):
-    store.set_prefix_layout("ns", LAYOUT)
+    store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(12)))
-    store.put_prefix_blocks("ns", blocks)
+    store.prefixes.put("ns", blocks)
     hashes = [b.chain_hash for b in blocks]
-    assert store.read_prefix_layer("ns", hashes[:2], 0).shape == (2, 2, 8, 5)
+    assert store.prefixes.read_layer("ns", hashes[:2], 0).shape == (2, 2, 8, 5)
     for request, bad in ((hashes[1:], 0), ([hashes[0], hashes[2]], 1)):
         with pytest.raises(PrefixBlockMissingError, match=f"prefix block {bad} of 2 .*not the child") as caught:
-            store.read_prefix_layer("ns", request, 0)
+            store.prefixes.read_layer("ns", request, 0)
         assert caught.value.block == bad

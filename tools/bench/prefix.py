@@ -102,9 +102,9 @@ def _cell(adapter, path: Path, prefix: int, suffix: int, args: argparse.Namespac
         service.create_namespace("bench", model=str(args.model), fingerprint=fingerprint, layout=NamespaceLayout(
             layers=adapter.num_layers, heads=adapter.num_heads, causal=True, hidden=adapter.hidden_size,
             feature_dim=16))
-        layout = service.store.set_prefix_layout("bench", prefix_layout_of(adapter, block_size=args.block_size))
+        layout = service.store.prefixes.set_layout("bench", prefix_layout_of(adapter, block_size=args.block_size))
         for blocks in capture_prefix_blocks(adapter, [shared], layout, pad_id=0):
-            service.store.put_prefix_blocks("bench", blocks)
+            service.store.prefixes.put("bench", blocks)
         connection = LocalConnection("local:bench", service)
         chain = _chain(shared, layout.block_size)
         full_batch = batch_from_ids(rows, 0)

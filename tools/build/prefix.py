@@ -59,26 +59,26 @@ def store_prefix_blocks(
         FingerprintMismatchError: the namespace stores blocks of another layout.
     """
     started = time.perf_counter()
-    store = service.store
+    prefixes = service.store.require_prefixes("prefixes (building prefix blocks)")
     layout = prefix_layout_of(adapter, block_size=config.block_size, dtype=config.dtype)
-    stored = store.prefix_layout(namespace)
+    stored = prefixes.layout(namespace)
     if stored is not None and stored != layout:
-        layout = store.set_prefix_layout(namespace, layout)  # refused: the namespace records another layout
+        layout = prefixes.set_layout(namespace, layout)  # refused: the namespace records another layout
     chains = [chain_hashes(row, layout.block_size) for row in rows]
     starts = Counter(h for chain in chains for h in set(chain))
     todo = []
     for row, chain in zip(rows, chains, strict=True):
         kept = sum(1 for h in chain if starts[h] >= config.min_shared)  # counts fall along a chain: a prefix
-        if kept and (stored is None or store.match_prefix(namespace, chain[:kept]) < kept):
+        if kept and (stored is None or prefixes.match(namespace, chain[:kept]) < kept):
             todo.append(list(row[: kept * layout.block_size]))
     todo.sort(key=len, reverse=True)  # batches of alike lengths pad little
     if todo and stored is None:
-        store.set_prefix_layout(namespace, layout)
+        prefixes.set_layout(namespace, layout)
     added = 0
     with tqdm(total=len(todo), desc="prefix blocks", unit="prompt", disable=not progress) as bar:
         for start in range(0, len(todo), config.batch_size):
             batch = todo[start : start + config.batch_size]
             for blocks in capture_prefix_blocks(adapter, batch, layout, pad_id=pad_id):
-                added += store.put_prefix_blocks(namespace, blocks)
+                added += prefixes.put(namespace, blocks)
             bar.update(len(batch))
     return PrefixBuildReport(len(todo), added, added * layout.block_bytes, time.perf_counter() - started)

@@ -44,7 +44,7 @@ from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES, DEFAULT_HIT_FLUSH_
 from attnstore.store.dram.tiered import DramTiered, PendingHits
 from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
-from attnstore.store.lmdb.chunks.calls import ChunkReads, LmdbChunks
+from attnstore.store.lmdb.chunks.calls import LmdbChunks
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
     Generation,
@@ -95,7 +95,7 @@ logger = logging.getLogger(__name__)
 _PAGE = 256
 
 
-class MapStore(LmdbPrefixBlocks, LmdbChunks, DramTiered, MapStoreBase):
+class MapStore(DramTiered, MapStoreBase):
     """The LMDB-backed map store. Open with :meth:`open`; use as a context manager.
 
     Hit counters and the DRAM tier are ``DramTiered``'s: buffered hits are written in one
@@ -110,7 +110,9 @@ class MapStore(LmdbPrefixBlocks, LmdbChunks, DramTiered, MapStoreBase):
         self._settings = settings
         self._states: dict[str, NamespaceState] = {}
         self._catalog = CatalogCache()
-        self._chunk_reads = ChunkReads()
+        self._chunks = LmdbChunks(live, settings, self.get_namespace)
+        self.chunks = self._chunks
+        self.prefixes = LmdbPrefixBlocks(live, self.get_namespace)
         self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
                          hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
@@ -282,7 +284,7 @@ class MapStore(LmdbPrefixBlocks, LmdbChunks, DramTiered, MapStoreBase):
             evicted = None
             if max_bytes is not None:
                 flush_hits(txn, gen.db, pending)
-                self._chunk_reads.flush(txn, gen.db.chunks)
+                self._chunks.reads.flush(txn, gen.db.chunks)
                 protect = {(namespace, i) for i in new}
                 evicted = evict_over_cap(
                     txn, gen.db, self._all_states(txn, gen), max_bytes, self._settings.evict_low_water, protect

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ from attnstore.protocol.keys import BLOCK_HASH_BYTES
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
+from attnstore.store.prefix.interface import PrefixBlocks
 from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
 
 if TYPE_CHECKING:
@@ -113,25 +114,26 @@ def prefix_problems(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, li
     return checked, problems
 
 
-class LmdbPrefixBlocks:
-    """The prefix-block hooks of ``MapStoreBase`` for ``MapStore`` (a mixin before ``MapStoreBase``)."""
+class LmdbPrefixBlocks(PrefixBlocks):
+    """Prefix blocks of an LMDB store (its ``store.prefixes``), in the live generation's prefix sub-database."""
 
-    _live: LiveGeneration
-
-    if TYPE_CHECKING:
-
-        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
-
-    supports_prefix_blocks = True  # see ``PrefixBlockCalls.supports_prefix_blocks``
+    def __init__(self, live: LiveGeneration, namespace: Callable[[str], NamespaceInfo]) -> None:
+        """
+        Args:
+            live: the store's live generation.
+            namespace: the store's ``get_namespace`` (raises NamespaceNotFoundError).
+        """
+        self._live = live
+        self._namespace = namespace
 
     @contextmanager
     def _prefix_read(self, namespace: str) -> Iterator[tuple[Generation, lmdb.Transaction, PrefixLayout | None]]:
-        self.get_namespace(namespace)
+        self._namespace(namespace)
         with self._live.read() as (gen, txn):
             yield gen, txn, read_layout(txn, gen.db.prefix, namespace)
 
-    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
-        self.get_namespace(namespace)
+    def _set_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+        self._namespace(namespace)
         with self._live.write() as (gen, txn):
             assert gen.db.prefix is not None  # a writer opens (creates) it
             stored = read_layout(txn, gen.db.prefix, namespace)
@@ -143,12 +145,12 @@ class LmdbPrefixBlocks:
                 txn.put(layout_key(namespace), json.dumps(layout.to_dict()).encode(), db=gen.db.prefix)
         return layout
 
-    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
+    def _layout(self, namespace: str) -> PrefixLayout | None:
         with self._prefix_read(namespace) as (_, _, layout):
             return layout
 
-    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
-        self.get_namespace(namespace)
+    def _put(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
+        self._namespace(namespace)
         added = 0
         with self._live.write() as (gen, txn):
             db = gen.db.prefix
@@ -168,7 +170,7 @@ class LmdbPrefixBlocks:
                 added += 1
         return added
 
-    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
+    def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
         with self._prefix_read(namespace) as (gen, txn, layout):
             if layout is None:
                 return 0
@@ -179,8 +181,8 @@ class LmdbPrefixBlocks:
                 count += 1
             return count
 
-    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
-                            ) -> np.ndarray:
+    def _read_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+                     ) -> np.ndarray:
         with self._prefix_read(namespace) as (gen, txn, _):
             db = gen.db.prefix
 

@@ -1,19 +1,20 @@
-"""Chunk entries of MemoryMapStore: the same behaviour as the LMDB backend's, in dicts."""
+"""Chunk entries of MemoryMapStore (``store.chunks``): the same behaviour as the LMDB backend's, in dicts."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.records import NamespaceInfo
+from attnstore.store.chunks.interface import StoredChunks
 from attnstore.store.chunks.records import (
     ChunkCandidate,
     ChunkRecord,
@@ -49,27 +50,33 @@ def _piece(pieces: list[bytes], layer: int) -> bytes | None:
     return pieces[layer] if layer < len(pieces) else None
 
 
-class MemoryChunks:
-    """The chunk hooks of ``MapStoreBase`` for the in-memory store (a mixin before ``MapStoreBase``: it needs
-    the store's ``get_namespace``, ``_lock``, ``_max_bytes``, ``_entry_bytes`` and a ``_chunks`` dict)."""
+class MemoryChunks(StoredChunks):
+    """Chunk entries of the in-memory store (its ``store.chunks``), per namespace in a dict."""
 
-    _lock: threading.RLock
-    _chunks: dict[str, _Chunks]
-    _max_bytes: int | None
+    def __init__(self, lock: threading.RLock, max_bytes: int | None, namespace: Callable[[str], NamespaceInfo],
+                 entry_bytes: Callable[[], int]) -> None:
+        """
+        Args:
+            lock: the store's lock (a write of chunks is atomic with the store's own writes).
+            max_bytes: the store's byte cap, over its entries and chunks together.
+            namespace: the store's ``get_namespace`` (raises NamespaceNotFoundError).
+            entry_bytes: the stored bytes of every live entry of the store.
+        """
+        self._lock = lock
+        self._max_bytes = max_bytes
+        self._namespace = namespace
+        self._entry_bytes = entry_bytes
+        self._chunks: dict[str, _Chunks] = {}  # namespace -> its chunk entries
 
-    if TYPE_CHECKING:
-
-        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
-
-        def _entry_bytes(self) -> int: ...  # the store's: stored bytes of every live entry
-
-    supports_chunks = True  # see ``ChunkCalls.supports_chunks``
+    def forget(self, namespace: str) -> None:
+        """Drop a dropped namespace's chunks."""
+        self._chunks.pop(namespace, None)
 
     def _chunks_of(self, namespace: str) -> _Chunks | None:
-        self.get_namespace(namespace)
+        self._namespace(namespace)
         return self._chunks.get(namespace)
 
-    def _set_chunk_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
+    def _set_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
         with self._lock:
             chunks = self._chunks_of(namespace)
             if chunks is None:
@@ -80,19 +87,19 @@ class MemoryChunks:
                 )
             return layout
 
-    def _chunk_layout(self, namespace: str) -> ChunkLayout | None:
+    def _layout(self, namespace: str) -> ChunkLayout | None:
         chunks = self._chunks_of(namespace)
         return None if chunks is None else chunks.layout
 
-    def _put_chunks(self, namespace: str, layout: ChunkLayout, new: list[StoredChunk]) -> int:
+    def _put(self, namespace: str, layout: ChunkLayout, new: list[StoredChunk]) -> int:
         with self._lock:
             chunks = self._chunks_of(namespace)
             assert chunks is not None  # the base checked the layout
             fresh = [c for c in new if c.key not in chunks.records]
             incoming = sum(c.kv.nbytes for c in fresh)
             protect = {c.key for c in new}
-            candidates = [c for c in self._chunk_candidates() if not (c.namespace == namespace and c.key in protect)]
-            used = self._entry_bytes() + self._chunk_bytes()
+            candidates = [c for c in self.candidates() if not (c.namespace == namespace and c.key in protect)]
+            used = self._entry_bytes() + self.total_bytes()
             victims = chunks_to_evict(used, incoming, self._max_bytes, 0.9, candidates)  # raises before any change
             for victim in victims:
                 self._chunks[victim.namespace].drop(victim.key)
@@ -105,13 +112,13 @@ class MemoryChunks:
                 chunks.pieces[chunk.key] = pieces
             return len(fresh)
 
-    def _chunk_lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
+    def _lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
         chunks = self._chunks_of(namespace)
         assert chunks is not None
         with self._lock:
             return [None if (r := chunks.records.get(key)) is None else r.length for key in keys]
 
-    def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
+    def _read(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         chunks = self._chunks_of(namespace)
         assert chunks is not None
         with self._lock:
@@ -122,16 +129,16 @@ class MemoryChunks:
             chunks.last_read[key] = time.time()
         return gather_layers(namespace, layout, key, record, layers, lambda layer: pieces[layer])
 
-    def _delete_chunks(self, namespace: str, keys: list[bytes]) -> int:
+    def _delete(self, namespace: str, keys: list[bytes]) -> int:
         with self._lock:
             chunks = self._chunks_of(namespace)
             assert chunks is not None
             return sum(chunks.drop(key) for key in keys)
 
-    def _chunk_bytes(self) -> int:
+    def total_bytes(self) -> int:
         return sum(c.nbytes(key) for c in self._chunks.values() for key in c.records)
 
-    def _chunk_candidates(self) -> list[ChunkCandidate]:
+    def candidates(self) -> list[ChunkCandidate]:
         """Every stored chunk, with its recency, for the byte cap."""
         return [
             ChunkCandidate(max(record.created, chunks.last_read.get(key, 0.0)), name, key, chunks.nbytes(key))
@@ -139,18 +146,18 @@ class MemoryChunks:
             for key, record in chunks.records.items()
         ]
 
-    def _evict_chunk(self, namespace: str, key: bytes) -> int:
+    def evict(self, namespace: str, key: bytes) -> int:
         """Drop one chunk for the byte cap (an ingest's eviction); returns its bytes."""
         chunks = self._chunks[namespace]
         nbytes = chunks.nbytes(key)
         chunks.drop(key)
         return nbytes
 
-    def _chunk_usage(self) -> dict[str, tuple[int, int]]:
+    def usage(self) -> dict[str, tuple[int, int]]:
         """Chunk entries and their bytes per namespace."""
         return {name: (len(c.records), sum(c.nbytes(key) for key in c.records)) for name, c in self._chunks.items()}
 
-    def _chunk_findings(self) -> tuple[int, list[CorruptChunk]]:
+    def findings(self) -> tuple[int, list[CorruptChunk]]:
         """Chunks checked, and each damaged one."""
         checked, corrupt = 0, []
         for name, chunks in sorted(self._chunks.items()):

@@ -40,8 +40,8 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
-from attnstore.store.memory.chunks import MemoryChunks, _Chunks
-from attnstore.store.memory.prefix_blocks import MemoryPrefixBlocks, _Blocks
+from attnstore.store.memory.chunks import MemoryChunks
+from attnstore.store.memory.prefix_blocks import MemoryPrefixBlocks
 from attnstore.store.namespace_rules import (
     check_projector_version,
     drops_features,
@@ -91,7 +91,7 @@ class _Namespace:
     hashes: dict[bytes, int] = field(default_factory=dict)
 
 
-class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
+class MemoryMapStore(MapStoreBase):
     """In-memory map store.
 
     Args:
@@ -108,10 +108,12 @@ class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
         self._evicted_entries = 0
         self._evicted_bytes = 0
         self._lock = threading.RLock()
-        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks (see store.memory.prefix_blocks)
-        self._chunks: dict[str, _Chunks] = {}  # namespace -> its chunk entries (see store.memory.chunks)
+        self._prefixes = MemoryPrefixBlocks(self._lock, self.get_namespace)
+        self._chunks = MemoryChunks(self._lock, max_bytes, self.get_namespace, self._entry_bytes)
+        self.prefixes = self._prefixes
+        self.chunks = self._chunks
 
-    # Capabilities: every one the LMDB backend has (prefix blocks, chunks: ``MemoryPrefixBlocks``, ``MemoryChunks``).
+    # Capabilities: every one the LMDB backend has (and its parts: prefix blocks, chunks).
     supports_outputs_only = True
     supports_compaction = True  # nothing to rewrite: it reports the live entries
 
@@ -156,8 +158,8 @@ class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
         with self._lock:
             self._ns(name)
             del self._namespaces[name]
-            self._prefix.pop(name, None)
-            self._chunks.pop(name, None)
+            self._prefixes.forget(name)
+            self._chunks.forget(name)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
         """See :meth:`MapStoreBase.set_projector`."""
@@ -256,7 +258,7 @@ class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
         evicted: dict[str, list[int]] = {}
         if self._max_bytes is None:
             return evicted
-        total = self._entry_bytes() + self._chunk_bytes()
+        total = self._entry_bytes() + self._chunks.total_bytes()
         if total <= self._max_bytes:
             return evicted
         candidates: list[tuple[float, str, int | bytes]] = [  # an entry's id, or a chunk's key
@@ -265,14 +267,14 @@ class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
             for e in ns.entries.values()
             if (name, e.id) not in protect
         ]
-        candidates += [(c.recency, c.namespace, c.key) for c in self._chunk_candidates()]
+        candidates += [(c.recency, c.namespace, c.key) for c in self._chunks.candidates()]
         candidates.sort(key=lambda c: c[:2])
         target = int(self._max_bytes * 0.9)
         for _, name, ident in candidates:
             if total <= target:
                 break
             if isinstance(ident, bytes):
-                total -= self._evict_chunk(name, ident)
+                total -= self._chunks.evict(name, ident)
                 continue
             entry_id = ident
             nbytes = self._namespaces[name].entries[entry_id].nbytes
@@ -415,8 +417,8 @@ class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
                         if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
                             corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} chunk: crc32c mismatch"))
                             break
-            blocks, problems = self._prefix_problems()
-            chunk_entries, corrupt_chunks = self._chunk_findings()
+            blocks, problems = self._prefixes.problems()
+            chunk_entries, corrupt_chunks = self._chunks.findings()
         return VerifyReport(entries, checked, tuple(corrupt), 0, time.perf_counter() - start, tuple(problems),
                             prefix_blocks_checked=blocks, chunk_entries_checked=chunk_entries,
                             corrupt_chunks=tuple(corrupt_chunks))
@@ -449,8 +451,8 @@ class MemoryMapStore(MemoryPrefixBlocks, MemoryChunks, MapStoreBase):
                         buckets,
                     )
                 )
-            prefix_blocks, prefix_bytes = self._prefix_usage()
-            chunk_usage = self._chunk_usage()
+            prefix_blocks, prefix_bytes = self._prefixes.usage()
+            chunk_usage = self._chunks.usage()
         return with_chunk_usage(StoreStats(
             path="memory",
             generation="memory",

@@ -1,10 +1,10 @@
-"""Prefix blocks of MemoryMapStore: the same behaviour as the LMDB backend's, in dicts."""
+"""Prefix blocks of MemoryMapStore (``store.prefixes``): the same behaviour as the LMDB backend's, in dicts."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import crc32c
 import numpy as np
@@ -12,6 +12,7 @@ import numpy as np
 from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.protocol.records import NamespaceInfo
+from attnstore.store.prefix.interface import PrefixBlocks
 from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
 
 
@@ -22,24 +23,28 @@ class _Blocks:
     chunks: dict[bytes, list[bytes]] = field(default_factory=dict)
 
 
-class MemoryPrefixBlocks:
-    """The prefix-block hooks of ``MapStoreBase`` for the in-memory store (a mixin before ``MapStoreBase``:
-    it needs the store's ``get_namespace``, ``_lock`` and a ``_prefix`` dict)."""
+class MemoryPrefixBlocks(PrefixBlocks):
+    """Prefix blocks of the in-memory store (its ``store.prefixes``), per namespace in a dict."""
 
-    _lock: threading.RLock
-    _prefix: dict[str, _Blocks]
+    def __init__(self, lock: threading.RLock, namespace: Callable[[str], NamespaceInfo]) -> None:
+        """
+        Args:
+            lock: the store's lock (a write of blocks is atomic with the store's own writes).
+            namespace: the store's ``get_namespace`` (raises NamespaceNotFoundError).
+        """
+        self._lock = lock
+        self._namespace = namespace
+        self._prefix: dict[str, _Blocks] = {}  # namespace -> its prefix blocks
 
-    if TYPE_CHECKING:
-
-        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
-
-    supports_prefix_blocks = True  # see ``PrefixBlockCalls.supports_prefix_blocks``
+    def forget(self, namespace: str) -> None:
+        """Drop a dropped namespace's blocks."""
+        self._prefix.pop(namespace, None)
 
     def _prefix_of(self, namespace: str) -> _Blocks | None:
-        self.get_namespace(namespace)
+        self._namespace(namespace)
         return self._prefix.get(namespace)
 
-    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+    def _set_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
         with self._lock:
             blocks = self._prefix_of(namespace)
             if blocks is None:
@@ -51,11 +56,11 @@ class MemoryPrefixBlocks:
                 )
             return layout
 
-    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
+    def _layout(self, namespace: str) -> PrefixLayout | None:
         blocks = self._prefix_of(namespace)
         return None if blocks is None else blocks.layout
 
-    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, new: list[PrefixBlock]) -> int:
+    def _put(self, namespace: str, layout: PrefixLayout, new: list[PrefixBlock]) -> int:
         with self._lock:
             blocks = self._prefix_of(namespace)
             assert blocks is not None  # the base checked the layout
@@ -72,7 +77,7 @@ class MemoryPrefixBlocks:
                 blocks.chunks[chain_hash] = chunks
             return len(staged)
 
-    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
+    def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
         blocks = self._prefix_of(namespace)
         if blocks is None:
             return 0
@@ -83,8 +88,8 @@ class MemoryPrefixBlocks:
             count += 1
         return count
 
-    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
-                            ) -> np.ndarray:
+    def _read_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+                     ) -> np.ndarray:
         blocks = self._prefix_of(namespace)
         assert blocks is not None
 
@@ -94,14 +99,14 @@ class MemoryPrefixBlocks:
 
         return gather_chunks(namespace, layout, chain_hashes, chunk, read)
 
-    def _prefix_usage(self) -> tuple[int, int]:
+    def usage(self) -> tuple[int, int]:
         """Blocks and their bytes over every namespace."""
         prefix = self._prefix
         count = sum(len(b.records) for b in prefix.values())
         nbytes = sum(len(c) for b in prefix.values() for chunks in b.chunks.values() for c in chunks)
         return count, nbytes
 
-    def _prefix_problems(self) -> tuple[int, list[str]]:
+    def problems(self) -> tuple[int, list[str]]:
         """Blocks checked, and a line naming each corrupt one."""
         problems = []
         checked = 0

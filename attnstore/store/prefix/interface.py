@@ -1,9 +1,9 @@
-"""The prefix-block calls of the map store interface (causal namespaces; see ``attnstore.protocol.prefix``).
+"""Prefix blocks, an optional part of a map store (causal namespaces; see ``attnstore.protocol.prefix``).
 
-``MapStoreBase`` inherits them: every store answers them, and one whose
-``supports_prefix_blocks`` is False has no layout for any namespace, matches
-nothing and refuses to store blocks. Arguments are checked here, before a
-backend's ``_`` method runs (the LMDB and in-memory backends implement those).
+A store that keeps them offers one ``PrefixBlocks`` as ``store.prefixes``; a store that
+does not has ``store.prefixes`` None. Arguments are checked here, before an
+implementation's ``_`` method runs (the LMDB and in-memory backends implement those),
+so the backends cannot drift apart on what they accept.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnstore.errors import ConfigError, EntryNotFoundError, FingerprintMismatchError, MapShapeError
+from attnstore.errors import ConfigError, FingerprintMismatchError, MapShapeError
 from attnstore.protocol.keys import BLOCK_HASH_BYTES
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, check_block
-from attnstore.protocol.records import NamespaceInfo
 
 
 def _checked_hashes(method: str, chain_hashes: Sequence[bytes]) -> list[bytes]:
@@ -28,23 +27,10 @@ def _checked_hashes(method: str, chain_hashes: Sequence[bytes]) -> list[bytes]:
     return checked
 
 
-class PrefixBlockCalls(ABC):
-    """Prefix blocks of a namespace: stored, matched and read by chained hash."""
+class PrefixBlocks(ABC):
+    """Prefix blocks of a store's namespaces: stored, matched and read by chained hash."""
 
-    @property
-    def supports_prefix_blocks(self) -> bool:
-        """Whether namespaces may store prefix blocks (``set_prefix_layout`` and the calls after it)."""
-        return False
-
-    def _lacks(self, call: str, capability: str) -> ConfigError:
-        """The error of a call that needs ``capability``, which this store lacks."""
-        return ConfigError(f"{type(self).__name__}.{call}: this store lacks {capability}")
-
-    @abstractmethod
-    def get_namespace(self, name: str) -> NamespaceInfo:
-        """See :meth:`MapStoreBase.get_namespace`."""
-
-    def set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+    def set_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
         """Record how ``namespace`` stores prefix blocks; its own layout again changes nothing.
 
         Raises:
@@ -53,18 +39,18 @@ class PrefixBlockCalls(ABC):
             FingerprintMismatchError: the namespace records another layout (another block size, say).
         """
         if not isinstance(layout, PrefixLayout):
-            raise ConfigError(f"set_prefix_layout(): layout must be a PrefixLayout, got {type(layout).__name__}")
-        return self._set_prefix_layout(namespace, layout)
+            raise ConfigError(f"prefixes.set_layout(): layout must be a PrefixLayout, got {type(layout).__name__}")
+        return self._set_layout(namespace, layout)
 
-    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+    def layout(self, namespace: str) -> PrefixLayout | None:
         """The namespace's prefix layout, or None while it stores no prefix blocks.
 
         Raises:
             NamespaceNotFoundError: no such namespace.
         """
-        return self._prefix_layout(namespace)
+        return self._layout(namespace)
 
-    def put_prefix_blocks(self, namespace: str, blocks: Sequence[PrefixBlock]) -> int:
+    def put(self, namespace: str, blocks: Sequence[PrefixBlock]) -> int:
         """Store prefix blocks, all or nothing; returns how many were new (a stored hash is kept as it is).
 
         A block's ``parent`` must be stored already or come earlier in ``blocks``, so a chain
@@ -76,12 +62,12 @@ class PrefixBlockCalls(ABC):
             MapShapeError: a block that does not fit the layout, or whose parent is not stored.
             StoreFullError: no room (nothing is written).
         """
-        layout = self.prefix_layout(namespace)
+        layout = self.layout(namespace)
         if layout is None:
-            raise FingerprintMismatchError(f"put_prefix_blocks(): namespace {namespace!r} has no prefix layout")
-        return self._put_prefix_blocks(namespace, layout, [check_block(layout, b, i) for i, b in enumerate(blocks)])
+            raise FingerprintMismatchError(f"prefixes.put(): namespace {namespace!r} has no prefix layout")
+        return self._put(namespace, layout, [check_block(layout, b, i) for i, b in enumerate(blocks)])
 
-    def match_prefix(self, namespace: str, chain_hashes: Sequence[bytes]) -> int:
+    def match(self, namespace: str, chain_hashes: Sequence[bytes]) -> int:
         """How many of ``chain_hashes`` (one row's chain, from its first block) are stored, counted from the
         start up to the first one that is not: a lookup stops at the first missing block.
 
@@ -89,9 +75,9 @@ class PrefixBlockCalls(ABC):
             MapShapeError: a hash that is not 32 bytes.
             NamespaceNotFoundError: no such namespace.
         """
-        return self._match_prefix(namespace, _checked_hashes("match_prefix", chain_hashes))
+        return self._match(namespace, _checked_hashes("prefixes.match", chain_hashes))
 
-    def read_prefix_layer(self, namespace: str, chain_hashes: Sequence[bytes], layer: int) -> np.ndarray:
+    def read_layer(self, namespace: str, chain_hashes: Sequence[bytes], layer: int) -> np.ndarray:
         """The keys and values of one layer over the blocks of ``chain_hashes``, in order:
         ``(2, kv_heads, blocks * block_size, head_dim)`` in the layout's dtype, one contiguous buffer.
 
@@ -102,40 +88,45 @@ class PrefixBlockCalls(ABC):
         """
         layout = self._layout_or_refuse(namespace)
         if not isinstance(layer, int) or not 0 <= layer < layout.layers:
-            raise MapShapeError(f"read_prefix_layer(): layer must be in 0..{layout.layers - 1}, got {layer!r}")
-        return self._read_prefix_chunks(namespace, layout, _checked_hashes("read_prefix_layer", chain_hashes), layer)
+            raise MapShapeError(f"prefixes.read_layer(): layer must be in 0..{layout.layers - 1}, got {layer!r}")
+        return self._read_chunks(namespace, layout, _checked_hashes("prefixes.read_layer", chain_hashes), layer)
 
-    def read_prefix_hidden(self, namespace: str, chain_hashes: Sequence[bytes]) -> np.ndarray:
+    def read_hidden(self, namespace: str, chain_hashes: Sequence[bytes]) -> np.ndarray:
         """The last hidden states of the blocks' tokens, ``(blocks * block_size, hidden)`` in the layout's dtype.
 
         Raises:
-            EntryNotFoundError, ChecksumError, MapShapeError: as :meth:`read_prefix_layer`.
+            EntryNotFoundError, ChecksumError, MapShapeError: as :meth:`read_layer`.
         """
         layout = self._layout_or_refuse(namespace)
-        hashes = _checked_hashes("read_prefix_hidden", chain_hashes)
-        return self._read_prefix_chunks(namespace, layout, hashes, layout.layers)
+        hashes = _checked_hashes("prefixes.read_hidden", chain_hashes)
+        return self._read_chunks(namespace, layout, hashes, layout.layers)
 
     def _layout_or_refuse(self, namespace: str) -> PrefixLayout:
-        layout = self.prefix_layout(namespace)
+        layout = self.layout(namespace)
         if layout is None:
             raise FingerprintMismatchError(f"namespace {namespace!r} stores no prefix blocks")
         return layout
 
-    def _set_prefix_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
-        raise self._lacks(f"set_prefix_layout({namespace!r})", "prefix blocks (supports_prefix_blocks)")
+    # ---- what an implementation provides (arguments checked) ---------------------------------------
 
-    def _prefix_layout(self, namespace: str) -> PrefixLayout | None:
-        self.get_namespace(namespace)
-        return None  # a backend without prefix blocks: every namespace has none
+    @abstractmethod
+    def _set_layout(self, namespace: str, layout: PrefixLayout) -> PrefixLayout:
+        """``set_layout`` with a checked layout (refuse another one inside the write)."""
 
-    def _put_prefix_blocks(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
-        raise self._lacks(f"put_prefix_blocks({namespace!r})", "prefix blocks (supports_prefix_blocks)")
+    @abstractmethod
+    def _layout(self, namespace: str) -> PrefixLayout | None:
+        """``layout``; raises NamespaceNotFoundError."""
 
-    def _match_prefix(self, namespace: str, chain_hashes: list[bytes]) -> int:
-        return 0
+    @abstractmethod
+    def _put(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
+        """``put`` with blocks checked against ``layout`` (check it is still the namespace's inside the write)."""
 
-    def _read_prefix_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
-                            ) -> np.ndarray:
+    @abstractmethod
+    def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
+        """``match`` with checked hashes (0 for a namespace without a layout)."""
+
+    @abstractmethod
+    def _read_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+                     ) -> np.ndarray:
         """Chunk ``chunk`` (a layer, or ``layout.layers`` for the hidden states) of every block, concatenated
         along the tokens."""
-        raise EntryNotFoundError(f"{type(self).__name__} stores no prefix blocks")

@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 _COMMIT_ROUNDS = 4  # an entry found by hash, then deleted before the commit, is written anew: this many times at most
 
 
-class RedisMapStore(RedisEntryReads, RedisChunks, DramTiered, MapStoreBase):
+class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
     """The Redis-backed map store. Open with :meth:`open`; use as a context manager."""
 
     def __init__(self, connection: RedisConnection, settings: RedisSettings, *, create: bool) -> None:
@@ -85,6 +85,8 @@ class RedisMapStore(RedisEntryReads, RedisChunks, DramTiered, MapStoreBase):
         self._settings = settings
         self._catalog = Catalog(connection, self._keys, create=create, log_cap=settings.log_max_events)
         self._states: dict[str, tuple[float, NamespaceState]] = {}  # name -> (its created time, state)
+        self.chunks = RedisChunks(connection, self._keys, settings, self._catalog, self.get_namespace,
+                                  self._check_writable, self._entry_bytes)
         self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
                          hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
         self._watch = StoreWatch(connection, self._keys, self._catalog.identity, create=create)
@@ -118,8 +120,8 @@ class RedisMapStore(RedisEntryReads, RedisChunks, DramTiered, MapStoreBase):
         return self._redis.location
 
     # ---- capabilities ---------------------------------------------------------
-    # Every one but prefix blocks (chunks: ``RedisChunks``); the store is shared, so it has a change feed and
-    # shared admission counts.
+    # Every one (and stored chunks, ``self.chunks``; no prefix blocks); the store is shared, so it has a change
+    # feed and shared admission counts.
 
     supports_outputs_only = True
     supports_compaction = True  # forgets what Redis evicted, deletes orphan hashes

@@ -29,18 +29,18 @@ def _check_store(store: MapStore, committed: set[int], in_flight: int | None) ->
     """Check the store against the committed batches; returns them with the batch in flight if it landed."""
     if in_flight is not None:
         keys = batch_of(in_flight)
-        visible = [length is not None for length in store.chunk_lengths(NAMESPACE, list(keys))]
+        visible = [length is not None for length in store.chunks.lengths(NAMESPACE, list(keys))]
         assert sum(visible) in (0, len(keys)), f"batch {in_flight}: {sum(visible)} of {len(keys)} chunks visible"
         if all(visible):
             committed = committed | {in_flight}
         else:
             with pytest.raises(EntryNotFoundError):
-                store.read_chunk(NAMESPACE, keys[0])
+                store.chunks.read(NAMESPACE, keys[0])
     keys = [key for batch in sorted(committed) for key in batch_of(batch)]
     for key in keys:
         expected = chunk_of(key)
-        assert np.array_equal(store.read_chunk(NAMESPACE, key), expected.kv)
-        assert np.array_equal(store.read_chunk_layer(NAMESPACE, key, LAYOUT.layers - 1), expected.kv[-1])
+        assert np.array_equal(store.chunks.read(NAMESPACE, key), expected.kv)
+        assert np.array_equal(store.chunks.read_layer(NAMESPACE, key, LAYOUT.layers - 1), expected.kv[-1])
     stats = store.stats()
     assert stats.chunk_entries == len(keys)
     assert stats.chunk_bytes == sum(chunk_of(key).kv.nbytes for key in keys)

@@ -152,10 +152,10 @@ def test_prefix_blocks_survive_compaction_and_are_read_by_a_read_only_opening(tm
     path = tmp_path / "store"
     with MapStore.open(path, create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
-        store.set_prefix_layout("ns", layout)
-        store.put_prefix_blocks("ns", blocks)
+        store.prefixes.set_layout("ns", layout)
+        store.prefixes.put("ns", blocks)
         store.compact()
-        assert store.match_prefix("ns", hashes) == 2
+        assert store.prefixes.match("ns", hashes) == 2
     with MapStore.open(path, readonly=True) as reader:
-        assert reader.prefix_layout("ns") == layout
-        assert np.array_equal(reader.read_prefix_hidden("ns", [hashes[0]]), blocks[0].hidden)
+        assert reader.prefixes.layout("ns") == layout
+        assert np.array_equal(reader.prefixes.read_hidden("ns", [hashes[0]]), blocks[0].hidden)

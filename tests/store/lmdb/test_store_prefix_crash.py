@@ -60,7 +60,7 @@ def _settle_in_flight(store: MapStore, log: _Log) -> list[bytes]:
     chain, _, last = log.in_flight
     log.in_flight = None
     new = [h for h in chain_of(chain)[:last] if h not in log.committed]
-    visible = [store.match_prefix(NAMESPACE, [h]) == 1 for h in new]  # one hash: is its record there
+    visible = [store.prefixes.match(NAMESPACE, [h]) == 1 for h in new]  # one hash: is its record there
     assert sum(visible) in (0, len(new)), f"chain {chain}: {sum(visible)} of the call's {len(new)} blocks are visible"
     if all(visible):
         log.committed.update(new)
@@ -73,17 +73,17 @@ def _check_store(store: MapStore, log: _Log) -> None:
     for chain in range(log.chains):
         hashes = list(chain_of(chain))
         end = log.stored_end(chain)
-        assert store.match_prefix(NAMESPACE, hashes) == end, f"chain {chain}: a lookup does not stop at block {end}"
+        assert store.prefixes.match(NAMESPACE, hashes) == end, f"chain {chain}: a lookup does not stop at block {end}"
         if end:
             expected = blocks_of(chain, end)
             for layer in range(LAYOUT.layers):
                 want = np.concatenate([b.kv[layer] for b in expected], axis=2)
-                assert np.array_equal(store.read_prefix_layer(NAMESPACE, hashes[:end], layer), want)
+                assert np.array_equal(store.prefixes.read_layer(NAMESPACE, hashes[:end], layer), want)
             want = np.concatenate([b.hidden for b in expected])
-            assert np.array_equal(store.read_prefix_hidden(NAMESPACE, hashes[:end]), want)
+            assert np.array_equal(store.prefixes.read_hidden(NAMESPACE, hashes[:end]), want)
     for chain_hash in lost:
         with pytest.raises(EntryNotFoundError):
-            store.read_prefix_layer(NAMESPACE, [chain_hash], 0)
+            store.prefixes.read_layer(NAMESPACE, [chain_hash], 0)
     stats = store.stats()  # no record, and no chunk without its record, of an uncommitted call
     assert stats.prefix_blocks == len(log.committed)
     assert stats.prefix_bytes == len(log.committed) * LAYOUT.block_bytes

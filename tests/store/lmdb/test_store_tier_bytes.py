@@ -34,9 +34,9 @@ def test_stats_count_the_documented_bytes_per_token_of_each_tier(tmp_path):
         for name, dtype, per_token in dtypes:
             before = store.stats().prefix_bytes
             prefix = PrefixLayout(32, LAYERS, KV_HEADS, HEAD_DIM, HIDDEN, dtype)
-            store.set_prefix_layout(name, prefix)
+            store.prefixes.set_layout(name, prefix)
             (chain_hash,) = chain_hashes(list(range(32)), 32)
             kv = np.zeros((LAYERS, *prefix.layer_shape), prefix.dtype)
-            store.put_prefix_blocks(name, [PrefixBlock(chain_hash, None, kv, np.zeros((32, HIDDEN), prefix.dtype))])
+            store.prefixes.put(name, [PrefixBlock(chain_hash, None, kv, np.zeros((32, HIDDEN), prefix.dtype))])
             # prefix tier: layers x 2 x KV heads x head dim + hidden, in the block's dtype, a token
             assert store.stats().prefix_bytes - before == 32 * per_token

@@ -37,7 +37,7 @@ def test_build_stores_each_prompts_blocks_once_and_a_second_build_runs_no_prompt
         ids = [decoder.tokenizer(p)["input_ids"] for p in prompts]
         distinct = {h for row in ids for h in chain_hashes(row, 8)}
         assert report.prefix.blocks == len(distinct) == service.stats().prefix_blocks
-        assert all(service.store.match_prefix("default", chain_hashes(row, 8)) == len(row) // 8 for row in ids)
+        assert all(service.store.prefixes.match("default", chain_hashes(row, 8)) == len(row) // 8 for row in ids)
         again = build_namespace(decoder, prompts, service, config, progress=False)
         assert again.prefix.prompts == 0 and again.prefix.blocks == 0
 
@@ -67,4 +67,4 @@ def test_by_default_only_blocks_that_several_prompts_start_with_are_stored(decod
             shared -= 1
         blocks = shared // 32  # the default block size
         assert blocks >= 1 and report.prefix.blocks == blocks
-        assert all(service.store.match_prefix("default", chain_hashes(row, 32)) == blocks for row in ids)
+        assert all(service.store.prefixes.match("default", chain_hashes(row, 32)) == blocks for row in ids)

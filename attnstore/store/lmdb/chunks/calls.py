@@ -1,4 +1,4 @@
-"""The chunk hooks of ``MapStoreBase`` for the LMDB store: one write transaction per ``put_chunks`` call.
+"""Chunk entries of the LMDB store: one write transaction per ``put_chunks`` call.
 
 A call's chunks commit together or not at all, so a process killed mid-call
 leaves none of them. Reads are read transactions; when a chunk was read is noted
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
+from attnstore.store.chunks.interface import StoredChunks
 from attnstore.store.chunks.records import chunks_to_evict, gather_layers, where
 from attnstore.store.lmdb.chunks.keys import (
     delete_chunk,
@@ -64,28 +65,33 @@ class ChunkReads:
         note_reads(txn, db, pending)
 
 
-class LmdbChunks:
-    """The chunk hooks of ``MapStoreBase`` for ``MapStore`` (a mixin before ``MapStoreBase``; the store makes
-    ``_chunk_reads`` a ``ChunkReads``)."""
+class LmdbChunks(StoredChunks):
+    """Chunk entries of an LMDB store (its ``store.chunks``), in the live generation's chunk sub-database.
 
-    _live: LiveGeneration
-    _settings: StoreSettings
-    _chunk_reads: ChunkReads
+    ``reads`` notes when chunks were read; the store's ingest writes them too, before its byte-cap eviction.
+    """
 
-    if TYPE_CHECKING:
-
-        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
-
-    supports_chunks = True  # see ``ChunkCalls.supports_chunks``
+    def __init__(self, live: LiveGeneration, settings: StoreSettings, namespace: Callable[[str], NamespaceInfo]
+                 ) -> None:
+        """
+        Args:
+            live: the store's live generation.
+            settings: the store's settings (its byte cap).
+            namespace: the store's ``get_namespace`` (raises NamespaceNotFoundError).
+        """
+        self._live = live
+        self._settings = settings
+        self._namespace = namespace
+        self.reads = ChunkReads()
 
     @contextmanager
     def _chunk_read(self, namespace: str) -> Iterator[tuple[Generation, lmdb.Transaction]]:
-        self.get_namespace(namespace)
+        self._namespace(namespace)
         with self._live.read() as (gen, txn):
             yield gen, txn
 
-    def _set_chunk_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
-        self.get_namespace(namespace)
+    def _set_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
+        self._namespace(namespace)
         with self._live.write() as (gen, txn):
             assert gen.db.chunks is not None  # a writer opens (creates) it
             stored = read_layout(txn, gen.db.chunks, namespace)
@@ -95,12 +101,12 @@ class LmdbChunks:
                 write_layout(txn, gen.db.chunks, namespace, layout)
         return layout
 
-    def _chunk_layout(self, namespace: str) -> ChunkLayout | None:
+    def _layout(self, namespace: str) -> ChunkLayout | None:
         with self._chunk_read(namespace) as (gen, txn):
             return read_layout(txn, gen.db.chunks, namespace)
 
-    def _put_chunks(self, namespace: str, layout: ChunkLayout, chunks: list[StoredChunk]) -> int:
-        self.get_namespace(namespace)
+    def _put(self, namespace: str, layout: ChunkLayout, chunks: list[StoredChunk]) -> int:
+        self._namespace(namespace)
         max_bytes = self._settings.max_bytes
         with self._live.write() as (gen, txn):
             db = gen.db.chunks
@@ -113,7 +119,7 @@ class LmdbChunks:
             if max_bytes is not None and fresh:
                 used = stored_bytes(txn, gen.db) + total_bytes(txn, db)
                 if used + incoming > max_bytes:
-                    self._chunk_reads.flush(txn, db)
+                    self.reads.flush(txn, db)
                     protect = {(namespace, c.key) for c in chunks}
                     # Raising aborts the transaction: nothing of this call is written, nothing evicted.
                     victims = chunks_to_evict(used, incoming, max_bytes, self._settings.evict_low_water,
@@ -127,11 +133,11 @@ class LmdbChunks:
                            max_bytes, len(victims), sum(v.nbytes for v in victims))
         return len(fresh)
 
-    def _chunk_lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
+    def _lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
         with self._chunk_read(namespace) as (gen, txn):
             return [record_length(txn, gen.db.chunks, namespace, key) for key in keys]
 
-    def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
+    def _read(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         with self._chunk_read(namespace) as (gen, txn):
             db = gen.db.chunks
             record = read_record(txn, db, namespace, key)
@@ -140,11 +146,11 @@ class LmdbChunks:
             # Copies out of the transaction's pages (zero-copy views) before it ends.
             out = gather_layers(namespace, layout, key, record, layers,
                                 lambda layer: txn.get(piece_key(namespace, key, layer), db=db))
-        self._chunk_reads.note(namespace, key)
+        self.reads.note(namespace, key)
         return out
 
-    def _delete_chunks(self, namespace: str, keys: list[bytes]) -> int:
-        self.get_namespace(namespace)
+    def _delete(self, namespace: str, keys: list[bytes]) -> int:
+        self._namespace(namespace)
         with self._live.write() as (gen, txn):
             db = gen.db.chunks
             assert db is not None

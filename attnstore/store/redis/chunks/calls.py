@@ -1,4 +1,4 @@
-"""The chunk hooks of ``MapStoreBase`` for the Redis store: one script per ``put_chunks`` call.
+"""Chunk entries of the Redis store: one script per ``put_chunks`` call.
 
 A namespace's chunks live on its shard (``keys``), so the put script stores a
 call's chunks together, atomically: a client killed mid-call has sent all of the
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
+from attnstore.store.chunks.interface import StoredChunks
 from attnstore.store.chunks.records import (
     ChunkRecord,
     chunk_pieces,
@@ -39,27 +41,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class RedisChunks:
-    """The chunk hooks of ``MapStoreBase`` for ``RedisMapStore`` (a mixin before ``MapStoreBase``)."""
+class RedisChunks(StoredChunks):
+    """Chunk entries of a Redis store (its ``store.chunks``), each namespace's on its shard."""
 
-    _redis: RedisConnection
-    _keys: StoreKeys
-    _settings: RedisSettings
-    _catalog: Catalog
+    def __init__(self, redis: RedisConnection, keys: StoreKeys, settings: RedisSettings, catalog: Catalog,
+                 namespace: Callable[[str], NamespaceInfo], check_writable: Callable[[], None],
+                 entry_bytes: Callable[[], int]) -> None:
+        """
+        Args:
+            redis, keys, settings, catalog: the store's connection, key names, settings and namespace catalog.
+            namespace: the store's ``get_namespace`` (raises NamespaceNotFoundError).
+            check_writable: the store's check that it takes writes (raises ReadOnlyStoreError).
+            entry_bytes: the stored bytes of every registered entry of the store (for the byte cap).
+        """
+        self._redis = redis
+        self._keys = keys
+        self._settings = settings
+        self._catalog = catalog
+        self._namespace = namespace
+        self._check_writable = check_writable
+        self._entry_bytes = entry_bytes
 
-    if TYPE_CHECKING:
-
-        def get_namespace(self, name: str) -> NamespaceInfo: ...  # the store's
-
-        def _check_writable(self) -> None: ...  # the store's
-
-        def _entry_bytes(self) -> int: ...  # the store's: stored bytes of every registered entry
-
-    supports_chunks = True  # see ``ChunkCalls.supports_chunks``
-
-    def _set_chunk_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
+    def _set_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
         self._check_writable()
-        self.get_namespace(namespace)
+        self._namespace(namespace)
         with translated(f"setting the chunk layout of {namespace!r}"):
             taken = self._redis.client.set(self._keys.namespace(namespace).chunk_layout, walks.layout_json(layout),
                                            nx=True)
@@ -68,11 +73,11 @@ class RedisChunks:
             raise FingerprintMismatchError(f"namespace {namespace!r} stores chunks as {stored}; asked for {layout}")
         return layout
 
-    def _chunk_layout(self, namespace: str) -> ChunkLayout | None:
-        self.get_namespace(namespace)
+    def _layout(self, namespace: str) -> ChunkLayout | None:
+        self._namespace(namespace)
         return walks.read_layout(self._redis, self._keys, namespace)
 
-    def _put_chunks(self, namespace: str, layout: ChunkLayout, chunks: list[StoredChunk]) -> int:
+    def _put(self, namespace: str, layout: ChunkLayout, chunks: list[StoredChunk]) -> int:
         self._check_writable()
         if not chunks:
             return 0
@@ -106,14 +111,14 @@ class RedisChunks:
             raise FingerprintMismatchError(f"namespace {namespace!r}: its chunk layout changed meanwhile")
         return int(reply[1])
 
-    def _chunk_lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
+    def _lengths(self, namespace: str, keys: list[bytes]) -> list[int | None]:
         if not keys:
             return []
         with translated(f"looking up chunks of {namespace!r}"):
             records = self._redis.client.hmget(self._keys.namespace(namespace).chunks, keys)
         return [stored_length(raw) for raw in records]
 
-    def _read_chunk(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
+    def _read(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         ns_keys = self._keys.namespace(namespace)
         now = "" if self._settings.readonly else repr(time.time())
         with translated(f"reading {where(namespace, key)}"):
@@ -125,7 +130,7 @@ class RedisChunks:
         pieces = dict(zip(layers, reply[1:], strict=True))
         return gather_layers(namespace, layout, key, record, layers, pieces.__getitem__)
 
-    def _delete_chunks(self, namespace: str, keys: list[bytes]) -> int:
+    def _delete(self, namespace: str, keys: list[bytes]) -> int:
         self._check_writable()
         return walks.delete(self._redis, self._keys, namespace, keys)
 
