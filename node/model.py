@@ -1,0 +1,55 @@
+"""The served model: its ``AttnCache`` opened and warmed up, the tokenizer of its requests, and what the routes know.
+
+Loaded once, on the batcher's thread (``Batcher.start``), so a slow load never
+blocks the server: ``/health`` answers 503 until it is in, and a model that
+cannot be loaded ends the node (``Embedder.failure``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnstore_client.cache import AttnCache
+from attnstore_node.schema import ModelInfo
+from attnstore_node.tokenization import RequestTokenizer
+from attnstore_node.warmup import warm_up
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """The loaded model the batcher serves."""
+
+    cache: AttnCache  # runs the calls
+    tokenizer: RequestTokenizer  # tokenizes each request before it is queued
+    info: ModelInfo  # what the routes check requests against
+
+    def close(self) -> None:
+        """Stop the tokenizer once what was submitted is done, then close the cache (its write-back sent)."""
+        self.tokenizer.close()
+        self.cache.close()
+
+
+def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) -> ServedModel:
+    """Open the cache, time its warm-up forwards (``warmup``) and start its request tokenizer.
+
+    Args:
+        open_cache: opens the ``AttnCache``.
+        name: the model name requests give.
+        warmup: run the warm-up forwards first (``warmup.warm_up``).
+
+    Raises:
+        Exception: whatever opening or warming up the cache raised (a cache opened is closed first).
+    """
+    cache = open_cache()
+    try:
+        if warmup:
+            warm_up(cache)
+        vocab = int(cache.adapter.loaded.model.config.vocab_size)
+        info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cache.close()
+        raise
+    return ServedModel(cache, RequestTokenizer(cache), info)
