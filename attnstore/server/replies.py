@@ -13,8 +13,9 @@ from attnstore.protocol.records import NamespaceInfo
 from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.service import MatchResult
-from attnstore.service.write_back import RefusedRow
-from attnstore.store.reports import StoreStats
+from attnstore.service.admission import AdmissionStats
+from attnstore.service.write_back import RefusedRow, WriteBackStats
+from attnstore.store.reports import StoreStats, VerifyReport
 
 KIND_TO_PB = {"miss": pb.MATCH_KIND_MISS, "exact": pb.MATCH_KIND_EXACT, "map": pb.MATCH_KIND_MAP}
 
@@ -63,8 +64,11 @@ def refused_to_pb(refused: RefusedRow) -> pb.RowError:
     return pb.RowError(query_index=refused.row, code=code.name, message=message)
 
 
-def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
-    """Store statistics as the Stats reply (buckets flattened over namespaces)."""
+def stats_to_pb(
+    stats: StoreStats, written: WriteBackStats, admission: AdmissionStats, *, admit_after: int
+) -> pb.StatsResponse:
+    """The Stats reply: store statistics (buckets flattened over namespaces), the rows written back and what
+    admission saw, with its ``admit_after`` setting."""
     buckets = [
         pb.BucketStats(
             namespace=ns.name,
@@ -93,4 +97,31 @@ def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
         dram_entries=stats.dram.entries,
         stale_generations=stats.stale_generations,
         stale_generation_bytes=stats.stale_generation_bytes,
+        written_back_entries=written.entries,
+        written_back_bytes=written.bytes,
+        written_back_duplicates=written.duplicates,
+        written_back_not_admitted=written.not_admitted,
+        written_back_map_entries=written.map_entries,
+        written_back_map_bytes=written.map_bytes,
+        written_back_refused=written.refused,
+        admission_asked=admission.asked,
+        admission_admitted=admission.admitted,
+        admission_sketch_bytes=admission.sketch_bytes,
+        admit_after=admit_after,
+    )
+
+
+def verify_to_pb(report: VerifyReport) -> pb.VerifyResponse:
+    """A verification's report as the Verify reply: corrupt entries (also as ids and lines, for older clients) and
+    the store's problems, chunks' included."""
+    return pb.VerifyResponse(
+        entries_checked=report.entries_checked,
+        corrupt_entry_ids=[c.id for c in report.corrupt],
+        problems=[f"{c.namespace}/{c.id}: {c.reason}" for c in report.corrupt],
+        corrupt=[pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt],
+        store_problems=[*report.problems,
+                        *(f"chunk {c.namespace}/{c.key}: {c.reason}" for c in report.corrupt_chunks)],
+        chunks_checked=report.chunks_checked,
+        orphan_chunks=report.orphan_chunks,
+        seconds=report.seconds,
     )

@@ -1,6 +1,8 @@
 """The AttnStore servicer: thin methods over ``AttnStoreService``.
 
-Each method decodes the request, calls the service and builds the reply;
+Each method decodes the request, calls the service (or one of its parts:
+``service.prefixes``, ``service.chunks``) and builds the reply: replies in
+``replies``, streams of stored layers in ``map_streams`` and ``kv_streams``;
 exceptions become status codes only in ``status_codes`` (through ``_call``).
 Each call runs on one thread of the server's pool, so LMDB read transactions
 never cross threads. See the proto for the stream protocols of Lookup, Fetch
@@ -22,14 +24,13 @@ from attnstore.errors import (
     AttnStoreError,
     ChecksumError,
     MapShapeError,
-    PrefixBlockError,
     RequestLimitError,
     UnavailableError,
     WireFormatError,
 )
 from attnstore.protocol.messages import layout_from_pb, limits_from_pb
 from attnstore.protocol.prefix import check_prefix_request
-from attnstore.protocol.prefix_wire import prefix_chunk
+from attnstore.protocol.prefix_wire import chunk_layout_from_pb, stored_chunk_of
 from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -37,16 +38,18 @@ from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.protocol.wire import output_chunks
 from attnstore.protocol.write_back import row_from_pb
 from attnstore.server.auth import Caller, anonymous_caller
-from attnstore.server.chunk_calls import ChunkCalls
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
+from attnstore.server.kv_streams import chunk_stream, prefix_stream
 from attnstore.server.map_streams import MapRow, layer_chunks, row_stream
 from attnstore.server.metrics import DaemonMetrics
-from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb
-from attnstore.service import ROW_ERRORS, AttnStoreService, Query
+from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb, verify_to_pb
+from attnstore.service import AttnStoreService, Query
+from attnstore.service.chunk_tier import check_chunk_keys
 from attnstore.service.write_back import WrittenRow
 
 log = logging.getLogger(__name__)
+
 
 def _decoded_row(row: pb.WrittenRow, index: int) -> WrittenRow | AttnStoreError:
     """A written-back row, or the error its message raised (that row alone is refused)."""
@@ -56,7 +59,23 @@ def _decoded_row(row: pb.WrittenRow, index: int) -> WrittenRow | AttnStoreError:
         return exc
 
 
-class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
+def _decoded_features(request: pb.SetFeaturesRequest, dim: int) -> tuple[list[int], np.ndarray]:
+    """SetFeatures' entry ids and their ``(n, dim)`` features.
+
+    Raises:
+        MapShapeError: a feature vector is not ``dim`` floats (the namespace's ``feature_dim``).
+    """
+    ids = [int(f.entry_id) for f in request.features]
+    widths = {len(f.feature) for f in request.features}
+    if widths - {dim}:
+        raise MapShapeError(
+            f"SetFeatures: feature vectors of {sorted(widths - {dim})} floats; namespace"
+            f" {request.namespace!r} has feature_dim {dim}"
+        )
+    return ids, np.array([list(f.feature) for f in request.features], dtype=np.float32).reshape(len(ids), dim)
+
+
+class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     """Implements ``attnstore.v1.AttnStore`` over an ``AttnStoreService``.
 
     The service may be attached after the server starts (the daemon builds its
@@ -249,26 +268,7 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
             layout = check_prefix_request(service.prefixes.layout(request.namespace), request.namespace,
                                           int(request.block_size))
             rows = [list(row.chain_hashes) for row in request.rows]
-            failed: set[int] = set()
-            for chunk in range(layout.layers + 1):
-                for row, chain in enumerate(rows):
-                    if row in failed or not context.is_active():
-                        continue
-                    try:
-                        array = service.prefixes.read(request.namespace, layout.block_size, chain, chunk)
-                    except ROW_ERRORS as exc:
-                        # A corrupt or vanished block loses this row only; the client computes it.
-                        failed.add(row)
-                        block = exc.block if isinstance(exc, PrefixBlockError) else None
-                        log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d block=%s error=%s",
-                                    request.namespace, row, chunk, block, exc)
-                        code, message = status_for(exc)
-                        self._metrics.row_error(request.namespace, code.name)
-                        error = pb.RowError(query_index=row, code=code.name, message=message, block=block)
-                        yield pb.PrefixChunk(row=row, chunk=chunk, error=error)
-                        continue
-                    self._metrics.streamed("prefix", array.nbytes)
-                    yield prefix_chunk(row, chunk, array)
+            yield from prefix_stream(service, self._metrics, request.namespace, layout, rows, context)
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
@@ -280,6 +280,37 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
                 # One line per call, not per id: a client sending unknown ids must not flood the log.
                 log.info("event=prefetch_unknown namespace=%s unknown=%d", request.namespace, report.unknown)
             return pb.PrefetchResponse(queued=report.queued, unknown=report.unknown)
+
+    # ---- chunks -------------------------------------------------------------
+
+    def ChunkMatch(self, request: pb.ChunkMatchRequest, context: grpc.ServicerContext) -> pb.ChunkMatchResponse:
+        with self._call("ChunkMatch", context) as service:
+            self._check_count("ChunkMatch", len(request.keys), "keys")
+            lengths = service.chunks.lengths(request.namespace, request.fingerprint,
+                                            chunk_layout_from_pb(request.layout), [bytes(k) for k in request.keys])
+            return pb.ChunkMatchResponse(lengths=[length or 0 for length in lengths])
+
+    def FetchChunks(self, request: pb.FetchChunksRequest, context: grpc.ServicerContext) -> Iterator[pb.ChunkData]:
+        """Layer 0 of every chunk, then layer 1, ...; a chunk that cannot be served gets its RowError alone."""
+        with self._call("FetchChunks", context) as service:
+            self._check_count("FetchChunks", len(request.keys), "keys")
+            keys = [bytes(k) for k in request.keys]
+            check_chunk_keys(keys)
+            layout = service.chunks.check_request(request.namespace, request.fingerprint,
+                                                 chunk_layout_from_pb(request.layout))
+            yield from chunk_stream(service, self._metrics, request.namespace, layout, keys, context)
+
+    def PutChunks(self, request: pb.PutChunksRequest, context: grpc.ServicerContext) -> pb.PutChunksResponse:
+        with self._call("PutChunks", context) as service:
+            self._check_count("PutChunks", len(request.chunks), "chunks")
+            layout = chunk_layout_from_pb(request.layout)
+            writer = self._callers(context).name
+            chunks = [stored_chunk_of(message, layout, writer) for message in request.chunks]
+            result = service.chunks.put(request.namespace, request.fingerprint, layout, chunks)
+            self._metrics.chunks_put(request.namespace, result.stored, result.bytes)
+            log.info("event=chunks_put namespace=%s chunks=%d stored=%d duplicates=%d bytes=%d writer=%s",
+                     request.namespace, len(chunks), result.stored, result.duplicates, result.bytes, writer)
+            return pb.PutChunksResponse(stored=result.stored, duplicates=result.duplicates, bytes=result.bytes)
 
     # ---- admin --------------------------------------------------------------
 
@@ -359,32 +390,12 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
                 "event=verified entries=%d corrupt=%d problems=%d",
                 report.entries_checked, len(report.corrupt), len(report.problems),
             )
-            return pb.VerifyResponse(
-                entries_checked=report.entries_checked,
-                corrupt_entry_ids=[c.id for c in report.corrupt],
-                problems=[f"{c.namespace}/{c.id}: {c.reason}" for c in report.corrupt],
-                corrupt=[
-                    pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt
-                ],
-                store_problems=[*report.problems,
-                                *(f"chunk {c.namespace}/{c.key}: {c.reason}" for c in report.corrupt_chunks)],
-                chunks_checked=report.chunks_checked,
-                orphan_chunks=report.orphan_chunks,
-                seconds=report.seconds,
-            )
+            return verify_to_pb(report)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._call("Stats", context) as service:
-            reply = stats_to_pb(service.stats())
-            written, admission = service.write_backs.stats(), service.admission.stats()
-            reply.written_back_entries, reply.written_back_bytes = written.entries, written.bytes
-            reply.written_back_duplicates, reply.written_back_not_admitted = written.duplicates, written.not_admitted
-            reply.written_back_map_entries, reply.written_back_map_bytes = written.map_entries, written.map_bytes
-            reply.written_back_refused = written.refused
-            reply.admission_asked, reply.admission_admitted = admission.asked, admission.admitted
-            reply.admission_sketch_bytes = admission.sketch_bytes
-            reply.admit_after = service.admission.config.admit_after
-            return reply
+            return stats_to_pb(service.stats(), service.write_backs.stats(), service.admission.stats(),
+                               admit_after=service.admission.config.admit_after)
 
     def ListEntries(self, request: pb.ListEntriesRequest, context: grpc.ServicerContext) -> Iterator[pb.StoredEntry]:
         with self._call("ListEntries", context) as service:
@@ -402,15 +413,7 @@ class AttnStoreServicer(ChunkCalls, pb_grpc.AttnStoreServicer):
     def SetFeatures(self, request: pb.SetFeaturesRequest, context: grpc.ServicerContext) -> pb.SetFeaturesResponse:
         with self._call("SetFeatures", context) as service:
             self._check_count("SetFeatures", len(request.features), "features")
-            ids = [int(f.entry_id) for f in request.features]
-            dim = service.get_namespace(request.namespace).layout.feature_dim
-            widths = {len(f.feature) for f in request.features}
-            if widths - {dim}:
-                raise MapShapeError(
-                    f"SetFeatures: feature vectors of {sorted(widths - {dim})} floats; namespace"
-                    f" {request.namespace!r} has feature_dim {dim}"
-                )
-            features = np.array([list(f.feature) for f in request.features], dtype=np.float32).reshape(len(ids), dim)
+            ids, features = _decoded_features(request, service.get_namespace(request.namespace).layout.feature_dim)
             report = service.set_features(request.namespace, ids, features,
                                           projector_version=int(request.projector_version))
             log.info(
