@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.structure.pages import Page
+
 # Import name -> folder, as in pyproject.toml's [tool.setuptools] package-dir.
 PACKAGE_DIRS = {"attnstore": "attnstore", "attnstore_client": "client", "attnstore_node": "node",
                 "attnstore_tools": "tools"}
@@ -25,7 +28,7 @@ CLI_MARKER = "<!-- attnstore-cli -->"
 HELP_COLUMNS = "100"  # argparse wraps help to $COLUMNS: a fixed width makes the page the same on every machine
 
 
-def on_config(config: Any) -> Any:
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
     root = Path(config["config_file_path"]).parent
     links = root / SOURCE_LINKS
     links.mkdir(parents=True, exist_ok=True)
@@ -61,7 +64,7 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
-def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+def on_page_markdown(markdown: str, page: Page, **kwargs: Any) -> str:
     if CLI_MARKER in markdown:
         return markdown.replace(CLI_MARKER, cli_reference())
     return markdown
