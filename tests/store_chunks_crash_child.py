@@ -53,7 +53,7 @@ def run(path: Path, batches: int, out_fd: int, seed: int) -> None:
     def say(line: str) -> None:
         os.write(out_fd, (line + "\n").encode())
 
-    with MapStore.open(path, create=True, dram_bytes=0) as store:
+    with MapStore.open(path, create=True) as store:
         store.create_namespace(NAMESPACE, model="crash", fingerprint=FINGERPRINT, layout=small_layout())
         store.chunks.set_layout(NAMESPACE, LAYOUT)
         say("ready")

@@ -36,7 +36,7 @@ def run(path: Path, start_k: int, out_fd: int, seed: int) -> None:
     def say(line: str) -> None:
         os.write(out_fd, (line + "\n").encode())
 
-    with MapStore.open(path, create=True, dram_bytes=0, hit_flush_count=4) as store:
+    with MapStore.open(path, create=True, hit_flush_count=4) as store:
         for name, layout in LAYOUTS.items():
             store.create_namespace(name, model="crash", fingerprint="fp", layout=layout)
         live = [(name, e.id) for name in LAYOUTS for e in store.entries(name)]

@@ -66,7 +66,7 @@ def run(path: Path, chains: int, out_fd: int, seed: int) -> None:
     def say(line: str) -> None:
         os.write(out_fd, (line + "\n").encode())
 
-    with MapStore.open(path, create=True, dram_bytes=0) as store:
+    with MapStore.open(path, create=True) as store:
         store.create_namespace(NAMESPACE, model="crash", fingerprint=FINGERPRINT, layout=small_layout())
         store.prefixes.set_layout(NAMESPACE, LAYOUT)
         stored = {c: store.prefixes.match(NAMESPACE, list(chain_of(c))) for c in range(chains)}

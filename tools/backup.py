@@ -52,16 +52,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _open(location: str | Path, *, create: bool) -> MapStoreBase:
-    if is_redis_url(location):
-        from attnstore.store.redis.mapstore import RedisMapStore
-        from attnstore.store.redis.urls import RedisSettings
+    from attnstore.store.opening import open_store
 
-        return RedisMapStore.open(str(location), create=create, settings=RedisSettings(dram_bytes=0))
-    from attnstore.store import MapStore
-
-    if create and Path(location).exists() and any(Path(location).iterdir()):
+    if create and not is_redis_url(location) and Path(location).exists() and any(Path(location).iterdir()):
         raise ConfigError(f"backup destination {location} is not empty; give a new directory")
-    return MapStore.open(location, create=create, dram_bytes=0)
+    return open_store(location, create=create, dram_bytes=0).store
 
 
 def _transfer(args: argparse.Namespace, source: str | Path, destination: str | Path) -> int:

@@ -337,11 +337,11 @@ class AttnStoreService:
         return self._store.read_outputs(namespace, entry_id)
 
     def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
-        """Queue entries for loading into the DRAM tier; reports how many were queued and how many are unknown."""
+        """Queue entries for loading into the DRAM cache; reports how many were queued and how many are unknown."""
         return self._store.prefetch(namespace, entry_ids)
 
     def maps_served(self, namespace: str, entry_ids: Iterable[int]) -> None:
-        """Entries whose maps were just streamed to a client (the store's DRAM tier may admit them)."""
+        """Entries whose maps were just streamed to a client (the store's DRAM cache may admit them)."""
         self._store.maps_served(namespace, entry_ids)
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
@@ -429,7 +429,7 @@ class AttnStoreService:
         return self._store.verify()
 
     def stats(self) -> StoreStats:
-        """Store statistics (entries, bytes, codec ratios, DRAM tier, evictions)."""
+        """Store statistics (entries, bytes, codec ratios, DRAM cache, evictions)."""
         return self._store.stats()
 
     def close(self) -> None:

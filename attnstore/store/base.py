@@ -1,17 +1,21 @@
-"""The map store interface: a narrow core every backend implements, and optional abilities declared as capabilities.
+"""The map store interface: a narrow core every backend implements, optional parts, and capabilities.
 
 The core (namespaces; entries ingested, found by id and by token hash, their maps,
-outputs and metadata; hits; delete; stats; verify; close) is abstract; where a
-batched form exists (``find_by_hashes``, ``token_ids``) backends implement it and
-the single form is a default over it. What only some backends can do is declared
-as a ``supports_*`` property (as zarr's ``Store.supports_writes``) that callers
-consult, never a backend's name or type: outputs-only entries, prefix blocks,
-chunk entries, compaction, a change feed, shared admission counts. A method of
-an ability a store lacks refuses with ConfigError naming the capability.
+outputs and metadata; hits; delete; stats) is abstract; where a batched form exists
+(``find_by_hashes``, ``token_ids``) backends implement it and the single form is a
+default over it, and what can be said over the core (one layer of maps, the lengths,
+verify, close) is a default a backend may replace with a faster one. Two optional
+parts are objects a backend offers or not: ``store.prefixes`` (prefix blocks) and
+``store.chunks`` (chunk entries), None where it lacks them. Other optional
+abilities are declared as ``supports_*`` properties (as zarr's
+``Store.supports_writes``) that callers consult, never a backend's name or type:
+outputs-only entries, compaction, a change feed, shared admission counts. A
+method of an ability a store lacks refuses with ConfigError naming the capability.
 
 Implemented by MapStore (LMDB), RedisMapStore and MemoryMapStore (the in-memory
-twin, with every capability the LMDB backend has). The DRAM tier, prefetch and
-buffered hits in front of a backend are ``store.dram``'s.
+twin, with every part and capability the LMDB backend has), and by DramCache
+(``store.dram.cache``), a wrapper store that serves maps from DRAM in front of
+another store.
 
 Arguments every backend must refuse alike (names, layouts, fingerprints,
 projector blobs, token hashes, entry ids) are checked here, before a backend's
@@ -20,18 +24,23 @@ projector blobs, token hashes, entry ids) are checked here, before a backend's
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
 from attnstore.errors import (
+    ChecksumError,
     ConfigError,
     EntryNotFoundError,
     MapShapeError,
+    MapsNotStoredError,
+    NamespaceNotFoundError,
+    shown,
 )
 from attnstore.protocol.keys import TOKEN_HASH_BYTES
 from attnstore.protocol.projector_blob import projector_metadata
@@ -47,6 +56,7 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.reports import (
     CompactReport,
+    CorruptEntry,
     FeaturesReport,
     IngestReport,
     PrefetchReport,
@@ -60,6 +70,9 @@ if TYPE_CHECKING:
     from attnstore.store.feed import ChangeFeed
     from attnstore.store.prefix.interface import PrefixBlocks
 
+# Told of entries that left a store: (namespace, ids); ids None: all of the namespace's; namespace None: every entry.
+RemovalListener = Callable[[str | None, Sequence[int] | None], None]
+
 
 class MapStoreBase(ABC):
     """Attention maps of many inputs per namespace, with exact-tier outputs and feature vectors.
@@ -67,6 +80,20 @@ class MapStoreBase(ABC):
     Safe for concurrent readers on many threads; writes are serialised.
     Arrays returned by reads belong to the caller (never shared with the store).
     """
+
+    def __init__(self) -> None:
+        self._removal_listeners: list[RemovalListener] = []
+
+    def on_removed(self, listener: RemovalListener) -> None:
+        """Call ``listener(namespace, ids)`` whenever entries leave the store: deleted, evicted, their namespace
+        dropped (``ids`` None), or removed by another process sharing the store; ``namespace`` None: every entry
+        may have changed (the store was replaced under this process). What a cache in front of it forgets by."""
+        self._removal_listeners.append(listener)
+
+    def _removed(self, namespace: str | None, ids: Sequence[int] | None) -> None:
+        """Tell the listeners (see :meth:`on_removed`); a backend calls it wherever entries leave."""
+        for listener in self._removal_listeners:
+            listener(namespace, ids)
 
     # ---- optional parts: None where the backend lacks them ------------------------------------------
 
@@ -159,14 +186,20 @@ class MapStoreBase(ABC):
     ) -> NamespaceInfo:
         """``create_namespace`` with checked arguments (see :func:`matching_namespace`)."""
 
-    @abstractmethod
     def get_namespace(self, name: str) -> NamespaceInfo:
-        """The namespace called ``name``, with its projector blob.
+        """The namespace called ``name``, with its projector blob (by default found in :meth:`list_namespaces`).
 
         Raises:
             NamespaceNotFoundError: no such namespace.
             FormatVersionError: it was written in an unknown format version.
         """
+        namespaces = self.list_namespaces()
+        for info in namespaces:
+            if info.name == name:
+                return info
+        raise NamespaceNotFoundError(
+            f"no namespace {shown(name)} in the map store; existing: {shown([i.name for i in namespaces], 512)}"
+        )
 
     @abstractmethod
     def list_namespaces(self) -> list[NamespaceInfo]:
@@ -295,15 +328,19 @@ class MapStoreBase(ABC):
             ChecksumError: stored bytes are corrupt.
         """
 
-    @abstractmethod
     def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """One layer of one entry's maps ``(heads, L, L)`` fp16.
+        """One layer of one entry's maps ``(heads, L, L)`` fp16 (by default out of :meth:`read_maps`; a backend
+        reads the one layer instead).
 
         Raises:
             EntryNotFoundError: no live entry has that id.
             ChecksumError: stored bytes are corrupt.
             MapShapeError: ``layer`` is out of range.
         """
+        layers = self.get_namespace(namespace).layout.layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layers:
+            raise MapShapeError(f"layer {layer} is out of range: namespace {namespace!r} has {layers} layers")
+        return np.ascontiguousarray(self.read_maps(namespace, entry_id)[layer])  # (heads, L, L)
 
     @abstractmethod
     def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
@@ -352,6 +389,23 @@ class MapStoreBase(ABC):
             EntryNotFoundError: no live entry has that id.
         """
 
+    def live_ids(self, namespace: str, ids: Sequence[int]) -> list[int]:
+        """Those of ``ids`` a live entry has, in order (by default one :meth:`entry` each; a backend reads them
+        in one go).
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+        """
+        self.get_namespace(namespace)
+        live = []
+        for entry_id in ids:
+            try:
+                self.entry(namespace, entry_id)
+            except EntryNotFoundError:
+                continue
+            live.append(entry_id)
+        return live
+
     @abstractmethod
     def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
         """Each entry's stored ``(L,)`` uint32 token ids, in order; None for an entry stored
@@ -362,9 +416,9 @@ class MapStoreBase(ABC):
     def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
         """Live entries in id order, optionally only those of token length ``length``."""
 
-    @abstractmethod
     def lengths(self, namespace: str) -> list[int]:
-        """Token lengths with at least one live entry, ascending."""
+        """Token lengths with at least one live entry, ascending (by default over :meth:`entries`)."""
+        return sorted({info.length for info in self.entries(namespace)})
 
     @abstractmethod
     def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
@@ -386,27 +440,21 @@ class MapStoreBase(ABC):
         """``delete`` with checked ids."""
 
     def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:
-        """Load entries into the DRAM tier in the background (``store.dram``); ids no live entry has are skipped
-        and counted. A store without a DRAM tier queues nothing.
+        """Load entries into a DRAM cache in the background (``DramCache``); ids no live entry has are skipped
+        and counted. A store without a DRAM cache queues nothing.
 
         Raises:
             NamespaceNotFoundError: no such namespace.
         """
-        self.get_namespace(namespace)
-        unknown = 0
-        for entry_id in dict.fromkeys(int(i) for i in ids):
-            try:
-                self.entry(namespace, entry_id)
-            except EntryNotFoundError:
-                unknown += 1
-        return PrefetchReport(queued=0, unknown=unknown)
+        wanted = list(dict.fromkeys(int(i) for i in ids))
+        return PrefetchReport(queued=0, unknown=len(wanted) - len(self.live_ids(namespace, wanted)))
 
     def maps_served(self, namespace: str, ids: Iterable[int]) -> None:
-        """Entries whose maps were just sent to a client, for a DRAM tier's admission; stores without one ignore it."""
-        return None  # not abstract: only a store with a DRAM tier has something to do
+        """Entries whose maps were just sent to a client, for a DRAM cache's admission; stores without one ignore it."""
+        return None  # not abstract: only a DRAM cache has something to do
 
     def wait_prefetch(self, timeout: float | None = None) -> bool:
-        """Block until queued prefetches are done; False on timeout (always done without a DRAM tier)."""
+        """Block until queued prefetches are done; False on timeout (always done without a DRAM cache)."""
         return True
 
     def change_feed(self) -> ChangeFeed:
@@ -455,19 +503,37 @@ class MapStoreBase(ABC):
         """
         raise self._lacks("compact()", "compaction (supports_compaction)")
 
-    @abstractmethod
     def verify(self) -> VerifyReport:
         """Check every entry's chunks against their checksums and every projector against its own; list
         the corrupt entries, and damage not tied to one entry (``VerifyReport.problems``). Never raises
-        for damage it finds."""
+        for damage it finds.
+
+        By default every live entry's maps and outputs are read (each read checks its checksums); a backend
+        walks its own storage instead, and checks what lies outside entries too.
+        """
+        start = time.perf_counter()
+        corrupt, checked = [], 0
+        for info in self.list_namespaces():
+            for entry in self.entries(info.name):
+                checked += 1
+                try:
+                    try:
+                        self.read_maps(info.name, entry.id)
+                    except MapsNotStoredError:
+                        pass  # outputs only: nothing to check but the outputs
+                    self.read_outputs(info.name, entry.id)
+                except ChecksumError as exc:
+                    corrupt.append(CorruptEntry(info.name, entry.id, str(exc)))
+                except EntryNotFoundError:
+                    checked -= 1  # deleted meanwhile
+        return VerifyReport(checked, 0, tuple(corrupt), 0, time.perf_counter() - start)
 
     @abstractmethod
     def stats(self) -> StoreStats:
-        """Entries and bytes per namespace and length bucket, codec ratios, DRAM tier usage."""
+        """Entries and bytes per namespace and length bucket, codec ratios, DRAM cache usage."""
 
-    @abstractmethod
-    def close(self) -> None:
-        """Flush buffered hits, stop prefetching, release the store. Idempotent."""
+    def close(self) -> None:  # noqa: B027 -- a store with nothing to release keeps it
+        """Flush buffered hits, stop prefetching, release the store. Idempotent (nothing to do by default)."""
 
     def __enter__(self) -> Self:
         return self

@@ -1,4 +1,7 @@
-"""Opening a store by its location: an LMDB folder or a ``redis://`` URL, the one place that tells them apart.
+"""Opening a store by its location: an LMDB folder, a ``redis://`` URL or ``memory://``, the one place that tells
+them apart.
+
+The backend gets a DRAM cache in front (``DramCache``) when ``dram_bytes`` asks for one (the default does).
 
 What a backend needs beyond the ``MapStoreBase`` interface comes with the store in an
 ``OpenedStore``: the Redis client's figures (for the daemon's metrics) and what to do once
@@ -12,13 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnstore.errors import ConfigError
+from attnstore.store.base import MapStoreBase
+from attnstore.store.dram.cache import DramCache
+from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES
 from attnstore.store.lmdb.env import drop_mapped_pages
 from attnstore.store.lmdb.mapstore import open_lmdb_store
+from attnstore.store.memory.mapstore import MemoryMapStore
 from attnstore.store.redis.urls import is_redis_url
 
 if TYPE_CHECKING:
-    from attnstore.store.base import MapStoreBase
     from attnstore.store.redis.connection import RedisStats
+
+
+MEMORY_LOCATION = "memory://"  # a new, empty in-memory store (tests, evaluations); gone when closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +49,10 @@ def open_store(
     map_size: int | None = None,
     readonly: bool = False,
 ) -> OpenedStore:
-    """Open the store at ``location``: an LMDB folder, or a ``redis://`` URL (one Redis server, or a Redis
-    Cluster with ``?cluster=1``; see ``attnstore.store.redis``). None sizes take their defaults.
+    """Open the store at ``location``: an LMDB folder, a ``redis://`` URL (one Redis server, or a Redis
+    Cluster with ``?cluster=1``; see ``attnstore.store.redis``), or :data:`MEMORY_LOCATION` (a new in-memory
+    store, which needs no DRAM cache). None sizes take their defaults; ``dram_bytes``
+    above 0 (1 GiB by default) puts a DRAM cache of that size in front of the store (``DramCache``).
 
     Raises:
         StoreNotFoundError: no store there and ``create`` is False.
@@ -48,19 +60,29 @@ def open_store(
         ConfigError: a malformed Redis URL, or ``map_size`` with one.
         UnavailableError: Redis cannot be reached.
     """
+    dram_bytes = DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes
+    if dram_bytes < 0:
+        raise ConfigError(f"open_store(): dram_bytes must be >= 0 (0: no DRAM cache), got {dram_bytes}")
+    if str(location) == MEMORY_LOCATION:
+        return OpenedStore(MemoryMapStore(max_bytes=max_bytes), None, lambda: None)
     if is_redis_url(location):
         # Imported here: redis-py loads only with a Redis store.
         from attnstore.store.redis.mapstore import open_redis_store
 
-        redis = open_redis_store(str(location), create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
-                                 map_size=map_size, readonly=readonly)
-        return OpenedStore(redis, redis.redis_stats, lambda: None)
+        redis = open_redis_store(str(location), create=create, max_bytes=max_bytes, map_size=map_size,
+                                 readonly=readonly)
+        return OpenedStore(_cached(redis, dram_bytes), redis.redis_stats, lambda: None)
     folder = Path(location)
-    store = open_lmdb_store(folder, create=create, dram_bytes=dram_bytes, max_bytes=max_bytes,
-                            map_size=map_size, readonly=readonly)
+    store = _cached(open_lmdb_store(folder, create=create, max_bytes=max_bytes, map_size=map_size,
+                                    readonly=readonly), dram_bytes)
 
     def read_through() -> None:
         if readonly:
             drop_mapped_pages(folder)  # what the reads mapped in, unasked (see ``lmdb.env.drop_mapped_pages``)
 
     return OpenedStore(store, None, read_through)
+
+
+def _cached(store: MapStoreBase, dram_bytes: int) -> MapStoreBase:
+    """``store`` behind a DRAM cache of ``dram_bytes``, or as it is for 0."""
+    return DramCache(store, dram_bytes=dram_bytes) if dram_bytes else store

@@ -41,13 +41,13 @@ class FeaturesReport:
 class PrefetchReport:
     """What one prefetch call queued."""
 
-    queued: int  # entries queued for loading into the DRAM tier
+    queued: int  # entries queued for loading into the DRAM cache
     unknown: int  # distinct ids no live entry has (never queued)
 
 
 @dataclass(frozen=True, slots=True)
 class DramStats:
-    """Usage of the DRAM tier (decoded hot entries)."""
+    """Usage of the DRAM cache (decoded hot entries; ``DramCache``)."""
 
     capacity_bytes: int
     bytes: int
@@ -56,6 +56,9 @@ class DramStats:
     misses: int
     evictions: int  # entries pushed out to stay under capacity
     rejected: int  # entries larger than the whole capacity, never admitted
+
+
+NO_DRAM = DramStats(0, 0, 0, 0, 0, 0, 0)  # the usage a store without a DRAM cache reports
 
 
 @dataclass(frozen=True, slots=True)

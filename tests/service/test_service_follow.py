@@ -28,7 +28,7 @@ BOUND = FOLLOW_SECONDS + 1.5
 @pytest.fixture
 def pair(redis_server):
     url = redis_server.url()
-    services = [AttnStoreService(RedisMapStore.open(url, create=True, settings=RedisSettings(dram_bytes=0)))
+    services = [AttnStoreService(RedisMapStore.open(url, create=True, settings=RedisSettings()))
                 for _ in range(2)]
     yield services
     for service in services:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from attnstore.store.dram.cache import DramCache
 
 StoreFactory = Callable[..., MapStoreBase]
 
@@ -24,14 +25,14 @@ def make_store(request, tmp_path) -> StoreFactory:
     def factory(max_bytes: int | None = None) -> MapStoreBase:
         if request.param == "lmdb":
             path = tmp_path / f"store{len(opened)}"
-            store = MapStore.open(path, create=True, dram_bytes=1 << 20, max_bytes=max_bytes)
+            store = DramCache(MapStore.open(path, create=True, max_bytes=max_bytes), dram_bytes=1 << 20)
         elif request.param.startswith("redis"):
             from attnstore.store.redis.mapstore import RedisMapStore
             from attnstore.store.redis.urls import RedisSettings
 
             servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
-            settings = RedisSettings(dram_bytes=1 << 20, max_bytes=max_bytes)
-            store = RedisMapStore.open(servers.url(), create=True, settings=settings)
+            settings = RedisSettings(max_bytes=max_bytes)
+            store = DramCache(RedisMapStore.open(servers.url(), create=True, settings=settings), dram_bytes=1 << 20)
         else:
             store = MemoryMapStore(max_bytes=max_bytes)
         opened.append(store)
@@ -45,6 +46,11 @@ def make_store(request, tmp_path) -> StoreFactory:
         store.close()
 
 
+def _backend(store: MapStoreBase) -> MapStoreBase:
+    """The backend itself, out of the DRAM cache the factory may have put in front."""
+    return store.inner if isinstance(store, DramCache) else store
+
+
 def _corrupt_memory_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
     chunks = store.prefixes._prefix[namespace].chunks[chain_hash]  # type: ignore[union-attr]
     chunks[chunk] = b"\x00" + chunks[chunk][1:]
@@ -53,7 +59,7 @@ def _corrupt_memory_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash
 def _corrupt_lmdb_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
     from attnstore.store.lmdb.prefix_blocks import chunk_key
 
-    with store._live.write() as (gen, txn):  # type: ignore[attr-defined]
+    with _backend(store)._live.write() as (gen, txn):  # type: ignore[attr-defined]
         raw = bytearray(txn.get(chunk_key(namespace, chain_hash, chunk), db=gen.db.prefix))
         raw[0] ^= 0xFF
         txn.put(chunk_key(namespace, chain_hash, chunk), bytes(raw), db=gen.db.prefix)
@@ -72,7 +78,7 @@ def _corrupt_lmdb_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, l
     """Flips a byte of the layer in the data file itself (every copy of it there: LMDB keeps freed pages)."""
     from attnstore.store.lmdb.chunks.keys import piece_key
 
-    with store._live.read() as (gen, txn):  # type: ignore[attr-defined]
+    with _backend(store)._live.read() as (gen, txn):  # type: ignore[attr-defined]
         piece = bytes(txn.get(piece_key(namespace, key, layer), db=gen.db.chunks))
         path = gen.data_path
     data = path.read_bytes()
@@ -87,8 +93,8 @@ def _corrupt_lmdb_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, l
 
 def _corrupt_redis_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, layer: int) -> None:
     """Writes the layer back with its first byte flipped, with Redis's own HSET."""
-    hash_key = store._keys.namespace(namespace).chunk(key)  # type: ignore[attr-defined]
-    client = store._redis.client  # type: ignore[attr-defined]
+    hash_key = _backend(store)._keys.namespace(namespace).chunk(key)  # type: ignore[attr-defined]
+    client = _backend(store)._redis.client  # type: ignore[attr-defined]
     piece = bytes(client.hget(hash_key, str(layer)))
     client.hset(hash_key, str(layer), bytes([piece[0] ^ 0xFF]) + piece[1:])
 
@@ -101,14 +107,14 @@ _CHUNK_CORRUPTORS = {"memory": _corrupt_memory_chunk_layer, "lmdb": _corrupt_lmd
 def _cut_lmdb_chunk_record(store: MapStoreBase, namespace: str, key: bytes) -> None:
     from attnstore.store.lmdb.chunks.keys import record_key
 
-    with store._live.write() as (gen, txn):  # type: ignore[attr-defined]
+    with _backend(store)._live.write() as (gen, txn):  # type: ignore[attr-defined]
         raw = bytes(txn.get(record_key(namespace, key), db=gen.db.chunks))
         txn.put(record_key(namespace, key), raw[:7], db=gen.db.chunks)
 
 
 def _cut_redis_chunk_record(store: MapStoreBase, namespace: str, key: bytes) -> None:
-    records = store._keys.namespace(namespace).chunks  # type: ignore[attr-defined]
-    client = store._redis.client  # type: ignore[attr-defined]
+    records = _backend(store)._keys.namespace(namespace).chunks  # type: ignore[attr-defined]
+    client = _backend(store)._redis.client  # type: ignore[attr-defined]
     client.hset(records, key, bytes(client.hget(records, key))[:7])
 
 

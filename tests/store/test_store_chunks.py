@@ -38,7 +38,8 @@ def _chunk(i: int, length: int = 5, layout: ChunkLayout = LAYOUT, writer: str | 
 def _open(make_store, max_bytes: int | None = None) -> MapStoreBase:
     store = make_store(max_bytes)
     if store.chunks is None:
-        pytest.skip(f"{type(store).__name__} keeps no chunk entries (store.chunks is None)")
+        backend = type(getattr(store, "inner", store)).__name__
+        pytest.skip(f"{backend} keeps no chunk entries (store.chunks is None)")
     store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
     store.chunks.set_layout("ns", LAYOUT)
     return store
@@ -65,7 +66,8 @@ def test_chunks_round_trip_every_layer_and_the_whole_chunk(store):
 def test_fp16_chunks_round_trip_in_fp16(make_store):
     store = make_store()
     if store.chunks is None:
-        pytest.skip(f"{type(store).__name__} keeps no chunk entries (store.chunks is None)")
+        backend = type(getattr(store, "inner", store)).__name__
+        pytest.skip(f"{backend} keeps no chunk entries (store.chunks is None)")
     store.create_namespace("half", model="tiny", fingerprint="f" * 64, layout=small_layout())
     half = ChunkLayout(layers=2, kv_heads=1, head_dim=8, dtype="float16")
     store.chunks.set_layout("half", half)

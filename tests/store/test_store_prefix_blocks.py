@@ -26,7 +26,8 @@ def store(make_store) -> MapStoreBase:
     """Every backend that stores prefix blocks (``make_store``, tests/store/conftest.py), with namespace ``ns``."""
     opened = make_store()
     if opened.prefixes is None:
-        pytest.skip(f"{type(opened).__name__} keeps no prefix blocks (store.prefixes is None)")
+        backend = type(getattr(opened, "inner", opened)).__name__
+        pytest.skip(f"{backend} keeps no prefix blocks (store.prefixes is None)")
     opened.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
     return opened
 

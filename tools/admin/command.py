@@ -308,14 +308,14 @@ def _batches(entries: Iterator[NewEntry], size: int) -> Iterator[list[NewEntry]]
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from attnstore.store.lmdb.mapstore import MapStore  # lmdb: only this command reads a local store
+    from attnstore.store.opening import open_store  # only this command reads a local store
 
     if args.batch_entries < 1:
         raise ConfigError(f"--batch-entries must be >= 1, got {args.batch_entries}")
     name = args.target_namespace or args.namespace
     start = time.perf_counter()
     totals = {"entries": 0, "duplicates": 0, "bytes": 0, "streams": 0}
-    with MapStore.open(args.from_store, readonly=True, dram_bytes=0) as store, _connect(args) as remote:
+    with open_store(args.from_store, readonly=True, dram_bytes=0).store as store, _connect(args) as remote:
         info = store.get_namespace(args.namespace)
         layout: NamespaceLayout = info.layout
         target = remote.create_namespace(

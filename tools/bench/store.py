@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from attnstore.protocol.records import CODECS, NamespaceLayout, NewEntry
+from attnstore.store.base import MapStoreBase
 from attnstore.store.codecs import q8_error_bound
 from attnstore.store.lmdb.env import DATA_FILE, read_current
-from attnstore.store.lmdb.mapstore import MapStore
+from attnstore.store.opening import open_store
 from attnstore_tools.output import write_json
 from attnstore_tools.timing import median_ms, time_rounds
 
@@ -128,7 +129,7 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
 
     # Ingest, one durable transaction per entry; then the other codecs for bytes and decode times.
     ids: dict[str, list[int]] = {}
-    with MapStore.open(root, create=True, dram_bytes=0) as store:
+    with open_store(root, create=True, dram_bytes=0).store as store:
         for codec in CODECS:
             layout = NamespaceLayout(layers=layers, heads=heads, causal=True, hidden=8, codec=codec)
             store.create_namespace(_namespace(codec), model="bench", fingerprint="bench", layout=layout)
@@ -149,7 +150,7 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
             result[f"{codec.replace('+', '_')}_max_error"] = float(np.abs(decoded - maps[0]).max())
             result[f"{codec.replace('+', '_')}_within_bound"] = bool((np.abs(decoded - maps[0]) <= bound).all())
 
-        # Page cache: DRAM tier off, data warm; every codec, round robin over the entries.
+        # Page cache: no DRAM cache, data warm; every codec, round robin over the entries.
         src = maps[0].astype(np.float16)
         dst = np.empty_like(src)
         for codec in CODECS:
@@ -161,8 +162,8 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
             if codec == "fp16":
                 result["pagecache_ms"], result["memcpy_ms"] = read_ms, copy_ms
 
-    # DRAM tier: admit once, then every read is a hit (a copy out of the tier).
-    with MapStore.open(root, dram_bytes=4 * nbytes) as store:
+    # DRAM cache: admit once, then every read is a hit (a copy out of the cache).
+    with open_store(root, dram_bytes=4 * nbytes).store as store:
         entry_id = ids["fp16"][0]
         store.read_maps(_namespace("fp16"), entry_id)
         read_ms, copy_ms = _timed_pair(lambda: store.read_maps(_namespace("fp16"), entry_id), src, dst, runs, warmup)
@@ -171,13 +172,13 @@ def _bench(root: Path, args: argparse.Namespace) -> dict:
 
     # Cold: store closed (pages unmapped), data file dropped from the page cache, reopened, one read.
     data_file = root / read_current(root) / DATA_FILE
-    opened: dict[str, MapStore] = {}
+    opened: dict[str, MapStoreBase] = {}
     cycle = iter(ids["fp16"] * (warmup + runs))
 
     @contextmanager
     def reopened_cold() -> Iterator[None]:
         _drop_page_cache(data_file)
-        with MapStore.open(root, dram_bytes=0) as store:
+        with open_store(root, dram_bytes=0).store as store:
             opened["store"] = store
             yield
 

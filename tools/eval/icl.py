@@ -161,7 +161,7 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
     from attnstore.index import ExactIndex
     from attnstore.protocol.records import NamespaceLayout
     from attnstore.service import AttnStoreService
-    from attnstore.store import MemoryMapStore
+    from attnstore.store.opening import MEMORY_LOCATION, open_store
     from attnstore_client.adapters import adapter_for
     from attnstore_client.cache import AttnCache
     from attnstore_client.call.settings import ChunkSettings
@@ -173,7 +173,7 @@ def evaluate_icl(loaded, prompts: Sequence[Sequence[str]], task: IclTask, *, rat
 
     adapter = adapter_for(loaded)
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
-    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    service = AttnStoreService(open_store(MEMORY_LOCATION).store, make_index=ExactIndex)
     layout = NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
                              hidden=adapter.hidden_size, feature_dim=16)
     service.create_namespace("icl", model=loaded.name, fingerprint=fingerprint, layout=layout)

@@ -1,7 +1,8 @@
-"""The DRAM tier in front of a backend: decoded hot maps, read-ahead (prefetch) and buffered hit counts.
+"""In front of a backend, in this process's memory: the DRAM cache of decoded hot maps, and buffered hit counts.
 
-One sub-package for every backend that keeps its maps outside this process's
-memory (LMDB on disk, Redis over the network): ``DramTiered`` puts the tier in
-front of the backend's own loads and writes, given a few of them as hooks. The
-in-memory backend needs none of it.
+``DramCache`` (``cache``) is a wrapper store that serves maps from DRAM (``hot_maps``:
+the byte-bounded entries, ``entries``, and read-ahead, ``prefetch``) in front of any
+store; ``open_store`` adds one to the backends that keep their maps outside this
+process (LMDB on disk, Redis over the network). ``HitBuffer`` (``hit_buffer``) is what
+those backends count hits in between writes.
 """

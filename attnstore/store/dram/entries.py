@@ -1,4 +1,4 @@
-"""The DRAM tier's entries: decoded maps by ``(namespace, entry id)`` in the shared byte-bounded LRU."""
+"""The DRAM cache's entries: decoded maps by ``(namespace, entry id)`` in the shared byte-bounded LRU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from attnstore.protocol.lru import ByteLRU
 from attnstore.store.reports import DramStats
 
 
-class DramTier(ByteLRU[Hashable]):
+class DramEntries(ByteLRU[Hashable]):
     """Byte-bounded LRU of decoded maps, keyed by ``(namespace, entry id)``.
 
     Cached arrays are made read-only; readers copy out of them. Every
@@ -18,7 +18,7 @@ class DramTier(ByteLRU[Hashable]):
     the last discard, so a read racing a delete cannot cache the deleted entry.
 
     Args:
-        capacity_bytes: most bytes of decoded maps held; 0 disables the tier.
+        capacity_bytes: most bytes of decoded maps held; 0 disables the cache.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
@@ -35,7 +35,7 @@ class DramTier(ByteLRU[Hashable]):
 
         Args:
             key: cache key.
-            array: decoded maps; the tier keeps this very array.
+            array: decoded maps; the cache keeps this very array.
             epoch: :attr:`epoch` read before the array was loaded; if a discard
                 happened since, nothing is cached.
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+
+PendingHits = Mapping[tuple[str, int], tuple[int, float]]  # (namespace, id) -> (hits, last hit), not yet written
 
 
 class HitBuffer:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from attnstore.store.dram.entries import DramTier
+from attnstore.store.dram.entries import DramEntries
 from attnstore.store.dram.prefetch import Prefetcher
 from attnstore.store.reports import DramStats
 
@@ -33,17 +33,17 @@ SERVED_HISTORY = 4096
 
 
 class HotMaps:
-    """A byte-bounded DRAM tier of decoded entries with a prefetch thread.
+    """A byte-bounded DRAM cache of decoded entries with a prefetch thread.
 
     Args:
         load_maps: loads one entry's maps from the backend.
-        capacity_bytes: DRAM tier capacity (0 turns the tier and prefetch off).
+        capacity_bytes: DRAM cache capacity (0 turns the cache and prefetch off).
         prefetch_queue: entries waiting for prefetch at most; more are dropped.
     """
 
     def __init__(self, load_maps: LoadMaps, *, capacity_bytes: int, prefetch_queue: int) -> None:
         self._load_maps = load_maps
-        self._dram = DramTier(capacity_bytes)
+        self._dram = DramEntries(capacity_bytes)
         self._prefetcher = Prefetcher(self._prefetch_one, max_queue=prefetch_queue)
         self._served_once: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._served_lock = threading.Lock()
@@ -69,7 +69,7 @@ class HotMaps:
 
     def prefetch(self, namespace: str, ids: Iterable[int]) -> int:
         """Load entries into DRAM in the background; returns how many were queued (not those already
-        there, nor those past the queue's bound, nor any without a DRAM tier)."""
+        there, nor those past the queue's bound, nor any without a DRAM cache)."""
         if not self._dram.capacity_bytes:
             return 0
         return self._prefetcher.submit(namespace, (i for i in ids if (namespace, int(i)) not in self._dram))
@@ -122,11 +122,11 @@ class HotMaps:
             self._served_once.clear()
 
     def stats(self) -> DramStats:
-        """Usage of the DRAM tier."""
+        """Usage of the DRAM cache."""
         return self._dram.stats()
 
     def close(self) -> None:
-        """Stop prefetching and empty the tier."""
+        """Stop prefetching and empty the cache."""
         self._prefetcher.close()
         self._dram.clear()
 

@@ -1,4 +1,4 @@
-"""Prefetch: a background thread that loads listed entries into the DRAM tier."""
+"""Prefetch: a background thread that loads listed entries into the DRAM cache."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Prefetcher:
     counted, never raised: a failed prefetch only means a later read goes to LMDB.
 
     Args:
-        load: loads one entry into the DRAM tier; may raise AttnStoreError.
+        load: loads one entry into the DRAM cache; may raise AttnStoreError.
         max_queue: entries waiting at most; further submissions are dropped.
     """
 

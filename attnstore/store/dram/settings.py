@@ -1,25 +1,23 @@
-"""The DRAM tier's and the hit buffer's defaults, and the checks every backend that keeps them shares."""
+"""The DRAM cache's and the hit buffer's defaults, and the checks of the settings every backend shares."""
 
 from __future__ import annotations
 
 from attnstore.errors import ConfigError
 
-DEFAULT_DRAM_BYTES = 1 << 30  # 1 GiB of decoded maps (about 120 SmolLM2 entries of 128 tokens)
+DEFAULT_DRAM_BYTES = 1 << 30  # DRAM cache: 1 GiB of decoded maps (about 120 SmolLM2 entries of 128 tokens)
 DEFAULT_HIT_FLUSH_COUNT = 4096
 DEFAULT_HIT_FLUSH_SECONDS = 10.0
 DEFAULT_PREFETCH_QUEUE = 4096  # entries waiting for prefetch at most; more are dropped
 
 
-def check_tier_settings(
-    dram_bytes: int, max_bytes: int | None, evict_low_water: float, hit_flush_count: int, hit_flush_seconds: float
+def check_store_settings(
+    max_bytes: int | None, evict_low_water: float, hit_flush_count: int, hit_flush_seconds: float
 ) -> None:
-    """Check the DRAM tier, byte cap and hit-buffer settings every map store backend shares.
+    """Check the byte cap and hit-buffer settings every map store backend shares.
 
     Raises:
         ConfigError: a value out of range, named.
     """
-    if dram_bytes < 0:
-        raise ConfigError(f"dram_bytes must be >= 0, got {dram_bytes}")
     if max_bytes is not None and max_bytes < 1:
         raise ConfigError(f"max_bytes must be positive or None, got {max_bytes}")
     if not 0.0 < evict_low_water <= 1.0:

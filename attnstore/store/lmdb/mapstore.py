@@ -1,4 +1,4 @@
-"""MapStore: attention maps in a zarr v3 layout on LMDB, with a DRAM tier and prefetch in front (``store.dram``).
+"""MapStore: attention maps in a zarr v3 layout on LMDB (``open_store`` puts a DRAM cache in front: ``store.dram``).
 
 See DESIGN.md "Map store". One store is a directory of generations (see
 ``lmdb_env``); one process writes, any number read. Reads run on the calling
@@ -23,6 +23,7 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import (
+    MapShapeError,
     NamespaceNotFoundError,
     StoreFullError,
     StoreNotFoundError,
@@ -40,8 +41,8 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
-from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES, DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS
-from attnstore.store.dram.tiered import DramTiered, PendingHits
+from attnstore.store.dram.hit_buffer import HitBuffer, PendingHits
+from attnstore.store.dram.settings import DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS
 from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
 from attnstore.store.lmdb.chunks.calls import LmdbChunks
@@ -78,6 +79,7 @@ from attnstore.store.lmdb.settings import DEFAULT_MAP_SIZE, StoreSettings
 from attnstore.store.lmdb.verify import verify_live
 from attnstore.store.namespace_rules import check_projector_version, drops_features, projector_update
 from attnstore.store.reports import (
+    NO_DRAM,
     CompactReport,
     FeaturesReport,
     IngestReport,
@@ -95,16 +97,17 @@ logger = logging.getLogger(__name__)
 _PAGE = 256
 
 
-class MapStore(DramTiered, MapStoreBase):
+class MapStore(MapStoreBase):
     """The LMDB-backed map store. Open with :meth:`open`; use as a context manager.
 
-    Hit counters and the DRAM tier are ``DramTiered``'s: buffered hits are written in one
-    transaction (also inside an ingest's, before byte-cap eviction); :meth:`entry` includes
-    counts not yet written; a read-only store keeps its counts in memory. Returned arrays
-    always belong to the caller.
+    Hit counts are buffered in memory (``HitBuffer``) and written in one transaction (also
+    inside an ingest's, before byte-cap eviction); :meth:`entry` includes counts not yet
+    written; a read-only store keeps its counts in memory. Returned arrays always belong to
+    the caller.
     """
 
     def __init__(self, live: LiveGeneration, settings: StoreSettings) -> None:
+        super().__init__()
         self._live = live
         self._root = live.root
         self._settings = settings
@@ -113,8 +116,7 @@ class MapStore(DramTiered, MapStoreBase):
         self._chunks = LmdbChunks(live, settings, self.get_namespace)
         self.chunks = self._chunks
         self.prefixes = LmdbPrefixBlocks(live, self.get_namespace)
-        self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
-                         hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
+        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
 
     @classmethod
@@ -124,7 +126,6 @@ class MapStore(DramTiered, MapStoreBase):
         *,
         create: bool = False,
         map_size: int = DEFAULT_MAP_SIZE,
-        dram_bytes: int = DEFAULT_DRAM_BYTES,
         max_bytes: int | None = None,
         readonly: bool = False,
         hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT,
@@ -135,9 +136,9 @@ class MapStore(DramTiered, MapStoreBase):
         Args:
             path: store directory.
             create: create the store if it does not exist.
-            map_size, dram_bytes, max_bytes, readonly, hit_flush_count, hit_flush_seconds: the
-                ``StoreSettings`` fields (map size in bytes, DRAM tier bytes (0: off), cap on live
-                entries' bytes (None: none), read-only, when hit counts are written).
+            map_size, max_bytes, readonly, hit_flush_count, hit_flush_seconds: the ``StoreSettings``
+                fields (map size in bytes, cap on live entries' bytes (None: none), read-only, when hit
+                counts are written). A DRAM cache in front is ``DramCache``'s (``open_store`` adds one).
 
         Raises:
             StoreNotFoundError: no store at ``path`` and ``create`` is False.
@@ -147,7 +148,6 @@ class MapStore(DramTiered, MapStoreBase):
         """
         settings = StoreSettings(
             map_size=map_size,
-            dram_bytes=dram_bytes,
             max_bytes=max_bytes,
             readonly=readonly,
             hit_flush_count=hit_flush_count,
@@ -242,7 +242,8 @@ class MapStore(DramTiered, MapStoreBase):
             self._state_in(txn, gen, name)
             drop_namespace_keys(txn, gen.db, name)
         self._states.pop(name, None)
-        self._forget_namespace(name)
+        self._hits.drop_namespace(name)
+        self._removed(name, None)
         logger.info("dropped namespace %r", name)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
@@ -314,7 +315,8 @@ class MapStore(DramTiered, MapStoreBase):
 
     # --------------------------------------------------------------------- reads
 
-    def _load_maps(self, namespace: str, entry_id: int) -> np.ndarray:
+    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_maps`."""
         state = self._state(namespace)
         with self._live.read() as (gen, txn):
             record = load_record(txn, gen.db, namespace, entry_id)
@@ -322,8 +324,13 @@ class MapStore(DramTiered, MapStoreBase):
             decode_layers(txn, gen.db, state, record, range(state.layout.layers), out, self._read_helper)
         return out
 
-    def _load_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_layer`: only that layer is read."""
         state = self._state(namespace)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < state.layout.layers:
+            raise MapShapeError(
+                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
+            )
         with self._live.read() as (gen, txn):
             record = load_record(txn, gen.db, namespace, entry_id)
             out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
@@ -343,7 +350,7 @@ class MapStore(DramTiered, MapStoreBase):
             return [find_ref(txn, gen.db, namespace, token_hash) for token_hash in token_hashes]
 
     def _info(self, namespace: str, record: EntryRecord, hits: int, last_hit: float) -> EntryInfo:
-        pending_hits, pending_last = self._pending_hits(namespace, record.id)  # counted, not yet written
+        pending_hits, pending_last = self._hits.get(namespace, record.id)  # counted, not yet written
         return record.info(hits + pending_hits, max(last_hit, pending_last))
 
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
@@ -386,8 +393,24 @@ class MapStore(DramTiered, MapStoreBase):
 
     # -------------------------------------------------------------- hits, delete
 
-    def _writes_hits(self) -> bool:
-        return not self._settings.readonly
+    def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
+        """See :meth:`MapStoreBase.record_hits`: counted in memory, written once ``hit_flush_count`` entries are
+        pending or ``hit_flush_seconds`` have passed (checked on the next call), and before eviction, compaction
+        and close."""
+        self._state(namespace)
+        due = self._hits.add(namespace, ids, time.time())
+        if due and not self._settings.readonly:
+            self.flush_hits()
+
+    def flush_hits(self) -> None:
+        """Write buffered hit counts now; they stay buffered if the write fails."""
+        with self._hits.draining() as pending:
+            self._write_hits(pending)
+
+    def _forget(self, namespace: str, ids: list[int]) -> None:
+        """Entries gone from the store leave the hit buffer, and the listeners hear of it (``on_removed``)."""
+        self._hits.drop(namespace, ids)
+        self._removed(namespace, ids)
 
     def _write_hits(self, pending: PendingHits) -> None:
         """Buffered hit counts in one transaction; also raises ReadOnlyStoreError."""
@@ -404,7 +427,9 @@ class MapStore(DramTiered, MapStoreBase):
         self._forget(namespace, ids)
         return deleted
 
-    def _live_ids(self, namespace: str, ids: list[int]) -> list[int]:
+    def live_ids(self, namespace: str, ids: Sequence[int]) -> list[int]:
+        """See :meth:`MapStoreBase.live_ids`: one read transaction."""
+        self._state(namespace)
         with self._live.read() as (gen, txn):
             return [i for i in ids if txn.get(entry_key(namespace, i), db=gen.db.entries) is not None]
 
@@ -447,10 +472,9 @@ class MapStore(DramTiered, MapStoreBase):
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""
-        pending_hits, dram = self._tier_stats()
         with self._live.read() as (gen, txn):
             stats = store_stats(
-                txn, gen, self._all_states(txn, gen), self._settings, pending_hits=pending_hits, dram=dram,
+                txn, gen, self._all_states(txn, gen), self._settings, pending_hits=len(self._hits), dram=NO_DRAM,
             )
         count, nbytes = stale_generations(self._root, self._live.name)
         return dataclasses.replace(stats, stale_generations=count, stale_generation_bytes=nbytes)
@@ -470,7 +494,6 @@ class MapStore(DramTiered, MapStoreBase):
         """See :meth:`MapStoreBase.close`."""
         if self._live.closed:
             return
-        self._stop_tier()
         self._read_helper.shutdown(wait=True)
         if not self._settings.readonly:
             try:
@@ -481,12 +504,11 @@ class MapStore(DramTiered, MapStoreBase):
 
 
 def open_lmdb_store(
-    path: Path, *, create: bool = False, dram_bytes: int | None = None, max_bytes: int | None = None,
-    map_size: int | None = None, readonly: bool = False,
+    path: Path, *, create: bool = False, max_bytes: int | None = None, map_size: int | None = None,
+    readonly: bool = False,
 ) -> MapStore:
     """Open the LMDB store in folder ``path`` with the daemon's sizes (None: their defaults; see ``MapStore.open``)."""
     return MapStore.open(
         path, create=create, max_bytes=max_bytes, readonly=readonly,
-        dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes,
         map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
     )

@@ -5,13 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
-from attnstore.store.dram.settings import (
-    DEFAULT_DRAM_BYTES,
-    DEFAULT_HIT_FLUSH_COUNT,
-    DEFAULT_HIT_FLUSH_SECONDS,
-    DEFAULT_PREFETCH_QUEUE,
-    check_tier_settings,
-)
+from attnstore.store.dram.settings import DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS, check_store_settings
 
 DEFAULT_MAP_SIZE = 1 << 40  # LMDB address space reserved (1 TiB); the file grows only as used
 
@@ -25,17 +19,15 @@ class StoreSettings:
     """
 
     map_size: int = DEFAULT_MAP_SIZE  # LMDB map size in bytes; a full map raises StoreFullError
-    dram_bytes: int = DEFAULT_DRAM_BYTES  # DRAM tier capacity for decoded maps; 0 disables the tier
     max_bytes: int | None = None  # cap on live entries' stored bytes; past it, least recently hit go
     readonly: bool = False  # read-only: no writer lock, follows compactions of the writer
     evict_low_water: float = 0.9  # the byte cap evicts down to this fraction of max_bytes
     hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT  # distinct entries with buffered hits that trigger a flush
     hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
-    prefetch_queue: int = DEFAULT_PREFETCH_QUEUE  # entries waiting for prefetch at most; more are dropped
     compact_txn_bytes: int = 256 << 20  # bytes per write transaction while compacting
 
     def __post_init__(self) -> None:
         if self.map_size < 1 << 20:
             raise ConfigError(f"map_size must be at least 1 MiB, got {self.map_size}")
-        check_tier_settings(self.dram_bytes, self.max_bytes, self.evict_low_water, self.hit_flush_count,
+        check_store_settings(self.max_bytes, self.evict_low_water, self.hit_flush_count,
                             self.hit_flush_seconds)

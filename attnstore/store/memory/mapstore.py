@@ -5,7 +5,7 @@ blocks, compaction), so a suite that consults capabilities runs whole on it.
 
 Same behaviour as MapStore where callers can see it: validation, codecs (q8 is
 lossy here too), exact-duplicate handling, ids from 1 never reused, checksums,
-byte cap. No persistence, no DRAM tier (everything is in memory already).
+byte cap. No persistence, and no need of a DRAM cache (everything is in memory already).
 Imports neither lmdb nor zarr.
 """
 
@@ -102,6 +102,7 @@ class MemoryMapStore(MapStoreBase):
     def __init__(self, *, max_bytes: int | None = None) -> None:
         if max_bytes is not None and max_bytes < 1:
             raise ConfigError(f"max_bytes must be positive or None, got {max_bytes}")
+        super().__init__()
         self._max_bytes = max_bytes
         self._namespaces: dict[str, _Namespace] = {}
         self._next_id = 1
@@ -160,6 +161,7 @@ class MemoryMapStore(MapStoreBase):
             del self._namespaces[name]
             self._prefixes.forget(name)
             self._chunks.forget(name)
+        self._removed(name, None)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
         """See :meth:`MapStoreBase.set_projector`."""
@@ -228,6 +230,8 @@ class MemoryMapStore(MapStoreBase):
                 ids.append(entry.id)
                 self._next_id += 1
             evicted = self._evict({(namespace, i) for i in added})
+        for name, gone in evicted.items():
+            self._removed(name, gone)
         return IngestReport(ids, added, evicted, featured)
 
     def _set_features(
@@ -396,7 +400,9 @@ class MemoryMapStore(MapStoreBase):
         """See :meth:`MapStoreBase.delete`."""
         ns = self._ns(namespace)
         with self._lock:
-            return sum(self._delete_one(ns, i) for i in ids)
+            deleted = sum(self._delete_one(ns, i) for i in ids)
+        self._removed(namespace, ids)
+        return deleted
 
     def compact(self) -> CompactReport:
         """Nothing to rewrite; reports the live entries."""

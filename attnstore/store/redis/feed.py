@@ -56,7 +56,7 @@ class RedisChangeFeed(ChangeFeed):
         keys: the store's key names.
         catalog: the store's namespaces.
         forget_missing: returns the given ids whose entries are gone, unregistering them (the store's).
-        on_removed: called with the ids a log says were removed (the store's DRAM tier forgets them).
+        on_removed: called with the ids a log says were removed (a DRAM cache in front forgets them).
         check_store: reads the store's identity again, the store dropping its caches when it changed.
     """
 

@@ -15,13 +15,14 @@ Guarantees, as the LMDB backend's where callers can see them:
   and the entry is forgotten (unregistered, its removal logged) so every
   daemon's index drops it.
 
-A process's DRAM tier and buffered hit counts (``store.dram``) are its own.
+A process's buffered hit counts, and a DRAM cache in front (``store.dram``), are its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -40,8 +41,7 @@ from attnstore.protocol.records import NamespaceInfo, NamespaceLayout, NewEntry,
 from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
-from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES
-from attnstore.store.dram.tiered import DramTiered, PendingHits
+from attnstore.store.dram.hit_buffer import HitBuffer, PendingHits
 from attnstore.store.feed import ChangeFeed
 from attnstore.store.namespace_rules import (
     check_projector_version,
@@ -62,6 +62,7 @@ from attnstore.store.redis.reads import RedisEntryReads
 from attnstore.store.redis.urls import RedisLocation, RedisSettings
 from attnstore.store.redis.watch import StoreWatch
 from attnstore.store.reports import (
+    NO_DRAM,
     CompactReport,
     FeaturesReport,
     IngestReport,
@@ -76,10 +77,11 @@ logger = logging.getLogger(__name__)
 _COMMIT_ROUNDS = 4  # an entry found by hash, then deleted before the commit, is written anew: this many times at most
 
 
-class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
+class RedisMapStore(RedisEntryReads, MapStoreBase):
     """The Redis-backed map store. Open with :meth:`open`; use as a context manager."""
 
     def __init__(self, connection: RedisConnection, settings: RedisSettings, *, create: bool) -> None:
+        super().__init__()
         self._redis = connection
         self._keys = StoreKeys(connection.location.prefix)
         self._settings = settings
@@ -87,10 +89,10 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         self._states: dict[str, tuple[float, NamespaceState]] = {}  # name -> (its created time, state)
         self.chunks = RedisChunks(connection, self._keys, settings, self._catalog, self.get_namespace,
                                   self._check_writable, self._entry_bytes)
-        self._start_tier(dram_bytes=settings.dram_bytes, prefetch_queue=settings.prefetch_queue,
-                         hit_flush_count=settings.hit_flush_count, hit_flush_seconds=settings.hit_flush_seconds)
+        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
         self._watch = StoreWatch(connection, self._keys, self._catalog.identity, create=create)
-        self._feed = RedisChangeFeed(connection, self._keys, self._catalog, self._forget_missing, self._hot.discard,
+        self._feed = RedisChangeFeed(connection, self._keys, self._catalog, self._forget_missing,
+                                     lambda namespace, ids: self._removed(namespace, list(ids)),
                                      self._check_store)
         self._counts: RedisCounts | None = None  # the admission counts handed out (their salts are cached)
         self._closed = False
@@ -159,8 +161,10 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         return self._watch.identity
 
     def _forget_cached(self) -> None:
-        """Drop everything cached of a store that was replaced: decoded maps, unflushed hits, records, salts."""
-        self._forget_all()
+        """Drop everything cached of a store that was replaced: unflushed hits, records, salts (and, through
+        ``on_removed``, a DRAM cache's decoded maps)."""
+        self._hits.drain()
+        self._removed(None, None)
         self._catalog.forget_all()
         self._states.clear()
         if self._counts is not None:
@@ -210,7 +214,8 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         stored = [self._keys.entry(name, i) for i in admin.entry_ids_stored(self._redis, self._keys, name)]
         admin.delete_keys(self._redis, stored)
         self._states.pop(name, None)
-        self._forget_namespace(name)
+        self._hits.drop_namespace(name)
+        self._removed(name, None)
         logger.info("dropped namespace %r", name)
 
     def _set_projector(self, name: str, blob: bytes, *, replace: bool) -> NamespaceInfo:
@@ -345,8 +350,23 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
 
     # ---- hits, delete ---------------------------------------------------------
 
-    def _writes_hits(self) -> bool:
-        return not self._settings.readonly
+    def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
+        """See :meth:`MapStoreBase.record_hits`: counted in memory, written once ``hit_flush_count`` entries are
+        pending or ``hit_flush_seconds`` have passed (checked on the next call), and before eviction, compaction
+        and close."""
+        self._state(namespace)
+        due = self._hits.add(namespace, ids, time.time())
+        if due and not self._settings.readonly:
+            self.flush_hits()
+
+    def flush_hits(self) -> None:
+        """Write buffered hit counts now; they stay buffered if the write fails."""
+        with self._hits.draining() as pending:
+            self._write_hits(pending)
+
+    def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]:
+        """Hits counted here and not yet written, and the last one's time (for ``RedisEntryReads``)."""
+        return self._hits.get(namespace, entry_id)
 
     def _write_hits(self, pending: PendingHits) -> None:
         """Buffered hit counts, one script per namespace."""
@@ -366,7 +386,8 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
                 scripts.REMOVE, keys.index_keys(), [self._settings.log_max_events, reason, *ids]
             )]
         admin.delete_keys(self._redis, [self._keys.entry(namespace, i) for i in removed])
-        self._forget(namespace, ids)
+        self._hits.drop(namespace, ids)
+        self._removed(namespace, ids)
         return removed
 
     def _delete(self, namespace: str, ids: list[int]) -> int:
@@ -393,7 +414,9 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
                                namespace, forgotten[:20])
         return gone
 
-    def _live_ids(self, namespace: str, ids: list[int]) -> list[int]:
+    def live_ids(self, namespace: str, ids: Sequence[int]) -> list[int]:
+        """See :meth:`MapStoreBase.live_ids`: one HMGET."""
+        self._state(namespace)
         with translated(f"checking entries of {namespace!r}"):
             metas = self._redis.client.hmget(self._keys.namespace(namespace).meta, [str(i) for i in ids])
         return [i for i, meta in zip(ids, metas, strict=True) if meta is not None]
@@ -429,10 +452,9 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`: ``file_bytes`` is Redis's used memory and ``map_size`` its
         maxmemory, summed over the primaries; evictions include entries Redis evicted that were found gone."""
-        pending_hits, dram = self._tier_stats()
         namespaces = self.list_namespaces()
         stats = admin.store_stats(self._redis, self._keys, namespaces, self._settings.max_bytes,
-                                  pending_hits=pending_hits, dram=dram)
+                                  pending_hits=len(self._hits), dram=NO_DRAM)
         return with_chunk_usage(stats, chunk_walks.usage(self._redis, self._keys, [n.name for n in namespaces]))
 
     def close(self) -> None:
@@ -440,7 +462,6 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
         if self._closed:
             return
         self._closed = True
-        self._stop_tier()
         if not self._settings.readonly:
             try:
                 self.flush_hits()
@@ -450,8 +471,8 @@ class RedisMapStore(RedisEntryReads, DramTiered, MapStoreBase):
 
 
 def open_redis_store(
-    url: str, *, create: bool = False, dram_bytes: int | None = None, max_bytes: int | None = None,
-    map_size: int | None = None, readonly: bool = False,
+    url: str, *, create: bool = False, max_bytes: int | None = None, map_size: int | None = None,
+    readonly: bool = False,
 ) -> RedisMapStore:
     """Open the Redis store at ``url`` with the daemon's sizes (``map_size`` is LMDB's: refused here).
 
@@ -462,7 +483,5 @@ def open_redis_store(
     """
     if map_size is not None:
         raise ConfigError(f"--map-size sizes an LMDB store; {url!r} is a Redis store (size it with Redis's maxmemory)")
-    settings = RedisSettings(
-        dram_bytes=DEFAULT_DRAM_BYTES if dram_bytes is None else dram_bytes, max_bytes=max_bytes, readonly=readonly
-    )
+    settings = RedisSettings(max_bytes=max_bytes, readonly=readonly)
     return RedisMapStore.open(url, create=create, settings=settings)

@@ -1,4 +1,4 @@
-"""Reads of a Redis store's entries: maps (the DRAM tier's loads), outputs, records, listings.
+"""Reads of a Redis store's entries: maps, outputs, records, listings.
 
 A mixin of ``RedisMapStore`` (before ``MapStoreBase``): it reads with the store's
 client and keys, and forgets, through the store, a registered entry whose hash
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError
+from attnstore.errors import ChecksumError, EntryNotFoundError, MapShapeError
 from attnstore.protocol.records import EntryInfo, EntryRef
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord
@@ -51,7 +51,7 @@ class RedisEntryReads:
 
         def _state(self, name: str) -> NamespaceState: ...  # the store's
 
-        def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]: ...  # DramTiered's
+        def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]: ...  # the store's
 
         def _forget_missing(self, namespace: str, ids: Sequence[int], *, known_gone: bool = False) -> list[int]: ...
 
@@ -71,7 +71,8 @@ class RedisEntryReads:
             self._forget_missing(namespace, [entry_id], known_gone=True)
         return decode_record(state, entry_id, raw)
 
-    def _load_maps(self, namespace: str, entry_id: int) -> np.ndarray:
+    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_maps`: the whole entry in one read."""
         state = self._state(namespace)
         fields = self._fields(namespace, entry_id)  # the whole entry in one read
         record = self._record(namespace, state, entry_id, fields)
@@ -79,8 +80,13 @@ class RedisEntryReads:
         decode_layers(state, record, fields, range(state.layout.layers), out)
         return out
 
-    def _load_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_layer`: only that layer's fields are read."""
         state = self._state(namespace)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < state.layout.layers:
+            raise MapShapeError(
+                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
+            )
         fields = self._fields(namespace, entry_id, [RECORD_FIELD, *layer_fields(state, layer)])
         record = self._record(namespace, state, entry_id, fields)
         out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)

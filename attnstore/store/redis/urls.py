@@ -19,13 +19,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from attnstore.errors import ConfigError
-from attnstore.store.dram.settings import (
-    DEFAULT_DRAM_BYTES,
-    DEFAULT_HIT_FLUSH_COUNT,
-    DEFAULT_HIT_FLUSH_SECONDS,
-    DEFAULT_PREFETCH_QUEUE,
-    check_tier_settings,
-)
+from attnstore.store.dram.settings import DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS, check_store_settings
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 DEFAULT_PREFIX = "attnstore"
@@ -120,13 +114,11 @@ class RedisSettings:
         ConfigError: a value is out of range.
     """
 
-    dram_bytes: int = DEFAULT_DRAM_BYTES  # DRAM tier of decoded maps in this process; 0 disables it
     max_bytes: int | None = None  # cap on live entries' stored bytes (all daemons together); None: Redis's maxmemory
     readonly: bool = False  # refuse every write (ReadOnlyStoreError)
     evict_low_water: float = 0.9  # the byte cap evicts down to this fraction of max_bytes
     hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT  # distinct entries with buffered hits that trigger a flush
     hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
-    prefetch_queue: int = DEFAULT_PREFETCH_QUEUE  # entries waiting for prefetch at most; more are dropped
     entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS
     # Each namespace's log keeps about this many changes: a daemon further behind rebuilds its index from the keys.
     log_max_events: int = 100_000
@@ -137,7 +129,7 @@ class RedisSettings:
     orphan_grace_seconds: float = 300.0  # compaction leaves unindexed entries younger than this (ingests in flight)
 
     def __post_init__(self) -> None:
-        check_tier_settings(self.dram_bytes, self.max_bytes, self.evict_low_water, self.hit_flush_count,
+        check_store_settings(self.max_bytes, self.evict_low_water, self.hit_flush_count,
                             self.hit_flush_seconds)
         for name in ("entry_ttl_seconds", "log_max_events"):
             if getattr(self, name) < 1:

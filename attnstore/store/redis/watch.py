@@ -4,7 +4,7 @@
 the store is created. Redis may lose every key (restarted without persistence,
 FLUSHALL, a failover to an empty replica): the namespaces may then be made again
 and filled with other entries under the same ids, since the id counters went too.
-A daemon that kept its DRAM tier, buffered hits and indexes would serve the old
+A daemon that kept its DRAM cache, buffered hits and indexes would serve the old
 store's maps for the new store's ids. So the marker is read again at every step
 of the index follower and before every write; when it is gone or holds another
 id, everything cached from the old store is dropped (``RedisMapStore``) and the
@@ -113,7 +113,7 @@ class StoreWatch:
             self._resets += changed
         if changed:
             log.error("event=store_reset identity_before=%s identity=%s detail='the Redis store is not the one this"
-                      " daemon cached: its DRAM tier, hit counts and indexes are dropped and rebuilt'",
+                      " daemon cached: its DRAM cache, hit counts and indexes are dropped and rebuilt'",
                       before, identity)
         return changed
 

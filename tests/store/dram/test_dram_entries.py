@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from attnstore.store.dram.entries import DramTier
+from attnstore.store.dram.entries import DramEntries
 
 
 def _array(nbytes: int, fill: int = 0) -> np.ndarray:
@@ -15,7 +15,7 @@ def _array(nbytes: int, fill: int = 0) -> np.ndarray:
 
 
 def test_least_recently_used_entries_are_evicted_to_stay_under_capacity():
-    tier = DramTier(300)
+    tier = DramEntries(300)
     for key in "abc":
         assert tier.put(key, _array(100))
     assert tier.get("a") is not None  # a is now the most recently used
@@ -26,20 +26,20 @@ def test_least_recently_used_entries_are_evicted_to_stay_under_capacity():
 
 
 def test_an_entry_larger_than_the_capacity_is_rejected_and_counted():
-    tier = DramTier(100)
+    tier = DramEntries(100)
     assert not tier.put("big", _array(101))
     assert tier.stats().rejected == 1 and tier.get("big") is None and tier.stats().misses == 1
 
 
 def test_cached_arrays_are_read_only():
-    tier = DramTier(100)
+    tier = DramEntries(100)
     tier.put("a", _array(10))
     with pytest.raises(ValueError):
         tier.get("a")[0] = 1
 
 
 def test_a_put_loaded_before_a_discard_is_refused():
-    tier = DramTier(1000)
+    tier = DramEntries(1000)
     epoch = tier.epoch
     tier.discard(["x"])  # e.g. the entry was deleted while being loaded
     assert not tier.put("x", _array(10), epoch)
@@ -47,7 +47,7 @@ def test_a_put_loaded_before_a_discard_is_refused():
 
 
 def test_replacing_a_key_keeps_the_byte_count_right():
-    tier = DramTier(1000)
+    tier = DramEntries(1000)
     tier.put("a", _array(100))
     tier.put("a", _array(300))
     assert tier.stats().bytes == 300
@@ -56,7 +56,7 @@ def test_replacing_a_key_keeps_the_byte_count_right():
 
 
 def test_concurrent_puts_and_gets_keep_the_accounting_consistent():
-    tier = DramTier(50 * 64)
+    tier = DramEntries(50 * 64)
 
     def work(offset: int) -> None:
         for i in range(500):

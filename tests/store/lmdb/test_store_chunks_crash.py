@@ -65,7 +65,7 @@ def test_sigkill_mid_put_chunks_never_leaves_part_of_a_call_visible(tmp_path: Pa
                 committed.add(int(batch))
                 in_flight = None
         kills_inside_a_call += in_flight is not None
-        with MapStore.open(path, dram_bytes=0) as store:
+        with MapStore.open(path) as store:
             committed = _check_store(store, committed, in_flight)
     assert len(committed) > 2 * KILLS  # the children did real work between kills
     assert kills_inside_a_call >= 5  # and were often killed inside a call

@@ -17,7 +17,7 @@ from attnstore.store.lmdb.env import list_generations, read_current
 
 @pytest.fixture
 def store(tmp_path):
-    with MapStore.open(tmp_path / "s", create=True, dram_bytes=0) as store:
+    with MapStore.open(tmp_path / "s", create=True) as store:
         yield store
 
 
@@ -93,7 +93,7 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
     if pid == 0:  # child: a read-only store opened before the compaction
         status = 1
         try:
-            with MapStore.open(tmp_path / "s", readonly=True, dram_bytes=0) as reader:
+            with MapStore.open(tmp_path / "s", readonly=True) as reader:
                 ok = np.array_equal(reader.read_maps(*key), expected)
                 os.write(to_parent_w, f"{reader.generation} {ok}\n".encode())
                 os.read(to_child_r, 1)  # wait for the compaction
@@ -104,7 +104,7 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
             os._exit(status)
     try:
         first = os.read(to_parent_r, 100).decode().split()
-        with MapStore.open(tmp_path / "s", dram_bytes=0) as writer:
+        with MapStore.open(tmp_path / "s") as writer:
             report = writer.compact()
             assert first == [report.old_generation, "True"]
             assert report.old_generation in list_generations(tmp_path / "s")  # held by the child

@@ -100,7 +100,7 @@ def test_sigkill_at_random_points_never_leaves_a_partial_entry_visible(tmp_path)
         for line in run_until_killed(partial(run, path, log.next_k, seed=round_), rng.uniform(0.0, 0.15)):
             log.feed(line)
         kills_inside_a_call += log.ingest_in_flight is not None or log.delete_in_flight is not None
-        with MapStore.open(path, dram_bytes=0) as store:
+        with MapStore.open(path) as store:
             _check_store(store, log)
     assert len(log.committed) > KILLS  # the children did real work between kills
     assert kills_inside_a_call >= 5  # and were often killed inside an ingest or delete

@@ -18,12 +18,15 @@ from attnstore.errors import (
     StoreNotFoundError,
     StoreOpenError,
 )
-from attnstore.store import MapStore
+from attnstore.store import MapStore, MapStoreBase
+from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import list_generations, read_current
 
 
-def _open(path, **kwargs) -> MapStore:
-    return MapStore.open(path, create=True, **kwargs)
+def _open(path, dram_bytes: int = 0, **kwargs) -> MapStoreBase:
+    """The LMDB store at ``path``, behind a DRAM cache of ``dram_bytes`` (0: none)."""
+    store = MapStore.open(path, create=True, **kwargs)
+    return DramCache(store, dram_bytes=dram_bytes) if dram_bytes else store
 
 
 def _with_namespace(store: MapStore, codec: str = "fp16") -> str:
@@ -122,7 +125,7 @@ def test_hits_are_buffered_flushed_by_count_and_on_close(tmp_path):
         assert [store.entry(ns, i).hits for i in (a, b, c)] == [3, 1, 1]
 
 
-def test_dram_tier_serves_repeated_reads_and_forgets_deleted_entries(tmp_path):
+def test_dram_cache_serves_repeated_reads_and_forgets_deleted_entries(tmp_path):
     layout = small_layout()
     with _open(tmp_path / "s", dram_bytes=3 * layout.map_nbytes(16)) as store:
         ns = _with_namespace(store)
@@ -137,8 +140,8 @@ def test_dram_tier_serves_repeated_reads_and_forgets_deleted_entries(tmp_path):
         assert store.stats().dram.entries == 2
 
 
-def test_prefetch_loads_entries_into_the_dram_tier_in_the_background(tmp_path):
-    with _open(tmp_path / "s") as store:
+def test_prefetch_loads_entries_into_the_dram_cache_in_the_background(tmp_path):
+    with _open(tmp_path / "s", dram_bytes=1 << 30) as store:
         ns = _with_namespace(store, "zstd")
         entries = [make_entry(small_layout("zstd"), 12, seed=s) for s in range(5)]
         ids = store.ingest(ns, entries).entry_ids
@@ -152,7 +155,7 @@ def test_prefetch_loads_entries_into_the_dram_tier_in_the_background(tmp_path):
 
 def test_concurrent_readers_see_intact_entries_while_a_writer_ingests(tmp_path):
     layout = small_layout()
-    with _open(tmp_path / "s", dram_bytes=0) as store:
+    with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)
         entries = [make_entry(layout, 24, seed=s) for s in range(4)]
         ids = store.ingest(ns, entries).entry_ids

@@ -100,7 +100,7 @@ def _kill_rounds(path: Path, rounds: int, seed: int) -> tuple[_Log, int]:
         for line in run_until_killed(partial(run, path, log.chains, seed=seed + round_), rng.uniform(0.0, 0.15)):
             log.feed(line)
         kills_inside_a_call += log.in_flight is not None
-        with MapStore.open(path, dram_bytes=0) as store:
+        with MapStore.open(path) as store:
             _check_store(store, log)
     return log, kills_inside_a_call
 

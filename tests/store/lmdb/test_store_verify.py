@@ -16,6 +16,7 @@ from attnstore.errors import ChecksumError, StoreDamagedError
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.store import MapStore
 from attnstore.store.codecs import ZSTD_LEVEL
+from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import DATA_FILE, read_current
 from attnstore.store.lmdb.records import entry_key
 
@@ -46,14 +47,14 @@ def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(t
     chunk = layer_1.tobytes() if codec == "fp16" else Zstd(level=ZSTD_LEVEL).encode(layer_1)
     _flip_byte_on_disk(tmp_path / "s", chunk[: min(len(chunk), 4096)])
 
-    with MapStore.open(tmp_path / "s") as store:
+    with DramCache(MapStore.open(tmp_path / "s"), dram_bytes=1 << 30) as store:
         with pytest.raises(ChecksumError, match=f"entry {ids[1]} .*layer 1 maps chunk fails its crc32c"):
             store.read_maps("ns", ids[1])
         with pytest.raises(ChecksumError):
             store.read_layer("ns", ids[1], 1)
         assert store.read_layer("ns", ids[1], 0).shape == (2, 40, 40)  # other layers are intact
         assert store.read_maps("ns", ids[0]).shape == (3, 2, 40, 40)
-        assert store.stats().dram.entries == 1  # the corrupt entry never reached the DRAM tier
+        assert store.stats().dram.entries == 1  # the corrupt entry never reached the DRAM cache
         report = store.verify()
         assert not report.ok
         assert report.corrupt_ids("ns") == [ids[1]]
@@ -73,7 +74,7 @@ def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_p
         np.testing.assert_array_equal(store.read_maps("ns", entry_id), entry.maps.astype(np.float16))
     chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
     _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
-    with MapStore.open(tmp_path / "s", dram_bytes=0) as store:
+    with MapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match=f"layer {layer} maps chunk fails its crc32c"):
             store.read_maps("ns", entry_id)
 

@@ -33,7 +33,7 @@ def test_killing_the_namespaces_master_mid_load_costs_latency_not_errors_and_no_
     committed: dict[int, int] = {}  # seed -> entry id, for every ingest that returned
     errors: list[BaseException] = []
     stop = threading.Event()
-    with RedisMapStore.open(url, create=True, settings=RedisSettings(dram_bytes=0)) as store:
+    with RedisMapStore.open(url, create=True, settings=RedisSettings()) as store:
         store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=layout)
 
         def ingest() -> None:
