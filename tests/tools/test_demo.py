@@ -10,7 +10,7 @@ import pytest
 from attnstore.errors import ConfigError
 from attnstore_tools.cli import main
 from attnstore_tools.corpus import data_dir
-from attnstore_tools.demo import stsb_pairs, train_sentences
+from attnstore_tools.demo import log_lines
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -27,34 +27,44 @@ def test_data_dir_prefers_flag_then_environment(tmp_path, monkeypatch):
         data_dir(None)
 
 
-def test_stsb_pairs_keep_quotes_and_refuse_too_few(tmp_path):
-    (tmp_path / "stsb_dev.tsv").write_text('score\tsentence1\tsentence2\n1.5\tA "quoted" cat.\tB\n')
-    assert stsb_pairs(tmp_path, "dev", 1) == [('A "quoted" cat.', "B", 1.5)]
-    with pytest.raises(ConfigError, match="has 1 pairs"):
-        stsb_pairs(tmp_path, "dev", 2)
-    with pytest.raises(ConfigError, match="stsb_train.tsv"):
-        stsb_pairs(tmp_path, "train")
+def test_log_lines_take_each_systems_first_half_to_store_and_second_half_to_ask(tmp_path):
+    (tmp_path / "loghub").mkdir()
+    for system in ("A", "B"):
+        rows = "".join(f"{system}{i}\t{system} line {i}\n" for i in range(6))
+        (tmp_path / "loghub" / f"{system}.tsv").write_text("event_id\tcontent\n" + rows)
+    stored, queries = log_lines(tmp_path, stored=2, queries=1)
+    assert stored == ["A line 0", "A line 1", "B line 0", "B line 1"]
+    assert queries == ["A line 3", "B line 3"]
 
 
-def test_train_sentences_are_distinct_in_file_order(tmp_path):
-    (tmp_path / "stsb_train.tsv").write_text("score\tsentence1\tsentence2\n1\ta\tb\n2\tb\tc\n3\td\ta\n")
-    assert train_sentences(tmp_path, 3) == ["a", "b", "c"]
+def test_log_lines_refuse_a_folder_without_loghub_files(tmp_path):
+    with pytest.raises(ConfigError, match="loghub"):
+        log_lines(tmp_path, 1, 1)
+    (tmp_path / "loghub").mkdir()
+    (tmp_path / "loghub" / "A.tsv").write_text("event_id\ttext\nA1\tx\n")
+    with pytest.raises(ConfigError, match="no 'content' column"):
+        log_lines(tmp_path, 1, 1)
 
 
 @pytest.mark.real_model
-def test_demo_builds_a_store_and_the_cache_keeps_minilm_embeddings(tmp_path, capsys):
-    if not (DATA / "stsb_dev.tsv").is_file():
+def test_demo_builds_a_store_and_serves_held_out_lines_with_every_row_faithful(tmp_path, capsys):
+    if not (DATA / "loghub").is_dir():
         pytest.skip(f"no evaluation data at {DATA}")
-    argv = ["demo", "--data", str(DATA), "--store", str(tmp_path / "store"), "--train", "100", "--pairs", "20",
-            "--epochs", "1", "--no-progress"]
+    argv = ["demo", "--data", str(DATA), "--store", str(tmp_path / "store"), "--stored", "20", "--queries", "10",
+            "--epochs", "1", "--no-progress", "--plot", str(tmp_path / "demo.png")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    hits = re.search(r"(\d+) exact hits .* (\d+) map hits .* (\d+) misses, (\d+) fallbacks", out)
-    exact, _, _, fallbacks = (int(g) for g in hits.groups())
-    assert exact > 0 and fallbacks == 0  # dev sentences repeated from the first train sentences
-    assert float(re.search(r"cosine to the plain model min \S+, mean (\S+),", out).group(1)) > 0.99
-    rho = re.search(r"Spearman: plain (\S+), with the cache (\S+)", out)
-    assert abs(float(rho.group(1)) - float(rho.group(2))) < 0.02
-    assert re.search(r"speedup \S+x including retrieval", out)
+    rows = int(re.search(r"AttnCache, row by row \((\d+) rows", out).group(1))
+    assert rows == 80
+    kinds = dict((kind, int(count)) for count, kind in re.findall(r"^\s+(\d+)\s+\S+\s+\S+\s+(exact|map|computed)",
+                                                                 out, re.M))
+    assert sum(kinds.values()) == rows and "fallback" not in out
+    assert kinds.get("exact", 0) > 0  # log lines repeat across a system's halves
+    table = dict(re.findall(r"^\| (AttnCache|sentence-transformers \+ dict|sentence-transformers)\s+\|.*\|\s+(\S+)%"
+                            r" \|\s+\S+ \|$", out, re.M))
+    assert set(table) == {"AttnCache", "sentence-transformers + dict", "sentence-transformers"}
+    assert float(table["sentence-transformers + dict"]) == 100.0
+    assert float(table["AttnCache"]) >= 95.0  # map hits are near, computed and exact rows equal
+    assert (tmp_path / "demo.png").stat().st_size > 0
     assert main(argv) == 0  # a second run reuses the namespace
     assert "reusing namespace 'demo'" in capsys.readouterr().out
