@@ -22,14 +22,15 @@ import weakref
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+import numpy as np
 import torch
 
 from attnstore.errors import ConfigError, UnavailableError
 from attnstore_client.adapters import adapter_for
 from attnstore_client.call.rows import NamespaceView
-from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, CallSettings, ChunkSettings
+from attnstore_client.call.settings import CallSettings, ChunkSettings
 from attnstore_client.call.sinks import Pooled, RowStates, Sink
 from attnstore_client.call.sources import Prompt, RowSource, TextRows, TokenRows, segment_tokens
 from attnstore_client.call.state import Call
@@ -39,40 +40,38 @@ from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model, move_model, resolve_device
 from attnstore_client.namespace import NamespaceReader
 from attnstore_client.prefill import Prefill
-from attnstore_client.resilience import BreakerPolicy, CircuitBreaker, RetryPolicy
-from attnstore_client.sentence.compat import SentenceTransformerAPI
+from attnstore_client.resilience import CircuitBreaker
+from attnstore_client.sentence.compat import Embeddings, SentenceTransformerAPI
 from attnstore_client.sentence.heads import PROMPT_EOL, PromptEolHead, sentence_head
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
+from attnstore_client.settings import CacheSettings
 from attnstore_client.stats import CacheStats
 from attnstore_client.tiers.base import TierContext
-from attnstore_client.tiers.chunks.source import ChunkSource, MemoryChunkSource
+from attnstore_client.tiers.chunks.source import ChunkSource
 from attnstore_client.tiers.chunks.store_source import StoreChunkSource
 from attnstore_client.tiers.chunks.tier import ChunkTier
 from attnstore_client.tiers.compute import ComputeTier
-from attnstore_client.tiers.cost_model import CostModel, CostSettings
+from attnstore_client.tiers.cost_model import CostModel
 from attnstore_client.tiers.forward_pool import ForwardPool
 from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_threshold
 from attnstore_client.tiers.maps import MapTier
 from attnstore_client.tiers.prefix import PrefixTier
 from attnstore_client.tiers.store_exact import StoreExactTier
-from attnstore_client.tiers.write_back import (
-    WriteBackSettings,
-    WriteBackWorker,
-    check_write_back_dtype,
-    start_write_back,
-)
+from attnstore_client.tiers.write_back import WriteBackWorker, check_write_back_dtype, start_write_back
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from attnstore_client.settings import CacheOptions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MAX_DISTANCE", "PROMPT_EOL", "AttnCache", "ChoiceScores"]
-
-# Node-local exact tier: about 11,000 rows of 30 tokens of a 384-wide model.
-DEFAULT_EXACT_CACHE_BYTES = 256 * 2**20
+__all__ = ["DEFAULT_MAX_DISTANCE", "PROMPT_EOL", "AttnCache", "CacheSettings", "ChoiceScores"]
 
 
 class _Flag:
-    """A switch of the calls' settings (``CallSettings``), read and set on the cache."""
+    """A switch of the cache's settings (``CacheSettings``), read and set on the cache; the next call reads it."""
 
     def __init__(self, doc: str) -> None:
         self.__doc__ = doc + " Settable."
@@ -84,8 +83,18 @@ class _Flag:
         return bool(getattr(cache._settings, self._name))
 
     def __set__(self, cache: AttnCache, value: bool) -> None:
-        changes: dict[str, Any] = {self._name: bool(value)}
-        cache._settings = dataclasses.replace(cache._settings, **changes)
+        cache._settings = cache._settings.with_options({self._name: bool(value)})
+
+
+@dataclasses.dataclass
+class _CostModels:
+    """The cost model the next call uses: ``AttnCache.cost_model`` replaces it; the tiers read it when they
+    decide (``TierContext.cost_models``), so replacing it leaves the tiers as they are."""
+
+    current: CostModel
+
+    def __call__(self) -> CostModel:
+        return self.current
 
 
 @dataclasses.dataclass
@@ -115,37 +124,42 @@ class AttnCache(SentenceTransformerAPI):
         store: ``grpc://HOST:PORT`` (a daemon), ``grpcs://HOST:PORT`` (with TLS),
             ``local:PATH`` (embedded: the store opened in this process), or an open connection.
         namespace: the namespace built for this model.
-        max_distance: threshold on the predicted map distance for a map hit. None (the
-            default) lets the namespace's fidelity gate decide when it has one
-            (``attnstore.protocol.gate``: the best of the nearest entries by distance and
-            differing tokens); else takes the namespace's calibrated threshold
-            (``Projector.calibration``), 0 (exact hits only) if its calibration found no
-            threshold precise enough, and ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.
+        settings: every option of the cache, each default commented (``CacheSettings``); None: the defaults.
         token: bearer token of the daemon (a read token suffices).
         tls_ca: CA certificate (PEM file) of a ``grpcs://`` daemon.
         client_cert, client_key: this node's certificate and key (PEM files) for a daemon requiring mTLS.
-        timeout: deadline in seconds of one store call (an exact-tier window, a search, a
-            batch of hits' maps); past it the rows still waiting are computed.
-        exact: use the exact tiers (this process's and the store's stored outputs).
-        stream: start replaying while maps still arrive (else wait for all first).
-        max_length: truncate inputs to this many tokens; None: the model's own limit (its
-            sentence-transformers ``max_seq_length``, else its context).
-        device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: the CPU).
-        exact_cache_bytes: cap of this process's exact tier (0 turns it off).
-        prefix_min_tokens: shortest stored prefix fetched (causal models; ``prefix = False`` turns the tier off).
-        cost: how the cost model decides which rows are worth a map lookup.
-        retry: retries of a failed store call (only outages, only within ``timeout``).
-        breaker: when to stop asking a failing store, and when to try again.
-        write_back: send computed rows the daemon admits to its exact tier (needs a daemon, a write token).
-        packed: run forwards with their rows end to end, nothing padded (``adapters.packed``); False pads
-            length-sorted batches, cut where the cost model's fit predicts the least time.
-        chunks: fuse prompts given in segments from stored chunks (decoders; ``tiers.chunks``) in calls that
-            keep each prompt's last state (``score_choices``, ``last_hidden_states``); None: no chunk tier.
         chunk_source: where chunks are kept (default: the namespace's stored chunks, ``StoreChunkSource``, behind
             a ``MemoryChunkSource``; the ones computed are written back with ``write_back``).
+        **overrides: single settings replacing those of ``settings``, by name (``timeout=5.0``,
+            ``write_back=True``; ``CacheOptions`` types them):
+
+            - max_distance: threshold on the predicted map distance for a map hit. None (the default) lets the
+              namespace's fidelity gate decide when it has one (``attnstore.protocol.gate``: the best of the
+              nearest entries by distance and differing tokens); else takes the namespace's calibrated
+              threshold (``Projector.calibration``), 0 (exact hits only) if its calibration found no threshold
+              precise enough, and ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.
+            - timeout: deadline in seconds of one store call (an exact-tier window, a search, a batch of hits'
+              maps); past it the rows still waiting are computed.
+            - exact, maps, prefix: use the exact tiers (this process's and the store's stored outputs), map
+              hits, stored prefixes (causal models).
+            - stream: start replaying while maps still arrive (else wait for all first).
+            - max_length: truncate inputs to this many tokens; None: the model's own limit (its
+              sentence-transformers ``max_seq_length``, else its context).
+            - device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: the CPU).
+            - exact_cache_bytes: cap of this process's exact tier (0 turns it off).
+            - prefix_min_tokens: shortest stored prefix fetched (causal models).
+            - cost: how the cost model decides which rows are worth a map lookup.
+            - retry: retries of a failed store call (only outages, only within ``timeout``).
+            - breaker: when to stop asking a failing store, and when to try again.
+            - write_back: send computed rows the daemon admits to its exact tier (needs a daemon, a write token).
+            - packed: run forwards with their rows end to end, nothing padded (``adapters.packed``); False pads
+              length-sorted batches, cut where the cost model's fit predicts the least time.
+            - side_by_side: packed CPU forwards run side by side, a thread each (``tiers.forward_pool``).
+            - chunks: fuse prompts given in segments from stored chunks (decoders; ``tiers.chunks``) in calls
+              that keep each prompt's last state (``score_choices``, ``last_hidden_states``); None: no chunk tier.
 
     Raises:
-        ConfigError: a bad option or store URL.
+        ConfigError: a bad option (named), an unknown keyword (the settings are listed), or a bad store URL.
         NamespaceNotFoundError: no such namespace.
         FingerprintMismatchError: the namespace was built with another model, tokenizer or weights.
         AuthError: the daemon refused the token.
@@ -155,49 +169,36 @@ class AttnCache(SentenceTransformerAPI):
         self,
         model: str | LoadedModel,
         store: str | StoreConnection,
-        *,
         namespace: str = "default",
-        max_distance: float | None = None,
+        settings: CacheSettings | None = None,
+        *,
         token: str | None = None,
         tls_ca: str | Path | None = None,
         client_cert: str | Path | None = None,
         client_key: str | Path | None = None,
-        timeout: float | None = 30.0,
-        exact: bool = True,
-        stream: bool = True,
-        max_length: int | None = None,
-        device: str | torch.device | None = None,
-        exact_cache_bytes: int = DEFAULT_EXACT_CACHE_BYTES,
-        prefix_min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS,
-        cost: CostSettings = CostSettings(),
-        retry: RetryPolicy = RetryPolicy(),
-        breaker: BreakerPolicy = BreakerPolicy(),
-        write_back: bool | WriteBackSettings = False,
-        packed: bool = True,
-        chunks: ChunkSettings | None = None,
         chunk_source: ChunkSource | None = None,
+        **overrides: Unpack[CacheOptions],
     ) -> None:
-        if max_distance is not None and not max_distance >= 0:
-            raise ConfigError(f"AttnCache: max_distance must be >= 0, got {max_distance}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigError(f"AttnCache: timeout must be > 0 seconds or None, got {timeout}")
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"AttnCache: max_length must be >= 1 or None, got {max_length}")
+        if settings is not None and not isinstance(settings, CacheSettings):
+            raise ConfigError(f"AttnCache: settings must be a CacheSettings or None, got {settings!r}")
+        settings = (settings or CacheSettings()).with_options(overrides)
         if not isinstance(store, str) and (token, tls_ca, client_cert, client_key) != (None, None, None, None):
             raise ConfigError("AttnCache: token and TLS files go with a store URL; this connection is already open")
         # Every option is checked before anything is opened: a bad one leaves nothing behind.
-        outputs = LocalOutputs(exact_cache_bytes)
-        self._settings = CallSettings(namespace, map_threshold(max_distance, None), exact, stream, timeout, retry,
-                                      prefix_min_tokens=prefix_min_tokens, packed=packed, chunks=chunks)
-        cost_model = CostModel(cost)
-        self.device = resolve_device(device)
+        self._settings = settings
+        self.device = resolve_device(settings.device)
         self.loaded = load_model(model) if isinstance(model, str) else model
+        if settings.write_back is not False:
+            check_write_back_dtype(self.loaded.model)
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
         move_model(self.loaded, self.device)
         self.adapter = adapter_for(self.loaded)
-        self.head = sentence_head(self.loaded, max_length)
+        self.head = sentence_head(self.loaded, settings.max_length)
         self.namespace = namespace
-        self._max_distance = max_distance
+        # The map-hit rule the next call uses, taken from the namespace once read (``_adopt``).
+        self._hit_threshold = map_threshold(settings.max_distance, None)
+        self._gated = False
+        self._cost_models = _CostModels(CostModel(settings.cost))
         self.connection = (
             connect(store, token=token, tls_ca=tls_ca, client_cert=client_cert, client_key=client_key)
             if isinstance(store, str) else store
@@ -207,25 +208,8 @@ class AttnCache(SentenceTransformerAPI):
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._namespace = NamespaceReader(self.connection, namespace, self.fingerprint, model=self.loaded.name,
                                           causal=self.adapter.causal, device=self.device)
-        self._context = TierContext(self.adapter, self.connection, self.fingerprint, self.device,
-                                    CircuitBreaker(breaker), cost_model, forwards=self._resources.forwards,
-                                    reload_namespace=self._namespace.read)
-        self._local = LocalExactTier(self._context, outputs)
-        self._chunks = ChunkTier(self._context, chunk_source or MemoryChunkSource())
-        self._prefill = Prefill([
-            self._local, StoreExactTier(self._context, self._local),
-            self._chunks, PrefixTier(self._context),
-            MapTier(self._context), ComputeTier(self._context, self._local),
-        ])
         try:
-            if write_back is not False:
-                check_write_back_dtype(self.loaded.model)
-            self._context.write_back = start_write_back(self.connection, namespace, self.fingerprint, write_back)
-            self._resources.write_back = self._context.write_back
-            if chunk_source is None:  # the namespace's stored chunks, behind this process's
-                self._chunks.source = self._resources.chunks = StoreChunkSource(
-                    self.connection, namespace, self.fingerprint, self.adapter, dtype=chunks.dtype if chunks else None,
-                    timeout=timeout, write_back=self._context.write_back is not None)
+            self._build_tiers(chunk_source)
             self._adopt(self._namespace.read())
         except UnavailableError as exc:
             # The store can only make a call faster: compute until it answers (NamespaceReader.refresh).
@@ -239,46 +223,68 @@ class AttnCache(SentenceTransformerAPI):
         # Per row of the last call, in input order: "exact", "prefix", "map", "miss" or "fallback".
         self.last_row_kinds: tuple[str, ...] = ()
 
+    def _build_tiers(self, chunk_source: ChunkSource | None) -> None:
+        """The tiers, in one pass: what they share first (the write-back worker, the chunk source), then each
+        tier on it, into a pipeline nothing changes afterwards. Opens nothing on the store (it is read after)."""
+        settings = self._settings
+        write_back = start_write_back(self.connection, self.namespace, self.fingerprint, settings.write_back)
+        self._resources.write_back = write_back
+        if chunk_source is None:  # the namespace's stored chunks, behind this process's
+            chunk_source = self._resources.chunks = StoreChunkSource(
+                self.connection, self.namespace, self.fingerprint, self.adapter,
+                dtype=settings.chunks.dtype if settings.chunks else None, timeout=settings.timeout,
+                write_back=write_back is not None)
+        self._context = TierContext(self.adapter, self.connection, self.fingerprint, CircuitBreaker(settings.breaker),
+                                    self._cost_models, write_back=write_back, forwards=self._resources.forwards,
+                                    reload_namespace=self._namespace.read)
+        self._local = LocalExactTier(self._context, LocalOutputs(settings.exact_cache_bytes))
+        self._chunks = ChunkTier(self._context, chunk_source)
+        self._prefill = Prefill([
+            self._local, StoreExactTier(self._context, self._local),
+            self._chunks, PrefixTier(self._context),
+            MapTier(self._context), ComputeTier(self._context, self._local),
+        ])
+
     # ---- the namespace ----------------------------------------------------------
 
     def _adopt(self, view: NamespaceView) -> None:
-        """Take the threshold and gate of ``view``'s projector into the calls' settings.
+        """Take the threshold and gate of ``view``'s projector for the next calls.
 
-        The one place the cache's settings follow its namespace, whoever read it: the constructor, ``refresh``
-        before a call, or a call's map tier told the projector was replaced (``run`` adopts the view it ended with).
+        The one place the cache follows its namespace, whoever read it: the constructor, ``refresh`` before a
+        call, or a call's map tier told the projector was replaced (``run`` adopts the view the call ended with).
         """
         if view.projector is not None:
-            self._settings = dataclasses.replace(
-                self._settings,
-                max_distance=map_threshold(self._max_distance, view.projector),
-                gate=self._max_distance is None and view.projector.gate is not None,
-            )
+            self._hit_threshold = map_threshold(self._settings.max_distance, view.projector)
+            self._gated = self._settings.max_distance is None and view.projector.gate is not None
 
     # ---- settings ---------------------------------------------------------------
 
     @property
+    def settings(self) -> CacheSettings:
+        """The settings the next call reads (the switches below replace values of it)."""
+        return self._settings
+
+    @property
     def max_distance(self) -> float:
         """Threshold on the predicted map distance for a map hit when not gated; setting it turns the gate off."""
-        return self._settings.max_distance
+        return self._hit_threshold
 
     @max_distance.setter
     def max_distance(self, value: float) -> None:
-        if not value >= 0:
-            raise ConfigError(f"AttnCache: max_distance must be >= 0, got {value}")
-        self._max_distance = float(value)
-        self._settings = dataclasses.replace(self._settings, max_distance=float(value), gate=False)
+        self._settings = self._settings.with_options({"max_distance": value})
+        self._hit_threshold, self._gated = float(value), False
 
     @property
     def gated(self) -> bool:
         """Whether the namespace's fidelity gate decides map hits (instead of ``max_distance``); settable."""
-        return self._settings.gate
+        return self._gated
 
     @gated.setter
     def gated(self, value: bool) -> None:
         projector = self._namespace.view.projector
         if value and (projector is None or projector.gate is None):
             raise ConfigError("AttnCache: this namespace has no fidelity gate (built without calibration)")
-        self._settings = dataclasses.replace(self._settings, gate=bool(value))
+        self._gated = bool(value)
 
     exact = _Flag("Whether the exact tiers (this process's and the store's stored outputs) answer rows.")
     maps = _Flag("Whether map hits are looked for at all (False: the exact tiers only, a plain output cache).")
@@ -293,7 +299,7 @@ class AttnCache(SentenceTransformerAPI):
 
     @chunks.setter
     def chunks(self, value: ChunkSettings | None) -> None:
-        self._settings = dataclasses.replace(self._settings, chunks=value)
+        self._settings = self._settings.with_options({"chunks": value})
 
     @property
     def chunk_source(self) -> ChunkSource:
@@ -308,11 +314,11 @@ class AttnCache(SentenceTransformerAPI):
     @property
     def cost_model(self) -> CostModel:
         """What decides which rows are worth a map lookup (``estimates()`` shows its figures); settable."""
-        return self._context.cost_model
+        return self._cost_models.current
 
     @cost_model.setter
     def cost_model(self, model: CostModel) -> None:
-        self._context.cost_model = model
+        self._cost_models.current = model
 
     @property
     def local_tier(self) -> LocalOutputs:
@@ -328,7 +334,8 @@ class AttnCache(SentenceTransformerAPI):
         """Move the model (and what replays into it) to ``device``; returns self."""
         self.device = resolve_device(device)
         move_model(self.loaded, self.device)
-        self._context.device = self._namespace.device = self.device
+        self._namespace.device = self.device  # the tiers read the device from the model
+        self._settings = self._settings.with_options({"device": self.device})
         if self._namespace.view.projector is not None:
             self._namespace.view.projector.to(self.device)
         return self
@@ -339,8 +346,9 @@ class AttnCache(SentenceTransformerAPI):
 
     @property
     def write_back(self) -> WriteBackWorker | None:
-        """The write-back worker (its ``stats()``, ``flush()``), or None when write-back is off."""
-        return self._context.write_back
+        """The write-back worker (its ``stats()``, ``flush()``), or None when write-back is off (or was turned off:
+        the model no longer computes in fp32)."""
+        return self._context.writing_back
 
     def close(self) -> None:
         """Send the rows queued for write-back (a few seconds at most), then close the store connection."""
@@ -353,6 +361,191 @@ class AttnCache(SentenceTransformerAPI):
         self.close()
 
     # ---- encode -----------------------------------------------------------------
+
+    # The return type follows the output flags, as sentence-transformers' own overloads give it (and in their
+    # order: the first that matches wins): one text gives one result, a sequence of texts a list or a stacked
+    # array. A keyword no overload names (a misspelt one) is a type error; at run time it raises ConfigError.
+    @overload
+    def encode(
+        self,
+        inputs: str | Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[True] = ...,
+        convert_to_tensor: Literal[False] = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        *,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def encode(
+        self,
+        inputs: str | Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        *,
+        convert_to_tensor: Literal[True],
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode(  # type: ignore[overload-overlap]  # a str is a Sequence[str]: it matches this first
+        self,
+        inputs: str,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        *,
+        convert_to_numpy: Literal[False],
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode(  # type: ignore[overload-overlap]  # a str is a Sequence[str]: it matches this first
+        self,
+        inputs: str,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        *,
+        output_value: Literal["token_embeddings"],
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode(  # type: ignore[overload-overlap]  # a str is a Sequence[str]: it matches this first
+        self,
+        inputs: str,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        *,
+        output_value: None,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> dict[str, torch.Tensor]: ...
+
+    @overload
+    def encode(
+        self,
+        inputs: Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        *,
+        convert_to_numpy: Literal[False],
+        convert_to_tensor: Literal[False] = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> list[torch.Tensor]: ...
+
+    @overload
+    def encode(
+        self,
+        inputs: Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        *,
+        output_value: Literal["token_embeddings"],
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> list[torch.Tensor]: ...
+
+    @overload
+    def encode(
+        self,
+        inputs: Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        *,
+        output_value: None,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> list[dict[str, torch.Tensor]]: ...
+
+    # Catch-all, as sentence-transformers has: union-typed flags, and the texts given as ``sentences=``.
+    @overload
+    def encode(
+        self,
+        inputs: str | Sequence[Prompt] | None = ...,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: OutputValue | None = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        *,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+        sentences: str | Sequence[Prompt] | None = ...,
+    ) -> Embeddings: ...
 
     def encode(
         self,
@@ -369,7 +562,7 @@ class AttnCache(SentenceTransformerAPI):
         normalize_embeddings: bool = False,
         truncate_dim: int | None = None,
         **kwargs: Any,
-    ) -> Any:
+    ) -> Embeddings:
         """Sentence embeddings, as ``SentenceTransformer.encode`` gives them for this model.
 
         The model's sentence-transformers configuration decides truncation, pooling,
@@ -394,10 +587,13 @@ class AttnCache(SentenceTransformerAPI):
             truncate_dim: keep the first this many dimensions.
 
         Returns:
-            The embeddings in input order (one vector for a single text).
+            The embeddings in input order: an ``(n, dim)`` numpy array (a ``(dim,)`` one for a single text), a tensor
+            with ``convert_to_tensor``, a list of tensors with ``convert_to_numpy=False``, per text an ``(L, hidden)``
+            tensor for ``"token_embeddings"`` and a dict of both for ``output_value=None`` (the overloads above).
 
         Raises:
             ConfigError: a bad option, an unknown keyword (the valid ones are listed), or no texts.
+            NotImplementedError: ``pool=`` (run one cache per process instead).
         """
         sentences = kwargs.pop("sentences", None)
         check_keywords(kwargs)
@@ -531,9 +727,8 @@ class AttnCache(SentenceTransformerAPI):
         started = time.perf_counter()
         if self._namespace.refresh(self._context.breaker):
             self._adopt(self._namespace.view)
-        settings = dataclasses.replace(self._settings, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
         view = self._namespace.view
-        call = Call(settings, view, sink, len(source))
+        call = Call(self._call_settings(batch_size, max_batch_tokens), view, sink, len(source))
         try:
             self._prefill.run(source, call, progress=show_progress_bar)
         finally:
@@ -541,6 +736,16 @@ class AttnCache(SentenceTransformerAPI):
                 self._adopt(call.namespace)
         self._record(call, time.perf_counter() - started)
         return self.last_stats
+
+    def _call_settings(self, batch_size: int, max_batch_tokens: int | None) -> CallSettings:
+        """What one call reads: the cache's settings now, the map-hit rule its namespace gave, the call's sizes."""
+        settings = self._settings
+        return CallSettings(
+            self.namespace, self._hit_threshold, settings.exact, settings.stream, settings.timeout, settings.retry,
+            gate=self._gated, maps=settings.maps, prefix=settings.prefix, prefix_min_tokens=settings.prefix_min_tokens,
+            batch_size=batch_size, packed=settings.packed, max_batch_tokens=max_batch_tokens,
+            side_by_side=settings.side_by_side, chunks=settings.chunks,
+        )
 
     def _record(self, call: Call, total_s: float) -> None:
         self.last_stats = CacheStats.of_call(call.counts, total_s, self.cost_model.estimates())

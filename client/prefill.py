@@ -44,14 +44,23 @@ from attnstore_client.tiers.base import Tier
 class Prefill:
     """Runs calls through ``tiers``, in order; the last tier must serve every row it is given.
 
+    The pipeline is fixed when made: what changes between calls (the settings, the namespace) comes with the call.
+
     Args:
         tiers: cheapest first, the compute tier last.
     """
 
+    __slots__ = ("_tiers",)
+
     def __init__(self, tiers: Sequence[Tier]) -> None:
         if not tiers:
             raise ConfigError("Prefill needs at least one tier (the compute tier, last)")
-        self.tiers = tuple(tiers)
+        self._tiers = tuple(tiers)
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """The tiers, in the order a call asks them."""
+        return self._tiers
 
     def run(self, source: RowSource, call: Call, *, progress: bool = False) -> None:
         """Serve every row of ``source`` into ``call``'s sink; ``call.counts`` and ``call.kinds`` say how.

@@ -10,17 +10,26 @@ sense for a cache (training, saving, adapters, multi-process pools) raises a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
+import numpy as np
 import torch
 
 from attnstore.errors import UnsupportedModelError
+from attnstore_client.call.sources import Prompt
+from attnstore_client.sentence.outputs import OutputValue, Precision
 
 if TYPE_CHECKING:
     from attnstore_client.models import LoadedModel
     from attnstore_client.sentence.heads import SentenceHead
+
+# What ``encode`` returns, as ``SentenceTransformer.encode`` does; the overloads say which for which flags.
+Embeddings = (
+    np.ndarray | torch.Tensor | list[torch.Tensor] | list[np.ndarray] | dict[str, torch.Tensor]
+    | list[dict[str, torch.Tensor]]
+)
 
 _POOL = "run one AttnCache per process (each loads its model; all share the store)"
 _TRAIN = "train the SentenceTransformer itself, then build a namespace for the trained model (its maps differ)"
@@ -43,7 +52,7 @@ class SentenceTransformerAPI:
     head: SentenceHead
     loaded: LoadedModel
     device: torch.device
-    encode: Callable[..., Any]  # AttnCache.encode
+    encode: Callable[..., Embeddings]  # AttnCache.encode (typed there, by overloads)
 
     # ---- what the model is --------------------------------------------------------
 
@@ -132,15 +141,222 @@ class SentenceTransformerAPI:
 
     # ---- retrieval (sentence-transformers >= 5) -------------------------------------
 
-    def encode_query(self, inputs: Any = None, prompt_name: str | None = None, prompt: str | None = None,
-                     **kwargs: Any) -> Any:
+    # The return types follow the flags as for ``encode`` (sentence-transformers types these two alike).
+    @overload
+    def encode_query(
+        self,
+        inputs: str | Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[True] = ...,
+        convert_to_tensor: Literal[False] = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def encode_query(
+        self,
+        inputs: str | Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: Literal[True],
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode_query(  # type: ignore[overload-overlap]  # a str is a Sequence[str]: it matches this first
+        self,
+        inputs: str,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[False],
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode_query(
+        self,
+        inputs: Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[False],
+        convert_to_tensor: Literal[False] = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> list[torch.Tensor]: ...
+
+    # Catch-all, as sentence-transformers has: union-typed flags, other output values.
+    @overload
+    def encode_query(
+        self,
+        inputs: str | Sequence[Prompt] | None = ...,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: OutputValue | None = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> Embeddings: ...
+
+    def encode_query(
+        self, inputs: str | Sequence[Prompt] | None = None, prompt_name: str | None = None, prompt: str | None = None,
+        **kwargs: Any,
+    ) -> Embeddings:
         """``encode`` for search queries: the model's ``"query"`` prompt unless another is given."""
         if prompt_name is None and prompt is None and "query" in self.prompts:
             prompt_name = "query"
         return self.encode(inputs, prompt_name=prompt_name, prompt=prompt, **kwargs)
 
-    def encode_document(self, inputs: Any = None, prompt_name: str | None = None, prompt: str | None = None,
-                        **kwargs: Any) -> Any:
+    @overload
+    def encode_document(
+        self,
+        inputs: str | Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[True] = ...,
+        convert_to_tensor: Literal[False] = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def encode_document(
+        self,
+        inputs: str | Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: Literal[True],
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode_document(  # type: ignore[overload-overlap]  # a str is a Sequence[str]: it matches this first
+        self,
+        inputs: str,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[False],
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def encode_document(
+        self,
+        inputs: Sequence[Prompt],
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: Literal["sentence_embedding"] = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: Literal[False],
+        convert_to_tensor: Literal[False] = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> list[torch.Tensor]: ...
+
+    # Catch-all, as sentence-transformers has: union-typed flags, other output values.
+    @overload
+    def encode_document(
+        self,
+        inputs: str | Sequence[Prompt] | None = ...,
+        prompt_name: str | None = ...,
+        prompt: str | None = ...,
+        *,
+        batch_size: int = ...,
+        show_progress_bar: bool | None = ...,
+        output_value: OutputValue | None = ...,
+        precision: Precision | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        device: str | torch.device | None = ...,
+        normalize_embeddings: bool = ...,
+        truncate_dim: int | None = ...,
+        pool: None = ...,
+        chunk_size: int | None = ...,
+    ) -> Embeddings: ...
+
+    def encode_document(
+        self, inputs: str | Sequence[Prompt] | None = None, prompt_name: str | None = None, prompt: str | None = None,
+        **kwargs: Any,
+    ) -> Embeddings:
         """``encode`` for documents searched: the model's ``"document"`` prompt (or ``"passage"``/``"corpus"``)
         unless another is given."""
         if prompt_name is None and prompt is None:

@@ -42,34 +42,52 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TierContext:
-    """What the tiers of one ``AttnCache`` share across calls.
+    """What the tiers of one ``AttnCache`` share across calls; made once, before the tiers, and never changed.
+
+    What may change between calls is not held here but read when a tier needs it: the device from the model
+    (``AttnCache.to`` moves it), the cost model through ``cost_models`` (``AttnCache.cost_model`` replaces it).
 
     Attributes:
-        adapter: the model's adapter (its model on ``device``).
+        adapter: the model's adapter.
         connection: the store.
         fingerprint: the model's fingerprint (checked against the namespace by the cache).
-        device: where the model runs.
         breaker: shared by every call.
-        cost_model: decides which rows are sent for maps, and how forwards are cut.
-        write_back: where computed rows the store admits go; None: nowhere.
+        cost_models: the cost model the next call uses (it decides which rows are sent for maps, and how
+            forwards are cut).
+        write_back: where computed rows the store admits go; None: nowhere (see ``writing_back``).
         forwards: the threads packed forwards run on side by side (``forward_pool``).
         reload_namespace: reads the namespace again when a search is told its projector was replaced and returns
-            the new view, which the call adopts (``Call.namespace``; the cache takes its settings from the view the
-            call ended with); it changes nothing else. None leaves that a failed call.
+            the new view, which the call adopts (``Call.namespace``; the cache takes its threshold and gate from
+            the view the call ended with); it changes nothing else. None leaves that a failed call.
     """
 
     adapter: Adapter
     connection: StoreConnection
     fingerprint: str
-    device: torch.device
     breaker: CircuitBreaker
-    cost_model: CostModel
+    cost_models: Callable[[], CostModel]
     write_back: WriteBackWorker | None = None
     forwards: ForwardPool = field(default_factory=ForwardPool)
     reload_namespace: Callable[[], NamespaceView] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))  # retry jitter
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (its weights' device)."""
+        return next(self.adapter.model.parameters()).device
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The cost model of the call running now."""
+        return self.cost_models()
+
+    @property
+    def writing_back(self) -> WriteBackWorker | None:
+        """The write-back worker the tiers keep rows for; None when write-back is off or was turned off
+        (``WriteBackWorker.turn_off``)."""
+        return None if self.write_back is None or self.write_back.turned_off else self.write_back
 
     def side_by_side(self, settings: CallSettings) -> int:
         """How many packed forwards run at once: as many as torch has threads, on the CPU and where the call

@@ -78,20 +78,20 @@ class ComputeTier(Tier):
 
     def _check_dtype(self) -> None:
         """A model cast away from fp32 after the cache was made writes nothing back (see ``check_write_back_dtype``)."""
-        if self._context.write_back is None:
+        write_back = self._context.writing_back
+        if write_back is None:
             return
         try:
             check_write_back_dtype(self._context.adapter.model)
         except ConfigError as exc:
             log.warning("write-back turned off: %s", exc)
-            self._context.write_back.close()
-            self._context.write_back = None
+            write_back.turn_off(str(exc))
 
     def _keep_outputs(self, row: Row, hidden: torch.Tensor, maps: torch.Tensor | None, call: Call) -> None:
         """Put a computed row in this process's exact tier, and queue it for write-back if the store admits it."""
         outputs = hidden.to(torch.float16).cpu().numpy()  # (L, hidden), its own copy: what the store keeps
         self._local.outputs.put(self._local.key(row), outputs)
-        write_back = self._context.write_back
+        write_back = self._context.writing_back
         if write_back is None or not row.facts.admitted:
             return
         if maps is None:
@@ -111,7 +111,7 @@ class ComputeTier(Tier):
         feature of their map lookup; in a namespace without a projector every such row
         qualifies (its feature is computed once a projector is trained).
         """
-        write_back = self._context.write_back
+        write_back = self._context.writing_back
         if write_back is None or not call.settings.exact:
             return set()
         adapter = self._context.adapter
@@ -131,7 +131,7 @@ class ComputeTier(Tier):
         the capture's cost stays a bounded share of the compute tier."""
         tokens = int(np.sum([len(row.tokens) for row in forward]))
         keeping = [position for position, row in enumerate(forward) if row.index in keep]
-        write_back = self._context.write_back
+        write_back = self._context.writing_back
         within = write_back is not None and (
             self._capturing_tokens <= write_back.settings.capture_share * self._computed_tokens
         )

@@ -70,7 +70,7 @@ class StoreExactTier(Tier):
         """Window position -> stored outputs ``(L, hidden)`` fp16, and the missed positions the store admits."""
         context, namespace = self._context, call.settings.namespace
         hashes, lengths = [row.key for row in window], [len(row.tokens) for row in window]
-        if context.write_back is None:
+        if context.writing_back is None:
             found = context.connection.exact(namespace, context.fingerprint, hashes, lengths, timeout=remaining)
             return found, frozenset()
         return context.connection.exact_admitting(namespace, context.fingerprint, hashes, lengths, timeout=remaining)

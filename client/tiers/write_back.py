@@ -121,6 +121,7 @@ class WriteBackWorker(BackgroundSender[_Queued]):
         self.settings = settings
         self._stale_version = 0  # features of projector versions up to this one were refused as stale
         self._refusals_logged: set[str] = set()  # status codes whose first refusal was logged
+        self._turned_off = False  # by turn_off: the model no longer computes in fp32
         self._start()
 
     def put(
@@ -145,6 +146,19 @@ class WriteBackWorker(BackgroundSender[_Queued]):
         row = _Queued(np.asarray(token_ids, dtype=np.int64).tolist(), outputs, maps, feature, projector_version)
         return self._offer(row, queued_maps=int(maps is not None), maps_over_budget=int(bool(over)),
                            pending_map_bytes=map_bytes)
+
+    @property
+    def turned_off(self) -> bool:
+        """Whether ``turn_off`` stopped the worker (the tiers then keep no rows for it)."""
+        return self._turned_off
+
+    def turn_off(self, reason: str) -> None:
+        """Send what is queued, then take no more rows (a put is dropped, counted); ``reason`` goes to
+        ``stats().disabled``."""
+        self.close()
+        self._turned_off = True
+        if self._disabled is None:
+            self._disabled = reason
 
     def stats(self) -> WriteBackStats:
         """The counts so far."""

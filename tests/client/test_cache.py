@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from attnstore_client.cache import PROMPT_EOL, AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.projector import Projector, ProjectorConfig
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
+from attnstore_client.settings import CacheOptions, CacheSettings
 from attnstore_client.stats import CacheStats
 
 TEXTS = sentences(10, seed=7)
@@ -190,6 +192,32 @@ def test_bad_options_are_config_errors(bert, bert_service) -> None:
     for options in ({"max_distance": -1.0}, {"timeout": 0}, {"max_length": 0}):
         with pytest.raises(ConfigError):
             AttnCache(bert, connection, **options)
+
+
+def test_a_misspelt_setting_is_refused_naming_it_and_the_settings(bert, bert_service) -> None:
+    connection = LocalConnection("local:memory", bert_service)
+    with pytest.raises(ConfigError, match=r"unexpected keyword arguments \['timout'\].*'timeout'"):
+        AttnCache(bert, connection, timout=5.0)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"CacheSettings: exact_cache_bytes must be an int >= 0, got -1"):
+        CacheSettings(exact_cache_bytes=-1)
+
+
+def test_a_plain_cache_uses_the_settings_defaults_and_keywords_replace_single_values(bert, bert_service) -> None:
+    connection = LocalConnection("local:memory", bert_service)
+    assert set(CacheOptions.__annotations__) == {field.name for field in dataclasses.fields(CacheSettings)}
+    with AttnCache(bert, connection) as plain:
+        assert plain.settings == CacheSettings()
+        assert (plain.exact, plain.maps, plain.prefix, plain.packed, plain.chunks) == (True, True, True, True, None)
+        assert plain.local_tier.capacity_bytes == CacheSettings().exact_cache_bytes
+        assert plain.cost_model.settings == CacheSettings().cost and plain.write_back is None
+    given = CacheSettings(timeout=5.0, exact=False)
+    with AttnCache(bert, connection, "default", given, exact_cache_bytes=0) as cache:
+        assert cache.settings == CacheSettings(timeout=5.0, exact=False, exact_cache_bytes=0)
+        tiers = cache._prefill.tiers
+        cache.exact, cache.max_distance = True, 0.5  # the next call reads them; the tiers stay as they were
+        assert cache.settings.exact and cache.settings.max_distance == 0.5 and cache._prefill.tiers is tiers
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cache._context.write_back = None  # type: ignore[misc]
 
 
 def test_outage_falls_back_to_compute_and_the_breaker_stops_asking(bert, bert_service) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.errors import MapsUnavailableError
@@ -76,8 +75,9 @@ def bert():
 
 
 def _call(bert, connection: LocalConnection) -> tuple[Call, RowStates, Prefill, list[list[int]]]:
+    cost_model = CostModel(CostSettings(min_samples=10**9))
     context = TierContext(adapter_for(bert), connection, model_fingerprint(bert.model, bert.tokenizer),
-                          torch.device("cpu"), CircuitBreaker(), CostModel(CostSettings(min_samples=10**9)))
+                          CircuitBreaker(), lambda: cost_model)
     namespace = NamespaceReader(connection, "default", context.fingerprint, model=bert.name, causal=False,
                                 device=context.device).read()
     local = LocalExactTier(context, LocalOutputs(0))

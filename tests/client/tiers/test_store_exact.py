@@ -54,8 +54,9 @@ def test_a_store_gone_after_answering_a_window_leaves_the_later_windows_to_the_c
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
     fill_namespace(service, bert, STORED)
     connection = _GoesAway(service)
+    cost_model = CostModel(CostSettings(min_samples=10**9))
     context = TierContext(adapter_for(bert), connection, model_fingerprint(bert.model, bert.tokenizer),
-                          torch.device("cpu"), CircuitBreaker(), CostModel(CostSettings(min_samples=10**9)))
+                          CircuitBreaker(), lambda: cost_model)
     namespace = NamespaceReader(connection, "default", context.fingerprint, model=bert.name, causal=False,
                                 device=context.device).read()
     local = LocalExactTier(context, LocalOutputs(1 << 20, admit_after=1))

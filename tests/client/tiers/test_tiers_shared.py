@@ -64,8 +64,9 @@ def _rows(token_rows: list[list[int]], first_index: int = 10) -> list[Row]:
 
 
 def _context(loaded: LoadedModel, connection: LocalConnection) -> TierContext:
+    cost_model = CostModel(CostSettings(min_samples=10**9))
     return TierContext(adapter_for(loaded), connection, model_fingerprint(loaded.model, loaded.tokenizer),
-                       torch.device("cpu"), CircuitBreaker(), CostModel(CostSettings(min_samples=10**9)))
+                       CircuitBreaker(), lambda: cost_model)
 
 
 def _encoder_world(name: str) -> World:
