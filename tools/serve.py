@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve the store read-only: admin writes fail, and entries another writer adds later are not searched"
         " until a restart (the index is built at start)",
     )
-    p.add_argument("--dram-bytes", type=parse_size, help="DRAM tier of decoded maps (default: the store's, 1GiB)")
+    p.add_argument("--dram-bytes", type=parse_size, help="DRAM cache of decoded maps (default: the store's, 1GiB)")
     p.add_argument("--max-bytes", type=parse_size, help="cap on stored bytes; least recently hit entries are evicted")
     p.add_argument("--map-size", type=parse_size, help="LMDB map size (default: the store's, 1TiB of address space)")
     p.add_argument(

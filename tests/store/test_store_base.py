@@ -111,7 +111,7 @@ def test_delete_makes_reads_raise_entry_not_found(store):
     ns = _namespace(store)
     entry = make_entry(small_layout(), 4, seed=1)
     (entry_id,) = store.ingest(ns, [entry]).entry_ids
-    store.read_maps(ns, entry_id)  # may now sit in a DRAM tier
+    store.read_maps(ns, entry_id)  # may now sit in a DRAM cache
     assert store.delete(ns, [entry_id]) == 1
     for read in (store.read_maps, store.read_outputs, store.entry):
         with pytest.raises(EntryNotFoundError):
@@ -156,7 +156,7 @@ def test_returned_arrays_belong_to_the_caller(store):
     ns = _namespace(store)
     entry = make_entry(small_layout(), 5, seed=2)
     (entry_id,) = store.ingest(ns, [entry]).entry_ids
-    for _ in range(2):  # the second read may come from a DRAM tier
+    for _ in range(2):  # the second read may come from a DRAM cache
         store.read_maps(ns, entry_id)[...] = 0
         store.read_layer(ns, entry_id, 0)[...] = 0
     assert np.array_equal(store.read_maps(ns, entry_id), entry.maps.astype(np.float16))

@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         return p
 
     add("namespaces", "list namespaces", _namespaces)
-    add("stats", "entries, bytes per length bucket, DRAM tier", _stats)
+    add("stats", "entries, bytes per length bucket, DRAM cache", _stats)
     add("verify", "check every stored chunk and the database structure (exit 1 on any damage)", _verify)
     add("compact", "rewrite the store densely and rebuild the indexes", _compact)
     delete = add("delete", "delete entries by id", _delete)

@@ -91,7 +91,7 @@ class LoadSpec:
 class DaemonCaps:
     """The caps the bench gives the daemon it starts; the RSS budget is built from them."""
 
-    dram_bytes: int = 64 * _MIB  # DRAM tier of decoded maps
+    dram_bytes: int = 64 * _MIB  # DRAM cache of decoded maps
     max_bytes: int = 256 * _MIB  # stored bytes; ingest past it evicts the least recently hit
     max_ingest_bytes: int = 8 * _MIB  # staged bytes per Ingest stream (a stream here stages ~0.3 MiB)
     max_ingest_streams: int = 16  # Ingest streams at once: one per client, so none is refused for want of a slot
@@ -100,7 +100,7 @@ class DaemonCaps:
 
     @property
     def anon_budget(self) -> int:
-        """Anonymous memory the daemon may use: fixed overhead + DRAM tier + staged ingest."""
+        """Anonymous memory the daemon may use: fixed overhead + DRAM cache + staged ingest."""
         return self.fixed_overhead + self.dram_bytes + self.max_ingest_bytes * self.max_ingest_streams
 
 
@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--length", type=positive_int, default=spec.length, help="tokens per entry")
     p.add_argument("--batch", type=positive_int, default=spec.batch, help="rows per Lookup")
     p.add_argument("--ingest-fraction", type=float, default=spec.ingest_fraction, help="share of Ingest calls")
-    p.add_argument("--dram-bytes", type=int, default=caps.dram_bytes, help="daemon DRAM tier (bytes)")
+    p.add_argument("--dram-bytes", type=int, default=caps.dram_bytes, help="daemon DRAM cache (bytes)")
     p.add_argument("--max-bytes", type=int, default=caps.max_bytes, help="daemon stored-bytes cap")
     p.add_argument(
         "--max-ingest-streams", type=positive_int, default=caps.max_ingest_streams, help="daemon Ingest streams"

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         folders = Path(scratch) / "page-cache", Path(scratch) / "dram"
         for folder in folders:
             folder.mkdir()
-        # Without a DRAM tier every hit reads its maps from the store; with one, repeated hits come from DRAM.
+        # Without a DRAM cache every hit reads its maps from the store; with one, repeated hits come from DRAM.
         daemon = ServeProcess(folders[0] / "store", folders[0], args=["--dram-bytes", "0"]).start(timeout=120)
         try:
             dram_daemon = ServeProcess(folders[1] / "store", folders[1]).start(timeout=120)
@@ -242,7 +242,7 @@ def _check_dram(target: str, dram_target: str) -> None:
     with RemoteStore(target) as plain, RemoteStore(dram_target) as dram:
         plain_hits, dram_hits = plain.stats().dram_hits, dram.stats().dram_hits
     if plain_hits or not dram_hits:
-        raise ConfigError(f"bench service: DRAM-tier layer reads {plain_hits} without a DRAM tier and {dram_hits} "
+        raise ConfigError(f"bench service: DRAM-tier layer reads {plain_hits} without a DRAM cache and {dram_hits} "
                           "with one; expected none and some")
 
 

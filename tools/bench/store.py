@@ -2,7 +2,7 @@
 
 One entry of SmolLM2's shape (30 layers x 9 heads x 128 x 128, 8.8 MB fp16) with
 softmax maps from random logits (causal), so codec ratios are realistic. Reads
-are timed from the DRAM tier, from the page cache (DRAM tier off) and cold
+are timed from the DRAM cache, from the page cache (no DRAM cache) and cold
 (``posix_fadvise(DONTNEED)`` on the data file with the store closed, so the
 pages come from disk), each beside a memcpy of the same bytes in the same run.
 """
@@ -200,7 +200,7 @@ def _print_table(r: dict) -> None:
     print(f"map store bench: entry {r['entry_shape']} = {mb:.1f} MB fp16, {r['cores']} cores, median of {r['runs']}")
     print(f"{'read path':<26}{'ms':>9}{'GB/s':>9}{'x memcpy':>10}")
     rows = [
-        ("DRAM tier", r["dram_ms"], r["dram_memcpy_ms"]),
+        ("DRAM cache", r["dram_ms"], r["dram_memcpy_ms"]),
         ("page cache (fp16)", r["pagecache_ms"], r["memcpy_ms"]),
         ("cold, from disk (fp16)", r["cold_ms"], r["cold_memcpy_ms"]),
         ("memcpy", r["memcpy_ms"], r["memcpy_ms"]),

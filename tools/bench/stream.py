@@ -331,7 +331,7 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
         }
     best, rate = variants[candidate], lambda v: variants[v]["rows_per_s"] or float("nan")
     daemon = daemons[candidate]
-    # The daemon's growth must fit its caps: stored bytes are mapped (LMDB), decoded maps sit in the DRAM tier.
+    # The daemon's growth must fit its caps: stored bytes are mapped (LMDB), decoded maps sit in the DRAM cache.
     caps = args.max_bytes + args.dram_bytes
     within = (None if daemon["rss_start_bytes"] is None or daemon["rss_end_bytes"] is None
               else daemon["rss_end_bytes"] - daemon["rss_start_bytes"] <= caps)

@@ -50,10 +50,10 @@ from attnstore.store.namespace_rules import (
     projector_update,
 )
 from attnstore.store.reports import (
+    NO_DRAM,
     BucketStats,
     CompactReport,
     CorruptEntry,
-    DramStats,
     FeaturesReport,
     IngestReport,
     NamespaceStats,
@@ -473,7 +473,7 @@ class MemoryMapStore(MapStoreBase):
             evicted_bytes=self._evicted_bytes,
             pending_hits=0,
             namespaces=tuple(namespaces),
-            dram=DramStats(0, 0, 0, 0, 0, 0, 0),
+            dram=NO_DRAM,
             prefix_blocks=prefix_blocks,
             prefix_bytes=prefix_bytes,
         ), chunk_usage)

@@ -1,4 +1,4 @@
-"""DRAM tier: byte-bounded LRU with stats, read-only entries and a discard epoch."""
+"""DRAM cache: byte-bounded LRU with stats, read-only entries and a discard epoch."""
 
 from __future__ import annotations
 

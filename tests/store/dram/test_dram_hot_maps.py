@@ -1,4 +1,4 @@
-"""HotMaps: the DRAM tier in front of a backend, and its admission of served maps on the second serve."""
+"""HotMaps: the DRAM cache in front of a backend, and its admission of served maps on the second serve."""
 
 from __future__ import annotations
 
