@@ -242,7 +242,7 @@ def _check_dram(target: str, dram_target: str) -> None:
     with RemoteStore(target) as plain, RemoteStore(dram_target) as dram:
         plain_hits, dram_hits = plain.stats().dram_hits, dram.stats().dram_hits
     if plain_hits or not dram_hits:
-        raise ConfigError(f"bench service: DRAM-tier layer reads {plain_hits} without a DRAM cache and {dram_hits} "
+        raise ConfigError(f"bench service: DRAM-cache layer reads {plain_hits} without a DRAM cache and {dram_hits} "
                           "with one; expected none and some")
 
 
