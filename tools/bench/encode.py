@@ -6,12 +6,18 @@ same texts in one call, with ``--threads`` torch threads: sentence-transformers'
 misses encoded in one call: what a user writes first); ``AttnCache.encode`` in
 embedded mode on a store built by ``attnstore build`` at its defaults
 (``attnstore``), and, when asked for, the same without its map tier
-(``attnstore_exact``: what the map tier costs or earns on the call). Per N:
+(``attnstore_exact``: what the map tier costs or earns on the call); and, when asked for, the peers users run
+instead (``bench.peers``, the ``peers`` extra): ONNX Runtime on the fp32 graph (``onnx_fp32``), the graph
+optimised at O3 (``onnx_o3``) and the dynamically quantised int8 graph (``onnx_int8``), and OpenVINO fp32
+(``openvino``), each bare or behind the same dict (``onnx_o3_dict``, ...); their graphs are exported once into
+``--peers-cache`` before the children start. Per N:
 seconds (median of ``--repeats`` children per method, run interleaved), peak RSS
 (each child's own ``VmHWM``: its ``ru_maxrss`` would carry this process's), AttnCache's time outside the tiers
 (``CacheStats.overhead_s``) and its retrieval (projection, lookups, fetches),
-speedups against both (excluding and including retrieval), and fidelity: the share
-of rows whose AttnCache embedding has cosine >= 0.99 to sentence-transformers', and
+speedups against both (excluding and including retrieval) and, for every method, against the fastest exact
+peer behind a dict (``onnx_fp32_dict``, ``onnx_o3_dict`` or ``openvino_dict``, whichever ran fastest), and
+fidelity: for every method, the share of rows whose embedding has cosine >= 0.99 to sentence-transformers' (or,
+without that method, the dict's: the same vectors) and the minimum cosine, and
 for the logs the template accuracy of each (each query takes the template of its
 nearest stored line, by sentence-transformers' embeddings of the stored lines).
 
@@ -44,11 +50,20 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser, positive_ints
+from attnstore_tools.bench.peers_export import PeerName, default_cache_dir
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
 
-METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact")
+# A peer method's peer (bench.peers); each also behind the dict, as METHOD_dict.
+PEER_METHODS: dict[str, PeerName] = {
+    "onnx_fp32": "onnx_fp32", "onnx_o3": "onnx_o3", "onnx_int8": "onnx_int8", "openvino": "openvino_fp32",
+}
+# Peers whose vectors equal the model's within fp32 rounding (O3's GELU approximation included): the baselines
+# an exact cache must beat. int8 is not one.
+EXACT_PEERS = ("onnx_fp32", "onnx_o3", "openvino")
+METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact",
+           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")))
 DEFAULT_METHODS = METHODS[:3]
 NAMESPACE = "encode"
 _SST2_BUILD = 2_000
@@ -62,13 +77,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", default="1000,8000", help="comma-separated N: rows of the one call")
     p.add_argument("--repeats", type=int, default=3, help="children per method and N (the median is reported)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help=f"comma-separated, of {', '.join(METHODS)} (default: the first three)")
+                   help=f"comma-separated, of {', '.join(METHODS)} (default: the first three; the peers need the"
+                        " peers extra)")
     p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each child")
     p.add_argument("--batch", type=int, default=32, help="batch_size of every encode call")
     p.add_argument("--device", default="cpu", help="where every method's model runs (cpu, cuda)")
     p.add_argument("--data-dir", type=Path, default=None, help=DATA_HELP)
     p.add_argument("--work-dir", type=Path, default=Path("runs/bench-encode"), help="where the built store is kept")
+    p.add_argument("--peers-cache", type=Path, default=None,
+                   help="where the peers' exported graphs are kept (default: $ATTNSTORE_PEERS_CACHE or"
+                        " ~/.cache/attnstore/peers)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of time and peak RSS against N here")
     p.set_defaults(func=run)
@@ -83,9 +102,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"bench encode: --methods {args.methods!r}: each must be one of {list(METHODS)}")
     if args.repeats < 1 or args.threads < 1 or args.batch < 1:
         raise ConfigError("bench encode: --repeats, --threads and --batch must be >= 1")
+    if args.device != "cpu" and any(map(peer_method, methods)):
+        raise ConfigError(f"bench encode: the peers run on the CPU only; --device {args.device!r} with --methods"
+                          f" {args.methods!r}")
     stored, queries, labels, stored_labels = load_data(args.data, data_dir(args.data_dir))
     work = args.work_dir / args.data
-    store = built_store(args.model, stored, work)
+    # Exported (or found in the cache) first: a missing peers extra is said before the store is built.
+    graphs = peer_graphs(args.model, methods, args.peers_cache or default_cache_dir())
+    # Only AttnCache reads the store: a run of the other methods builds none.
+    store = built_store(args.model, stored, work) if any(m.startswith("attnstore") for m in methods) else None
     embeddings_path = stored_embeddings(args.model, stored, work, threads=args.threads, batch=args.batch)
     stored_vectors = np.load(embeddings_path)
     results = []
@@ -97,12 +122,13 @@ def run(args: argparse.Namespace) -> int:
             rows = [queries[i % len(queries)] for i in range(count)]
             row_labels = None if labels is None else [labels[i % len(labels)] for i in range(count)]
             _write_json(scratch / "texts.json", rows)
-            reports = _children(args, methods, scratch, store, embeddings_path)
+            reports = _children(args, methods, scratch, store, embeddings_path, graphs)
             results.append(_summarise(count, reports, scratch, stored_vectors, stored_labels, row_labels))
             _print(results[-1])
     report = {
         "data": args.data, "model": args.model, "threads": args.threads, "batch": args.batch, "device": args.device,
         "repeats": args.repeats, "cpu": cpu_model(), "stored_rows": len(stored), "results": results,
+        "peer_graphs": {peer: str(path) for peer, path in graphs.items()},
     }
     if args.json is not None:
         write_json(args.json, report)
@@ -173,6 +199,27 @@ def stored_embeddings(model: str, stored: list[str], work: Path, *, threads: int
     return path
 
 
+def peer_method(method: str) -> PeerName | None:
+    """The peer a method runs (``onnx_o3_dict`` -> ``onnx_o3``), or None for the other methods."""
+    return PEER_METHODS.get(method.removesuffix("_dict"))
+
+
+def peer_graphs(model: str, methods: list[str], cache: Path) -> dict[PeerName, Path]:
+    """The exported graph of every peer the methods run, exported here once (the children only read them)."""
+    peers = list(dict.fromkeys(peer for peer in map(peer_method, methods) if peer is not None))
+    if not peers:
+        return {}
+    from attnstore_client.models import load_model
+    from attnstore_tools.bench.peers_export import export_graph
+
+    loaded = load_model(model)
+    return {peer: export_graph(peer, loaded, cache_dir=cache, progress=_progress) for peer in peers}
+
+
+def _progress(line: str) -> None:
+    print(f"bench encode: {line}", file=sys.stderr, flush=True)
+
+
 def _warmup_texts(root: Path) -> list[str]:
     """Texts each child encodes first, untimed: STS-B sentences, none of the call's."""
     with (root / "stsb_dev.tsv").open(encoding="utf-8", newline="") as f:
@@ -180,7 +227,8 @@ def _warmup_texts(root: Path) -> list[str]:
 
 
 def _children(
-    args: argparse.Namespace, methods: list[str], scratch: Path, store: Path, stored_embeddings: Path
+    args: argparse.Namespace, methods: list[str], scratch: Path, store: Path | None, stored_embeddings: Path,
+    graphs: dict[PeerName, Path],
 ) -> dict[str, list[dict[str, Any]]]:
     """Every method's reports, ``--repeats`` children each, run interleaved (one method after the other)."""
     reports: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
@@ -190,10 +238,14 @@ def _children(
                 "method": method, "model": args.model, "threads": args.threads, "batch": args.batch,
                 "device": args.device,
                 "texts": str(scratch / "texts.json"), "warmup": str(scratch / "warmup.json"),
-                "store": str(store), "namespace": NAMESPACE, "stored": str(scratch / "stored.json"),
+                "store": None if store is None else str(store), "namespace": NAMESPACE,
+                "stored": str(scratch / "stored.json"),
                 "stored_embeddings": str(stored_embeddings), "report": str(scratch / f"{method}-{repeat}.json"),
                 "embeddings": str(scratch / f"{method}.npy") if repeat == 0 else None,
             }
+            peer = peer_method(method)
+            if peer is not None:
+                spec.update(peer=peer, graph=str(graphs[peer]))
             path = scratch / f"spec-{method}-{repeat}.json"
             _write_json(path, spec)
             subprocess.run([sys.executable, "-m", "attnstore_tools.bench.encode_child", str(path)], check=True)
@@ -224,24 +276,31 @@ def _summarise(
         methods[method] = entry
     result: dict[str, Any] = {"rows": count, "methods": methods}
     embeddings = {m: np.load(scratch / f"{m}.npy") for m in reports}
-    reference = embeddings.get("sentence_transformers")
     if labels is not None and stored_labels is not None:
         result["template_accuracy"] = {
             m: _template_accuracy(e, stored_embeddings, stored_labels, labels) for m, e in embeddings.items()
         }
+    # The dict's vectors are sentence-transformers' (stored, or its misses computed): the reference without it.
+    reference = next((m for m in ("sentence_transformers", "dict") if m in embeddings), None)
+    result["fidelity_reference"] = reference
+    exact_dicts = [f"{peer}_dict" for peer in EXACT_PEERS if f"{peer}_dict" in methods]
+    fastest = min(exact_dicts, key=lambda m: methods[m]["seconds"]) if exact_dicts else None
+    result["fastest_exact_peer_dict"] = fastest
     for method, entry in methods.items():
-        if not method.startswith("attnstore"):
-            continue
-        if reference is not None:
-            cosines = _cosines(embeddings[method], reference)
+        if reference is not None and method != reference:
+            cosines = _cosines(embeddings[method], embeddings[reference])
             entry["frac_cos_099"] = float(np.mean(cosines >= 0.99))
             entry["min_cos"] = float(cosines.min())
-        excluding = entry["seconds"] - entry["retrieval_s"]
-        for base in ("sentence_transformers", "dict"):
-            if base in methods:
-                entry[f"speedup_vs_{base}"] = methods[base]["seconds"] / entry["seconds"]
-                entry[f"speedup_vs_{base}_excluding_retrieval"] = methods[base]["seconds"] / excluding
-                entry[f"rss_vs_{base}"] = entry["peak_rss_bytes"] / methods[base]["peak_rss_bytes"]
+        bases = [b for b in ("sentence_transformers", "dict") if b in methods and b != method]
+        if fastest is not None and fastest != method:
+            bases.append(fastest)
+        for base in bases:
+            key = "fastest_exact_peer_dict" if base == fastest else base
+            entry[f"speedup_vs_{key}"] = methods[base]["seconds"] / entry["seconds"]
+            entry[f"rss_vs_{key}"] = entry["peak_rss_bytes"] / methods[base]["peak_rss_bytes"]
+            if "retrieval_s" in entry:
+                excluding = entry["seconds"] - entry["retrieval_s"]
+                entry[f"speedup_vs_{key}_excluding_retrieval"] = methods[base]["seconds"] / excluding
     # AttnCache at its defaults, the headline: its figures at the top level too.
     result.update({k: v for k, v in methods.get("attnstore", {}).items()
                    if k.startswith(("speedup_", "rss_")) or k in ("frac_cos_099", "min_cos")})
@@ -268,25 +327,32 @@ def _template_accuracy(
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"N = {result['rows']}")
-    print(f"  {'method':24} {'seconds':>9} {'rows/s':>9} {'peak RSS MiB':>13} {'outside tiers':>14}")
+    fastest = result["fastest_exact_peer_dict"]
+    print(f"N = {result['rows']} (fidelity against {result['fidelity_reference'] or 'no reference'};"
+          f" fastest exact peer behind a dict: {fastest or 'none run'})")
+    print(f"  {'method':24} {'seconds':>9} {'rows/s':>9} {'peak RSS MiB':>13} {'x st+dict':>10}"
+          f" {'x fastest':>10} {'cos>=0.99':>10} {'min cos':>8} {'outside tiers':>16}")
     for method, entry in result["methods"].items():
         outside = f"{entry['overhead_s']:.2f} s ({entry['overhead_share']:.1%})" if "overhead_s" in entry else "-"
+        share = f"{entry['frac_cos_099']:.2%}" if "frac_cos_099" in entry else "-"
+        low = f"{entry['min_cos']:.4f}" if "min_cos" in entry else "-"
         kernels = f" (linear layers on {entry['linear_kernels']})" if "linear_kernels" in entry else ""
         print(f"  {method:24} {entry['seconds']:9.2f} {entry['rows_per_s']:9.1f}"
-              f" {entry['peak_rss_bytes'] / 2**20:13.0f} {outside:>14}{kernels}")
+              f" {entry['peak_rss_bytes'] / 2**20:13.0f} {_ratio(entry, 'dict'):>10}"
+              f" {_ratio(entry, 'fastest_exact_peer_dict'):>10} {share:>10} {low:>8} {outside:>16}{kernels}")
     for method, entry in result["methods"].items():
-        for base in ("dict", "sentence_transformers"):
-            if f"speedup_vs_{base}" in entry:
-                print(f"  {method} vs {base}: {entry[f'speedup_vs_{base}']:.2f}x including retrieval,"
+        for base in ("dict", "sentence_transformers", "fastest_exact_peer_dict"):
+            if f"speedup_vs_{base}_excluding_retrieval" in entry:
+                name = fastest if base == "fastest_exact_peer_dict" else base
+                print(f"  {method} vs {name}: {entry[f'speedup_vs_{base}']:.2f}x including retrieval,"
                       f" {entry[f'speedup_vs_{base}_excluding_retrieval']:.2f}x excluding it;"
                       f" peak RSS {entry[f'rss_vs_{base}']:.2f}x")
-    for method, entry in result["methods"].items():
-        if "frac_cos_099" in entry:
-            print(f"  {method} fidelity: {entry['frac_cos_099']:.2%} of rows at cosine >= 0.99,"
-                  f" min {entry['min_cos']:.4f}")
     if "template_accuracy" in result:
         print("  template accuracy: " + ", ".join(f"{m} {a:.2%}" for m, a in result["template_accuracy"].items()))
+
+
+def _ratio(entry: dict[str, Any], base: str) -> str:
+    return f"{entry[f'speedup_vs_{base}']:.2f}" if f"speedup_vs_{base}" in entry else "-"
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:

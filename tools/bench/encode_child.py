@@ -3,7 +3,8 @@
     python -m attnstore_tools.bench.encode_child SPEC.json
 
 SPEC (JSON, written by ``bench.encode``): method (``sentence_transformers``, ``dict``,
-``attnstore`` or ``attnstore_exact``), model, threads, batch, device (where the model runs; default cpu),
+``attnstore``, ``attnstore_exact`` or a peer's method, see ``bench.encode.PEER_METHODS``), model, threads, batch,
+device (where the model runs; default cpu), graph (a peer's exported graph),
 texts (a JSON file of the call's texts), warmup
 (a JSON file of texts encoded first, untimed), store and namespace (the ``attnstore`` methods),
 stored (a JSON file of the stored texts) and stored_embeddings (their ``.npy``, the
@@ -11,7 +12,10 @@ dict's contents), embeddings (where to save the call's ``.npy``, or null) and re
 (where to write the JSON: seconds, peak RSS, the cache's stats). Every method gets the
 same texts in one call: ``SentenceTransformer.encode``; a dict of the stored texts'
 embeddings in front of it (the distinct misses encoded in one call); ``AttnCache.encode``
-in embedded mode, with every tier or (``attnstore_exact``) without the map tier (``maps = False``).
+in embedded mode, with every tier or (``attnstore_exact``) without the map tier (``maps = False``); a peer's
+``encode`` (``bench.peers``: ONNX Runtime or OpenVINO, ``threads`` intra-op threads), bare or (``..._dict``) behind
+the same dict. A peer's child never reads the torch weights (``weightless_pipeline``), as a user of
+sentence-transformers' ``backend="onnx"`` never does.
 The peak RSS is the whole process's (model, store and call): its ``VmHWM`` (``machine.peak_rss_bytes``).
 """
 
@@ -21,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,44 +39,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from attnstore_client.models import load_model
-
     torch.set_num_threads(int(spec["threads"]))
     texts: list[str] = json.loads(Path(spec["texts"]).read_text(encoding="utf-8"))
     warmup: list[str] = json.loads(Path(spec["warmup"]).read_text(encoding="utf-8"))
     batch = int(spec["batch"])
-    loaded = load_model(spec["model"])
-    model = loaded.sentence_transformer
-    assert model is not None, "bench encode needs a sentence-transformers model"
-    device = spec.get("device", "cpu")
-    model.to(device)
-    report: dict[str, Any] = {"method": spec["method"], "rows": len(texts)}
-    if spec["method"] == "sentence_transformers":
-        model.encode(warmup, batch_size=batch, show_progress_bar=False)
-        started = time.perf_counter()
-        embeddings = model.encode(texts, batch_size=batch, show_progress_bar=False)
-        report["seconds"] = time.perf_counter() - started
-    elif spec["method"] == "dict":
-        stored: list[str] = json.loads(Path(spec["stored"]).read_text(encoding="utf-8"))
-        table = dict(zip(stored, np.load(spec["stored_embeddings"]), strict=True))
-        model.encode(warmup, batch_size=batch, show_progress_bar=False)
-        started = time.perf_counter()
-        embeddings = _dict_encode(model, table, texts, batch)
-        report["seconds"] = time.perf_counter() - started
-        report["dict_misses"] = len({text for text in texts if text not in table})
+    method: str = spec["method"]
+    report: dict[str, Any] = {"method": method, "rows": len(texts)}
+    if spec.get("graph"):
+        embeddings = _peer_call(spec, method, texts, warmup, batch, report)
     else:
-        from attnstore_client.cache import AttnCache
-
-        cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"], device=device)
-        cache.maps = spec["method"] != "attnstore_exact"
-        cache.encode(warmup, batch_size=batch, show_progress_bar=False)
-        cache.reset_stats()
-        started = time.perf_counter()
-        embeddings = cache.encode(texts, batch_size=batch, show_progress_bar=False)
-        report["seconds"] = time.perf_counter() - started
-        report["stats"] = cache.last_stats.to_json_dict()
-        report["linear_kernels"] = cache.adapter.linear_kernels
-        cache.close()
+        embeddings = _model_call(spec, method, texts, warmup, batch, report)
     report["peak_rss_bytes"] = peak_rss_bytes()  # its own: ru_maxrss would carry the parent's
     if spec.get("embeddings"):
         np.save(spec["embeddings"], np.asarray(embeddings, dtype=np.float32))
@@ -79,12 +56,77 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def _dict_encode(model: Any, table: dict[str, np.ndarray], texts: list[str], batch: int) -> np.ndarray:
+def _model_call(
+    spec: dict[str, Any], method: str, texts: list[str], warmup: list[str], batch: int, report: dict[str, Any]
+) -> np.ndarray:
+    """sentence-transformers, bare or behind the dict, or AttnCache: the call's embeddings (times in ``report``)."""
+    from attnstore_client.models import load_model
+
+    loaded = load_model(spec["model"])
+    model = loaded.sentence_transformer
+    assert model is not None, "bench encode needs a sentence-transformers model"
+    device = spec.get("device", "cpu")
+    model.to(device)
+    if method in ("sentence_transformers", "dict"):
+        def encode(rows: list[str]) -> np.ndarray:
+            return model.encode(rows, batch_size=batch, show_progress_bar=False)
+
+        return _timed_call(spec, method == "dict", encode, texts, warmup, report)
+    from attnstore_client.cache import AttnCache
+
+    cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"], device=device)
+    cache.maps = method != "attnstore_exact"
+    cache.encode(warmup, batch_size=batch, show_progress_bar=False)
+    cache.reset_stats()
+    started = time.perf_counter()
+    embeddings = cache.encode(texts, batch_size=batch, show_progress_bar=False)
+    report["seconds"] = time.perf_counter() - started
+    report["stats"] = cache.last_stats.to_json_dict()
+    report["linear_kernels"] = cache.adapter.linear_kernels
+    cache.close()
+    return embeddings
+
+
+def _peer_call(
+    spec: dict[str, Any], method: str, texts: list[str], warmup: list[str], batch: int, report: dict[str, Any]
+) -> np.ndarray:
+    """A peer on its exported graph, bare or (``..._dict``) behind the dict: the call's embeddings."""
+    from attnstore_tools.bench.peers import open_peer, weightless_pipeline
+
+    peer = open_peer(spec["peer"], Path(spec["graph"]), weightless_pipeline(spec["model"]),
+                     threads=int(spec["threads"]))
+
+    def encode(rows: list[str]) -> np.ndarray:
+        return peer.encode(rows, batch_size=batch)
+
+    return _timed_call(spec, method.endswith("_dict"), encode, texts, warmup, report)
+
+
+def _timed_call(
+    spec: dict[str, Any], cached: bool, encode: Callable[[list[str]], np.ndarray], texts: list[str],
+    warmup: list[str], report: dict[str, Any],
+) -> np.ndarray:
+    """``encode`` warmed up, then timed on the call's texts, bare or behind the dict of the stored texts."""
+    table: dict[str, np.ndarray] = {}
+    if cached:
+        stored: list[str] = json.loads(Path(spec["stored"]).read_text(encoding="utf-8"))
+        table = dict(zip(stored, np.load(spec["stored_embeddings"]), strict=True))
+    encode(warmup)
+    started = time.perf_counter()
+    embeddings = _dict_encode(encode, table, texts) if cached else encode(texts)
+    report["seconds"] = time.perf_counter() - started
+    if cached:
+        report["dict_misses"] = len({text for text in texts if text not in table})
+    return embeddings
+
+
+def _dict_encode(
+    encode: Callable[[list[str]], np.ndarray], table: dict[str, np.ndarray], texts: list[str]
+) -> np.ndarray:
     """What a user writes first: stored embeddings by text, the distinct misses encoded in one call."""
     misses = list(dict.fromkeys(text for text in texts if text not in table))
     if misses:
-        computed = model.encode(misses, batch_size=batch, show_progress_bar=False)
-        table.update(zip(misses, computed, strict=True))
+        table.update(zip(misses, encode(misses), strict=True))
     return np.stack([table[text] for text in texts])
 
 

@@ -1,0 +1,241 @@
+"""The graphs of the peers users run instead of us, exported once per model and kept in a cache.
+
+A user who wants fast CPU embeddings runs sentence-transformers with ``backend="onnx"`` (the plain fp32 export,
+the graph optimised at O3, or the dynamically quantised int8 model that ``export_optimized_onnx_model`` and
+``export_dynamic_quantized_onnx_model`` write through optimum) or ``backend="openvino"``. optimum pins an older
+transformers than ours, so the same graphs are made here with the libraries underneath it:
+
+- ``onnx_fp32``: ``torch.onnx.export`` (the TorchScript exporter, ``dynamo=False``) of the model's transformer,
+  inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` and output ``last_hidden_state``, batch and sequence
+  axes dynamic, opset 14 (optimum's default for BERT), eager attention (the pattern ONNX Runtime's fusions match);
+- ``onnx_o3``: that graph through ``onnxruntime.transformers.optimizer.optimize_model`` as optimum's
+  ``AutoOptimizationConfig.O3()`` calls it: ``opt_level=2``, the transformers-specific fusions on, the
+  embedding-layer-norm fusion off (optimum's default: it breaks quantisation) and the GELU approximation
+  (``enable_gelu_approximation``: GELU becomes FastGelu);
+- ``onnx_int8``: the fp32 graph through ``onnxruntime.quantization`` as optimum's
+  ``AutoQuantizationConfig.avx2(is_static=False, per_channel=False)`` quantises it: dynamic (``IntegerOps``),
+  every op of ONNX Runtime's ``IntegerOpsRegistry`` (MatMul, Gather, Attention...), activations and weights uint8,
+  symmetric weights, no reduced range; optimum builds the ``ONNXQuantizer`` itself, so MatMuls whose second
+  input is an activation (the attention products) are quantised too (``MatMulConstBOnly`` off);
+- ``openvino_fp32``: ``openvino.convert_model`` of the PyTorch transformer (as optimum-intel converts it), saved
+  uncompressed (fp32 weights).
+
+Each graph lives under ``CACHE/<first 16 hex of the model's fingerprint>/<peer>-<versions>/``: a new model,
+weights or library version exports anew. Each is written to a temporary folder beside it and renamed into place,
+so a reader sees a whole graph or none, and two processes exporting at once both end with one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Literal, get_args
+
+import torch
+
+from attnstore.errors import ConfigError
+from attnstore_client.keys import model_fingerprint
+from attnstore_client.models import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+PeerName = Literal["onnx_fp32", "onnx_o3", "onnx_int8", "openvino_fp32"]
+PEERS: tuple[PeerName, ...] = get_args(PeerName)
+# The file sentence-transformers gives each graph (onnx/model_O3.onnx, onnx/model_qint8_avx2.onnx, ...).
+GRAPH_FILES: dict[PeerName, str] = {
+    "onnx_fp32": "model.onnx",
+    "onnx_o3": "model_O3.onnx",
+    "onnx_int8": "model_qint8_avx2.onnx",
+    "openvino_fp32": "openvino_model.xml",
+}
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+ONNX_OPSET = 14  # optimum's default for BERT-like encoders
+CACHE_ENV = "ATTNSTORE_PEERS_CACHE"
+EXTRA_HINT = "pip install -e '.[peers]' (scripts/install.sh installs it)"
+
+Progress = Callable[[str], None]
+
+
+def default_cache_dir() -> Path:
+    """``$ATTNSTORE_PEERS_CACHE``, else ``~/.cache/attnstore/peers``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "attnstore" / "peers")
+
+
+def check_peer(name: str) -> PeerName:
+    """``name`` if it is a peer.
+
+    Raises:
+        ConfigError: it is not one of ``PEERS``.
+    """
+    if name not in PEERS:
+        raise ConfigError(f"peer {name!r} is not one of {list(PEERS)}")
+    return name  # type: ignore[return-value]
+
+
+def export_graph(
+    name: str, loaded: LoadedModel, *, cache_dir: Path | None = None, progress: Progress | None = None
+) -> Path:
+    """The graph file of peer ``name`` for ``loaded``, exported on first use and read from the cache after.
+
+    Args:
+        name: one of ``PEERS``.
+        loaded: a sentence-transformers model (``load_model`` of a folder with ``modules.json``), its real weights.
+        cache_dir: the cache's root (default: ``default_cache_dir()``).
+        progress: called with one line before an export starts (default: logged at INFO).
+
+    Returns:
+        The ``.onnx`` or ``.xml`` file.
+
+    Raises:
+        ConfigError: an unknown peer, a model without a sentence-transformers pipeline, or the ``peers`` extra
+            (onnx, onnxruntime, openvino) not installed.
+    """
+    peer = check_peer(name)
+    if loaded.sentence_transformer is None:
+        raise ConfigError(f"peer {peer}: model {loaded.name!r} has no sentence-transformers configuration")
+    folder = _model_dir(loaded, cache_dir) / f"{peer}-{_versions(peer)}"
+    graph = folder / GRAPH_FILES[peer]
+    if graph.is_file():
+        return graph
+    if peer in ("onnx_o3", "onnx_int8"):
+        source = export_graph("onnx_fp32", loaded, cache_dir=cache_dir, progress=progress)
+    (progress or logger.info)(f"exporting the {peer} graph of {loaded.name} to {folder} (once; reused after)")
+    with _atomic_folder(folder) as scratch:
+        if peer == "onnx_fp32":
+            _export_onnx(loaded, scratch / GRAPH_FILES[peer])
+        elif peer == "onnx_o3":
+            _optimize_o3(loaded, source, scratch / GRAPH_FILES[peer])
+        elif peer == "onnx_int8":
+            _quantize_avx2(source, scratch / GRAPH_FILES[peer])
+        else:
+            _convert_openvino(loaded, scratch / GRAPH_FILES[peer])
+    return graph
+
+
+def _model_dir(loaded: LoadedModel, cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / model_fingerprint(loaded.model, loaded.tokenizer)[:16]
+
+
+def _versions(peer: PeerName) -> str:
+    """The library versions a graph depends on, in its folder's name: a new one exports anew."""
+    packages = ("torch", "openvino") if peer == "openvino_fp32" else ("torch", "onnx", "onnxruntime")
+    try:
+        return "-".join(f"{package}{version(package)}" for package in packages)
+    except PackageNotFoundError as exc:
+        raise ConfigError(f"peer {peer} needs {exc.name}: {EXTRA_HINT}") from None
+
+
+@contextmanager
+def _atomic_folder(folder: Path) -> Iterator[Path]:
+    """A scratch folder beside ``folder``, renamed to it when the block ends without error (removed otherwise);
+    if another process got there first, its folder is kept and ours dropped."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        yield scratch
+        try:
+            os.rename(scratch, folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class _LastHiddenState(torch.nn.Module):
+    """The model's transformer as a module of three tensors to one: what the exported graphs compute."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return outputs.last_hidden_state  # (B, T, hidden)
+
+
+def _example_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    pipeline = loaded.sentence_transformer
+    assert pipeline is not None
+    features = pipeline.preprocess(["an example input", "a second, longer example input for the export"])
+    return {key: features[key] for key in INPUT_NAMES}
+
+
+def _export_onnx(loaded: LoadedModel, path: Path) -> None:
+    _require("onnx")
+    model = loaded.model
+    # ONNX Runtime's attention fusion matches the eager attention's ops; SDPA's decomposition it may not.
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        inputs = _example_inputs(loaded)
+        axes = {0: "batch_size", 1: "sequence_length"}
+        with torch.no_grad():
+            torch.onnx.export(
+                _LastHiddenState(model).eval(), tuple(inputs[key] for key in INPUT_NAMES), str(path),
+                input_names=list(INPUT_NAMES), output_names=["last_hidden_state"],
+                dynamic_axes={key: axes for key in (*INPUT_NAMES, "last_hidden_state")},
+                opset_version=ONNX_OPSET, do_constant_folding=True, dynamo=False,
+            )
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def _optimize_o3(loaded: LoadedModel, source: Path, path: Path) -> None:
+    _require("onnxruntime")
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    options.enable_embed_layer_norm = False  # optimum: disable_embed_layer_norm_fusion=True
+    options.enable_gelu_approximation = True  # what O3 adds to O2
+    config = loaded.model.config
+    optimized = optimize_model(
+        str(source), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size,
+        opt_level=2, optimization_options=options, use_gpu=False, only_onnxruntime=False,
+    )
+    fused = {op: count for op, count in optimized.get_fused_operator_statistics().items() if count}
+    logger.info("onnx_o3: fused operators %s", fused)
+    optimized.save_model_to_file(str(path))
+
+
+def _quantize_avx2(source: Path, path: Path) -> None:
+    _require("onnxruntime")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    quantize_dynamic(
+        str(source), str(path), op_types_to_quantize=list(IntegerOpsRegistry), per_channel=False,
+        reduce_range=False, weight_type=QuantType.QUInt8,
+        extra_options={"WeightSymmetric": True, "ActivationSymmetric": False, "EnableSubgraph": False,
+                       "ForceSymmetric": False, "MatMulConstBOnly": False},
+    )
+
+
+def _convert_openvino(loaded: LoadedModel, path: Path) -> None:
+    _require("openvino")
+    import openvino
+
+    inputs = _example_inputs(loaded)
+    with torch.no_grad():
+        converted = openvino.convert_model(
+            _LastHiddenState(loaded.model).eval(), example_input=inputs,
+            input=[(key, [-1, -1], openvino.Type.i64) for key in INPUT_NAMES],
+        )
+    openvino.save_model(converted, str(path), compress_to_fp16=False)
+
+
+def _require(module: str) -> None:
+    """Raises ConfigError naming the extra when ``module`` is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"the peers need {module}: {EXTRA_HINT}")
