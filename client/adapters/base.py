@@ -1,13 +1,18 @@
 """The model adapter interface and the patching shared by every family.
 
 An adapter wraps the ``forward`` of each attention module of a loaded model for
-the duration of one call (``capture`` or ``forward``), in a try/finally, so the
-model is the unmodified transformers model between calls. The per-call state
-(lengths, replay maps, capture buffers) lives on the adapter instance; a lock
-keeps concurrent calls on one adapter from interleaving. Use one adapter per
+the duration of one call (``capture``, ``forward``, ``forward_keeping``,
+``forward_packed``), in a try/finally, so the model is the unmodified
+transformers model between calls. Each entry point hands the wrapped layers a
+small record of its own (``LayerCall``) that says what every layer does; it
+lives on the adapter, per thread, only while the call runs. Use one adapter per
 loaded model.
 
-Inside a patched call, each attention layer splits the batch:
+A family gives a layer's queries and keys (``_queries_keys``: position-encoded,
+GQA as the model has it, the same shapes for padded and packed rows); the
+attention after them is ``adapters.attention``, once for every family.
+
+Inside a patched padded call, each attention layer splits the batch:
 
 - hit rows (those with replay maps) compute only the value projection,
   maps·V and the output projection: no q/k projection, RoPE, QKᵀ, mask or softmax;
@@ -22,31 +27,32 @@ maps): those rows take the hit path with their own maps, the others are
 untouched, so only the kept rows pay for the explicit softmax.
 
 A packed forward (``forward_packed``, ``adapters.packed``) runs the rows end to
-end in one sequence, nothing padded; a planned forward (``forward_planned``,
-``adapters.planned``) asks a ``LayerPlan`` at every layer which rows replay.
+end in one sequence, nothing padded. ``forward_patched`` runs a record of the
+caller's own (the evaluation harness's planned forwards), with ``row_maps`` and
+``replay_rows`` as the layer's parts.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar, Literal
+from operator import attrgetter
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import nn
 
 from attnstore.errors import MapShapeError
+from attnstore_client.adapters.attention import attention_probs
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.fused import FusedLinears, fused_linears_available, onednn_pays, padded_tokens
-from attnstore_client.adapters.layer_plan import LayerPlan
-from attnstore_client.adapters.packed import PackedBatch, PackedCall, attend_packed, plan_packed, with_filler
-from attnstore_client.adapters.planned import attend_planned
+from attnstore_client.adapters.packed import PackedBatch, plan_packed, with_filler
 from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay, layer_maps
-from attnstore_client.adapters.rows import merge_rows, select_rows
+from attnstore_client.adapters.rows import hidden_states, merge_rows, select_rows
 from attnstore_client.models import LoadedModel
 
 
@@ -58,24 +64,99 @@ class Capture:
     hidden: list[torch.Tensor]  # per row: (L, hidden) fp32 last hidden states
 
 
+class LayerCall(Protocol):
+    """What every attention layer of one patched forward runs instead of the module's own forward."""
+
+    def attend(
+        self, adapter: Adapter, layer: int, module: nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> tuple:
+        """The module's output for its call ``args``/``kwargs``; ``original`` is the module's own forward."""
+        ...
+
+
 @dataclass(frozen=True)
-class _Call:
-    """State of one patched forward; lives on the adapter only while the call runs."""
+class _Capturing:
+    """``capture``: every row computes its maps in fp32 at its true length, keeps them and replays them."""
+
+    lengths: tuple[int, ...]
+    captured: list[torch.Tensor]  # per row (layers, H, L, L) fp32, filled layer by layer
+
+    def attend(
+        self, adapter: Adapter, layer: int, module: nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> tuple:
+        hidden = hidden_states(args, kwargs)  # (B, P, hidden)
+        maps = []
+        for row, probs in enumerate(adapter.row_maps(module, hidden, self.lengths, args, kwargs)):
+            self.captured[row][layer].copy_(probs)  # kept fp32 on the CPU, whatever the model's device and dtype
+            maps.append(probs.to(hidden.dtype))  # (H, L, L), replayed where and as the model runs
+        return adapter.replay_rows(module, hidden, maps, self.lengths), None
+
+
+@dataclass(frozen=True)
+class _Keeping:
+    """The computing rows of ``forward_keeping``: one padded softmax a layer gives them their maps to apply."""
+
+    rows: tuple[int, ...]  # every computing row, sorted (one batched softmax costs less than splitting the batch)
+    index: torch.Tensor | None  # (B_keep,) long: those rows, only when some rows replay stored maps
+    kept: torch.Tensor  # (layers, B_kept, H, P, P) fp16: the maps of the rows asked for, padded
+    kept_index: torch.Tensor | None  # (B_kept,) their positions in ``rows``; None: all of ``rows``
+
+
+@dataclass(frozen=True)
+class _Replaying:
+    """``forward`` and ``forward_keeping``: replaying rows take the hit path, the others the module's own forward."""
 
     lengths: tuple[int, ...]  # true length of every row
-    replay: Mapping[int, ReplayMaps] = field(default_factory=dict)  # hit row -> maps
-    hits: tuple[int, ...] = ()  # sorted hit rows
-    # Rows that compute their own maps (fp32, explicit softmax) and take the hit path with them: when a
-    # forward keeps maps, every computing row (one batched softmax costs less than splitting the batch).
-    keep: tuple[int, ...] = ()  # sorted
-    keep_index: torch.Tensor | None = None  # (B_keep,) long, only when some rows replay stored maps
-    kept: torch.Tensor | None = None  # (layers, B_kept, H, P, P) fp16: the maps of the rows asked for, padded
-    kept_index: torch.Tensor | None = None  # (B_kept,) their positions in ``keep``; None: all of ``keep``
-    replaying: tuple[int, ...] = ()  # sorted hits and kept rows: the rows that take the hit path
-    hit_index: torch.Tensor | None = None  # (B_replaying,) long, only when some rows miss
-    miss_index: torch.Tensor | None = None  # (B_miss,) long, only when some rows miss
-    captured: list[torch.Tensor] | None = None  # per row (layers, H, L, L), filled when capturing
-    plan: LayerPlan | None = None  # consulted at every layer by a planned forward
+    replay: Mapping[int, ReplayMaps]  # hit row -> its maps
+    keeping: _Keeping | None  # computing rows that apply maps of their own
+    rows: tuple[int, ...]  # sorted hits and kept rows: the rows that take the hit path
+    split: tuple[torch.Tensor, torch.Tensor] | None  # (B_rows,), (B_miss,) long, only when some rows miss
+
+    def attend(
+        self, adapter: Adapter, layer: int, module: nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> tuple:
+        hidden = hidden_states(args, kwargs)  # (B, P, hidden)
+        lengths = [self.lengths[row] for row in self.rows]
+        if self.split is None:
+            maps = self._maps(adapter, layer, module, hidden, args, kwargs)
+            return adapter.replay_rows(module, hidden, maps, lengths), None
+        hit_index, miss_index = self.split
+        batch_size = hidden.shape[0]
+        # Misses first: a streaming client's hit maps keep arriving meanwhile.
+        # (B_miss, P, out)
+        missed = original(*select_rows(args, miss_index, batch_size), **select_rows(kwargs, miss_index, batch_size))[0]
+        maps = self._maps(adapter, layer, module, hidden, args, kwargs)
+        replayed = adapter.replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_rows, P, out)
+        return merge_rows(batch_size, hit_index, replayed, miss_index, missed), None
+
+    def _maps(
+        self, adapter: Adapter, layer: int, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict
+    ) -> list[torch.Tensor]:
+        """The maps of every row of ``rows`` at ``layer`` in row order, ``(H, L, L)`` each in the compute dtype:
+        the hits' stored maps, and the kept rows' own, computed here and kept."""
+        maps = {
+            row: layer_maps(self.replay[row], row, layer, self.lengths[row], heads=adapter.num_heads,
+                            causal=adapter.causal, dtype=hidden.dtype)
+            for row in sorted(self.replay)
+        }  # hit row -> (H, L, L)
+        keeping = self.keeping
+        if keeping is not None:
+            index, batch_size = keeping.index, hidden.shape[0]
+            lengths = [self.lengths[row] for row in keeping.rows]
+            padded = keeping.kept.shape[-1]
+            probs = adapter._padded_maps(
+                module,
+                (hidden if index is None else hidden.index_select(0, index))[:, :padded],  # (B_keep, P_keep, hidden)
+                lengths,
+                args if index is None else select_rows(args, index, batch_size),
+                kwargs if index is None else select_rows(kwargs, index, batch_size),
+            )  # (B_keep, H, P_keep, P_keep) fp32
+            kept_index = keeping.kept_index
+            keeping.kept[layer].copy_(probs if kept_index is None else probs.index_select(0, kept_index))
+            applied = probs.to(hidden.dtype)
+            for k, (row, length) in enumerate(zip(keeping.rows, lengths, strict=True)):
+                maps[row] = applied[k, :, :length, :length]  # (H, L, L)
+        return [maps[row] for row in self.rows]
 
 
 class Adapter(ABC):
@@ -85,11 +166,17 @@ class Adapter(ABC):
         family: the attention layout (``"llama"``: RoPE, GQA, causal; ``"bert"``:
             bidirectional).
         causal: whether a map of stored length ``L' > L`` may be cropped.
+        attention_path: the module wrapped in each block, as a dotted attribute path.
         num_layers, num_heads, num_kv_heads, head_dim, hidden_size: the layout.
+
+    A family implements five hooks (``_blocks``, ``_embed``, ``_run_packed``,
+    ``_queries_keys``, ``_values``) and overrides the defaults below them where its
+    model differs (``_project_out``, ``_sliding_window``, ``_fusable``).
     """
 
     family: ClassVar[Literal["llama", "bert"]]
     causal: ClassVar[bool]
+    attention_path: ClassVar[str]
 
     def __init__(self, loaded: LoadedModel) -> None:
         config = loaded.model.config
@@ -120,49 +207,48 @@ class Adapter(ABC):
         """The transformer blocks (decoder or encoder layers), in layer order."""
 
     @abstractmethod
-    def _attention_modules(self) -> Sequence[nn.Module]:
-        """The module wrapped in each layer, in layer order."""
-
-    @abstractmethod
     def _embed(self, batch: Batch) -> torch.Tensor:
         """The feature source of the whole batch, ``(B, P, hidden)``."""
-
-    @abstractmethod
-    def _run(self, batch: Batch) -> torch.Tensor:
-        """The model's own forward on the batch; returns ``(B, P, hidden)`` last hidden states."""
-
-    @abstractmethod
-    def _attention_probs(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> Iterator[torch.Tensor]:
-        """Yield each row's attention probabilities, ``(H, L, L)`` fp32 at its true length.
-
-        ``hidden`` is ``(B, P, hidden)``; ``args``/``kwargs`` are the module call's
-        own arguments (``hidden_states`` included), for RoPE tables and the like.
-        """
-
-    @abstractmethod
-    def _padded_probs(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> torch.Tensor:
-        """Every row's attention probabilities at once, ``(B, H, P, P)`` fp32.
-
-        Row ``r``'s top-left ``L x L`` block is what ``_attention_probs`` yields for it
-        (pad keys get no weight); the rest holds no meaning. One batched softmax instead
-        of one per row: what keeping maps in an ordinary forward uses, where the rows are
-        length-sorted and pad little.
-        """
 
     @abstractmethod
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         """The model's forward on a packed batch (positions from ``batch.position_ids``); ``(T, hidden)``."""
 
     @abstractmethod
-    def _packed_queries_keys(
-        self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor | None, args: tuple, kwargs: dict
+    def _queries_keys(
+        self, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict, tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries ``(N, H, d)`` and keys ``(N, KVH, d)``, position-encoded, of the tokens ``index`` (None: all)
-        of a packed layer input ``hidden`` ``(T, hidden)``; ``args``/``kwargs`` are the module call's own."""
+        """A layer's queries ``(B, H, N, d)`` and keys ``(B, KVH, N, d)``, position-encoded as the model does.
+
+        Args:
+            module: the layer's attention module.
+            hidden: ``(B, T, hidden)`` its input: right-padded rows, or a packed batch as one row (``B = 1``);
+                ``T`` may be shorter than the call's own (the keys past it are never read).
+            args, kwargs: the module call's own arguments (``hidden_states`` included), for RoPE tables and the
+                like; per-row tensors hold the rows of ``hidden``.
+            tokens: ``(N,)`` long, the positions along ``T`` to compute (a packed forward's computing rows);
+                None: all of them (``N = T``).
+        """
+
+    @abstractmethod
+    def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Value projection, ``(..., T, hidden) -> (..., T, KVH*d)``."""
+
+    # Defaults, overridden where a family's model differs.
+
+    def _attention_modules(self) -> Sequence[nn.Module]:
+        """The module wrapped in each layer, in layer order."""
+        return [attrgetter(self.attention_path)(block) for block in self._blocks()]
+
+    def _run(self, batch: Batch) -> torch.Tensor:
+        """The model's own forward on the batch; returns ``(B, P, hidden)`` last hidden states."""
+        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        return output.last_hidden_state  # (B, P, hidden)
+
+    def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
+        """What the module returns for a context ``(..., T, H*d)``: the context itself, unless the family's module
+        projects it (``o_proj``)."""
+        return context
 
     def _sliding_window(self, module: nn.Module) -> int | None:
         """The layer's attention window, None for full attention."""
@@ -172,13 +258,9 @@ class Adapter(ABC):
         """Modules that are a linear layer then an activation oneDNN fuses (see ``adapters.fused``)."""
         return {}
 
-    @abstractmethod
-    def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """Value projection, ``(B, P, hidden) -> (B, P, KVH*d)``."""
-
-    @abstractmethod
-    def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
-        """What the module returns for a context ``(B, P, H*d)``: ``o_proj`` or nothing."""
+    def _scaling(self, module: nn.Module) -> float:
+        """The layer's score scale."""
+        return float(getattr(module, "scaling", self.head_dim**-0.5))
 
     # --- public API -----------------------------------------------------------------
 
@@ -213,7 +295,7 @@ class Adapter(ABC):
             torch.empty((self.num_layers, self.num_heads, length, length), dtype=torch.float32)
             for length in batch.lengths
         ]
-        with torch.no_grad(), self._patched(_Call(lengths=batch.lengths, captured=captured)):
+        with torch.no_grad(), self._patched(_Capturing(batch.lengths, captured)):
             hidden = self._run(batch)  # (B, P, hidden)
         return Capture(
             maps=captured,
@@ -240,7 +322,7 @@ class Adapter(ABC):
                 for full tensors before any compute, for lazy sequences when the
                 bad layer is reached.
         """
-        return self._forward(batch, dict(replay or {}), ())
+        return self._forward(batch, dict(replay or {}))
 
     def forward_keeping(
         self, batch: Batch, keep: Sequence[int], replay: Mapping[int, ReplayMaps] | None = None
@@ -276,35 +358,31 @@ class Adapter(ABC):
                 f" batch (0..{batch.size - 1}), not a replaying one"
             )
         if not rows:
-            return self._forward(batch, replay, ()), {}
+            return self._forward(batch, replay), {}
         computing = tuple(row for row in range(batch.size) if row not in replay)
         padded = max(batch.lengths[row] for row in computing)
         # Every layer's padded maps of the kept rows, in one buffer: one copy per layer, sliced per row at the end.
         kept = torch.empty((self.num_layers, len(rows), self.num_heads, padded, padded), dtype=torch.float16)
-        out = self._forward(batch, replay, computing, kept, [computing.index(row) for row in rows])
+        keeping = _Keeping(
+            rows=computing,
+            index=torch.tensor(computing) if len(computing) < batch.size else None,
+            kept=kept,
+            kept_index=torch.tensor([computing.index(row) for row in rows]) if len(rows) < len(computing) else None,
+        )
+        out = self._forward(batch, replay, keeping)
         return out, {
             row: kept[:, k, :, : batch.lengths[row], : batch.lengths[row]].clone() for k, row in enumerate(rows)
         }  # row -> (layers, H, L, L)
 
-    def _forward(
-        self, batch: Batch, replay: dict[int, ReplayMaps], keep: tuple[int, ...], kept: torch.Tensor | None = None,
-        kept_positions: Sequence[int] = (),
-    ) -> torch.Tensor:
+    def _forward(self, batch: Batch, replay: dict[int, ReplayMaps], keeping: _Keeping | None = None) -> torch.Tensor:
         check_replay(replay, batch.lengths, layers=self.num_layers, heads=self.num_heads, causal=self.causal)
         with torch.inference_mode():
-            if not replay and not keep:
+            if not replay and keeping is None:
                 return self._run(batch)
-            hits = tuple(sorted(replay))
-            replaying = tuple(sorted(hits + keep))
-            misses = tuple(row for row in range(batch.size) if row not in replaying)
-            call = _Call(lengths=batch.lengths, replay=replay, hits=hits, keep=keep, kept=kept, replaying=replaying)
-            if keep and len(keep) < batch.size:
-                call = replace(call, keep_index=torch.tensor(keep))
-            if len(kept_positions) < len(keep):
-                call = replace(call, kept_index=torch.tensor(kept_positions))
-            if misses:
-                call = replace(call, hit_index=torch.tensor(replaying), miss_index=torch.tensor(misses))
-            with self._patched(call):
+            rows = tuple(sorted((*replay, *(keeping.rows if keeping else ()))))
+            misses = tuple(row for row in range(batch.size) if row not in rows)
+            split = (torch.tensor(rows), torch.tensor(misses)) if misses else None
+            with self._patched(_Replaying(batch.lengths, replay, keeping, rows, split)):
                 return self._run(batch)
 
     def forward_packed(
@@ -350,33 +428,80 @@ class Adapter(ABC):
                 self._fused = FusedLinears(self.model, self._fusable())
             return self._fused
 
-    def forward_planned(self, batch: Batch, plan: LayerPlan) -> torch.Tensor:
-        """One forward of the whole batch in which ``plan`` decides, layer by layer, which rows replay.
+    def forward_patched(self, batch: Batch, call: LayerCall) -> torch.Tensor:
+        """One forward of the padded batch in which every attention layer runs ``call.attend``.
 
-        At each layer the plan sees the attention input and names the rows that
-        replay and their maps; the other rows compute. If the plan keeps the
-        layer, the computing rows' maps are computed in fp32 at each row's true
-        length (as ``capture`` does), handed to ``plan.keep`` and applied through
-        the hit path; otherwise those rows go through the module's own forward.
-
-        Args:
-            batch: the right-padded batch.
-            plan: the per-layer decisions, for this call only.
+        For forwards outside this library (the evaluation harness's planned forwards): ``row_maps`` and
+        ``replay_rows`` are the parts a layer is made of; rows that ``call`` sends through ``original`` are the
+        model's own.
 
         Returns:
             ``(B, P, hidden)`` last hidden states; pad positions hold no meaning.
-
-        Raises:
-            MapShapeError: the plan named a row outside the batch, or gave maps of
-                the wrong type, dtype, heads or length.
         """
-        with torch.inference_mode(), self._patched(_Call(lengths=batch.lengths, plan=plan)):
+        with torch.inference_mode(), self._patched(call):
             return self._run(batch)
+
+    def row_maps(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> Iterator[torch.Tensor]:
+        """Yield each row's attention probabilities at one layer, ``(H, L, L)`` fp32 at its true length.
+
+        What ``capture`` keeps: the explicit softmax of the module's own queries and keys, one row at a time,
+        sliced to the row's true length (which drops the pad keys the model's mask would hide).
+
+        Args:
+            module: the layer's attention module.
+            hidden: ``(B, P, hidden)`` its input.
+            lengths: every row's true length.
+            args, kwargs: the module call's own arguments.
+        """
+        query, key = self._queries_keys(module, hidden, args, kwargs)  # (B, H, P, d), (B, KVH, P, d)
+        scaling, window = self._scaling(module), self._sliding_window(module)
+        for row, length in enumerate(lengths):
+            yield attention_probs(
+                query[row : row + 1, :, :length], key[row : row + 1, :, :length], scaling=scaling,
+                causal=self.causal, window=window,
+            )[0]  # (H, L, L)
+
+    def replay_rows(
+        self, module: nn.Module, hidden: torch.Tensor, maps: Sequence[torch.Tensor], lengths: Sequence[int]
+    ) -> torch.Tensor:
+        """The hit path of one layer: value projection, maps·V per row, output projection.
+
+        Args:
+            module: the layer's attention module.
+            hidden: ``(B', P, hidden)`` the input of the rows that replay.
+            maps: per row ``(H, L, L)`` in ``hidden``'s dtype.
+            lengths: per row its true length ``L``.
+
+        Returns:
+            What the module returns for those rows, ``(B', P, out)``; pad positions hold zeros or values nobody reads.
+        """
+        values = self._values(module, hidden)  # (B', P, KVH*d)
+        rows, padded, _ = values.shape
+        shape = (rows, padded, self.num_heads * self.head_dim)
+        # Pad positions are never read, but keep them finite for the layers after.
+        context = values.new_empty(shape) if min(lengths) == padded else values.new_zeros(shape)  # (B', P, H*d)
+        apply_maps(maps, values, lengths, out=context, causal=self.causal)
+        return self._project_out(module, context)
+
+    def _padded_maps(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> torch.Tensor:
+        """Every row's attention probabilities at once, ``(B, H, P, P)`` fp32: one batched softmax.
+
+        Row ``r``'s top-left ``L x L`` block is what ``row_maps`` yields for it (pad keys get no weight); the rest
+        holds no meaning. What keeping maps in an ordinary forward uses, where the rows are length-sorted and pad
+        little.
+        """
+        query, key = self._queries_keys(module, hidden, args, kwargs)  # (B, H, P, d), (B, KVH, P, d)
+        return attention_probs(query, key, scaling=self._scaling(module), causal=self.causal,
+                               window=self._sliding_window(module), lengths=lengths)  # (B, H, P, P)
 
     # --- patching -------------------------------------------------------------------
 
     @contextmanager
-    def _patched(self, call: _Call | PackedCall) -> Iterator[None]:
+    def _patched(self, call: LayerCall) -> Iterator[None]:
         """Within the block, this thread's forwards run ``call``; the model is as it was once no call runs."""
         with self._patch_lock:
             if not self._patches:
@@ -399,77 +524,8 @@ class Adapter(ABC):
                             module.forward = own
 
     def _attend(self, layer: int, module: nn.Module, original: Any, *args: Any, **kwargs: Any) -> tuple:
-        """The wrapped attention forward: split rows into replayed hits and computed misses."""
-        call = getattr(self._calls, "current", None)
+        """The wrapped attention forward: this thread's call decides, or the module's own forward where none runs."""
+        call: LayerCall | None = getattr(self._calls, "current", None)
         if call is None:
             return original(*args, **kwargs)
-        if isinstance(call, PackedCall):
-            return attend_packed(self, layer, module, call, args, kwargs)
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # (B, P, hidden)
-        batch_size = hidden.shape[0]
-
-        if call.captured is not None:
-            maps = []
-            for row, probs in enumerate(self._attention_probs(module, hidden, call.lengths, args, kwargs)):
-                call.captured[row][layer].copy_(probs)  # kept fp32 on the CPU, whatever the model's device and dtype
-                maps.append(probs.to(hidden.dtype))  # (H, L, L), replayed where and as the model runs
-            return self._replay_rows(module, hidden, maps, call.lengths), None
-        if call.plan is not None:
-            return attend_planned(self, layer, module, original, call.plan, call.lengths, hidden, args, kwargs)
-
-        lengths = [call.lengths[row] for row in call.replaying]
-        hit_index, miss_index = call.hit_index, call.miss_index  # both set, or neither (no row misses)
-        if hit_index is None or miss_index is None:
-            maps = self._replaying_maps(call, layer, module, hidden, args, kwargs)
-            return self._replay_rows(module, hidden, maps, lengths), None
-        # Misses first: a streaming client's hit maps keep arriving meanwhile.
-        # (B_miss, P, out)
-        missed = original(*select_rows(args, miss_index, batch_size), **select_rows(kwargs, miss_index, batch_size))[0]
-        maps = self._replaying_maps(call, layer, module, hidden, args, kwargs)
-        replayed = self._replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_rep, P, out)
-        return merge_rows(batch_size, hit_index, replayed, miss_index, missed), None
-
-    def _replaying_maps(
-        self, call: _Call, layer: int, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict
-    ) -> list[torch.Tensor]:
-        """The maps of every replaying row at ``layer`` in row order, ``(H, L, L)`` each in the compute dtype:
-        the hits' stored maps, and the kept rows' own, computed here and kept."""
-        maps = dict(zip(call.hits, self._hit_maps(call, layer, hidden.dtype), strict=True))
-        if call.keep and call.kept is not None:
-            index, batch_size = call.keep_index, hidden.shape[0]
-            lengths = [call.lengths[row] for row in call.keep]
-            padded = call.kept.shape[-1]
-            probs = self._padded_probs(
-                module,
-                (hidden if index is None else hidden.index_select(0, index))[:, :padded],  # (B_keep, P_keep, hidden)
-                lengths,
-                args if index is None else select_rows(args, index, batch_size),
-                kwargs if index is None else select_rows(kwargs, index, batch_size),
-            )  # (B_keep, H, P_keep, P_keep) fp32
-            call.kept[layer].copy_(probs if call.kept_index is None else probs.index_select(0, call.kept_index))
-            applied = probs.to(hidden.dtype)
-            for k, (row, length) in enumerate(zip(call.keep, lengths, strict=True)):
-                maps[row] = applied[k, :, :length, :length]  # (H, L, L)
-        return [maps[row] for row in call.replaying]
-
-    def _hit_maps(self, call: _Call, layer: int, dtype: torch.dtype) -> list[torch.Tensor]:
-        """The replayed maps of every hit row at ``layer``, ``(H, L, L)`` each in ``dtype``."""
-        return [
-            layer_maps(
-                call.replay[row], row, layer, call.lengths[row], heads=self.num_heads, causal=self.causal, dtype=dtype
-            )
-            for row in call.hits
-        ]
-
-    def _replay_rows(
-        self, module: nn.Module, hidden: torch.Tensor, maps: Sequence[torch.Tensor], lengths: Sequence[int]
-    ) -> torch.Tensor:
-        """The hit path of one layer: value projection, maps·V per row, output projection."""
-        values = self._values(module, hidden)  # (B', P, KVH*d)
-        rows, padded, _ = values.shape
-        shape = (rows, padded, self.num_heads * self.head_dim)
-        # Pad positions are never read, but keep them finite for the layers after.
-        context = values.new_empty(shape) if min(lengths) == padded else values.new_zeros(shape)  # (B', P, H*d)
-        apply_maps(maps, values, lengths, out=context, causal=self.causal)
-        return self._project_out(module, context)
-
+        return call.attend(self, layer, module, original, args, kwargs)

@@ -8,7 +8,7 @@ maps are only valid at their exact length, so no crop.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, cast
 
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
-from attnstore_client.adapters.packed import PackedBatch, tokens_of
+from attnstore_client.adapters.packed import PackedBatch
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("query", "key", "value", "scaling")
@@ -73,6 +73,7 @@ class BertAdapter(Adapter):
 
     family = "bert"
     causal = False
+    attention_path = "attention.self"
 
     def __init__(self, loaded: LoadedModel) -> None:
         config = loaded.model.config
@@ -95,15 +96,8 @@ class BertAdapter(Adapter):
     def _blocks(self) -> Sequence[nn.Module]:
         return cast("Sequence[nn.Module]", self._encoder.encoder.layer)
 
-    def _attention_modules(self) -> Sequence[nn.Module]:
-        return [layer.attention.self for layer in self._encoder.encoder.layer]
-
     def _embed(self, batch: Batch) -> torch.Tensor:
         return self._encoder.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
-
-    def _run(self, batch: Batch) -> torch.Tensor:
-        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        return output.last_hidden_state  # (B, P, hidden)
 
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         # The layers called one by one: no attention mask to build (each run of rows attends by itself).
@@ -116,13 +110,17 @@ class BertAdapter(Adapter):
             hidden = layer(hidden, None)  # (1, T, hidden)
         return hidden[0]  # (T, hidden)
 
-    def _packed_queries_keys(
-        self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor | None, args: tuple, kwargs: dict
+    def _queries_keys(
+        self, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict, tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         attention = _attention(module)
-        tokens = tokens_of(hidden, index)  # (N, hidden)
-        shape = (tokens.shape[0], self.num_heads, self.head_dim)
-        return attention.query(tokens).view(shape), attention.key(tokens).view(shape)  # (N, H, d) each
+        if tokens is not None:
+            hidden = hidden.index_select(1, tokens)  # (B, N, hidden)
+        batch_size, length, _ = hidden.shape
+        shape = (batch_size, length, self.num_heads, self.head_dim)
+        query = attention.query(hidden).view(shape).transpose(1, 2)  # (B, H, N, d)
+        key = attention.key(hidden).view(shape).transpose(1, 2)  # (B, H, N, d)
+        return query, key
 
     def _fusable(self) -> Mapping[nn.Module, nn.Linear]:
         # BertIntermediate: dense, then the activation.
@@ -130,32 +128,3 @@ class BertAdapter(Adapter):
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return _attention(module).value(hidden)  # (B, P, H*d)
-
-    def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
-        return context  # (B, P, H*d): BertSelfOutput.dense follows outside the wrapped module
-
-    def _attention_probs(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> Iterator[torch.Tensor]:
-        attention = _attention(module)
-        batch_size, padded, _ = hidden.shape
-        shape = (batch_size, padded, self.num_heads, self.head_dim)
-        query = attention.query(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
-        key = attention.key(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
-        for row, length in enumerate(lengths):
-            # Slicing to the true length drops the pad keys the model's mask would hide.
-            scores = torch.matmul(query[row, :, :length], key[row, :, :length].transpose(1, 2))  # (H, L, L)
-            yield torch.softmax(scores * attention.scaling, dim=-1, dtype=torch.float32)  # (H, L, L)
-
-    def _padded_probs(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> torch.Tensor:
-        attention = _attention(module)
-        batch_size, padded, _ = hidden.shape
-        shape = (batch_size, padded, self.num_heads, self.head_dim)
-        query = attention.query(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
-        key = attention.key(hidden).view(shape).transpose(1, 2)  # (B, H, P, d)
-        scores = torch.matmul(query, key.transpose(2, 3)) * attention.scaling  # (B, H, P, P)
-        pad = torch.arange(padded)[None, :] >= torch.tensor(lengths)[:, None]  # (B, P) pad keys
-        scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-        return torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, H, P, P)

@@ -9,7 +9,7 @@ optional sliding window. Batches are right-padded (see ``attnstore_client.adapte
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
-from attnstore_client.adapters.packed import PackedBatch, causal_allowed, tokens_of
+from attnstore_client.adapters.packed import PackedBatch
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
@@ -65,6 +65,7 @@ class LlamaAdapter(Adapter):
 
     family = "llama"
     causal = True
+    attention_path = "self_attn"
 
     def __init__(self, loaded: LoadedModel) -> None:
         super().__init__(loaded)
@@ -85,16 +86,9 @@ class LlamaAdapter(Adapter):
     def _blocks(self) -> Sequence[nn.Module]:
         return cast("Sequence[nn.Module]", self._decoder.layers)
 
-    def _attention_modules(self) -> Sequence[nn.Module]:
-        return [layer.self_attn for layer in self._decoder.layers]
-
     def _embed(self, batch: Batch) -> torch.Tensor:
         embedded = self._decoder.embed_tokens(batch.input_ids)  # (B, P, hidden)
         return self._decoder.layers[0].input_layernorm(embedded)  # (B, P, hidden)
-
-    def _run(self, batch: Batch) -> torch.Tensor:
-        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        return output.last_hidden_state  # (B, P, hidden)
 
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         # The layers called one by one: no causal mask to build (each run of rows attends by itself).
@@ -106,62 +100,26 @@ class LlamaAdapter(Adapter):
             hidden = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
         return decoder.norm(hidden)[0]  # (T, hidden)
 
-    def _packed_queries_keys(
-        self, module: nn.Module, hidden: torch.Tensor, index: torch.Tensor | None, args: tuple, kwargs: dict
+    def _queries_keys(
+        self, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict, tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         attention = _attention(module)
-        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]  # (1, T, d) each
-        tokens = tokens_of(hidden, index)  # (N, hidden)
-        count = tokens.shape[0]
-        query = attention.q_proj(tokens).view(count, self.num_heads, self.head_dim).transpose(0, 1)  # (H, N, d)
-        key = attention.k_proj(tokens).view(count, self.num_kv_heads, self.head_dim).transpose(0, 1)  # (KVH, N, d)
-        cos, sin = tokens_of(cos[0], index)[None], tokens_of(sin[0], index)[None]  # (1, N, d) each
-        query, key = self._rotary(query[None], key[None], cos, sin)  # (1, H, N, d), (1, KVH, N, d)
-        return query[0].transpose(0, 1), key[0].transpose(0, 1)  # (N, H, d), (N, KVH, d)
+        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]  # (1|B, T', d) each
+        if tokens is None:
+            cos, sin = cos[:, : hidden.shape[1]], sin[:, : hidden.shape[1]]  # (1|B, T, d) each
+        else:
+            hidden = hidden.index_select(1, tokens)  # (B, N, hidden)
+            cos, sin = cos.index_select(1, tokens), sin.index_select(1, tokens)  # (1|B, N, d) each
+        batch_size, length, _ = hidden.shape
+        query = attention.q_proj(hidden).view(batch_size, length, self.num_heads, self.head_dim)  # (B, N, H, d)
+        key = attention.k_proj(hidden).view(batch_size, length, self.num_kv_heads, self.head_dim)  # (B, N, KVH, d)
+        return self._rotary(query.transpose(1, 2), key.transpose(1, 2), cos, sin)  # (B, H, N, d), (B, KVH, N, d)
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return _attention(module).v_proj(hidden)  # (B, P, KVH*d)
 
     def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
         return _attention(module).o_proj(context)  # (B, P, hidden)
-
-    def _attention_probs(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> Iterator[torch.Tensor]:
-        attention = _attention(module)
-        batch_size, padded, _ = hidden.shape
-        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
-        query = attention.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
-        key = attention.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
-        query, key = self._rotary(query, key, cos, sin)
-        allowed = causal_allowed(padded, self._sliding_window(module))  # (P, P)
-        for row, length in enumerate(lengths):
-            grouped = query[row, :, :length].reshape(kv_heads, -1, head_dim)  # (KVH, G*L, d)
-            scores = torch.matmul(grouped, key[row, :, :length].transpose(1, 2))  # (KVH, G*L, L)
-            scores = scores.view(heads, length, length) * attention.scaling  # (H, L, L)
-            scores = scores.masked_fill(~allowed[:length, :length], float("-inf"))
-            yield torch.softmax(scores, dim=-1, dtype=torch.float32)  # (H, L, L)
-
-    def _padded_probs(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> torch.Tensor:
-        attention = _attention(module)
-        batch_size, padded, _ = hidden.shape
-        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
-        cos, sin = cos[:, :padded], sin[:, :padded]
-        query = attention.q_proj(hidden).view(batch_size, padded, heads, head_dim).transpose(1, 2)  # (B, H, P, d)
-        key = attention.k_proj(hidden).view(batch_size, padded, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, P, d)
-        query, key = self._rotary(query, key, cos, sin)
-        grouped = query.reshape(batch_size, kv_heads, -1, head_dim)  # (B, KVH, G*P, d)
-        scores = torch.matmul(grouped, key.transpose(2, 3))  # (B, KVH, G*P, P)
-        scores = scores.view(batch_size, heads, padded, padded) * attention.scaling  # (B, H, P, P)
-        # Causal keys of a row's own tokens only: a pad key never precedes a true query, so the causal mask
-        # alone keeps every row's L x L block exact.
-        allowed = causal_allowed(padded, self._sliding_window(module))  # (P, P)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        return torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, H, P, P)
 
     def _sliding_window(self, module: nn.Module) -> int | None:
         # Qwen2 sets it per layer on the module; Mistral reads it from the config.

@@ -19,15 +19,16 @@ same rows padded in batches of 32 (docs/BENCHMARKS.md, "Encode").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch.nn import functional
 
 from attnstore.errors import ConfigError, MapShapeError
+from attnstore_client.adapters.attention import attention
 from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay, layer_maps
+from attnstore_client.adapters.rows import hidden_states
 
 if TYPE_CHECKING:
     from torch import nn
@@ -146,6 +147,13 @@ class PackedCall:
     query_index: torch.Tensor | None
     query_offsets: Mapping[int, int]  # computing row -> its first position among those tokens
 
+    def attend(
+        self, adapter: AttentionHooks, layer: int, module: nn.Module, original: Callable[..., Any], args: tuple,
+        kwargs: dict,
+    ) -> tuple:
+        """One attention layer of this forward (``attend_packed``); ``original`` is never run."""
+        return attend_packed(adapter, layer, module, self, args, kwargs)
+
 
 def plan_packed(
     batch: PackedBatch, replay: Mapping[int, ReplayMaps], keep: Sequence[int], *, layers: int, heads: int,
@@ -195,19 +203,19 @@ def attend_packed(
     adapter: AttentionHooks, layer: int, module: nn.Module, call: PackedCall, args: tuple, kwargs: dict
 ) -> tuple:
     """One attention layer of a packed forward: ``(1, T, hidden)`` in, the module's ``(1, T, out)`` out."""
-    hidden = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])[0]  # (T, hidden)
+    hidden = hidden_states(args, kwargs)  # (1, T, hidden)
     batch = call.batch
     heads, kv_heads, head_dim = adapter.num_heads, adapter.num_kv_heads, adapter.head_dim
-    values = adapter._values(module, hidden)  # (T, KVH*d)
+    values = adapter._values(module, hidden[0])  # (T, KVH*d)
     context = values.new_empty((batch.tokens, heads * head_dim))  # (T, H*d)
     queries = keys = None
     if call.query_index is None or call.query_index.numel():
-        queries, keys = adapter._packed_queries_keys(module, hidden, call.query_index, args, kwargs)  # (N, H|KVH, d)
-    scaling = float(getattr(module, "scaling", head_dim**-0.5))
+        # (1, H, N, d), (1, KVH, N, d): the computing rows' tokens end to end
+        queries, keys = adapter._queries_keys(module, hidden, args, kwargs, call.query_index)
+    scaling, window = adapter._scaling(module), adapter._sliding_window(module)
     for run in call.runs:
         start = batch.starts[run.first]
         end = start + run.count * run.length
-        run_values = values[start:end].view(run.count, run.length, kv_heads, head_dim)  # (n, L, KVH, d)
         out = context[start:end].view(run.count, run.length, heads, head_dim)  # (n, L, H, d), a view of context
         if run.role == "fill":
             out.zero_()
@@ -221,48 +229,21 @@ def attend_packed(
         assert queries is not None and keys is not None  # a computing run has its q/k
         offset = call.query_offsets[run.first]
         span = slice(offset, offset + run.count * run.length)
-        query = queries[span].view(run.count, run.length, heads, head_dim).transpose(1, 2)  # (n, H, L, d)
-        key = keys[span].view(run.count, run.length, kv_heads, head_dim).transpose(1, 2)  # (n, KVH, L, d)
-        value = run_values.transpose(1, 2)  # (n, KVH, L, d)
-        window = adapter._sliding_window(module)
-        if run.role == "keep" or (run.length <= SHORT_ROW and hidden.device.type == "cpu"):
-            probs = _probs(query, key, scaling, adapter.causal, window)  # (n, H, L, L) fp32
-            for k, row in enumerate(run.rows if run.role == "keep" else ()):
+        query = _run_rows(queries, span, run)  # (n, H, L, d)
+        key = _run_rows(keys, span, run)  # (n, KVH, L, d)
+        value = values[start:end].view(run.count, run.length, kv_heads, head_dim).transpose(1, 2)  # (n, KVH, L, d)
+        # The map where it is kept, and on the CPU for short rows (faster there than the fused kernel).
+        explicit = run.role == "keep" or (run.length <= SHORT_ROW and hidden.device.type == "cpu")
+        attended, probs = attention(query, key, value, scaling=scaling, causal=adapter.causal, window=window,
+                                    explicit=explicit)  # (n, H, L, d), (n, H, L, L) fp32 or None
+        if run.role == "keep":
+            assert probs is not None
+            for k, row in enumerate(run.rows):
                 call.kept[row][layer].copy_(probs[k])
-            grouped = probs.to(hidden.dtype).view(run.count, kv_heads, -1, run.length)  # (n, KVH, G*L, L)
-            attended = torch.matmul(grouped, value).view(run.count, heads, run.length, head_dim)  # (n, H, L, d)
-        elif window is not None and window < run.length:
-            mask = causal_allowed(run.length, window).to(hidden.device)  # (L, L)
-            attended = functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, scale=scaling, enable_gqa=kv_heads < heads)  # (n, H, L, d)
-        else:
-            attended = functional.scaled_dot_product_attention(
-                query, key, value, is_causal=adapter.causal, scale=scaling, enable_gqa=kv_heads < heads)
         out.copy_(attended.transpose(1, 2))
     return adapter._project_out(module, context[None]), None  # (1, T, out)
 
 
-def _probs(query: torch.Tensor, key: torch.Tensor, scaling: float, causal: bool, window: int | None) -> torch.Tensor:
-    """Attention probabilities ``(n, H, L, L)`` fp32 of ``(n, H, L, d)`` queries and ``(n, KVH, L, d)`` keys."""
-    count, heads, length, head_dim = query.shape
-    kv_heads = key.shape[1]
-    grouped = query.reshape(count, kv_heads, -1, head_dim)  # (n, KVH, G*L, d)
-    scores = torch.matmul(grouped, key.transpose(2, 3)).view(count, heads, length, length) * scaling  # (n, H, L, L)
-    if causal:
-        scores = scores.masked_fill(~causal_allowed(length, window).to(scores.device), float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32)
-
-
-def causal_allowed(length: int, window: int | None) -> torch.Tensor:
-    """``(L, L)`` bool: query i may attend key j (j <= i, and within the window if any)."""
-    query = torch.arange(length)[:, None]
-    key = torch.arange(length)[None, :]
-    allowed = key <= query
-    if window is not None:
-        allowed &= key > query - window
-    return allowed
-
-
-def tokens_of(value: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    """The tokens ``index`` of a ``(T, ...)`` tensor (all of them for None), ``(N, ...)``."""
-    return value if index is None else value.index_select(0, index)
+def _run_rows(heads: torch.Tensor, span: slice, run: Run) -> torch.Tensor:
+    """A run's rows of packed ``(1, heads, N, d)`` queries or keys, ``(n, heads, L, d)``, a view."""
+    return heads[0, :, span].unflatten(1, (run.count, run.length)).transpose(0, 1)

@@ -7,6 +7,11 @@ from typing import Any
 import torch
 
 
+def hidden_states(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The input of an attention module's call, ``(B, T, hidden)``, wherever the call passed it."""
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
 def merge_rows(
     batch_size: int, hit_index: torch.Tensor, replayed: torch.Tensor, miss_index: torch.Tensor, missed: torch.Tensor
 ) -> torch.Tensor:

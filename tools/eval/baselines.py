@@ -1,7 +1,7 @@
 """The baselines of the evaluation harness: LazyFormer, SAN and AttnCache-f, as ``Variant``s.
 
 All three are inference-time methods (no retraining) run through
-``Adapter.forward_planned``:
+``planned.forward_planned``:
 
 - **LazyFormer**: layers in blocks of two; layer ``2k`` computes its maps and layer
   ``2k+1`` replays them (its own v projection, maps·V and o projection). With an
@@ -30,9 +30,9 @@ from attnstore.errors import ConfigError
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter
 from attnstore_client.adapters.batch import Batch, batch_from_ids
-from attnstore_client.adapters.layer_plan import LayerPlan, SharedMapsPlan
 from attnstore_client.keys import token_hash
 from attnstore_client.projector import Projector, ProjectorConfig
+from attnstore_tools.eval.planned import LayerPlan, SharedMapsPlan, forward_planned
 from attnstore_tools.eval.variants import BatchRun, BatchVariant
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class _SharingVariant(BatchVariant):
         return SharedMapsPlan(self.sources)
 
     def run(self, batch: Batch) -> BatchRun:
-        out = self.adapter.forward_planned(batch, self.plan())  # (B, P, hidden)
+        out = forward_planned(self.adapter, batch, self.plan())  # (B, P, hidden)
         return BatchRun(
             hidden=[out[row, :length] for row, length in enumerate(batch.lengths)],
             layer_replays=batch.size * len(self.sources),
@@ -400,7 +400,7 @@ class AttnCacheFVariant(BatchVariant):
 
     def run(self, batch: Batch) -> BatchRun:
         plan = self.plan()
-        out = self.adapter.forward_planned(batch, plan)  # (B, P, hidden)
+        out = forward_planned(self.adapter, batch, plan)  # (B, P, hidden)
         return BatchRun(
             hidden=[out[row, :length] for row, length in enumerate(batch.lengths)],
             retrieval_s=plan.retrieval_s,

@@ -65,18 +65,18 @@ def test_rows_replaying_maps_in_a_packed_forward_match_the_padded_replay(adapter
 def test_a_packed_forward_of_replaying_rows_only_computes_no_queries_or_keys(adapter: Adapter, rows, kind) -> None:
     captured = adapter.capture(batch_from_ids(rows, pad_id(kind))).maps
     called: list[int] = []
-    own = adapter._packed_queries_keys
+    own = adapter._queries_keys
 
     def counted(*args, **kwargs):
         called.append(1)
         return own(*args, **kwargs)
 
-    adapter._packed_queries_keys = counted  # type: ignore[method-assign]
+    adapter._queries_keys = counted  # type: ignore[method-assign]
     try:
         packed = pack(rows)
         out, _ = adapter.forward_packed(packed, dict(enumerate(captured)))
     finally:
-        del adapter._packed_queries_keys
+        del adapter._queries_keys
     assert called == []
     for r, expected in enumerate(_padded_rows(adapter, rows, kind)):
         assert max_diff(packed.row(out, r), expected) < TOL  # its own maps: the plain outputs

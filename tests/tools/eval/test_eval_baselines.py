@@ -13,7 +13,6 @@ from attnstore.service import AttnStoreService
 from attnstore.store import NamespaceLayout, NewEntry
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.adapters.layer_plan import SharedMapsPlan
 from attnstore_client.keys import token_hash
 from attnstore_tools.eval.baselines import (
     AttnCacheFVariant,
@@ -25,6 +24,7 @@ from attnstore_tools.eval.baselines import (
     calibrate_san,
     lazyformer_sources,
 )
+from attnstore_tools.eval.planned import SharedMapsPlan, forward_planned
 
 LENGTHS = [7, 4, 6]
 FP = "f" * 64
@@ -59,7 +59,7 @@ def test_lazyformer_output_equals_replaying_its_own_kept_maps_with_odd_layers_co
     run = variant.run(batch)
     computing = [layer for layer in range(adapter.num_layers) if layer not in variant.sources]
     plan = SharedMapsPlan(variant.sources, keep_layers=computing)  # every computing layer's maps, to replay them
-    adapter.forward_planned(batch, plan)
+    forward_planned(adapter, batch, plan)
     maps = {
         row: torch.stack([plan.kept[variant.sources.get(layer, layer)][row] for layer in range(adapter.num_layers)])
         for row in range(batch.size)
@@ -163,7 +163,7 @@ def test_attncache_f_replays_every_layer_of_a_stored_row_from_its_entry_and_repr
     batch = batch_from_ids([rows[0], *random_rows([5])], pad_id=0)  # row 1: no stored entry of its length
     variant = AttnCacheFVariant(adapter, service, "ns", keys, 0.5)
     plan = variant.plan()
-    out = adapter.forward_planned(batch, plan)
+    out = forward_planned(adapter, batch, plan)
     assert plan.replayed == [(0, layer, ids[0]) for layer in range(adapter.num_layers)]
     plain = adapter.forward(batch)
     assert max_diff(out[0, :6], plain[0, :6]) <= 1e-3

@@ -1,4 +1,5 @@
-"""Planned forwards: a LayerPlan decides per layer which rows replay and which computed maps are kept."""
+"""Planned forwards (the eval baselines' ``forward_planned``): a LayerPlan decides per layer which rows replay and
+which computed maps are kept."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from adapter_helpers import max_diff, random_rows, tiny_model
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.adapters.layer_plan import LayerPlan, SharedMapsPlan
+from attnstore_tools.eval.planned import LayerPlan, SharedMapsPlan, forward_planned
 
 LENGTHS = [7, 4, 6]  # padded: rows 1 and 2 are shorter than the batch
 
@@ -53,14 +54,14 @@ def _rows_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_plan_that_replays_and_keeps_nothing_equals_plain_forward_and_sees_every_layer_input(adapter, batch):
     plan = _ScriptedPlan({})
-    out = adapter.forward_planned(batch, plan)
+    out = forward_planned(adapter, batch, plan)
     assert _rows_diff(out, adapter.forward(batch)) <= 1e-4
     assert plan.seen == [(layer, (3, 7, adapter.hidden_size)) for layer in range(adapter.num_layers)]
 
 
 def test_plan_keeping_every_layer_hands_back_capture_maps_and_plain_outputs(adapter, batch):
     plan = SharedMapsPlan({}, keep_layers=range(adapter.num_layers))
-    out = adapter.forward_planned(batch, plan)
+    out = forward_planned(adapter, batch, plan)
     captured = adapter.capture(batch).maps
     assert sorted(plan.kept) == list(range(adapter.num_layers))
     for layer, rows in plan.kept.items():
@@ -75,7 +76,7 @@ def test_plan_replaying_one_row_while_others_compute_and_keep_equals_forward_rep
     captured = adapter.capture(batch).maps
     layers = range(adapter.num_layers)
     plan = _ScriptedPlan({layer: {1: captured[1][layer]} for layer in layers}, keep_layers=layers[1:])
-    out = adapter.forward_planned(batch, plan)
+    out = forward_planned(adapter, batch, plan)
     # Layer 0 computes rows 0 and 2 with the module's own kernel; later layers keep only their maps.
     assert sorted(plan.kept) == list(layers[1:]) and all(sorted(rows) == [0, 2] for rows in plan.kept.values())
     for layer, rows in plan.kept.items():
@@ -89,7 +90,7 @@ def test_causal_plan_maps_of_a_longer_row_are_cropped_to_the_shared_prefix():
     batch = batch_from_ids(rows, pad_id=0)
     longer = llama.capture(batch_from_ids([rows[1] + rows[0]], pad_id=0)).maps[0]  # (layers, H, 11, 11)
     plan = _ScriptedPlan({layer: {1: longer[layer]} for layer in range(llama.num_layers)})
-    assert _rows_diff(llama.forward_planned(batch, plan), llama.forward(batch)) <= 1e-4
+    assert _rows_diff(forward_planned(llama, batch, plan), llama.forward(batch)) <= 1e-4
 
 
 @pytest.mark.parametrize(
@@ -102,7 +103,7 @@ def test_causal_plan_maps_of_a_longer_row_are_cropped_to_the_shared_prefix():
 )
 def test_bad_plan_rows_or_maps_raise_map_shape_error_and_leave_the_model_unpatched(adapter, batch, replays, message):
     with pytest.raises(MapShapeError, match=message):
-        adapter.forward_planned(batch, _ScriptedPlan(replays))
+        forward_planned(adapter, batch, _ScriptedPlan(replays))
     assert all("forward" not in module.__dict__ for module in adapter.attention_modules)
 
 
@@ -115,7 +116,7 @@ def test_plan_that_keeps_without_implementing_keep_says_so(adapter, batch):
             return True
 
     with pytest.raises(NotImplementedError, match="KeepsOnly.keeps"):
-        adapter.forward_planned(batch, KeepsOnly())
+        forward_planned(adapter, batch, KeepsOnly())
 
 
 @pytest.mark.parametrize(
