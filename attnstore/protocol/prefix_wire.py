@@ -1,7 +1,7 @@
 """Prefix- and chunk-tier messages: layouts and arrays to and from the wire (light: the client uses it too).
 
 Both tiers send keys and values as raw arrays with their dtype, shape and
-crc32c (``PrefixChunk``, ``ChunkData``, ``ChunkPut``); one check reads them all.
+crc32c (``PrefixFrame``, ``ChunkData``, ``ChunkPut``); one check reads them all.
 """
 
 from __future__ import annotations
@@ -43,21 +43,21 @@ def chains_to_pb(rows: Sequence[Sequence[bytes]]) -> list[pb.PrefixChain]:
     return [pb.PrefixChain(chain_hashes=list(row)) for row in rows]
 
 
-def prefix_chunk(row: int, chunk: int, array: np.ndarray) -> pb.PrefixChunk:
-    """One row's chunk (a layer's keys and values, or its hidden states) as a wire message."""
+def prefix_frame(row: int, part: int, array: np.ndarray) -> pb.PrefixFrame:
+    """One part of a row's prefix (a layer's keys and values, or its hidden states) as a wire message."""
     data = array.tobytes()
-    return pb.PrefixChunk(row=row, chunk=chunk, dtype=str(array.dtype), shape=list(array.shape), data=data,
+    return pb.PrefixFrame(row=row, part=part, dtype=str(array.dtype), shape=list(array.shape), data=data,
                           crc32c=crc32c.crc32c(data))
 
 
-def array_of(message: pb.PrefixChunk) -> np.ndarray:
-    """The array of a chunk message, checked against its crc32c.
+def array_of(message: pb.PrefixFrame) -> np.ndarray:
+    """The array of a prefix frame, checked against its crc32c.
 
     Raises:
         ChecksumError: the bytes were damaged in transit.
         WireFormatError: an unknown dtype, or bytes that do not fill the shape.
     """
-    return _checked_array(message, f"prefix chunk {message.chunk} of row {message.row}")
+    return _checked_array(message, f"prefix part {message.part} of row {message.row}")
 
 
 def chunk_layout_to_pb(layout: ChunkLayout) -> pb.ChunkLayout:
@@ -123,7 +123,7 @@ def stored_chunk_of(message: pb.ChunkPut, layout: ChunkLayout, writer: str | Non
     return StoredChunk(key, kv, writer)
 
 
-def _checked_array(message: pb.PrefixChunk | pb.ChunkData | pb.ChunkPut, what: str) -> np.ndarray:
+def _checked_array(message: pb.PrefixFrame | pb.ChunkData | pb.ChunkPut, what: str) -> np.ndarray:
     if crc32c.crc32c(message.data) != message.crc32c:
         raise ChecksumError(f"{what} fails its crc32c")
     if message.dtype not in PREFIX_DTYPES:

@@ -15,7 +15,7 @@ import numpy as np
 from attnstore.errors import WireFormatError
 from attnstore.protocol.records import LookupBatch, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import ChunkAssembler, map_chunks, output_chunks
+from attnstore.protocol.wire import FrameAssembler, map_frames, output_frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +106,10 @@ def ingest_requests(
                                 token_ids=token_ids)
         )
         for layer in range(maps.shape[0]):
-            for chunk in map_chunks(maps[layer], query_index=index, entry_id=0, layer=layer):
-                yield pb.IngestRequest(chunk=chunk)
+            for frame in map_frames(maps[layer], query_index=index, entry_id=0, layer=layer):
+                yield pb.IngestRequest(maps=frame)
         if entry.outputs is not None:
-            for part in output_chunks(np.asarray(entry.outputs), query_index=index, entry_id=0):
+            for part in output_frames(np.asarray(entry.outputs), query_index=index, entry_id=0):
                 yield pb.IngestRequest(outputs=part)
     if commit:
         yield pb.IngestRequest(commit=pb.IngestCommit())
@@ -124,14 +124,14 @@ def assembled_lookup(stream: Iterator[pb.LookupResponse]) -> LookupResult:
         raise WireFormatError("a Lookup stream must start with the matches")
     result = LookupResult(matches=list(first.matches.matches))
     layers: dict[int, dict[int, np.ndarray]] = {}
-    assembler = ChunkAssembler(max_array_bytes=1 << 40)
+    assembler = FrameAssembler(max_array_bytes=1 << 40)
     for message in stream:
         kind = message.WhichOneof("body")
         if kind == "error":
             result.row_errors[message.error.query_index] = message.error
             layers.pop(message.error.query_index, None)
             continue
-        done = assembler.add(message.chunk if kind == "chunk" else message.outputs)
+        done = assembler.add(message.maps if kind == "maps" else message.outputs)
         if done is None:
             continue
         (query_index, what), array = done

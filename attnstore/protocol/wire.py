@@ -1,7 +1,7 @@
-"""Arrays on the wire: split into checksummed chunks, and put back together.
+"""Arrays on the wire: split into checksummed frames, and put back together.
 
 Shared by the daemon and the client, so it imports only numpy, crc32c and the
-generated stubs. Every chunk carries at most ``CHUNK_DATA_BYTES`` of data (the
+generated stubs. Every frame carries at most ``FRAME_DATA_BYTES`` of data (the
 design caps messages at 4 MiB) and a crc32c of its data; a layer bigger than
 that travels in parts at byte offsets.
 """
@@ -19,8 +19,8 @@ import numpy as np
 from attnstore.errors import ChecksumError, WireFormatError, shown
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
-# Room for the chunk's other fields under the 4 MiB message cap.
-CHUNK_DATA_BYTES = 4 * 1024 * 1024 - 4096
+# Room for the frame's other fields under the 4 MiB message cap.
+FRAME_DATA_BYTES = 4 * 1024 * 1024 - 4096
 
 # Dtypes that may travel; anything else is refused on both ends.
 WIRE_DTYPES: dict[str, np.dtype] = {"float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
@@ -39,31 +39,31 @@ def _parts(array: np.ndarray, max_bytes: int) -> Iterator[tuple[int, memoryview]
         yield offset, data[offset : offset + max_bytes]
 
 
-def map_chunks(
+def map_frames(
     layer_maps: np.ndarray,
     *,
     query_index: int,
     entry_id: int,
     layer: int,
-    max_bytes: int = CHUNK_DATA_BYTES,
-) -> Iterator[pb.MapChunk]:
-    """Split one layer's maps ``(heads, L, L)`` into MapChunk messages."""
+    max_bytes: int = FRAME_DATA_BYTES,
+) -> Iterator[pb.MapFrame]:
+    """Split one layer's maps ``(heads, L, L)`` into MapFrame messages."""
     dtype = _wire_dtype(layer_maps)
     for offset, data in _parts(layer_maps, max_bytes):
-        yield pb.MapChunk(
+        yield pb.MapFrame(
             query_index=query_index, entry_id=entry_id, layer=layer, dtype=dtype,
             shape=list(layer_maps.shape), codec="raw", data=bytes(data),
             crc32c=crc32c.crc32c(data), offset=offset, total_bytes=layer_maps.nbytes,
         )
 
 
-def output_chunks(
-    outputs: np.ndarray, *, query_index: int, entry_id: int, max_bytes: int = CHUNK_DATA_BYTES
-) -> Iterator[pb.OutputChunk]:
-    """Split one entry's stored outputs ``(L, hidden)`` into OutputChunk messages."""
+def output_frames(
+    outputs: np.ndarray, *, query_index: int, entry_id: int, max_bytes: int = FRAME_DATA_BYTES
+) -> Iterator[pb.OutputFrame]:
+    """Split one entry's stored outputs ``(L, hidden)`` into OutputFrame messages."""
     dtype = _wire_dtype(outputs)
     for offset, data in _parts(outputs, max_bytes):
-        yield pb.OutputChunk(
+        yield pb.OutputFrame(
             query_index=query_index, entry_id=entry_id, dtype=dtype, shape=list(outputs.shape),
             data=bytes(data), crc32c=crc32c.crc32c(data), offset=offset, total_bytes=outputs.nbytes,
         )
@@ -83,14 +83,14 @@ class _Partial:
         """Write one part; refuse one that overlaps a part already written."""
         end = offset + len(data)
         if not data and self.buffer.size:
-            raise WireFormatError(f"chunk {key}: an empty part at offset {offset} of a {self.buffer.size}-byte array")
+            raise WireFormatError(f"frame {key}: an empty part at offset {offset} of a {self.buffer.size}-byte array")
         at = bisect.bisect_left(self.spans, (offset, end))
         before = self.spans[at - 1] if at else None
         after = self.spans[at] if at < len(self.spans) else None
         clash = before if before is not None and before[1] > offset else after
         if clash is not None and (clash is before or clash[0] < end):
             raise WireFormatError(
-                f"chunk {key}: part [{offset}, {end}) overlaps the part [{clash[0]}, {clash[1]})"
+                f"frame {key}: part [{offset}, {end}) overlaps the part [{clash[0]}, {clash[1]})"
                 " already received; each byte of an array must arrive once"
             )
         self.spans.insert(at, (offset, end))
@@ -98,7 +98,7 @@ class _Partial:
         self.covered += len(data)
 
 
-class ChunkAssembler:
+class FrameAssembler:
     """Collects the parts of arrays and hands each one back once it is complete.
 
     Parts of one array share a key (``(query_index, layer)`` for maps,
@@ -114,7 +114,7 @@ class ChunkAssembler:
         self._pending: dict[tuple[int, int | Literal["outputs"]], _Partial] = {}
 
     def add(
-        self, chunk: pb.MapChunk | pb.OutputChunk
+        self, frame: pb.MapFrame | pb.OutputFrame
     ) -> tuple[tuple[int, int | Literal["outputs"]], np.ndarray] | None:
         """Add one part; return ``(key, array)`` when its array is complete, else None.
 
@@ -124,32 +124,32 @@ class ChunkAssembler:
                 part, or a part overlapping one already received.
         """
         key: tuple[int, int | Literal["outputs"]]
-        if isinstance(chunk, pb.MapChunk):
-            key = (chunk.query_index, chunk.layer)
-            if chunk.codec not in ("raw", ""):
-                raise WireFormatError(f"map chunk codec must be 'raw', got {shown(chunk.codec)}")
+        if isinstance(frame, pb.MapFrame):
+            key = (frame.query_index, frame.layer)
+            if frame.codec not in ("raw", ""):
+                raise WireFormatError(f"map frame codec must be 'raw', got {shown(frame.codec)}")
         else:
-            key = (chunk.query_index, "outputs")
-        if crc32c.crc32c(chunk.data) != chunk.crc32c:
-            raise ChecksumError(f"chunk {key} of entry {chunk.entry_id} failed its crc32c check")
-        dtype = WIRE_DTYPES.get(chunk.dtype)
+            key = (frame.query_index, "outputs")
+        if crc32c.crc32c(frame.data) != frame.crc32c:
+            raise ChecksumError(f"frame {key} of entry {frame.entry_id} failed its crc32c check")
+        dtype = WIRE_DTYPES.get(frame.dtype)
         if dtype is None:
-            raise WireFormatError(f"chunk dtype must be one of {sorted(WIRE_DTYPES)}, got {shown(chunk.dtype)}")
-        shape = tuple(int(n) for n in chunk.shape)
+            raise WireFormatError(f"frame dtype must be one of {sorted(WIRE_DTYPES)}, got {shown(frame.dtype)}")
+        shape = tuple(int(n) for n in frame.shape)
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else 0
-        if expected != chunk.total_bytes or expected > self._max_array_bytes:
+        if expected != frame.total_bytes or expected > self._max_array_bytes:
             raise WireFormatError(
-                f"chunk {key}: shape {shown(shape)} of {chunk.dtype} is {expected} bytes, total_bytes says "
-                f"{chunk.total_bytes} (limit {self._max_array_bytes})"
+                f"frame {key}: shape {shown(shape)} of {frame.dtype} is {expected} bytes, total_bytes says "
+                f"{frame.total_bytes} (limit {self._max_array_bytes})"
             )
-        if chunk.offset + len(chunk.data) > expected:
-            raise WireFormatError(f"chunk {key}: part at offset {chunk.offset} overruns {expected} bytes")
+        if frame.offset + len(frame.data) > expected:
+            raise WireFormatError(f"frame {key}: part at offset {frame.offset} overruns {expected} bytes")
         partial = self._pending.get(key)
         if partial is None:
-            partial = self._pending[key] = _Partial(np.empty(expected, dtype=np.uint8), shape, chunk.dtype)
-        if partial.shape != shape or partial.dtype != chunk.dtype:
-            raise WireFormatError(f"chunk {key}: parts disagree on shape or dtype")
-        partial.take(key, chunk.offset, chunk.data)
+            partial = self._pending[key] = _Partial(np.empty(expected, dtype=np.uint8), shape, frame.dtype)
+        if partial.shape != shape or partial.dtype != frame.dtype:
+            raise WireFormatError(f"frame {key}: parts disagree on shape or dtype")
+        partial.take(key, frame.offset, frame.data)
         if partial.covered < expected:
             return None
         del self._pending[key]

@@ -1,4 +1,4 @@
-"""Staging of one Ingest stream: entries assembled from chunks, held until commit.
+"""Staging of one Ingest stream: entries assembled from frames, held until commit.
 
 The daemon refuses anything that does not fit the namespace's layout before it
 allocates memory for it, and caps the bytes one stream may stage, so a client
@@ -20,7 +20,7 @@ from attnstore.errors import RequestLimitError, WireFormatError
 from attnstore.protocol.keys import TokenHash
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import WIRE_DTYPES, ChunkAssembler
+from attnstore.protocol.wire import WIRE_DTYPES, FrameAssembler
 
 
 @dataclass
@@ -32,7 +32,7 @@ class _Pending:
     token_hash: bytes
     feature: np.ndarray | None  # (feature_dim,) float32
     token_ids: np.ndarray | None  # (length,) uint32
-    maps_dtype: str | None = None  # wire dtype of the first map chunk; every layer must share it
+    maps_dtype: str | None = None  # wire dtype of the first map frame; every layer must share it
     maps: np.ndarray | None = None  # (layers, heads, L, L), allocated when the first layer is complete
     layers_done: set[int] = field(default_factory=set)
     outputs: np.ndarray | None = None  # (L, hidden)
@@ -54,7 +54,7 @@ class IngestStaging:
         self._received = 0  # array bytes received
         self._done: list[NewEntry] = []
         self._pending: _Pending | None = None
-        self._assembler = ChunkAssembler(max_bytes)
+        self._assembler = FrameAssembler(max_bytes)
 
     @property
     def received_bytes(self) -> int:
@@ -67,15 +67,15 @@ class IngestStaging:
         Raises:
             WireFormatError: a message out of order, an array that does not fit
                 the layout, an incomplete entry, a second begin.
-            ChecksumError: a chunk's data does not match its crc32c.
+            ChecksumError: a frame's data does not match its crc32c.
             RequestLimitError: the stream would stage more than ``max_bytes``.
         """
         kind = message.WhichOneof("body")
         if kind == "entry":
             self._finish_entry()
             self._begin_entry(message.entry)
-        elif kind == "chunk":
-            self._add_layer_part(message.chunk)
+        elif kind == "maps":
+            self._add_layer_part(message.maps)
         elif kind == "outputs":
             self._add_outputs_part(message.outputs)
         elif kind == "commit":
@@ -118,57 +118,57 @@ class IngestStaging:
         self._staged += nbytes
 
     def _check_part(
-        self, entry: _Pending, what: str, chunk: pb.MapChunk | pb.OutputChunk, shape: tuple[int, ...]
+        self, entry: _Pending, what: str, frame: pb.MapFrame | pb.OutputFrame, shape: tuple[int, ...]
     ) -> int:
         """Check a part's dtype and whole-array shape; returns the array's size in bytes."""
-        dtype = WIRE_DTYPES.get(chunk.dtype)
+        dtype = WIRE_DTYPES.get(frame.dtype)
         if dtype is None:
             raise WireFormatError(
-                f"Ingest entry {entry.index} {what}: dtype must be one of {sorted(WIRE_DTYPES)}, got {chunk.dtype!r}"
+                f"Ingest entry {entry.index} {what}: dtype must be one of {sorted(WIRE_DTYPES)}, got {frame.dtype!r}"
             )
-        got = tuple(int(n) for n in chunk.shape)
+        got = tuple(int(n) for n in frame.shape)
         if got != shape:
             raise WireFormatError(
                 f"Ingest entry {entry.index} {what}: shape {got} does not fit the layout, expected {shape}"
             )
-        self._received += len(chunk.data)
+        self._received += len(frame.data)
         return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
-    def _add_layer_part(self, chunk: pb.MapChunk) -> None:
-        entry = self._entry("a map chunk")
+    def _add_layer_part(self, frame: pb.MapFrame) -> None:
+        entry = self._entry("a map frame")
         layout = self._layout
-        if not 0 <= chunk.layer < layout.layers:
+        if not 0 <= frame.layer < layout.layers:
             raise WireFormatError(
-                f"Ingest entry {entry.index}: layer {chunk.layer} is out of range 0..{layout.layers - 1}"
+                f"Ingest entry {entry.index}: layer {frame.layer} is out of range 0..{layout.layers - 1}"
             )
-        if chunk.layer in entry.layers_done:
-            raise WireFormatError(f"Ingest entry {entry.index}: layer {chunk.layer} sent twice")
+        if frame.layer in entry.layers_done:
+            raise WireFormatError(f"Ingest entry {entry.index}: layer {frame.layer} sent twice")
         shape = (layout.heads, entry.length, entry.length)
-        layer_bytes = self._check_part(entry, f"layer {chunk.layer}", chunk, shape)
+        layer_bytes = self._check_part(entry, f"layer {frame.layer}", frame, shape)
         if entry.maps_dtype is None:
             self._open(entry, "maps", layer_bytes * layout.layers)
-            entry.maps_dtype = chunk.dtype
-        elif chunk.dtype != entry.maps_dtype:
+            entry.maps_dtype = frame.dtype
+        elif frame.dtype != entry.maps_dtype:
             raise WireFormatError(
                 f"Ingest entry {entry.index}: layers of one entry must share one dtype,"
-                f" got {chunk.dtype!r} after {entry.maps_dtype!r}"
+                f" got {frame.dtype!r} after {entry.maps_dtype!r}"
             )
-        done = self._assembler.add(chunk)
+        done = self._assembler.add(frame)
         if done is None:
             return
         _, layer_maps = done  # (heads, L, L)
         if entry.maps is None:
             entry.maps = np.empty((layout.layers, *shape), dtype=layer_maps.dtype)  # (layers, heads, L, L)
-        entry.maps[chunk.layer] = layer_maps
-        entry.layers_done.add(chunk.layer)
+        entry.maps[frame.layer] = layer_maps
+        entry.layers_done.add(frame.layer)
 
-    def _add_outputs_part(self, chunk: pb.OutputChunk) -> None:
-        entry = self._entry("an outputs chunk")
+    def _add_outputs_part(self, frame: pb.OutputFrame) -> None:
+        entry = self._entry("an outputs frame")
         if entry.outputs is not None:
             raise WireFormatError(f"Ingest entry {entry.index}: outputs sent twice")
-        nbytes = self._check_part(entry, "outputs", chunk, (entry.length, self._layout.hidden))
+        nbytes = self._check_part(entry, "outputs", frame, (entry.length, self._layout.hidden))
         self._open(entry, "outputs", nbytes)
-        done = self._assembler.add(chunk)
+        done = self._assembler.add(frame)
         if done is not None:
             entry.outputs = done[1]  # (L, hidden)
 

@@ -17,7 +17,7 @@ import grpc
 from attnstore.errors import PrefixBlockError
 from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.prefix import PrefixLayout
-from attnstore.protocol.prefix_wire import chunk_data, prefix_chunk
+from attnstore.protocol.prefix_wire import chunk_data, prefix_frame
 from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.metrics import DaemonMetrics
@@ -29,27 +29,27 @@ log = logging.getLogger(__name__)
 def prefix_stream(
     service: AttnStoreService, metrics: DaemonMetrics, namespace: str, layout: PrefixLayout,
     rows: Sequence[Sequence[bytes]], context: grpc.ServicerContext,
-) -> Iterator[pb.PrefixChunk]:
-    """Chunk 0 (layer 0) of every row of chain hashes ``rows``, then chunk 1, ...; last the hidden states."""
+) -> Iterator[pb.PrefixFrame]:
+    """Part 0 (layer 0) of every row of chain hashes ``rows``, then part 1, ...; last the hidden states."""
     failed: set[int] = set()
-    for chunk in range(layout.layers + 1):
+    for part in range(layout.layers + 1):
         for row, chain in enumerate(rows):
             if row in failed or not context.is_active():
                 continue
             try:
-                array = service.prefixes.read(namespace, layout.block_size, chain, chunk)
+                array = service.prefixes.read(namespace, layout.block_size, chain, part)
             except ROW_ERRORS as exc:
                 failed.add(row)
                 block = exc.block if isinstance(exc, PrefixBlockError) else None
-                log.warning("event=prefix_row_dropped namespace=%s row=%d chunk=%d block=%s error=%s",
-                            namespace, row, chunk, block, exc)
+                log.warning("event=prefix_row_dropped namespace=%s row=%d part=%d block=%s error=%s",
+                            namespace, row, part, block, exc)
                 code, message = status_for(exc)
                 metrics.row_error(namespace, code.name)
-                yield pb.PrefixChunk(row=row, chunk=chunk,
+                yield pb.PrefixFrame(row=row, part=part,
                                      error=pb.RowError(query_index=row, code=code.name, message=message, block=block))
                 continue
             metrics.streamed("prefix", array.nbytes)
-            yield prefix_chunk(row, chunk, array)
+            yield prefix_frame(row, part, array)
 
 
 def chunk_stream(

@@ -1,4 +1,4 @@
-"""Map streams of the servicer: chosen rows' maps as chunks in layer order, a RowError for a row that fails.
+"""Map streams of the servicer: chosen rows' maps as frames in layer order, a RowError for a row that fails.
 
 Lookup, FetchMaps and Fetch send maps the same way: layer 0 of every row, then
 layer 1, ..., so a client's forward can start replaying layer 0 before the last
@@ -20,7 +20,7 @@ import numpy as np
 from attnstore.errors import AttnStoreError
 from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import map_chunks
+from attnstore.protocol.wire import map_frames
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.service import ROW_ERRORS, AttnStoreService
 
@@ -40,16 +40,16 @@ def row_stream(
     service: AttnStoreService, metrics: DaemonMetrics, namespace: str, rows: list[MapRow],
     context: grpc.ServicerContext,
 ) -> Iterator[pb.LookupResponse]:
-    """The maps of ``rows`` as LookupResponse messages: chunks, and a RowError for a row that cannot be served."""
-    for chunk_or_error in layer_chunks(service, metrics, namespace, rows, context, drop_failed_rows=True):
-        if isinstance(chunk_or_error, pb.RowError):
-            metrics.row_error(namespace, chunk_or_error.code)
-            yield pb.LookupResponse(error=chunk_or_error)
+    """The maps of ``rows`` as LookupResponse messages: frames, and a RowError for a row that cannot be served."""
+    for frame_or_error in layer_frames(service, metrics, namespace, rows, context, drop_failed_rows=True):
+        if isinstance(frame_or_error, pb.RowError):
+            metrics.row_error(namespace, frame_or_error.code)
+            yield pb.LookupResponse(error=frame_or_error)
         else:
-            yield pb.LookupResponse(chunk=chunk_or_error)
+            yield pb.LookupResponse(maps=frame_or_error)
 
 
-def layer_chunks(
+def layer_frames(
     service: AttnStoreService,
     metrics: DaemonMetrics,
     namespace: str,
@@ -57,8 +57,8 @@ def layer_chunks(
     context: grpc.ServicerContext,
     *,
     drop_failed_rows: bool,
-) -> Iterator[pb.MapChunk | pb.RowError]:
-    """Map chunks of ``rows`` in layer order: layer 0 of every row, then layer 1, ...
+) -> Iterator[pb.MapFrame | pb.RowError]:
+    """Map frames of ``rows`` in layer order: layer 0 of every row, then layer 1, ...
 
     A row whose entry cannot be read yields one RowError and nothing more when
     ``drop_failed_rows``; otherwise the error ends the call.
@@ -96,6 +96,6 @@ def layer_chunks(
                 yield pb.RowError(query_index=row.query_index, entry_id=row.entry_id, code=code.name, message=message)
                 continue
             metrics.streamed("maps", maps.nbytes)
-            yield from map_chunks(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
+            yield from map_frames(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
     # Every layer went out: repeated hits earn a place in the DRAM tier (its admission policy).
     service.maps_served(namespace, sorted({row.entry_id for row in live}))

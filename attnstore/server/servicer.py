@@ -35,13 +35,13 @@ from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.protocol.wire import output_chunks
+from attnstore.protocol.wire import output_frames
 from attnstore.protocol.write_back import row_from_pb
 from attnstore.server.auth import Caller, anonymous_caller
 from attnstore.server.config import ServerLimits
 from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.kv_streams import chunk_stream, prefix_stream
-from attnstore.server.map_streams import MapRow, layer_chunks, row_stream
+from attnstore.server.map_streams import MapRow, layer_frames, row_stream
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb, verify_to_pb
 from attnstore.service import AttnStoreService, Query
@@ -201,8 +201,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             yield pb.LookupResponse(matches=pb.Matches(matches=[match_to_pb(i, r) for i, r in enumerate(results)]))
             for query_index, (entry_id, array) in outputs.items():
                 self._metrics.streamed("outputs", array.nbytes)
-                for chunk in output_chunks(array, query_index=query_index, entry_id=entry_id):
-                    yield pb.LookupResponse(outputs=chunk)
+                for frame in output_frames(array, query_index=query_index, entry_id=entry_id):
+                    yield pb.LookupResponse(outputs=frame)
             if not request.want_maps:
                 return
             rows = [
@@ -231,19 +231,19 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 service.prefetch(request.namespace, hits)
             return pb.SearchResponse(matches=[match_to_pb(i, r) for i, r in enumerate(results)])
 
-    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapChunk]:
+    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapFrame]:
         with self._call("Fetch", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
             self._check_count("Fetch", len(request.entry_ids), "entries")
-            # Unknown ids end the call before any chunk is sent.
+            # Unknown ids end the call before any frame is sent.
             stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
             rows = [
                 MapRow(i, int(entry_id), request.length or length)
                 for i, (entry_id, length) in enumerate(zip(request.entry_ids, stored, strict=True))
             ]
-            for chunk in layer_chunks(service, self._metrics, request.namespace, rows, context, drop_failed_rows=False):
-                assert isinstance(chunk, pb.MapChunk)  # without drop_failed_rows a failed read raises instead
-                yield chunk
+            for frame in layer_frames(service, self._metrics, request.namespace, rows, context, drop_failed_rows=False):
+                assert isinstance(frame, pb.MapFrame)  # without drop_failed_rows a failed read raises instead
+                yield frame
 
     def FetchMaps(self, request: pb.FetchMapsRequest, context: grpc.ServicerContext) -> Iterator[pb.LookupResponse]:
         with self._call("FetchMaps", context) as service:
@@ -259,8 +259,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             blocks = service.prefixes.matches(request.namespace, request.fingerprint, int(request.block_size), rows)
             return pb.PrefixMatchResponse(blocks=blocks)
 
-    def FetchPrefix(self, request: pb.FetchPrefixRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefixChunk]:
-        """Chunk 0 (layer 0) of every row, then chunk 1, ...; last the hidden states: the client's forward
+    def FetchPrefix(self, request: pb.FetchPrefixRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefixFrame]:
+        """Part 0 (layer 0) of every row, then part 1, ...; last the hidden states: the client's forward
         starts on layer 0 while later layers are still on their way."""
         with self._call("FetchPrefix", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)

@@ -88,8 +88,8 @@ class ServicePrefixes:
         prefixes = self._store.require_prefixes("prefixes.match()")
         return [self._cuts.blocks(namespace, row, prefixes.match(namespace, row)) for row in rows]
 
-    def read(self, namespace: str, block_size: int, chain: Sequence[bytes], chunk: int) -> np.ndarray:
-        """Chunk ``chunk`` of a row's stored prefix: a layer's keys and values ``(2, KVH, p, d)``, or (``chunk`` =
+    def read(self, namespace: str, block_size: int, chain: Sequence[bytes], part: int) -> np.ndarray:
+        """Part ``part`` of a row's stored prefix: a layer's keys and values ``(2, KVH, p, d)``, or (``part`` =
         the layer count) the prefix's last hidden states ``(p, hidden)``.
 
         A block found corrupt is cut, so prefix matches end before it from then on (a missing block ends them
@@ -103,9 +103,9 @@ class ServicePrefixes:
         layout = check_prefix_request(self.layout(namespace), namespace, block_size)
         prefixes = self._store.require_prefixes("prefixes.read_layer()")
         try:
-            if chunk == layout.layers:
+            if part == layout.layers:
                 return prefixes.read_hidden(namespace, chain)
-            return prefixes.read_layer(namespace, chain, chunk)
+            return prefixes.read_layer(namespace, chain, part)
         except PrefixBlockCorruptError as exc:
             self._cuts.cut(namespace, exc.chain_hash)
             raise

@@ -23,7 +23,7 @@ from attnstore.protocol.requests import LookupResult, assembled_lookup, ingest_r
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.protocol.wire import ChunkAssembler
+from attnstore.protocol.wire import FrameAssembler
 from attnstore_client.connection.channel import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET, open_channel, several_daemons
 from attnstore_client.connection.resend import STREAM_RETRIES, StreamResend, guarded_stream, read_whole
 
@@ -150,7 +150,7 @@ class RemoteStore:
     # ---- serving ------------------------------------------------------------
 
     def iter_lookup(self, request: pb.LookupRequest, timeout: float | None = None) -> Iterator[pb.LookupResponse]:
-        """The raw Lookup stream (matches first, then chunks), for callers that consume it layer by layer.
+        """The raw Lookup stream (matches first, then frames), for callers that consume it layer by layer.
 
         Never sent again: what was yielded cannot be taken back (:meth:`lookup` is).
         """
@@ -166,8 +166,8 @@ class RemoteStore:
         A stream broken by a daemon going away is sent again, whole (see ``STREAM_RETRIES``).
 
         Raises:
-            ChecksumError: a chunk arrived damaged.
-            WireFormatError: chunks are inconsistent, or a row's layers are incomplete.
+            ChecksumError: a frame arrived damaged.
+            WireFormatError: frames are inconsistent, or a row's layers are incomplete.
         """
         return self._read_stream(
             lambda left: assembled_lookup(
@@ -193,10 +193,10 @@ class RemoteStore:
         )
 
         def read(left: float | None) -> list[np.ndarray]:
-            assembler = ChunkAssembler(max_array_bytes=1 << 40)
+            assembler = FrameAssembler(max_array_bytes=1 << 40)
             layers: dict[int, dict[int, np.ndarray]] = {}
-            for chunk in guarded_stream(self._stub.Fetch(request, metadata=self._metadata, timeout=left), left):
-                done = assembler.add(chunk)
+            for frame in guarded_stream(self._stub.Fetch(request, metadata=self._metadata, timeout=left), left):
+                done = assembler.add(frame)
                 if done is not None:
                     (index, layer), array = done
                     layers.setdefault(index, {})[int(layer)] = array

@@ -2,7 +2,7 @@
 
 ``exact`` is one exact-only Lookup (token hashes in, stored outputs out);
 ``search`` one Search (matches only: the daemon reads the hits ahead into its
-DRAM tier); ``fetch_maps`` one FetchMaps whose chunks a reader thread receives,
+DRAM tier); ``fetch_maps`` one FetchMaps whose frames a reader thread receives,
 layer 0 of every row first, handing each completed layer to the forward, which
 may already be running. A stream whose daemon goes away (UNAVAILABLE) is sent
 again to the daemons still there (``STREAM_RETRIES`` times, over several
@@ -38,7 +38,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import exact_request, search_request
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import ChunkAssembler
+from attnstore.protocol.wire import FrameAssembler
 from attnstore.protocol.write_back import row_to_pb
 from attnstore_client.connection import remote_chunks
 from attnstore_client.connection.base import (
@@ -257,7 +257,7 @@ def _channel(target: str, *, tls: bool, pem: dict[str, bytes | None], max_messag
 
 
 class _StreamedMaps(MapStream):
-    """The chunks of one FetchMaps stream, received on a reader thread.
+    """The frames of one FetchMaps stream, received on a reader thread.
 
     ``open_call(seconds left)`` makes the call; ``resend`` says how often one broken by UNAVAILABLE is made
     again. The rows name entry ids, and an entry's maps never change (ids are never reused), so layers
@@ -280,7 +280,7 @@ class _StreamedMaps(MapStream):
 
     def _receive(self, stream: Iterator[pb.LookupResponse]) -> None:
         """Take one attempt's messages (raises what breaks it)."""
-        assembler = ChunkAssembler(max_array_bytes=1 << 40)  # a fresh one: a broken stream's partial layers go
+        assembler = FrameAssembler(max_array_bytes=1 << 40)  # a fresh one: a broken stream's partial layers go
         for message in stream:
             kind = message.WhichOneof("body")
             if kind == "error":
@@ -289,17 +289,17 @@ class _StreamedMaps(MapStream):
                 cause = "checksum" if message.error.code == "DATA_LOSS" else "row_error"
                 self._fail_row(message.error.query_index, cause)
                 continue
-            if kind != "chunk":
-                raise WireFormatError(f"unexpected {kind!r} message among the map chunks of a FetchMaps")
-            row = message.chunk.query_index
-            if row in self._failed or (row, message.chunk.layer) in self._layers:
+            if kind != "maps":
+                raise WireFormatError(f"unexpected {kind!r} message among the map frames of a FetchMaps")
+            row = message.maps.query_index
+            if row in self._failed or (row, message.maps.layer) in self._layers:
                 continue
-            self.bytes_fetched += len(message.chunk.data)
+            self.bytes_fetched += len(message.maps.data)
             try:
-                done = assembler.add(message.chunk)
+                done = assembler.add(message.maps)
             except ChecksumError as exc:
                 # Damaged in transit: only this row is lost, the others keep coming.
-                log.warning("map chunk of row %d failed its checksum: %s", row, exc)
+                log.warning("map frame of row %d failed its checksum: %s", row, exc)
                 self._fail_row(row, "checksum")
                 continue
             if done is not None:

@@ -28,7 +28,7 @@ from store_helpers import make_entry
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import map_chunks
+from attnstore.protocol.wire import map_frames
 from attnstore_client.connection.daemon import RemoteStore
 
 LENGTH = 8
@@ -199,7 +199,7 @@ def test_huge_ingest_entry_is_resource_exhausted_before_allocation(
         yield pb.IngestRequest(begin=pb.IngestBegin(namespace="ns", fingerprint=FP))
         yield pb.IngestRequest(entry=pb.EntryBegin(length=length, token_hash=b"\x01" * 32))
         for layer in range(layers_sent + 1):
-            yield pb.IngestRequest(chunk=pb.MapChunk(
+            yield pb.IngestRequest(maps=pb.MapFrame(
                 layer=layer, dtype="float32", shape=[LAYOUT.heads, length, length], data=b"\x00" * 64,
                 crc32c=crc32c.crc32c(b"\x00" * 64), total_bytes=LAYOUT.heads * length * length * 4,
             ))
@@ -354,13 +354,13 @@ def _mutate(messages: list[pb.IngestRequest], index: int, how: str) -> list[pb.I
         part.dtype = "int8"
     elif how == "shape":
         part.shape[-1] += 1
-    elif how == "layer" and kind == "chunk":
+    elif how == "layer" and kind == "maps":
         part.layer += LAYOUT.layers
     elif how == "offset":
         part.offset += 2
     elif how == "total_bytes":
         part.total_bytes += 2
-    elif how == "codec" and kind == "chunk":
+    elif how == "codec" and kind == "maps":
         part.codec = "zstd"
     else:
         part.data = part.data[:-2]  # truncated data: the crc no longer matches
@@ -431,11 +431,11 @@ def test_an_ingest_part_sent_twice_is_invalid_argument_and_writes_nothing(remote
     (begin, head), layer_bytes = messages[:2], entry.maps[0].astype(np.float16).nbytes
     parts = []
     for layer in range(LAYOUT.layers):
-        first, second = map_chunks(
+        first, second = map_frames(
             entry.maps[layer].astype(np.float16), query_index=0, entry_id=0, layer=layer, max_bytes=layer_bytes // 2
         )
         parts += [first, first] if layer == 0 else [first, second]
-    stream = [begin, head, *(pb.IngestRequest(chunk=c) for c in parts), pb.IngestRequest(commit=pb.IngestCommit())]
+    stream = [begin, head, *(pb.IngestRequest(maps=c) for c in parts), pb.IngestRequest(commit=pb.IngestCommit())]
     error = _refused(remote.stub.Ingest, iter(stream), remote)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "overlaps" in error.details()
 

@@ -157,7 +157,7 @@ def test_sigkill_mid_lookup_stream_fails_the_client_fast_and_the_restart_serves_
             remote.create_namespace("big", model="tiny-synthetic", fingerprint=FP, layout=layout)
             remote.ingest("big", FP, [entry])
             stream = remote.iter_lookup(request, timeout=60)
-            assert next(stream).WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "chunk"
+            assert next(stream).WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "maps"
             daemon.kill()
             start = time.monotonic()
             with pytest.raises(UnavailableError):

@@ -153,7 +153,7 @@ def test_corrupted_chunk_is_never_streamed_and_verify_reports_it(daemon: DaemonP
         report = remote.verify()
     errors = [m.error for m in messages if m.WhichOneof("body") == "error"]
     assert [(e.query_index, e.entry_id, e.code) for e in errors] == [(1, bad_id, "DATA_LOSS")]
-    bad_layers = [m.chunk.layer for m in messages if m.WhichOneof("body") == "chunk" and m.chunk.query_index == 1]
+    bad_layers = [m.maps.layer for m in messages if m.WhichOneof("body") == "maps" and m.maps.query_index == 1]
     assert bad_layers == [0]  # layer 0 went out before the bad layer; the error tells the client to drop the row
     assert sorted(result.maps) == [0] and sorted(result.row_errors) == [1]
     np.testing.assert_array_equal(result.maps[0], good.maps.astype(np.float16))

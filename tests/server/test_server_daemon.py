@@ -305,7 +305,7 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) 
             request = lookup_request(batch)
             stream = remote.iter_lookup(request, timeout=60)
             first = next(stream)
-            assert first.WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "chunk"
+            assert first.WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "maps"
             daemon.process.send_signal(15)
             time.sleep(2.5)  # past the daemon's 1 s grace without reading
             start = time.monotonic()

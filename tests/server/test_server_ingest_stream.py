@@ -10,7 +10,7 @@ from store_helpers import make_entry
 from attnstore.errors import RequestLimitError, WireFormatError
 from attnstore.protocol.requests import ingest_requests
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import map_chunks
+from attnstore.protocol.wire import map_frames
 from attnstore.server.ingest_stream import IngestStaging
 
 
@@ -36,8 +36,8 @@ def test_layers_split_into_parts_are_put_back_together() -> None:
     staging = IngestStaging(LAYOUT, max_bytes=1 << 20)
     staging.add(pb.IngestRequest(entry=pb.EntryBegin(length=9, token_hash=entry.token_hash)))
     for layer in range(LAYOUT.layers):
-        for chunk in map_chunks(entry.maps[layer], query_index=0, entry_id=0, layer=layer, max_bytes=100):
-            staging.add(pb.IngestRequest(chunk=chunk))
+        for chunk in map_frames(entry.maps[layer], query_index=0, entry_id=0, layer=layer, max_bytes=100):
+            staging.add(pb.IngestRequest(maps=chunk))
     staging.add(pb.IngestRequest(commit=pb.IngestCommit()))
     np.testing.assert_array_equal(staging.entries()[0].maps, entry.maps)
 
@@ -45,10 +45,10 @@ def test_layers_split_into_parts_are_put_back_together() -> None:
 def test_huge_entry_is_refused_before_memory_is_allocated() -> None:
     staging = IngestStaging(LAYOUT, max_bytes=1 << 20)
     staging.add(pb.IngestRequest(entry=pb.EntryBegin(length=2_000_000, token_hash=b"h" * 32)))
-    (chunk,) = map_chunks(np.zeros((2, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
+    (chunk,) = map_frames(np.zeros((2, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
     chunk.shape[:] = [2, 2_000_000, 2_000_000]  # 16 TB if it were allocated
     with pytest.raises(RequestLimitError, match="limit of 1048576 bytes"):
-        staging.add(pb.IngestRequest(chunk=chunk))
+        staging.add(pb.IngestRequest(maps=chunk))
 
 
 def test_the_limit_counts_every_entry_of_the_stream() -> None:
@@ -66,8 +66,8 @@ def test_the_limit_counts_every_entry_of_the_stream() -> None:
     ("mutate", "match"),
     [
         (lambda ms: ms.insert(2, ms[1]), "sent twice"),
-        (lambda ms: setattr(ms[1].chunk, "layer", 7), "out of range"),
-        (lambda ms: setattr(ms[1].chunk, "dtype", "int8"), "dtype must be one of"),
+        (lambda ms: setattr(ms[1].maps, "layer", 7), "out of range"),
+        (lambda ms: setattr(ms[1].maps, "dtype", "int8"), "dtype must be one of"),
         (lambda ms: ms[0].entry.__setattr__("length", 0), "length must be >= 1"),
         (lambda ms: ms.insert(0, pb.IngestRequest(begin=pb.IngestBegin())), "unexpected begin"),
     ],
@@ -85,8 +85,8 @@ def test_layers_of_one_entry_must_share_a_dtype() -> None:
     entry = make_entry(LAYOUT, 4, 1, outputs=False)
     staging = IngestStaging(LAYOUT, max_bytes=1 << 20)
     staging.add(pb.IngestRequest(entry=pb.EntryBegin(length=4, token_hash=entry.token_hash)))
-    (first,) = map_chunks(entry.maps[0], query_index=0, entry_id=0, layer=0)
-    (second,) = map_chunks(entry.maps[1].astype(np.float16), query_index=0, entry_id=0, layer=1)
-    staging.add(pb.IngestRequest(chunk=first))
+    (first,) = map_frames(entry.maps[0], query_index=0, entry_id=0, layer=0)
+    (second,) = map_frames(entry.maps[1].astype(np.float16), query_index=0, entry_id=0, layer=1)
+    staging.add(pb.IngestRequest(maps=first))
     with pytest.raises(WireFormatError, match="share one dtype"):
-        staging.add(pb.IngestRequest(chunk=second))
+        staging.add(pb.IngestRequest(maps=second))

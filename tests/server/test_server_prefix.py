@@ -12,7 +12,7 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.store import MapStore
-from attnstore.store.lmdb.prefix_blocks import chunk_key
+from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.connection.channel import open_channel
 
 FP = "f" * 64
@@ -34,7 +34,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
             for i, h in enumerate(HASHES)
         ])
         with store._live.write() as (gen, txn):  # bit rot in the third block's layer 2
-            key = chunk_key("ns", HASHES[2], 2)
+            key = part_key("ns", HASHES[2], 2)
             raw = bytearray(txn.get(key, db=gen.db.prefix))
             raw[0] ^= 0xFF
             txn.put(key, bytes(raw), db=gen.db.prefix)
@@ -54,7 +54,7 @@ def _match(daemon: DaemonProcess, chain: list[bytes]) -> int:
     return int(blocks)
 
 
-def _fetch(daemon: DaemonProcess, chain: list[bytes]) -> list[pb.PrefixChunk]:
+def _fetch(daemon: DaemonProcess, chain: list[bytes]) -> list[pb.PrefixFrame]:
     request = pb.FetchPrefixRequest(namespace="ns", fingerprint=FP, block_size=4,
                                     rows=[pb.PrefixChain(chain_hashes=chain)])
     return list(_stub(daemon).FetchPrefix(request, metadata=[("authorization", f"Bearer {READ_TOKEN}")]))
@@ -64,21 +64,21 @@ def test_a_corrupt_block_is_named_by_its_place_in_the_chain_and_later_matches_en
     daemon: DaemonProcess,
 ) -> None:
     assert _match(daemon, HASHES) == 4  # records only: the damage is not known yet
-    chunks = _fetch(daemon, HASHES)
-    errors = [c for c in chunks if c.HasField("error")]
-    assert [(c.row, c.chunk) for c in chunks if not c.HasField("error")] == [(0, 0), (0, 1)]
+    frames = _fetch(daemon, HASHES)
+    errors = [c for c in frames if c.HasField("error")]
+    assert [(c.row, c.part) for c in frames if not c.HasField("error")] == [(0, 0), (0, 1)]
     (failed,) = errors
-    assert (failed.chunk, failed.error.code, failed.error.block) == (2, "DATA_LOSS", 2)
+    assert (failed.part, failed.error.code, failed.error.block) == (2, "DATA_LOSS", 2)
     assert f"prefix block 2 of 4 in the chain ({HASHES[2].hex()})" in failed.error.message
-    assert "chunk 2 (layer 2) fails its crc32c" in failed.error.message
+    assert "part 2 (layer 2) fails its crc32c" in failed.error.message
     assert _match(daemon, HASHES) == 2  # cut before the corrupt block: clients stop fetching it
     assert _match(daemon, HASHES[:2]) == 2
-    assert "event=prefix_row_dropped namespace=ns row=0 chunk=2 block=2" in daemon.log()
+    assert "event=prefix_row_dropped namespace=ns row=0 part=2 block=2" in daemon.log()
 
 
 def test_a_chain_missing_its_first_blocks_is_not_served_and_cuts_nothing(daemon: DaemonProcess) -> None:
-    chunks = _fetch(daemon, HASHES[1:2])
-    (failed,) = chunks
+    frames = _fetch(daemon, HASHES[1:2])
+    (failed,) = frames
     assert (failed.error.code, failed.error.block) == ("NOT_FOUND", 0)
     assert "is not the child of the block before it" in failed.error.message
     assert _match(daemon, HASHES[:2]) == 2  # the block itself is sound: the request skipped its parent

@@ -33,7 +33,7 @@ from attnstore.protocol.projector_blob import GATE_METADATA_KEY
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore.protocol.wire import map_chunks
+from attnstore.protocol.wire import map_frames
 from attnstore.server.config import ServerLimits
 from attnstore.service import AttnStoreService
 from attnstore.store import NewEntry
@@ -80,7 +80,7 @@ def test_lookup_streams_matches_then_outputs_then_maps_in_layer_order() -> None:
     kinds = [(m.kind, m.entry_id) for m in messages[0].matches.matches]
     assert kinds == [(pb.MATCH_KIND_EXACT, ids[0]), (pb.MATCH_KIND_MAP, ids[1]), (pb.MATCH_KIND_MAP, ids[2])]
     assert [m.WhichOneof("body") for m in messages[1:2]] == ["outputs"]
-    order = [(m.chunk.layer, m.chunk.query_index) for m in messages[2:]]
+    order = [(m.maps.layer, m.maps.query_index) for m in messages[2:]]
     assert order == [(layer, row) for layer in range(LAYOUT.layers) for row in (1, 2)]
 
 
@@ -112,7 +112,7 @@ def test_unreadable_entry_mid_stream_drops_only_its_row_with_a_row_error() -> No
         service.bad_entry, service.bad_from_layer = ids[0], 1
         messages = list(remote.iter_lookup(_request(entries)))
         result = remote.lookup(_request(entries))
-    chunks = [(m.chunk.query_index, m.chunk.layer) for m in messages if m.WhichOneof("body") == "chunk"]
+    chunks = [(m.maps.query_index, m.maps.layer) for m in messages if m.WhichOneof("body") == "maps"]
     assert (0, 0) in chunks and not any(q == 0 and layer > 0 for q, layer in chunks)
     assert sorted(layer for q, layer in chunks if q == 1) == list(range(LAYOUT.layers))
     (error,) = [m.error for m in messages if m.WhichOneof("body") == "error"]
@@ -244,14 +244,14 @@ def test_malformed_ingest_streams_write_nothing(case: str, match: str) -> None:
     elif case == "chunk_first":
         messages = [messages[0], *messages[2:]]
     elif case == "missing_layer":
-        messages = [m for m in messages if not (m.WhichOneof("body") == "chunk" and m.chunk.layer == 2)]
+        messages = [m for m in messages if not (m.WhichOneof("body") == "maps" and m.maps.layer == 2)]
     elif case == "wrong_shape":
-        (bad,) = map_chunks(np.zeros((LAYOUT.heads, L + 1, L + 1), np.float16), query_index=0, entry_id=0, layer=0)
-        messages = [messages[0], messages[1], pb.IngestRequest(chunk=bad), *messages[2:]]
+        (bad,) = map_frames(np.zeros((LAYOUT.heads, L + 1, L + 1), np.float16), query_index=0, entry_id=0, layer=0)
+        messages = [messages[0], messages[1], pb.IngestRequest(maps=bad), *messages[2:]]
     elif case == "after_commit":
         messages = [*messages, pb.IngestRequest(commit=pb.IngestCommit())]
     elif case == "bad_crc":
-        messages[2].chunk.crc32c ^= 1
+        messages[2].maps.crc32c ^= 1
     with served(memory_service()) as (_, remote):
         with pytest.raises(grpc.RpcError) as caught:
             remote.stub.Ingest(iter(messages))
@@ -263,9 +263,9 @@ def test_malformed_ingest_streams_write_nothing(case: str, match: str) -> None:
 def test_ingest_stream_over_its_staging_limit_is_resource_exhausted_before_allocating() -> None:
     limits = ServerLimits(max_ingest_bytes=10_000)
     huge = pb.EntryBegin(length=1_000_000, token_hash=b"h" * 32)
-    (chunk,) = map_chunks(np.zeros((LAYOUT.heads, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
+    (chunk,) = map_frames(np.zeros((LAYOUT.heads, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
     chunk.shape[:] = [LAYOUT.heads, 1_000_000, 1_000_000]
-    messages = [next(ingest_requests("ns", FP, [])), pb.IngestRequest(entry=huge), pb.IngestRequest(chunk=chunk)]
+    messages = [next(ingest_requests("ns", FP, [])), pb.IngestRequest(entry=huge), pb.IngestRequest(maps=chunk)]
     with served(memory_service(), limits=limits) as (_, remote):
         with pytest.raises(grpc.RpcError) as caught:
             remote.stub.Ingest(iter(messages))

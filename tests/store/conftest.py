@@ -2,7 +2,7 @@
 
 The suites consult a store's capabilities (``supports_*``) and parts (``prefixes``, ``chunks``), never its
 backend. Where a test must damage
-stored bytes behind a store's back, the factory's ``corrupt_prefix_chunk`` and ``corrupt_chunk_layer`` do it
+stored bytes behind a store's back, the factory's ``corrupt_prefix_part`` and ``corrupt_chunk_layer`` do it
 the backend's way: this file is the one place that knows which backend it made.
 """
 
@@ -38,7 +38,7 @@ def make_store(request, tmp_path) -> StoreFactory:
         opened.append(store)
         return store
 
-    factory.corrupt_prefix_chunk = _CORRUPTORS.get(request.param)  # type: ignore[attr-defined]
+    factory.corrupt_prefix_part = _CORRUPTORS.get(request.param)  # type: ignore[attr-defined]
     factory.corrupt_chunk_layer = _CHUNK_CORRUPTORS.get(request.param.split("-")[0])  # type: ignore[attr-defined]
     factory.cut_chunk_record = _RECORD_CUTTERS.get(request.param.split("-")[0])  # type: ignore[attr-defined]
     yield factory
@@ -51,22 +51,22 @@ def _backend(store: MapStoreBase) -> MapStoreBase:
     return store.inner if isinstance(store, DramCache) else store
 
 
-def _corrupt_memory_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
-    chunks = store.prefixes._prefix[namespace].chunks[chain_hash]  # type: ignore[union-attr]
-    chunks[chunk] = b"\x00" + chunks[chunk][1:]
+def _corrupt_memory_prefix_part(store: MapStoreBase, namespace: str, chain_hash: bytes, part: int) -> None:
+    parts = store.prefixes._prefix[namespace].parts[chain_hash]  # type: ignore[union-attr]
+    parts[part] = b"\x00" + parts[part][1:]
 
 
-def _corrupt_lmdb_prefix_chunk(store: MapStoreBase, namespace: str, chain_hash: bytes, chunk: int) -> None:
-    from attnstore.store.lmdb.prefix_blocks import chunk_key
+def _corrupt_lmdb_prefix_part(store: MapStoreBase, namespace: str, chain_hash: bytes, part: int) -> None:
+    from attnstore.store.lmdb.prefix_blocks import part_key
 
     with _backend(store)._live.write() as (gen, txn):  # type: ignore[attr-defined]
-        raw = bytearray(txn.get(chunk_key(namespace, chain_hash, chunk), db=gen.db.prefix))
+        raw = bytearray(txn.get(part_key(namespace, chain_hash, part), db=gen.db.prefix))
         raw[0] ^= 0xFF
-        txn.put(chunk_key(namespace, chain_hash, chunk), bytes(raw), db=gen.db.prefix)
+        txn.put(part_key(namespace, chain_hash, part), bytes(raw), db=gen.db.prefix)
 
 
-# Flips the first byte of one stored chunk of a prefix block, per backend that stores prefix blocks.
-_CORRUPTORS = {"memory": _corrupt_memory_prefix_chunk, "lmdb": _corrupt_lmdb_prefix_chunk}
+# Flips the first byte of one stored part of a prefix block, per backend that stores prefix blocks.
+_CORRUPTORS = {"memory": _corrupt_memory_prefix_part, "lmdb": _corrupt_lmdb_prefix_part}
 
 
 def _corrupt_memory_chunk_layer(store: MapStoreBase, namespace: str, key: bytes, layer: int) -> None:

@@ -90,7 +90,7 @@ def test_a_block_whose_parent_is_not_stored_is_refused_and_nothing_of_the_call_i
 def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeypatch):
     store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(16)))
-    real = prefix_records.block_chunks
+    real = prefix_records.block_parts
     calls = []
 
     def failing(block):
@@ -99,8 +99,8 @@ def test_a_failure_mid_ingest_leaves_no_block_of_the_call_visible(store, monkeyp
             raise OSError("disk gone mid-ingest")
         return real(block)
 
-    monkeypatch.setattr("attnstore.store.lmdb.prefix_blocks.block_chunks", failing)
-    monkeypatch.setattr("attnstore.store.memory.prefix_blocks.block_chunks", failing)
+    monkeypatch.setattr("attnstore.store.lmdb.prefix_blocks.block_parts", failing)
+    monkeypatch.setattr("attnstore.store.memory.prefix_blocks.block_parts", failing)
     with pytest.raises(OSError):
         store.prefixes.put("ns", blocks)
     assert store.prefixes.match("ns", [b.chain_hash for b in blocks]) == 0
@@ -132,10 +132,10 @@ def test_a_corrupt_block_fails_its_read_and_verify_names_it(store, make_store):
     store.prefixes.set_layout("ns", LAYOUT)
     blocks = _chain(list(range(12)))
     store.prefixes.put("ns", blocks)
-    make_store.corrupt_prefix_chunk(store, "ns", blocks[1].chain_hash, 2)
+    make_store.corrupt_prefix_part(store, "ns", blocks[1].chain_hash, 2)
     hashes = [b.chain_hash for b in blocks]
     with pytest.raises(ChecksumError, match=f"prefix block 1 of 3 in the chain \\({blocks[1].chain_hash.hex()}\\)"
-                       ".*chunk 2 \\(layer 2\\)") as caught:
+                       ".*part 2 \\(layer 2\\)") as caught:
         store.prefixes.read_layer("ns", hashes, 2)
     assert isinstance(caught.value, PrefixBlockError)
     assert (caught.value.block, caught.value.chain_hash) == (1, blocks[1].chain_hash)

@@ -178,7 +178,7 @@ class Matches(_message.Message):
     matches: _containers.RepeatedCompositeFieldContainer[Match]
     def __init__(self, matches: _Optional[_Iterable[_Union[Match, _Mapping]]] = ...) -> None: ...
 
-class MapChunk(_message.Message):
+class MapFrame(_message.Message):
     __slots__ = ("query_index", "entry_id", "layer", "dtype", "shape", "codec", "data", "crc32c", "offset", "total_bytes")
     QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -202,7 +202,7 @@ class MapChunk(_message.Message):
     total_bytes: int
     def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., layer: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[str] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
-class OutputChunk(_message.Message):
+class OutputFrame(_message.Message):
     __slots__ = ("query_index", "entry_id", "dtype", "shape", "data", "crc32c", "offset", "total_bytes")
     QUERY_INDEX_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -237,16 +237,16 @@ class RowError(_message.Message):
     def __init__(self, query_index: _Optional[int] = ..., entry_id: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., block: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("matches", "chunk", "outputs", "error")
+    __slots__ = ("matches", "maps", "outputs", "error")
     MATCHES_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    MAPS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     matches: Matches
-    chunk: MapChunk
-    outputs: OutputChunk
+    maps: MapFrame
+    outputs: OutputFrame
     error: RowError
-    def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
+    def __init__(self, matches: _Optional[_Union[Matches, _Mapping]] = ..., maps: _Optional[_Union[MapFrame, _Mapping]] = ..., outputs: _Optional[_Union[OutputFrame, _Mapping]] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
     __slots__ = ("namespace", "fingerprint", "queries", "max_distance", "gate", "projector_version")
@@ -317,18 +317,18 @@ class PrefetchResponse(_message.Message):
     def __init__(self, queued: _Optional[int] = ..., unknown: _Optional[int] = ...) -> None: ...
 
 class IngestRequest(_message.Message):
-    __slots__ = ("begin", "entry", "chunk", "outputs", "commit")
+    __slots__ = ("begin", "entry", "maps", "outputs", "commit")
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    MAPS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     begin: IngestBegin
     entry: EntryBegin
-    chunk: MapChunk
-    outputs: OutputChunk
+    maps: MapFrame
+    outputs: OutputFrame
     commit: IngestCommit
-    def __init__(self, begin: _Optional[_Union[IngestBegin, _Mapping]] = ..., entry: _Optional[_Union[EntryBegin, _Mapping]] = ..., chunk: _Optional[_Union[MapChunk, _Mapping]] = ..., outputs: _Optional[_Union[OutputChunk, _Mapping]] = ..., commit: _Optional[_Union[IngestCommit, _Mapping]] = ...) -> None: ...
+    def __init__(self, begin: _Optional[_Union[IngestBegin, _Mapping]] = ..., entry: _Optional[_Union[EntryBegin, _Mapping]] = ..., maps: _Optional[_Union[MapFrame, _Mapping]] = ..., outputs: _Optional[_Union[OutputFrame, _Mapping]] = ..., commit: _Optional[_Union[IngestCommit, _Mapping]] = ...) -> None: ...
 
 class IngestBegin(_message.Message):
     __slots__ = ("namespace", "fingerprint", "projector_version")
@@ -652,23 +652,23 @@ class FetchPrefixRequest(_message.Message):
     rows: _containers.RepeatedCompositeFieldContainer[PrefixChain]
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PrefixChain, _Mapping]]] = ...) -> None: ...
 
-class PrefixChunk(_message.Message):
-    __slots__ = ("row", "chunk", "dtype", "shape", "data", "crc32c", "error")
+class PrefixFrame(_message.Message):
+    __slots__ = ("row", "part", "dtype", "shape", "data", "crc32c", "error")
     ROW_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     row: int
-    chunk: int
+    part: int
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     crc32c: int
     error: RowError
-    def __init__(self, row: _Optional[int] = ..., chunk: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
+    def __init__(self, row: _Optional[int] = ..., part: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
 
 class ChunkLayout(_message.Message):
     __slots__ = ("layers", "kv_heads", "head_dim", "dtype")

@@ -62,7 +62,7 @@ class AttnStoreStub:
         self.Fetch = channel.unary_stream(
                 '/attnstore.v1.AttnStore/Fetch',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.SerializeToString,
-                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.MapChunk.FromString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.MapFrame.FromString,
                 _registered_method=True)
         self.FetchMaps = channel.unary_stream(
                 '/attnstore.v1.AttnStore/FetchMaps',
@@ -82,7 +82,7 @@ class AttnStoreStub:
         self.FetchPrefix = channel.unary_stream(
                 '/attnstore.v1.AttnStore/FetchPrefix',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
-                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.FromString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixFrame.FromString,
                 _registered_method=True)
         self.ChunkMatch = channel.unary_unary(
                 '/attnstore.v1.AttnStore/ChunkMatch',
@@ -209,7 +209,7 @@ class AttnStoreServicer:
         """The prefix tier (causal namespaces): per row, how many blocks of its chain are stored
         from its first block on (a lookup stops at the first missing block); then their keys
         and values layer by layer, and last their hidden states. A row of another block size or
-        fingerprint is FAILED_PRECONDITION; a row that cannot be served gets one PrefixChunk
+        fingerprint is FAILED_PRECONDITION; a row that cannot be served gets one PrefixFrame
         with its error and nothing more, the others go on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -336,7 +336,7 @@ def add_AttnStoreServicer_to_server(servicer, server):
             'Fetch': grpc.unary_stream_rpc_method_handler(
                     servicer.Fetch,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.FromString,
-                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.MapChunk.SerializeToString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.MapFrame.SerializeToString,
             ),
             'FetchMaps': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchMaps,
@@ -356,7 +356,7 @@ def add_AttnStoreServicer_to_server(servicer, server):
             'FetchPrefix': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPrefix,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.FromString,
-                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.SerializeToString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixFrame.SerializeToString,
             ),
             'ChunkMatch': grpc.unary_unary_rpc_method_handler(
                     servicer.ChunkMatch,
@@ -575,7 +575,7 @@ class AttnStore:
             target,
             '/attnstore.v1.AttnStore/Fetch',
             attnstore_dot_v1_dot_attnstore__pb2.FetchRequest.SerializeToString,
-            attnstore_dot_v1_dot_attnstore__pb2.MapChunk.FromString,
+            attnstore_dot_v1_dot_attnstore__pb2.MapFrame.FromString,
             options,
             channel_credentials,
             insecure,
@@ -683,7 +683,7 @@ class AttnStore:
             target,
             '/attnstore.v1.AttnStore/FetchPrefix',
             attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
-            attnstore_dot_v1_dot_attnstore__pb2.PrefixChunk.FromString,
+            attnstore_dot_v1_dot_attnstore__pb2.PrefixFrame.FromString,
             options,
             channel_credentials,
             insecure,

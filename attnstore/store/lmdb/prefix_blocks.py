@@ -3,10 +3,10 @@
 Keys (the namespace name holds no NUL, so no namespace's keys reach another's)::
 
     ns NUL "L"                       -> the namespace's PrefixLayout (JSON)
-    ns NUL "R" chain_hash            -> BlockRecord (parent, crc32c per chunk)
-    ns NUL "C" chain_hash layer(>H)  -> chunk bytes: layers 0..n-1, then n = the hidden states
+    ns NUL "R" chain_hash            -> BlockRecord (parent, crc32c per part)
+    ns NUL "C" chain_hash layer(>H)  -> part bytes: layers 0..n-1, then n = the hidden states
 
-A block's chunks are adjacent in key order (layer-contiguous, like maps) and are
+A block's parts are adjacent in key order (layer-contiguous, like maps) and are
 written in the transaction that writes its record, so a block is visible with
 all its bytes or not at all; a call's blocks commit together, so a crash
 mid-ingest leaves no partial chain. Lookups read records from a row's first
@@ -30,7 +30,7 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
 from attnstore.store.prefix.interface import PrefixBlocks
-from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
+from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record
 
 if TYPE_CHECKING:
     from attnstore.protocol.records import NamespaceInfo
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 _LAYOUT = b"L"
 _RECORD = b"R"
-_CHUNK = b"C"
+_PART = b"C"
 
 
 def layout_key(namespace: str) -> bytes:
@@ -51,9 +51,9 @@ def record_key(namespace: str, chain_hash: bytes) -> bytes:
     return ns_prefix(namespace) + _RECORD + chain_hash
 
 
-def chunk_key(namespace: str, chain_hash: bytes, chunk: int) -> bytes:
-    """Key of one block's chunk ``chunk`` (a layer, or the layer count for the hidden states)."""
-    return ns_prefix(namespace) + _CHUNK + chain_hash + struct.pack(">H", chunk)
+def part_key(namespace: str, chain_hash: bytes, part: int) -> bytes:
+    """Key of one block's part ``part`` (a layer, or the layer count for the hidden states)."""
+    return ns_prefix(namespace) + _PART + chain_hash + struct.pack(">H", part)
 
 
 def read_layout(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> PrefixLayout | None:
@@ -72,7 +72,7 @@ def drop_prefix_keys(txn: lmdb.Transaction, db: DbHandle | None, namespace: str)
 
 
 def prefix_usage(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, int]:
-    """Blocks (records) and chunk bytes over every namespace."""
+    """Blocks (records) and part bytes over every namespace."""
     if db is None:
         return 0, 0
     blocks = nbytes = 0
@@ -80,7 +80,7 @@ def prefix_usage(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, int]:
         for raw_key, value in cursor.iternext():
             kind = _kind(bytes(raw_key))
             blocks += kind == _RECORD
-            nbytes += len(value) if kind == _CHUNK else 0
+            nbytes += len(value) if kind == _PART else 0
     return blocks, nbytes
 
 
@@ -89,7 +89,7 @@ def _kind(key: bytes) -> bytes:
 
 
 def prefix_problems(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, list[str]]:
-    """Blocks checked, and a line naming each block whose chunk is missing or fails its crc32c."""
+    """Blocks checked, and a line naming each block whose part is missing or fails its crc32c."""
     if db is None:
         return 0, []
     import crc32c  # the store's checksum; imported here with the walk that needs it
@@ -105,11 +105,11 @@ def prefix_problems(txn: lmdb.Transaction, db: DbHandle | None) -> tuple[int, li
         checked += 1
         name = key[: key.index(b"\x00")].decode()
         chain_hash = key[-BLOCK_HASH_BYTES:]
-        for chunk, crc in enumerate(record.crcs):
-            raw = txn.get(chunk_key(name, chain_hash, chunk), db=db)
+        for part, crc in enumerate(record.crcs):
+            raw = txn.get(part_key(name, chain_hash, part), db=db)
             if raw is None or crc32c.crc32c(raw) != crc:
                 why = "is missing" if raw is None else "fails its crc32c"
-                problems.append(f"prefix block {chain_hash.hex()} of namespace {name!r}: chunk {chunk} {why}")
+                problems.append(f"prefix block {chain_hash.hex()} of namespace {name!r}: part {part} {why}")
                 break
     return checked, problems
 
@@ -163,10 +163,10 @@ class LmdbPrefixBlocks(PrefixBlocks):
                 if block.parent is not None and txn.get(record_key(namespace, block.parent), db=db) is None:
                     # Raising aborts the transaction: none of this call's blocks stay.
                     raise MapShapeError(f"prefix block {position}: its parent {block.parent.hex()} is not stored")
-                chunks = block_chunks(block)
-                for chunk, raw in enumerate(chunks):
-                    txn.put(chunk_key(namespace, block.chain_hash, chunk), raw, db=db)
-                txn.put(record_key(namespace, block.chain_hash), new_record(block, chunks).encode(), db=db)
+                parts = block_parts(block)
+                for part, raw in enumerate(parts):
+                    txn.put(part_key(namespace, block.chain_hash, part), raw, db=db)
+                txn.put(record_key(namespace, block.chain_hash), new_record(block, parts).encode(), db=db)
                 added += 1
         return added
 
@@ -181,15 +181,15 @@ class LmdbPrefixBlocks(PrefixBlocks):
                 count += 1
             return count
 
-    def _read_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+    def _read_parts(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], part: int
                      ) -> np.ndarray:
         with self._prefix_read(namespace) as (gen, txn, _):
             db = gen.db.prefix
 
             def read(chain_hash: bytes) -> tuple[BlockRecord, bytes | memoryview] | None:
                 record = txn.get(record_key(namespace, chain_hash), db=db)
-                raw = txn.get(chunk_key(namespace, chain_hash, chunk), db=db)
+                raw = txn.get(part_key(namespace, chain_hash, part), db=db)
                 return None if record is None or raw is None else (BlockRecord.decode(record), raw)
 
             # Copies out of the transaction's pages (zero-copy views) before it ends.
-            return gather_chunks(namespace, layout, chain_hashes, chunk, read)
+            return gather_parts(namespace, layout, chain_hashes, part, read)

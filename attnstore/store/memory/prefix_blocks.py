@@ -13,14 +13,14 @@ from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.store.prefix.interface import PrefixBlocks
-from attnstore.store.prefix.records import BlockRecord, block_chunks, gather_chunks, new_record
+from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record
 
 
 @dataclass
 class _Blocks:
     layout: PrefixLayout
     records: dict[bytes, BlockRecord] = field(default_factory=dict)
-    chunks: dict[bytes, list[bytes]] = field(default_factory=dict)
+    parts: dict[bytes, list[bytes]] = field(default_factory=dict)
 
 
 class MemoryPrefixBlocks(PrefixBlocks):
@@ -70,11 +70,11 @@ class MemoryPrefixBlocks(PrefixBlocks):
                     continue
                 if block.parent is not None and block.parent not in blocks.records and block.parent not in staged:
                     raise MapShapeError(f"prefix block {position}: its parent {block.parent.hex()} is not stored")
-                chunks = block_chunks(block)
-                staged[block.chain_hash] = (new_record(block, chunks), chunks)
-            for chain_hash, (record, chunks) in staged.items():
+                parts = block_parts(block)
+                staged[block.chain_hash] = (new_record(block, parts), parts)
+            for chain_hash, (record, parts) in staged.items():
                 blocks.records[chain_hash] = record
-                blocks.chunks[chain_hash] = chunks
+                blocks.parts[chain_hash] = parts
             return len(staged)
 
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
@@ -88,22 +88,22 @@ class MemoryPrefixBlocks(PrefixBlocks):
             count += 1
         return count
 
-    def _read_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+    def _read_parts(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], part: int
                      ) -> np.ndarray:
         blocks = self._prefix_of(namespace)
         assert blocks is not None
 
         def read(chain_hash: bytes) -> tuple[BlockRecord, bytes] | None:
             record = blocks.records.get(chain_hash)
-            return None if record is None else (record, blocks.chunks[chain_hash][chunk])
+            return None if record is None else (record, blocks.parts[chain_hash][part])
 
-        return gather_chunks(namespace, layout, chain_hashes, chunk, read)
+        return gather_parts(namespace, layout, chain_hashes, part, read)
 
     def usage(self) -> tuple[int, int]:
         """Blocks and their bytes over every namespace."""
         prefix = self._prefix
         count = sum(len(b.records) for b in prefix.values())
-        nbytes = sum(len(c) for b in prefix.values() for chunks in b.chunks.values() for c in chunks)
+        nbytes = sum(len(c) for b in prefix.values() for parts in b.parts.values() for c in parts)
         return count, nbytes
 
     def problems(self) -> tuple[int, list[str]]:
@@ -113,9 +113,9 @@ class MemoryPrefixBlocks(PrefixBlocks):
         for name, blocks in sorted(self._prefix.items()):
             for chain_hash, record in blocks.records.items():
                 checked += 1
-                for chunk, raw in enumerate(blocks.chunks[chain_hash]):
-                    if crc32c.crc32c(raw) != record.crcs[chunk]:
-                        problems.append(f"prefix block {chain_hash.hex()} of namespace {name!r}: chunk {chunk}"
+                for part, raw in enumerate(blocks.parts[chain_hash]):
+                    if crc32c.crc32c(raw) != record.crcs[part]:
+                        problems.append(f"prefix block {chain_hash.hex()} of namespace {name!r}: part {part}"
                                         " fails its crc32c")
                         break
         return checked, problems

@@ -89,7 +89,7 @@ class PrefixBlocks(ABC):
         layout = self._layout_or_refuse(namespace)
         if not isinstance(layer, int) or not 0 <= layer < layout.layers:
             raise MapShapeError(f"prefixes.read_layer(): layer must be in 0..{layout.layers - 1}, got {layer!r}")
-        return self._read_chunks(namespace, layout, _checked_hashes("prefixes.read_layer", chain_hashes), layer)
+        return self._read_parts(namespace, layout, _checked_hashes("prefixes.read_layer", chain_hashes), layer)
 
     def read_hidden(self, namespace: str, chain_hashes: Sequence[bytes]) -> np.ndarray:
         """The last hidden states of the blocks' tokens, ``(blocks * block_size, hidden)`` in the layout's dtype.
@@ -99,7 +99,7 @@ class PrefixBlocks(ABC):
         """
         layout = self._layout_or_refuse(namespace)
         hashes = _checked_hashes("prefixes.read_hidden", chain_hashes)
-        return self._read_chunks(namespace, layout, hashes, layout.layers)
+        return self._read_parts(namespace, layout, hashes, layout.layers)
 
     def _layout_or_refuse(self, namespace: str) -> PrefixLayout:
         layout = self.layout(namespace)
@@ -126,7 +126,7 @@ class PrefixBlocks(ABC):
         """``match`` with checked hashes (0 for a namespace without a layout)."""
 
     @abstractmethod
-    def _read_chunks(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], chunk: int
+    def _read_parts(self, namespace: str, layout: PrefixLayout, chain_hashes: list[bytes], part: int
                      ) -> np.ndarray:
-        """Chunk ``chunk`` (a layer, or ``layout.layers`` for the hidden states) of every block, concatenated
+        """Part ``part`` (a layer, or ``layout.layers`` for the hidden states) of every block, concatenated
         along the tokens."""

@@ -1,9 +1,9 @@
-"""How a prefix block is kept, shared by every backend: one chunk per layer, then the hidden states.
+"""How a prefix block is kept, shared by every backend: one part per layer, then the hidden states.
 
-A block's chunks are its keys and values of layer 0, 1, ... (each
+A block's parts are its keys and values of layer 0, 1, ... (each
 ``(2, kv_heads, block_size, head_dim)``, layer-contiguous like maps) and last
 its tokens' hidden states ``(block_size, hidden)``, each with a crc32c in the
-block's record. The record is written in the same transaction as the chunks:
+block's record. The record is written in the same transaction as the parts:
 a block is visible exactly when its record is.
 """
 
@@ -21,20 +21,20 @@ from attnstore.errors import PrefixBlockCorruptError, PrefixBlockMissingError
 from attnstore.protocol.keys import BLOCK_HASH_BYTES
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 
-_HEAD = struct.Struct("<dI")  # created (unix seconds), chunk count
+_HEAD = struct.Struct("<dI")  # created (unix seconds), part count
 _NO_PARENT = bytes(BLOCK_HASH_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRecord:
-    """A stored block's metadata: its parent in the chain and its chunks' checksums."""
+    """A stored block's metadata: its parent in the chain and its parts' checksums."""
 
     created: float
     parent: bytes | None
     crcs: tuple[int, ...]  # per layer, then the hidden states
 
     def encode(self) -> bytes:
-        """Bytes on disk: created, count, parent (zeros for none), crc32c per chunk."""
+        """Bytes on disk: created, count, parent (zeros for none), crc32c per part."""
         crcs = struct.pack(f"<{len(self.crcs)}I", *self.crcs)
         return _HEAD.pack(self.created, len(self.crcs)) + (self.parent or _NO_PARENT) + crcs
 
@@ -47,42 +47,42 @@ class BlockRecord:
         return cls(created, None if parent == _NO_PARENT else parent, crcs)
 
 
-def block_chunks(block: PrefixBlock) -> list[bytes]:
-    """The chunks of a checked block, in key order: every layer's keys and values, then the hidden states."""
+def block_parts(block: PrefixBlock) -> list[bytes]:
+    """The parts of a checked block, in key order: every layer's keys and values, then the hidden states."""
     return [block.kv[layer].tobytes() for layer in range(block.kv.shape[0])] + [block.hidden.tobytes()]
 
 
-def new_record(block: PrefixBlock, chunks: Sequence[bytes]) -> BlockRecord:
+def new_record(block: PrefixBlock, parts: Sequence[bytes]) -> BlockRecord:
     """The record of a block about to be stored."""
-    return BlockRecord(time.time(), block.parent, tuple(crc32c.crc32c(c) for c in chunks))
+    return BlockRecord(time.time(), block.parent, tuple(crc32c.crc32c(c) for c in parts))
 
 
-def chunk_shape(layout: PrefixLayout, chunk: int) -> tuple[int, ...]:
-    """Shape of chunk ``chunk`` of one block (a layer's keys and values, or ``layers``: the hidden states)."""
-    return (layout.block_size, layout.hidden) if chunk == layout.layers else layout.layer_shape
+def part_shape(layout: PrefixLayout, part: int) -> tuple[int, ...]:
+    """Shape of part ``part`` of one block (a layer's keys and values, or ``layers``: the hidden states)."""
+    return (layout.block_size, layout.hidden) if part == layout.layers else layout.layer_shape
 
 
-def gather_chunks(
-    namespace: str, layout: PrefixLayout, chain_hashes: Sequence[bytes], chunk: int,
+def gather_parts(
+    namespace: str, layout: PrefixLayout, chain_hashes: Sequence[bytes], part: int,
     read: Callable[[bytes], tuple[BlockRecord, bytes | memoryview] | None],
 ) -> np.ndarray:
-    """Chunk ``chunk`` of every block, checked and concatenated along the tokens into one new array.
+    """Part ``part`` of every block, checked and concatenated along the tokens into one new array.
 
     A chain is served only from its first block on: the first block must have no parent and each
     other block the one before it, so a block whose parents are gone (or a request that skips them)
     is never served on its own.
 
     Args:
-        read: a block's record and chunk bytes by chain hash, or None when the block is not stored.
+        read: a block's record and part bytes by chain hash, or None when the block is not stored.
 
     Raises:
         PrefixBlockMissingError: a block is not stored, or is not the child of the block before it.
-        PrefixBlockCorruptError: a chunk fails its crc32c. Both name the block by its position in the
+        PrefixBlockCorruptError: a part fails its crc32c. Both name the block by its position in the
             chain and its hash.
     """
     dtype = np.dtype(layout.dtype)
-    shape = chunk_shape(layout, chunk)
-    axis = 0 if chunk == layout.layers else 2  # the token axis
+    shape = part_shape(layout, part)
+    axis = 0 if part == layout.layers else 2  # the token axis
     out_shape = list(shape)
     out_shape[axis] *= len(chain_hashes)
     out = np.empty(out_shape, dtype=dtype)
@@ -100,10 +100,10 @@ def gather_chunks(
                 f"{where} of namespace {namespace!r} is not the child of the block before it in the request:"
                 " a chain is served from its first block on", block=position, chain_hash=chain_hash,
             )
-        if crc32c.crc32c(raw) != record.crcs[chunk]:
-            what = "hidden states" if chunk == layout.layers else f"layer {chunk}"
+        if crc32c.crc32c(raw) != record.crcs[part]:
+            what = "hidden states" if part == layout.layers else f"layer {part}"
             raise PrefixBlockCorruptError(
-                f"{where} of namespace {namespace!r}: chunk {chunk} ({what}) fails its crc32c", block=position,
+                f"{where} of namespace {namespace!r}: part {part} ({what}) fails its crc32c", block=position,
                 chain_hash=chain_hash,
             )
         parent = chain_hash

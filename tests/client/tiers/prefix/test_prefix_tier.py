@@ -56,14 +56,14 @@ def test_the_prefix_tier_can_be_turned_off(llama, service):
 
 def test_a_corrupt_block_computes_that_row_normally_as_a_fallback_and_verify_names_it(llama, service):
     from attnstore.protocol.prefix import chain_hashes
-    from attnstore.store.lmdb.prefix_blocks import chunk_key
+    from attnstore.store.lmdb.prefix_blocks import part_key
 
-    store = service.store
+    store = service.store.inner  # the LMDB store behind the service's DRAM cache
     bad = chain_hashes(SHARED_A, BLOCK)[2]
     with store._live.write() as (gen, txn):
-        raw = bytearray(txn.get(chunk_key("default", bad, 1), db=gen.db.prefix))
+        raw = bytearray(txn.get(part_key("default", bad, 1), db=gen.db.prefix))
         raw[7] ^= 0x55
-        txn.put(chunk_key("default", bad, 1), bytes(raw), db=gen.db.prefix)
+        txn.put(part_key("default", bad, 1), bytes(raw), db=gen.db.prefix)
     queries = prefix_rows([3, 4], seed=5, prefix=SHARED_A) + prefix_rows([50], seed=9, prefix=SHARED_B)
     cache = AttnCache(llama, LocalConnection("local:memory", service), exact=False, prefix_min_tokens=16)
     hidden = cache.hidden_states(queries)

@@ -14,7 +14,7 @@ from prefix_helpers import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, pla
 from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.prefix import chain_hashes
 from attnstore.service import AttnStoreService
-from attnstore.store.lmdb.prefix_blocks import chunk_key
+from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
@@ -32,9 +32,9 @@ def daemon(tmp_path_factory, llama):
     workdir = tmp_path_factory.mktemp("prefix-daemon")
     with AttnStoreService.open(workdir / "store", create=True) as service:
         fill_prefix_namespace(service, llama, [SHARED_A + [7, 8], SHARED_B + [9], SHARED_C])
-        store = service.store
+        store = service.store.inner  # the LMDB store behind the service's DRAM cache
         with store._live.write() as (gen, txn):  # bit rot in SHARED_C's second block, layer 1
-            key = chunk_key("default", chain_hashes(SHARED_C, BLOCK)[1], 1)
+            key = part_key("default", chain_hashes(SHARED_C, BLOCK)[1], 1)
             raw = bytearray(txn.get(key, db=gen.db.prefix))
             raw[3] ^= 0x10
             txn.put(key, bytes(raw), db=gen.db.prefix)
@@ -72,10 +72,10 @@ def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fall
             hidden = cache.hidden_states(queries)
         assert cache.last_row_kinds == ("fallback", "prefix")
         assert cache.last_stats.fallbacks == {"checksum": 1}
-    # The client names the chunk the store reported, not the one its forward happened to wait for.
-    reported = re.search(r"could not serve the prefix of row 0 \(chunk (\d+)\)", caplog.text)
+    # The client names the part the store reported, not the one its forward happened to wait for.
+    reported = re.search(r"could not serve the prefix of row 0 \(part (\d+)\)", caplog.text)
     assert reported is not None, caplog.text
-    assert f"could not serve its chunk {reported.group(1)}: DATA_LOSS" in caplog.text
+    assert f"could not serve its part {reported.group(1)}: DATA_LOSS" in caplog.text
     for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
 
