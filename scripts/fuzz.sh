@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The differential fuzz harness's long run (tests/fuzz, docs/OPERATIONS.md "Fuzzing"): rounds of new random
+# The differential fuzz harness's long run (tests/fuzz, docs/concepts/guarantees.md, "How it is checked"): rounds of new random
 # calls, each round ATTNSTORE_FUZZ_EXAMPLES examples per fuzz test (default 300) under hypothesis' "long"
 # profile, until MINUTES have passed (default 30). Stops at the first failure, with hypothesis' minimal example;
 # else prints the calls and rows it ran, per test, over every round.

@@ -13,7 +13,7 @@ from hypothesis import settings
 # Never reach a model hub from the tests: the real models are packaged wheels.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# The differential fuzz harness's long run (tests/fuzz; docs/OPERATIONS.md, "Fuzzing"):
+# The differential fuzz harness's long run (tests/fuzz; docs/concepts/guarantees.md, "How it is checked"):
 # `python -m pytest tests/fuzz --hypothesis-profile long`, ATTNSTORE_FUZZ_EXAMPLES examples per test,
 # each run drawing new ones. The suite runs the harness's own fast, derandomised profile.
 settings.register_profile("long", max_examples=int(os.environ.get("ATTNSTORE_FUZZ_EXAMPLES", "2000")),

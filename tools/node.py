@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1... (default: the CPU)")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     p.add_argument("--max-batch-tokens", type=positive_int,
-                   help="tokens per packed forward (default: from the cost model's fit, see docs/OPERATIONS.md)")
+                   help="tokens per packed forward (default: from the cost model's fit, see docs/guides/http-node.md)")
     p.add_argument("--max-wait-ms", type=float, default=batching.max_wait_ms,
                    help="longest a request waits for others to join its batch")
     p.add_argument("--batch-size", type=positive_int, default=batching.batch_size, help="rows per forward at most")

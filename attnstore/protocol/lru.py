@@ -1,6 +1,6 @@
 """A byte-bounded, thread-safe LRU of numpy arrays: the one cache both sides keep in memory.
 
-The store's DRAM tier (``attnstore.store.dram``: decoded maps by entry) and the
+The store's DRAM cache (``attnstore.store.dram``: decoded maps by entry) and the
 node's local exact tier (``attnstore_client.tiers.local_exact``: outputs by token
 hash) are both this: arrays kept until their bytes would pass a cap, least
 recently used first out. It lives in ``protocol`` so the client may import it

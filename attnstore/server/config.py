@@ -55,7 +55,7 @@ class DaemonConfig:
     listen: str = DEFAULT_LISTEN  # HOST:PORT; loopback by default, port 0 picks a free one
     create: bool = False  # create the store when it does not exist
     readonly: bool = False  # read-only store: admin writes fail; the index is built once, at start
-    dram_bytes: int | None = None  # DRAM tier of decoded maps; None = the store's default (1 GiB)
+    dram_bytes: int | None = None  # DRAM cache of decoded maps; None = the store's default (1 GiB)
     max_bytes: int | None = None  # cap on stored bytes; past it the least recently hit entries go
     map_size: int | None = None  # LMDB map size; None = the store's default (1 TiB of address space)
     token_file: Path | None = None  # "role token" lines; None disables auth (logged loudly)

@@ -239,16 +239,16 @@ class _StoreCollector(Collector):
             "attnstore_store_evicted_entries", "Entries evicted by the store's byte cap", value=stats.evicted_entries
         )
         dram = stats.dram
-        yield GaugeMetricFamily("attnstore_dram_bytes", "Bytes of decoded maps in the DRAM tier", value=dram.bytes)
+        yield GaugeMetricFamily("attnstore_dram_bytes", "Bytes of decoded maps in the DRAM cache", value=dram.bytes)
         yield GaugeMetricFamily(
-            "attnstore_dram_capacity_bytes", "Capacity of the DRAM tier (--dram-bytes)", value=dram.capacity_bytes
+            "attnstore_dram_capacity_bytes", "Capacity of the DRAM cache (--dram-bytes)", value=dram.capacity_bytes
         )
-        yield GaugeMetricFamily("attnstore_dram_entries", "Entries held in the DRAM tier", value=dram.entries)
-        yield CounterMetricFamily("attnstore_dram_hits", "Reads served by the DRAM tier", value=dram.hits)
+        yield GaugeMetricFamily("attnstore_dram_entries", "Entries held in the DRAM cache", value=dram.entries)
+        yield CounterMetricFamily("attnstore_dram_hits", "Reads served by the DRAM cache", value=dram.hits)
         yield CounterMetricFamily("attnstore_dram_misses", "Reads that went to LMDB", value=dram.misses)
         yield CounterMetricFamily(
             "attnstore_dram_evictions",
-            "Entries pushed out of the DRAM tier to stay under capacity",
+            "Entries pushed out of the DRAM cache to stay under capacity",
             value=dram.evictions,
         )
 

@@ -45,7 +45,7 @@ from attnstore.server.map_streams import MapRow, layer_frames, row_stream
 from attnstore.server.metrics import DaemonMetrics
 from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb, verify_to_pb
 from attnstore.service import AttnStoreService, Query
-from attnstore.service.chunk_tier import check_chunk_keys
+from attnstore.service.chunks import check_chunk_keys
 from attnstore.service.write_back import WrittenRow
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
-            # (The DRAM tier's queue holds a few thousand anyway.)
+            # (The DRAM cache's queue holds a few thousand anyway.)
             self._check_count("Prefetch", len(request.entry_ids), "ids")
             service.get_namespace(request.namespace)
             report = service.prefetch(request.namespace, [int(i) for i in request.entry_ids])

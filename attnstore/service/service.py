@@ -1,8 +1,8 @@
 """The store service: a map store plus one vector index per namespace and length.
 
 This is what the daemon serves over gRPC and what embedded mode (``local:PATH``)
-runs in-process. A lookup goes tier by tier (``exact_tier``: same token ids,
-stored outputs, no forward at all; then ``map_tier``: the nearest entries,
+runs in-process. A lookup decides each row in turn (``exact_lookup``: same token ids,
+stored outputs, no forward at all; then ``map_lookup``: the nearest entries,
 under a threshold or the namespace's fidelity gate); every row leaves with a
 result. ``indexes`` keeps the vector indexes in step with ingest, delete,
 eviction and compaction.
@@ -28,14 +28,14 @@ from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import gate_from_projector
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore.service.chunk_tier import ServiceChunks
+from attnstore.service.chunks import ServiceChunks
 from attnstore.service.derived_features import DerivedFeatures
-from attnstore.service.exact_tier import ExactOutputs, exact_matches, read_exact_outputs
+from attnstore.service.exact_lookup import ExactOutputs, exact_matches, read_exact_outputs
 from attnstore.service.follower import IndexFollower
 from attnstore.service.indexes import NamespaceIndexes
-from attnstore.service.map_tier import gate_picks, gated_matches, threshold_matches
+from attnstore.service.map_lookup import gate_picks, gated_matches, threshold_matches
 from attnstore.service.monitoring import ServiceMonitoring
-from attnstore.service.prefix_tier import ServicePrefixes
+from attnstore.service.prefixes import ServicePrefixes
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStoreBase, StoreStats, VerifyReport
@@ -300,7 +300,7 @@ class AttnStoreService:
     def read_exact_outputs(
         self, namespace: str, results: Sequence[MatchResult], on_read: Callable[[float], None] | None = None
     ) -> ExactOutputs:
-        """The exact hits' outputs, and ``results`` with the hits that cannot be served demoted (``exact_tier``)."""
+        """The exact hits' outputs, and ``results`` with the hits that cannot be served demoted (``exact_lookup``)."""
         return read_exact_outputs(self._store, namespace, results, on_read)
 
     def gate_picks(

@@ -205,7 +205,7 @@ class RemoteStore:
         return self._read_stream(read, timeout)
 
     def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
-        """Queue entries for the DRAM tier; the reply says how many were queued and how many ids are unknown."""
+        """Queue entries for the DRAM cache; the reply says how many were queued and how many ids are unknown."""
         request = pb.PrefetchRequest(namespace=namespace, entry_ids=list(entry_ids))
         return self._unary(self._stub.Prefetch, request)
 

@@ -2,7 +2,7 @@
 
 ``exact`` is one exact-only Lookup (token hashes in, stored outputs out);
 ``search`` one Search (matches only: the daemon reads the hits ahead into its
-DRAM tier); ``fetch_maps`` one FetchMaps whose frames a reader thread receives,
+DRAM cache); ``fetch_maps`` one FetchMaps whose frames a reader thread receives,
 layer 0 of every row first, handing each completed layer to the forward, which
 may already be running. A stream whose daemon goes away (UNAVAILABLE) is sent
 again to the daemons still there (``STREAM_RETRIES`` times, over several

@@ -15,7 +15,7 @@ admitted rows whose length the cost model says replay pays at
 feature of their map lookup (or whose namespace has no projector yet). They
 keep their maps inside their own forward (an explicit fp32 softmax of their
 own q/k, fp16 as stored). Measured on all-MiniLM-L6-v2 at 1 torch thread: +6.5%
-to +8.6% CPU time for a padded batch that keeps maps (docs/OPERATIONS.md), so
+to +8.6% CPU time for a padded batch that keeps maps (docs/guides/sharing.md), so
 forwards that keep maps are held to ``WriteBackSettings.capture_share`` (0.5)
 of the computed tokens.
 """

@@ -4,7 +4,7 @@ The cheapest hit there is: no projection, no call to the store, no forward. It
 holds what this node fetched from the store's exact tier and what it computed
 itself, as fp16 last hidden states (as the store keeps them), least recently
 used first out once its bytes would pass the cap (``LocalOutputs``, on the
-byte-bounded LRU the store's DRAM tier uses too: ``attnstore.protocol.lru``). Keys are
+byte-bounded LRU the store's DRAM cache uses too: ``attnstore.protocol.lru``). Keys are
 the namespace fingerprint and the row's token hash, so two models never share
 an entry.
 

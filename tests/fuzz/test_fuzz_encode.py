@@ -12,7 +12,7 @@ rows and exact hits must be within cosine 0.9999 of the reference (token embeddi
 within the fidelity the gate promises (0.99), every row's kind set, and texts that repeat give equal rows.
 
 The fast profile runs in the suite; a long run is ``python -m pytest tests/fuzz --hypothesis-profile long``
-(``ATTNSTORE_FUZZ_EXAMPLES`` examples per test; docs/OPERATIONS.md, "Fuzzing").
+(``ATTNSTORE_FUZZ_EXAMPLES`` examples per test; docs/concepts/guarantees.md, "How it is checked").
 """
 
 from __future__ import annotations

@@ -471,7 +471,7 @@ def test_prefetch_reports_what_it_queued_and_logs_unknown_ids_once_as_a_count(
 ) -> None:
     unknown = list(range(10**6, 10**6 + MAX_QUERIES - 1))
     reply = remote.prefetch("ns", [1, *unknown])
-    # Entry 1 is queued unless an earlier test left it in the DRAM tier; unknown ids never are.
+    # Entry 1 is queued unless an earlier test left it in the DRAM cache; unknown ids never are.
     assert reply.queued in (0, 1) and reply.unknown == len(unknown)
     log = daemon.log()
     assert log.count("event=prefetch_unknown namespace=ns unknown=63") == 1

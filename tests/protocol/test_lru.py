@@ -1,4 +1,4 @@
-"""The shared byte-bounded LRU: what the store's DRAM tier and the node's local exact tier both keep."""
+"""The shared byte-bounded LRU: what the store's DRAM cache and the node's local exact tier both keep."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Redis without persistence SIGKILLed and restarted empty, then a different corpus
 ingested into the same namespace (ids restart at 1): the daemon must serve the
-new entries, not its DRAM tier's and indexes' copies of the old ones, and say so
+new entries, not its DRAM cache's and indexes' copies of the old ones, and say so
 in its log, health and metrics. An ``allkeys-*`` policy set with CONFIG SET on a
 running Redis turns writes away and health NOT_SERVING until it is undone.
 """
@@ -54,9 +54,9 @@ def test_redis_restarted_empty_and_refilled_serves_the_new_entries_not_the_daemo
         with daemon.client(ADMIN_TOKEN) as admin, daemon.client(READ_TOKEN) as reader:
             old = _fill(admin, [0, 1, 2, 3])
             assert _map_hits(reader, [0, 1, 2, 3]) == old
-            for _ in range(3):  # served three times: in the DRAM tier from the second serve on
+            for _ in range(3):  # served three times: in the DRAM cache from the second serve on
                 reader.fetch("ns", FP, [old[0]])
-            wait_until(lambda: reader.stats().dram_entries >= 1, 30.0, what="entry 1 in the DRAM tier")
+            wait_until(lambda: reader.stats().dram_entries >= 1, 30.0, what="entry 1 in the DRAM cache")
             redis.kill()
             redis.restart()
             wait_until(lambda: _fill(admin, [10, 11, 12, 13]) == old, 30.0, what="the new corpus under the same ids")

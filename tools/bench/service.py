@@ -49,7 +49,7 @@ from attnstore_tools.timing import Sample, add_timing_arguments, median_ms, time
 if TYPE_CHECKING:
     from attnstore_client.stats import CacheStats
 
-# Serves after which the daemon's DRAM tier holds an entry (docs/OPERATIONS.md, "DRAM tier").
+# Serves after which the daemon's DRAM cache holds an entry (its admission: docs/guides/operations.md).
 _DRAM_ADMITTED_AFTER = 2
 _VARIANTS = ("baseline", "replay_memory", "hit", "hit_dram", "hit_wait_all", "miss", "exact")
 

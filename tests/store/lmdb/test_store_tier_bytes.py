@@ -1,4 +1,4 @@
-"""The bytes per token docs/OPERATIONS.md ("The three tiers") gives for SmolLM2-135M are what a store counts."""
+"""The bytes per token docs/concepts/tiers.md gives for SmolLM2-135M are what a store counts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The map tier: rows near a stored entry replay its maps.
+"""Map lookups, the daemon's side of the map tier: rows near a stored entry replay its maps.
 
 Two ways to decide a hit: the nearest entry within a threshold on the
 projector's predicted map distance, or the namespace's fidelity gate

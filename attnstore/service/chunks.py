@@ -1,4 +1,5 @@
-"""The chunk tier of the service: which chunks a namespace stores, their keys and values, and chunks put.
+"""The service's chunk part, the daemon's side of the chunk tier: which chunks a namespace stores,
+their keys and values, and chunks put.
 
 A chunk is the keys (before RoPE) and values of every layer of a text chunk
 computed on its own after the namespace's instruction, stored under its

@@ -1,4 +1,5 @@
-"""The exact tier: rows whose token ids are stored get the stored final outputs, no forward at all.
+"""Exact lookups, the daemon's side of the exact tiers: rows whose token ids are stored get the stored final
+outputs, no forward at all.
 
 One rule for every process that serves it (the daemon and embedded mode): an
 exact hit stored without outputs still has the row's own maps, so it is served

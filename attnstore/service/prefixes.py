@@ -1,4 +1,5 @@
-"""The prefix tier of the service: which stored prefix each row may start from, and its keys and values.
+"""The service's prefix part, the daemon's side of the prefix tier: which stored prefix each row may start
+from, and its keys and values.
 
 A row's prefix is asked for as its chain of block hashes (computed by the
 client from its token ids, see ``attnstore.protocol.prefix``); the answer is,
