@@ -51,6 +51,36 @@ def next_token_choice(lm_head: nn.Module, last: torch.Tensor, ids: Sequence[int]
     return ChoiceScores(index=probabilities.argmax(axis=1), probabilities=probabilities)
 
 
+def label_probabilities(lm_head: nn.Module, last: torch.Tensor, ids: Sequence[int], *,
+                        over_labels: bool) -> torch.Tensor:
+    """The label tokens' next-token probabilities from last hidden states ``last`` ``(n, hidden)``, fp32 ``(n, k)``.
+
+    Args:
+        lm_head: the decoder's output head (a linear layer: only the labels' rows are used when ``over_labels``).
+        last: each prompt's last hidden state.
+        ids: the label token ids.
+        over_labels: softmax over the labels' logits (SGLang's ``apply_softmax``); else each label's
+            probability over the whole vocabulary.
+    """
+    ids = list(ids)
+    with torch.inference_mode():
+        last = last.float()
+        if isinstance(lm_head, nn.Linear):
+            weight = lm_head.weight.float()  # (vocab, hidden)
+            bias = None if lm_head.bias is None else lm_head.bias.float()
+            if over_labels:
+                logits = last @ weight[ids].T  # (n, k): the labels' rows of the head only
+                if bias is not None:
+                    logits = logits + bias[ids]
+                return torch.softmax(logits, dim=-1)
+            logits = torch.nn.functional.linear(last, weight, bias)  # (n, vocab)
+        else:  # a head of its own kind: run it, then read the labels
+            logits = lm_head(last).float()  # (n, vocab)
+            if over_labels:
+                return torch.softmax(logits[:, ids], dim=-1)
+        return (logits[:, ids] - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()  # (n, k)
+
+
 def score_prompts(
     loaded: LoadedModel, prompts: str | Sequence[Prompt], choices: Sequence[str], max_length: int,
     run: Callable[[RowSource, Sink], object],

@@ -1,6 +1,8 @@
-"""The node's HTTP routes (an ASGI app on Starlette): embeddings in OpenAI's and TEI's schemas, health, metrics.
+"""The node's HTTP routes (an ASGI app on Starlette): embeddings in OpenAI's and TEI's schemas, decoder scoring in
+SGLang's and vLLM's, health, metrics.
 
 - ``POST /v1/embeddings`` (OpenAI), ``POST /embed`` (text-embeddings-inference),
+  ``POST /v1/score`` (SGLang), ``POST /v1/classify`` (vLLM; ``scoring``),
   ``GET /v1/models``: need an API key when the node has a key file
   (``Authorization: Bearer KEY``);
 - ``GET /health``: 200 once the model is loaded, 503 while it loads or the node
@@ -48,6 +50,7 @@ from attnstore_node.schema import (
     parse_tei,
     tei_response,
 )
+from attnstore_node.scoring import classify_response, parse_classify, parse_score, score_response
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,10 @@ REQUEST_TIMEOUT = 408
 class NodeState:
     """What the routes share: the embedder, the keys, the limits, the metrics, and whether the node drains."""
 
-    def __init__(self, embedder: Embedder, keys: KeyCheck, limits: RequestLimits, metrics: NodeMetrics) -> None:
+    def __init__(self, embedder: Embedder, keys: KeyCheck, limits: RequestLimits, metrics: NodeMetrics,
+                 labels: tuple[str, ...] | None = None) -> None:
         self.embedder = embedder
+        self.labels = labels  # ``/v1/classify``'s labels when a request names none
         self.keys = keys
         self.limits = limits
         self.metrics = metrics
@@ -68,7 +73,7 @@ class NodeState:
 
 
 def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: RequestLimits = RequestLimits(),
-               metrics: NodeMetrics | None = None) -> Starlette:
+               metrics: NodeMetrics | None = None, labels: tuple[str, ...] | None = None) -> Starlette:
     """The node's ASGI app around ``embedder``, which it starts and stops with its lifespan.
 
     Args:
@@ -76,8 +81,11 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
         keys: the API keys (None: none needed).
         limits: what one request may ask for.
         metrics: the node's metrics (the batcher's, so that ``/metrics`` shows both).
+        labels: ``/v1/classify``'s labels when a request gives none (words of one token each; None: requests
+            must give them).
     """
-    state = NodeState(embedder, keys or KeyCheck(None), limits, metrics or NodeMetrics())
+    state = NodeState(embedder, keys or KeyCheck(None), limits, metrics or NodeMetrics(),
+                      None if labels is None else tuple(labels))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -89,9 +97,13 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
             await asyncio.to_thread(embedder.stop)
 
     routes = [
-        Route("/v1/embeddings", _embedding_route(state, "/v1/embeddings", parse_openai, _openai_answer),
+        Route("/v1/embeddings", _served_route(state, "/v1/embeddings",
+                                              _embedding_work(state, parse_openai, _openai_answer)), methods=["POST"]),
+        Route("/embed", _served_route(state, "/embed", _embedding_work(state, parse_tei, _tei_answer)),
               methods=["POST"]),
-        Route("/embed", _embedding_route(state, "/embed", parse_tei, _tei_answer), methods=["POST"]),
+        Route("/v1/score", _served_route(state, "/v1/score", _scoring_work(state, classify=False)), methods=["POST"]),
+        Route("/v1/classify", _served_route(state, "/v1/classify", _scoring_work(state, classify=True)),
+              methods=["POST"]),
         Route("/v1/models", _models_route(state), methods=["GET"]),
         Route("/health", _health_route(state), methods=["GET"]),
         Route("/metrics", _metrics_route(state), methods=["GET"]),
@@ -153,9 +165,44 @@ def _ready_model(state: NodeState) -> ModelInfo:
     return info
 
 
-def _embedding_route(
-    state: NodeState, route: str, parse: Parse, answer: Answer
-) -> Callable[[Request], Awaitable[Response]]:
+# A route's work once the key, the model and the body are in: its answer and its count of inputs, or None when
+# the client went away meanwhile.
+Work = Callable[[Request, Any, ModelInfo], Awaitable[tuple[Any, int] | None]]
+
+
+def _embedding_work(state: NodeState, parse: Parse, answer: Answer) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse(body, state.limits, model)
+        embedded = await _until_disconnect(request, state.embedder.embed(
+            parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens))
+        if embedded is None:
+            return None
+        return answer(embedded, parsed, model), len(parsed.inputs)
+
+    return work
+
+
+def _scoring_work(state: NodeState, *, classify: bool) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        if classify:
+            parsed = parse_classify(body, state.limits, model, state.labels)
+        else:
+            parsed = parse_score(body, state.limits, model)
+        scored = await _until_disconnect(request, state.embedder.score(
+            parsed.prompts, parsed.labels, softmax=parsed.softmax, max_input_tokens=state.limits.max_input_tokens))
+        if scored is None:
+            return None
+        if classify:
+            words = tuple(str(label) for label in parsed.labels)
+            return classify_response(scored.vectors, words, scored.tokens, model.name), len(parsed.prompts)
+        return score_response(scored.vectors, scored.tokens, model.name), len(parsed.prompts)
+
+    return work
+
+
+def _served_route(state: NodeState, route: str, work: Work) -> Callable[[Request], Awaitable[Response]]:
+    """A route that computes: key checked, model ready, body read, then ``work``; every outcome counted."""
+
     async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         status = 500
@@ -163,15 +210,14 @@ def _embedding_route(
             state.keys.check(request.headers.get("authorization"))
             model = _ready_model(state)
             body = await _json_body(request, state.limits.max_body_bytes, state.limits.read_timeout)
-            parsed = parse(body, state.limits, model)
-            embedded = await _until_disconnect(request, state.embedder.embed(
-                parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens))
-            if embedded is None:
+            done = await work(request, body, model)
+            if done is None:
                 status = CLIENT_CLOSED
                 return Response(status_code=CLIENT_CLOSED)
-            state.metrics.inputs.inc(len(parsed.inputs))
+            answer, inputs = done
+            state.metrics.inputs.inc(inputs)
             status = 200
-            return JSONResponse(answer(embedded, parsed, model))
+            return JSONResponse(answer)
         except ApiError as error:
             status = error.status
             return _error(error)

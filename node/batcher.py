@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from attnstore_client.cache import AttnCache
 from attnstore_node.budget import TokenBudget
-from attnstore_node.call import call_ends
+from attnstore_node.call import call_ends, distinct_tokens
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError
 from attnstore_node.metrics import NodeMetrics
@@ -39,6 +39,7 @@ from attnstore_node.queue import TicketQueue
 from attnstore_node.schema import Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
+from attnstore_node.tokenization import TokenizedRequest
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,23 @@ class Batcher(Embedder):
             request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens)
         except RuntimeError:  # the tokenizer's thread was shut down: the node stops
             raise _unavailable() from None
+        return await self._queued(request)
+
+    async def score(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,
+                    max_input_tokens: int) -> Embedded:
+        """See :meth:`Embedder.score`: tokenized and held to its limits first, then queued with the embeddings."""
+        model = self._model
+        if model is None or self._unavailable():
+            raise _unavailable()
+        try:
+            request = await model.tokenizer.submit_scoring(prompts, labels, softmax=softmax,
+                                                           max_input_tokens=max_input_tokens)
+        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
+            raise _unavailable() from None
+        return await self._queued(request)
+
+    async def _queued(self, request: TokenizedRequest) -> Embedded:
+        """``request`` queued, and its answer once its call served every row."""
         future: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
         ticket = Ticket(request, future)
         if self._unavailable() or not self._queue.put(ticket):
@@ -155,7 +173,7 @@ class Batcher(Embedder):
                 self._run(cache, batch, budget)
             except Exception:
                 log.exception("event=call_failed requests=%d", len(batch))
-                reject_open(batch, ApiError(500, "the node failed to embed this request", "internal_error",
+                reject_open(batch, ApiError(500, "the node failed to answer this request", "internal_error",
                                             type="server_error"))
             except BaseException:
                 reject_open(batch, _unavailable())
@@ -170,20 +188,21 @@ class Batcher(Embedder):
         live = self._queue.begin(batch)
         if not live:
             return
-        rows, sink = call_ends(live, cache.head.pool)
+        rows, sink = call_ends(live, cache.head.pool, cache.adapter.loaded.lm_head)
         self.metrics.max_batch_tokens.set(budget)
         try:
             stats = cache.run(rows, sink, batch_size=self.settings.batch_size, max_batch_tokens=budget,
                               show_progress_bar=False)
         except Exception:
             log.exception("event=call_failed requests=%d rows=%d", len(live), len(rows))
-            reject_open(live, ApiError(500, "the node failed to embed this request", "internal_error",
+            reject_open(live, ApiError(500, "the node failed to answer this request", "internal_error",
                                        type="server_error"))
             return
         self.calls += 1
         tokens = sum(ticket.tokens for ticket in live)
         self._budget.record(len(rows), tokens)
         self.metrics.record_call(stats, len(live), tokens, time.monotonic() - started)
+        self.metrics.distinct_tokens.inc(distinct_tokens([row for ticket in live for row in ticket.rows]))
         # The call checked that every row was written (Sink.check); a request still open is a bug, answered loudly.
         reject_open(live, ApiError(500, "the node did not compute every row of this request", "internal_error",
                                    type="server_error"))

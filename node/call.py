@@ -5,22 +5,26 @@ pipeline's deduplication of identical rows spans requests: a line sent by
 several clients at once is served once, and earlier requests' rows go through
 the tiers first. The call's sink (``TicketSink``, the library's ``Sink``: it
 keeps which rows were received and refuses a copy of one not yet written) pools
-each row as its tier or forward ends and writes the vector into the ticket that
-sent it, and into every copy of it: a request is answered the moment its last
-row is in, so one whose rows all hit the exact tiers does not wait for the
-call's forwards.
+each row as its tier or forward ends (or, for a scoring request, runs its last
+state through the LM head over its labels) and writes the vector into the ticket
+that sent it, and into every copy of it, whichever kind of request the copy is:
+a request is answered the moment its last row is in, so one whose rows all hit
+the exact tiers does not wait for the call's forwards.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnstore_client.call.rows import HiddenRows
 from attnstore_client.call.sinks import Sink
 from attnstore_client.call.sources import TokenRows
+from attnstore_client.choices import label_probabilities
 from attnstore_node.ticket import Ticket
 
 # Pools right-padded last hidden states (B, P, hidden), their mask (B, P) and the prompt tokens to leave out.
@@ -35,47 +39,91 @@ class ArrivalRows(TokenRows):
         return np.arange(len(self))
 
 
+# What a row's result is: its pooled embedding (with its prompt length), or its label probabilities.
+RowResult = tuple[str, int] | tuple[str, tuple[int, ...], bool]
+
+
 class TicketSink(Sink):
-    """Pools a call's served rows and writes each into the ticket (and the row) it belongs to.
+    """Reduces a call's served rows and writes each into the ticket (and the row) it belongs to.
+
+    An embedding row is pooled; a scoring row's last state goes through the LM head over its labels
+    (``choices.label_probabilities``, fp32). Identical rows of the call are served once: each served row's
+    results are kept by its tokens, one per kind that any of its copies asks for, for the copies to read.
 
     Args:
         owners: per position of the call, its ticket and its row there.
-        prompts: per position, the prompt tokens its pooling leaves out.
+        rows: per position, its tokens.
         pool: the model's pooling.
+        lm_head: the decoder's output head (None: an encoder, which no scoring request reaches).
     """
 
-    def __init__(self, owners: Sequence[tuple[Ticket, int]], prompts: Sequence[int], pool: PromptPool) -> None:
+    def __init__(self, owners: Sequence[tuple[Ticket, int]], rows: Sequence[tuple[int, ...]], pool: PromptPool,
+                 lm_head: nn.Module | None = None) -> None:
         super().__init__(len(owners))
         self._owners = owners
-        self._prompts = prompts
+        self._rows = rows
         self._pool = pool
+        self._lm_head = lm_head
+        self._results: dict[tuple[int, ...], dict[RowResult, np.ndarray]] = {}  # by tokens: what was served
+        self._needs: dict[tuple[int, ...], set[RowResult]] = {}  # by tokens: what its positions ask for
+        for position, row in enumerate(rows):
+            self._needs.setdefault(row, set()).add(self._kind(position))
+
+    def _kind(self, position: int) -> RowResult:
+        ticket, index = self._owners[position]
+        if ticket.labels is None:
+            return ("pool", ticket.prompts[index])
+        return ("labels", ticket.labels, ticket.softmax)
 
     def _put(self, targets: Sequence[Sequence[int]], hidden: HiddenRows) -> None:
         tokens, mask = hidden.padded()  # (B, P, hidden), (B, P)
-        prompts = [self._prompts[positions[0]] for positions in targets]
-        pooled = np.empty((len(targets), 0), np.float32)
-        for prompt in sorted(set(prompts)):
-            rows = [r for r, length in enumerate(prompts) if length == prompt]
-            picked = torch.tensor(rows, device=tokens.device)
-            vectors = self._pool(tokens.index_select(0, picked), mask.index_select(0, picked), prompt)  # (b, dim)
-            if pooled.shape[1] == 0:
-                pooled = np.empty((len(targets), vectors.shape[1]), np.float32)
-            pooled[rows] = vectors.float().cpu().numpy()
+        jobs: dict[RowResult, list[int]] = {}
         for r, positions in enumerate(targets):
+            for kind in self._needs[self._rows[positions[0]]]:
+                jobs.setdefault(kind, []).append(r)
+        results: list[dict[RowResult, np.ndarray]] = [{} for _ in targets]
+        for kind, rows in jobs.items():
+            picked = torch.tensor(rows, device=tokens.device)
+            vectors = self._reduce(kind, tokens.index_select(0, picked), mask.index_select(0, picked))  # (b, dim)
+            values = vectors.float().cpu().numpy()
+            for i, r in enumerate(rows):
+                results[r][kind] = values[i]
+        for r, positions in enumerate(targets):
+            self._results[self._rows[positions[0]]] = results[r]
             for position in positions:
                 ticket, index = self._owners[position]
-                ticket.write(index, pooled[r])
+                ticket.write(index, results[r][self._kind(position)])
+
+    def _reduce(self, kind: RowResult, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``kind``'s result of rows' right-padded states ``(b, P, hidden)``, mask ``(b, P)``: ``(b, dim)``."""
+        if kind[0] == "pool":
+            return self._pool(tokens, mask, kind[1])
+        assert self._lm_head is not None  # the route refuses scoring on an encoder
+        _, labels, softmax = kind
+        last = mask.sum(dim=1) - 1  # (b,): each row's last real position
+        states = tokens[torch.arange(tokens.shape[0], device=tokens.device), last]  # (b, hidden)
+        return label_probabilities(self._lm_head, states, labels, over_labels=softmax)  # (b, labels)
 
     def _copy(self, source: int, target: int) -> None:
-        ticket, index = self._owners[source]
-        assert ticket.vectors is not None  # Sink.copy checked the source was received
         owner, row = self._owners[target]
-        owner.write(row, ticket.vectors[index])
+        owner.write(row, self._results[self._rows[source]][self._kind(target)])
 
 
-def call_ends(tickets: Sequence[Ticket], pool: PromptPool) -> tuple[ArrivalRows, TicketSink]:
-    """The rows and the sink of one call of ``tickets`` (in arrival order), pooled by ``pool``."""
+def distinct_tokens(rows: Sequence[Sequence[int]]) -> int:
+    """The tokens of ``rows`` with every shared prefix counted once (the nodes of their prefix tree): what a call
+    must compute at least, each prefix once."""
+    ordered = sorted(tuple(row) for row in rows)
+    total, previous = 0, ()
+    for row in ordered:
+        total += len(row) - len(os.path.commonprefix([previous, row]))
+        previous = row
+    return total
+
+
+def call_ends(tickets: Sequence[Ticket], pool: PromptPool,
+              lm_head: nn.Module | None = None) -> tuple[ArrivalRows, TicketSink]:
+    """The rows and the sink of one call of ``tickets`` (in arrival order): pooled by ``pool``, or scored by
+    ``lm_head`` (scoring tickets)."""
     owners = [(ticket, index) for ticket in tickets for index in range(len(ticket.rows))]
-    rows = [row for ticket in tickets for row in ticket.rows]
-    prompts = [prompt for ticket in tickets for prompt in ticket.prompts]
-    return ArrivalRows(rows), TicketSink(owners, prompts, pool)
+    rows = [tuple(row) for ticket in tickets for row in ticket.rows]
+    return ArrivalRows(rows), TicketSink(owners, rows, pool, lm_head)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnstore_node.errors import ApiError
 from attnstore_node.schema import Input, ModelInfo
 
 
@@ -21,7 +22,7 @@ from attnstore_node.schema import Input, ModelInfo
 class Embedded:
     """A request's answer: its vectors in input order and the tokens its inputs held."""
 
-    vectors: np.ndarray  # (n, dim) float32
+    vectors: np.ndarray  # (n, dim) float32; for a scoring request (n, labels), the label probabilities
     tokens: int  # every input's tokens, special tokens included (``usage.prompt_tokens``)
 
 
@@ -61,3 +62,16 @@ class Embedder(ABC):
                 request failed (the embedder goes on serving others); 503 while stopping or once it stopped.
             asyncio.CancelledError: the caller cancelled; the request's rows are dropped where not begun.
         """
+
+    async def score(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,
+                    max_input_tokens: int) -> Embedded:
+        """Each prompt's next-token probabilities of ``labels`` (token ids, or words of one token each) ``(n, k)``:
+        a softmax over the labels' logits when ``softmax``, else each label's probability over the vocabulary.
+
+        Raises:
+            ApiError: 400 for a prompt past ``max_input_tokens`` (or the model's limit) or a label word of more than
+                one token, or when this embedder does not score; 500 and 503 as :meth:`embed`.
+            asyncio.CancelledError: as :meth:`embed`.
+        """
+        raise ApiError(400, f"{type(self).__name__} does not score; this server serves /v1/embeddings",
+                       "unsupported_route")

@@ -3,7 +3,10 @@
 Requests by route and status, their latency, the batcher's queue, what each call
 (one merged batch of requests) held and how long it waited, rows by the tier that
 served them, and the tokens the forwards held against the tokens they ran
-(``forwarded / forward`` is the padding overhead: 1.0 for packed forwards).
+(``forwarded / forward`` is the padding overhead: 1.0 for packed forwards), and
+the distinct tokens of the calls' rows, each shared prefix once (``forward /
+distinct`` near 1 when rows that share a prefix compute it once; below 1 when
+tiers served rows).
 Labelled counters start at 0 for every documented label value, so an alert on
 ``increase(...)`` fires on the first event rather than reading "no data".
 """
@@ -23,7 +26,7 @@ from prometheus_client import (
 
 from attnstore_client.stats import CacheStats
 
-ROUTES: tuple[str, ...] = ("/v1/embeddings", "/embed")
+ROUTES: tuple[str, ...] = ("/v1/embeddings", "/embed", "/v1/score", "/v1/classify")
 STATUSES: tuple[str, ...] = ("200", "400", "401", "404", "405", "408", "413", "415", "499", "500", "503")
 # The route of requests to no route of the node (404), and of those refused before their request line and headers
 # were in (400 not HTTP, 408 too slow): a path of the client's choice would make a label per path.
@@ -74,6 +77,9 @@ class NodeMetrics:
                                       "Real tokens of the rows the forwards computed", registry=registry)
         self.forwarded_tokens = Counter("attnstore_node_forwarded_tokens",
                                         "Tokens the forwards ran, padding included", registry=registry)
+        self.distinct_tokens = Counter("attnstore_node_distinct_tokens",
+                                       "Tokens of the rows of the calls with every prefix rows of a call share counted"
+                                       " once: the least a call computes (compare forward_tokens)", registry=registry)
         self.ready = Gauge("attnstore_node_ready", "1 once the model is loaded and the node serves",
                            registry=registry)
         for route in ROUTES:

@@ -47,7 +47,8 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
         if warmup:
             warm_up(cache)
         vocab = int(cache.adapter.loaded.model.config.vocab_size)
-        info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length))
+        info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length),
+                         decoder=cache.adapter.loaded.lm_head is not None)
     except BaseException:
         with contextlib.suppress(Exception):
             cache.close()

@@ -56,6 +56,7 @@ class ModelInfo:
     dimension: int  # of its embeddings
     vocab_size: int  # token ids are in [0, vocab_size)
     max_length: int  # tokens per row it takes (texts are truncated there, like SentenceTransformer.encode)
+    decoder: bool = False  # it has a language-model head: it scores (``/v1/score``, ``/v1/classify``)
 
 
 @dataclass(frozen=True, slots=True)

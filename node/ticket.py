@@ -1,7 +1,8 @@
 """A ticket: one request from the moment it is queued until it is answered, on its own event loop.
 
 A ticket holds the request's token rows (tokenized and held to its limits before
-it is queued, ``tokenization``) and, as its call serves them, their vectors. The
+it is queued, ``tokenization``) and, as its call serves them, their vectors: the
+pooled embeddings, or for a scoring request its label probabilities. The
 batcher's thread writes the vectors; the request is answered on its event loop
 the moment its last row is in, or refused with an error at any time before.
 """
@@ -25,6 +26,8 @@ class Ticket:
     def __init__(self, request: TokenizedRequest, future: asyncio.Future[Embedded]) -> None:
         self.rows = request.rows
         self.prompts = request.prompts  # per row, the prompt tokens its pooling leaves out
+        self.labels = request.labels  # a scoring request's label token ids (None: rows are pooled)
+        self.softmax = request.softmax
         self.tokens = request.tokens
         self.future = future
         self.loop = future.get_loop()

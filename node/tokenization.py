@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
 
 from attnstore_client.cache import AttnCache
 from attnstore_node.errors import ApiError, bad_request
@@ -34,6 +37,8 @@ class TokenizedRequest:
     rows: tuple[tuple[int, ...], ...]
     prompts: tuple[int, ...]  # per row, the prompt tokens its pooling leaves out
     tokens: int  # every row's tokens (``usage.prompt_tokens``)
+    labels: tuple[int, ...] | None = None  # a scoring request's label token ids (None: an embedding request)
+    softmax: bool = False  # a scoring request's softmax over its labels' logits (else over the vocabulary)
 
 
 class RequestTokenizer:
@@ -56,6 +61,17 @@ class RequestTokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, self._tokenize_or_500, inputs, truncate, max_input_tokens)
 
+    async def submit_scoring(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,
+                             max_input_tokens: int) -> TokenizedRequest:
+        """A scoring request's prompts tokenized on the worker thread (see :meth:`tokenize_scoring`).
+
+        Raises:
+            ApiError: 400 for a prompt past the limit or a label word of more than one token; 500 otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._or_500, self.tokenize_scoring, prompts, labels, softmax,
+                                          max_input_tokens)
+
     def close(self) -> None:
         """Stop the worker thread once what was submitted is done."""
         self._worker.shutdown(wait=True)
@@ -69,6 +85,42 @@ class RequestTokenizer:
             log.exception("event=tokenize_failed inputs=%d", len(inputs))
             raise ApiError(500, "the node failed to tokenize this request", "internal_error",
                            type="server_error") from None
+
+    def _or_500(self, tokenize: Callable[..., TokenizedRequest], *args: Any) -> TokenizedRequest:
+        try:
+            return tokenize(*args)
+        except ApiError:
+            raise
+        except Exception:
+            log.exception("event=tokenize_failed inputs=%d", len(args[0]))
+            raise ApiError(500, "the node failed to tokenize this request", "internal_error",
+                           type="server_error") from None
+
+    def tokenize_scoring(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], softmax: bool,
+                         max_input_tokens: int) -> TokenizedRequest:
+        """A scoring request's rows: texts tokenized whole with the tokenizer's special tokens (as SGLang does),
+        token ids as given; label words turned into their token ids. Never cut: a prompt past the limit refuses
+        the request.
+
+        Raises:
+            ApiError: 400 ``context_length_exceeded`` for the first prompt past the limit, ``invalid_labels`` for
+                a label word that is not exactly one token.
+        """
+        tokenizer = self._cache.adapter.loaded.tokenizer
+        ids = tuple(label_token_ids(tokenizer, labels))
+        texts = [prompt for prompt in prompts if isinstance(prompt, str)]
+        next_text = iter(tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else [])
+        limit = min(max_input_tokens, self._cache.head.max_length)
+        rows: list[tuple[int, ...]] = []
+        for index, prompt in enumerate(prompts):
+            row = tuple(next(next_text)) if isinstance(prompt, str) else tuple(prompt)
+            if len(row) > limit:
+                raise bad_request(f"item {index}'s prompt (query and item) has {len(row)} tokens; the limit is {limit}",
+                                  "context_length_exceeded", "items")
+            if not row:
+                raise bad_request(f"item {index}'s prompt has no tokens", "empty_input", "items")
+            rows.append(row)
+        return TokenizedRequest(tuple(rows), (0,) * len(rows), sum(len(row) for row in rows), ids, softmax)
 
     def tokenize(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> TokenizedRequest:
         """The request's token rows: texts tokenized together, token ids as given, each held to the limit
@@ -107,3 +159,23 @@ class RequestTokenizer:
             return tuple(row[:limit])
         raise bad_request(f"input {index} has {length} tokens; the limit is {limit} (send truncate=true to cut it)",
                           "context_length_exceeded", "inputs")
+
+
+def label_token_ids(tokenizer: PreTrainedTokenizerBase, labels: Sequence[int] | Sequence[str]) -> list[int]:
+    """Label token ids as given, or label words each turned into its one token (as ``choices.choice_ids``).
+
+    Raises:
+        ApiError: 400 ``invalid_labels`` naming a word that is not exactly one token.
+    """
+    ids: list[int] = []
+    for label in labels:
+        if not isinstance(label, str):
+            ids.append(label)
+            continue
+        tokens = tokenizer(label, add_special_tokens=False)["input_ids"]
+        if len(tokens) != 1:
+            raise bad_request(f"label {label!r} is {len(tokens)} tokens {tokens} of this model's tokenizer; each"
+                              " label must be exactly one token (try it with or without a leading space)",
+                              "invalid_labels", "labels")
+        ids.append(tokens[0])
+    return ids

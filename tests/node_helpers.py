@@ -12,11 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
+from adapter_helpers import save_tiny_decoder
 from cache_helpers import tiny_loaded
 
+from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
+from attnstore_client.adapters import adapter_for
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
+from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
 from attnstore_tools.build.namespace_layout import exact_tier_layout
 
 API_KEY = "node-key-0123456789abcdef"
@@ -40,6 +44,35 @@ def tiny_store(path: Path, loaded: LoadedModel, namespace: str = "default") -> s
         service.create_namespace(namespace, model=loaded.name,
                                  fingerprint=model_fingerprint(loaded.model, loaded.tokenizer),
                                  layout=exact_tier_layout(loaded))
+    finally:
+        service.close()
+    return f"local:{path}"
+
+
+def save_tiny_llama(folder: Path) -> LoadedModel:
+    """A tiny random Llama with MiniLM's tokenizer (its whole vocabulary, so any text fits), saved as a model
+    folder; returns it as loaded back from there."""
+    if not (folder / "config.json").exists():
+        save_tiny_decoder(folder, full_vocab=True)
+    return load_model(str(folder))
+
+
+def decoder_store(path: Path, loaded: LoadedModel, prefixes: Sequence[Sequence[int]] = (), *, block: int = 8,
+                  namespace: str = "default") -> str:
+    """An embedded store at ``path`` with a causal namespace for ``loaded`` holding the prefix blocks of
+    ``prefixes`` (token rows; blocks of ``block`` tokens); its ``local:`` URL."""
+    adapter = adapter_for(loaded)
+    service = AttnStoreService.open(path, create=True)
+    try:
+        service.create_namespace(namespace, model=loaded.name,
+                                 fingerprint=model_fingerprint(loaded.model, loaded.tokenizer),
+                                 layout=NamespaceLayout(layers=adapter.num_layers, heads=adapter.num_heads, causal=True,
+                                                        hidden=adapter.hidden_size, feature_dim=16))
+        layout = service.store.prefixes.set_layout(namespace, prefix_layout_of(adapter, block_size=block))
+        pad = loaded.tokenizer.pad_token_id or 0
+        if prefixes:
+            for blocks in capture_prefix_blocks(adapter, [list(row) for row in prefixes], layout, pad_id=pad):
+                service.store.prefixes.put(namespace, blocks)
     finally:
         service.close()
     return f"local:{path}"

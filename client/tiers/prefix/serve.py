@@ -1,4 +1,5 @@
-"""One call's prefix tier: which rows start from a stored prefix, grouped into forwards on their suffixes.
+"""One call's prefix tier: which rows start from a stored prefix, grouped into forwards on their suffixes; then the
+rows that share a prefix among themselves, computed once (``shared``).
 
 Asked after the exact tiers, before the map tier, for the rows still open whose
 stored prefix could pay (``tier.candidates``), in a causal namespace that stores
@@ -24,6 +25,7 @@ from attnstore_client.call.rows import HiddenRows, Row
 from attnstore_client.call.state import Call
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
+from attnstore_client.tiers.prefix.shared import serve_shared, shareable
 from attnstore_client.tiers.prefix.tier import PrefixCandidate, candidates, forward_with_prefix
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,20 @@ class PrefixTier(Tier):
         self._context = context
 
     def serve(self, rows: list[Row], call: Call) -> list[Row]:
-        """See :meth:`Tier.serve`."""
+        """See :meth:`Tier.serve`: stored prefixes first, then prefixes the call's rows share, computed once."""
+        if not call.settings.prefix:
+            return rows
+        rows = self._serve_stored(rows, call)
+        context = self._context
+        if len(rows) < 2 or not shareable(context.adapter):
+            return rows
+        served = serve_shared(context.adapter, rows, call, context.device, call.settings.prefix_min_tokens)
+        return [row for row in rows if row.index not in served]
+
+    def _serve_stored(self, rows: list[Row], call: Call) -> list[Row]:
+        """The rows whose prefixes are stored, served; returns the rest."""
         layout = call.namespace.prefix
-        if layout is None or not call.settings.prefix or call.store_down is not None:
+        if layout is None or call.store_down is not None:
             return rows
         by_index = {row.index: row for row in rows}
         tokens = {row.index: row.tokens for row in rows}

@@ -89,26 +89,33 @@ def stacked_layer(
 
 
 def forward_with_prefix(adapter: Adapter, suffix: Batch, prefix_length: int, stream: PrefixStream) -> torch.Tensor:
-    """The forward of ``suffix`` (every row's tokens after its prefix) with the stored prefix as the past.
-
-    Args:
-        adapter: the causal model's adapter.
-        suffix: right-padded suffixes, ``(B, S)``.
-        prefix_length: tokens of every row's stored prefix.
-        stream: the rows' prefixes (row ``b`` of ``suffix`` is row ``b`` of the stream).
-
-    Returns:
-        ``(B, S, hidden)`` last hidden states of the suffix positions.
+    """``forward_with_past`` with the stored prefix as the past (see it).
 
     Raises:
         MapsUnavailableError: a row's prefix could not be read (the caller computes it).
     """
     device = suffix.input_ids.device
+    return forward_with_past(adapter, suffix, prefix_length,
+                             lambda layer: stacked_layer(stream, suffix.size, layer, device))
+
+
+def forward_with_past(
+    adapter: Adapter, suffix: Batch, prefix_length: int, load: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """The forward of ``suffix`` (every row's tokens after its prefix) with a prefix's keys and values as the past.
+
+    Args:
+        adapter: the causal model's adapter.
+        suffix: right-padded suffixes, ``(B, S)``.
+        prefix_length: tokens of every row's prefix.
+        load: a layer's past keys and values of every row, ``(B, KVH, p, d)`` each, asked when the forward
+            reaches the layer.
+
+    Returns:
+        ``(B, S, hidden)`` last hidden states of the suffix positions.
+    """
     cache = DynamicCache()
-    cache.layers = [
-        _StreamedLayer(partial(stacked_layer, stream, suffix.size, layer, device), prefix_length)
-        for layer in range(adapter.num_layers)
-    ]
+    cache.layers = [_StreamedLayer(partial(load, layer), prefix_length) for layer in range(adapter.num_layers)]
     past = suffix.attention_mask.new_ones((suffix.size, prefix_length))  # (B, p)
     mask = torch.cat([past, suffix.attention_mask], dim=1)  # (B, p + S)
     with torch.inference_mode():

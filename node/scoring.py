@@ -1,0 +1,159 @@
+"""Requests and answers of the node's decoder routes: ``/v1/score`` (SGLang's schema) and ``/v1/classify`` (vLLM's).
+
+- ``POST /v1/score``: ``query`` (a string or token ids), ``items`` (a string, a list
+  of strings or a list of token id lists, as the query is), ``label_token_ids``,
+  ``apply_softmax`` (default false: each label token's probability over the whole
+  vocabulary; true: a softmax over the label tokens' logits), ``item_first``
+  (default false: the prompt is query then item; true: item then query), ``model``
+  (optional, as SGLang's). Texts are joined as strings (``f"{query}{item}"``) and
+  tokenized with the tokenizer's special tokens, token ids are joined as lists: as
+  SGLang's ``score_request`` does. The answer: ``{"scores": [[p per label] per item],
+  "model", "usage", "object": "scoring"}``.
+- ``POST /v1/classify``: ``input`` (a text, a list of texts or of token id lists),
+  ``labels`` (words, each one token of the model's tokenizer, e.g. ``["positive",
+  "negative"]``; default: the node's configured labels), ``model``. The answer is
+  vLLM's ``ClassificationResponse``: per input ``{index, label, probs, num_classes}``,
+  ``probs`` a softmax over the labels' next-token logits, ``label`` the most probable.
+
+Both need a decoder (a model with a language-model head); the request is checked
+here, label words and lengths when it is tokenized (``tokenization``), before it is
+queued.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnstore_node.errors import ApiError, bad_request
+from attnstore_node.schema import Input, ModelInfo, RequestLimits, _flag, _input, _inputs, _is_id, _object
+
+_SCORE_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
+_CLASSIFY_FIELDS = frozenset({"input", "labels", "model", "user"})
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRequest:
+    """One validated scoring request: its prompts (texts or token ids) and the labels to score after each."""
+
+    prompts: tuple[Input, ...]  # per item, the whole prompt (query and item joined)
+    labels: tuple[int, ...] | tuple[str, ...]  # label token ids (``/v1/score``) or label words (``/v1/classify``)
+    softmax: bool  # over the labels' logits (else over the whole vocabulary)
+
+
+def parse_score(body: Any, limits: RequestLimits, model: ModelInfo) -> ScoreRequest:
+    """A ``/v1/score`` body, validated.
+
+    Raises:
+        ApiError: 400 for a malformed body, a missing or empty query or items, items of another kind than the
+            query, too many items, a label id outside the vocabulary; 404 for another model; 400 on an encoder.
+    """
+    fields = _object(body, _SCORE_FIELDS)
+    _check_model(fields, model, required=False)
+    labels = fields.get("label_token_ids")
+    if not isinstance(labels, list) or not labels or not all(_is_id(v) for v in labels):
+        raise bad_request(f"'label_token_ids' is required: a non-empty list of token ids, got {labels!r}",
+                          "invalid_label_token_ids", "label_token_ids")
+    bad = next((v for v in labels if not 0 <= v < model.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"Token ID {bad} is out of vocabulary (vocab size: {model.vocab_size})",
+                          "invalid_label_token_ids", "label_token_ids")
+    softmax, item_first = _flag(fields, "apply_softmax", False), _flag(fields, "item_first", False)
+    query, items = fields.get("query"), fields.get("items")
+    if query is None or items is None:
+        raise bad_request("'query' and 'items' are required: a string and strings, or token ids and token id lists",
+                          "missing_input", "query" if query is None else "items")
+    if isinstance(query, str):
+        texts = [items] if isinstance(items, str) else items
+        if not isinstance(texts, list) or not all(isinstance(item, str) for item in texts):
+            raise bad_request("with a text 'query', 'items' must be a string or a list of strings",
+                              "invalid_input", "items")
+        _count(texts, limits)
+        prompts: list[Input] = [item + query if item_first else query + item for item in texts]
+        for index, (prompt, item) in enumerate(zip(prompts, texts, strict=True)):
+            if not item:
+                raise bad_request(f"items[{index}] is an empty string; every item needs text", "empty_input",
+                                  "items")
+            _input(prompt, f"items[{index}]", model)
+    elif isinstance(query, list) and all(_is_id(v) for v in query):
+        if not isinstance(items, list) or not all(isinstance(item, list) for item in items):
+            raise bad_request("with a token id 'query', 'items' must be a list of token id lists", "invalid_input",
+                              "items")
+        _count(items, limits)
+        query_ids = _input(query, "query", model) if query else ()
+        rows = [_input(item, f"items[{index}]", model) for index, item in enumerate(items)]
+        prompts = [row + query_ids if item_first else query_ids + row for row in rows]
+    else:
+        raise bad_request(f"'query' must be a string or a list of token ids, got {type(query).__name__}",
+                          "invalid_input", "query")
+    return ScoreRequest(tuple(prompts), tuple(labels), softmax)
+
+
+def parse_classify(body: Any, limits: RequestLimits, model: ModelInfo, labels: tuple[str, ...] | None) -> ScoreRequest:
+    """A ``/v1/classify`` body, validated; ``labels`` are the node's configured ones (None: none).
+
+    Raises:
+        ApiError: 400 for a malformed body, an empty input, no labels (neither given nor configured), fewer than
+            two labels; 404 for another model.
+    """
+    fields = _object(body, _CLASSIFY_FIELDS)
+    _check_model(fields, model, required=False)
+    if "input" not in fields:
+        raise bad_request("'input' is required: a text, a list of texts or of token id lists", "missing_input",
+                          "input")
+    words = fields.get("labels", labels)
+    if words is None:
+        raise bad_request("'labels' is required (words of one token each, e.g. [\"positive\", \"negative\"]): this"
+                          " node has no configured labels", "missing_labels", "labels")
+    if not isinstance(words, list | tuple) or len(words) < 2 or not all(isinstance(w, str) and w for w in words):
+        raise bad_request(f"'labels' must be at least two non-empty words, got {words!r}", "invalid_labels", "labels")
+    if len(set(words)) != len(words):
+        raise bad_request(f"'labels' holds a word twice: {words!r}", "invalid_labels", "labels")
+    return ScoreRequest(_inputs(fields["input"], "input", limits, model), tuple(words), True)
+
+
+def score_response(probabilities: np.ndarray, tokens: int, model: str) -> dict[str, Any]:
+    """The ``/v1/score`` answer: per item, the probability of each label token in the order given."""
+    return {"scores": probabilities.astype(float).tolist(), "model": model, "object": "scoring",
+            "usage": _usage(tokens)}
+
+
+def classify_response(probabilities: np.ndarray, labels: tuple[str, ...], tokens: int, model: str) -> dict[str, Any]:
+    """The ``/v1/classify`` answer (vLLM's ``ClassificationResponse``): per input its label and probabilities."""
+    data = [{"index": index, "label": labels[int(np.argmax(row))], "probs": row.astype(float).tolist(),
+             "num_classes": len(labels)} for index, row in enumerate(probabilities)]
+    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
+            "data": data, "usage": _usage(tokens)}
+
+
+def _usage(tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+
+
+def _count(items: list[Any], limits: RequestLimits) -> None:
+    if not items:
+        raise bad_request("'items' is empty: give at least one item", "empty_input", "items")
+    if len(items) > limits.max_inputs:
+        raise bad_request(f"too many items: {len(items)}; the limit is {limits.max_inputs} per request",
+                          "too_many_inputs", "items")
+
+
+def _check_model(fields: dict[str, Any], model: ModelInfo, *, required: bool) -> None:
+    """``model`` names the served model (optional where the schema has a default); the model is a decoder.
+
+    Raises:
+        ApiError: 404 for another model; 400 when the served model has no language-model head.
+    """
+    name = fields.get("model")
+    if name is None and required:
+        raise bad_request("'model' is required: the name of the served model", "missing_model", "model")
+    if name is not None and name != model.name:
+        raise ApiError(404, f"The model {name!r} does not exist; this node serves {model.name!r}",
+                       "model_not_found", param="model")
+    if not model.decoder:
+        raise bad_request(f"{model.name!r} is an encoder (no language-model head): scoring and classification need"
+                          " a decoder; this node serves /v1/embeddings", "unsupported_model", "model")
