@@ -1,0 +1,65 @@
+"""A decoder node is healthy within 30 s of its start, warm-up on: the warm-up's forwards stop at their time budget."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from node_helpers import NodeProcess, decoder_store, save_tiny_llama
+
+from attnstore_client.cache import AttnCache
+from attnstore_node.warmup import FORWARD_TOKENS, ROW_LENGTHS, warm_up
+
+READY_SECONDS = 30.0
+
+
+def healthy_within(node: NodeProcess, seconds: float) -> float:
+    """Start ``node`` and poll ``/health`` until 200; returns the seconds from the start."""
+    started = time.monotonic()
+    node.start(timeout=seconds)
+    while time.monotonic() - started < seconds:
+        if httpx.get(f"{node.url}/health", timeout=5).status_code == 200:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"/health did not answer 200 within {seconds:g} s")
+
+
+def test_the_warm_up_stops_at_its_time_budget(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny-llama"
+    loaded = save_tiny_llama(folder)
+    with AttnCache(str(folder), decoder_store(tmp_path / "store", loaded)) as cache:
+        assert warm_up(cache, seconds=0.0) < 5.0  # the untimed first forward only
+        assert cache.cost_model.forward_cost() is None  # no fit yet: the budget's default applies
+        warm_up(cache, seconds=600.0)
+        assert cache.cost_model.forward_cost() is not None  # all of them: len(FORWARD_TOKENS) * len(ROW_LENGTHS)
+    assert len(FORWARD_TOKENS) * len(ROW_LENGTHS) == 16
+
+
+def test_a_tiny_decoder_node_warms_up_and_is_healthy_within_30_s(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny-llama"
+    loaded = save_tiny_llama(folder)
+    node = NodeProcess(str(folder), decoder_store(tmp_path / "store", loaded), tmp_path / "node")
+    try:
+        seconds = healthy_within(node, READY_SECONDS)
+        assert seconds < READY_SECONDS and "event=warmed_up" in node.log(), node.log()
+    finally:
+        node.kill()
+
+
+@pytest.mark.real_model
+def test_a_smollm2_node_is_healthy_within_30_s_and_scores(tmp_path: Path) -> None:
+    from attnstore_client.models import load_model
+
+    loaded = load_model("smollm2")
+    node = NodeProcess("smollm2", decoder_store(tmp_path / "store", loaded), tmp_path / "node")
+    try:
+        seconds = healthy_within(node, READY_SECONDS)
+        assert seconds < READY_SECONDS, node.log()
+        answer = httpx.post(f"{node.url}/v1/score", json={"query": "The capital of France is", "items": [" Paris"],
+                                                          "label_token_ids": [9454, 2753], "apply_softmax": True},
+                            timeout=120)
+        assert answer.status_code == 200, answer.text
+    finally:
+        node.kill()
