@@ -4,8 +4,9 @@ An adapter wraps the ``forward`` of each attention module of a loaded model for
 the duration of one call (``capture``, ``forward``, ``forward_keeping``,
 ``forward_packed``), in a try/finally, so the model is the unmodified
 transformers model between calls. Each entry point hands the wrapped layers a
-small record of its own (``LayerCall``) that says what every layer does; it
-lives on the adapter, per thread, only while the call runs. Use one adapter per
+small record of its own (``LayerCall``: ``adapters.padded``, ``adapters.packed``)
+that says what every layer does; it lives on the adapter, per thread, only while
+the call runs. Use one adapter per
 loaded model.
 
 A family gives a layer's queries and keys (``_queries_keys``: position-encoded,
@@ -51,8 +52,8 @@ from attnstore_client.adapters.attention import attention_probs
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.fused import FusedLinears, fused_linears_available, onednn_pays, padded_tokens
 from attnstore_client.adapters.packed import PackedBatch, plan_packed, with_filler
-from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay, layer_maps
-from attnstore_client.adapters.rows import hidden_states, merge_rows, select_rows
+from attnstore_client.adapters.padded import Capturing, Keeping, Replaying
+from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay
 from attnstore_client.models import LoadedModel
 
 
@@ -72,91 +73,6 @@ class LayerCall(Protocol):
     ) -> tuple:
         """The module's output for its call ``args``/``kwargs``; ``original`` is the module's own forward."""
         ...
-
-
-@dataclass(frozen=True)
-class _Capturing:
-    """``capture``: every row computes its maps in fp32 at its true length, keeps them and replays them."""
-
-    lengths: tuple[int, ...]
-    captured: list[torch.Tensor]  # per row (layers, H, L, L) fp32, filled layer by layer
-
-    def attend(
-        self, adapter: Adapter, layer: int, module: nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict
-    ) -> tuple:
-        hidden = hidden_states(args, kwargs)  # (B, P, hidden)
-        maps = []
-        for row, probs in enumerate(adapter.row_maps(module, hidden, self.lengths, args, kwargs)):
-            self.captured[row][layer].copy_(probs)  # kept fp32 on the CPU, whatever the model's device and dtype
-            maps.append(probs.to(hidden.dtype))  # (H, L, L), replayed where and as the model runs
-        return adapter.replay_rows(module, hidden, maps, self.lengths), None
-
-
-@dataclass(frozen=True)
-class _Keeping:
-    """The computing rows of ``forward_keeping``: one padded softmax a layer gives them their maps to apply."""
-
-    rows: tuple[int, ...]  # every computing row, sorted (one batched softmax costs less than splitting the batch)
-    index: torch.Tensor | None  # (B_keep,) long: those rows, only when some rows replay stored maps
-    kept: torch.Tensor  # (layers, B_kept, H, P, P) fp16: the maps of the rows asked for, padded
-    kept_index: torch.Tensor | None  # (B_kept,) their positions in ``rows``; None: all of ``rows``
-
-
-@dataclass(frozen=True)
-class _Replaying:
-    """``forward`` and ``forward_keeping``: replaying rows take the hit path, the others the module's own forward."""
-
-    lengths: tuple[int, ...]  # true length of every row
-    replay: Mapping[int, ReplayMaps]  # hit row -> its maps
-    keeping: _Keeping | None  # computing rows that apply maps of their own
-    rows: tuple[int, ...]  # sorted hits and kept rows: the rows that take the hit path
-    split: tuple[torch.Tensor, torch.Tensor] | None  # (B_rows,), (B_miss,) long, only when some rows miss
-
-    def attend(
-        self, adapter: Adapter, layer: int, module: nn.Module, original: Callable[..., Any], args: tuple, kwargs: dict
-    ) -> tuple:
-        hidden = hidden_states(args, kwargs)  # (B, P, hidden)
-        lengths = [self.lengths[row] for row in self.rows]
-        if self.split is None:
-            maps = self._maps(adapter, layer, module, hidden, args, kwargs)
-            return adapter.replay_rows(module, hidden, maps, lengths), None
-        hit_index, miss_index = self.split
-        batch_size = hidden.shape[0]
-        # Misses first: a streaming client's hit maps keep arriving meanwhile.
-        # (B_miss, P, out)
-        missed = original(*select_rows(args, miss_index, batch_size), **select_rows(kwargs, miss_index, batch_size))[0]
-        maps = self._maps(adapter, layer, module, hidden, args, kwargs)
-        replayed = adapter.replay_rows(module, hidden.index_select(0, hit_index), maps, lengths)  # (B_rows, P, out)
-        return merge_rows(batch_size, hit_index, replayed, miss_index, missed), None
-
-    def _maps(
-        self, adapter: Adapter, layer: int, module: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict
-    ) -> list[torch.Tensor]:
-        """The maps of every row of ``rows`` at ``layer`` in row order, ``(H, L, L)`` each in the compute dtype:
-        the hits' stored maps, and the kept rows' own, computed here and kept."""
-        maps = {
-            row: layer_maps(self.replay[row], row, layer, self.lengths[row], heads=adapter.num_heads,
-                            causal=adapter.causal, dtype=hidden.dtype)
-            for row in sorted(self.replay)
-        }  # hit row -> (H, L, L)
-        keeping = self.keeping
-        if keeping is not None:
-            index, batch_size = keeping.index, hidden.shape[0]
-            lengths = [self.lengths[row] for row in keeping.rows]
-            padded = keeping.kept.shape[-1]
-            probs = adapter._padded_maps(
-                module,
-                (hidden if index is None else hidden.index_select(0, index))[:, :padded],  # (B_keep, P_keep, hidden)
-                lengths,
-                args if index is None else select_rows(args, index, batch_size),
-                kwargs if index is None else select_rows(kwargs, index, batch_size),
-            )  # (B_keep, H, P_keep, P_keep) fp32
-            kept_index = keeping.kept_index
-            keeping.kept[layer].copy_(probs if kept_index is None else probs.index_select(0, kept_index))
-            applied = probs.to(hidden.dtype)
-            for k, (row, length) in enumerate(zip(keeping.rows, lengths, strict=True)):
-                maps[row] = applied[k, :, :length, :length]  # (H, L, L)
-        return [maps[row] for row in self.rows]
 
 
 class Adapter(ABC):
@@ -295,7 +211,7 @@ class Adapter(ABC):
             torch.empty((self.num_layers, self.num_heads, length, length), dtype=torch.float32)
             for length in batch.lengths
         ]
-        with torch.no_grad(), self._patched(_Capturing(batch.lengths, captured)):
+        with torch.no_grad(), self._patched(Capturing(batch.lengths, captured)):
             hidden = self._run(batch)  # (B, P, hidden)
         return Capture(
             maps=captured,
@@ -363,7 +279,7 @@ class Adapter(ABC):
         padded = max(batch.lengths[row] for row in computing)
         # Every layer's padded maps of the kept rows, in one buffer: one copy per layer, sliced per row at the end.
         kept = torch.empty((self.num_layers, len(rows), self.num_heads, padded, padded), dtype=torch.float16)
-        keeping = _Keeping(
+        keeping = Keeping(
             rows=computing,
             index=torch.tensor(computing) if len(computing) < batch.size else None,
             kept=kept,
@@ -374,7 +290,7 @@ class Adapter(ABC):
             row: kept[:, k, :, : batch.lengths[row], : batch.lengths[row]].clone() for k, row in enumerate(rows)
         }  # row -> (layers, H, L, L)
 
-    def _forward(self, batch: Batch, replay: dict[int, ReplayMaps], keeping: _Keeping | None = None) -> torch.Tensor:
+    def _forward(self, batch: Batch, replay: dict[int, ReplayMaps], keeping: Keeping | None = None) -> torch.Tensor:
         check_replay(replay, batch.lengths, layers=self.num_layers, heads=self.num_heads, causal=self.causal)
         with torch.inference_mode():
             if not replay and keeping is None:
@@ -382,7 +298,7 @@ class Adapter(ABC):
             rows = tuple(sorted((*replay, *(keeping.rows if keeping else ()))))
             misses = tuple(row for row in range(batch.size) if row not in rows)
             split = (torch.tensor(rows), torch.tensor(misses)) if misses else None
-            with self._patched(_Replaying(batch.lengths, replay, keeping, rows, split)):
+            with self._patched(Replaying(batch.lengths, replay, keeping, rows, split)):
                 return self._run(batch)
 
     def forward_packed(
@@ -484,19 +400,6 @@ class Adapter(ABC):
         context = values.new_empty(shape) if min(lengths) == padded else values.new_zeros(shape)  # (B', P, H*d)
         apply_maps(maps, values, lengths, out=context, causal=self.causal)
         return self._project_out(module, context)
-
-    def _padded_maps(
-        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
-    ) -> torch.Tensor:
-        """Every row's attention probabilities at once, ``(B, H, P, P)`` fp32: one batched softmax.
-
-        Row ``r``'s top-left ``L x L`` block is what ``row_maps`` yields for it (pad keys get no weight); the rest
-        holds no meaning. What keeping maps in an ordinary forward uses, where the rows are length-sorted and pad
-        little.
-        """
-        query, key = self._queries_keys(module, hidden, args, kwargs)  # (B, H, P, d), (B, KVH, P, d)
-        return attention_probs(query, key, scaling=self._scaling(module), causal=self.causal,
-                               window=self._sliding_window(module), lengths=lengths)  # (B, H, P, P)
 
     # --- patching -------------------------------------------------------------------
 

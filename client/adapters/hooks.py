@@ -1,9 +1,10 @@
-"""What packed attention needs of an adapter: its layout and the per-layer hooks each family implements. A
-protocol rather than ``Adapter`` itself, so that ``packed`` sits below ``base`` (which runs it) instead of in a
-circle with it."""
+"""What the layers of packed and padded forwards need of an adapter: its layout, the per-layer hooks each family
+implements and the parts of a layer the base makes of them. A protocol rather than ``Adapter`` itself, so that
+``packed`` and ``padded`` sit below ``base`` (which runs them) instead of in a circle with it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import ClassVar, Protocol
 
 import torch
@@ -27,3 +28,11 @@ class AttentionHooks(Protocol):
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor: ...
 
     def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor: ...
+
+    def row_maps(
+        self, module: nn.Module, hidden: torch.Tensor, lengths: Sequence[int], args: tuple, kwargs: dict
+    ) -> Iterator[torch.Tensor]: ...
+
+    def replay_rows(
+        self, module: nn.Module, hidden: torch.Tensor, maps: Sequence[torch.Tensor], lengths: Sequence[int]
+    ) -> torch.Tensor: ...
