@@ -1,10 +1,10 @@
-"""One call through the cache: a stream of chunks, each through the tiers in order, into the call's sink.
+"""One call through the cache: a stream of windows of rows, each through the tiers in order, into the call's sink.
 
-A call's rows are taken a chunk at a time (``CallSettings.chunk_rows``), longest
-first, as sentence-transformers orders them (``sources``). For each chunk:
+A call's rows are taken a window at a time (``CallSettings.window_rows``), longest
+first, as sentence-transformers orders them (``sources``). For each window:
 
 1. its rows are tokenized (text input) and hashed; rows with identical tokens
-   are one row (computed once, every copy answered, across chunks too), and a
+   are one row (computed once, every copy answered, across windows too), and a
    repeated text is a copy of the row its first occurrence resolved to;
 2. the tiers are asked in order, each only for the rows still open
    (``tiers.base.Tier``): this process's exact tier, the store's exact tier,
@@ -13,7 +13,7 @@ first, as sentence-transformers orders them (``sources``). For each chunk:
 3. every tier hands the rows it serves straight to the call's sink (``sinks``),
    which pools them into the preallocated result in input order.
 
-So a call holds its result plus a chunk in flight, whatever its number of rows.
+So a call holds its result plus a window in flight, whatever its number of rows.
 At the end the sink must hold every input position (``Sink.check``): a row no
 tier delivered raises ``UnwrittenRowError`` instead of returning its buffer.
 Each tier's time is kept apart (``CallCounts.tier_s``); the rest of the call
@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, UnwrittenRowError
 from attnstore_client.call.rows import Row
-from attnstore_client.call.sources import Chunk, RowSource
+from attnstore_client.call.sources import RowSource, Window
 from attnstore_client.call.state import Call
 from attnstore_client.keys import token_hash
 from attnstore_client.tiers.base import Tier
@@ -73,8 +73,8 @@ class Prefill:
         first: dict[bytes, int] = {}  # token hash (and segments, chunk tier on) -> the position of its first row
         roots: dict[int, int] = {}  # the position of a copy -> the position of the row it copies
         with tqdm(total=len(source), desc="rows", unit="row", disable=not progress) as bar:
-            for chunk in source.chunks(call.settings.chunk_rows):
-                rows = self._distinct(chunk, first, roots, call)
+            for window in source.windows(call.settings.window_rows):
+                rows = self._distinct(window, first, roots, call)
                 for tier in self.tiers:
                     if not rows:
                         break
@@ -82,7 +82,7 @@ class Prefill:
                 if rows:
                     raise UnwrittenRowError(f"{len(rows)} rows left open by the last tier, {self.tiers[-1].name}:"
                                             f" rows {[row.index for row in rows[:8]]}")
-                bar.update(len(chunk))
+                bar.update(len(window))
         call.sink.check(call.kinds)  # a row no tier delivered is a bug: raise, never hand out its buffer
         call.counts.total_s = time.perf_counter() - started
 
@@ -97,8 +97,8 @@ class Prefill:
         return left
 
     @staticmethod
-    def _distinct(chunk: Chunk, first: dict[bytes, int], roots: dict[int, int], call: Call) -> list[Row]:
-        """The chunk's rows not seen before in the call.
+    def _distinct(window: Window, first: dict[bytes, int], roots: dict[int, int], call: Call) -> list[Row]:
+        """The window's rows not seen before in the call.
 
         Every other row is a copy of one distinct row, its *root*: the first row of the call with its tokens.
         A text that repeats an earlier text takes that text's root, also when the earlier text was itself a copy
@@ -106,8 +106,8 @@ class Prefill:
         a served root is answered at once, a copy of one in flight when its root is served.
         """
         rows: list[Row] = []
-        copies: list[int] = []  # positions of this chunk answered by a root
-        for position, tokens in chunk.rows:
+        copies: list[int] = []  # positions of this window answered by a root
+        for position, tokens in window.rows:
             if not len(tokens.ids):
                 raise ConfigError(f"row {position} has no tokens; every row needs at least one")
             key = token_hash(tokens.ids)
@@ -120,7 +120,7 @@ class Prefill:
             else:
                 roots[position] = root
                 copies.append(position)
-        for position, earlier in chunk.repeats:  # after the rows: ``earlier`` may be a copy found just above
+        for position, earlier in window.repeats:  # after the rows: ``earlier`` may be a copy found just above
             roots[position] = roots.get(earlier, earlier)
             copies.append(position)
         for position in copies:

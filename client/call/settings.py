@@ -15,8 +15,8 @@ DEFAULT_MIN_PREFIX_TOKENS = 64
 # Rows per exact-tier call: the daemon's default --max-queries.
 DEFAULT_WINDOW = 512
 # Batches of rows a call takes through the tiers at a time: enough for few store round trips and
-# length-sorted forwards, few enough that what a chunk holds stays a few batches' worth.
-CHUNK_BATCHES = 16
+# length-sorted forwards, few enough that what a window holds stays a few batches' worth.
+WINDOW_BATCHES = 16
 
 
 ChunkMethod = Literal["a3", "cacheblend", "full_reuse"]
@@ -95,7 +95,7 @@ class CallSettings:
             raise ConfigError(f"max_batch_tokens must be >= 1 or None, got {self.max_batch_tokens!r}")
 
     @property
-    def chunk_rows(self) -> int:
+    def window_rows(self) -> int:
         """Rows a call takes through the tiers at a time."""
-        return CHUNK_BATCHES * self.batch_size
+        return WINDOW_BATCHES * self.batch_size
 

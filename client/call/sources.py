@@ -1,4 +1,4 @@
-"""A call's input rows, taken a chunk at a time in the order the tiers want them: longest first.
+"""A call's input rows, taken a window at a time in the order the tiers want them: longest first.
 
 sentence-transformers sorts a call's texts by length before batching them and
 returns results in input order; a call here does the same, and tokenizes one
@@ -35,7 +35,7 @@ class Tokenized:
 
 
 @dataclass(frozen=True)
-class Chunk:
+class Window:
     """Some rows of a call: each new one with its tokens, and the repeats of rows already taken."""
 
     rows: list[tuple[int, Tokenized]]  # (input position, its tokens)
@@ -46,7 +46,7 @@ class Chunk:
 
 
 class RowSource(ABC):
-    """The rows of one call: how many, and their token ids a chunk at a time, longest first."""
+    """The rows of one call: how many, and their token ids a window at a time, longest first."""
 
     @abstractmethod
     def __len__(self) -> int:
@@ -60,12 +60,12 @@ class RowSource(ABC):
     def tokens(self, positions: Sequence[int]) -> list[Tokenized]:
         """The tokens of the rows at ``positions``."""
 
-    def chunks(self, size: int) -> Iterator[Chunk]:
+    def windows(self, size: int) -> Iterator[Window]:
         """At most ``size`` rows at a time, in ``order()``."""
         order = self.order()
         for start in range(0, len(order), size):
             positions = order[start : start + size].tolist()
-            yield Chunk(list(zip(positions, self.tokens(positions), strict=True)))
+            yield Window(list(zip(positions, self.tokens(positions), strict=True)))
 
 
 class TokenRows(RowSource):
@@ -87,7 +87,7 @@ class TokenRows(RowSource):
 
 
 class TextRows(RowSource):
-    """Texts (or prompts in segments), tokenized a chunk at a time: texts by ``tokenize``, segmented prompts by
+    """Texts (or prompts in segments), tokenized a window at a time: texts by ``tokenize``, segmented prompts by
     ``tokenize_segments``."""
 
     def __init__(
@@ -125,8 +125,8 @@ class TextRows(RowSource):
                 out[k] = tokens
         return [tokens for tokens in out if tokens is not None]
 
-    def chunks(self, size: int) -> Iterator[Chunk]:
-        """See :meth:`RowSource.chunks`: a text seen before in the call is a repeat, not tokenized again."""
+    def windows(self, size: int) -> Iterator[Window]:
+        """See :meth:`RowSource.windows`: a text seen before in the call is a repeat, not tokenized again."""
         first: dict[str | tuple[str, ...], int] = {}  # text -> its first position (the call's, not copies)
         order = self.order()
         for start in range(0, len(order), size):
@@ -139,7 +139,7 @@ class TextRows(RowSource):
                     new.append(position)
                 else:
                     repeats.append((position, earlier))
-            yield Chunk(list(zip(new, self.tokens(new), strict=True)), repeats)
+            yield Window(list(zip(new, self.tokens(new), strict=True)), repeats)
 
 
 def _length(prompt: Prompt) -> int:

@@ -1,7 +1,7 @@
 """One call's state as it flows through the tiers: its rows, what they came back as, and its tallies.
 
-A call's input rows are taken a chunk at a time (``prefill``); every distinct
-row of a chunk is a ``Row`` until a tier serves it. What a tier learns of a row
+A call's input rows are taken a window at a time (``prefill``); every distinct
+row of a window is a ``Row`` until a tier serves it. What a tier learns of a row
 for the tiers after it (admitted for write-back, failed, its feature) is kept
 on the row (``RowFacts``); ``Call`` holds what is the whole call's. A tier that
 serves rows hands their last hidden states to ``Call.deliver``, which passes
@@ -79,7 +79,7 @@ class Call:
         self.sink = sink
         self.counts = CallCounts(rows=rows)
         self.kinds: list[str] = [""] * rows  # per input row, once served
-        self.copies: dict[int, list[int]] = {}  # a row's index -> its later copies in the chunk in flight
+        self.copies: dict[int, list[int]] = {}  # a row's index -> its later copies in the window in flight
         self.store_down: str | None = None  # why the store is not asked again in this call (a fallback cause)
 
     def deliver(self, rows: Sequence[Row], hidden: HiddenRows, kind: RowKind) -> None:

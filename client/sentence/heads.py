@@ -112,7 +112,7 @@ class TransformersPipelineHead(SentenceHead):
         return super().resolve_prompt(prompt, prompt_name)
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> tuple[list[list[int]], int]:
-        """See :meth:`SentenceHead.tokenize`: sentence-transformers' own preprocess, a chunk at a time."""
+        """See :meth:`SentenceHead.tokenize`: sentence-transformers' own preprocess, a window at a time."""
         rows: list[list[int]] = []
         prompt_length = 0
         for start in range(0, len(texts), _TOKENIZE_CHUNK):

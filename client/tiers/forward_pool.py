@@ -9,7 +9,7 @@ the log lines' forwards ran 12% faster than one at a time on two threads, on an
 AMD EPYC with 2 cores (``docs/BENCHMARKS.md``, "Encode"). The GEMMs themselves
 run as fast either way.
 
-The caller hands over a chunk's forwards and takes each result as it ends, on its
+The caller hands over a window's forwards and takes each result as it ends, on its
 own thread (pooling, writing the result): tiers, sinks and the call's tallies are
 never touched from a worker.
 """

@@ -53,7 +53,7 @@ def cut(
     Packed forwards run ``side_by_side`` at once (``forward_pool``) get that share of the room each (together
     they hold what one would), and come in a multiple of that many of even tokens (fewer where a row is longer
     than a share; more where a share of short rows holds more than ``most`` rows), so that they end together: a
-    chunk of 2 to 11 forwards otherwise left a core idle for half a forward.
+    window of 2 to 11 forwards otherwise left a core idle for half a forward.
     """
     size = settings.batch_size
     if settings.packed:

@@ -103,29 +103,29 @@ class MapTier(Tier):
         ordered = sorted(rows, key=lambda row: -len(row.tokens))
         size = call.settings.batch_size
         for start in range(0, len(ordered), size):
-            chunk = ordered[start : start + size]
+            asked = ordered[start : start + size]
             projector = call.namespace.projector
             if projector is None:
                 _projector_gone(call, ordered[start:])
                 break
             started = time.perf_counter()
-            batch = batch_from_ids([row.tokens for row in chunk], context.adapter.loaded.tokenizer.pad_token_id)
+            batch = batch_from_ids([row.tokens for row in asked], context.adapter.loaded.tokenizer.pad_token_id)
             batch = batch.to(context.device)
             features = self._project(projector, batch)  # (B, d)
             call.counts.projection_s += time.perf_counter() - started
-            _keep_features(call, chunk, features)
-            search = partial(self._searched, call, chunk, features, batch)
+            _keep_features(call, asked, features)
+            search = partial(self._searched, call, asked, features, batch)
             matches = ask_store(context, call, search, ordered[start:])
             if matches is None:
                 if call.store_down is None:  # not a store failure: the namespace has no projector any more
                     _projector_gone(call, ordered[start:])
                 break
-            found = {row.index: m for row, m in zip(chunk, matches, strict=True) if m.kind == "map" and m.entry_id}
+            found = {row.index: m for row, m in zip(asked, matches, strict=True) if m.kind == "map" and m.entry_id}
             hits.update(found)
             seconds = time.perf_counter() - started
-            for length, group in _by_band([len(row.tokens) for row in chunk]).items():
-                group_hits = sum(chunk[k].index in found for k in group)
-                context.cost_model.record_lookup(length, len(group), group_hits, seconds * len(group) / len(chunk))
+            for length, group in _by_band([len(row.tokens) for row in asked]).items():
+                group_hits = sum(asked[k].index in found for k in group)
+                context.cost_model.record_lookup(length, len(group), group_hits, seconds * len(group) / len(asked))
         return hits
 
     def _project(self, projector: Projector, batch: Batch) -> np.ndarray:
@@ -140,7 +140,7 @@ class MapTier(Tier):
         )
 
     def _searched(
-        self, call: Call, chunk: list[Row], features: np.ndarray, batch: Batch, remaining: float | None
+        self, call: Call, asked: list[Row], features: np.ndarray, batch: Batch, remaining: float | None
     ) -> list[Match] | None:
         """Search the batch; when the namespace's projector was replaced meanwhile, load the new one and search
         again with the batch projected by it (the store is fine: the breaker is not told).
@@ -149,7 +149,7 @@ class MapTier(Tier):
         made again): the view is adopted (exact tiers only from now on) and nothing is searched.
         """
         context = self._context
-        tokens = [row.tokens for row in chunk]
+        tokens = [row.tokens for row in asked]
         try:
             return context.connection.search(self._request(call, features, batch, tokens), timeout=remaining)
         except ProjectorChangedError as exc:
@@ -161,7 +161,7 @@ class MapTier(Tier):
             if projector is None:
                 return None
             features = self._project(projector, batch)  # (B, d)
-            _keep_features(call, chunk, features)
+            _keep_features(call, asked, features)
             return context.connection.search(self._request(call, features, batch, tokens), timeout=remaining)
 
     # ---- replay ---------------------------------------------------------------
@@ -212,9 +212,9 @@ class MapTier(Tier):
         return [row.index for k, row in enumerate(rows) if k not in failed]
 
 
-def _keep_features(call: Call, chunk: Sequence[Row], features: np.ndarray) -> None:
+def _keep_features(call: Call, asked: Sequence[Row], features: np.ndarray) -> None:
     """Keep each row's feature with the projector version it came from (a written-back row carries it)."""
-    for k, row in enumerate(chunk):
+    for k, row in enumerate(asked):
         row.facts.feature, row.facts.projector_version = features[k], call.namespace.version
 
 

@@ -112,7 +112,7 @@ def test_a_repeated_text_whose_first_occurrence_copies_an_earlier_row_is_answere
 
 
 def test_repeats_of_token_duplicates_are_answered_across_chunks_in_any_order(bert, service) -> None:
-    # batch_size 1: a chunk of the stream is 16 rows, so the copies and their roots fall in different chunks.
+    # batch_size 1: a window of the stream is 16 rows, so the copies and their roots fall in different windows.
     # Capitalised words are all [UNK]: "W7 w3 w4" and "W9 w3 w4" are one row, each text repeated many times.
     rests = [text.split(" ", 1)[1] for text in sentences(6, seed=31, min_words=3, max_words=3)]
     variants = [f"W{k} {rest}" for rest in rests for k in range(4)] * 3

@@ -72,6 +72,6 @@ def colliding_texts(draw: st.DrawFn) -> str:
 def colliding_calls(draw: st.DrawFn, max_rows: int) -> list[str]:
     """A call's texts: drawn from a small pool of colliding texts, so repeats and duplicates are many."""
     pool = draw(st.lists(colliding_texts(), min_size=1, max_size=12))
-    size = draw(st.sampled_from((1, 2, 5, 12, max_rows // 2, max_rows)))  # long calls cross chunks of the stream
+    size = draw(st.sampled_from((1, 2, 5, 12, max_rows // 2, max_rows)))  # long calls cross windows of the stream
     picks = draw(st.lists(st.integers(0, len(pool) - 1), min_size=size, max_size=size))
     return [pool[p] for p in picks]

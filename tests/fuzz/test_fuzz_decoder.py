@@ -3,7 +3,7 @@
 transformers forward of that row alone.
 
 A tiny random Llama with a word tokenizer (capitalised words are all ``[UNK]``, whitespace is not a token): case
-and whitespace variants give one row, repeats and duplicates compose across chunks of the stream. The store is
+and whitespace variants give one row, repeats and duplicates compose across windows of the stream. The store is
 a real LMDB store holding the prefix blocks of prompts over two shared prefixes; the chunk tier recomputes every
 chunk token (ratio 1), so it too must equal full prefill. Configurations: the exact tiers on and off, the prefix
 tier on and off, the chunk tier on and off, packed and padded, side by side or not, batch sizes of 1 to 4.

@@ -6,7 +6,7 @@ whitespace variants, repeats, empty and over-long texts, unicode), some stored i
 (exact hits), some with their maps alone (map hits), most not at all, and run through ``AttnCache`` in every
 configuration that changes a row's path: embedded (a real LMDB store) and through a real daemon with write-back
 on, this process's exact tier on and off, the exact tiers off (map hits every time), packed and padded forwards,
-side by side or not, the map tier on and off, batch sizes small enough that a call crosses chunks of the stream,
+side by side or not, the map tier on and off, batch sizes small enough that a call crosses windows of the stream,
 and every ``encode`` option. Computed
 rows and exact hits must be within cosine 0.9999 of the reference (token embeddings token by token), map hits
 within the fidelity the gate promises (0.99), every row's kind set, and texts that repeat give equal rows.
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.real_model
 COMPUTED = 0.9999  # computed rows and exact hits (fp16 outputs)
 MAPPED = 0.99  # map hits: what the fidelity gate promises of a hit
 KINDS = {"exact", "map", "miss", "fallback"}
-MAX_ROWS = 70  # with batch_size <= 4 a chunk of the stream is at most 64 rows: long calls cross chunks
+MAX_ROWS = 70  # with batch_size <= 4 a window of the stream is at most 64 rows: long calls cross windows
 
 
 @pytest.fixture(scope="module")

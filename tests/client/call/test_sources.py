@@ -1,19 +1,19 @@
-"""Row sources: a call's rows a chunk at a time, longest first as sentence-transformers orders them."""
+"""Row sources: a call's rows a window at a time, longest first as sentence-transformers orders them."""
 
 from __future__ import annotations
 
 from attnstore_client.call.sources import TextRows, Tokenized, TokenRows
 
 
-def test_token_rows_come_longest_first_ties_in_input_order_in_chunks() -> None:
+def test_token_rows_come_longest_first_ties_in_input_order_in_windows() -> None:
     source = TokenRows([[1], [1, 2, 3], [4, 5], [6, 7, 8], [9]])
-    chunks = list(source.chunks(2))
-    assert [[p for p, _ in chunk.rows] for chunk in chunks] == [[1, 3], [2, 0], [4]]
-    assert chunks[0].rows[0] == (1, Tokenized([1, 2, 3])) and [len(chunk) for chunk in chunks] == [2, 2, 1]
+    windows = list(source.windows(2))
+    assert [[p for p, _ in window.rows] for window in windows] == [[1, 3], [2, 0], [4]]
+    assert windows[0].rows[0] == (1, Tokenized([1, 2, 3])) and [len(window) for window in windows] == [2, 2, 1]
     assert len(source) == 5
 
 
-def test_text_rows_are_ordered_by_text_length_and_tokenized_one_chunk_at_a_time() -> None:
+def test_text_rows_are_ordered_by_text_length_and_tokenized_one_window_at_a_time() -> None:
     asked: list[list[str]] = []
 
     def tokenize(texts: list[str]) -> list[list[int]]:
@@ -21,10 +21,10 @@ def test_text_rows_are_ordered_by_text_length_and_tokenized_one_chunk_at_a_time(
         return [[len(text)] for text in texts]
 
     source = TextRows(["bb", "a", "dddd", "ccc"], tokenize)
-    chunks = list(source.chunks(3))
-    assert [[p for p, _ in chunk.rows] for chunk in chunks] == [[2, 3, 0], [1]]
+    windows = list(source.windows(3))
+    assert [[p for p, _ in window.rows] for window in windows] == [[2, 3, 0], [1]]
     assert asked == [["dddd", "ccc", "bb"], ["a"]]  # never every text at once
-    assert chunks[1].rows == [(1, Tokenized([1]))]
+    assert windows[1].rows == [(1, Tokenized([1]))]
 
 
 def test_a_text_repeated_in_the_call_is_tokenized_once_and_comes_as_a_repeat_of_its_first() -> None:
@@ -35,11 +35,11 @@ def test_a_text_repeated_in_the_call_is_tokenized_once_and_comes_as_a_repeat_of_
         return [[len(text)] for text in texts]
 
     source = TextRows(["xy", "abc", "xy", "abc", "q", "xy"], tokenize)
-    chunks = list(source.chunks(2))
+    windows = list(source.windows(2))
     assert sorted(asked) == ["abc", "q", "xy"]
-    repeats = [repeat for chunk in chunks for repeat in chunk.repeats]
+    repeats = [repeat for window in windows for repeat in window.repeats]
     assert sorted(repeats) == [(2, 0), (3, 1), (5, 0)]
-    assert sum(len(chunk) for chunk in chunks) == 6
+    assert sum(len(window) for window in windows) == 6
 
 
 def test_a_prompt_in_segments_is_tokenized_segment_by_segment_with_the_special_tokens_around_it() -> None:
