@@ -245,12 +245,12 @@ def _baselines(adapter, task: Task, service, namespace: str, config: EvalConfig)
         SanVariant,
         calibrate_san,
     )
-    from attnstore_tools.eval.runner import chunks
+    from attnstore_tools.eval.runner import row_batches
 
     pad = adapter.loaded.tokenizer.pad_token_id
     build_ids = _queries(adapter.loaded, sentence_head(adapter.loaded), task.build, config.batch_size).ids
     sample = np.random.default_rng(config.seed).permutation(len(build_ids))[:_SAN_CALIBRATION].tolist()
-    calibration = calibrate_san(adapter, [batch for _, batch in chunks(build_ids, sample, config.batch_size, pad)])
+    calibration = calibrate_san(adapter, [batch for _, batch in row_batches(build_ids, sample, config.batch_size, pad)])
     variants: list = [LazyFormerVariant(adapter)]
     variants += [SanVariant(adapter, calibration, calibration.threshold_for(share)) for share in config.san_shares]
     if service is None:

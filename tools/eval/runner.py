@@ -33,7 +33,7 @@ from attnstore_tools.eval.variants import AttentionTimer, CallRun, Queries, Vari
 from attnstore_tools.timing import time_rounds
 
 # A batch of rows: their indices and the padded batch.
-Chunk = tuple[list[int], Batch]
+RowBatch = tuple[list[int], Batch]
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Timing:
         return self.attention_s - self.inline_s
 
 
-def chunks(ids: Sequence[Sequence[int]], indices: Sequence[int], batch_size: int, pad_id: int) -> list[Chunk]:
+def row_batches(ids: Sequence[Sequence[int]], indices: Sequence[int], batch_size: int, pad_id: int) -> list[RowBatch]:
     """Batches of the given rows, longest first, with the row indices of each."""
     order = sorted(indices, key=lambda i: -len(ids[i]))
     return [
