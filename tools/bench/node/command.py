@@ -1,4 +1,4 @@
-"""``attnstore bench node``: concurrent clients of the official ``openai`` package against three HTTP servers.
+"""``attnstore bench node``: concurrent clients of the official ``openai`` package against HTTP servers.
 
 The servers, one after another on the same cores, each a fresh process per
 client count (so no point inherits another's cache):
@@ -9,7 +9,13 @@ client count (so no point inherits another's cache):
 - ``sentence_transformers``: the node's own HTTP app answering each request with
   ``SentenceTransformer.encode`` (``bench.node.server``);
 - ``dict``: the same with a dict cache in front, holding the stored lines'
-  embeddings at start (as the node's store holds them) and every line it computes.
+  embeddings at start (as the node's store holds them) and every line it computes;
+- the peers users run instead (``bench.peers``, the ``peers`` extra), through the
+  same HTTP app: ONNX Runtime on the fp32 graph (``onnx_fp32``), the graph
+  optimised at O3 (``onnx_o3``), the dynamically quantised int8 graph
+  (``onnx_int8``) and OpenVINO fp32 (``openvino``), each bare or behind the same
+  dict (``onnx_o3_dict``, ...); their graphs are exported once into
+  ``--peers-cache`` before the servers start.
 
 Load: ``--requests`` requests, each of 1 to ``--max-lines`` lines drawn at random
 (seeded) from the systems' last 1,000 lines, the same requests for every server;
@@ -18,7 +24,12 @@ once its last is answered (``client.embeddings.create``; no retries, so every
 failure counts). Per server and N: rows/s over the run, p50 and p99 request
 latency, errors, and the CPU seconds of the server and of the clients' process;
 for the node also its ``/metrics``: rows by tier, requests per call, tokens per
-call, and the tokens its forwards ran against the real tokens they held.
+call, and the tokens its forwards ran against the real tokens they held. Every
+server's fidelity: the share of the rows it answered at cosine >= 0.99 to
+sentence-transformers' own vectors of them, and the lowest cosine. The node's
+speedups are against every other server, and against the fastest exact peer
+behind a dict (the fastest of ``onnx_fp32_dict``, ``onnx_o3_dict`` and
+``openvino_dict`` that ran: int8 is not exact).
 """
 
 from __future__ import annotations
@@ -38,13 +49,27 @@ from typing import Any
 
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
-from attnstore_tools.bench.encode import NAMESPACE, built_store, load_data, stored_embeddings
+from attnstore_tools.bench.encode import (
+    EXACT_PEERS,
+    NAMESPACE,
+    PEER_METHODS,
+    built_store,
+    load_data,
+    peer_method,
+    stored_embeddings,
+)
 from attnstore_tools.bench.node.load import run_load, warm_up
+from attnstore_tools.bench.peers_export import PeerName, default_cache_dir
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
 
-SERVERS = ("attnstore", "sentence_transformers", "dict")
+SERVERS = ("attnstore", "sentence_transformers", "dict",
+           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")))
+DEFAULT_SERVERS = ("attnstore", "sentence_transformers", "dict", "onnx_o3", "onnx_o3_dict", "onnx_int8_dict",
+                   "openvino_dict")
+EXACT_PEER_DICTS = tuple(f"{peer}_dict" for peer in EXACT_PEERS)
+FAITHFUL = 0.99  # the cosine a row must keep to sentence-transformers' vector to count as faithful
 _START_TIMEOUT = 300.0
 
 
@@ -54,13 +79,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
     p.add_argument("--requests", type=int, default=240, help="requests per server and client count")
     p.add_argument("--max-lines", type=int, default=32, help="lines per request at most (at least 1)")
-    p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
+    p.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                   help=f"comma-separated, of {', '.join(SERVERS)} (default: {', '.join(DEFAULT_SERVERS)}; the"
+                   " peers need the peers extra)")
     p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each server")
     p.add_argument("--seed", type=int, default=0, help="of the requests' draws")
     p.add_argument("--node-args", default="", help="more `attnstore node` arguments, space-separated")
     p.add_argument("--data-dir", type=Path, default=None, help=DATA_HELP)
     p.add_argument("--work-dir", type=Path, default=Path("runs/bench-node"), help="where the built store is kept")
+    p.add_argument("--peers-cache", type=Path, default=None,
+                   help="where the peers' exported graphs are kept (default: $ATTNSTORE_PEERS_CACHE or"
+                   " ~/.cache/attnstore/peers)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of rows/s and p99 latency here")
     p.set_defaults(func=run)
@@ -80,10 +110,13 @@ def run(args: argparse.Namespace) -> int:
     root = data_dir(args.data_dir)
     stored, queries, _, _ = load_data("logs", root)
     work = args.work_dir / "logs"
-    store = built_store(args.model, stored, work)
-    embeddings = stored_embeddings(args.model, stored, work, threads=args.threads, batch=32)
+    store = built_store(args.model, stored, work) if "attnstore" in servers else None
+    embeddings = (stored_embeddings(args.model, stored, work, threads=args.threads, batch=32)
+                  if any(s == "dict" or s.endswith("_dict") for s in servers) else None)
+    graphs = _peer_graphs(args.model, servers, args.peers_cache or default_cache_dir())
     rng = random.Random(args.seed)
     requests = [rng.choices(queries, k=rng.randint(1, args.max_lines)) for _ in range(args.requests)]
+    reference = _reference(args.model, requests, args.threads)
     warmup = _warmup_texts(root)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
@@ -92,16 +125,19 @@ def run(args: argparse.Namespace) -> int:
         for clients in counts:
             point: dict[str, Any] = {"clients": clients, "servers": {}}
             for server in servers:
-                command = _command(args, server, store, scratch, embeddings)
-                point["servers"][server] = _measure(command, scratch / f"{server}-{clients}", args.model,
-                                                    requests, clients, warmup, metrics=server == "attnstore")
+                command = _command(args, server, store, scratch, embeddings, graphs)
+                result = _measure(command, scratch / f"{server}-{clients}", args.model, requests, clients, warmup,
+                                  metrics=server == "attnstore")
+                result.update(_fidelity(result.pop("vectors"), requests, reference))
+                point["servers"][server] = result
                 _print_line(clients, server, point["servers"][server])
             _ratios(point)
             results.append(point)
     report = {
         "model": args.model, "threads": args.threads, "requests": args.requests, "max_lines": args.max_lines,
         "rows": sum(len(r) for r in requests), "seed": args.seed, "node_args": args.node_args,
-        "cpu": cpu_model(), "cores": os.cpu_count(), "stored_rows": len(stored), "results": results,
+        "cpu": cpu_model(), "cores": os.cpu_count(), "stored_rows": len(stored),
+        "peer_graphs": {peer: str(path) for peer, path in graphs.items()}, "results": results,
     }
     _print_summary(report)
     if args.json is not None:
@@ -117,17 +153,70 @@ def _warmup_texts(root: Path) -> list[str]:
     return [line.split("\t")[-2] for line in lines if line.count("\t") >= 2]
 
 
-def _command(args: argparse.Namespace, server: str, store: Path, scratch: Path, embeddings: Path) -> list[str]:
+def _peer_graphs(model: str, servers: list[str], cache: Path) -> dict[PeerName, Path]:
+    """The exported graph of every peer the servers run, exported here once (the servers only read them)."""
+    peers = list(dict.fromkeys(peer for peer in map(peer_method, servers) if peer is not None))
+    if not peers:
+        return {}
+    from attnstore_client.models import load_model
+    from attnstore_tools.bench.peers_export import export_graph
+
+    loaded = load_model(model)
+    return {peer: export_graph(peer, loaded, cache_dir=cache, progress=_progress) for peer in peers}
+
+
+def _progress(line: str) -> None:
+    print(f"bench node: {line}", file=sys.stderr, flush=True)
+
+
+def _reference(model: str, requests: list[list[str]], threads: int) -> dict[str, Any]:
+    """sentence-transformers' vector of every text the requests hold, normalised: what fidelity is measured
+    against."""
+    import torch
+
+    from attnstore_client.models import load_model
+
+    torch.set_num_threads(threads)
+    pipeline = load_model(model).sentence_transformer
+    if pipeline is None:
+        raise ConfigError(f"bench node: {model!r} has no sentence-transformers configuration")
+    texts = list(dict.fromkeys(text for request in requests for text in request))
+    vectors = pipeline.encode(texts, batch_size=32, show_progress_bar=False, normalize_embeddings=True)
+    return dict(zip(texts, vectors, strict=True))
+
+
+def _fidelity(vectors: list[Any], requests: list[list[str]], reference: dict[str, Any]) -> dict[str, Any]:
+    """The share of the answered rows at cosine >= ``FAITHFUL`` to sentence-transformers', and the lowest."""
+    import numpy as np
+
+    got = [vector for answer in vectors if answer is not None for vector in answer]
+    if not got:
+        return {"frac_cos_099": None, "min_cos": None}
+    expected = np.stack([reference[text] for answer, request in zip(vectors, requests, strict=True)
+                         if answer is not None for text in request])  # (rows, dim), unit rows
+    answered = np.stack(got)
+    cosine = (answered * expected).sum(axis=1) / np.linalg.norm(answered, axis=1)
+    return {"frac_cos_099": float((cosine >= FAITHFUL).mean()), "min_cos": float(cosine.min())}
+
+
+def _command(
+    args: argparse.Namespace, server: str, store: Path | None, scratch: Path, embeddings: Path | None,
+    graphs: dict[PeerName, Path],
+) -> list[str]:
     ready = scratch / f"{server}-ready.json"
     if server == "attnstore":
+        assert store is not None
         return [sys.executable, "-m", "attnstore_tools.cli", "node", "--model", args.model, "--store",
                 f"local:{store}", "--namespace", NAMESPACE, "--listen", "127.0.0.1:0", "--ready-file", str(ready),
                 "--threads", str(args.threads), *args.node_args.split()]
-    method = "encode" if server == "sentence_transformers" else "dict"
+    method = "dict" if server == "dict" or server.endswith("_dict") else "encode"
     command = [sys.executable, "-m", "attnstore_tools.bench.node.server", "--method", method, "--model", args.model,
                "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--threads", str(args.threads)]
     if method == "dict":
         command += ["--stored", str(scratch / "stored.json"), "--stored-embeddings", str(embeddings)]
+    peer = peer_method(server)
+    if peer is not None:
+        command += ["--peer", peer, "--graph", str(graphs[peer])]
     return command
 
 
@@ -203,33 +292,43 @@ def _node_metrics(url: str) -> dict[str, Any]:
 
 
 def _ratios(point: dict[str, Any]) -> None:
+    """The node's rows/s and p99 against every other server's, and against the fastest exact peer's behind a
+    dict (``fastest_exact_peer_dict`` names it)."""
     servers = point["servers"]
     node = servers.get("attnstore")
     if node is None:
         return
-    for base in ("sentence_transformers", "dict"):
-        if base in servers:
-            point[f"rows_per_s_vs_{base}"] = node["rows_per_s"] / servers[base]["rows_per_s"]
-            point[f"p99_vs_{base}"] = node["p99_ms"] / servers[base]["p99_ms"]
+    for base in [s for s in servers if s != "attnstore"]:
+        point[f"rows_per_s_vs_{base}"] = node["rows_per_s"] / servers[base]["rows_per_s"]
+        point[f"p99_vs_{base}"] = node["p99_ms"] / servers[base]["p99_ms"]
+    peers = [s for s in EXACT_PEER_DICTS if s in servers]
+    if peers:
+        fastest = max(peers, key=lambda s: servers[s]["rows_per_s"])
+        point["fastest_exact_peer_dict"] = fastest
+        point["rows_per_s_vs_fastest_exact_peer_dict"] = point[f"rows_per_s_vs_{fastest}"]
+        point["p99_vs_fastest_exact_peer_dict"] = point[f"p99_vs_{fastest}"]
 
 
 def _print_line(clients: int, server: str, r: dict[str, Any]) -> None:
+    frac = "-" if r.get("frac_cos_099") is None else f"{r['frac_cos_099']:.4f}"
+    low = "-" if r.get("min_cos") is None else f"{r['min_cos']:.4f}"
     print(f"{clients:>7} {server:22} {r['rows_per_s']:9.1f} {r['requests_per_s']:7.1f} {r['p50_ms']:8.1f}"
-          f" {r['p99_ms']:8.1f} {r['errors']:6d} {r['server_cpu_s']:9.1f} {r['client_cpu_s']:9.1f}", flush=True)
+          f" {r['p99_ms']:8.1f} {r['errors']:6d} {frac:>8} {low:>8} {r['server_cpu_s']:9.1f}"
+          f" {r['client_cpu_s']:9.1f}", flush=True)
 
 
 def _print_summary(report: dict[str, Any]) -> None:
     print(f"\n{report['requests']} requests of 1-{report['max_lines']} lines ({report['rows']} rows) per point;"
           f" {report['threads']} torch threads per server; {report['cores']} cores ({report['cpu']})")
     print(f"{'clients':>7} {'server':22} {'rows/s':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-          f" {'srv CPU s':>9} {'cli CPU s':>9}")
+          f" {'cos>=.99':>8} {'min cos':>8} {'srv CPU s':>9} {'cli CPU s':>9}")
     for point in report["results"]:
         for server, result in point["servers"].items():
             _print_line(point["clients"], server, result)
     for point in report["results"]:
         parts = [f"{point['clients']} clients:"]
-        for base in ("sentence_transformers", "dict"):
-            if f"rows_per_s_vs_{base}" in point:
+        for base in ("sentence_transformers", "dict", point.get("fastest_exact_peer_dict")):
+            if base and f"rows_per_s_vs_{base}" in point:
                 parts.append(f"rows/s {point[f'rows_per_s_vs_{base}']:.2f}x {base}"
                              f" (p99 {point[f'p99_vs_{base}']:.2f}x)")
         node = point["servers"].get("attnstore", {}).get("node")

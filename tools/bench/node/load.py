@@ -3,7 +3,8 @@
 Every client is its own ``AsyncOpenAI`` (its own connections) with retries off,
 so a failed request counts as an error instead of being sent again. Clients take
 the next request from one shared list until it is empty, so every server
-answers the same requests whatever its speed.
+answers the same requests whatever its speed. Each answer's vectors are kept,
+by request, for the fidelity the bench reports beside the speed.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ async def warm_up(url: str, model: str, texts: list[str], requests: int = 8) -> 
 
 
 async def run_load(url: str, model: str, requests: list[list[str]], clients: int) -> dict[str, Any]:
-    """Send ``requests`` through ``clients`` concurrent clients; rows/s, latency percentiles, errors."""
+    """Send ``requests`` through ``clients`` concurrent clients; rows/s, latency percentiles, errors, and under
+    ``vectors`` each request's answer, ``(len(request), dim)`` float32 (None where it failed)."""
     from openai import AsyncOpenAI
 
-    pending = list(reversed(requests))
+    pending = list(reversed(list(enumerate(requests))))
+    answers: list[list[list[float]] | None] = [None] * len(requests)  # made arrays after the clock stops
     latencies: list[float] = []
     errors: list[str] = []
     rows = 0
@@ -44,7 +47,7 @@ async def run_load(url: str, model: str, requests: list[list[str]], clients: int
         client = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=_TIMEOUT_S)
         try:
             while pending:
-                texts = pending.pop()
+                index, texts = pending.pop()
                 started = time.perf_counter()
                 try:
                     answer = await client.embeddings.create(model=model, input=texts)
@@ -55,6 +58,7 @@ async def run_load(url: str, model: str, requests: list[list[str]], clients: int
                     continue
                 latencies.append(time.perf_counter() - started)
                 rows += len(texts)
+                answers[index] = [item.embedding for item in answer.data]
         finally:
             await client.close()
 
@@ -62,10 +66,12 @@ async def run_load(url: str, model: str, requests: list[list[str]], clients: int
     started = time.perf_counter()
     await asyncio.gather(*(client_loop() for _ in range(clients)))
     wall = time.perf_counter() - started
+    client_cpu = time.process_time() - cpu
+    vectors = [None if answer is None else np.array(answer, dtype=np.float32) for answer in answers]
     ms = np.array(latencies) * 1000.0 if latencies else np.array([float("nan")])
     return {
         "wall_s": wall, "rows": rows, "requests": len(latencies), "errors": len(errors), "error_samples": errors[:5],
         "rows_per_s": rows / wall, "requests_per_s": len(latencies) / wall,
         "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-        "mean_ms": float(ms.mean()), "client_cpu_s": time.process_time() - cpu,
+        "mean_ms": float(ms.mean()), "client_cpu_s": client_cpu, "vectors": vectors,
     }
