@@ -10,6 +10,12 @@ each on the same stream and the same number of processes, one after the other:
 
 - ``plain``: sentence-transformers ``encode``;
 - ``dict``: each process its own dict output cache, pre-filled with the build lines;
+- ``redis_cache``: the processes share one exact cache in a real Redis, as a
+  team sharing results across replicas runs RedisVL's ``EmbeddingsCache``
+  (``bench.redis_cache``: text + model keys; one ``MGET`` per batch, the misses
+  encoded with sentence-transformers, or with ``--redis-peer``, and set back),
+  pre-filled with the build lines; the bench starts its own ``redis-server`` on
+  a loopback port and stops it after;
 - ``attnstore``: ``AttnCache`` against the built namespace, write-back off
   (the exact tiers, the node's own and the store's, and map replay);
 - ``attnstore_exact_write_back``: the store's exact tier alone (no map lookups),
@@ -20,8 +26,10 @@ Every AttnStore variant gets its own copy of the built store and its own daemon
 (``--max-bytes``, ``--dram-bytes``, ``--admit-after``), so what one variant
 writes back no other sees. Reports rows/s per variant, hit rates by kind,
 fidelity (cosine per row to ``plain``), store bytes and daemon RSS at the end
-(against its RSS at start plus its caps), errors, and a PNG of the hit rates
-over the stream. The speedups are ``attnstore_write_back``'s.
+(against its RSS at start plus its caps), the Redis cache's keys and memory,
+errors, and a PNG of the hit rates over the stream. The speedups are
+``attnstore_write_back``'s. ``--variants`` runs some of them (``plain``, the
+reference, always runs).
 
 ``--cold-start``: no corpus and no build. The dicts start empty, and the
 AttnStore variant, ``attnstore_cold_start``, starts from a namespace made by
@@ -29,7 +37,7 @@ AttnStore variant, ``attnstore_cold_start``, starts from a namespace made by
 sent with write-back on, then ``admin train-projector`` trains the projector
 from the maps written back, then the second half is sent by new node processes
 (map hits become possible). Its rows/s counts the two halves, not the training
-(reported apart); the speedups are its own.
+(reported apart); the speedups are its own. The Redis cache starts empty too.
 """
 
 from __future__ import annotations
@@ -52,13 +60,17 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
+from attnstore_tools.bench.peers_export import PEERS, default_cache_dir
+from attnstore_tools.bench.redis_cache import RedisEmbeddingsCache, RedisProcess
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.machine import status_bytes
 from attnstore_tools.output import write_json
 
-VARIANTS = ("plain", "dict", "attnstore", "attnstore_exact_write_back", "attnstore_write_back")
+BASELINES = ("plain", "dict", "redis_cache")  # no daemon
+BUILT = ("attnstore", "attnstore_exact_write_back", "attnstore_write_back")  # on the built namespace
+VARIANTS = (*BASELINES, *BUILT)
 COLD_START = "attnstore_cold_start"
-STORE_VARIANTS = (*VARIANTS[2:], COLD_START)  # each with its own store and its own daemon
+STORE_VARIANTS = (*BUILT, COLD_START)  # each with its own store and its own daemon
 WRITING = frozenset({"attnstore_exact_write_back", "attnstore_write_back", COLD_START})
 NAMESPACE = "stream"
 LOGHUB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "loghub"
@@ -86,6 +98,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dram-bytes", type=int, default=256 << 20, help="the daemons' --dram-bytes (decoded maps cap)")
     p.add_argument("--cold-start", action="store_true",
                    help="no build: an empty namespace filled by write-back, a projector trained halfway")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS)} (plain always runs; with --cold-start, the"
+                   f" baselines chosen and {COLD_START})")
+    p.add_argument("--redis-peer", choices=PEERS, default=None,
+                   help="the peer that encodes redis_cache's misses (default: sentence-transformers)")
+    p.add_argument("--peers-cache", type=Path, default=None,
+                   help="where the peers' exported graphs are kept (default: $ATTNSTORE_PEERS_CACHE or"
+                   " ~/.cache/attnstore/peers)")
     p.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     p.add_argument("--plot", type=Path, default=None, help="write the hit-rate plot here (PNG)")
     p.set_defaults(func=run)
@@ -117,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
             f" >= 1; got {args.build_lines}, {args.limit}, {args.nodes}, {args.batch}, {args.threads},"
             f" {args.admit_after}, {args.max_bytes}, {args.dram_bytes}"
         )
+    chosen = [v for v in args.variants.split(",") if v]
+    if set(chosen) - set(VARIANTS):
+        raise ConfigError(f"bench stream: --variants {args.variants!r}: each must be one of {list(VARIANTS)}")
+    baselines = [v for v in BASELINES if v == "plain" or v in chosen]
+    built = [] if args.cold_start else [v for v in BUILT if v in chosen]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     build, stream = load_stream(args.data, args.build_lines, args.limit)
     with tempfile.TemporaryDirectory(prefix="attnstore-bench-stream-") as folder:  # store copies: GBs
@@ -127,24 +152,27 @@ def run(args: argparse.Namespace) -> int:
         tokens.write_text(f"admin {_ADMIN}\n{writers}", encoding="utf-8")
         tokens.chmod(0o600)
         if args.cold_start:
-            _embed(args, [], work)
-            reports = {v: _run_variant(args, v, "", work, 0, len(stream)) for v in VARIANTS[:2]}
+            embedded = _embed(args, [], work)
+            reports, redis = _run_baselines(args, baselines, work, [], embedded, len(stream))
             daemons, phases = _run_cold_start(args, work, tokens, reports, len(stream))
             result = _summarise(args, reports, len(stream), daemons, COLD_START)
             result["variants"][COLD_START]["phases"] = phases
         else:
-            built_s = _build(args, build, work)
-            _embed(args, build, work)
-            reports = {v: _run_variant(args, v, "", work, 0, len(stream)) for v in VARIANTS[:2]}
+            built_s = _build(args, build, work) if built else None
+            embedded = _embed(args, build, work)
+            reports, redis = _run_baselines(args, baselines, work, build, embedded, len(stream))
             daemons = {}
-            for variant in VARIANTS[2:]:
+            for variant in built:
                 store = work / f"store-{variant}"
                 shutil.copytree(work / "built", store)
                 with _daemon(args, store, work / variant, tokens) as (daemon, rss_start):
                     reports[variant] = _run_variant(args, variant, f"grpc://{daemon.target}", work, 0, len(stream))
                     daemons[variant] = _daemon_report(daemon, rss_start)
-            result = _summarise(args, reports, len(stream), daemons, "attnstore_write_back")
+            result = _summarise(args, reports, len(stream), daemons,
+                                "attnstore_write_back" if "attnstore_write_back" in built else None)
             result["build_seconds"] = built_s
+        if redis is not None:
+            result["variants"]["redis_cache"]["redis"] = redis
     _print(result)
     if args.plot is not None:
         _plot(reports, args.plot)
@@ -230,8 +258,8 @@ def _build(args: argparse.Namespace, build: list[str], work: Path) -> float:
     return time.perf_counter() - started
 
 
-def _embed(args: argparse.Namespace, build: list[str], work: Path) -> None:
-    """The build lines and their embeddings, that the dicts start with."""
+def _embed(args: argparse.Namespace, build: list[str], work: Path) -> np.ndarray:
+    """The build lines and their embeddings, that the dicts (and the Redis cache) start with; returns these."""
     import torch
 
     from attnstore_client.models import load_model
@@ -243,10 +271,38 @@ def _embed(args: argparse.Namespace, build: list[str], work: Path) -> None:
                 else np.zeros((0, 0), np.float32))
     (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
     np.save(work / "build.npy", embedded)
+    return embedded
+
+
+def _run_baselines(
+    args: argparse.Namespace, baselines: list[str], work: Path, build: list[str], embedded: np.ndarray, count: int,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any] | None]:
+    """The baselines' node reports on the whole stream, and the Redis cache's report (None if it did not run)."""
+    reports = {v: _run_variant(args, v, "", work, 0, count) for v in baselines if v != "redis_cache"}
+    if "redis_cache" not in baselines:
+        return reports, None
+    extra: dict[str, Any] = {}
+    if args.redis_peer is not None:
+        from attnstore_client.models import load_model
+        from attnstore_tools.bench.peers_export import export_graph
+
+        graph = export_graph(args.redis_peer, load_model(args.model), cache_dir=args.peers_cache or default_cache_dir())
+        extra = {"peer": args.redis_peer, "graph": str(graph)}
+    with RedisProcess(work / "redis") as server:
+        client = server.client()
+        RedisEmbeddingsCache(client, args.model).set_many(build, embedded)
+        prefilled = int(client.dbsize())
+        reports["redis_cache"] = _run_variant(args, "redis_cache", server.url, work, 0, count, extra=extra)
+        memory = client.info("memory")
+        redis = {"prefilled_keys": prefilled, "keys": int(client.dbsize()), "peer": args.redis_peer,
+                 "used_memory_bytes": memory.get("used_memory"), "rss_bytes": _rss_bytes(server.pid)}
+        client.close()
+    return reports, redis
 
 
 def _run_variant(
-    args: argparse.Namespace, variant: str, url: str, work: Path, first: int, last: int, *, phase: int = 0
+    args: argparse.Namespace, variant: str, url: str, work: Path, first: int, last: int, *, phase: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Start the nodes on stream rows ``first..last-1``, wait until all loaded, start them together, collect
     their reports."""
@@ -256,7 +312,7 @@ def _run_variant(
         spec = {"variant": variant, "phase": phase, "node": node, "nodes": args.nodes, "batch": args.batch,
                 "url": url, "token": _write_token(node), "namespace": NAMESPACE, "work": str(work), "first": first,
                 "last": last, "threads": args.threads, "model": args.model,
-                "maps": variant != "attnstore_exact_write_back", "write_back": variant in WRITING}
+                "maps": variant != "attnstore_exact_write_back", "write_back": variant in WRITING, **(extra or {})}
         path = work / f"spec-{name}-{node}.json"
         path.write_text(json.dumps(spec), encoding="utf-8")
         with (work / f"{name}-{node}.log").open("wb") as stderr:  # the child keeps its own descriptor
@@ -307,7 +363,7 @@ def _in_stream_order(reports: list[dict[str, Any]], count: int) -> tuple[np.ndar
 
 
 def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]], count: int,
-               daemons: dict[str, dict[str, Any]], candidate: str) -> dict[str, Any]:
+               daemons: dict[str, dict[str, Any]], candidate: str | None) -> dict[str, Any]:
     plain, _ = _in_stream_order(reports["plain"], count)
     variants: dict[str, Any] = {}
     errors = 0
@@ -329,6 +385,14 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
             "written_back": [r["written"] for r in nodes if r["written"]], "errors": failed,
             "daemon": daemons.get(variant),
         }
+    summary = {
+        "stream_rows": count, "nodes": args.nodes, "batch": args.batch, "threads": args.threads,
+        "model": args.model, "admit_after": args.admit_after, "build_lines": args.build_lines,
+        "max_bytes": args.max_bytes, "dram_bytes": args.dram_bytes, "cold_start": args.cold_start,
+        "candidate": candidate, "errors": errors, "variants": variants,
+    }
+    if candidate is None:
+        return summary
     best, rate = variants[candidate], lambda v: variants[v]["rows_per_s"] or float("nan")
     daemon = daemons[candidate]
     # The daemon's growth must fit its caps: stored bytes are mapped (LMDB), decoded maps sit in the DRAM cache.
@@ -336,15 +400,13 @@ def _summarise(args: argparse.Namespace, reports: dict[str, list[dict[str, Any]]
     within = (None if daemon["rss_start_bytes"] is None or daemon["rss_end_bytes"] is None
               else daemon["rss_end_bytes"] - daemon["rss_start_bytes"] <= caps)
     return {
-        "stream_rows": count, "nodes": args.nodes, "batch": args.batch, "threads": args.threads,
-        "model": args.model, "admit_after": args.admit_after, "build_lines": args.build_lines,
-        "max_bytes": args.max_bytes, "dram_bytes": args.dram_bytes, "cold_start": args.cold_start,
-        "candidate": candidate,
+        **summary,
         "speedup_vs_plain": rate(candidate) / rate("plain"),
-        "speedup_vs_dict": rate(candidate) / rate("dict"),
-        "frac_cos_099": best["frac_cos_099"], "min_cos": best["min_cos"], "errors": errors,
+        "speedup_vs_dict": rate(candidate) / rate("dict") if "dict" in variants else None,
+        "speedup_vs_redis_cache": rate(candidate) / rate("redis_cache") if "redis_cache" in variants else None,
+        "frac_cos_099": best["frac_cos_099"], "min_cos": best["min_cos"],
         "store_bytes": daemon["store_bytes"], "daemon_rss_bytes": daemon["rss_end_bytes"],
-        "daemon_rss_within_caps": within, "variants": variants,
+        "daemon_rss_within_caps": within,
     }
 
 
@@ -363,14 +425,22 @@ def _print(result: dict[str, Any]) -> None:
         rates = v["hit_rate"]
         print(f"{name:28} {v['rows_per_s']:8.1f} {rates['exact']:6.3f} {rates['map']:6.3f} {rates['miss']:6.3f}"
               f" {frac:>8} {low:>8}")
+    redis = result["variants"].get("redis_cache", {}).get("redis")
+    if redis:
+        print(f"  redis_cache: {redis['keys']} keys at the end ({redis['prefilled_keys']} pre-filled),"
+              f" {redis['used_memory_bytes']} B used, misses by {redis['peer'] or 'sentence-transformers'}")
     for phase in result["variants"].get(COLD_START, {}).get("phases", []):
         rates = phase["hit_rate"]
         print(f"  {COLD_START}, {phase['phase']}: {phase['rows_per_s']:.1f} rows/s, exact {rates['exact']:.3f},"
               f" map {rates['map']:.3f}, miss {rates['miss']:.3f}"
               + (f"; train-projector before it {phase['train_projector_seconds']:.1f} s"
                  if "train_projector_seconds" in phase else ""))
-    print(f"{result['candidate']}: speedup vs plain {result['speedup_vs_plain']:.3f},"
-          f" vs dict {result['speedup_vs_dict']:.3f};"
+    if result["candidate"] is None:
+        print(f"errors {result['errors']}")
+        return
+    versus = "".join(f", vs {base} {result[f'speedup_vs_{base}']:.3f}" for base in ("dict", "redis_cache")
+                     if result[f"speedup_vs_{base}"] is not None)
+    print(f"{result['candidate']}: speedup vs plain {result['speedup_vs_plain']:.3f}{versus};"
           f" store {result['store_bytes']} B, daemon RSS {result['daemon_rss_bytes']} B"
           f" (within caps: {result['daemon_rss_within_caps']}), errors {result['errors']}")
 

@@ -5,12 +5,15 @@
 SPEC (JSON, written by ``bench.stream``): variant, phase, node, nodes, batch, url, token,
 namespace, work (folder with ``stream.json``, ``build.json``, ``build.npy``),
 first and last (the stream rows of this run), threads, model, maps (whether to
-look maps up), write_back. The node loads its model, writes
+look maps up), write_back; for ``redis_cache``, url is the Redis server's and
+peer and graph (optional) name the peer that encodes its misses instead of
+sentence-transformers. The node loads its model, writes
 ``ready-VARIANT-PHASE-NODE``, waits for ``go-VARIANT-PHASE``, then encodes its
 batches (every ``nodes``-th batch of ``batch`` rows from its index) and writes
 ``VARIANT-PHASE-NODE.npy`` (its embeddings, in its rows' order) and
 ``VARIANT-PHASE-NODE.json`` (rows, kinds, start and end times, write-back stats, error).
-A dict node's dict starts with the build lines (none in a cold start).
+A dict node's dict starts with the build lines (none in a cold start); the
+Redis cache the nodes of ``redis_cache`` share was filled with them by the parent.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from attnstore_tools.bench.redis_cache import RedisEmbeddingsCache
 
 
 def _batches(first: int, last: int, batch: int, node: int, nodes: int) -> list[list[int]]:
@@ -32,6 +38,17 @@ def _batches(first: int, last: int, batch: int, node: int, nodes: int) -> list[l
     round-robin over ``nodes``."""
     starts = range(first + node * batch, last, nodes * batch)
     return [list(range(s, min(s + batch, last))) for s in starts]
+
+
+def _miss_encoder(spec: dict[str, Any], encoder: Any) -> Callable[[list[str]], np.ndarray]:
+    """What encodes the Redis cache's misses: the spec's peer on its graph, else sentence-transformers."""
+    if not spec.get("peer"):
+        return lambda texts: encoder.encode(texts, batch_size=len(texts))
+    from attnstore_tools.bench.peers import open_peer, weightless_pipeline
+
+    peer = open_peer(spec["peer"], Path(spec["graph"]), weightless_pipeline(spec["model"]),
+                     threads=int(spec["threads"]))
+    return lambda texts: peer.encode(texts, batch_size=len(texts))
 
 
 def run(spec: dict[str, Any]) -> None:
@@ -52,7 +69,14 @@ def run(spec: dict[str, Any]) -> None:
     assert encoder is not None, "bench stream needs a sentence-transformers model"
     table: dict[str, np.ndarray] = {}
     cache: AttnCache | None = None
-    if variant == "dict":
+    shared: RedisEmbeddingsCache | None = None
+    if variant == "redis_cache":
+        import redis
+
+        shared = RedisEmbeddingsCache(redis.Redis.from_url(spec["url"], socket_timeout=60), spec["model"])
+        encode_misses = _miss_encoder(spec, encoder)
+        encode_misses(["warm up"] * 4)
+    elif variant == "dict":
         build = json.loads((work / "build.json").read_text(encoding="utf-8"))
         table = dict(zip(build, np.load(work / "build.npy"), strict=True))
     elif variant != "plain":
@@ -79,6 +103,9 @@ def run(spec: dict[str, Any]) -> None:
                     table.update(zip(missing, encoder.encode(missing, batch_size=len(missing)), strict=True))
                 kinds += ["exact" if t not in missing else "miss" for t in texts]
                 embedded = np.stack([table[t] for t in texts])
+            elif shared is not None:
+                embedded, hits = shared.encode(texts, encode_misses)
+                kinds += ["exact" if hit else "miss" for hit in hits]
             else:
                 assert cache is not None
                 embedded = cache.encode(texts, batch_size=len(texts))
