@@ -40,6 +40,7 @@ from attnstore_node.schema import Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
 from attnstore_node.tokenization import TokenizedRequest
+from attnstore_node.warmup import WarmUp
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class Batcher(Embedder):
             return
         self.metrics.ready.set(1)
         try:
-            self._serve(model.cache)
+            self._serve(model)
         except BaseException as exc:
             log.critical("event=batcher_stopped error=%r: the node no longer serves; restart it", exc, exc_info=True)
             self._fault = exc  # logged, and reported by /health: the thread ends here
@@ -161,14 +162,20 @@ class Batcher(Embedder):
             self._reject_queued()
             model.close()
 
-    def _serve(self, cache: AttnCache) -> None:
-        """The batching loop: take a call's tickets under the token budget, run the call; until stopped."""
+    def _serve(self, model: ServedModel) -> None:
+        """The batching loop: take a call's tickets under the token budget, run the call; until stopped. While
+        the queue is empty it times the warm-up forwards left, one at a time."""
+        cache, warmup = model.cache, model.warmup
         max_wait, max_rows = self.settings.max_wait_ms / 1000.0, self.settings.max_call_rows
         while True:
             budget = self._budget.tokens(cache.cost_model.forward_cost())
-            batch = self._queue.take(budget, max_wait, max_rows)
+            warming = warmup is not None and not warmup.done
+            batch = self._queue.take(budget, max_wait, max_rows, idle=0.0 if warming else None)
             if batch is None:
                 return
+            if not batch:
+                warmup = self._warm_up_step(warmup)
+                continue
             try:
                 self._run(cache, batch, budget)
             except Exception:
@@ -178,6 +185,19 @@ class Batcher(Embedder):
             except BaseException:
                 reject_open(batch, _unavailable())
                 raise
+
+    @staticmethod
+    def _warm_up_step(warmup: WarmUp | None) -> WarmUp | None:
+        """One more warm-up forward; the warm-up given up (None) if it fails: the node serves on without it."""
+        if warmup is None:
+            return None
+        try:
+            warmup.step()
+        except Exception:
+            log.exception("event=warm_up_failed forwards=%d: serving on with the forwards timed so far",
+                          warmup.forwards)
+            return None
+        return warmup
 
     def _run(self, cache: AttnCache, batch: list[Ticket], budget: int) -> None:
         """One call of ``batch``'s tickets, forwards of ``budget`` tokens at most; its rows go to their tickets as

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from attnstore_client.cache import AttnCache
 from attnstore_node.schema import ModelInfo
 from attnstore_node.tokenization import RequestTokenizer
-from attnstore_node.warmup import warm_up
+from attnstore_node.warmup import WarmUp, warm_up
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,7 @@ class ServedModel:
     cache: AttnCache  # runs the calls
     tokenizer: RequestTokenizer  # tokenizes each request before it is queued
     info: ModelInfo  # what the routes check requests against
+    warmup: WarmUp | None = None  # the warm-up forwards left to time while idle (None: no warm-up)
 
     def close(self) -> None:
         """Stop the tokenizer once what was submitted is done, then close the cache (its write-back sent)."""
@@ -37,15 +38,15 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
     Args:
         open_cache: opens the ``AttnCache``.
         name: the model name requests give.
-        warmup: run the warm-up forwards first (``warmup.warm_up``).
+        warmup: run the warm-up forwards first, within their time budget (``warmup.warm_up``); the rest are left
+            to the batcher, while idle.
 
     Raises:
         Exception: whatever opening or warming up the cache raised (a cache opened is closed first).
     """
     cache = open_cache()
     try:
-        if warmup:
-            warm_up(cache)
+        warming = warm_up(cache) if warmup else None
         vocab = int(cache.adapter.loaded.model.config.vocab_size)
         info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length),
                          decoder=cache.adapter.loaded.lm_head is not None)
@@ -53,4 +54,4 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
         with contextlib.suppress(Exception):
             cache.close()
         raise
-    return ServedModel(cache, RequestTokenizer(cache), info)
+    return ServedModel(cache, RequestTokenizer(cache), info, warming)

@@ -61,15 +61,22 @@ class TicketQueue:
                 self._count(ticket, -1)
                 self._metrics.freed_rows.inc(len(ticket.rows))
 
-    def take(self, budget: int, max_wait: float, max_rows: int) -> list[Ticket] | None:
+    def take(self, budget: int, max_wait: float, max_rows: int, *, idle: float | None = None) -> list[Ticket] | None:
         """The next call's tickets; None once stopping with nothing queued.
 
         Args:
             budget: a forward's tokens: once that many wait, the call begins without waiting longer.
             max_wait: seconds the first ticket waits for others to join its call.
             max_rows: rows per call at most (a first ticket of more rows is taken alone).
+            idle: seconds to wait for a first ticket, then an empty list if none came (None: wait until one
+                comes): the batcher's thread has other work while idle.
         """
         with self._cond:
+            if idle is not None and not self._tickets and not self._stopping:
+                if idle > 0:
+                    self._cond.wait(idle)
+                if not self._tickets and not self._stopping:
+                    return []
             while not self._tickets and not self._stopping:
                 self._cond.wait()
             if not self._tickets:

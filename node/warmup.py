@@ -10,9 +10,10 @@ rows never touch the store: they would be looked up and could be written back.
 The forwards stop once the next one would pass ``seconds`` (``WARMUP_SECONDS``):
 a decoder's forwards can take seconds each on a small CPU (SmolLM2 on 2 busy
 cores: 16 forwards up to 4,096 tokens took 212 s), and a node must say it is
-healthy within seconds. A warm-up cut short leaves the fit to the node's own
-calls (every forward is timed); until it exists the budget's default applies
-(``budget.FALLBACK_TOKENS``).
+healthy within seconds. The node then serves, and runs the forwards left one at
+a time whenever its queue is empty (a request arriving meanwhile waits for that
+one forward); its own calls' forwards are timed too. Until the fit exists the
+budget's default applies (``budget.FALLBACK_TOKENS``).
 """
 
 from __future__ import annotations
@@ -34,33 +35,69 @@ ROW_LENGTHS = (16, 48)
 WARMUP_SECONDS = 5.0  # the longest the timed forwards take together (the model's load comes before)
 
 
-def warm_up(cache: AttnCache, *, seed: int = 0, seconds: float = WARMUP_SECONDS) -> float:
-    """Run and time the warm-up forwards on ``cache``'s model, growing, each size with rows of every length, until
-    the next would pass ``seconds``; returns the seconds taken."""
-    adapter, cost_model = cache.adapter, cache.cost_model
-    vocab = int(adapter.loaded.model.config.vocab_size)
-    limit = cache.head.max_length
-    generator = torch.Generator().manual_seed(seed)
-    started = time.perf_counter()
-    adapter.forward_packed(pack([[vocab - 1] * min(ROW_LENGTHS[0], limit)]).to(cache.device))  # untimed: the first
-    per_token = (time.perf_counter() - started) / min(ROW_LENGTHS[0], limit)  # seconds a token, as last timed
-    forwards = 0
-    for tokens in FORWARD_TOKENS:
-        if time.perf_counter() - started + 2 * per_token * tokens > seconds:  # both row lengths of this size
-            break
-        for length in ROW_LENGTHS:
-            length = min(length, limit)
-            count = max(1, tokens // length)
-            ids = torch.randint(vocab // 10, vocab, (count, length), generator=generator).tolist()
-            packed = pack(ids).to(cache.device)
-            begun = time.perf_counter()
-            adapter.forward_packed(packed)
-            took = time.perf_counter() - begun
-            per_token = took / packed.tokens
-            forwards += 1
-            cost_model.record_forward(length, computed_tokens=packed.tokens, replayed_tokens=0,
-                                      pairs=count * length * length, seconds=took)
-    elapsed = time.perf_counter() - started
-    log.info("event=warmed_up forwards=%d seconds=%.2f budget_seconds=%g fit=%s", forwards, elapsed, seconds,
-             cost_model.forward_cost())
-    return elapsed
+class WarmUp:
+    """The warm-up forwards of ``cache``'s model (every size of ``FORWARD_TOKENS`` with rows of every length of
+    ``ROW_LENGTHS``, growing), run within a time budget (``run``), then one at a time (``step``) while the node
+    is idle, until all are timed.
+
+    Args:
+        cache: the opened cache.
+        seed: of the synthetic rows.
+    """
+
+    def __init__(self, cache: AttnCache, *, seed: int = 0) -> None:
+        self._cache = cache
+        self._generator = torch.Generator().manual_seed(seed)
+        self._left = [(tokens, length) for tokens in FORWARD_TOKENS for length in ROW_LENGTHS]
+        self._per_token = 0.0  # seconds a token, as last timed
+        self.forwards = 0  # timed so far
+
+    @property
+    def done(self) -> bool:
+        """Whether every warm-up forward was timed."""
+        return not self._left
+
+    def run(self, seconds: float = WARMUP_SECONDS) -> float:
+        """The first (untimed) forward, then timed ones until the next would pass ``seconds``; returns the seconds
+        taken."""
+        cache = self._cache
+        vocab = int(cache.adapter.loaded.model.config.vocab_size)
+        length = min(ROW_LENGTHS[0], cache.head.max_length)
+        started = time.perf_counter()
+        cache.adapter.forward_packed(pack([[vocab - 1] * length]).to(cache.device))  # untimed: the first
+        self._per_token = (time.perf_counter() - started) / length
+        while self._left and time.perf_counter() - started + self._per_token * self._left[0][0] <= seconds:
+            self.step()
+        elapsed = time.perf_counter() - started
+        log.info("event=warmed_up forwards=%d left=%d seconds=%.2f budget_seconds=%g fit=%s", self.forwards,
+                 len(self._left), elapsed, seconds, cache.cost_model.forward_cost())
+        return elapsed
+
+    def step(self) -> None:
+        """Run and time the next warm-up forward into the cost model (none once ``done``)."""
+        if not self._left:
+            return
+        tokens, length = self._left.pop(0)
+        cache = self._cache
+        vocab = int(cache.adapter.loaded.model.config.vocab_size)
+        length = min(length, cache.head.max_length)
+        count = max(1, tokens // length)
+        ids = torch.randint(vocab // 10, vocab, (count, length), generator=self._generator).tolist()
+        packed = pack(ids).to(cache.device)
+        begun = time.perf_counter()
+        cache.adapter.forward_packed(packed)
+        took = time.perf_counter() - begun
+        self._per_token = took / packed.tokens
+        self.forwards += 1
+        cache.cost_model.record_forward(length, computed_tokens=packed.tokens, replayed_tokens=0,
+                                        pairs=count * length * length, seconds=took)
+        if not self._left:
+            log.info("event=warm_up_done forwards=%d fit=%s", self.forwards, cache.cost_model.forward_cost())
+
+
+def warm_up(cache: AttnCache, *, seed: int = 0, seconds: float = WARMUP_SECONDS) -> WarmUp:
+    """The warm-up of ``cache``'s model run for ``seconds`` at most (``WarmUp.run``); returns it, with the
+    forwards still to time while the node is idle."""
+    warmup = WarmUp(cache, seed=seed)
+    warmup.run(seconds)
+    return warmup

@@ -26,15 +26,47 @@ def healthy_within(node: NodeProcess, seconds: float) -> float:
     raise AssertionError(f"/health did not answer 200 within {seconds:g} s")
 
 
-def test_the_warm_up_stops_at_its_time_budget(tmp_path: Path) -> None:
+def test_the_warm_up_stops_at_its_time_budget_and_times_the_rest_a_step_at_a_time(tmp_path: Path) -> None:
     folder = tmp_path / "tiny-llama"
     loaded = save_tiny_llama(folder)
     with AttnCache(str(folder), decoder_store(tmp_path / "store", loaded)) as cache:
-        assert warm_up(cache, seconds=0.0) < 5.0  # the untimed first forward only
+        warmup = warm_up(cache, seconds=0.0)  # the untimed first forward only
+        assert warmup.forwards == 0 and not warmup.done
         assert cache.cost_model.forward_cost() is None  # no fit yet: the budget's default applies
-        warm_up(cache, seconds=600.0)
-        assert cache.cost_model.forward_cost() is not None  # all of them: len(FORWARD_TOKENS) * len(ROW_LENGTHS)
-    assert len(FORWARD_TOKENS) * len(ROW_LENGTHS) == 16
+        while not warmup.done:
+            warmup.step()
+        assert warmup.forwards == len(FORWARD_TOKENS) * len(ROW_LENGTHS)
+        assert cache.cost_model.forward_cost() is not None
+
+
+def test_an_idle_node_times_the_warm_up_forwards_left_and_serves_meanwhile(tmp_path: Path, monkeypatch) -> None:
+    import asyncio
+
+    from attnstore_node import model as served
+    from attnstore_node.batcher import Batcher
+    from attnstore_node.settings import BatcherSettings
+
+    folder = tmp_path / "tiny-llama"
+    loaded = save_tiny_llama(folder)
+    store = decoder_store(tmp_path / "store", loaded)
+    monkeypatch.setattr(served, "warm_up", lambda cache: warm_up(cache, seconds=0.0))  # all left to the idle loop
+    batcher = Batcher(lambda: AttnCache(str(folder), store), "tiny", BatcherSettings(max_wait_ms=1))
+
+    async def scenario():
+        while batcher.info is None:
+            await asyncio.sleep(0.01)
+        return await batcher.score(["a short prompt"], [1037, 1038], softmax=True, max_input_tokens=64)
+
+    batcher.start()
+    try:
+        scored = asyncio.run(scenario())
+        assert scored.vectors.shape == (1, 2)
+        deadline = time.monotonic() + 60
+        while batcher.cache.cost_model.forward_cost() is None:
+            assert time.monotonic() < deadline, "the idle batcher did not finish the warm-up"
+            time.sleep(0.05)
+    finally:
+        batcher.stop()
 
 
 def test_a_tiny_decoder_node_warms_up_and_is_healthy_within_30_s(tmp_path: Path) -> None:
