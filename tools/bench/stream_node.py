@@ -74,8 +74,7 @@ def run(spec: dict[str, Any]) -> None:
         import redis
 
         shared = RedisEmbeddingsCache(redis.Redis.from_url(spec["url"], socket_timeout=60), spec["model"])
-        encode_misses = _miss_encoder(spec, encoder)
-        encode_misses(["warm up"] * 4)
+        encode_misses = _miss_encoder(spec, encoder)  # not warmed up, as no other variant is
     elif variant == "dict":
         build = json.loads((work / "build.json").read_text(encoding="utf-8"))
         table = dict(zip(build, np.load(work / "build.npy"), strict=True))

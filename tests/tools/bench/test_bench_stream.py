@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,15 @@ def test_a_cold_start_run_fills_an_empty_namespace_trains_its_projector_halfway_
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "stream.json"
+    baselines = ["plain", "dict", "redis_cache"] if shutil.which("redis-server") else ["plain", "dict"]
     code = cli_main(["bench", "stream", "--cold-start", "--limit", "256", "--nodes", "2", "--batch", "16",
-                     "--admit-after", "1", "--json", str(out)])
+                     "--admit-after", "1", "--variants", ",".join(baselines), "--json", str(out)])
     result = json.loads(out.read_text())
     assert code == 0 and result["errors"] == 0, [v["errors"] for v in result["variants"].values()]
-    assert list(result["variants"]) == ["plain", "dict", COLD_START] and result["candidate"] == COLD_START
+    assert list(result["variants"]) == [*baselines, COLD_START] and result["candidate"] == COLD_START
+    if "redis_cache" in baselines:  # the shared cache starts empty too, and keeps every distinct line
+        redis = result["variants"]["redis_cache"]["redis"]
+        assert redis["prefilled_keys"] == 0 and redis["keys"] > 0 and result["speedup_vs_redis_cache"] > 0
     cold = result["variants"][COLD_START]
     fill, trained = cold["phases"]
     assert fill["rows"] == trained["rows"] == 128 and fill["hit_rate"]["map"] == 0  # no projector yet
