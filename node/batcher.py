@@ -40,7 +40,7 @@ from attnstore_node.schema import Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
 from attnstore_node.tokenization import TokenizedRequest
-from attnstore_node.warmup import WarmUp
+from attnstore_node.warmup import IDLE_SECONDS, WarmUp
 
 log = logging.getLogger(__name__)
 
@@ -164,13 +164,13 @@ class Batcher(Embedder):
 
     def _serve(self, model: ServedModel) -> None:
         """The batching loop: take a call's tickets under the token budget, run the call; until stopped. While
-        the queue is empty it times the warm-up forwards left, one at a time."""
+        the queue has been empty for ``IDLE_SECONDS`` it times the warm-up forwards left, one at a time."""
         cache, warmup = model.cache, model.warmup
         max_wait, max_rows = self.settings.max_wait_ms / 1000.0, self.settings.max_call_rows
         while True:
             budget = self._budget.tokens(cache.cost_model.forward_cost())
             warming = warmup is not None and not warmup.done
-            batch = self._queue.take(budget, max_wait, max_rows, idle=0.0 if warming else None)
+            batch = self._queue.take(budget, max_wait, max_rows, idle=IDLE_SECONDS if warming else None)
             if batch is None:
                 return
             if not batch:
