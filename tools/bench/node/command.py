@@ -336,7 +336,8 @@ def _print_summary(report: dict[str, Any]) -> None:
             parts.append(f"| node: {node['requests_per_call'] or 0:.1f} requests and {node['tokens_per_call'] or 0:.0f}"
                          f" tokens per call, forwarded/real tokens {node['forwarded_per_real_token'] or 0:.3f},"
                          f" rows by tier {({k: int(v) for k, v in node['rows_by_tier'].items() if v})}")
-        print("  " + " ".join(parts))
+        if len(parts) > 1:  # a run without the node has no speedups to give
+            print("  " + " ".join(parts))
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
