@@ -95,7 +95,7 @@ def test_a_smollm2_node_warms_up_within_its_budget_and_scores_as_the_plain_forwa
     node = NodeProcess("smollm2", decoder_store(tmp_path / "store", loaded), tmp_path / "node")
     try:
         node.start(timeout=300)
-        warmed = re.search(r"event=warmed_up forwards=\d+ seconds=([\d.]+)", node.log())
+        warmed = re.search(r"event=warmed_up .*? seconds=([\d.]+)", node.log())
         assert warmed is not None and float(warmed.group(1)) < 15.0, node.log()
         example = {"query": "The capital of France is", "items": [" Paris", " London", " Berlin"],
                    "label_token_ids": [9454, 2753], "apply_softmax": False}
