@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 from attnstore_client.cache import AttnCache
 from attnstore_client.models import load_model
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from tests.support.daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
 
 CALL_ROWS, CALLS = 64, 64
 

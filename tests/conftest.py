@@ -76,7 +76,7 @@ def small_tmpfs(tmp_path: Path):
 @pytest.fixture
 def redis(tmp_path: Path):
     """A real ``redis-server`` of the test's own, on a free loopback port (tests that flush or restart it)."""
-    from redis_servers import RedisServer, require_redis
+    from tests.support.redis_servers import RedisServer, require_redis
 
     require_redis()
     server = RedisServer(tmp_path / "redis")
@@ -87,7 +87,7 @@ def redis(tmp_path: Path):
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
     """One real ``redis-server`` on a free loopback port for the session; tests use fresh key prefixes."""
-    from redis_servers import RedisServer, require_redis
+    from tests.support.redis_servers import RedisServer, require_redis
 
     require_redis()
     server = RedisServer(tmp_path_factory.mktemp("redis"))
@@ -98,7 +98,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory):
     """A real 3-master, 3-replica Redis Cluster on loopback ports for the session."""
-    from redis_servers import RedisClusterServers, require_redis
+    from tests.support.redis_servers import RedisClusterServers, require_redis
 
     require_redis()
     cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))

@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded
-from server_fixtures import served
 
 from attnstore.errors import (
     ConfigError,
@@ -29,6 +27,8 @@ from attnstore_client.projector import Projector, ProjectorConfig
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.settings import CacheOptions, CacheSettings
 from attnstore_client.stats import CacheStats
+from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.server_fixtures import served
 
 TEXTS = sentences(10, seed=7)
 STORED = TEXTS[:6]  # the rest are misses

@@ -14,9 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from adapter_helpers import VOCAB
-from cache_helpers import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded, word_tokenizer
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from attnstore.errors import AuthError, FingerprintMismatchError
@@ -27,14 +24,17 @@ from attnstore_client.connection import MapStream, connect
 from attnstore_client.connection.remote import RemoteConnection
 from attnstore_client.models import LoadedModel
 from attnstore_client.resilience import BreakerPolicy
+from tests.support.adapters import VOCAB
+from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded, word_tokenizer
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 
-TESTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 SEED, STORED, QUERIED = 11, 12, 16  # the child ingests sentences(12, seed=11); queries add 4 unseen ones
 
 
 def _child(*args: str) -> dict:
-    done = subprocess.run([sys.executable, str(TESTS / "cache_child.py"), *args], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-m", "tests.support.children.cache", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import ConfigError
 from attnstore.service import AttnStoreService
@@ -27,6 +25,8 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 SHORT = sentences(4, seed=51, min_words=3, max_words=3)
 LONG = sentences(4, seed=52, min_words=12, max_words=12)

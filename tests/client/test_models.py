@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import save_tiny_decoder
 from transformers import BertModel, GPT2Config, GPT2Model, LlamaModel
 
 from attnstore.errors import ConfigError, UnsupportedModelError
 from attnstore_client.models import MODEL_ALIASES, load_model, resolve_model_path
+from tests.support.adapters import save_tiny_decoder
 
 
 def test_aliases_resolve_to_the_packaged_files():

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.protocol.records import LookupBatch
@@ -26,6 +25,7 @@ from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_client.tiers.write_back import WriteBackSettings
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 TEXTS = sentences(12, seed=11)
 STORED = TEXTS[:4]

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from redis_servers import RedisServer, unique_prefix, wait_until
 
 from attnstore_client import namespace as namespace_module
 from attnstore_client.cache import AttnCache
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.build.namespace_layout import token_limits
+from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.redis_servers import RedisServer, unique_prefix, wait_until
 
 
 def _cosines(loaded, texts: list[str], embeddings: np.ndarray) -> list[float]:

@@ -19,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AttnStoreError
 from attnstore.protocol import keys as protocol_keys
@@ -30,16 +28,18 @@ from attnstore_client.keys import token_hash
 from attnstore_client.projector import embedding_layer_of
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.build.namespace_layout import token_limits
+from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
-TESTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 COUNT = 10
 
 
 def _child(url: str, token: str, seed: int, texts: list[str] | None = None, max_distance: float = 0.0) -> dict:
     extra = [json.dumps(texts), str(max_distance)] if texts is not None else []
     done = subprocess.run(
-        [sys.executable, str(TESTS / "write_back_child.py"), url, token, str(seed), str(COUNT), *extra],
-        capture_output=True, text=True, timeout=180, check=False,
+        [sys.executable, "-m", "tests.support.children.write_back", url, token, str(seed), str(COUNT), *extra],
+        capture_output=True, text=True, cwd=ROOT, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

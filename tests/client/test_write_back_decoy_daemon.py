@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.protocol import keys as protocol_keys
 from attnstore.protocol.requests import exact_request
@@ -26,6 +24,8 @@ from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import AttnCache
 from attnstore_client.projector import embedding_layer_of
 from attnstore_tools.build.namespace_layout import token_limits
+from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from cache_helpers import tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from tests.support.caches import tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
-TESTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 ROWS = 40
 
 
@@ -41,8 +41,8 @@ def fleet(redis_server, tmp_path: Path):
 
 def _encode(url: str, token: str, seed: int) -> dict:
     done = subprocess.run(
-        [sys.executable, str(TESTS / "write_back_child.py"), url, token, str(seed), str(ROWS)],
-        capture_output=True, text=True, timeout=180, check=False,
+        [sys.executable, "-m", "tests.support.children.write_back", url, token, str(seed), str(ROWS)],
+        capture_output=True, text=True, cwd=ROOT, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

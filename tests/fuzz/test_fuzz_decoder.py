@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from cache_helpers import tiny_loaded
 from fuzz_harness import Tally, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
-from prefix_helpers import SHARED_A, SHARED_B, fill_prefix_namespace, prefix_rows
 
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import AttnCache
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.models import LoadedModel
+from tests.support.caches import tiny_loaded
+from tests.support.prefixes import SHARED_A, SHARED_B, fill_prefix_namespace, prefix_rows
 
 TOLERANCE = 1e-4  # fp32 prefix keys and values, chunks recomputed in full
 EXACT_COSINE = 0.9999  # exact hits: stored outputs are fp16

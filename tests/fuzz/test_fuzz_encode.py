@@ -25,8 +25,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cache_helpers import capture_entries
-from daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
 from fuzz_harness import Tally, fuzz_settings
 from fuzz_texts import MAPS_ONLY, STORED, colliding_calls
 from hypothesis import assume, given
@@ -37,6 +35,8 @@ from attnstore.protocol.records import TokenLimits
 from attnstore_client.cache import AttnCache
 from attnstore_client.models import LoadedModel, resolve_model_path
 from attnstore_client.tiers.cost_model import CostSettings
+from tests.support.caches import capture_entries
+from tests.support.daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
 
 pytestmark = pytest.mark.real_model
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, sentences, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
+from tests.support.caches import fill_namespace, sentences, tiny_loaded
 
 STORED = sentences(6, seed=3)
 QUERIES = [*STORED[:4], *sentences(4, seed=4), STORED[0]]  # 5 stored rows (one repeated), 4 unseen

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
-from daemon import READ_TOKEN, DaemonProcess
 
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import AttnCache
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import READ_TOKEN, DaemonProcess
 
 STORED = sentences(8, seed=21)
 QUERIES = [*STORED, *sentences(4, seed=22)]

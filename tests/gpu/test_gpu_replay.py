@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import random_rows, tiny_model
 
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.adapters.packed import pack
+from tests.support.adapters import random_rows, tiny_model
 
 ROWS = random_rows([7, 12, 3, 12], seed=2)
 

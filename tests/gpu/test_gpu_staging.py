@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from cache_helpers import fill_namespace, sentences, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
@@ -13,6 +12,7 @@ from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.maps import StreamedLayers
+from tests.support.caches import fill_namespace, sentences, tiny_loaded
 
 
 class _Stream:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import torch
-from cache_helpers import fill_namespace, plain_hidden, tiny_loaded
-from prefix_helpers import SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
@@ -12,6 +10,8 @@ from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.connection.local import LocalConnection
+from tests.support.caches import fill_namespace, plain_hidden, tiny_loaded
+from tests.support.prefixes import SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 INSTRUCTION = "w2 w3 w4 w5 w6"
 CHUNKS = ["w20 w21 w22 w23 w24 w25", "w30 w31 w32", "w40 w41 w42 w43 w44 w45 w46"]

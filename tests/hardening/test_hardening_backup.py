@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon import DaemonProcess
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, ConfigError
 from attnstore.store import MapStore
 from attnstore.store.lmdb.compaction import backup_store
 from attnstore_tools.cli import main as cli_main
+from tests.support.daemon import DaemonProcess
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
 LENGTH = 24
 

@@ -18,18 +18,18 @@ import crc32c
 import grpc
 import numpy as np
 import pytest
-from daemon import DaemonProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_frames
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.daemon import DaemonProcess
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
 LENGTH = 8
 MAX_QUERIES = 64

@@ -18,9 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon import DaemonProcess
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, UnavailableError
 from attnstore.protocol.records import LookupBatch
@@ -28,6 +25,9 @@ from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store import NamespaceLayout, NewEntry
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.daemon import DaemonProcess
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
 LENGTH = 96  # big enough that a commit takes a while, small enough to ingest many per second
 ROUNDS = 2

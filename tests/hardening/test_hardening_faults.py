@@ -19,9 +19,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from daemon import DaemonProcess
-from server_fixtures import FP, LAYOUT
-from store_helpers import fill_disk, make_entry
 
 from attnstore.errors import StoreFullError, UnavailableError
 from attnstore.protocol.records import LookupBatch
@@ -31,6 +28,9 @@ from attnstore.server.config import DaemonConfig
 from attnstore.server.daemon import Daemon
 from attnstore.store import NewEntry
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.daemon import DaemonProcess
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import fill_disk, make_entry
 
 
 def _lookup(

@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import plain_hidden, sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from redis_servers import RedisServer, unique_prefix
-from server_fixtures import FP, LIMITS
-from store_helpers import make_entry
 
 from attnstore.errors import StoreFullError, UnavailableError
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.protocol.requests import exact_request
 from attnstore_client.cache import AttnCache
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from tests.support.caches import plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.redis_servers import RedisServer, unique_prefix
+from tests.support.server_fixtures import FP, LIMITS
+from tests.support.stores import make_entry
 
 # Entries of a few KiB: a handful fill the little room left below maxmemory.
 LAYOUT = NamespaceLayout(layers=4, heads=4, causal=True, hidden=64, feature_dim=16)

@@ -20,9 +20,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.errors import AuthError, UnavailableError
 from attnstore.protocol.records import LookupBatch
@@ -31,6 +28,9 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_tools.cli import build_parser
 from attnstore_tools.serve import config_from_args
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("attnstore", "client", "tools")

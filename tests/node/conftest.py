@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from node_helpers import save_tiny_bert
+
+from tests.support.nodes import save_tiny_bert
 
 
 @pytest.fixture(scope="module")

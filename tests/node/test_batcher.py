@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
@@ -19,6 +18,7 @@ from attnstore_node.batcher import Batcher
 from attnstore_node.budget import MAX_TOKENS, MIN_TOKENS
 from attnstore_node.errors import ApiError
 from attnstore_node.settings import BatcherSettings
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 TEXTS = sentences(12, seed=3)
 STORED = TEXTS[:4]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from node_helpers import NodeProcess, decoder_store, save_tiny_llama
 
 from attnstore_client.cache import AttnCache
 from attnstore_node.warmup import FORWARD_TOKENS, ROW_LENGTHS, warm_up
+from tests.support.nodes import NodeProcess, decoder_store, save_tiny_llama
 
 READY_SECONDS = 30.0
 

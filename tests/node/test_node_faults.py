@@ -10,8 +10,9 @@ import time
 
 import httpx
 import pytest
-from cache_helpers import sentences
-from node_helpers import NodeProcess, tiny_store
+
+from tests.support.caches import sentences
+from tests.support.nodes import NodeProcess, tiny_store
 
 READ_TIMEOUT = 2.0  # seconds the node gives a request's headers, then its body (--read-timeout)
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from node_helpers import NodeProcess, tiny_store
+
+from tests.support.nodes import NodeProcess, tiny_store
 
 pytestmark = pytest.mark.real_model
 

@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from node_helpers import API_KEY, NodeProcess, tiny_store
+
+from tests.support.nodes import API_KEY, NodeProcess, tiny_store
 
 pytestmark = pytest.mark.real_model
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cache_helpers import sentences
-from node_helpers import NodeProcess, tiny_store
+
+from tests.support.caches import sentences
+from tests.support.nodes import NodeProcess, tiny_store
 
 
 @pytest.fixture(scope="module")

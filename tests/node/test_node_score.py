@@ -12,9 +12,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from cache_helpers import WORDS
-from node_helpers import API_KEY, NodeProcess, decoder_store, save_tiny_llama
 from transformers import AutoTokenizer, LlamaForCausalLM
+
+from tests.support.caches import WORDS
+from tests.support.nodes import API_KEY, NodeProcess, decoder_store, save_tiny_llama
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TOLERANCE = 1e-4
@@ -181,7 +182,7 @@ def test_score_needs_the_api_key(node) -> None:
 
 
 def test_an_encoder_node_refuses_scoring(tmp_path: Path, model) -> None:
-    from node_helpers import tiny_store
+    from tests.support.nodes import tiny_store
 
     folder, loaded = model
     node = NodeProcess(str(folder), tiny_store(tmp_path / "store", loaded), tmp_path, args=("--no-warmup",)).start()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from cache_helpers import sentences
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
-from node_helpers import NodeProcess, save_tiny_bert
 
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from tests.support.caches import sentences
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.nodes import NodeProcess, save_tiny_bert
 
 
 def _rows_by_tier(node: NodeProcess) -> dict[str, float]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from adapter_helpers import TinyKind, pad_id, random_rows, tiny_model
 
 from attnstore.errors import MapShapeError
 from attnstore.protocol.features.embedding_layer import FeatureDeriver
@@ -19,6 +18,7 @@ from attnstore.protocol.projector_blob import has_embedding_layer, same_weights,
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.projector import Projector, ProjectorConfig, embedding_layer_of
+from tests.support.adapters import TinyKind, pad_id, random_rows, tiny_model
 
 LENGTHS = [3, 9, 17, 1, 40]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from server_fixtures import FP, LAYOUT, memory_service, served
-from store_helpers import make_entry
 
 from attnstore.errors import AuthError, ConfigError
 from attnstore.protocol.records import LookupBatch
@@ -21,6 +19,8 @@ from attnstore.server.auth import (
     required_role,
 )
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.server_fixtures import FP, LAYOUT, memory_service, served
+from tests.support.stores import make_entry
 
 ADMIN = "admin-token-aaaaaaaaaaaa"
 READ = "read-token-rrrrrrrrrrrrr"

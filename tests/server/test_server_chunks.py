@@ -9,9 +9,6 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
-from chunk_helpers import damage_chunk
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
-from store_helpers import small_layout
 
 from attnstore.errors import AuthError, ChecksumError, EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
@@ -21,6 +18,9 @@ from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.store import MapStore
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
+from tests.support.chunks import damage_chunk
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.stores import small_layout
 
 FP = "f" * 64
 LAYOUT = ChunkLayout(layers=3, kv_heads=2, head_dim=5, dtype="float32")

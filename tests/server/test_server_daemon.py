@@ -16,11 +16,8 @@ import grpc
 import numpy as np
 import pytest
 import safetensors.numpy
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.errors import AttnStoreError, AuthError, ChecksumError
 from attnstore.protocol.records import LookupBatch
@@ -29,8 +26,11 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.metrics import METRIC_NAMES
 from attnstore.store import MapStore, NewEntry
 from attnstore_tools.cli import main as cli_main
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
-TESTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 LENGTH = 8
 
 
@@ -46,9 +46,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
 def ingested(daemon: DaemonProcess) -> list[int]:
     """Entries of seeds 0..3 ingested by another client process; their ids."""
     done = subprocess.run(
-        [sys.executable, str(TESTS / "server_ingest_child.py"), daemon.target, ADMIN_TOKEN, "ns", FP, str(LENGTH),
-         "0", "1", "2", "3"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [sys.executable, "-m", "tests.support.children.server_ingest", daemon.target, ADMIN_TOKEN, "ns", FP,
+         str(LENGTH), "0", "1", "2", "3"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
     )
     assert done.returncode == 0, done.stderr + daemon.log()
     summary = json.loads(done.stdout)
@@ -204,7 +204,7 @@ def test_promtool_finds_nothing_to_lint_in_the_metrics(daemon: DaemonProcess, in
     with daemon.client(READ_TOKEN) as remote:
         remote.lookup(_query([0, 1], exact=False))
     done = subprocess.run(
-        ["promtool", "check", "metrics"], input=_scrape(daemon), capture_output=True, text=True, timeout=60
+        ["promtool", "check", "metrics"], input=_scrape(daemon), capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
 
@@ -342,7 +342,7 @@ def test_a_store_that_cannot_be_loaded_makes_serve_exit_2_with_one_line(tmp_path
     result = subprocess.run(
         [sys.executable, "-m", "attnstore_tools.cli", "serve", "--store", str(tmp_path / "store"),
          "--listen", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
     )
     assert result.returncode == 2, result.stderr  # before: 1, with a JSONDecodeError traceback
     assert "Traceback" not in result.stderr

@@ -7,9 +7,9 @@ import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_fixtures import memory_service, served
 
 from attnstore.server.auth import SERVICE_NAME
+from tests.support.server_fixtures import memory_service, served
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

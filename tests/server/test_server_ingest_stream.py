@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.errors import RequestLimitError, WireFormatError
 from attnstore.protocol.requests import ingest_requests
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_frames
 from attnstore.server.ingest_stream import IngestStaging
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
 
 def _messages(*entries) -> list[pb.IngestRequest]:

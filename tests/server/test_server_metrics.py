@@ -7,8 +7,6 @@ import urllib.request
 
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixtures import FP, LAYOUT, memory_service
-from store_helpers import make_entry
 
 import attnstore.errors
 from attnstore.protocol.status_codes import status_for
@@ -16,6 +14,8 @@ from attnstore.server.metrics import REDIS_METRIC_NAMES, ROW_ERROR_CODES, RPC_CO
 from attnstore.service import ROW_ERRORS
 from attnstore.service.follower import FollowerStatus
 from attnstore.store.redis.connection import NodeMemory, RedisStats, RetryTotals
+from tests.support.server_fixtures import FP, LAYOUT, memory_service
+from tests.support.stores import make_entry
 
 
 def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple], float]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from daemon import READ_TOKEN, DaemonProcess
-from store_helpers import small_layout
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -14,6 +12,8 @@ from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.store import MapStore
 from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.connection.channel import open_channel
+from tests.support.daemon import READ_TOKEN, DaemonProcess
+from tests.support.stores import small_layout
 
 FP = "f" * 64
 LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")

@@ -21,10 +21,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
-from redis_servers import free_port
-from server_fixtures import FP, LAYOUT
-from store_helpers import make_entry
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
@@ -37,6 +33,10 @@ from attnstore.service.follower import FOLLOW_SECONDS
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.redis_servers import free_port
+from tests.support.server_fixtures import FP, LAYOUT
+from tests.support.stores import make_entry
 
 LENGTH = 8
 # The staleness bound with room for a loaded CI machine: one follow interval, the log read, the index update.

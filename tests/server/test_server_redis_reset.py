@@ -13,16 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from redis_servers import RedisServer, unique_prefix, wait_until
-from server_fixtures import FP, LAYOUT, LIMITS
-from store_helpers import make_entry
 
 from attnstore.errors import StoreUnsafeError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.redis_servers import RedisServer, unique_prefix, wait_until
+from tests.support.server_fixtures import FP, LAYOUT, LIMITS
+from tests.support.stores import make_entry
 
 LENGTH = 8
 

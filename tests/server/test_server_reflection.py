@@ -6,9 +6,9 @@ import grpc
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from server_fixtures import memory_service, served
 
 from attnstore.server.auth import parse_tokens
+from tests.support.server_fixtures import memory_service, served
 
 TOKENS = parse_tokens("admin admin-token-aaaaaaaaaaaa\n")
 EXPECTED = {

@@ -12,8 +12,6 @@ import grpc
 import numpy as np
 import pytest
 import safetensors.numpy
-from server_fixtures import FP, LAYOUT, memory_service, served
-from store_helpers import make_entry
 
 from attnstore.errors import (
     ChecksumError,
@@ -37,6 +35,8 @@ from attnstore.protocol.wire import map_frames
 from attnstore.server.config import ServerLimits
 from attnstore.service import AttnStoreService
 from attnstore.store import NewEntry
+from tests.support.server_fixtures import FP, LAYOUT, memory_service, served
+from tests.support.stores import make_entry
 
 L = 6
 

@@ -9,8 +9,6 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from server_fixtures import FP, LAYOUT, LIMITS, memory_service, served
-from store_helpers import projector_blob, softmax_maps
 
 from attnstore.errors import AuthError, WriteBackOffError
 from attnstore.protocol.keys import token_hash
@@ -22,6 +20,8 @@ from attnstore.server.auth import TokenTable, default_token_name
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.server_fixtures import FP, LAYOUT, LIMITS, memory_service, served
+from tests.support.stores import projector_blob, softmax_maps
 
 READ, WRITE, ADMIN, OTHER = "r" * 20, "w" * 20, "a" * 20, "o" * 20
 TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("read", OTHER)))

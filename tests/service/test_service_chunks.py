@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from store_helpers import small_layout
 
 from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.index import ExactIndex
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
+from tests.support.stores import small_layout
 
 FP = "f" * 64
 LAYOUT = ChunkLayout(layers=2, kv_heads=1, head_dim=3, dtype="float32")

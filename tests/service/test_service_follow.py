@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 import safetensors.numpy
-from store_helpers import make_entry, small_layout
 
 from attnstore.index import FaissIndex
 from attnstore.service import AttnStoreService, Query
@@ -20,6 +19,7 @@ from attnstore.service.follower import FOLLOW_SECONDS
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.store.redis.mapstore import RedisMapStore
 from attnstore.store.redis.urls import RedisSettings
+from tests.support.stores import make_entry, small_layout
 
 FP = "f" * 64
 BOUND = FOLLOW_SECONDS + 1.5

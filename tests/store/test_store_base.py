@@ -1,5 +1,5 @@
 """Shared behaviour suite: every map store implementation (LMDB, in-memory, Redis server and Redis Cluster)
-must pass it. The Redis ones run on real ``redis-server`` processes (see ``tests/redis_servers.py``)."""
+must pass it. The Redis ones run on real ``redis-server`` processes (see ``tests/support/redis_servers.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from store_helpers import make_entry, projector_blob, small_layout, token_hash
 
 from attnstore.errors import (
     ConfigError,
@@ -23,6 +22,7 @@ from attnstore.errors import (
 from attnstore.protocol.records import TokenLimits
 from attnstore.store import MapStoreBase, NewEntry
 from attnstore.store.codecs import q8_error_bound
+from tests.support.stores import make_entry, projector_blob, small_layout, token_hash
 
 
 @pytest.fixture

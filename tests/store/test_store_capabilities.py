@@ -4,10 +4,10 @@ what it cannot."""
 from __future__ import annotations
 
 import pytest
-from store_helpers import small_layout
 
 from attnstore.errors import ConfigError
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from tests.support.stores import small_layout
 
 CAPABILITIES = sorted(name for name in dir(MapStoreBase) if name.startswith("supports_"))
 PARTS = ("prefixes", "chunks")  # optional parts: None where a backend lacks them

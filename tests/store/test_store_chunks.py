@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-from store_helpers import make_entry, small_layout
 
 from attnstore.errors import (
     ChecksumError,
@@ -20,6 +19,7 @@ from attnstore.errors import (
 )
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.store import MapStoreBase
+from tests.support.stores import make_entry, small_layout
 
 LAYOUT = ChunkLayout(layers=3, kv_heads=2, head_dim=4, dtype="float32")
 CHUNK_BYTES = LAYOUT.chunk_bytes(5)  # 960: a chunk of 5 tokens

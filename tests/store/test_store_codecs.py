@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from store_helpers import small_layout, softmax_maps
 
 from attnstore.errors import ChecksumError, ConfigError
 from attnstore.protocol.records import CODECS
 from attnstore.store.codecs import codec_for, q8_error_bound, q8_quantize, to_fp16
+from tests.support.stores import small_layout, softmax_maps
 
 
 def _round_trip(codec_name: str, maps: np.ndarray) -> np.ndarray:

@@ -1,15 +1,15 @@
 """Written-back entries: every store (LMDB, in-memory, Redis server and Redis Cluster) keeps, serves, verifies,
 compacts and evicts outputs-only entries and full ones alike. The Redis stores run on real ``redis-server``
-processes (see ``tests/redis_servers.py``)."""
+processes (see ``tests/support/redis_servers.py``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from store_helpers import make_entry, small_layout, token_hash
 
 from attnstore.errors import MapShapeError, MapsNotStoredError
 from attnstore.store import MapStoreBase, NewEntry
+from tests.support.stores import make_entry, small_layout, token_hash
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from store_helpers import small_layout
 
 from attnstore.errors import (
     ChecksumError,
@@ -17,6 +16,7 @@ from attnstore.errors import (
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes, usable_blocks
 from attnstore.store import MapStoreBase
 from attnstore.store.prefix import records as prefix_records
+from tests.support.stores import small_layout
 
 LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.service import AttnStoreService
 from attnstore_client.models import load_model
 from attnstore_tools.cli import main
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 
 def test_encode_writes_the_embeddings_in_input_order_and_prints_the_stats(tmp_path: Path, capsys) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import random_rows, tiny_model
 from transformers import GPT2Config, GPT2Model
 
 from attnstore.errors import MapShapeError, UnsupportedModelError
 from attnstore_client.adapters import BertAdapter, LlamaAdapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.models import LoadedModel
+from tests.support.adapters import random_rows, tiny_model
 
 
 @pytest.fixture(scope="module")

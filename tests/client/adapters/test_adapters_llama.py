@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import max_diff, random_rows, tiny_model
 
 import attnstore_client.adapters.replay as replay_module
 from attnstore_client.adapters import LlamaAdapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids, tokenize
+from tests.support.adapters import max_diff, random_rows, tiny_model
 
 TOL = 1e-4
 LENGTHS = [11, 4, 8]

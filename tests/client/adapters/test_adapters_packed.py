@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.adapters.fused import FusedLinears, padded_tokens
 from attnstore_client.adapters.packed import SHORT_ROW, pack, with_filler
+from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 
 TOL = 1e-4
 # Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import max_diff, pad_id, random_rows, tiny_model
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import Batch, batch_from_ids
+from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 
 TOL = 1e-4
 LENGTHS = [9, 3, 6]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import max_diff
 
 from attnstore_client.adapters.attention import allowed_keys, attention, attention_probs
+from tests.support.adapters import max_diff
 
 
 def _qkv(batch: int, heads: int, kv_heads: int, length: int, head_dim: int = 8, seed: int = 0):

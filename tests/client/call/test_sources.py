@@ -43,9 +43,8 @@ def test_a_text_repeated_in_the_call_is_tokenized_once_and_comes_as_a_repeat_of_
 
 
 def test_a_prompt_in_segments_is_tokenized_segment_by_segment_with_the_special_tokens_around_it() -> None:
-    from cache_helpers import word_tokenizer
-
     from attnstore_client.call.sources import segment_tokens
+    from tests.support.caches import word_tokenizer
 
     tokenizer = word_tokenizer()
     [tokens] = segment_tokens(tokenizer, [["w2 w3", "w4", "w5 w6 w7"]], max_length=64)
@@ -55,10 +54,10 @@ def test_a_prompt_in_segments_is_tokenized_segment_by_segment_with_the_special_t
 
 def test_a_prompt_in_segments_longer_than_the_model_takes_is_refused_not_cut() -> None:
     import pytest
-    from cache_helpers import word_tokenizer
 
     from attnstore.errors import ConfigError
     from attnstore_client.call.sources import segment_tokens
+    from tests.support.caches import word_tokenizer
 
     with pytest.raises(ConfigError, match="prompt 0 in segments is 4 tokens, over the model's 3"):
         segment_tokens(word_tokenizer(), [["w2 w3", "w4 w5"]], max_length=3)

@@ -10,8 +10,6 @@ import crc32c
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, sentences, tiny_loaded
-from server_fixtures import FP, served, tls_server
 
 from attnstore.errors import (
     ChecksumError,
@@ -31,6 +29,8 @@ from attnstore_client.connection.base import checked_projector
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
 from attnstore_client.projector import Projector
+from tests.support.caches import fill_namespace, sentences, tiny_loaded
+from tests.support.server_fixtures import FP, served, tls_server
 
 TEXTS = sentences(6, seed=3)
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from server_fixtures import FP, LAYOUT, memory_service, served
 
 from attnstore.protocol.keys import token_hash
 from attnstore.protocol.requests import exact_request
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore_client.connection import RefusedRow, RowToWrite, connect
+from tests.support.server_fixtures import FP, LAYOUT, memory_service, served
 
 
 def test_a_bad_row_comes_back_refused_with_its_index_code_and_reason_and_the_others_are_stored() -> None:

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_fixtures import tls_server
 
 from attnstore.errors import ConfigError, UnavailableError
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.server_fixtures import tls_server
 
 
 def test_the_daemon_client_loads_no_storage_backend_or_torch() -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
+from tests.support.caches import fill_namespace
 
 pytestmark = pytest.mark.real_model
 

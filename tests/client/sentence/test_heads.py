@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace
 
 from attnstore.errors import ConfigError
 from attnstore.index import ExactIndex
@@ -13,6 +12,7 @@ from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
+from tests.support.caches import fill_namespace
 
 pytestmark = pytest.mark.real_model
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.errors import MapsUnavailableError
 from attnstore.index import ExactIndex
@@ -28,6 +27,7 @@ from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.maps import MapTier
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 TOLERANCE = 2e-3  # fp16 maps
 STORED = sentences(4, seed=61, min_words=6, max_words=6)  # one length: replayed longest first in stored order

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 from attnstore.errors import UnavailableError
 from attnstore.index import ExactIndex
@@ -28,6 +27,7 @@ from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel, CostSettings
 from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.store_exact import StoreExactTier
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 
 TOLERANCE = 2e-3  # fp16 outputs
 TEXTS = sentences(7, seed=71, min_words=5, max_words=5)  # one length: taken in input order

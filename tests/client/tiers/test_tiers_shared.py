@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, sentences, tiny_loaded
-from prefix_helpers import BLOCK, SHARED_A, fill_prefix_namespace, plain_rows, prefix_rows
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
@@ -39,6 +37,8 @@ from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.maps import MapTier
 from attnstore_client.tiers.prefix import PrefixTier
 from attnstore_client.tiers.store_exact import StoreExactTier
+from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.prefixes import BLOCK, SHARED_A, fill_prefix_namespace, plain_rows, prefix_rows
 
 TOLERANCE = 2e-3  # fp16 outputs and maps
 TIERS = ["local_exact", "store_exact", "prefix", "maps", "compute"]

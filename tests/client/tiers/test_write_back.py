@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 import torch
-from server_fixtures import FP, LAYOUT, memory_service
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.keys import token_hash
@@ -20,6 +19,7 @@ from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore_client.connection import connect
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers.write_back import WriteBackSettings, WriteBackWorker, start_write_back
+from tests.support.server_fixtures import FP, LAYOUT, memory_service
 
 READ, WRITE = "r" * 20, "w" * 20
 

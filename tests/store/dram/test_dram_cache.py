@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from store_helpers import make_entry, small_layout
 
 from attnstore.errors import ConfigError, EntryNotFoundError, MapShapeError
 from attnstore.store import MapStoreBase, MemoryMapStore
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.opening import MEMORY_LOCATION, open_store
+from tests.support.stores import make_entry, small_layout
 
 
 def test_the_core_interface_has_at_most_fifteen_abstract_methods():

@@ -1,7 +1,7 @@
 """Crash safety of chunk entries: SIGKILL a writer of chunks at random points, reopen, check every chunk.
 
-The writer is a forked child (``crash_helpers.run_until_killed``) running
-``store_chunks_crash_child.run`` on a real LMDB store: it stores batches of
+The writer is a forked child (``tests.support.crashes.run_until_killed``) running
+``tests.support.children.store_chunks_crash.run`` on a real LMDB store: it stores batches of
 chunks, one ``put_chunks`` call a batch. After each kill: every chunk of a
 committed call reads back whole and identical, the chunks of the call in flight
 are all visible or none is, nothing of an uncommitted call is stored or counted,
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from crash_helpers import run_until_killed
-from store_chunks_crash_child import LAYOUT, NAMESPACE, batch_of, chunk_of, run
 
 from attnstore.errors import EntryNotFoundError
 from attnstore.store import MapStore
+from tests.support.children.store_chunks_crash import LAYOUT, NAMESPACE, batch_of, chunk_of, run
+from tests.support.crashes import run_until_killed
 
 KILLS = 24
 

@@ -8,11 +8,11 @@ import signal
 import numpy as np
 import pytest
 import zarr
-from store_helpers import make_entry, small_layout
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.store import MapStore
 from attnstore.store.lmdb.env import list_generations, read_current
+from tests.support.stores import make_entry, small_layout
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Crash safety: SIGKILL a writer at random points, then reopen and check everything.
 
 The writer is a forked child (fork keeps this fast: no interpreter start-up per
-kill) running ``store_crash_child.run`` on a real LMDB store. After each kill:
+kill) running ``tests.support.children.store_crash.run`` on a real LMDB store. After each kill:
 no partial entry is visible, every committed entry reads back intact, a batch
 in flight is either wholly there or wholly absent, ids are never reused, and
 verify is clean.
@@ -13,11 +13,11 @@ import random
 from functools import partial
 
 import numpy as np
-from crash_helpers import run_until_killed
-from store_crash_child import LAYOUTS, crash_entry, run
 
 from attnstore.store import MapStore
 from attnstore.store.codecs import q8_error_bound
+from tests.support.children.store_crash import LAYOUTS, crash_entry, run
+from tests.support.crashes import run_until_killed
 
 KILLS = 24
 

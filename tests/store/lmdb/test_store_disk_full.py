@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from store_helpers import fill_disk, make_entry, small_layout
 
 from attnstore.errors import StoreFullError
 from attnstore.store import MapStore
 from attnstore.store.lmdb.env import list_generations
+from tests.support.stores import fill_disk, make_entry, small_layout
 
 
 def _fill_with_entries(store: MapStore, *, length: int = 48) -> dict[int, int]:

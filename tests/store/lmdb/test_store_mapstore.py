@@ -9,7 +9,6 @@ import threading
 import lmdb
 import numpy as np
 import pytest
-from store_helpers import make_entry, small_layout
 
 from attnstore.errors import (
     FormatVersionError,
@@ -21,6 +20,7 @@ from attnstore.errors import (
 from attnstore.store import MapStore, MapStoreBase
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import list_generations, read_current
+from tests.support.stores import make_entry, small_layout
 
 
 def _open(path, dram_bytes: int = 0, **kwargs) -> MapStoreBase:

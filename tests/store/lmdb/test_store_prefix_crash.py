@@ -1,7 +1,7 @@
 """Crash safety of prefix blocks: SIGKILL a writer of chains at random points, reopen, check every block.
 
-The writer is a forked child (``crash_helpers.run_until_killed``) running
-``store_prefix_crash_child.run`` on a real LMDB store: it stores and extends
+The writer is a forked child (``tests.support.crashes.run_until_killed``) running
+``tests.support.children.store_prefix_crash.run`` on a real LMDB store: it stores and extends
 chains of prefix blocks, several blocks a call. After each kill: every chain a
 committed call reached reads back whole and identical, the blocks of the call
 in flight are all visible or none is, a lookup of a chain stops at the end of
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from crash_helpers import run_until_killed
-from daemon import READ_TOKEN, DaemonProcess
-from store_prefix_crash_child import FINGERPRINT, LAYOUT, NAMESPACE, blocks_of, chain_of, run
 
 from attnstore.errors import EntryNotFoundError
 from attnstore.store import MapStore
 from attnstore_client.connection import connect
+from tests.support.children.store_prefix_crash import FINGERPRINT, LAYOUT, NAMESPACE, blocks_of, chain_of, run
+from tests.support.crashes import run_until_killed
+from tests.support.daemon import READ_TOKEN, DaemonProcess
 
 KILLS = 24
 

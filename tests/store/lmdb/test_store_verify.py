@@ -10,7 +10,6 @@ import lmdb
 import numpy as np
 import pytest
 from numcodecs.zstd import Zstd
-from store_helpers import make_entry, projector_blob, small_layout
 
 from attnstore.errors import ChecksumError, StoreDamagedError
 from attnstore.protocol.records import NamespaceLayout
@@ -19,6 +18,7 @@ from attnstore.store.codecs import ZSTD_LEVEL
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import DATA_FILE, read_current
 from attnstore.store.lmdb.records import entry_key
+from tests.support.stores import make_entry, projector_blob, small_layout
 
 
 def _flip_byte_on_disk(root: Path, needle: bytes) -> None:

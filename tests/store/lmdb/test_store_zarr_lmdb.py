@@ -8,12 +8,12 @@ import lmdb
 import numpy as np
 import pytest
 import zarr
-from store_helpers import make_entry, small_layout
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 
 from attnstore.errors import StoreNotFoundError
 from attnstore.store import LMDBZarrStore, MapStore, open_zarr
+from tests.support.stores import make_entry, small_layout
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ import time
 
 import numpy as np
 import pytest
-from redis_servers import RedisServer, require_redis
-from store_helpers import make_entry, projector_blob, small_layout
 
 from attnstore.errors import ConfigError, EntryNotFoundError, UnavailableError
 from attnstore.store import MapStore
@@ -21,6 +19,8 @@ from attnstore.store.redis.keys import encode_entry
 from attnstore.store.redis.mapstore import RedisMapStore
 from attnstore.store.redis.urls import RedisSettings
 from attnstore.store.validate import prepare_entry
+from tests.support.redis_servers import RedisServer, require_redis
+from tests.support.stores import make_entry, projector_blob, small_layout
 
 
 @pytest.fixture

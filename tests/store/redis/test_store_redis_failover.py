@@ -11,12 +11,12 @@ import time
 
 import numpy as np
 import pytest
-from redis_servers import RedisClusterServers, require_redis
-from store_helpers import make_entry, small_layout
 
 from attnstore.errors import EntryNotFoundError
 from attnstore.store.redis.mapstore import RedisMapStore
 from attnstore.store.redis.urls import RedisSettings
+from tests.support.redis_servers import RedisClusterServers, require_redis
+from tests.support.stores import make_entry, small_layout
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 import pytest
-from daemon import ADMIN_TOKEN, READ_TOKEN, write_token_file
 
 from attnstore.errors import ConfigError
 from attnstore_tools.admin.command import read_token
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, write_token_file
 
 
 def _args(token_file: Path) -> argparse.Namespace:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import tiny_loaded
-from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.protocol.keys import token_hash
 from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.cli import main as cli_main
+from tests.support.caches import tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, WRITE_TOKEN, DaemonProcess
 
 
 @pytest.fixture

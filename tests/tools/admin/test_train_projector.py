@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_helpers import sentences, tiny_loaded
-from daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AuthError, FingerprintMismatchError, ProjectorChangedError
 from attnstore.protocol.records import LookupBatch, NewEntry
@@ -31,6 +29,8 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.admin.train_projector import TrainProjectorConfig, train_namespace_projector
 from attnstore_tools.build.fit import FitConfig
 from attnstore_tools.cli import main
+from tests.support.caches import sentences, tiny_loaded
+from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 # One length (6 words): a bidirectional model's projector trains and calibrates on same-length inputs.
 TEXTS = sentences(40, seed=11, min_words=6, max_words=6)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from adapter_helpers import save_tiny_decoder
 
 from attnstore_tools.cli import main
+from tests.support.adapters import save_tiny_decoder
 
 
 def test_bench_replay_prints_a_table_and_writes_the_json(tmp_path, capsys):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from adapter_helpers import save_tiny_decoder
-
 from attnstore_tools.cli import main
+from tests.support.adapters import save_tiny_decoder
 
 
 def test_bench_service_times_every_path_and_writes_the_json(tmp_path, capsys):

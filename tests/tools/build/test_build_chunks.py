@@ -13,9 +13,6 @@ import time
 
 import numpy as np
 import pytest
-from adapter_helpers import save_tiny_decoder
-from cache_helpers import tiny_loaded
-from daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import AuthError, NamespaceNotFoundError, UnsupportedModelError
 from attnstore.service import AttnStoreService
@@ -25,6 +22,9 @@ from attnstore_client.models import load_model
 from attnstore_client.tiers.chunks.source import chunk_key
 from attnstore_tools.build.chunks import ChunkBuildConfig, build_chunks_into
 from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
+from tests.support.adapters import save_tiny_decoder
+from tests.support.caches import tiny_loaded
+from tests.support.daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 INSTRUCTION = "classify the sentiment of each review"
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "north", "field", "cloud", "good", "bad"]

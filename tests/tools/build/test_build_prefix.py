@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from adapter_helpers import save_tiny_decoder
 
 from attnstore.protocol.prefix import chain_hashes
 from attnstore.service import AttnStoreService
 from attnstore_client.models import load_model
 from attnstore_tools.build.command import BuildConfig, build_namespace
 from attnstore_tools.build.prefix import PrefixBuildConfig
+from tests.support.adapters import save_tiny_decoder
 
 
 @pytest.fixture(scope="module")

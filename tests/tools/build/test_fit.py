@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cache_helpers import sentences, tiny_loaded
 
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.batch import tokenize
 from attnstore_tools.build.fit import FitConfig, SpilledArrays, fit_projector, format_fit
 from attnstore_tools.build.training import TrainConfig
+from tests.support.caches import sentences, tiny_loaded
 
 _QUICK = TrainConfig(max_epochs=3, patience=1)
 

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from adapter_helpers import max_diff, random_rows, tiny_model
 
 from attnstore.errors import ConfigError
 from attnstore.service import AttnStoreService
@@ -25,6 +24,7 @@ from attnstore_tools.eval.baselines import (
     lazyformer_sources,
 )
 from attnstore_tools.eval.planned import SharedMapsPlan, forward_planned
+from tests.support.adapters import max_diff, random_rows, tiny_model
 
 LENGTHS = [7, 4, 6]
 FP = "f" * 64

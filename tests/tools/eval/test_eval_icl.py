@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from cache_helpers import tiny_loaded
 
 from attnstore_tools.eval.icl import IclTask, evaluate_icl, format_icl, plot_icl
+from tests.support.caches import tiny_loaded
 
 INSTRUCTION = "w2 w3 w4 "
 EXEMPLARS = ["w20 w21 w22 w10 ", "w30 w31 w11 ", "w40 w41 w42 w43 w10 ", "w50 w51 w11 "]

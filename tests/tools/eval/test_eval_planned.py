@@ -7,12 +7,12 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 import torch
-from adapter_helpers import max_diff, random_rows, tiny_model
 
 from attnstore.errors import ConfigError, MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_tools.eval.planned import LayerPlan, SharedMapsPlan, forward_planned
+from tests.support.adapters import max_diff, random_rows, tiny_model
 
 LENGTHS = [7, 4, 6]  # padded: rows 1 and 2 are shorter than the batch
 

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from daemon import READ_TOKEN, DaemonProcess
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.gate import FidelityGate
@@ -17,6 +16,7 @@ from attnstore_tools.build.training import TrainConfig
 from attnstore_tools.cli import main
 from attnstore_tools.eval.command import EvalConfig, evaluate, format_report
 from attnstore_tools.eval.tasks import Task
+from tests.support.daemon import READ_TOKEN, DaemonProcess
 
 _COLOURS = ["red", "green", "blue", "black", "white", "brown"]
 _ANIMALS = ["cat", "dog", "horse", "bird", "fish"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_helpers import random_rows, tiny_model
 
 from attnstore.errors import ConfigError
 from attnstore_client.adapters import adapter_for
@@ -13,6 +12,7 @@ from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.plan import FusionCounts, fuse_prompts
 from attnstore_client.tiers.chunks.selection import chosen_count, select_tokens
 from attnstore_client.tiers.chunks.source import ChunkKV, MemoryChunkSource, chunk_key
+from tests.support.adapters import random_rows, tiny_model
 
 INSTRUCTION, C1, C2, C3, C4, Q1, Q2 = random_rows([6, 7, 9, 5, 8, 4, 3], seed=3)
 REUSE = ChunkSettings(method="full_reuse", recent=0, dtype="float32")  # stored chunks only, none computed again

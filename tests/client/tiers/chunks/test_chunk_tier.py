@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cache_helpers import fill_namespace, plain_hidden, tiny_loaded
 
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
@@ -12,6 +11,7 @@ from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.connection.local import LocalConnection
+from tests.support.caches import fill_namespace, plain_hidden, tiny_loaded
 
 INSTRUCTION = "w2 w3 w4 w5 w6"
 CHUNKS = ["w20 w21 w22 w23 w24 w25", "w30 w31 w32", "w40 w41 w42 w43 w44 w45 w46", "w50 w51 w52 w53"]

@@ -9,9 +9,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from adapter_helpers import save_tiny_decoder
-from chunk_helpers import damage_chunk
-from daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.service import AttnStoreService
@@ -24,6 +21,9 @@ from attnstore_client.tiers.chunks.source import MemoryChunkSource, chunk_key
 from attnstore_client.tiers.chunks.store_source import StoreChunkSource
 from attnstore_tools.build.chunks import ChunkBuildConfig, build_chunks_into
 from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
+from tests.support.adapters import save_tiny_decoder
+from tests.support.chunks import damage_chunk
+from tests.support.daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 INSTRUCTION = "classify the sentiment of each review"
 CHUNKS = ["the river was cold and the stone was grey", "good light over the north field",

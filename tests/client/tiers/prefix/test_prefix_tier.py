@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cache_helpers import tiny_loaded
-from prefix_helpers import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 from attnstore.errors import MapsUnavailableError
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import PrefixStream
 from attnstore_client.connection.local import LocalConnection
+from tests.support.caches import tiny_loaded
+from tests.support.prefixes import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 
 @pytest.fixture(scope="module")

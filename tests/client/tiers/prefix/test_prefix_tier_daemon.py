@@ -7,9 +7,6 @@ import re
 
 import pytest
 import torch
-from cache_helpers import tiny_loaded
-from daemon import READ_TOKEN, DaemonProcess
-from prefix_helpers import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.prefix import chain_hashes
@@ -18,6 +15,9 @@ from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
+from tests.support.caches import tiny_loaded
+from tests.support.daemon import READ_TOKEN, DaemonProcess
+from tests.support.prefixes import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 SHARED_C = prefix_rows([24], seed=12)[0]
 

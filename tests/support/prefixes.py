@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from adapter_helpers import FIRST_REAL_ID, VOCAB
 
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
@@ -13,6 +12,7 @@ from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
+from tests.support.adapters import FIRST_REAL_ID, VOCAB
 
 BLOCK = 8
 

@@ -13,9 +13,9 @@ import random
 from pathlib import Path
 
 import numpy as np
-from store_helpers import make_entry, small_layout
 
 from attnstore.store import MapStore, NamespaceLayout, NewEntry
+from tests.support.stores import make_entry, small_layout
 
 LAYOUTS: dict[str, NamespaceLayout] = {"plain": small_layout("fp16"), "packed": small_layout("q8+zstd")}
 

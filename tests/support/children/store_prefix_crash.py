@@ -19,10 +19,10 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from store_helpers import small_layout
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.store import MapStore
+from tests.support.stores import small_layout
 
 # 4 layers of 8 KiB (two pages each, so every chunk overflows a page) and 4 KiB of hidden states per block.
 LAYOUT = PrefixLayout(block_size=16, layers=4, kv_heads=2, head_dim=32, hidden=64, dtype="float32")

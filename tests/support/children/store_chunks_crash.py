@@ -16,10 +16,10 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from store_helpers import small_layout
 
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.store import MapStore
+from tests.support.stores import small_layout
 
 # Layers of 8 to 24 KiB (several pages each); 8 to 24 chunks a call, so a kill often lands inside one.
 LAYOUT = ChunkLayout(layers=4, kv_heads=2, head_dim=32, dtype="float32")

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from adapter_helpers import VOCAB, TinyKind, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -18,6 +17,7 @@ from attnstore_client.adapters.batch import tokenize
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
 from attnstore_client.projector import Projector, ProjectorConfig
+from tests.support.adapters import VOCAB, TinyKind, tiny_model
 
 # Word ids: 0 pad, 1 unknown, then "w2".."w95".
 WORDS = [f"w{i}" for i in range(2, VOCAB)]

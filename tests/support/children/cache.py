@@ -1,7 +1,7 @@
 """A second client process for the daemon tests: ingest a tiny model's maps, or encode through the cache.
 
-    python cache_child.py ingest TARGET ADMIN_TOKEN SEED COUNT
-    python cache_child.py encode URL READ_TOKEN SEED COUNT
+    python -m tests.support.children.cache ingest TARGET ADMIN_TOKEN SEED COUNT
+    python -m tests.support.children.cache encode URL READ_TOKEN SEED COUNT
 
 Prints one JSON line: the ingest summary, or the cache's stats and the largest
 difference of its embeddings from the plain model's.
@@ -12,16 +12,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from cache_helpers import capture_entries, plain_hidden, sentences, tiny_loaded
 
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
 
 
 def main(mode: str, where: str, token: str, seed: str, count: str) -> None:

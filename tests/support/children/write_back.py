@@ -1,6 +1,6 @@
 """A client process of the write-back tests: encode through a cache that writes back, then report.
 
-    python write_back_child.py URL TOKEN SEED COUNT [TEXTS_JSON MAX_DISTANCE]
+    python -m tests.support.children.write_back URL TOKEN SEED COUNT [TEXTS_JSON MAX_DISTANCE]
 
 Encodes ``sentences(COUNT, seed=SEED)``, or the texts of TEXTS_JSON (a JSON list) looked up with
 MAX_DISTANCE. Prints one JSON line: the call's stats, the write-back worker's stats after a flush,
@@ -13,15 +13,13 @@ import dataclasses
 import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from cache_helpers import plain_hidden, sentences, tiny_loaded
 
 from attnstore_client.cache import AttnCache
+from tests.support.caches import plain_hidden, sentences, tiny_loaded
 
 
 def main(url: str, token: str, seed: str, count: str, texts_json: str = "", max_distance: str = "") -> None:

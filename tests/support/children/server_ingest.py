@@ -1,6 +1,6 @@
 """A second client process for the daemon tests: ingests synthetic entries over gRPC.
 
-Usage: python server_ingest_child.py TARGET TOKEN NAMESPACE FINGERPRINT LENGTH SEED...
+Usage: python -m tests.support.children.server_ingest TARGET TOKEN NAMESPACE FINGERPRINT LENGTH SEED...
 Creates the namespace (idempotent) with ``server_fixtures.LAYOUT`` and ingests
 ``make_entry(LAYOUT, LENGTH, seed)`` for each seed in one stream; prints the
 IngestSummary as JSON.
@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from server_fixtures import LAYOUT
-from store_helpers import make_entry
-
 from attnstore_client.connection.daemon import RemoteStore
+from tests.support.server_fixtures import LAYOUT
+from tests.support.stores import make_entry
 
 
 def main(argv: list[str]) -> int:

@@ -12,9 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from adapter_helpers import save_tiny_decoder
-from cache_helpers import tiny_loaded
-
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
@@ -22,6 +19,8 @@ from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_of
 from attnstore_tools.build.namespace_layout import exact_tier_layout
+from tests.support.adapters import save_tiny_decoder
+from tests.support.caches import tiny_loaded
 
 API_KEY = "node-key-0123456789abcdef"
 _LOG_TAIL_CHARS = 6000

@@ -1,0 +1,1 @@
+"""The test suite: tests mirror the packages; ``tests.support`` holds what they share."""

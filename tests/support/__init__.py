@@ -1,0 +1,1 @@
+"""What the tests share: daemons, Redis servers, nodes, tiny models, store fixtures and child processes."""

@@ -1,0 +1,1 @@
+"""Scripts the tests run as child processes (``python -m tests.support.children.NAME``, from the repository root)."""
