@@ -78,6 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--read-timeout", type=float, default=limits.read_timeout,
                    help="seconds a client has to send a request's line and headers, then as many for its body; past"
                    " them the node answers 408 and closes the connection (a connection that sends nothing is closed)")
+    p.add_argument("--labels", nargs="+", default=None,
+                   help="/v1/classify's labels when a request names none (words of one token each)")
     p.add_argument("--grace", type=int, default=30, help="seconds requests in flight get to finish on SIGTERM")
     p.add_argument("--ready-file", type=Path, help="write {pid, address, port} as JSON here once the model is loaded")
     p.set_defaults(func=run)
@@ -120,5 +122,6 @@ def run(args: argparse.Namespace) -> int:
     metrics = NodeMetrics()
     batcher = Batcher(open_cache, args.served_model_name or args.model, settings, metrics)
     sock = bind(args.listen)
-    app = create_app(batcher, keys=keys, limits=limits, metrics=metrics)
+    app = create_app(batcher, keys=keys, limits=limits, metrics=metrics,
+                     labels=None if args.labels is None else tuple(args.labels))
     return serve(app, sock, ready_file=args.ready_file, grace=args.grace)

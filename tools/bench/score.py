@@ -1,6 +1,6 @@
 """``bench score``: ``/v1/score`` requests from N concurrent clients against the node and two baseline servers.
 
-    python -m attnstore_tools.bench.score --model smollm2 --clients 1 8 32 --requests 32 --items 4 --json score.json
+    attnstore bench score --model smollm2 --clients 1 8 32 --requests 32 --items 4 --json score.json
     python -m attnstore_tools.bench.score serve --method plain|cached --model smollm2 --ready-file F  # a baseline
 
 Requests are MMLU 5-shot (``../shared/data/mmlu_dev.jsonl`` exemplars, ``mmlu_test.jsonl``
@@ -42,6 +42,7 @@ import numpy as np
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import bad_request
 from attnstore_node.schema import Input, ModelInfo
+from attnstore_tools.arguments import documented_parser
 
 log = logging.getLogger(__name__)
 
@@ -341,28 +342,45 @@ def serve_baseline(argv: Sequence[str]) -> int:
     return serve(create_app(scorer), bind(args.listen), ready_file=args.ready_file)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The benchmark (or, with ``serve``, one baseline server); returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if argv[:1] == ["serve"]:
-        return serve_baseline(argv[1:])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2")
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``score`` to the ``bench`` group."""
+    parser = documented_parser(subparsers, "score", __doc__,
+                               summary="/v1/score from concurrent clients: the node, a plain and a cached server")
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="alias or local model path of a causal model")
     parser.add_argument("--methods", nargs="+", default=["node", "plain", "cached"],
-                        choices=("node", "plain", "cached"))
-    parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
+                        choices=("node", "plain", "cached"), help="servers to run (default: all three)")
+    parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32],
+                        help="concurrent clients, one run each (default: 1 8 32)")
     parser.add_argument("--requests", type=int, default=32, help="score requests per run")
     parser.add_argument("--items", type=int, default=4, help="questions per request (its items)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each server")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the requests")
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the table, write the JSON; returns the exit code."""
     report = bench(args)
     print(_table(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The benchmark (or, with ``serve``, one baseline server: how ``bench`` starts them); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv[:1] == ["serve"]:
+        return serve_baseline(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
