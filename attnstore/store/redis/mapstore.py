@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from attnstore.errors import (
     StorageError,
     StoreUnsafeError,
 )
-from attnstore.protocol.records import NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
+from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.store.admission import SketchShape
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
@@ -77,7 +77,7 @@ logger = logging.getLogger(__name__)
 _COMMIT_ROUNDS = 4  # an entry found by hash, then deleted before the commit, is written anew: this many times at most
 
 
-class RedisMapStore(RedisEntryReads, MapStoreBase):
+class RedisMapStore(MapStoreBase):
     """The Redis-backed map store. Open with :meth:`open`; use as a context manager."""
 
     def __init__(self, connection: RedisConnection, settings: RedisSettings, *, create: bool) -> None:
@@ -87,6 +87,7 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
         self._settings = settings
         self._catalog = Catalog(connection, self._keys, create=create, log_cap=settings.log_max_events)
         self._states: dict[str, tuple[float, NamespaceState]] = {}  # name -> (its created time, state)
+        self._reads = RedisEntryReads(connection, self._keys, self._state, self._pending_hits, self._forget_missing)
         self.chunks = RedisChunks(connection, self._keys, settings, self._catalog, self.get_namespace,
                                   self._check_writable, self._entry_bytes)
         self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
@@ -252,7 +253,7 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
         for p in prepared:
             unique.setdefault(p.token_hash, p)
         hashes = list(unique)
-        found = {h: ref.id for h, ref in zip(hashes, self._find_by_hashes(namespace, hashes), strict=True) if ref}
+        found = {h: ref.id for h, ref in zip(hashes, self._reads.find_by_hashes(namespace, hashes), strict=True) if ref}
         vanished = set(self._forget_missing(namespace, list(found.values())))
         existing = {h: i for h, i in found.items() if i not in vanished}
         mapped = self._with_maps(namespace, state, [i for h, i in existing.items() if unique[h].feature is not None])
@@ -347,6 +348,43 @@ class RedisMapStore(RedisEntryReads, MapStoreBase):
 
     def _entry_bytes(self) -> int:
         return admin.entry_bytes(self._redis, self._keys, self._catalog.names())
+
+    # ---- entry reads (``reads.RedisEntryReads``) ---------------------------------
+
+    def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_maps`: the whole entry in one read."""
+        return self._reads.read_maps(namespace, entry_id)
+
+    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_layer`: only that layer's fields are read."""
+        return self._reads.read_layer(namespace, entry_id, layer)
+
+    def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
+        """See :meth:`MapStoreBase.read_outputs`."""
+        return self._reads.read_outputs(namespace, entry_id)
+
+    def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
+        return self._reads.find_by_hashes(namespace, token_hashes)
+
+    def entry(self, namespace: str, entry_id: int) -> EntryInfo:
+        """See :meth:`MapStoreBase.entry`."""
+        return self._reads.entry(namespace, entry_id)
+
+    def token_ids(self, namespace: str, entry_ids: Sequence[int]) -> list[np.ndarray | None]:
+        """See :meth:`MapStoreBase.token_ids`."""
+        return self._reads.token_ids(namespace, entry_ids)
+
+    def entries(self, namespace: str, length: int | None = None) -> Iterator[EntryInfo]:
+        """See :meth:`MapStoreBase.entries`: entries gone or corrupt are skipped (verify lists corrupt ones).
+
+        Raises:
+            NamespaceNotFoundError: at the call, not at the first ``next``.
+        """
+        return self._reads.entries(namespace, length)
+
+    def lengths(self, namespace: str) -> list[int]:
+        """See :meth:`MapStoreBase.lengths`."""
+        return self._reads.lengths(namespace)
 
     # ---- hits, delete ---------------------------------------------------------
 

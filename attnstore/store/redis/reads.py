@@ -1,15 +1,16 @@
 """Reads of a Redis store's entries: maps, outputs, records, listings.
 
-A mixin of ``RedisMapStore`` (before ``MapStoreBase``): it reads with the store's
-client and keys, and forgets, through the store, a registered entry whose hash
-Redis evicted (``_forget_missing``), so every daemon's index drops it.
+``RedisEntryReads`` is a part ``RedisMapStore`` holds and delegates its entry reads to: it reads with
+the store's client and keys, asks the store for a namespace's state and the hits it has not flushed
+yet, and forgets, through the store, a registered entry whose hash Redis evicted (``forget_missing``),
+so every daemon's index drops it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -41,19 +42,23 @@ def _feature(raw: bytes | None) -> np.ndarray | None:
     return None if raw is None else np.frombuffer(raw, dtype="<f4").astype(np.float32)
 
 
+class ForgetMissing(Protocol):
+    """The store's ``_forget_missing``: forgets registered entries whose hash is gone; returns those forgotten."""
+
+    def __call__(self, namespace: str, ids: Sequence[int], *, known_gone: bool = False) -> list[int]: ...
+
+
 class RedisEntryReads:
-    """The entry reads of ``RedisMapStore``."""
+    """The entry reads of a ``RedisMapStore``, given what they need of it."""
 
-    _redis: RedisConnection
-    _keys: StoreKeys
-
-    if TYPE_CHECKING:
-
-        def _state(self, name: str) -> NamespaceState: ...  # the store's
-
-        def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]: ...  # the store's
-
-        def _forget_missing(self, namespace: str, ids: Sequence[int], *, known_gone: bool = False) -> list[int]: ...
+    def __init__(
+        self, redis: RedisConnection, keys: StoreKeys, state: Callable[[str], NamespaceState],
+        pending_hits: Callable[[str, int], tuple[int, float]], forget_missing: ForgetMissing,
+    ) -> None:
+        self._redis, self._keys = redis, keys
+        self._state = state  # a namespace's state (NamespaceNotFoundError for none)
+        self._pending_hits = pending_hits  # hits counted in this process, not yet flushed to Redis
+        self._forget_missing = forget_missing
 
     def _fields(self, namespace: str, entry_id: int, fields: Sequence[bytes] | None = None) -> dict[bytes, bytes]:
         """Fields of one entry's hash (all when ``fields`` is None); an empty dict if it is gone."""
@@ -100,7 +105,7 @@ class RedisEntryReads:
         record = self._record(namespace, state, entry_id, fields)
         return decode_outputs(state, record, fields.get(OUTPUTS_FIELD))  # (L, hidden)
 
-    def _find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
+    def find_by_hashes(self, namespace: str, token_hashes: list[bytes]) -> list[EntryRef | None]:
         """See :meth:`MapStoreBase.find_by_hashes`. An entry Redis evicted may still be found here; reading
         it raises EntryNotFoundError (the exact tier then misses) and forgets it."""
         self._state(namespace)
