@@ -96,7 +96,7 @@ class TicketSink(Sink):
 
     def _reduce(self, kind: RowResult, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``kind``'s result of rows' right-padded states ``(b, P, hidden)``, mask ``(b, P)``: ``(b, dim)``."""
-        if kind[0] == "pool":
+        if len(kind) == 2:  # ("pool", how)
             return self._pool(tokens, mask, kind[1])
         assert self._lm_head is not None  # the route refuses scoring on an encoder
         _, labels, softmax = kind
@@ -113,7 +113,8 @@ def distinct_tokens(rows: Sequence[Sequence[int]]) -> int:
     """The tokens of ``rows`` with every shared prefix counted once (the nodes of their prefix tree): what a call
     must compute at least, each prefix once."""
     ordered = sorted(tuple(row) for row in rows)
-    total, previous = 0, ()
+    total = 0
+    previous: tuple[int, ...] = ()
     for row in ordered:
         total += len(row) - len(os.path.commonprefix([previous, row]))
         previous = row

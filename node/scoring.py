@@ -84,8 +84,8 @@ def parse_score(body: Any, limits: RequestLimits, model: ModelInfo) -> ScoreRequ
             raise bad_request("with a token id 'query', 'items' must be a list of token id lists", "invalid_input",
                               "items")
         _count(items, limits)
-        query_ids = _input(query, "query", model) if query else ()
-        rows = [_input(item, f"items[{index}]", model) for index, item in enumerate(items)]
+        query_ids = _ids(query, "query", model) if query else ()
+        rows = [_ids(item, f"items[{index}]", model) for index, item in enumerate(items)]
         prompts = [row + query_ids if item_first else query_ids + row for row in rows]
     else:
         raise bad_request(f"'query' must be a string or a list of token ids, got {type(query).__name__}",
@@ -128,6 +128,13 @@ def classify_response(probabilities: np.ndarray, labels: tuple[str, ...], tokens
              "num_classes": len(labels)} for index, row in enumerate(probabilities)]
     return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
             "data": data, "usage": _usage(tokens)}
+
+
+def _ids(item: Any, param: str, model: ModelInfo) -> tuple[int, ...]:
+    """``_input`` of a list the caller checked holds token ids: those ids."""
+    ids = _input(item, param, model)
+    assert not isinstance(ids, str)  # a list of ints is read as token ids
+    return ids
 
 
 def _usage(tokens: int) -> dict[str, int]:

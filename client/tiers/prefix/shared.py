@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters import Adapter
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.call.rows import HiddenRows, Row
@@ -90,7 +91,7 @@ def _serve_group(adapter: Adapter, group: SharedGroup, call: Call, device: torch
         out = adapter.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=cache,
                             use_cache=True)
     prefix_hidden = out.last_hidden_state[0].float()  # (p, hidden)
-    layers = [(layer.keys, layer.values) for layer in cache.layers]  # (1, KVH, p, d) each
+    layers = [_keys_values(layer) for layer in cache.layers]  # (1, KVH, p, d) each
     call.forwarded(time.perf_counter() - started, p, p)
     pad = adapter.loaded.tokenizer.pad_token_id if adapter.loaded.tokenizer is not None else 0
     size = call.settings.batch_size
@@ -108,3 +109,12 @@ def _serve_group(adapter: Adapter, group: SharedGroup, call: Call, device: torch
         states = [torch.cat([prefix_hidden, out[b, : suffix.lengths[b]].float()]) for b in range(len(rows))]
         call.forwarded(time.perf_counter() - forward_started, sum(suffix.lengths), suffix.size * suffix.padded_length)
         call.deliver(rows, HiddenRows.stacked(states), "miss")  # (L, hidden) each
+
+
+def _keys_values(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's keys and values after the prefix's forward (a full-attention layer holds both)."""
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise UnsupportedModelError(f"a shared prefix needs keys and values in every layer's cache; "
+                                    f"{type(layer).__name__} holds none")
+    return keys, values
