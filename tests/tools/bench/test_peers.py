@@ -11,11 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import BertConfig, BertModel
 
 from attnstore.errors import ConfigError
-from attnstore_client.models import LoadedModel, load_model, resolve_model_path
+from attnstore_client.models import LoadedModel, load_model
 from attnstore_tools.bench import peers_export
 from attnstore_tools.bench.peers import PEERS, load_peer, open_peer, weightless_pipeline
 from attnstore_tools.bench.peers_export import export_graph
@@ -35,30 +33,13 @@ TEXTS = [
     "",
 ]
 # fp32 graphs: the same arithmetic in another order; O3 swaps GELU for its tanh approximation.
-HIDDEN = 32  # the tiny BERT's width, its embeddings' dimension
 TOLERANCE = {"onnx_fp32": 1e-5, "onnx_o3": 1e-3, "openvino_fp32": 1e-5}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random BERT saved with all-MiniLM-L6-v2's tokenizer and sentence-transformers modules (mean pooling,
-    normalisation)."""
-    folder = tmp_path_factory.mktemp("tiny-minilm")
-    source = resolve_model_path("minilm")
-    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
-                 "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(source / name, folder / name)
-    (folder / "1_Pooling").mkdir()
-    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
-    pooling["word_embedding_dimension"] = HIDDEN
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    if (source / "2_Normalize").is_dir():
-        shutil.copytree(source / "2_Normalize", folder / "2_Normalize")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=48, max_position_embeddings=512)
-    BertModel(config).eval().save_pretrained(folder)
-    return folder
+def tiny(tiny_minilm: Path) -> Path:
+    """The tiny random BERT with MiniLM's tokenizer and sentence-transformers modules (``conftest.tiny_minilm``)."""
+    return tiny_minilm
 
 
 @pytest.fixture(scope="module")
