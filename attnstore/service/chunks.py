@@ -62,7 +62,7 @@ def check_chunk_keys(keys: Sequence[bytes]) -> None:
 
 
 class ServiceChunks:
-    """The service's chunk tier: its stored chunks (over the store), matched, read and put; thread-safe."""
+    """The service's chunk part: its stored chunks (over the store), matched, read and put; thread-safe."""
 
     def __init__(self, store: MapStoreBase, check_fingerprint: Callable[[str, str], NamespaceInfo]) -> None:
         """

@@ -56,7 +56,7 @@ class PrefixCuts:
 
 
 class ServicePrefixes:
-    """The service's prefix tier: its stored prefix blocks (over the store), matched and read; thread-safe."""
+    """The service's prefix part: its stored prefix blocks (over the store), matched and read; thread-safe."""
 
     def __init__(self, store: MapStoreBase, check_fingerprint: Callable[[str, str], NamespaceInfo]) -> None:
         """
