@@ -44,6 +44,19 @@ class HitBuffer:
                 or self._clock() - self._last_flush >= self._flush_seconds
             )
 
+    def record(
+        self, namespace: str, ids: Iterable[int], write: Callable[[dict[tuple[str, int], tuple[int, float]]], None],
+        *, readonly: bool,
+    ) -> None:
+        """A store's ``record_hits``: count the hits now, ``flush`` them with ``write`` once due (never read-only)."""
+        if self.add(namespace, ids, time.time()) and not readonly:
+            self.flush(write)
+
+    def flush(self, write: Callable[[dict[tuple[str, int], tuple[int, float]]], None]) -> None:
+        """A store's ``flush_hits``: ``write`` every pending count now; they stay pending if it raises."""
+        with self.draining() as pending:
+            write(pending)
+
     def get(self, namespace: str, entry_id: int) -> tuple[int, float]:
         """Pending ``(hits, last_hit)`` of one entry; ``(0, 0.0)`` if none."""
         with self._lock:

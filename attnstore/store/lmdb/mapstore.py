@@ -398,14 +398,11 @@ class MapStore(MapStoreBase):
         pending or ``hit_flush_seconds`` have passed (checked on the next call), and before eviction, compaction
         and close."""
         self._state(namespace)
-        due = self._hits.add(namespace, ids, time.time())
-        if due and not self._settings.readonly:
-            self.flush_hits()
+        self._hits.record(namespace, ids, self._write_hits, readonly=self._settings.readonly)
 
     def flush_hits(self) -> None:
         """Write buffered hit counts now; they stay buffered if the write fails."""
-        with self._hits.draining() as pending:
-            self._write_hits(pending)
+        self._hits.flush(self._write_hits)
 
     def _forget(self, namespace: str, ids: list[int]) -> None:
         """Entries gone from the store leave the hit buffer, and the listeners hear of it (``on_removed``)."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -393,14 +392,11 @@ class RedisMapStore(MapStoreBase):
         pending or ``hit_flush_seconds`` have passed (checked on the next call), and before eviction, compaction
         and close."""
         self._state(namespace)
-        due = self._hits.add(namespace, ids, time.time())
-        if due and not self._settings.readonly:
-            self.flush_hits()
+        self._hits.record(namespace, ids, self._write_hits, readonly=self._settings.readonly)
 
     def flush_hits(self) -> None:
         """Write buffered hit counts now; they stay buffered if the write fails."""
-        with self._hits.draining() as pending:
-            self._write_hits(pending)
+        self._hits.flush(self._write_hits)
 
     def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]:
         """Hits counted here and not yet written, and the last one's time (for ``RedisEntryReads``)."""
