@@ -1,7 +1,7 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``, ``hooks:``).
 
-- ``on_config``: the API reference reads the packages under their import names, but the client, the node and
-  the tools live in folders of other names (pyproject's ``package-dir``: ``attnstore_client`` is ``client/``).
+- ``on_startup`` (and ``on_config``): the API reference reads the packages under their import names, but
+  the client, the node and the tools live in folders of other names (pyproject's ``package-dir``: ``attnstore_client`` is ``client/``).
   As scripts/check.sh does for mypy, link each under its import name in ``build/docs-src``, the folder
   mkdocstrings' python handler searches (``paths`` in mkdocs.yml).
 - ``on_page_markdown``: the CLI reference is the parser's own ``--help`` of every subcommand, rendered at build
@@ -28,8 +28,19 @@ CLI_MARKER = "<!-- attnstore-cli -->"
 HELP_COLUMNS = "100"  # argparse wraps help to $COLUMNS: a fixed width makes the page the same on every machine
 
 
+def on_startup(command: str, dirty: bool) -> None:
+    """Link the packages before any plugin reads its configuration: mkdocstrings' python handler drops a
+    search path that does not exist yet when it starts (a fresh clone has no ``build/``)."""
+    link_packages(Path(__file__).resolve().parent.parent)
+
+
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
-    root = Path(config["config_file_path"]).parent
+    link_packages(Path(config["config_file_path"]).parent)
+    return config
+
+
+def link_packages(root: Path) -> None:
+    """Each package under its import name in ``root / SOURCE_LINKS``, a link to its folder."""
     links = root / SOURCE_LINKS
     links.mkdir(parents=True, exist_ok=True)
     for name, folder in PACKAGE_DIRS.items():
@@ -40,7 +51,6 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         if link.is_symlink():
             link.unlink()
         link.symlink_to(target, target_is_directory=True)
-    return config
 
 
 def _commands(parser: argparse.ArgumentParser, words: list[str]) -> Iterator[tuple[list[str], argparse.ArgumentParser]]:
