@@ -1,9 +1,9 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``, ``hooks:``).
 
 - ``on_startup`` (and ``on_config``): the API reference reads the packages under their import names, but
-  the client, the node and the tools live in folders of other names (pyproject's ``package-dir``: ``attnstore_client`` is ``client/``).
-  As scripts/check.sh does for mypy, link each under its import name in ``build/docs-src``, the folder
-  mkdocstrings' python handler searches (``paths`` in mkdocs.yml).
+  the client, the node and the tools live in folders of other names (pyproject's ``package-dir``:
+  ``attnstore_client`` is ``client/``). As scripts/check.sh does for mypy, link each under its import name
+  in ``build/docs-src``, the folder mkdocstrings' python handler searches (``paths`` in mkdocs.yml).
 - ``on_page_markdown``: the CLI reference is the parser's own ``--help`` of every subcommand, rendered at build
   time from ``attnstore_tools.cli.build_parser`` in place of the ``<!-- attnstore-cli -->`` marker, so it
   cannot drift from the command.
