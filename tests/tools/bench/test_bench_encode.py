@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from attnstore_tools.cli import main as cli_main
-from attnstore_tools.corpus import DEFAULT_DATA_DIR
+from tests.support.data import small_data
 
 pytestmark = pytest.mark.real_model
-
-
-def _small_data(folder: Path, lines: int) -> Path:
-    """Two Loghub systems cut to ``lines`` lines each, and STS-B dev (the warm-up texts)."""
-    (folder / "loghub").mkdir(parents=True)
-    for system in ("HDFS", "OpenSSH"):
-        with (DEFAULT_DATA_DIR / "loghub" / f"{system}.tsv").open(encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f, delimiter="\t"))
-        with (folder / "loghub" / f"{system}.tsv").open("w", encoding="utf-8", newline="") as f:
-            csv.writer(f, delimiter="\t").writerows(rows[: lines + 1])
-    shutil.copy(DEFAULT_DATA_DIR / "stsb_dev.tsv", folder / "stsb_dev.tsv")
-    return folder
 
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Small logs data and one work folder for the module: the store is built by the first run, reused after."""
     root = tmp_path_factory.mktemp("bench-encode")
-    return _small_data(root / "data", 40), root / "work"
+    return small_data(root / "data", 40), root / "work"
 
 
 def test_a_short_run_times_every_method_in_its_own_child_and_reports_rss_overhead_and_fidelity(

@@ -4,9 +4,7 @@ and ``bench encode`` runs them in its children."""
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,7 @@ from attnstore_tools.bench import peers_export
 from attnstore_tools.bench.peers import PEERS, load_peer, open_peer, weightless_pipeline
 from attnstore_tools.bench.peers_export import export_graph
 from attnstore_tools.cli import main as cli_main
-from attnstore_tools.corpus import DEFAULT_DATA_DIR
+from tests.support.data import small_data
 
 for _module in ("onnx", "onnxruntime", "openvino"):
     pytest.importorskip(_module, reason=f"{_module} is not installed: the peers extra (pip install -e '.[peers]')")
@@ -124,21 +122,10 @@ def test_an_unknown_peer_is_refused_naming_the_peers(loaded: LoadedModel, tmp_pa
         export_graph("onnx_fp16", loaded, cache_dir=tmp_path)
 
 
-def _small_logs(folder: Path, lines: int) -> Path:
-    (folder / "loghub").mkdir(parents=True)
-    for system in ("HDFS", "OpenSSH"):
-        with (DEFAULT_DATA_DIR / "loghub" / f"{system}.tsv").open(encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f, delimiter="\t"))
-        with (folder / "loghub" / f"{system}.tsv").open("w", encoding="utf-8", newline="") as f:
-            csv.writer(f, delimiter="\t").writerows(rows[: lines + 1])
-    shutil.copy(DEFAULT_DATA_DIR / "stsb_dev.tsv", folder / "stsb_dev.tsv")
-    return folder
-
-
 def test_bench_encode_runs_the_peers_in_children_with_fidelity_and_speedups_against_the_fastest_exact_peer(
     tiny: Path, cache: Path, tmp_path: Path,
 ) -> None:
-    data, out = _small_logs(tmp_path / "data", 20), tmp_path / "encode.json"
+    data, out = small_data(tmp_path / "data", 20), tmp_path / "encode.json"
     methods = "dict,onnx_o3_dict,onnx_int8,openvino_dict"  # bare and behind the dict; OpenVINO and ONNX Runtime
     code = cli_main(["bench", "encode", "--model", str(tiny), "--data-dir", str(data), "--rows", "30",
                      "--repeats", "1", "--threads", "1", "--methods", methods, "--work-dir", str(tmp_path / "work"),
