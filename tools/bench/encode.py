@@ -204,20 +204,20 @@ def peer_method(method: str) -> PeerName | None:
     return PEER_METHODS.get(method.removesuffix("_dict"))
 
 
-def peer_graphs(model: str, methods: list[str], cache: Path) -> dict[PeerName, Path]:
-    """The exported graph of every peer the methods run, exported here once (the children only read them)."""
+def peer_graphs(model: str, methods: list[str], cache: Path, *, bench: str = "encode") -> dict[PeerName, Path]:
+    """The exported graph of every peer the methods (or ``bench node``'s servers) run, exported here once (the
+    children only read them); progress lines on stderr name ``bench``."""
     peers = list(dict.fromkeys(peer for peer in map(peer_method, methods) if peer is not None))
     if not peers:
         return {}
     from attnstore_client.models import load_model
     from attnstore_tools.bench.peers_export import export_graph
 
+    def progress(line: str) -> None:
+        print(f"bench {bench}: {line}", file=sys.stderr, flush=True)
+
     loaded = load_model(model)
-    return {peer: export_graph(peer, loaded, cache_dir=cache, progress=_progress) for peer in peers}
-
-
-def _progress(line: str) -> None:
-    print(f"bench encode: {line}", file=sys.stderr, flush=True)
+    return {peer: export_graph(peer, loaded, cache_dir=cache, progress=progress) for peer in peers}
 
 
 def _warmup_texts(root: Path) -> list[str]:

@@ -55,6 +55,7 @@ from attnstore_tools.bench.encode import (
     PEER_METHODS,
     built_store,
     load_data,
+    peer_graphs,
     peer_method,
     stored_embeddings,
 )
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     store = built_store(args.model, stored, work) if "attnstore" in servers else None
     embeddings = (stored_embeddings(args.model, stored, work, threads=args.threads, batch=32)
                   if any(s == "dict" or s.endswith("_dict") for s in servers) else None)
-    graphs = _peer_graphs(args.model, servers, args.peers_cache or default_cache_dir())
+    graphs = peer_graphs(args.model, servers, args.peers_cache or default_cache_dir(), bench="node")
     rng = random.Random(args.seed)
     requests = [rng.choices(queries, k=rng.randint(1, args.max_lines)) for _ in range(args.requests)]
     reference = _reference(args.model, requests, args.threads)
@@ -151,22 +152,6 @@ def _warmup_texts(root: Path) -> list[str]:
     """Texts each server answers first, untimed: STS-B sentences, none of the logs'."""
     lines = (root / "stsb_dev.tsv").read_text(encoding="utf-8").splitlines()[1:65]
     return [line.split("\t")[-2] for line in lines if line.count("\t") >= 2]
-
-
-def _peer_graphs(model: str, servers: list[str], cache: Path) -> dict[PeerName, Path]:
-    """The exported graph of every peer the servers run, exported here once (the servers only read them)."""
-    peers = list(dict.fromkeys(peer for peer in map(peer_method, servers) if peer is not None))
-    if not peers:
-        return {}
-    from attnstore_client.models import load_model
-    from attnstore_tools.bench.peers_export import export_graph
-
-    loaded = load_model(model)
-    return {peer: export_graph(peer, loaded, cache_dir=cache, progress=_progress) for peer in peers}
-
-
-def _progress(line: str) -> None:
-    print(f"bench node: {line}", file=sys.stderr, flush=True)
 
 
 def _reference(model: str, requests: list[list[str]], threads: int) -> dict[str, Any]:
