@@ -24,7 +24,9 @@ from attnstore.protocol.keys import Fingerprint, TokenHash
 _VOLATILE_CONFIG_KEYS = frozenset(
     {"_attn_implementation", "_attn_implementation_internal", "attn_implementation",
      "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
-     "use_cache", "output_attentions", "output_hidden_states", "return_dict"}
+     "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+     # how the weights were stored on disk (a GGUF file's): the digest of the loaded weights says what they are
+     "quantization_config"}
 )
 
 

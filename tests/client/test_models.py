@@ -53,3 +53,26 @@ def test_smollm2_loads_as_fp32_llama_decoder_with_head_and_pad_token(smollm2_mod
     assert isinstance(smollm2_model.model, LlamaModel) and smollm2_model.model.dtype == torch.float32
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (30, 9, 3)
     assert smollm2_model.lm_head is not None and smollm2_model.tokenizer.pad_token_id is not None
+
+
+@pytest.mark.real_model
+def test_a_gguf_file_is_dequantised_once_into_a_folder_that_loads_the_same_model(tmp_path):
+    from attnstore_client.keys import model_fingerprint
+
+    unwritable = tmp_path / "a-file"
+    unwritable.write_bytes(b"")  # a cache that cannot be made: the GGUF file itself is read
+    direct = load_model("smollm2", model_cache=unwritable)
+    cached = load_model("smollm2", model_cache=tmp_path / "cache")
+    (folder,) = (tmp_path / "cache").iterdir()
+    written = (folder / "model.safetensors").stat().st_mtime_ns
+    again = load_model("smollm2", model_cache=tmp_path / "cache")
+    assert (folder / "model.safetensors").stat().st_mtime_ns == written  # read, not converted again
+    assert model_fingerprint(cached.model, cached.tokenizer) == model_fingerprint(direct.model, direct.tokenizer)
+    assert model_fingerprint(again.model, again.tokenizer) == model_fingerprint(direct.model, direct.tokenizer)
+    text = "Quick  brown fox, naïve café — 42 tokens?\nthe end"
+    assert cached.tokenizer(text)["input_ids"] == direct.tokenizer(text)["input_ids"]
+    assert cached.tokenizer.pad_token_id == direct.tokenizer.pad_token_id
+    ids = torch.tensor([direct.tokenizer(text)["input_ids"]])
+    with torch.inference_mode():
+        expected = direct.lm_head(direct.model(input_ids=ids).last_hidden_state)
+        assert torch.equal(cached.lm_head(cached.model(input_ids=ids).last_hidden_state), expected)

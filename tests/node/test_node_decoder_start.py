@@ -81,9 +81,9 @@ def test_a_tiny_decoder_node_warms_up_and_is_healthy_within_30_s(tmp_path: Path)
 
 
 @pytest.mark.real_model
-def test_a_smollm2_node_warms_up_within_its_budget_and_scores_as_the_plain_forward(tmp_path: Path) -> None:
-    # On a busy 2-core machine the node's start is about 15 s of imports and 24 s of de-quantizing the packaged
-    # GGUF before the warm-up (212 s before it had a budget; about 4 s now): the warm-up is held to its budget here.
+def test_a_smollm2_node_is_healthy_within_30_s_and_scores_as_the_plain_forward(tmp_path: Path) -> None:
+    # The node's start is its imports, the model read from the de-quantised folder load_model keeps (the GGUF
+    # file is de-quantised once, by the load_model below on a fresh machine) and a warm-up held to its budget.
     import re
 
     import numpy as np
@@ -94,7 +94,8 @@ def test_a_smollm2_node_warms_up_within_its_budget_and_scores_as_the_plain_forwa
     loaded = load_model("smollm2")
     node = NodeProcess("smollm2", decoder_store(tmp_path / "store", loaded), tmp_path / "node")
     try:
-        node.start(timeout=300)
+        seconds = healthy_within(node, READY_SECONDS)
+        assert seconds < READY_SECONDS, node.log()
         warmed = re.search(r"event=warmed_up .*? seconds=([\d.]+)", node.log())
         assert warmed is not None and float(warmed.group(1)) < 15.0, node.log()
         example = {"query": "The capital of France is", "items": [" Paris", " London", " Berlin"],
