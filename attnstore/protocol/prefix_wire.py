@@ -1,7 +1,7 @@
 """Prefix- and chunk-tier messages: layouts and arrays to and from the wire (light: the client uses it too).
 
 Both tiers send keys and values as raw arrays with their dtype, shape and
-crc32c (``PrefixFrame``, ``ChunkData``, ``ChunkPut``); one check reads them all.
+crc32c (``PrefixFrame``, ``PrefixArray``, ``ChunkData``, ``ChunkPut``); one check reads them all.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 
 from attnstore.errors import ChecksumError, WireFormatError
 from attnstore.protocol.chunks import CHUNK_DTYPES, CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
-from attnstore.protocol.prefix import PREFIX_DTYPES, PrefixLayout
+from attnstore.protocol.keys import BLOCK_HASH_BYTES
+from attnstore.protocol.prefix import PREFIX_DTYPES, PrefixBlock, PrefixLayout
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
 
@@ -58,6 +59,40 @@ def array_of(message: pb.PrefixFrame) -> np.ndarray:
         WireFormatError: an unknown dtype, or bytes that do not fill the shape.
     """
     return _checked_array(message, f"prefix part {message.part} of row {message.row}")
+
+
+def prefix_block_put(block: PrefixBlock) -> pb.PrefixBlockPut:
+    """A whole prefix block to store as a wire message."""
+    return pb.PrefixBlockPut(chain_hash=block.chain_hash, parent=block.parent or b"", kv=_array_to_pb(block.kv),
+                             hidden=_array_to_pb(block.hidden))
+
+
+def prefix_block_of(message: pb.PrefixBlockPut, layout: PrefixLayout) -> PrefixBlock:
+    """The block a ``PrefixBlockPut`` carries, checked against ``layout``.
+
+    Raises:
+        ChecksumError: the bytes were damaged in transit.
+        WireFormatError: a hash that is not 32 bytes, an unknown dtype, bytes that do not fill the shape, or a
+            shape or dtype other than the layout's.
+    """
+    chain_hash, parent = bytes(message.chain_hash), bytes(message.parent)
+    if len(chain_hash) != BLOCK_HASH_BYTES or len(parent) not in (0, BLOCK_HASH_BYTES):
+        raise WireFormatError(f"a prefix block's chain hash is {BLOCK_HASH_BYTES} bytes and its parent"
+                              f" {BLOCK_HASH_BYTES} or none, got {len(chain_hash)} and {len(parent)}")
+    what = f"prefix block {chain_hash.hex()[:16]}"
+    kv = _checked_array(message.kv, f"{what} keys and values")
+    hidden = _checked_array(message.hidden, f"{what} hidden states")
+    for name, array, shape in (("keys and values", kv, (layout.layers, *layout.layer_shape)),
+                               ("hidden states", hidden, (layout.block_size, layout.hidden))):
+        if array.shape != shape or array.dtype != np.dtype(layout.dtype):
+            raise WireFormatError(f"{what}: {name} are {array.dtype} {array.shape}; layout {layout} needs"
+                                  f" {layout.dtype} {shape}")
+    return PrefixBlock(chain_hash, parent or None, kv, hidden)
+
+
+def _array_to_pb(array: np.ndarray) -> pb.PrefixArray:
+    data = np.ascontiguousarray(array).tobytes()
+    return pb.PrefixArray(dtype=str(array.dtype), shape=list(array.shape), data=data, crc32c=crc32c.crc32c(data))
 
 
 def chunk_layout_to_pb(layout: ChunkLayout) -> pb.ChunkLayout:
@@ -123,7 +158,7 @@ def stored_chunk_of(message: pb.ChunkPut, layout: ChunkLayout, writer: str | Non
     return StoredChunk(key, kv, writer)
 
 
-def _checked_array(message: pb.PrefixFrame | pb.ChunkData | pb.ChunkPut, what: str) -> np.ndarray:
+def _checked_array(message: pb.PrefixFrame | pb.PrefixArray | pb.ChunkData | pb.ChunkPut, what: str) -> np.ndarray:
     if crc32c.crc32c(message.data) != message.crc32c:
         raise ChecksumError(f"{what} fails its crc32c")
     if message.dtype not in PREFIX_DTYPES:

@@ -3,7 +3,7 @@
 Token file: one ``role token [name=NAME] [namespaces=A,B]`` line per token, role
 ``read``, ``write`` or ``admin``; blank lines and ``#`` comments are ignored. An
 admin token may make every call; a write token every call but the admin ones
-(:data:`ADMIN_METHODS`): lookups plus write-back of rows and chunks (:data:`WRITE_METHODS`), for
+(:data:`ADMIN_METHODS`): lookups plus write-back of rows, chunks and prefix blocks (:data:`WRITE_METHODS`), for
 inference nodes whose computed rows every node will trust; a read token every
 call but those two kinds. ``namespaces=`` limits a read or write token to those
 namespaces: a call naming another one is PERMISSION_DENIED (admin tokens are
@@ -54,7 +54,7 @@ ADMIN_METHODS: frozenset[str] = frozenset(
 )
 # Calls that add rows every node will be served, but cannot delete, compact, verify or administer
 # namespaces: what an inference node running the namespace's model needs to write back.
-WRITE_METHODS: frozenset[str] = frozenset({"WriteBack", "PutChunks"})
+WRITE_METHODS: frozenset[str] = frozenset({"WriteBack", "PutChunks", "PutPrefix"})
 # Each role's rank: a token may make the calls of its role and of every role below it.
 _RANK: dict[Role, int] = {"read": 0, "write": 1, "admin": 2}
 # Calls any client may make without a token: liveness and the schema, no data.

@@ -30,7 +30,12 @@ from attnstore.errors import (
 )
 from attnstore.protocol.messages import layout_from_pb, limits_from_pb
 from attnstore.protocol.prefix import check_prefix_request
-from attnstore.protocol.prefix_wire import chunk_layout_from_pb, stored_chunk_of
+from attnstore.protocol.prefix_wire import (
+    chunk_layout_from_pb,
+    prefix_block_of,
+    prefix_layout_from_pb,
+    stored_chunk_of,
+)
 from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -160,7 +165,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def GetNamespace(self, request: pb.GetNamespaceRequest, context: grpc.ServicerContext) -> pb.Namespace:
         with self._call("GetNamespace", context) as service:
-            return namespace_to_pb(service.get_namespace(request.name), projector=True,
+            return namespace_to_pb(service.get_namespace(request.name), projector=not request.without_projector,
                                    prefix=service.prefixes.layout(request.name),
                                    chunks=service.chunks.layout(request.name))
 
@@ -269,6 +274,17 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                                           int(request.block_size))
             rows = [list(row.chain_hashes) for row in request.rows]
             yield from prefix_stream(service, self._metrics, request.namespace, layout, rows, context)
+
+    def PutPrefix(self, request: pb.PutPrefixRequest, context: grpc.ServicerContext) -> pb.PutPrefixResponse:
+        with self._call("PutPrefix", context) as service:
+            self._check_count("PutPrefix", len(request.blocks), "blocks")
+            layout = prefix_layout_from_pb(request.layout)
+            blocks = [prefix_block_of(message, layout) for message in request.blocks]
+            result = service.prefixes.put(request.namespace, request.fingerprint, layout, blocks)
+            log.info("event=prefix_put namespace=%s blocks=%d stored=%d duplicates=%d bytes=%d writer=%s",
+                     request.namespace, len(blocks), result.stored, result.duplicates, result.bytes,
+                     self._callers(context).name)
+            return pb.PutPrefixResponse(stored=result.stored, duplicates=result.duplicates, bytes=result.bytes)
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:

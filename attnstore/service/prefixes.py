@@ -7,6 +7,11 @@ per row, how many of its blocks are stored from the start on. The client asks
 only for the blocks that leave at least one token to compute and for prefixes
 long enough to pay, so the answer is used as it is.
 
+Blocks are put whole and all-or-nothing per call (a node's write-back of a prefix
+it computed): the namespace takes the first put's ``PrefixLayout`` when it records
+none (an admin build sets it too), and a put in another layout is refused naming
+both, so no client is served keys and values of another model's shapes or dtype.
+
 A block found corrupt while it was read is *cut* (``PrefixCuts``):
 from then on every chain through it is answered as ending before it, so clients
 stop fetching megabytes they cannot use on every call. Cuts are this process's
@@ -17,16 +22,35 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import PrefixBlockCorruptError
-from attnstore.protocol.prefix import PrefixLayout, check_prefix_request
+from attnstore.errors import FingerprintMismatchError, MapShapeError, PrefixBlockCorruptError
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, check_block, check_prefix_request
 from attnstore.store.base import MapStoreBase
 
 if TYPE_CHECKING:
     from attnstore.protocol.records import NamespaceInfo
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixPutResult:
+    """What one put of prefix blocks did."""
+
+    stored: int  # blocks new to the store
+    duplicates: int  # blocks it had already (another node, or a build, was first)
+    bytes: int  # bytes of the new ones
+
+
+def check_prefix_layout(stored: PrefixLayout, namespace: str, layout: PrefixLayout) -> None:
+    """Raises ``FingerprintMismatchError`` naming both when a put's ``layout`` is not the namespace's ``stored``."""
+    if stored != layout:
+        raise FingerprintMismatchError(
+            f"namespace {namespace!r} stores prefix blocks of {stored}; the request's are {layout}"
+            " (another block size, model or dtype)"
+        )
 
 
 class PrefixCuts:
@@ -111,6 +135,39 @@ class ServicePrefixes:
             self._cuts.cut(namespace, exc.chain_hash)
             raise
 
+    def put(
+        self, namespace: str, fingerprint: str, layout: PrefixLayout, blocks: Sequence[PrefixBlock]
+    ) -> PrefixPutResult:
+        """Store ``blocks`` (all or none, parents before children); the namespace takes ``layout`` when it records
+        none yet.
+
+        Raises:
+            NamespaceNotFoundError, FingerprintMismatchError: another model, or another prefix layout.
+            MapShapeError: a block that does not fit ``layout``, is not finite, or whose parent is neither stored
+                nor earlier in ``blocks`` (nothing is stored).
+            StoreFullError: the store is full (nothing is stored).
+        """
+        self._check_fingerprint(namespace, fingerprint)
+        checked = [_finite(check_block(layout, block, position)) for position, block in enumerate(blocks)]
+        recorded = self.layout(namespace)
+        if recorded is not None:
+            check_prefix_layout(recorded, namespace, layout)
+        if not checked:
+            return PrefixPutResult(0, 0, 0)
+        prefixes = self._store.require_prefixes("prefixes.put()")
+        if recorded is None:  # the first put's layout (refused when another put set another one meanwhile)
+            prefixes.set_layout(namespace, layout)
+        stored = prefixes.put(namespace, checked)
+        return PrefixPutResult(stored, len(checked) - stored, stored * layout.block_bytes)
+
     def forget(self, namespace: str) -> None:
         """Forget what was learnt of a dropped namespace (its cut blocks)."""
         self._cuts.forget(namespace)
+
+
+def _finite(block: PrefixBlock) -> PrefixBlock:
+    """``block``, once its keys, values and hidden states are finite (a NaN would be served to every node)."""
+    if not (np.isfinite(block.kv).all() and np.isfinite(block.hidden).all()):
+        raise MapShapeError(f"prefix block {block.chain_hash.hex()[:16]}: keys, values or hidden states that are"
+                            " not finite")
+    return block

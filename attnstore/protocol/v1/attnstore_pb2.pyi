@@ -107,10 +107,12 @@ class CreateNamespaceRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ..., replace_projector: _Optional[bool] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ...) -> None: ...
 
 class GetNamespaceRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "without_projector")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_PROJECTOR_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    without_projector: bool
+    def __init__(self, name: _Optional[str] = ..., without_projector: _Optional[bool] = ...) -> None: ...
 
 class ListNamespacesRequest(_message.Message):
     __slots__ = ()
@@ -669,6 +671,52 @@ class PrefixFrame(_message.Message):
     crc32c: int
     error: RowError
     def __init__(self, row: _Optional[int] = ..., part: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
+
+class PrefixArray(_message.Message):
+    __slots__ = ("dtype", "shape", "data", "crc32c")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    crc32c: int
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class PrefixBlockPut(_message.Message):
+    __slots__ = ("chain_hash", "parent", "kv", "hidden")
+    CHAIN_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    chain_hash: bytes
+    parent: bytes
+    kv: PrefixArray
+    hidden: PrefixArray
+    def __init__(self, chain_hash: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., kv: _Optional[_Union[PrefixArray, _Mapping]] = ..., hidden: _Optional[_Union[PrefixArray, _Mapping]] = ...) -> None: ...
+
+class PutPrefixRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "layout", "blocks")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    layout: PrefixLayout
+    blocks: _containers.RepeatedCompositeFieldContainer[PrefixBlockPut]
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[PrefixLayout, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[PrefixBlockPut, _Mapping]]] = ...) -> None: ...
+
+class PutPrefixResponse(_message.Message):
+    __slots__ = ("stored", "duplicates", "bytes")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    duplicates: int
+    bytes: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ChunkLayout(_message.Message):
     __slots__ = ("layers", "kv_heads", "head_dim", "dtype")

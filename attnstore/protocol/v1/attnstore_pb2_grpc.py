@@ -84,6 +84,11 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixFrame.FromString,
                 _registered_method=True)
+        self.PutPrefix = channel.unary_unary(
+                '/attnstore.v1.AttnStore/PutPrefix',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.PutPrefixRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PutPrefixResponse.FromString,
+                _registered_method=True)
         self.ChunkMatch = channel.unary_unary(
                 '/attnstore.v1.AttnStore/ChunkMatch',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.ChunkMatchRequest.SerializeToString,
@@ -218,6 +223,15 @@ class AttnStoreServicer:
 
     def FetchPrefix(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutPrefix(self, request, context):
+        """Prefix blocks a node computed (a write or admin token, as WriteBack): all of a call or none;
+        the namespace takes the call's PrefixLayout when it records none yet, and another one is
+        FAILED_PRECONDITION naming both.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -357,6 +371,11 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.FetchPrefix,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PrefixFrame.SerializeToString,
+            ),
+            'PutPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutPrefix,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.PutPrefixRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.PutPrefixResponse.SerializeToString,
             ),
             'ChunkMatch': grpc.unary_unary_rpc_method_handler(
                     servicer.ChunkMatch,
@@ -684,6 +703,33 @@ class AttnStore:
             '/attnstore.v1.AttnStore/FetchPrefix',
             attnstore_dot_v1_dot_attnstore__pb2.FetchPrefixRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.PrefixFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/PutPrefix',
+            attnstore_dot_v1_dot_attnstore__pb2.PutPrefixRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.PutPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,
