@@ -9,6 +9,7 @@ from attnstore_client.connection.base import (
     Match,
     MatchKind,
     NamespaceHandle,
+    PrefixPutCounts,
     PrefixStream,
     RefusedRow,
     RowToWrite,
@@ -18,6 +19,6 @@ from attnstore_client.connection.base import (
 from attnstore_client.connection.connect import connect
 
 __all__ = [
-    "URL_SCHEMES", "ChunkPutCounts", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixStream",
-    "RefusedRow", "RowToWrite", "StoreConnection", "WriteBackCounts", "connect",
+    "URL_SCHEMES", "ChunkPutCounts", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixPutCounts",
+    "PrefixStream", "RefusedRow", "RowToWrite", "StoreConnection", "WriteBackCounts", "connect",
 ]

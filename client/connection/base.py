@@ -8,7 +8,8 @@ rows whose tokens are stored, by token hash alone), ``search`` (the map tier:
 which stored entry each row may replay) and ``fetch_maps`` (those entries' maps,
 layer by layer, so a forward may start replaying layer 0 before the last layer
 has arrived). The prefix and chunk tiers of causal models have calls of their
-own (``match_prefix``/``fetch_prefix``, ``match_chunks``/``fetch_chunks``/``put_chunks``).
+own (``prefix_layout``/``match_prefix``/``fetch_prefix``/``put_prefix``,
+``match_chunks``/``fetch_chunks``/``put_chunks``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, ChecksumError, EntryNotFoundError, MapsUnavailableError, WriteBackOffError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
-from attnstore.protocol.prefix import PrefixLayout
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.protocol.records import LookupBatch
 
 MatchKind = Literal["miss", "exact", "map"]
@@ -100,6 +101,14 @@ class ChunkPutCounts:
 
     stored: int  # chunks new to the store
     duplicates: int  # chunks it had already
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixPutCounts:
+    """What the store did with one put of prefix blocks."""
+
+    stored: int  # blocks new to the store
+    duplicates: int  # blocks it had already
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +262,15 @@ class StoreConnection(ABC):
             AttnStoreError: the call failed before any map arrived (the caller computes the rows).
         """
 
+    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        """How the namespace stores prefix blocks now (None: it stores none), read again without its projector.
+
+        Raises:
+            NamespaceNotFoundError: no such namespace.
+            AttnStoreError: the call failed.
+        """
+        return self.namespace(namespace).prefix
+
     def match_prefix(
         self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
         timeout: float | None,
@@ -277,6 +295,20 @@ class StoreConnection(ABC):
             AttnStoreError: the call failed before anything arrived (the caller computes the rows).
         """
         raise MapsUnavailableError(f"{type(self).__name__} has no prefix tier", row=0, cause="row_error")
+
+    def put_prefix(
+        self, namespace: str, fingerprint: str, layout: PrefixLayout, blocks: Sequence[PrefixBlock], *,
+        timeout: float | None,
+    ) -> PrefixPutCounts:
+        """Store prefix blocks for every node, all or none, parents before children (the namespace takes
+        ``layout`` when it records none).
+
+        Raises:
+            WriteBackOffError: this connection cannot store prefix blocks (see ``supports_write_back``).
+            FingerprintMismatchError: another model, or another prefix layout.
+            AttnStoreError: the call failed (nothing stored).
+        """
+        raise WriteBackOffError(f"{type(self).__name__} cannot store prefix blocks: that needs a daemon (grpc://)")
 
     def match_chunks(
         self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,

@@ -139,9 +139,9 @@ class RemoteStore:
         )
         return self._unary(self._stub.CreateNamespace, request)
 
-    def get_namespace(self, name: str) -> pb.Namespace:
-        """One namespace, with its projector bytes."""
-        return self._unary(self._stub.GetNamespace, pb.GetNamespaceRequest(name=name))
+    def get_namespace(self, name: str, *, projector: bool = True) -> pb.Namespace:
+        """One namespace, with its projector bytes unless ``projector`` is False."""
+        return self._unary(self._stub.GetNamespace, pb.GetNamespaceRequest(name=name, without_projector=not projector))
 
     def list_namespaces(self) -> list[pb.Namespace]:
         """Every namespace (projector bytes left out)."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from attnstore.errors import AttnStoreError, ChecksumError, EntryNotFoundError, MapsUnavailableError
 from attnstore.protocol.chunks import ChunkLayout
+from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.connection.base import (
     MapStream,
@@ -149,6 +150,10 @@ class LocalConnection(StoreConnection):
         """See :meth:`StoreConnection.fetch_maps`: layers are read from the store when the forward asks."""
         self._service.check_fingerprint(namespace, fingerprint)
         return _LocalMaps(self._service, namespace, list(rows))
+
+    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        """See :meth:`StoreConnection.prefix_layout` (in-process: the store's record)."""
+        return self._service.prefixes.layout(namespace)
 
     def match_prefix(
         self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,

@@ -32,8 +32,14 @@ from attnstore.errors import (
 )
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.messages import layout_from_pb
-from attnstore.protocol.prefix import PrefixLayout
-from attnstore.protocol.prefix_wire import chains_to_pb, chunk_layout_from_pb, prefix_layout_from_pb
+from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
+from attnstore.protocol.prefix_wire import (
+    chains_to_pb,
+    chunk_layout_from_pb,
+    prefix_block_put,
+    prefix_layout_from_pb,
+    prefix_layout_to_pb,
+)
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import exact_request, search_request
 from attnstore.protocol.status_codes import error_from_rpc
@@ -47,6 +53,7 @@ from attnstore_client.connection.base import (
     Match,
     MatchKind,
     NamespaceHandle,
+    PrefixPutCounts,
     PrefixStream,
     RefusedRow,
     RowToWrite,
@@ -169,6 +176,13 @@ class RemoteConnection(StoreConnection):
             len(rows), None if timeout is None else time.monotonic() + timeout, self._resend,
         )
 
+    def prefix_layout(self, namespace: str) -> PrefixLayout | None:
+        """See :meth:`StoreConnection.prefix_layout`: one GetNamespace without the projector's bytes."""
+        info = self._remote.get_namespace(namespace, projector=False)
+        if not info.HasField("prefix"):
+            return None
+        return self._prefix_layouts.setdefault(namespace, prefix_layout_from_pb(info.prefix))
+
     def match_prefix(
         self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
         timeout: float | None,
@@ -192,6 +206,16 @@ class RemoteConnection(StoreConnection):
             lambda left: self._remote.stub.FetchPrefix(request, metadata=self._remote.metadata, timeout=left),
             len(rows), layout.layers, None if timeout is None else time.monotonic() + timeout, self._resend,
         )
+
+    def put_prefix(
+        self, namespace: str, fingerprint: str, layout: PrefixLayout, blocks: Sequence[PrefixBlock], *,
+        timeout: float | None,
+    ) -> PrefixPutCounts:
+        """See :meth:`StoreConnection.put_prefix`: one PutPrefix (a write token)."""
+        request = pb.PutPrefixRequest(namespace=namespace, fingerprint=fingerprint, layout=prefix_layout_to_pb(layout),
+                                      blocks=[prefix_block_put(block) for block in blocks])
+        reply = self._remote._unary(self._remote.stub.PutPrefix, request, timeout)
+        return PrefixPutCounts(int(reply.stored), int(reply.duplicates))
 
     def match_chunks(
         self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,

@@ -1,23 +1,38 @@
 """The prefix tier through the real daemon: a corrupt block is named by its place in the chain and cuts the
-chain there for later matches; a chain is never served from a later block without its parents."""
+chain there for later matches; a chain is never served from a later block without its parents; PutPrefix needs a
+write token, gives a namespace without prefix blocks the call's layout, refuses another one naming both and a
+block damaged on the way (DATA_LOSS), storing nothing, and counts duplicates."""
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 
+from attnstore.errors import AuthError, FingerprintMismatchError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
+from attnstore.protocol.prefix_wire import prefix_block_put, prefix_layout_to_pb
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.store import MapStore
 from attnstore.store.lmdb.prefix_blocks import part_key
+from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
-from tests.support.daemon import READ_TOKEN, DaemonProcess
+from tests.support.daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.stores import small_layout
 
 FP = "f" * 64
 LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
 HASHES = chain_hashes(list(range(16)), LAYOUT.block_size)  # four blocks
+NEW = chain_hashes(list(range(100, 112)), LAYOUT.block_size)  # three blocks no store holds
+
+
+def _blocks(chain: list[bytes], layout: PrefixLayout = LAYOUT) -> list[PrefixBlock]:
+    rng = np.random.default_rng(len(chain))
+    return [PrefixBlock(h, chain[i - 1] if i else None,
+                        rng.standard_normal((layout.layers, *layout.layer_shape)).astype(layout.dtype),
+                        rng.standard_normal((layout.block_size, layout.hidden)).astype(layout.dtype))
+            for i, h in enumerate(chain)]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +41,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     rng = np.random.default_rng(0)
     with MapStore.open(workdir / "store", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
+        store.create_namespace("blank", model="tiny", fingerprint=FP, layout=small_layout())
         store.prefixes.set_layout("ns", LAYOUT)
         store.prefixes.put("ns", [
             PrefixBlock(h, HASHES[i - 1] if i else None,
@@ -82,3 +98,44 @@ def test_a_chain_missing_its_first_blocks_is_not_served_and_cuts_nothing(daemon:
     assert (failed.error.code, failed.error.block) == ("NOT_FOUND", 0)
     assert "is not the child of the block before it" in failed.error.message
     assert _match(daemon, HASHES[:2]) == 2  # the block itself is sound: the request skipped its parent
+
+
+def test_put_prefix_needs_a_write_token_and_counts_new_blocks_and_duplicates(daemon: DaemonProcess) -> None:
+    blocks = _blocks(NEW)
+    with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader, pytest.raises(AuthError):
+        reader.put_prefix("ns", FP, LAYOUT, blocks, timeout=10)
+    with connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer:
+        counts = writer.put_prefix("ns", FP, LAYOUT, blocks[:2], timeout=10)
+        assert (counts.stored, counts.duplicates) == (2, 0)
+        counts = writer.put_prefix("ns", FP, LAYOUT, blocks, timeout=10)
+        assert (counts.stored, counts.duplicates) == (1, 2)
+        assert writer.match_prefix("ns", FP, LAYOUT.block_size, [NEW], timeout=10) == [3]
+        stream = writer.fetch_prefix("ns", FP, LAYOUT.block_size, [NEW], timeout=10)
+        try:
+            np.testing.assert_array_equal(stream.hidden(0), np.concatenate([b.hidden for b in blocks]))
+        finally:
+            stream.close()
+    assert "event=prefix_put namespace=ns blocks=3 stored=1 duplicates=2" in daemon.log()
+
+
+def test_put_prefix_gives_a_namespace_without_prefix_blocks_the_calls_layout_and_refuses_another(
+    daemon: DaemonProcess,
+) -> None:
+    with connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer:
+        assert writer.prefix_layout("blank") is None
+        writer.put_prefix("blank", FP, LAYOUT, _blocks(NEW[:1]), timeout=10)
+        assert writer.prefix_layout("blank") == LAYOUT
+        other = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float16")
+        with pytest.raises(FingerprintMismatchError, match="dtype='float32'.*dtype='float16'"):
+            writer.put_prefix("blank", FP, other, _blocks(NEW[:1], other), timeout=10)
+
+
+def test_a_block_damaged_on_the_way_is_data_loss_and_nothing_of_the_call_is_stored(daemon: DaemonProcess) -> None:
+    chain = chain_hashes(list(range(200, 208)), LAYOUT.block_size)
+    messages = [prefix_block_put(block) for block in _blocks(chain)]
+    messages[1].kv.data = bytes([messages[1].kv.data[0] ^ 0xFF]) + messages[1].kv.data[1:]
+    request = pb.PutPrefixRequest(namespace="ns", fingerprint=FP, layout=prefix_layout_to_pb(LAYOUT), blocks=messages)
+    with pytest.raises(grpc.RpcError) as failed:
+        _stub(daemon).PutPrefix(request, metadata=[("authorization", f"Bearer {WRITE_TOKEN}")])
+    assert failed.value.code() == grpc.StatusCode.DATA_LOSS and "fails its crc32c" in failed.value.details()
+    assert _match(daemon, chain) == 0
