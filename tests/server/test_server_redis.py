@@ -154,10 +154,14 @@ def _metrics(process: DaemonProcess) -> dict[tuple[str, tuple], float]:
 
 def test_a_daemon_on_redis_exports_its_follower_lag_redis_retries_and_each_primarys_memory(daemons, redis_cluster):
     a, b = daemons
-    before = _metrics(b)
-    assert {name.removesuffix("_total") for name, _ in before} >= set(REDIS_METRIC_NAMES)
-    with a.client() as through_a:
+    with a.client() as through_a, b.client() as through_b:
         through_a.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+        # b must index "ns" before a's ingest below: a namespace b finds new is built whole from the store, and
+        # an ingest read in that build is never counted as a change applied (alone, this test made "ns" here).
+        (first,) = through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 17)]).entry_ids
+        _until(lambda: _lookup(through_b, [17], exact=False) == [(pb.MATCH_KIND_MAP, first)], BOUND_SECONDS)
+        before = _metrics(b)
+        assert {name.removesuffix("_total") for name, _ in before} >= set(REDIS_METRIC_NAMES)
         through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 7)])
     applied = ("attnstore_follower_changes_applied_total", ())
     _until(lambda: _metrics(b)[applied] > before[applied], BOUND_SECONDS)  # a's ingest, applied by b
