@@ -57,6 +57,7 @@ from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_threshold
 from attnstore_client.tiers.maps import MapTier
 from attnstore_client.tiers.prefix import PrefixTier
+from attnstore_client.tiers.prefix.writer import PrefixWriter, start_prefix_writer
 from attnstore_client.tiers.store_exact import StoreExactTier
 from attnstore_client.tiers.write_back import WriteBackWorker, check_write_back_dtype, start_write_back
 
@@ -105,9 +106,10 @@ class _Resources:
     forwards: ForwardPool
     write_back: WriteBackWorker | None = None
     chunks: StoreChunkSource | None = None
+    prefixes: PrefixWriter | None = None
 
     def close(self) -> None:
-        for worker in (self.forwards, self.write_back, self.chunks):
+        for worker in (self.forwards, self.write_back, self.chunks, self.prefixes):
             if worker is not None:
                 worker.close()
         self.connection.close()
@@ -229,6 +231,8 @@ class AttnCache(SentenceTransformerAPI):
         settings = self._settings
         write_back = start_write_back(self.connection, self.namespace, self.fingerprint, settings.write_back)
         self._resources.write_back = write_back
+        self._resources.prefixes = start_prefix_writer(self.connection, self.namespace, self.fingerprint, self.adapter,
+                                                       write_back=write_back is not None)
         if chunk_source is None:  # the namespace's stored chunks, behind this process's
             chunk_source = self._resources.chunks = StoreChunkSource(
                 self.connection, self.namespace, self.fingerprint, self.adapter,
@@ -241,7 +245,7 @@ class AttnCache(SentenceTransformerAPI):
         self._chunks = ChunkTier(self._context, chunk_source)
         self._prefill = Prefill([
             self._local, StoreExactTier(self._context, self._local),
-            self._chunks, PrefixTier(self._context),
+            self._chunks, PrefixTier(self._context, self._resources.prefixes),
             MapTier(self._context), ComputeTier(self._context, self._local),
         ])
 

@@ -56,21 +56,36 @@ def capture_prefix_blocks(
     with torch.inference_mode():
         output = adapter.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                past_key_values=cache, use_cache=True)
-    dtype = np.dtype(layout.dtype)
     layers = [cast(DynamicLayer, layer) for layer in cache.layers]  # a plain DynamicCache's own layers
-    keys = torch.stack([cast(torch.Tensor, layer.keys) for layer in layers])  # (layers, B, KVH, P, d)
-    values = torch.stack([cast(torch.Tensor, layer.values) for layer in layers])  # (layers, B, KVH, P, d)
-    kv = torch.stack([keys, values], dim=2).float().cpu().numpy()  # (layers, B, 2, KVH, P, d)
+    kv = stacked_keys_values([cast(torch.Tensor, layer.keys) for layer in layers],
+                             [cast(torch.Tensor, layer.values) for layer in layers])  # (layers, B, 2, KVH, P, d)
     hidden = output.last_hidden_state.float().cpu().numpy()  # (B, P, hidden)
-    size = layout.block_size
     for b, row in enumerate(rows):
-        hashes = chain_hashes(row, size)
-        yield [
-            PrefixBlock(
-                chain_hash,
-                hashes[i - 1] if i else None,
-                kv[:, b, :, :, i * size : (i + 1) * size].astype(dtype),  # (layers, 2, KVH, bs, d)
-                hidden[b, i * size : (i + 1) * size].astype(dtype),  # (bs, hidden)
-            )
-            for i, chain_hash in enumerate(hashes)
-        ]
+        yield whole_blocks(row, kv[:, b], hidden[b], layout)
+
+
+def stacked_keys_values(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> np.ndarray:
+    """Every layer's keys and values ``(B, KVH, P, d)`` each as one fp32 array ``(layers, B, 2, KVH, P, d)``."""
+    return torch.stack([torch.stack(list(keys)), torch.stack(list(values))], dim=2).float().cpu().numpy()
+
+
+def whole_blocks(tokens: Sequence[int], kv: np.ndarray, hidden: np.ndarray, layout: PrefixLayout) -> list[PrefixBlock]:
+    """The whole blocks of one row's first tokens, first to last, parents chained (fewer than a block: none).
+
+    Args:
+        tokens: the row's tokens (only its whole blocks are hashed and cut).
+        kv: its keys and values at every layer, ``(layers, 2, KVH, P, d)`` with ``P`` >= the blocks' tokens.
+        hidden: its last hidden states ``(P, hidden)``.
+        layout: the block size and dtype the blocks are cut in.
+    """
+    dtype, size = np.dtype(layout.dtype), layout.block_size
+    hashes = chain_hashes(tokens, size)
+    return [
+        PrefixBlock(
+            chain_hash,
+            hashes[i - 1] if i else None,
+            kv[:, :, :, i * size : (i + 1) * size].astype(dtype),  # (layers, 2, KVH, bs, d)
+            hidden[i * size : (i + 1) * size].astype(dtype),  # (bs, hidden)
+        )
+        for i, chain_hash in enumerate(hashes)
+    ]

@@ -7,11 +7,20 @@ prefix blocks. Rows are grouped by their count of stored blocks, so a forward's
 rows share one past length; a row whose prefix cannot be read (a corrupt or
 vanished block, the daemon going away) is dropped from its forward, which runs
 again without it, and is left open: the compute tier computes it as a fallback.
+
+A namespace read without a prefix layout may get one later (another node's
+write-back, a build): while it has none, a call with a row long enough for a
+stored prefix asks for it again (its layouts only, no projector), at most every
+``LAYOUT_REREAD_SECONDS``; this node's own write-back tells it at once. Where
+write-back is on, each prefix the call's rows share is handed to the
+``PrefixWriter`` in the namespace's layout (the model's where it has none yet),
+so later calls and other nodes start from it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from functools import partial
 from typing import ClassVar
@@ -25,10 +34,15 @@ from attnstore_client.call.rows import HiddenRows, Row
 from attnstore_client.call.state import Call
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
-from attnstore_client.tiers.prefix.shared import serve_shared, shareable
+from attnstore_client.tiers.prefix.capture import prefix_layout_of
+from attnstore_client.tiers.prefix.shared import ComputedPrefix, serve_shared, shareable
 from attnstore_client.tiers.prefix.tier import PrefixCandidate, candidates, forward_with_prefix
+from attnstore_client.tiers.prefix.writer import PrefixWriter
 
 log = logging.getLogger(__name__)
+
+# How often a namespace without a prefix layout is asked for one again, by calls that could use it.
+LAYOUT_REREAD_SECONDS = 10.0
 
 
 class PrefixTier(Tier):
@@ -36,24 +50,66 @@ class PrefixTier(Tier):
 
     name: ClassVar[str] = "prefix"
 
-    def __init__(self, context: TierContext) -> None:
+    def __init__(self, context: TierContext, writer: PrefixWriter | None = None) -> None:
+        """
+        Args:
+            context: what the tiers share.
+            writer: where the prefixes the call's rows share go once computed (None: write-back is off).
+        """
         self._context = context
+        self._writer = writer
+        self._lock = threading.Lock()
+        self._learnt: PrefixLayout | None = None  # the namespace's layout, learnt after its view was read
+        self._asked_at = -LAYOUT_REREAD_SECONDS  # the first call that could use a stored prefix asks
 
     def serve(self, rows: list[Row], call: Call) -> list[Row]:
         """See :meth:`Tier.serve`: stored prefixes first, then prefixes the call's rows share, computed once."""
         if not call.settings.prefix:
             return rows
-        rows = self._serve_stored(rows, call)
+        layout = self._layout(rows, call)
+        if layout is not None:
+            rows = self._serve_stored(rows, call, layout)
         context = self._context
         if len(rows) < 2 or not shareable(context.adapter):
             return rows
-        served = serve_shared(context.adapter, rows, call, context.device, call.settings.prefix_min_tokens)
+        keep = None if self._writer is None else partial(self._keep, self._writer, call, layout)
+        served = serve_shared(context.adapter, rows, call, context.device, call.settings.prefix_min_tokens, keep)
         return [row for row in rows if row.index not in served]
 
-    def _serve_stored(self, rows: list[Row], call: Call) -> list[Row]:
+    def _layout(self, rows: list[Row], call: Call) -> PrefixLayout | None:
+        """How the namespace stores prefix blocks: as its view says, else as learnt since (see the module)."""
+        if call.namespace.prefix is not None or not shareable(self._context.adapter):
+            return call.namespace.prefix
+        longest = max((len(row.tokens) for row in rows), default=0)
+        with self._lock:
+            if self._learnt is None and self._writer is not None:
+                self._learnt = self._writer.layout
+            due = time.monotonic() - self._asked_at >= LAYOUT_REREAD_SECONDS
+            if self._learnt is not None or not due or call.store_down is not None:
+                return self._learnt
+            if longest <= max(call.settings.prefix_min_tokens, 1):  # no row could start from a stored prefix
+                return None
+            self._asked_at = time.monotonic()
+        try:
+            layout = self._context.connection.prefix_layout(call.settings.namespace)
+        except AttnStoreError as exc:
+            log.info("prefix layout of namespace %r not read (%s): asking again in %g s", call.settings.namespace,
+                     exc, LAYOUT_REREAD_SECONDS)
+            return None
+        with self._lock:
+            self._learnt = self._learnt or layout
+            return self._learnt
+
+    def _keep(self, writer: PrefixWriter, call: Call, layout: PrefixLayout | None, prefix: ComputedPrefix) -> None:
+        """Hand a prefix the call's rows share to ``writer``, when its whole blocks are long enough to be fetched."""
+        layout = layout or prefix_layout_of(self._context.adapter)
+        whole = len(prefix.tokens) // layout.block_size * layout.block_size
+        if whole >= max(call.settings.prefix_min_tokens, 1):
+            writer.put(prefix, layout)
+
+    def _serve_stored(self, rows: list[Row], call: Call, layout: PrefixLayout) -> list[Row]:
         """The rows whose prefixes are stored, served; returns the rest."""
-        layout = call.namespace.prefix
-        if layout is None or call.store_down is not None:
+        if call.store_down is not None:
             return rows
         by_index = {row.index: row for row in rows}
         tokens = {row.index: row.tokens for row in rows}

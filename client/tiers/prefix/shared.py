@@ -12,14 +12,15 @@ hidden states do not depend on what follows, so every row's states equal its
 full forward's up to float rounding.
 
 Rows the store admitted for write-back are left to the compute tier, which writes
-them back.
+them back. A group's prefix, once computed, is handed to ``keep`` where the
+caller gives one (the prefix tier's write-back of prefixes, ``writer``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,16 @@ class SharedGroup:
 
     length: int
     rows: list[Row]
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedPrefix:
+    """A group's prefix as its forward left it (on the model's device, keys after RoPE as in ``capture``)."""
+
+    tokens: tuple[int, ...]  # (p,)
+    keys: tuple[torch.Tensor, ...]  # per layer (1, KVH, p, d)
+    values: tuple[torch.Tensor, ...]  # per layer (1, KVH, p, d)
+    hidden: torch.Tensor  # (p, hidden) last hidden states, fp32
 
 
 def shareable(adapter: Adapter) -> bool:
@@ -71,17 +82,26 @@ def shared_groups(rows: Sequence[Row], min_tokens: int) -> list[SharedGroup]:
     return groups
 
 
-def serve_shared(adapter: Adapter, rows: list[Row], call: Call, device: torch.device, min_tokens: int) -> set[int]:
-    """Serve the rows of ``rows`` that share a prefix with others (see the module); returns the rows served."""
+def serve_shared(
+    adapter: Adapter, rows: list[Row], call: Call, device: torch.device, min_tokens: int,
+    keep: Callable[[ComputedPrefix], None] | None = None,
+) -> set[int]:
+    """Serve the rows of ``rows`` that share a prefix with others (see the module); returns the rows served.
+
+    ``keep`` is given each group's prefix once it is computed (None: nothing keeps it).
+    """
     candidates = [row for row in rows if row.facts.failed is None and not row.facts.admitted]
     served: set[int] = set()
     for group in shared_groups(candidates, min_tokens):
-        _serve_group(adapter, group, call, device)
+        _serve_group(adapter, group, call, device, keep)
         served.update(row.index for row in group.rows)
     return served
 
 
-def _serve_group(adapter: Adapter, group: SharedGroup, call: Call, device: torch.device) -> None:
+def _serve_group(
+    adapter: Adapter, group: SharedGroup, call: Call, device: torch.device,
+    keep: Callable[[ComputedPrefix], None] | None,
+) -> None:
     """The group's prefix once, then its rows' suffixes in batches of ``batch_size``; delivered as computed."""
     started = time.perf_counter()
     p = group.length
@@ -93,6 +113,9 @@ def _serve_group(adapter: Adapter, group: SharedGroup, call: Call, device: torch
     prefix_hidden = out.last_hidden_state[0].float()  # (p, hidden)
     layers = [_keys_values(layer) for layer in cache.layers]  # (1, KVH, p, d) each
     call.forwarded(time.perf_counter() - started, p, p)
+    if keep is not None:
+        keep(ComputedPrefix(tuple(group.rows[0].tokens[:p]), tuple(keys for keys, _ in layers),
+                            tuple(values for _, values in layers), prefix_hidden))
     pad = adapter.loaded.tokenizer.pad_token_id if adapter.loaded.tokenizer is not None else 0
     size = call.settings.batch_size
     for begin in range(0, len(group.rows), size):

@@ -1,22 +1,25 @@
-"""The prefix tier through the real daemon (a subprocess on a free loopback port, real LMDB)."""
+"""The prefix tier through the real daemon (a subprocess on a free loopback port, real LMDB); with write-back, a
+prefix a call's rows share is stored and later calls, of this cache and of another, start from it."""
 
 from __future__ import annotations
 
 import logging
 import re
+import time
 
 import pytest
 import torch
 
 from attnstore.errors import FingerprintMismatchError
-from attnstore.protocol.prefix import chain_hashes
+from attnstore.protocol.prefix import DEFAULT_BLOCK_SIZE, chain_hashes
 from attnstore.service import AttnStoreService
 from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
+from attnstore_tools.admin.cold_start import create_exact_namespace
 from tests.support.caches import tiny_loaded
-from tests.support.daemon import READ_TOKEN, DaemonProcess
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.prefixes import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 SHARED_C = prefix_rows([24], seed=12)[0]
@@ -78,6 +81,38 @@ def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fall
     assert f"could not serve its part {reported.group(1)}: DATA_LOSS" in caplog.text
     for got, want in zip(hidden, plain_rows(llama, queries), strict=True):
         assert torch.allclose(got, want, atol=2e-5)
+
+
+def test_a_shared_prefix_written_back_serves_later_calls_of_this_cache_and_of_another(llama, tmp_path):
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()  # its own: another test stops the module's
+    try:
+        _written_back_prefix_is_served(llama, daemon)
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+
+
+def _written_back_prefix_is_served(llama, daemon: DaemonProcess) -> None:
+    with daemon.client(ADMIN_TOKEN) as admin:  # a namespace without prefix blocks: the first put gives its layout
+        create_exact_namespace(admin, llama, "fresh")
+    url, options = f"grpc://{daemon.target}", {"exact": False, "prefix_min_tokens": 16}
+    with AttnCache(llama, url, "fresh", token=READ_TOKEN, **options) as reader, \
+            AttnCache(llama, url, "fresh", token=WRITE_TOKEN, write_back=True, **options) as writer:
+        writer.hidden_states(prefix_rows([3, 5, 7], seed=20, prefix=SHARED_A))
+        assert writer.last_row_kinds == ("miss",) * 3 and writer.last_stats.prefix_tokens == 0  # computed once
+        fingerprint, chain = model_fingerprint(llama.model, llama.tokenizer), chain_hashes(SHARED_A, DEFAULT_BLOCK_SIZE)
+        with connect(url, token=READ_TOKEN) as connection:  # the prefix lands off the call's path
+            deadline = time.monotonic() + 30
+            while connection.prefix_layout("fresh") is None or connection.match_prefix(
+                    "fresh", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10) != [1]:
+                assert time.monotonic() < deadline, "the shared prefix was never written back"
+                time.sleep(0.05)
+        later = prefix_rows([4, 6], seed=21, prefix=SHARED_A)
+        for cache in (writer, reader):  # both read the namespace before it had prefix blocks
+            hidden = cache.hidden_states(later)
+            assert cache.last_row_kinds == ("prefix", "prefix")
+            assert cache.last_stats.prefix_tokens == 2 * DEFAULT_BLOCK_SIZE
+            for got, want in zip(hidden, plain_rows(llama, later), strict=True):
+                assert torch.allclose(got, want, atol=2e-5)
 
 
 def test_with_the_daemon_gone_rows_are_computed_normally_with_unchanged_results(llama, tmp_path_factory, daemon):
