@@ -1,4 +1,5 @@
-"""Two nodes on one real daemon with write-back: a line computed through one is an exact hit through the other."""
+"""Two nodes on one real daemon with write-back: a line computed through one is an exact hit through the other; a
+score query's prefix computed through one is served from the store through the other."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
 
+from attnstore.protocol.prefix import DEFAULT_BLOCK_SIZE, chain_hashes, usable_blocks
+from attnstore_client.connection import connect
+from attnstore_client.keys import model_fingerprint
 from attnstore_tools.admin.cold_start import create_exact_namespace
-from tests.support.caches import sentences
-from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
-from tests.support.nodes import NodeProcess, save_tiny_bert
+from tests.support.caches import WORDS, sentences
+from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.nodes import NodeProcess, save_tiny_bert, save_tiny_llama
 
 
 def _rows_by_tier(node: NodeProcess) -> dict[str, float]:
@@ -46,6 +52,60 @@ def test_a_line_computed_through_one_node_is_an_exact_hit_through_the_other(tmp_
         rows = _rows_by_tier(nodes[1])
         assert (rows["store_exact"], rows["computed"]) == (1, 0)
         np.testing.assert_allclose(second["data"][0]["embedding"], first["data"][0]["embedding"], atol=2e-3)  # fp16
+        assert [node.stop() for node in nodes] == [0, 0]
+    finally:
+        for node in nodes:
+            node.kill()
+        assert daemon.stop() == 0, daemon.log()
+
+
+def _metric(node: NodeProcess, name: str) -> float:
+    for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_through_the_other(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    loaded = save_tiny_llama(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rng = np.random.default_rng(7)
+    query = "Questions and their answers follow . " + " ".join(rng.choice(WORDS, size=60)) + " . The answer is"
+    items = [f" choice{i} " + " ".join(rng.choice(WORDS, size=3)) for i in range(8)]
+    labels = [1037, 1038, 2003]
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    nodes: list[NodeProcess] = []
+    try:
+        with daemon.client(ADMIN_TOKEN) as admin:
+            create_exact_namespace(admin, loaded, "default")
+        for name, token in (("a", WRITE_TOKEN), ("b", OTHER_WRITE_TOKEN)):
+            args = ("--token", token, "--write-back", "--no-warmup", "--max-wait-ms", "1")
+            nodes.append(NodeProcess(str(folder), f"grpc://{daemon.target}", tmp_path / name, args=args).start())
+        first = httpx.post(f"{nodes[0].url}/v1/score", timeout=120,
+                           json={"query": query, "items": items[:4], "label_token_ids": labels})
+        assert first.status_code == 200, first.text
+        rows = [tokenizer(query + item)["input_ids"] for item in items[4:]]
+        chain = chain_hashes(rows[0], DEFAULT_BLOCK_SIZE, blocks=usable_blocks(len(rows[0]), DEFAULT_BLOCK_SIZE))
+        fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+        with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader:  # the prefix lands off the request's path
+            deadline = time.monotonic() + 30
+            while reader.prefix_layout("default") is None or not reader.match_prefix(
+                    "default", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10)[0]:
+                assert time.monotonic() < deadline, f"the query's prefix was never written back{daemon.log()[-3000:]}"
+                time.sleep(0.05)
+        second = httpx.post(f"{nodes[1].url}/v1/score", timeout=120,
+                            json={"query": query, "items": items[4:], "label_token_ids": labels})
+        assert second.status_code == 200, second.text
+        assert _metric(nodes[1], 'attnstore_node_rows_total{tier="prefix"}') == len(rows)
+        forwarded = _metric(nodes[1], "attnstore_node_forward_tokens_total")
+        query_tokens = len(tokenizer(query)["input_ids"])
+        assert forwarded < 0.5 * query_tokens * len(rows), (forwarded, query_tokens)
+        reference = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        with torch.inference_mode():
+            expected = np.stack([torch.softmax(reference(input_ids=torch.tensor([row])).logits[0, -1].float(), -1)
+                                 [labels].numpy() for row in rows])
+        assert np.abs(np.array(second.json()["scores"]) - expected).max() < 1e-4
         assert [node.stop() for node in nodes] == [0, 0]
     finally:
         for node in nodes:
