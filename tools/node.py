@@ -51,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", type=Path, help="this node's private key (PEM), for mTLS")
     p.add_argument("--timeout", type=float, default=30.0, help="deadline of one store call, s")
     p.add_argument("--write-back", action="store_true",
-                   help="send computed rows the daemon admits to its exact tier (needs a write token)")
+                   help="send computed rows the daemon admits to its exact tier, and (decoders) the prefixes "
+                        "rows of a call shared, as prefix blocks (needs a write token)")
     p.add_argument("--exact-cache-bytes", type=parse_size,
                    help="this node's own exact tier (0 turns it off; default: AttnCache's, 256MiB)")
     p.add_argument("--max-distance", type=float, help="map-hit distance threshold, no gate"

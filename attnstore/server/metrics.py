@@ -89,6 +89,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "attnstore_ingested_bytes",
     "attnstore_chunks_put",
     "attnstore_chunks_put_bytes",
+    "attnstore_prefix_blocks_put",
+    "attnstore_prefix_blocks_put_bytes",
     "attnstore_store_entries",
     "attnstore_store_stored_bytes",
     "attnstore_store_evicted_entries",
@@ -353,6 +355,14 @@ class DaemonMetrics:
         self._chunks_put_bytes = Counter(
             "attnstore_chunks_put_bytes", "Bytes of the chunks PutChunks stored", ["namespace"], registry=reg
         )
+        self._prefix_blocks_put = Counter(
+            "attnstore_prefix_blocks_put", "Prefix blocks stored by PutPrefix (new ones only)", ["namespace"],
+            registry=reg,
+        )
+        self._prefix_blocks_put_bytes = Counter(
+            "attnstore_prefix_blocks_put_bytes", "Bytes of the prefix blocks PutPrefix stored", ["namespace"],
+            registry=reg,
+        )
         self._admitted = Counter(
             "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
         )
@@ -451,6 +461,11 @@ class DaemonMetrics:
         self._written_back_map_bytes.labels(namespace).inc(result.maps_bytes)
         self._not_admitted.labels(namespace).inc(result.not_admitted)
         self._refused.labels(namespace).inc(len(result.refused))
+
+    def prefix_blocks_put(self, namespace: str, blocks: int, nbytes: int) -> None:
+        """A PutPrefix stored ``blocks`` new prefix blocks of ``nbytes`` bytes."""
+        self._prefix_blocks_put.labels(namespace).inc(blocks)
+        self._prefix_blocks_put_bytes.labels(namespace).inc(nbytes)
 
     def chunks_put(self, namespace: str, chunks: int, nbytes: int) -> None:
         """A PutChunks stored ``chunks`` new chunks of ``nbytes`` bytes."""

@@ -281,6 +281,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             layout = prefix_layout_from_pb(request.layout)
             blocks = [prefix_block_of(message, layout) for message in request.blocks]
             result = service.prefixes.put(request.namespace, request.fingerprint, layout, blocks)
+            self._metrics.prefix_blocks_put(request.namespace, result.stored, result.bytes)
             log.info("event=prefix_put namespace=%s blocks=%d stored=%d duplicates=%d bytes=%d writer=%s",
                      request.namespace, len(blocks), result.stored, result.duplicates, result.bytes,
                      self._callers(context).name)

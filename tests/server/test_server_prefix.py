@@ -5,6 +5,8 @@ block damaged on the way (DATA_LOSS), storing nothing, and counts duplicates."""
 
 from __future__ import annotations
 
+import urllib.request
+
 import grpc
 import numpy as np
 import pytest
@@ -116,6 +118,9 @@ def test_put_prefix_needs_a_write_token_and_counts_new_blocks_and_duplicates(dae
         finally:
             stream.close()
     assert "event=prefix_put namespace=ns blocks=3 stored=1 duplicates=2" in daemon.log()
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+    assert f'attnstore_prefix_blocks_put_total{{namespace="ns"}} 3.0' in metrics
+    assert f'attnstore_prefix_blocks_put_bytes_total{{namespace="ns"}} {3 * LAYOUT.block_bytes}.0' in metrics
 
 
 def test_put_prefix_gives_a_namespace_without_prefix_blocks_the_calls_layout_and_refuses_another(
