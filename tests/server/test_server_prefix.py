@@ -119,7 +119,7 @@ def test_put_prefix_needs_a_write_token_and_counts_new_blocks_and_duplicates(dae
             stream.close()
     assert "event=prefix_put namespace=ns blocks=3 stored=1 duplicates=2" in daemon.log()
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
-    assert f'attnstore_prefix_blocks_put_total{{namespace="ns"}} 3.0' in metrics
+    assert 'attnstore_prefix_blocks_put_total{namespace="ns"} 3.0' in metrics
     assert f'attnstore_prefix_blocks_put_bytes_total{{namespace="ns"}} {3 * LAYOUT.block_bytes}.0' in metrics
 
 
