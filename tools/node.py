@@ -1,14 +1,16 @@
-"""``attnstore node``: an inference node serving embeddings over HTTP, OpenAI-compatible, over ``AttnCache``.
+"""``attnstore node``: an inference node serving embeddings (and, on a decoder, scores and classifications) over
+HTTP, OpenAI-compatible, over ``AttnCache``.
 
     attnstore node --model minilm --store grpc://store-host:50051 --namespace minilm --listen 0.0.0.0:8080
 
 Routes: ``POST /v1/embeddings`` (OpenAI's schema: the ``openai`` package works
 against ``http://HOST:PORT/v1``), ``POST /embed`` (text-embeddings-inference's),
-``GET /v1/models``, ``GET /health`` (200 once the model is loaded), ``GET /metrics``
+on a causal model ``POST /v1/score`` (SGLang's schema) and ``POST /v1/classify``
+(vLLM's), ``GET /v1/models``, ``GET /health`` (200 once the model is loaded), ``GET /metrics``
 (Prometheus). Concurrent requests are merged into one call through the cache's
 tiers and run as packed forwards of at most --max-batch-tokens tokens (default:
 chosen from the cost model's forward fit, timed at start). With --api-key-file
-every embedding request needs ``Authorization: Bearer KEY``; SIGHUP reloads the
+every request needs ``Authorization: Bearer KEY``; SIGHUP reloads the
 file. SIGTERM drains: requests in flight are answered, then the node exits 0.
 """
 

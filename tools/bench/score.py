@@ -8,8 +8,11 @@ questions): per request one subject's five exemplars as the ``query`` and ``--it
 of its test questions as the ``items``, the letters `` A``..`` D`` as the label tokens.
 Three servers, the same HTTP layer (``attnstore_node``'s app) and the same requests:
 
-- ``node``: ``attnstore node`` on an embedded store (requests merged into calls; the
-  prefix the items share computed once per call);
+- ``node``: ``attnstore node`` on an embedded store holding, as prefix blocks (fp32),
+  the 5-shot prompts of the subjects the requests draw, stored before the runs as
+  ``attnstore build --prefix-blocks`` stores a corpus's shared prompt starts (the dev
+  split's exemplars; ``--no-store-queries`` leaves it empty): each item's forward runs
+  on its question after the stored keys and values; requests are merged into calls;
 - ``plain``: each request's prompts through the plain transformers forward, one
   request at a time (padded batch, the LM head in fp32);
 - ``cached``: ``plain`` with an exact output cache (a dict of prompt tokens -> scores).
@@ -256,6 +259,25 @@ def _store(loaded: Any, path: Path) -> str:
     return f"local:{path}"
 
 
+def _store_queries(loaded: Any, path: Path, queries: Sequence[str]) -> int:
+    """The queries' prefix blocks (fp32, so served rows equal the plain forward's) stored in the namespace, as
+    ``attnstore build --prefix-blocks`` stores a corpus's shared prompt starts; returns the blocks stored."""
+    from attnstore.service import AttnStoreService
+    from attnstore_client.adapters import adapter_for
+    from attnstore_tools.build.prefix import PrefixBuildConfig, store_prefix_blocks
+
+    rows = [loaded.tokenizer(query)["input_ids"] for query in queries]
+    service = AttnStoreService.open(path)
+    try:
+        report = store_prefix_blocks(adapter_for(loaded), rows, service, "default", PrefixBuildConfig(min_shared=1),
+                                     pad_id=loaded.tokenizer.pad_token_id, progress=True)
+    finally:
+        service.close()
+    log.info("stored %d prefix blocks (%.0f MB) of %d queries in %.0f s", report.blocks, report.bytes / 1e6,
+             len(queries), report.seconds)
+    return report.blocks
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every server at every client count, the same requests each time (a fresh server per count)."""
     bodies = mmlu_requests(args.requests, args.items, seed=args.seed)
@@ -271,6 +293,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         for body in bodies:
             body["label_token_ids"] = labels
         tokens = sum(len(tokenizer(body["query"] + item)["input_ids"]) for body in bodies for item in body["items"])
+        stored = 0
+        if "node" in args.methods and args.store_queries:
+            stored = _store_queries(loaded, Path(tmp) / "store", sorted({body["query"] for body in bodies}))
         for method in args.methods:
             for clients in args.clients:
                 workdir = Path(tmp) / f"{method}-{clients}"
@@ -295,6 +320,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 log.info("%s clients=%d items/s=%.2f", method, clients, row["items_per_s"])
     _compare(results)
     return {"model": args.model, "requests": args.requests, "items": args.items, "tokens": tokens,
+            "stored_query_blocks": stored,
             "label_token_ids": labels, "results": results}
 
 
@@ -360,6 +386,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=4, help="questions per request (its items)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each server")
     parser.add_argument("--seed", type=int, default=0, help="seeds the requests")
+    parser.add_argument("--no-store-queries", dest="store_queries", action="store_false",
+                        help="leave the node's store empty (by default the queries' 5-shot prompts are stored as "
+                             "prefix blocks first, as attnstore build --prefix-blocks stores a corpus's)")
     parser.add_argument("--json", type=Path, help="write the results here")
 
 
