@@ -1,6 +1,6 @@
 """``bench score``: ``/v1/score`` requests from N concurrent clients against the node and two baseline servers.
 
-    attnstore bench score --model smollm2 --clients 1 8 32 --requests 32 --items 4 --json score.json
+    attnstore bench score --model smollm2 --clients 1 8 32 --requests 8 --items 2 --json score.json --plot score.png
     python -m attnstore_tools.bench.score serve --method plain|cached --model smollm2 --ready-file F  # a baseline
 
 Requests are MMLU 5-shot (``../shared/data/mmlu_dev.jsonl`` exemplars, ``mmlu_test.jsonl``
@@ -222,6 +222,9 @@ async def run_clients(url: str, bodies: list[dict[str, Any]], clients: int) -> d
                 answer = await http.post(f"{url}/v1/score", json=bodies[index], timeout=1800)
                 answer.raise_for_status()
                 scores[index] = answer.json()["scores"]
+            except httpx.HTTPStatusError as exc:
+                log.warning("request %d failed: %s %s", index, exc.response.status_code, exc.response.text[:300])
+                errors += 1
             except httpx.HTTPError as exc:
                 log.warning("request %d failed: %s", index, exc)
                 errors += 1
@@ -280,7 +283,9 @@ def _store_queries(loaded: Any, path: Path, queries: Sequence[str]) -> int:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every server at every client count, the same requests each time (a fresh server per count)."""
-    bodies = mmlu_requests(args.requests, args.items, seed=args.seed)
+    # At least one request per client: a run of N clients posts max(--requests, N) requests, the first ones of
+    # the same seeded draw, so every server at one client count answers the same requests.
+    bodies = mmlu_requests(max(args.requests, *args.clients), args.items, seed=args.seed)
     labels = None
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="attnstore-bench-score-") as tmp:
@@ -292,12 +297,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         labels = [tokenizer(f" {letter}", add_special_tokens=False)["input_ids"][-1] for letter in LETTERS]
         for body in bodies:
             body["label_token_ids"] = labels
-        tokens = sum(len(tokenizer(body["query"] + item)["input_ids"]) for body in bodies for item in body["items"])
+        lengths = [sum(len(tokenizer(body["query"] + item)["input_ids"]) for item in body["items"]) for body in bodies]
         stored = 0
         if "node" in args.methods and args.store_queries:
             stored = _store_queries(loaded, Path(tmp) / "store", sorted({body["query"] for body in bodies}))
         for method in args.methods:
             for clients in args.clients:
+                run_bodies = bodies[: max(args.requests, clients)]
+                tokens = sum(lengths[: len(run_bodies)])
                 workdir = Path(tmp) / f"{method}-{clients}"
                 workdir.mkdir()
                 if method == "node":
@@ -309,17 +316,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 server = Server(command, workdir).start()
                 try:
                     before = _metric(server.url, "attnstore_node_forward_tokens_total") if method == "node" else 0
-                    row = asyncio.run(run_clients(server.url, bodies, clients))
+                    row = asyncio.run(run_clients(server.url, run_bodies, clients))
                     if method == "node":
                         row["computed_per_token"] = (_metric(server.url, "attnstore_node_forward_tokens_total")
                                                      - before) / tokens
                 finally:
                     server.stop()
-                row["method"] = method
+                row["method"], row["requests"], row["tokens"] = method, len(run_bodies), tokens
                 results.setdefault(method, []).append(row)
                 log.info("%s clients=%d items/s=%.2f", method, clients, row["items_per_s"])
     _compare(results)
-    return {"model": args.model, "requests": args.requests, "items": args.items, "tokens": tokens,
+    return {"model": args.model, "requests": args.requests, "items": args.items, "threads": args.threads,
             "stored_query_blocks": stored,
             "label_token_ids": labels, "results": results}
 
@@ -339,16 +346,60 @@ def _compare(results: dict[str, list[dict[str, Any]]]) -> None:
             row["max_diff"] = float(np.abs(ours - theirs).max())
 
 
+def _speedups(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per client count, the node's items/s over each baseline's and its p99 against theirs."""
+    by = {(row["method"], row["clients"]): row for rows in report["results"].values() for row in rows}
+    out = []
+    for (method, clients), node in sorted(by.items()):
+        if method != "node":
+            continue
+        line: dict[str, Any] = {"clients": clients}
+        for baseline in ("plain", "cached"):
+            other = by.get((baseline, clients))
+            if other is not None:
+                line[f"x_{baseline}"] = node["items_per_s"] / other["items_per_s"]
+                line[f"p99_vs_{baseline}"] = node["p99_ms"] / other["p99_ms"]
+        out.append(line)
+    return out
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (items_ax, p99_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for method, rows in report["results"].items():
+        counts = [row["clients"] for row in rows]
+        items_ax.plot(counts, [row["items_per_s"] for row in rows], "o-", label=method)
+        p99_ax.plot(counts, [row["p99_ms"] / 1000 for row in rows], "o-", label=method)
+    for ax, label in ((items_ax, "items/s"), (p99_ax, "p99 request latency (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(f"bench score: MMLU 5-shot, {report['items']} items per request, {report['model']}, "
+                 f"{report['threads']} torch threads per server")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
 def _table(report: dict[str, Any]) -> str:
-    lines = [f"{'server':8} {'clients':>7} {'items/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+    lines = [f"{'server':8} {'clients':>7} {'requests':>8} {'items/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
              f"{'computed/token':>14} {'same':>5} {'max diff':>9}"]
     for rows in report["results"].values():
         for row in rows:
             computed = row.get("computed_per_token")
             diff = row.get("max_diff")
-            lines.append(f"{row['method']:8} {row['clients']:7d} {row['items_per_s']:8.2f} {row['p50_ms']:8.0f} "
+            lines.append(f"{row['method']:8} {row['clients']:7d} {row['requests']:8d} {row['items_per_s']:8.2f} {row['p50_ms']:8.0f} "
                          f"{row['p99_ms']:8.0f} {row['errors']:6d} {'' if computed is None else f'{computed:.3f}':>14} "
                          f"{str(row.get('same_answers')):>5} {'' if diff is None else f'{diff:.1e}':>9}")
+    for line in report["speedups"]:
+        lines.append(f"node at {line['clients']} clients: " + ", ".join(
+            f"{line[f'x_{b}']:.2f}x {b}'s items/s, p99 {line[f'p99_vs_{b}']:.2f}x {b}'s"
+            for b in ("plain", "cached") if f"x_{b}" in line))
     return "\n".join(lines)
 
 
@@ -382,7 +433,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=("node", "plain", "cached"), help="servers to run (default: all three)")
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32],
                         help="concurrent clients, one run each (default: 1 8 32)")
-    parser.add_argument("--requests", type=int, default=32, help="score requests per run")
+    parser.add_argument("--requests", type=int, default=8,
+                        help="score requests per run, at least one per client (default 8)")
     parser.add_argument("--items", type=int, default=4, help="questions per request (its items)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each server")
     parser.add_argument("--seed", type=int, default=0, help="seeds the requests")
@@ -390,12 +442,16 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave the node's store empty (by default the queries' 5-shot prompts are stored as "
                              "prefix blocks first, as attnstore build --prefix-blocks stores a corpus's)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--plot", type=Path, help="write a PNG of items/s and p99 latency against clients here")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON; returns the exit code."""
     report = bench(args)
+    report["speedups"] = _speedups(report)
     print(_table(report))
+    if args.plot is not None:
+        _plot(report, args.plot)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
