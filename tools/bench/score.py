@@ -393,7 +393,8 @@ def _table(report: dict[str, Any]) -> str:
         for row in rows:
             computed = row.get("computed_per_token")
             diff = row.get("max_diff")
-            lines.append(f"{row['method']:8} {row['clients']:7d} {row['requests']:8d} {row['items_per_s']:8.2f} {row['p50_ms']:8.0f} "
+            lines.append(f"{row['method']:8} {row['clients']:7d} {row['requests']:8d} {row['items_per_s']:8.2f} "
+                         f"{row['p50_ms']:8.0f} "
                          f"{row['p99_ms']:8.0f} {row['errors']:6d} {'' if computed is None else f'{computed:.3f}':>14} "
                          f"{str(row.get('same_answers')):>5} {'' if diff is None else f'{diff:.1e}':>9}")
     for line in report["speedups"]:
