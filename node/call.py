@@ -3,19 +3,23 @@
 A call's rows are every ticket's rows in arrival order (``ArrivalRows``), so the
 pipeline's deduplication of identical rows spans requests: a line sent by
 several clients at once is served once, and earlier requests' rows go through
-the tiers first. The call's sink (``TicketSink``, the library's ``Sink``: it
-keeps which rows were received and refuses a copy of one not yet written) pools
-each row as its tier or forward ends (or, for a scoring request, runs its last
-state through the LM head over its labels) and writes the vector into the ticket
-that sent it, and into every copy of it, whichever kind of request the copy is:
-a request is answered the moment its last row is in, so one whose rows all hit
-the exact tiers does not wait for the call's forwards.
+the tiers first. A scoring row whose prompt came in segments carries its
+segments' token counts, for the chunk tier (the same tokens cut otherwise, or
+given whole, are another row: the pipeline keys rows by both when the chunk
+tier is on, and so does the sink). The call's sink (``TicketSink``, the
+library's ``Sink``: it keeps which rows were received and refuses a copy of one
+not yet written) pools each row as its tier or forward ends (or, for a scoring
+request, runs its last state through the LM head over its labels) and writes the
+vector into the ticket that sent it, and into every copy of it, whichever kind of
+request the copy is: a request is answered the moment its last row is in, so one
+whose rows all hit the exact tiers does not wait for the call's forwards.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -23,7 +27,7 @@ from torch import nn
 
 from attnstore_client.call.rows import HiddenRows
 from attnstore_client.call.sinks import Sink
-from attnstore_client.call.sources import TokenRows
+from attnstore_client.call.sources import RowSource, Tokenized
 from attnstore_client.choices import label_probabilities
 from attnstore_node.ticket import Ticket
 
@@ -31,12 +35,23 @@ from attnstore_node.ticket import Ticket
 PromptPool = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-class ArrivalRows(TokenRows):
-    """A call's rows in arrival order: earlier requests' rows go through the tiers first."""
+class ArrivalRows(RowSource):
+    """A call's rows in arrival order (earlier requests' rows go through the tiers first), each with its segments'
+    token counts where its prompt came in segments."""
+
+    def __init__(self, rows: Sequence[Tokenized]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
     def order(self) -> np.ndarray:
         """See :meth:`RowSource.order`: as given."""
         return np.arange(len(self))
+
+    def tokens(self, positions: Sequence[int]) -> list[Tokenized]:
+        """See :meth:`RowSource.tokens`."""
+        return [self._rows[position] for position in positions]
 
 
 # What a row's result is: its pooled embedding (with its prompt length), or its label probabilities.
@@ -48,24 +63,30 @@ class TicketSink(Sink):
 
     An embedding row is pooled; a scoring row's last state goes through the LM head over its labels
     (``choices.label_probabilities``, fp32). Identical rows of the call are served once: each served row's
-    results are kept by its tokens, one per kind that any of its copies asks for, for the copies to read.
+    results are kept by its tokens and segments, one per kind that any of its copies asks for, for the copies to
+    read.
 
     Args:
         owners: per position of the call, its ticket and its row there.
-        rows: per position, its tokens.
+        rows: per position, its tokens (and segments' token counts).
         pool: the model's pooling.
         lm_head: the decoder's output head (None: an encoder, which no scoring request reaches).
     """
 
-    def __init__(self, owners: Sequence[tuple[Ticket, int]], rows: Sequence[tuple[int, ...]], pool: PromptPool,
+    # The chunk tier may hand over only the last tokens' states of a row in segments: such a row is always a scoring
+    # row (only ``/v1/score`` and ``/v1/classify`` take segments), which reads its last state alone. Embedding rows
+    # never come in segments, so they always arrive whole.
+    last_only: ClassVar[bool] = True
+
+    def __init__(self, owners: Sequence[tuple[Ticket, int]], rows: Sequence[Tokenized], pool: PromptPool,
                  lm_head: nn.Module | None = None) -> None:
         super().__init__(len(owners))
         self._owners = owners
         self._rows = rows
         self._pool = pool
         self._lm_head = lm_head
-        self._results: dict[tuple[int, ...], dict[RowResult, np.ndarray]] = {}  # by tokens: what was served
-        self._needs: dict[tuple[int, ...], set[RowResult]] = {}  # by tokens: what its positions ask for
+        self._results: dict[Tokenized, dict[RowResult, np.ndarray]] = {}  # by row: what was served
+        self._needs: dict[Tokenized, set[RowResult]] = {}  # by row: what its positions ask for
         for position, row in enumerate(rows):
             self._needs.setdefault(row, set()).add(self._kind(position))
 
@@ -126,5 +147,6 @@ def call_ends(tickets: Sequence[Ticket], pool: PromptPool,
     """The rows and the sink of one call of ``tickets`` (in arrival order): pooled by ``pool``, or scored by
     ``lm_head`` (scoring tickets)."""
     owners = [(ticket, index) for ticket in tickets for index in range(len(ticket.rows))]
-    rows = [tuple(row) for ticket in tickets for row in ticket.rows]
+    rows = [Tokenized(tuple(row), segments)
+            for ticket in tickets for row, segments in zip(ticket.rows, ticket.segments, strict=True)]
     return ArrivalRows(rows), TicketSink(owners, rows, pool, lm_head)

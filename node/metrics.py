@@ -33,7 +33,8 @@ STATUSES: tuple[str, ...] = ("200", "400", "401", "404", "405", "408", "413", "4
 OTHER_ROUTE = "other"
 OTHER_STATUSES: tuple[str, ...] = ("400", "404", "408")
 # Where a row's result came from: the tiers of a call, and copies of a row of the same call.
-TIERS: tuple[str, ...] = ("local_exact", "store_exact", "prefix", "map", "computed", "fallback", "deduplicated")
+TIERS: tuple[str, ...] = ("local_exact", "store_exact", "chunk", "prefix", "map", "computed", "fallback",
+                          "deduplicated")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,7 +101,7 @@ class NodeMetrics:
         fallbacks = sum(stats.fallbacks.values())
         for tier, count in (
             ("local_exact", stats.local_hits), ("store_exact", stats.exact_hits - stats.local_hits),
-            ("prefix", stats.prefix_hits), ("map", stats.map_hits), ("computed", computed),
+            ("chunk", stats.chunk_hits), ("prefix", stats.prefix_hits), ("map", stats.map_hits), ("computed", computed),
             ("fallback", fallbacks), ("deduplicated", stats.deduplicated),
         ):
             if count:

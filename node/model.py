@@ -48,8 +48,9 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
     try:
         warming = warm_up(cache) if warmup else None
         vocab = int(cache.adapter.loaded.model.config.vocab_size)
-        info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length),
-                         decoder=cache.adapter.loaded.lm_head is not None)
+        decoder = cache.adapter.loaded.lm_head is not None
+        info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length), decoder=decoder,
+                         chunks=decoder and cache.chunks is not None)
     except BaseException:
         with contextlib.suppress(Exception):
             cache.close()

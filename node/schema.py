@@ -57,6 +57,7 @@ class ModelInfo:
     vocab_size: int  # token ids are in [0, vocab_size)
     max_length: int  # tokens per row it takes (texts are truncated there, like SentenceTransformer.encode)
     decoder: bool = False  # it has a language-model head: it scores (``/v1/score``, ``/v1/classify``)
+    chunks: bool = False  # its cache runs the chunk tier (``--chunks``): scoring requests may give ``segments``
 
 
 @dataclass(frozen=True, slots=True)

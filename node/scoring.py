@@ -15,6 +15,17 @@
   vLLM's ``ClassificationResponse``: per input ``{index, label, probs, num_classes}``,
   ``probs`` a softmax over the labels' next-token logits, ``label`` the most probable.
 
+Our extension to both, for a node started with ``--chunks``: ``segments``, the prompt
+given in segments (instruction, exemplars, question), whose boundaries the chunk
+tier fuses stored chunks at (an approximation of the full forward). On
+``/v1/score`` a list of strings that joined is the text ``query``, each item its
+own last segment (the question; ``item_first`` false); on ``/v1/classify`` one
+entry per input, null (that input whole) or a list of at least two strings that
+joined is the input. A request with ``segments`` on a node without ``--chunks`` is
+refused (400 ``unsupported_segments``): it asks for the chunk tier's answer, which
+that node cannot give, and its segments would be tokenized one by one, not as the
+whole text.
+
 Both need a decoder (a model with a language-model head); the request is checked
 here, label words and lengths when it is tokenized (``tokenization``), before it is
 queued.
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +44,24 @@ import numpy as np
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.schema import Input, ModelInfo, RequestLimits, _flag, _input, _inputs, _is_id, _object
 
-_SCORE_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
-_CLASSIFY_FIELDS = frozenset({"input", "labels", "model", "user"})
+_SCORE_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "segments"})
+_CLASSIFY_FIELDS = frozenset({"input", "labels", "model", "user", "segments"})
+# Characters of a bad value shown in an error (a request may hold megabytes): enough to find it.
+_SHOWN = 60
+
+
+class SegmentedPrompt(str):
+    """A prompt given in segments (``segments``): the text is the segments joined; ``segments`` keeps where they
+    meet, for the node's tokenizer (each segment tokenized on its own, as ``sources.segment_tokens``) and the chunk
+    tier. A ``str`` so that it travels wherever a text prompt does (``Embedder.score`` takes texts and token ids);
+    ``str`` takes no ``__slots__``."""
+
+    segments: tuple[str, ...]
+
+    def __new__(cls, segments: Sequence[str]) -> SegmentedPrompt:
+        prompt = super().__new__(cls, "".join(segments))
+        prompt.segments = tuple(segments)
+        return prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +78,12 @@ def parse_score(body: Any, limits: RequestLimits, model: ModelInfo) -> ScoreRequ
 
     Raises:
         ApiError: 400 for a malformed body, a missing or empty query or items, items of another kind than the
-            query, too many items, a label id outside the vocabulary; 404 for another model; 400 on an encoder.
+            query, too many items, a label id outside the vocabulary, bad ``segments`` (or any, without the chunk
+            tier); 404 for another model; 400 on an encoder.
     """
     fields = _object(body, _SCORE_FIELDS)
     _check_model(fields, model, required=False)
+    segments = _segments_field(fields, model)
     labels = fields.get("label_token_ids")
     if not isinstance(labels, list) or not labels or not all(_is_id(v) for v in labels):
         raise bad_request(f"'label_token_ids' is required: a non-empty list of token ids, got {labels!r}",
@@ -73,13 +103,23 @@ def parse_score(body: Any, limits: RequestLimits, model: ModelInfo) -> ScoreRequ
             raise bad_request("with a text 'query', 'items' must be a string or a list of strings",
                               "invalid_input", "items")
         _count(texts, limits)
-        prompts: list[Input] = [item + query if item_first else query + item for item in texts]
+        if segments is not None:  # the query's segments, then each item as the question
+            if item_first:
+                raise bad_request("'segments' need 'item_first' false: each item is the prompt's last segment, its"
+                                  " question, after the query's segments", "invalid_segments", "segments")
+            head = _segments(segments, "segments", query, "'query'")
+            prompts: list[Input] = [SegmentedPrompt((*head, item)) for item in texts]
+        else:
+            prompts = [item + query if item_first else query + item for item in texts]
         for index, (prompt, item) in enumerate(zip(prompts, texts, strict=True)):
             if not item:
                 raise bad_request(f"items[{index}] is an empty string; every item needs text", "empty_input",
                                   "items")
             _input(prompt, f"items[{index}]", model)
     elif isinstance(query, list) and all(_is_id(v) for v in query):
+        if segments is not None:
+            raise bad_request("'segments' go with a text 'query' (segments are texts); this query is token ids",
+                              "invalid_segments", "segments")
         if not isinstance(items, list) or not all(isinstance(item, list) for item in items):
             raise bad_request("with a token id 'query', 'items' must be a list of token id lists", "invalid_input",
                               "items")
@@ -98,10 +138,11 @@ def parse_classify(body: Any, limits: RequestLimits, model: ModelInfo, labels: t
 
     Raises:
         ApiError: 400 for a malformed body, an empty input, no labels (neither given nor configured), fewer than
-            two labels; 404 for another model.
+            two labels, bad ``segments`` (or any, without the chunk tier); 404 for another model.
     """
     fields = _object(body, _CLASSIFY_FIELDS)
     _check_model(fields, model, required=False)
+    segments = _segments_field(fields, model)
     if "input" not in fields:
         raise bad_request("'input' is required: a text, a list of texts or of token id lists", "missing_input",
                           "input")
@@ -113,7 +154,10 @@ def parse_classify(body: Any, limits: RequestLimits, model: ModelInfo, labels: t
         raise bad_request(f"'labels' must be at least two non-empty words, got {words!r}", "invalid_labels", "labels")
     if len(set(words)) != len(words):
         raise bad_request(f"'labels' holds a word twice: {words!r}", "invalid_labels", "labels")
-    return ScoreRequest(_inputs(fields["input"], "input", limits, model), tuple(words), True)
+    inputs = _inputs(fields["input"], "input", limits, model)
+    if segments is not None:
+        inputs = _segmented_inputs(segments, inputs)
+    return ScoreRequest(inputs, tuple(words), True)
 
 
 def score_response(probabilities: np.ndarray, tokens: int, model: str) -> dict[str, Any]:
@@ -128,6 +172,76 @@ def classify_response(probabilities: np.ndarray, labels: tuple[str, ...], tokens
              "num_classes": len(labels)} for index, row in enumerate(probabilities)]
     return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
             "data": data, "usage": _usage(tokens)}
+
+
+def _segments_field(fields: dict[str, Any], model: ModelInfo) -> Any:
+    """The request's ``segments`` (None: not given).
+
+    Raises:
+        ApiError: 400 ``unsupported_segments`` when given to a node without the chunk tier.
+    """
+    value = fields.get("segments")
+    if value is not None and not model.chunks:
+        raise bad_request("'segments' ask for the chunk tier, which this node does not run (it serves prompts"
+                          " whole): send them to a node started with --chunks, or send the prompt without them",
+                          "unsupported_segments", "segments")
+    return value
+
+
+def _segments(value: Any, param: str, text: str, named: str) -> tuple[str, ...]:
+    """``value`` checked as the segments of ``text`` (``named`` in messages): non-empty strings joined equal to it.
+
+    Raises:
+        ApiError: 400 ``invalid_segments`` naming the bad value.
+    """
+    if not isinstance(value, list) or not value:
+        raise bad_request(f"{param} must be a non-empty list of strings (the prompt's segments), got {_brief(value)}",
+                          "invalid_segments", "segments")
+    for index, segment in enumerate(value):
+        if not isinstance(segment, str) or not segment:
+            raise bad_request(f"{param}[{index}] must be a non-empty string, got {_brief(segment)}", "invalid_segments",
+                              "segments")
+    joined = "".join(value)
+    if joined != text:
+        at = next((k for k, (a, b) in enumerate(zip(joined, text, strict=False)) if a != b),
+                  min(len(joined), len(text)))
+        shown = _SHOWN // 2
+        raise bad_request(f"{param} joined must equal {named}; they differ at character {at}: the segments have"
+                          f" {joined[at:at + shown]!r}, {named} {text[at:at + shown]!r}", "invalid_segments",
+                          "segments")
+    return tuple(value)
+
+
+def _segmented_inputs(value: Any, inputs: tuple[Input, ...]) -> tuple[Input, ...]:
+    """``/v1/classify``'s inputs with their ``segments``: one entry per input, null (that input whole) or at least
+    two segments (instruction, question) joined equal to that text input.
+
+    Raises:
+        ApiError: 400 ``invalid_segments`` naming the bad entry.
+    """
+    if not isinstance(value, list) or len(value) != len(inputs):
+        raise bad_request(f"'segments' must be a list of one entry per input ({len(inputs)}: null, or that input's"
+                          f" segments), got {_brief(value)}", "invalid_segments", "segments")
+    out: list[Input] = []
+    for index, (entry, item) in enumerate(zip(value, inputs, strict=True)):
+        if entry is None:
+            out.append(item)
+            continue
+        param = f"segments[{index}]"
+        if not isinstance(item, str):
+            raise bad_request(f"{param} goes with a text input; input[{index}] is token ids", "invalid_segments",
+                              "segments")
+        if isinstance(entry, list) and len(entry) == 1:
+            raise bad_request(f"{param} must hold at least two segments (an instruction first, the question last),"
+                              f" got {_brief(entry)}", "invalid_segments", "segments")
+        out.append(SegmentedPrompt(_segments(entry, param, item, f"input[{index}]")))
+    return tuple(out)
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)``, cut to ``_SHOWN`` characters."""
+    shown = repr(value)
+    return shown if len(shown) <= _SHOWN else shown[: _SHOWN - 3] + "..."
 
 
 def _ids(item: Any, param: str, model: ModelInfo) -> tuple[int, ...]:

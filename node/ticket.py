@@ -25,6 +25,8 @@ class Ticket:
 
     def __init__(self, request: TokenizedRequest, future: asyncio.Future[Embedded]) -> None:
         self.rows = request.rows
+        # Per row, its segments' token counts where its prompt came in segments (the chunk tier's), else ().
+        self.segments = request.segments or ((),) * len(request.rows)
         self.prompts = request.prompts  # per row, the prompt tokens its pooling leaves out
         self.labels = request.labels  # a scoring request's label token ids (None: rows are pooled)
         self.softmax = request.softmax

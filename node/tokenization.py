@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,8 +25,10 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from attnstore_client.cache import AttnCache
+from attnstore_client.call.sources import segment_tokens
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.schema import Input
+from attnstore_node.scoring import SegmentedPrompt
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,9 @@ class TokenizedRequest:
     tokens: int  # every row's tokens (``usage.prompt_tokens``)
     labels: tuple[int, ...] | None = None  # a scoring request's label token ids (None: an embedding request)
     softmax: bool = False  # a scoring request's softmax over its labels' logits (else over the vocabulary)
+    # Per row, its segments' token counts where its prompt came in segments (``SegmentedPrompt``), else ();
+    # () when no row did.
+    segments: tuple[tuple[int, ...], ...] = ()
 
 
 class RequestTokenizer:
@@ -99,8 +105,9 @@ class RequestTokenizer:
     def tokenize_scoring(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], softmax: bool,
                          max_input_tokens: int) -> TokenizedRequest:
         """A scoring request's rows: texts tokenized whole with the tokenizer's special tokens (as SGLang does),
-        token ids as given; label words turned into their token ids. Never cut: a prompt past the limit refuses
-        the request.
+        prompts in segments segment by segment (as the library's ``segment_tokens``, which the chunk tier's
+        stored chunks are keyed by), token ids as given; label words turned into their token ids. Never cut: a
+        prompt past the limit refuses the request.
 
         Raises:
             ApiError: 400 ``context_length_exceeded`` for the first prompt past the limit, ``invalid_labels`` for
@@ -108,19 +115,30 @@ class RequestTokenizer:
         """
         tokenizer = self._cache.adapter.loaded.tokenizer
         ids = tuple(label_token_ids(tokenizer, labels))
-        texts = [prompt for prompt in prompts if isinstance(prompt, str)]
+        texts = [prompt for prompt in prompts if isinstance(prompt, str) and not isinstance(prompt, SegmentedPrompt)]
         next_text = iter(tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else [])
+        segmented = [prompt.segments for prompt in prompts if isinstance(prompt, SegmentedPrompt)]
+        # Not cut there: every row is held to the request's limit below, with the same 400.
+        next_segmented = iter(segment_tokens(tokenizer, segmented, max_length=sys.maxsize) if segmented else [])
         limit = min(max_input_tokens, self._cache.head.max_length)
         rows: list[tuple[int, ...]] = []
+        segments: list[tuple[int, ...]] = []
         for index, prompt in enumerate(prompts):
-            row = tuple(next(next_text)) if isinstance(prompt, str) else tuple(prompt)
+            lengths: tuple[int, ...] = ()
+            if isinstance(prompt, SegmentedPrompt):
+                tokenized = next(next_segmented)
+                row, lengths = tuple(tokenized.ids), tokenized.segments
+            else:
+                row = tuple(next(next_text)) if isinstance(prompt, str) else tuple(prompt)
             if len(row) > limit:
                 raise bad_request(f"item {index}'s prompt (query and item) has {len(row)} tokens; the limit is {limit}",
                                   "context_length_exceeded", "items")
             if not row:
                 raise bad_request(f"item {index}'s prompt has no tokens", "empty_input", "items")
             rows.append(row)
-        return TokenizedRequest(tuple(rows), (0,) * len(rows), sum(len(row) for row in rows), ids, softmax)
+            segments.append(lengths)
+        return TokenizedRequest(tuple(rows), (0,) * len(rows), sum(len(row) for row in rows), ids, softmax,
+                                tuple(segments) if segmented else ())
 
     def tokenize(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> TokenizedRequest:
         """The request's token rows: texts tokenized together, token ids as given, each held to the limit

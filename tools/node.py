@@ -55,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--write-back", action="store_true",
                    help="send computed rows the daemon admits to its exact tier, and (decoders) the prefixes "
                         "rows of a call shared, as prefix blocks (needs a write token)")
+    p.add_argument("--chunks", action="store_true",
+                   help="(decoders) run the chunk tier: score and classify requests may give their prompt in"
+                   " 'segments', fused from the namespace's stored chunks (and, with --write-back, the chunks"
+                   " computed are stored); approximates the full forward, see docs/guides/decoders.md")
     p.add_argument("--exact-cache-bytes", type=parse_size,
                    help="this node's own exact tier (0 turns it off; default: AttnCache's, 256MiB)")
     p.add_argument("--max-distance", type=float, help="map-hit distance threshold, no gate"
@@ -98,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnstore_client.cache import AttnCache
+    from attnstore_client.call.settings import ChunkSettings
     from attnstore_node.app import create_app
     from attnstore_node.auth import KeyCheck
     from attnstore_node.batcher import Batcher
@@ -116,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {} if args.max_distance is None else {"max_distance": args.max_distance}
     if args.exact_cache_bytes is not None:
         options["exact_cache_bytes"] = args.exact_cache_bytes
+    if args.chunks:
+        options["chunks"] = ChunkSettings()  # the defaults `attnstore eval icl` chose (full_reuse, recent=1)
     open_cache = partial(
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
