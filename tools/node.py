@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="(decoders) run the chunk tier: score and classify requests may give their prompt in"
                    " 'segments', fused from the namespace's stored chunks (and, with --write-back, the chunks"
                    " computed are stored); approximates the full forward, see docs/guides/decoders.md")
+    p.add_argument("--chunk-dtype", choices=("float16", "float32"), default="float16",
+                   help="with --chunks: the dtype the namespace's chunks were built in (attnstore build"
+                   " --chunk-dtype); another one is refused on every call that fuses chunks")
     p.add_argument("--exact-cache-bytes", type=parse_size,
                    help="this node's own exact tier (0 turns it off; default: AttnCache's, 256MiB)")
     p.add_argument("--max-distance", type=float, help="map-hit distance threshold, no gate"
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.exact_cache_bytes is not None:
         options["exact_cache_bytes"] = args.exact_cache_bytes
     if args.chunks:
-        options["chunks"] = ChunkSettings()  # the defaults `attnstore eval icl` chose (full_reuse, recent=1)
+        # The defaults `attnstore eval icl` chose (full_reuse, recent=1), in the namespace's dtype.
+        options["chunks"] = ChunkSettings(dtype=args.chunk_dtype)
     open_cache = partial(
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
