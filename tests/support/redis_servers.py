@@ -59,6 +59,11 @@ def _port_free(port: int) -> bool:
     return True
 
 
+# Not the random module: pytest-randomly seeds it alike before every test, in every xdist worker, so two
+# workers would draw the same ports at once.
+_PORTS = random.SystemRandom()
+
+
 def free_port(*, cluster: bool = False) -> int:
     """A loopback port nothing listens on now (and, in practice, for the next second).
 
@@ -70,7 +75,7 @@ def free_port(*, cluster: bool = False) -> int:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
     for _ in range(200):
-        port = random.randrange(20000, 45000)
+        port = _PORTS.randrange(20000, 45000)
         if _port_free(port) and _port_free(port + 10000):
             return port
     raise RuntimeError("no free pair of loopback ports (port, port + 10000) for a Redis Cluster node")

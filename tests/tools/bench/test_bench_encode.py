@@ -20,6 +20,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return small_data(root / "data", 40), root / "work"
 
 
+@pytest.mark.soak
 def test_a_short_run_times_every_method_in_its_own_child_and_reports_rss_overhead_and_fidelity(
     tmp_path: Path, logs: tuple[Path, Path],
 ) -> None:
@@ -51,6 +52,7 @@ def test_bad_rows_or_methods_are_refused_by_name(tmp_path: Path, capsys: pytest.
     assert not any(tmp_path.iterdir())  # refused before anything was built
 
 
+@pytest.mark.soak
 def test_the_attnstore_exact_method_runs_attncache_without_its_map_tier_beside_the_default(
     tmp_path: Path, logs: tuple[Path, Path],
 ) -> None:

@@ -25,6 +25,7 @@ def test_anon_budget_is_overhead_plus_dram_plus_staging() -> None:
     assert caps.anon_budget == 122
 
 
+@pytest.mark.soak
 def test_short_load_run_has_no_errors_and_reports_latency_and_daemon_rss(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     code = cli_main(["bench", "load", "--clients", "2", "--duration", "2", "--entries", "16",
@@ -37,6 +38,7 @@ def test_short_load_run_has_no_errors_and_reports_latency_and_daemon_rss(tmp_pat
     assert daemon["anon_within_budget"] and daemon["samples"] and daemon["rss_idle"]["rss"] > 0
 
 
+@pytest.mark.soak
 def test_a_short_load_run_on_two_daemons_sharing_a_redis_cluster_has_no_errors(redis_cluster, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     code = cli_main(["bench", "load", "--clients", "2", "--duration", "3", "--entries", "16", "--daemons", "2",
@@ -52,6 +54,7 @@ def test_several_daemons_need_a_shared_redis_store() -> None:
         cli_main(["bench", "load", "--daemons", "2"])
 
 
+@pytest.mark.soak
 def test_a_fault_run_sigkills_one_of_two_daemons_mid_load_and_the_lookups_go_on_without_errors(
     redis_cluster, tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ for _module in ("onnx", "onnxruntime", "openvino"):
 PEER_SERVERS = ("onnx_o3", "onnx_o3_dict", "onnx_int8_dict", "openvino_dict")
 
 
+@pytest.mark.soak
 def test_each_peer_server_answers_every_request_with_the_reference_vectors_within_its_precision(
     tiny_minilm: Path, tiny_data: Path, tmp_path: Path,
 ) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from attnstore_tools.cli import main
 from tests.support.adapters import save_tiny_decoder
 
 
+@pytest.mark.soak
 def test_bench_service_times_every_path_and_writes_the_json(tmp_path, capsys):
     model_dir = save_tiny_decoder(tmp_path / "tiny")
     out = tmp_path / "bench.json"

@@ -46,6 +46,7 @@ def test_batches_are_dealt_round_robin_and_cover_every_row_of_the_run_once() -> 
     assert sorted(row for node in second_half for batch in node for row in batch) == list(range(35, 70))
 
 
+@pytest.mark.soak
 def test_a_cold_start_run_fills_an_empty_namespace_trains_its_projector_halfway_and_reports_each_half(
     tmp_path: Path,
 ) -> None:

@@ -70,6 +70,7 @@ def test_a_second_pass_of_a_node_is_answered_from_the_redis_cache(tiny_minilm: P
     np.testing.assert_allclose(first, reference, atol=1e-5)
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("peer", [None, "onnx_o3"])
 def test_redis_cache_runs_beside_plain_and_dict_prefilled_with_the_build_lines(
     peer: str | None, tiny_minilm: Path, tmp_path: Path,

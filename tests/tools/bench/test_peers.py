@@ -122,6 +122,7 @@ def test_an_unknown_peer_is_refused_naming_the_peers(loaded: LoadedModel, tmp_pa
         export_graph("onnx_fp16", loaded, cache_dir=tmp_path)
 
 
+@pytest.mark.soak
 def test_bench_encode_runs_the_peers_in_children_with_fidelity_and_speedups_against_the_fastest_exact_peer(
     tiny: Path, cache: Path, tmp_path: Path,
 ) -> None:
