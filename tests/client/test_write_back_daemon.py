@@ -35,14 +35,28 @@ ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.s
 COUNT = 10
 
 
-def _child(url: str, token: str, seed: int, texts: list[str] | None = None, max_distance: float = 0.0) -> dict:
+def _callers(
+    url: str, tokens: list[str], seed: int, texts: list[str] | None = None, max_distance: float = 0.0
+) -> list[dict]:
+    """One client process encoding ``sentences(COUNT, seed)`` (or ``texts``) once per token, in turn, each through a
+    new cache: each caller's report. Callers that need not be processes of their own share one (the interpreter's
+    start with torch is most of a run)."""
     extra = [json.dumps(texts), str(max_distance)] if texts is not None else []
     done = subprocess.run(
-        [sys.executable, "-m", "tests.support.children.write_back", url, token, str(seed), str(COUNT), *extra],
+        [sys.executable, "-m", "tests.support.children.write_back", url, ",".join(tokens), str(seed), str(COUNT),
+         *extra],
         capture_output=True, text=True, cwd=ROOT, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    reports = [json.loads(line) for line in done.stdout.strip().splitlines() if line.startswith("{")]
+    assert len(reports) == len(tokens), done.stdout
+    return reports
+
+
+def _child(url: str, token: str, seed: int, texts: list[str] | None = None, max_distance: float = 0.0) -> dict:
+    """A client process of its own encoding once with ``token``: its report."""
+    (report,) = _callers(url, [token], seed, texts, max_distance)
+    return report
 
 
 def _daemon(workdir: Path, admit_after: int) -> DaemonProcess:
@@ -176,22 +190,18 @@ def test_a_row_computed_by_one_client_process_is_an_exact_hit_for_another(admit_
 
 def test_the_admission_threshold_counts_distinct_callers(admit_second_ask: DaemonProcess) -> None:
     url = f"grpc://{admit_second_ask.target}"
-    first = _child(url, WRITE_TOKEN, 2)
+    first, again, second, third = _callers(url, [WRITE_TOKEN, WRITE_TOKEN, OTHER_WRITE_TOKEN, WRITE_TOKEN], 2)
     assert first["written"]["queued"] == 0  # asked by one caller: nothing admitted
-    again = _child(url, WRITE_TOKEN, 2)
     assert again["written"]["queued"] == 0  # the same caller (token, host) asking again counts nothing
-    second = _child(url, OTHER_WRITE_TOKEN, 2)
     assert second["stats"]["misses"] == COUNT and second["written"]["stored"] == COUNT
-    third = _child(url, WRITE_TOKEN, 2)
     assert third["stats"]["exact_hits"] == COUNT
 
 
 def test_a_read_token_cannot_write_back_and_encode_still_answers(admit_every_miss: DaemonProcess) -> None:
-    report = _child(f"grpc://{admit_every_miss.target}", READ_TOKEN, 3)
+    report, again = _callers(f"grpc://{admit_every_miss.target}", [READ_TOKEN, READ_TOKEN], 3)
     assert report["written"]["stored"] == 0 and report["written"]["dropped_failed"] == COUNT
     assert "write or admin token" in report["written"]["disabled"]
     assert report["max_diff"] < 1e-5
-    again = _child(f"grpc://{admit_every_miss.target}", READ_TOKEN, 3)
     assert again["stats"]["exact_hits"] == 0
 
 
