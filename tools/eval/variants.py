@@ -18,6 +18,7 @@ patch), so the same clock times every variant.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -239,7 +240,8 @@ class DictCacheVariant(Variant):
 
 
 class AttentionTimer:
-    """Wall seconds spent inside the given attention modules, summed over calls.
+    """Wall seconds spent inside the given attention modules, summed over calls (and over the forward pool's
+    threads, which may run one module at once: each start is kept per thread).
 
     Use as a context manager; the hooks are removed on exit.
     """
@@ -247,7 +249,8 @@ class AttentionTimer:
     def __init__(self, modules: Sequence[nn.Module]) -> None:
         self.seconds = 0.0
         self._modules = list(modules)
-        self._started: dict[int, float] = {}
+        self._started: dict[tuple[int, int], float] = {}  # (thread, module) -> start
+        self._lock = threading.Lock()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> AttentionTimer:
@@ -262,7 +265,9 @@ class AttentionTimer:
         self._handles.clear()
 
     def _start(self, module: nn.Module, args: object) -> None:
-        self._started[id(module)] = time.perf_counter()
+        with self._lock:
+            self._started[threading.get_ident(), id(module)] = time.perf_counter()
 
     def _stop(self, module: nn.Module, args: object, output: object) -> None:
-        self.seconds += time.perf_counter() - self._started.pop(id(module))
+        with self._lock:
+            self.seconds += time.perf_counter() - self._started.pop((threading.get_ident(), id(module)))
