@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from attnstore_tools.cli import main as cli_main
 from tests.support.nodes import save_tiny_llama
 
 
+@pytest.mark.soak
 def test_the_node_and_both_baselines_answer_every_request_alike_and_the_node_computes_fewer_tokens(
     tmp_path: Path, capsys
 ) -> None:
