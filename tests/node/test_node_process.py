@@ -16,12 +16,12 @@ from tests.support.caches import sentences
 from tests.support.nodes import NodeProcess, tiny_store
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory, model):
-    """A node whose requests wait up to 5 s to be batched: a request is surely queued when the test acts."""
+@pytest.fixture
+def node(tmp_path: Path, model):
+    """A node whose requests wait up to 5 s to be batched: a request is surely queued when the test acts. One per
+    test: the SIGTERM test stops its node, and tests run in any order."""
     folder, loaded = model
-    workdir = tmp_path_factory.mktemp("node")
-    process = NodeProcess(str(folder), tiny_store(workdir / "store", loaded), workdir,
+    process = NodeProcess(str(folder), tiny_store(tmp_path / "store", loaded), tmp_path,
                           args=("--no-warmup", "--max-wait-ms", "5000")).start()
     yield process
     process.kill()

@@ -32,7 +32,13 @@ def llama():
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, llama):
-    workdir = tmp_path_factory.mktemp("prefix-daemon")
+    process = _start_daemon(tmp_path_factory.mktemp("prefix-daemon"), llama)
+    yield process
+    process.stop()
+
+
+def _start_daemon(workdir, llama) -> DaemonProcess:
+    """A daemon on a store holding the prefix blocks of SHARED_A, SHARED_B and SHARED_C (one block damaged)."""
     with AttnStoreService.open(workdir / "store", create=True) as service:
         fill_prefix_namespace(service, llama, [SHARED_A + [7, 8], SHARED_B + [9], SHARED_C])
         store = service.store.inner  # the LMDB store behind the service's DRAM cache
@@ -41,9 +47,7 @@ def daemon(tmp_path_factory, llama):
             raw = bytearray(txn.get(key, db=gen.db.prefix))
             raw[3] ^= 0x10
             txn.put(key, bytes(raw), db=gen.db.prefix)
-    process = DaemonProcess(workdir / "store", workdir).start()
-    yield process
-    process.stop()
+    return DaemonProcess(workdir / "store", workdir).start()
 
 
 def test_rows_served_through_the_daemon_equal_the_full_forward(llama, daemon):
@@ -115,7 +119,8 @@ def _written_back_prefix_is_served(llama, daemon: DaemonProcess) -> None:
                 assert torch.allclose(got, want, atol=2e-5)
 
 
-def test_with_the_daemon_gone_rows_are_computed_normally_with_unchanged_results(llama, tmp_path_factory, daemon):
+def test_with_the_daemon_gone_rows_are_computed_normally_with_unchanged_results(llama, tmp_path):
+    daemon = _start_daemon(tmp_path, llama)  # its own: the module's daemon serves the other tests, in any order
     queries = prefix_rows([3], seed=5, prefix=SHARED_A)
     cache = AttnCache(llama, f"grpc://{daemon.target}", token=READ_TOKEN, exact=False, prefix_min_tokens=16,
                       timeout=2.0)
