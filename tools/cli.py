@@ -33,8 +33,30 @@ _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the full ``attnstore`` argument parser."""
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first positional argument), or None."""
+    values = iter(argv)
+    for token in values:
+        if token == "--log-level":
+            next(values, None)
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Build the ``attnstore`` argument parser: every subcommand's, or only ``command``'s when it is one.
+
+    A tool's module is imported to register its parser, and some import torch and transformers (5 s and
+    300 MB): ``attnstore serve``, whose daemon needs neither, imports only its own.
+    """
+    names = {module.split(".")[0]: module for module in _COMMANDS}
+    if command in names:
+        commands, groups = (names[command],), {}
+    elif command in _GROUPS:
+        commands, groups = (), {command: _GROUPS[command]}
+    else:  # the help, or a name argparse will refuse listing every choice
+        commands, groups = _COMMANDS, _GROUPS
     parser = argparse.ArgumentParser(
         prog="attnstore",
         description="AttnStore: attention-map database for transformer prefill.",
@@ -47,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"attnstore {importlib.metadata.version('attnstore')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in _COMMANDS:
+    for module in commands:
         importlib.import_module(f"attnstore_tools.{module}").register(sub)
-    for group, (help_text, modules) in _GROUPS.items():
+    for group, (help_text, modules) in groups.items():
         if not modules:
             continue
         group_parser = sub.add_parser(group, help=help_text)
@@ -61,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``attnstore`` command; returns the process exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level,

@@ -158,7 +158,9 @@ def test_corrupted_chunk_is_never_streamed_and_verify_reports_it(daemon: DaemonP
     assert sorted(result.maps) == [0] and sorted(result.row_errors) == [1]
     np.testing.assert_array_equal(result.maps[0], good.maps.astype(np.float16))
     assert caught.value.code() is grpc.StatusCode.DATA_LOSS and "crc32c" in caught.value.details()
-    assert [c.entry_id for c in report.corrupt] == [bad_id] and good_id not in report.corrupt_entry_ids
+    # The module's daemon is shared: entries other tests corrupted may be reported too, this test's are exact.
+    assert [c.entry_id for c in report.corrupt if c.entry_id in (good_id, bad_id)] == [bad_id]
+    assert good_id not in report.corrupt_entry_ids
     assert "event=row_dropped" in daemon.log()
 
 

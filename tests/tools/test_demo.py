@@ -52,6 +52,7 @@ _SHORT_SYSTEMS = ("Apache", "BGL", "Linux", "OpenSSH", "Spark", "Zookeeper")
 
 
 @pytest.mark.real_model
+@pytest.mark.soak  # a whole run of the README's main job (1.5 min); CI also runs `attnstore demo` as its first step
 def test_demo_builds_a_store_and_serves_held_out_lines_with_map_hits_and_every_row_faithful(tmp_path, capsys):
     if not (DATA / "loghub").is_dir():
         pytest.skip(f"no evaluation data at {DATA}")
