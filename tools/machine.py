@@ -58,10 +58,11 @@ def status_bytes(pid: int | str, *names: str) -> dict[str, int]:
 
 
 class RssSampler:
-    """Samples VmRSS, RssAnon and RssFile of one process every ``RSS_INTERVAL`` seconds on a thread."""
+    """Samples VmRSS, RssAnon and RssFile of one process every ``interval`` seconds on a thread."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, interval: float = RSS_INTERVAL) -> None:
         self._pid = pid
+        self._interval = interval
         self.samples: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -86,4 +87,12 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append(self.read())
-            self._stop.wait(RSS_INTERVAL)
+            self._stop.wait(self._interval)
+
+    def peaks(self) -> dict[str, int]:
+        """The first sample's sizes (``*_start``) and the largest of each over all samples, in bytes."""
+        if not self.samples:
+            raise ValueError("RssSampler.peaks: no sample was taken (start() it first)")
+        first = self.samples[0]
+        return {**{f"{k}_start": int(first[k]) for k in ("rss", "anon", "file")},
+                **{f"{k}_peak": int(max(s[k] for s in self.samples)) for k in ("rss", "anon", "file")}}

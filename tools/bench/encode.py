@@ -12,7 +12,8 @@ optimised at O3 (``onnx_o3``) and the dynamically quantised int8 graph (``onnx_i
 (``openvino``), each bare or behind the same dict (``onnx_o3_dict``, ...); their graphs are exported once into
 ``--peers-cache`` before the children start. Per N:
 seconds (median of ``--repeats`` children per method, run interleaved), peak RSS
-(each child's own ``VmHWM``: its ``ru_maxrss`` would carry this process's), AttnCache's time outside the tiers
+(each child's own ``VmHWM``: its ``ru_maxrss`` would carry this process's) and its anonymous and file-backed
+memory apart (``RssAnon``, ``RssFile``: before the call and at their peak in it), AttnCache's time outside the tiers
 (``CacheStats.overhead_s``) and its retrieval (projection, lookups, fetches),
 speedups against both (excluding and including retrieval) and, for every method, against the fastest exact
 peer behind a dict (``onnx_fp32_dict``, ``onnx_o3_dict`` or ``openvino_dict``, whichever ran fastest), and
@@ -265,6 +266,8 @@ def _summarise(
             "seconds": seconds, "seconds_runs": [r["seconds"] for r in runs], "rows_per_s": count / seconds,
             "peak_rss_bytes": statistics.median(r["peak_rss_bytes"] for r in runs),
             "peak_rss_runs": [r["peak_rss_bytes"] for r in runs],
+            # Anonymous and file-backed memory apart, before the call and at their peak in it (medians).
+            "memory": {k: statistics.median(r["memory"][k] for r in runs) for k in runs[0]["memory"]},
         }
         if method.startswith("attnstore"):
             stats = [r["stats"] for r in runs]
@@ -347,6 +350,11 @@ def _print(result: dict[str, Any]) -> None:
                 print(f"  {method} vs {name}: {entry[f'speedup_vs_{base}']:.2f}x including retrieval,"
                       f" {entry[f'speedup_vs_{base}_excluding_retrieval']:.2f}x excluding it;"
                       f" peak RSS {entry[f'rss_vs_{base}']:.2f}x")
+    print(f"  {'memory (MiB)':24} {'anon before':>12} {'anon peak':>10} {'file before':>12} {'file peak':>10}")
+    for method, entry in result["methods"].items():
+        memory = {k: v / 2**20 for k, v in entry["memory"].items()}
+        print(f"  {method:24} {memory['anon_start']:12.0f} {memory['anon_peak']:10.0f} {memory['file_start']:12.0f}"
+              f" {memory['file_peak']:10.0f}")
     if "template_accuracy" in result:
         print("  template accuracy: " + ", ".join(f"{m} {a:.2%}" for m, a in result["template_accuracy"].items()))
 

@@ -16,22 +16,28 @@ in embedded mode, with every tier or (``attnstore_exact``) without the map tier 
 ``encode`` (``bench.peers``: ONNX Runtime or OpenVINO, ``threads`` intra-op threads), bare or (``..._dict``) behind
 the same dict. A peer's child never reads the torch weights (``weightless_pipeline``), as a user of
 sentence-transformers' ``backend="onnx"`` never does.
-The peak RSS is the whole process's (model, store and call): its ``VmHWM`` (``machine.peak_rss_bytes``).
+The peak RSS is the whole process's (model, store and call): its ``VmHWM`` (``machine.peak_rss_bytes``). Beside
+it, ``memory``: the process's anonymous memory (``RssAnon``: heap, tensors, indexes) and file-backed memory
+(``RssFile``: mapped libraries and the store's LMDB pages, which the kernel can drop and read again) just
+before the timed call and at their largest during it, sampled every 20 ms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnstore_tools.machine import peak_rss_bytes
+from attnstore_tools.machine import RssSampler, peak_rss_bytes
+
+_MEMORY_INTERVAL_S = 0.02
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -78,9 +84,10 @@ def _model_call(
     cache.maps = method != "attnstore_exact"
     cache.encode(warmup, batch_size=batch, show_progress_bar=False)
     cache.reset_stats()
-    started = time.perf_counter()
-    embeddings = cache.encode(texts, batch_size=batch, show_progress_bar=False)
-    report["seconds"] = time.perf_counter() - started
+    with _memory(report):
+        started = time.perf_counter()
+        embeddings = cache.encode(texts, batch_size=batch, show_progress_bar=False)
+        report["seconds"] = time.perf_counter() - started
     report["stats"] = cache.last_stats.to_json_dict()
     report["linear_kernels"] = cache.adapter.linear_kernels
     cache.close()
@@ -112,12 +119,27 @@ def _timed_call(
         stored: list[str] = json.loads(Path(spec["stored"]).read_text(encoding="utf-8"))
         table = dict(zip(stored, np.load(spec["stored_embeddings"]), strict=True))
     encode(warmup)
-    started = time.perf_counter()
-    embeddings = _dict_encode(encode, table, texts) if cached else encode(texts)
-    report["seconds"] = time.perf_counter() - started
+    with _memory(report):
+        started = time.perf_counter()
+        embeddings = _dict_encode(encode, table, texts) if cached else encode(texts)
+        report["seconds"] = time.perf_counter() - started
     if cached:
         report["dict_misses"] = len({text for text in texts if text not in table})
     return embeddings
+
+
+@contextlib.contextmanager
+def _memory(report: dict[str, Any]) -> Iterator[None]:
+    """Samples this process's RssAnon and RssFile while the block runs; their start and peak go to ``report``."""
+    sampler = RssSampler(os.getpid(), interval=_MEMORY_INTERVAL_S)
+    sampler.samples.append(sampler.read())  # before the call, whatever the thread's first wake-up
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.stop()
+        sampler.samples.append(sampler.read())
+        report["memory"] = sampler.peaks()
 
 
 def _dict_encode(
