@@ -16,7 +16,6 @@ from attnstore.errors import (
     UnsupportedModelError,
 )
 from attnstore.index import ExactIndex
-from attnstore.server.server import create_server
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.adapters import adapter_for
@@ -28,6 +27,7 @@ from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.settings import CacheOptions, CacheSettings
 from attnstore_client.stats import CacheStats
 from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.daemon import READ_TOKEN, DaemonProcess
 from tests.support.server_fixtures import served
 
 TEXTS = sentences(10, seed=7)
@@ -238,16 +238,19 @@ def test_outage_falls_back_to_compute_and_the_breaker_stops_asking(bert, bert_se
         cache.close()
 
 
-def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, bert_service) -> None:
-    server, port = create_server(bert_service, "127.0.0.1:0")
-    server.start()
-    cache = AttnCache(bert, f"grpc://127.0.0.1:{port}", timeout=2.0, retry=RetryPolicy(attempts=1),
+def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, tmp_path: Path) -> None:
+    # A daemon process, as users run one: a gRPC server stopped inside the client's own process once left this
+    # test's Lookup waiting past both its deadline and the client's cancel (one gRPC core for both ends).
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        fill_namespace(service, bert, STORED)
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    port = daemon.port
+    cache = AttnCache(bert, f"grpc://{daemon.target}", token=READ_TOKEN, timeout=2.0, retry=RetryPolicy(attempts=1),
                       breaker=BreakerPolicy(failure_threshold=1, reset_after=0.2), exact_cache_bytes=0)
-    server.stop(0)
+    daemon.kill()
     cache.encode(TEXTS, batch_size=10)
     assert cache.breaker.state in ("open", "half_open") and cache.last_stats.fallbacks == {"unavailable": 10}
-    server, _ = create_server(bert_service, f"127.0.0.1:{port}")  # back, on the same port
-    server.start()
+    daemon = DaemonProcess(tmp_path / "store", tmp_path, port=port).start()  # back, on the same port
     try:
         time.sleep(0.25)
         assert cache.breaker.state == "half_open"
@@ -261,7 +264,7 @@ def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, bert_servi
         np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
     finally:
         cache.close()
-        server.stop(0)
+        daemon.stop()
 
 
 def _flip_layer_bytes(store: Path, layer_maps: np.ndarray) -> None:
