@@ -159,6 +159,10 @@ class AttnCache(SentenceTransformerAPI):
             - side_by_side: packed CPU forwards run side by side, a thread each (``tiers.forward_pool``).
             - chunks: fuse prompts given in segments from stored chunks (decoders; ``tiers.chunks``) in calls
               that keep each prompt's last state (``score_choices``, ``last_hidden_states``); None: no chunk tier.
+            - int8: compute the rows no tier served with the linear layers the namespace's int8 plan names
+              quantised (``attnstore build --int8`` chose them on its corpus to keep rows at cosine >= 0.99 to
+              fp32; ``int8``): faster, approximate. The exact tiers keep fp32 outputs only; int8 rows are neither
+              kept nor written back (rows the daemon admits are computed in fp32). Default False.
 
     Raises:
         ConfigError: a bad option (named), an unknown keyword (the settings are listed), or a bad store URL.
@@ -295,6 +299,7 @@ class AttnCache(SentenceTransformerAPI):
     prefix = _Flag("Whether rows start from stored prefixes of their keys and values (causal models).")
     packed = _Flag("Whether forwards run their rows end to end, unpadded (``adapters.packed``).")
     side_by_side = _Flag("Whether packed CPU forwards run side by side, a thread each (``tiers.forward_pool``).")
+    int8 = _Flag("Whether computed rows run on the namespace's int8 plan (``int8``): faster, approximate.")
 
     @property
     def chunks(self) -> ChunkSettings | None:
@@ -722,7 +727,8 @@ class AttnCache(SentenceTransformerAPI):
                 ``batch_size`` padded rows' tokens).
 
         Raises:
-            ConfigError: a row without tokens, or a bad ``batch_size`` or ``max_batch_tokens``.
+            ConfigError: a row without tokens, a bad ``batch_size`` or ``max_batch_tokens``, or
+                ``int8`` on in a namespace without an int8 plan.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -732,6 +738,9 @@ class AttnCache(SentenceTransformerAPI):
         if self._namespace.refresh(self._context.breaker):
             self._adopt(self._namespace.view)
         view = self._namespace.view
+        if self._settings.int8 and view.projector is not None and view.projector.int8 is None:
+            raise ConfigError(f"AttnCache: int8=True needs an int8 plan, and namespace {self.namespace!r} has none"
+                              " (build it with `attnstore build --int8`)")
         call = Call(self._call_settings(batch_size, max_batch_tokens), view, sink, len(source))
         try:
             self._prefill.run(source, call, progress=show_progress_bar)
@@ -748,7 +757,7 @@ class AttnCache(SentenceTransformerAPI):
             self.namespace, self._hit_threshold, settings.exact, settings.stream, settings.timeout, settings.retry,
             gate=self._gated, maps=settings.maps, prefix=settings.prefix, prefix_min_tokens=settings.prefix_min_tokens,
             batch_size=batch_size, packed=settings.packed, max_batch_tokens=max_batch_tokens,
-            side_by_side=settings.side_by_side, chunks=settings.chunks,
+            side_by_side=settings.side_by_side, chunks=settings.chunks, int8=settings.int8,
         )
 
     def _record(self, call: Call, total_s: float) -> None:

@@ -76,6 +76,9 @@ class CacheSettings:
     side_by_side: bool = True
     # Off: a prompt fused from stored chunks approximates the full forward's result, so it is asked for.
     chunks: ChunkSettings | None = None
+    # Rows no tier served are computed with the linear layers the namespace's int8 plan names quantised
+    # (``int8``; the plan kept its calibration rows at cosine >= 0.99). Off: fp32 rows are exact.
+    int8: bool = False
 
     def __post_init__(self) -> None:
         if self.max_distance is not None and not (_number(self.max_distance) and self.max_distance >= 0):
@@ -88,7 +91,7 @@ class CacheSettings:
             raise ConfigError(f"CacheSettings: exact_cache_bytes must be an int >= 0, got {self.exact_cache_bytes!r}")
         if not (_integer(self.prefix_min_tokens) and self.prefix_min_tokens >= 0):
             raise ConfigError(f"CacheSettings: prefix_min_tokens must be an int >= 0, got {self.prefix_min_tokens!r}")
-        for name in ("exact", "maps", "prefix", "stream", "packed", "side_by_side"):
+        for name in ("exact", "maps", "prefix", "stream", "packed", "side_by_side", "int8"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"CacheSettings: {name} must be True or False, got {getattr(self, name)!r}")
         for name, kind in (("cost", CostSettings), ("retry", RetryPolicy), ("breaker", BreakerPolicy)):
@@ -134,6 +137,7 @@ class CacheOptions(TypedDict, total=False):
     packed: bool
     side_by_side: bool
     chunks: ChunkSettings | None
+    int8: bool
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(CacheSettings))

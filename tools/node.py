@@ -78,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--padded", action="store_true",
                    help="pad length-sorted batches (cut where the cost model's fit predicts the least time) instead of"
                    " packing rows end to end: for devices where many small attention calls cost more than padding")
+    p.add_argument("--int8", action="store_true",
+                   help="compute rows no tier served on the namespace's int8 plan (built with --int8): faster,"
+                        " approximate (AttnCache(int8=True))")
     p.add_argument("--no-warmup", action="store_true", help="serve at once, without timing forwards first")
     p.add_argument("--api-key-file", type=Path,
                    help="'key' or 'label key' lines; requests need 'Authorization: Bearer KEY' (default: no keys)")
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
         client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, write_back=args.write_back,
-        device=args.device, packed=not args.padded, **options,
+        device=args.device, packed=not args.padded, int8=args.int8, **options,
     )
     metrics = NodeMetrics()
     batcher = Batcher(open_cache, args.served_model_name or args.model, settings, metrics)

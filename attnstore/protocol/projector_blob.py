@@ -1,4 +1,4 @@
-"""A namespace's projector blob: safetensors bytes whose header metadata carries the gate.
+"""A namespace's projector blob: safetensors bytes whose header metadata carries the gate and the int8 plan.
 
 The blob is the projector (``attnstore.protocol.features.projector``) as safetensors
 bytes. Servers check a blob before storing it and apply the fidelity gate the
@@ -19,6 +19,7 @@ import safetensors.numpy
 
 from attnstore.errors import ConfigError, FormatVersionError, WireFormatError
 from attnstore.protocol.gate import FidelityGate
+from attnstore.protocol.int8_plan import INT8_METADATA_KEY, Int8Plan
 
 GATE_METADATA_KEY = "attnstore.fidelity_gate"
 # The embedding layer's tensors and its record (kind, norm epsilon, positions) in a stored projector blob.
@@ -97,5 +98,23 @@ def gate_from_projector(blob: bytes) -> FidelityGate | None:
         return None
     try:
         return FidelityGate.from_json(text)
+    except ConfigError as exc:
+        raise FormatVersionError(f"projector blob: {exc}") from None
+
+
+def int8_plan_from_projector(blob: bytes) -> Int8Plan | None:
+    """The int8 plan stored in a projector blob (``attnstore.protocol.int8_plan``); None when it has none.
+
+    Raises:
+        FormatVersionError: a stored blob that is not safetensors, or a malformed plan.
+    """
+    try:
+        text = projector_metadata(blob).get(INT8_METADATA_KEY)
+    except WireFormatError as exc:
+        raise FormatVersionError(str(exc)) from None
+    if text is None:
+        return None
+    try:
+        return Int8Plan.from_json(text)
     except ConfigError as exc:
         raise FormatVersionError(f"projector blob: {exc}") from None

@@ -81,7 +81,8 @@ class FusedLinears:
                             for m in self._linears}
         self._fused = {owner: (linear, _FUSABLE[type(act).__name__])
                        for owner, linear in fused.items()
-                       if (act := getattr(owner, "intermediate_act_fn", None)) is not None
+                       if isinstance(linear, nn.Linear)  # not one quantised to int8 (``int8``)
+                       and (act := getattr(owner, "intermediate_act_fn", None)) is not None
                        and type(act).__name__ in _FUSABLE}
         self._lock = threading.Lock()
         self._users = 0  # blocks of ``installed`` running

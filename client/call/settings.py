@@ -83,6 +83,7 @@ class CallSettings:
     # (``tiers.forward_pool``): 12% faster than one at a time on 2 cores, where each op waits for both.
     side_by_side: bool = True
     chunks: ChunkSettings | None = None  # fuse stored chunks into prompts in segments (decoders); None: no chunk tier
+    int8: bool = False  # compute tier: rows it computes run on the namespace's int8 plan (``int8``)
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:

@@ -1,6 +1,8 @@
 """The compute tier, last: the model computes every row still open, and what it computed is kept.
 
-Rows are sorted longest first and cut into forwards (``forwards``). Each
+Rows are sorted longest first and cut into forwards (``forwards``). With ``int8``
+on, the rows not written back run on the namespace's int8 model (``int8``) and are
+kept nowhere: the exact tiers hold only what the fp32 model computed. Each other
 computed row enters this process's exact tier (``LocalOutputs``, fp16, only
 what the plain model computed: replayed rows are within the maps' fidelity,
 not exact); the rows the store admitted are queued for write-back (``write_back``),
@@ -31,9 +33,11 @@ import numpy as np
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore_client.adapters.base import Adapter
 from attnstore_client.call.rows import Row
 from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
+from attnstore_client.int8 import Int8Models
 from attnstore_client.tiers.base import Tier, TierContext
 from attnstore_client.tiers.forwards import ForwardResult, cut, run_forward
 from attnstore_client.tiers.local_exact import LocalExactTier
@@ -50,6 +54,7 @@ class ComputeTier(Tier):
     def __init__(self, context: TierContext, local: LocalExactTier) -> None:
         self._context = context
         self._local = local
+        self._int8 = Int8Models(context.adapter.loaded)  # made on a call that asks for int8, kept
         self._computed_tokens = 0  # tokens of computed rows forwarded so far
         self._capturing_tokens = 0  # of those, the ones in forwards that kept maps (held to capture_share)
 
@@ -57,24 +62,53 @@ class ComputeTier(Tier):
         """See :meth:`Tier.serve`; leaves no row open."""
         self._check_dtype()
         keep = self._maps_to_keep(rows, call)
-        ordered = sorted(rows, key=lambda row: -len(row.tokens))
+        int8 = self._int8_adapter(call)
+        exact_rows, int8_rows = self._by_precision(rows, keep, call) if int8 is not None else (rows, [])
         workers = self._context.side_by_side(call.settings)
-        forwards = cut(ordered, call.settings, self._context.cost_model, side_by_side=workers)
-        workers = min(workers, len(forwards))
-        jobs = [partial(self._forward, forward, self._keeping(forward, keep), call.settings, workers)
-                for forward in forwards]
-        for forward, result in self._context.forwards.run(jobs, workers):  # each as it ends, on this thread
+        parts = [(self._cut(exact_rows, call, workers), None), (self._cut(int8_rows, call, workers), int8)]
+        workers = min(workers, sum(len(forwards) for forwards, _ in parts))
+        jobs = [partial(self._forward, forward, self._keeping(forward, keep) if adapter is None else [],
+                        call.settings, workers, adapter)
+                for forwards, adapter in parts for forward in forwards]
+        for forward, result, approximate in self._context.forwards.run(jobs, workers):  # each as it ends, here
             call.forwarded(result.seconds, result.tokens, result.forwarded)
             call.deliver(forward, result.hidden, "miss")
-            if call.settings.exact:
+            if approximate:  # int8 rows are neither exact outputs nor the store's
+                call.counts.int8_rows += len(forward)
+            elif call.settings.exact:
                 for position, row in enumerate(forward):
                     self._keep_outputs(row, result.hidden.row(position), result.kept.get(position), call)
         return []
 
+    def _cut(self, rows: Sequence[Row], call: Call, workers: int) -> list[list[Row]]:
+        """``rows`` longest first, cut into forwards (``forwards.cut``)."""
+        if not rows:
+            return []
+        ordered = sorted(rows, key=lambda row: -len(row.tokens))
+        return cut(ordered, call.settings, self._context.cost_model, side_by_side=workers)
+
+    def _int8_adapter(self, call: Call) -> Adapter | None:
+        """The int8 model's adapter when the call asks for int8 and its namespace has a plan (a store not read yet
+        has none: its rows are computed in fp32)."""
+        projector = call.namespace.projector
+        if not call.settings.int8 or projector is None or projector.int8 is None:
+            return None
+        return self._int8.adapter(projector.int8)
+
+    def _by_precision(self, rows: Sequence[Row], keep: set[int], call: Call) -> tuple[list[Row], list[Row]]:
+        """The rows computed in fp32 (kept for write-back: the store keeps exact outputs only) and in int8."""
+        written = self._context.writing_back is not None and call.settings.exact
+        exact = [row for row in rows if row.index in keep or (written and row.facts.admitted)]
+        chosen = {row.index for row in exact}
+        return exact, [row for row in rows if row.index not in chosen]
+
     def _forward(
-        self, forward: list[Row], keeping: list[int], settings: CallSettings, side_by_side: int
-    ) -> tuple[list[Row], ForwardResult]:
-        return forward, run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side)
+        self, forward: list[Row], keeping: list[int], settings: CallSettings, side_by_side: int,
+        adapter: Adapter | None,
+    ) -> tuple[list[Row], ForwardResult, bool]:
+        result = run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side,
+                             adapter=adapter)
+        return forward, result, adapter is not None
 
     def _check_dtype(self) -> None:
         """A model cast away from fp32 after the cache was made writes nothing back (see ``check_write_back_dtype``)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import batch_from_ids, group_by_length
 from attnstore_client.adapters.packed import pack
 from attnstore_client.adapters.replay import ReplayMaps
@@ -100,16 +101,18 @@ def _even(rows: Sequence[Row], count: int) -> list[list[Row]]:
 def run_forward(
     context: TierContext, rows: Sequence[Row], settings: CallSettings, *,
     replay: Mapping[int, ReplayMaps] | None = None, keep: Sequence[int] = (), side_by_side: int = 1,
+    adapter: Adapter | None = None,
 ) -> ForwardResult:
     """One forward of ``rows``: positions in ``replay`` replay those maps, positions in ``keep`` keep theirs.
 
     Run as one of ``side_by_side`` forwards at once (``forward_pool``), its time counts as that share of it:
-    the wall time it takes of the call, and what the cost model weighs a map hit's saving by.
+    the wall time it takes of the call, and what the cost model weighs a map hit's saving by. ``adapter``
+    runs it instead of the model's own (the int8 model, ``int8``).
 
     Raises:
         MapsUnavailableError: a replaying row's maps stopped arriving (the caller runs it again without).
     """
-    adapter = context.adapter
+    adapter = adapter or context.adapter
     tokens = [row.tokens for row in rows]
     started = time.perf_counter()
     if settings.packed:

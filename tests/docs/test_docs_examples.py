@@ -4,7 +4,8 @@ Every fenced ``python`` block of a page under docs/ runs, in order, in one names
 working directory a scratch folder that holds a small stand-in of the store the guides build
 (``./stores/stsb``, namespace ``minilm``: the first 40 STS-B train sentences, ``stsb_train_sentences.txt``
 beside this file, built by ``attnstore build`` with the packaged all-MiniLM-L6-v2). A block fenced
-```` ```python {.skip} ```` (it needs a daemon or a node) is compiled, not run. ``mkdocs build --strict``
+```` ```python {.skip} ```` (it needs a daemon, a node or a namespace built with ``--int8``) is compiled,
+not run. ``mkdocs build --strict``
 checks the site's own links; the link test here also covers README.md, CHANGELOG.md and the notes.
 """
 

@@ -6,7 +6,9 @@ same texts in one call, with ``--threads`` torch threads: sentence-transformers'
 misses encoded in one call: what a user writes first); ``AttnCache.encode`` in
 embedded mode on a store built by ``attnstore build`` at its defaults
 (``attnstore``), and, when asked for, the same without its map tier
-(``attnstore_exact``: what the map tier costs or earns on the call); and, when asked for, the peers users run
+(``attnstore_exact``: what the map tier costs or earns on the call) or with ``int8=True`` (``attnstore_int8``:
+computed rows on the int8 plan ``attnstore build --int8`` chose on the stored lines); and, when asked for, the
+peers users run
 instead (``bench.peers``, the ``peers`` extra): ONNX Runtime on the fp32 graph (``onnx_fp32``), the graph
 optimised at O3 (``onnx_o3``) and the dynamically quantised int8 graph (``onnx_int8``), and OpenVINO fp32
 (``openvino``), each bare or behind the same dict (``onnx_o3_dict``, ...); their graphs are exported once into
@@ -63,7 +65,7 @@ PEER_METHODS: dict[str, PeerName] = {
 # Peers whose vectors equal the model's within fp32 rounding (O3's GELU approximation included): the baselines
 # an exact cache must beat. int8 is not one.
 EXACT_PEERS = ("onnx_fp32", "onnx_o3", "openvino")
-METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact",
+METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact", "attnstore_int8",
            *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")))
 DEFAULT_METHODS = METHODS[:3]
 NAMESPACE = "encode"
@@ -111,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     # Exported (or found in the cache) first: a missing peers extra is said before the store is built.
     graphs = peer_graphs(args.model, methods, args.peers_cache or default_cache_dir())
     # Only AttnCache reads the store: a run of the other methods builds none.
-    store = built_store(args.model, stored, work) if any(m.startswith("attnstore") for m in methods) else None
+    store = (built_store(args.model, stored, work, int8="attnstore_int8" in methods)
+             if any(m.startswith("attnstore") for m in methods) else None)
     embeddings_path = stored_embeddings(args.model, stored, work, threads=args.threads, batch=args.batch)
     stored_vectors = np.load(embeddings_path)
     results = []
@@ -166,17 +169,20 @@ def load_data(data: str, root: Path) -> tuple[list[str], list[str], list[str] | 
     return stored, queries, labels, stored_labels
 
 
-def built_store(model: str, stored: list[str], work: Path) -> Path:
+def built_store(model: str, stored: list[str], work: Path, *, int8: bool = False) -> Path:
     """The store (namespace ``NAMESPACE``) built from ``stored`` by ``attnstore build`` at its defaults, built
-    once per model and corpus under ``work`` and reused after."""
+    once per model and corpus under ``work`` and reused after; with ``int8``, its int8 plan chosen on ``stored``
+    too (``attnstore build --int8`` on the built namespace: it adds the plan, and no entry)."""
     digest = hashlib.sha256(json.dumps([model, stored]).encode()).hexdigest()[:16]
-    store, marker = work / f"store-{digest}", work / f"store-{digest}.built"
-    if not marker.exists():
-        corpus = work / "build.jsonl"
+    store = work / f"store-{digest}"
+    corpus = work / "build.jsonl"
+    for extra, marker in (((), work / f"store-{digest}.built"), (("--int8",), work / f"store-{digest}.int8")):
+        if marker.exists() or (extra and not int8):
+            continue
         corpus.parent.mkdir(parents=True, exist_ok=True)
         corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in stored), encoding="utf-8")
         subprocess.run([sys.executable, "-m", "attnstore_tools.cli", "build", "--model", model, "--corpus",
-                        str(corpus), "--store", str(store), "--namespace", NAMESPACE], check=True)
+                        str(corpus), "--store", str(store), "--namespace", NAMESPACE, *extra], check=True)
         marker.write_text("built\n", encoding="utf-8")
     return store
 

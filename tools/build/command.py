@@ -6,7 +6,8 @@ outputs and feature sources, spilling maps to a scratch folder so corpora larger
 than memory work → train the feature projector, calibrate its distances to
 replay fidelity and fit the fidelity gate (new namespaces; see
 ``projector_calibration``) → ingest maps, outputs, token ids and hashes, and
-feature vectors in bounded transactions → store the projector (with the gate).
+feature vectors in bounded transactions → with ``--int8``, choose the int8 plan
+on the corpus (``build.int8``) → store the projector (with the gate and the plan).
 
 The projector is written last: a namespace is usable by clients only once it
 has one. Any failure, Ctrl-C included, removes what the run wrote (the new
@@ -41,6 +42,7 @@ from attnstore_client.projector import Projector, embedding_layer_of
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
 from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
+from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, format_int8
 from attnstore_tools.build.namespace_layout import token_limits
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
@@ -72,6 +74,8 @@ class BuildConfig:
     # Stores the model's embedding layer with the projector (MiniLM: ~47 MB), from which the daemon derives
     # written-back rows' features; without it they are stored featureless until train-projector runs.
     embedding_layer: bool = True
+    # Chooses the int8 plan (``build.int8``) on the corpus and stores it with the projector; None: no plan.
+    int8: Int8Config | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class BuildReport:
     train: TrainReport | None  # None when an existing namespace's projector was reused
     calibration: CalibrationReport | None = None  # None when reused or not calibrated
     prefix: PrefixBuildReport | None = None  # None when no prefix blocks were stored
+    int8: Int8Report | None = None  # None when no int8 plan was asked for
 
 
 @dataclass(frozen=True)
@@ -159,13 +164,16 @@ def build_namespace(
             service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
                                      layout=_layout(adapter, projector, config.codec), limits=token_limits(loaded))
         added: list[int] = []
-        prefix = None
+        prefix = int8 = None
         try:
             _ingest(service, config.namespace, fingerprint, captured, projector, config, added, progress)
             if adapter.causal if config.prefix_blocks is None else config.prefix_blocks:
                 prefix = store_prefix_blocks(adapter, [r.ids for r in rows], service, config.namespace, config.prefix,
                                              pad_id=loaded.tokenizer.pad_token_id, progress=progress)
-            if created:
+            if config.int8 is not None:
+                int8 = calibrate_int8(loaded, texts, config.int8, progress=progress)
+                projector.int8 = int8.plan
+            if created or config.int8 is not None:  # an existing namespace's projector is the same, with its plan
                 # With the model's embedding layer: the daemon derives written-back rows' features from it.
                 blob = projector.to_safetensors_bytes()
                 layer = embedding_layer_of(adapter.model) if config.embedding_layer else None
@@ -185,6 +193,7 @@ def build_namespace(
         train=train_report,
         calibration=calibration,
         prefix=prefix,
+        int8=int8,
     )
 
 
@@ -374,6 +383,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--instruction", default="", help="the text chunks are computed after (default: none)")
     parser.add_argument("--chunk-dtype", default="float16", choices=["float16", "float32"],
                         help="chunks' dtype (default float16, the chunk tier's; float32 is exact)")
+    parser.add_argument("--int8", action="store_true",
+                        help="choose which linear layers clients may run in int8 (AttnCache(int8=True)) on a sample"
+                             " of the corpus, keeping 99.5%% of it at cosine >= 0.99 to fp32, and store that plan"
+                             " (about 4 minutes for all-MiniLM-L6-v2 on 2 cores; an existing namespace gets it too)")
     parser.add_argument("--token", help="bearer token of a grpc:// store (write or admin)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
@@ -409,6 +422,7 @@ def _build_corpus(args: argparse.Namespace, loaded: LoadedModel) -> None:
         prefix_blocks=args.prefix_blocks,
         prefix=PrefixBuildConfig(block_size=args.prefix_block_size, dtype=args.prefix_dtype,
                                  min_shared=args.prefix_min_shared),
+        int8=Int8Config() if args.int8 else None,
     )
     with AttnStoreService.open(args.store, create=True) as service:
         report = build_namespace(loaded, texts, service, config, progress=not args.no_progress)
@@ -427,4 +441,6 @@ def format_report(report: BuildReport) -> str:
         p = report.prefix
         lines.append(f"prefix blocks: {p.blocks} added ({p.bytes / 2**20:.1f} MiB) from {p.prompts} prompts"
                      f" in {p.seconds:.1f} s")
+    if report.int8 is not None:
+        lines += format_int8(report.int8)
     return "\n".join(lines + format_fit(report.train, report.calibration))

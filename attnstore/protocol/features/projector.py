@@ -43,10 +43,12 @@ from torch import nn
 
 from attnstore.errors import ConfigError, FeatureSourceError, FormatVersionError, WireFormatError
 from attnstore.protocol.gate import FidelityGate
+from attnstore.protocol.int8_plan import INT8_METADATA_KEY, Int8Plan
 from attnstore.protocol.projector_blob import (
     EMBEDDING_LAYER_PREFIX,
     GATE_METADATA_KEY,
     gate_from_projector,
+    int8_plan_from_projector,
     projector_metadata,
 )
 
@@ -137,6 +139,7 @@ class Projector(nn.Module):
         self.out = nn.Linear(config.slots * config.width + _LENGTH_FEATURES, config.dim)
         self.calibration: Calibration | None = None
         self.gate: FidelityGate | None = None
+        self.int8: Int8Plan | None = None  # the layers a client may run in int8
 
     def pool(self, sources: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pool variable-length feature sources to fixed-size rows.
@@ -216,7 +219,8 @@ class Projector(nn.Module):
         self.feature_scale.copy_(scale)
 
     def to_safetensors_bytes(self) -> bytes:
-        """Weights and standardisation as safetensors bytes; config, calibration and gate as JSON metadata."""
+        """Weights and standardisation as safetensors bytes; config, calibration, gate and int8 plan as JSON
+        metadata."""
         tensors = {name: tensor.detach().contiguous().clone() for name, tensor in self.state_dict().items()}
         record = {"format": FORMAT, "config": dataclasses.asdict(self.config)}
         if self.calibration is not None:
@@ -224,6 +228,8 @@ class Projector(nn.Module):
         metadata = {_METADATA_KEY: json.dumps(record)}
         if self.gate is not None:
             metadata[GATE_METADATA_KEY] = self.gate.to_json()
+        if self.int8 is not None:
+            metadata[INT8_METADATA_KEY] = self.int8.to_json()
         return safetensors.torch.save(tensors, metadata=metadata)
 
     @classmethod
@@ -254,6 +260,7 @@ class Projector(nn.Module):
             except (TypeError, ConfigError) as exc:
                 raise FormatVersionError(f"Projector.from_safetensors_bytes(): malformed calibration: {exc}") from None
         projector.gate = gate_from_projector(blob)
+        projector.int8 = int8_plan_from_projector(blob)
         return projector.eval()
 
 

@@ -1,0 +1,74 @@
+"""``attnstore build --int8``: the int8 plan chosen on the corpus, and stored with the projector."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from attnstore.errors import ConfigError
+from attnstore.protocol.projector_blob import has_embedding_layer, int8_plan_from_projector
+from attnstore.service import AttnStoreService
+from attnstore_client.adapters import adapter_for
+from attnstore_client.int8 import int8_candidates, linear_flops, quantized_model
+from attnstore_tools.build.command import BuildConfig, build_namespace
+from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, format_int8
+from attnstore_tools.build.training import TrainConfig
+from tests.support.caches import tiny_loaded
+from tests.tools.build.test_build import corpus
+
+_QUICK = TrainConfig(max_epochs=3, patience=1)
+_SMALL = Int8Config(rows=16, target=0.9)
+
+
+def test_the_plan_keeps_the_target_share_of_the_sample_faithful(minilm_model) -> None:
+    report = calibrate_int8(minilm_model, corpus(), _SMALL, progress=False)
+    plan = report.plan
+    assert plan is not None and plan.rows == 16 and plan.share >= _SMALL.target
+    kept = [point.linear for point in report.frontier if point.kept]
+    assert sorted(plan.linears) == sorted(kept)
+    assert all(point.share >= _SMALL.target for point in report.frontier if point.kept)
+    assert all(point.share < _SMALL.target for point in report.frontier if not point.kept)
+    candidates = int8_candidates(adapter_for(minilm_model))
+    assert len(report.frontier) == len(candidates) == len(report.alone)
+    assert plan.flops_share == pytest.approx(linear_flops(minilm_model.model, plan.linears)
+                                             / linear_flops(minilm_model.model, candidates))
+    # The plan's model, run apart from the calibration, keeps what the plan says on its sample.
+    pipeline = minilm_model.sentence_transformer
+    texts = sorted(set(corpus()))
+    reference = pipeline.encode(texts, normalize_embeddings=True)
+    transformer, fp32 = pipeline[0], pipeline[0].model
+    transformer.model = quantized_model(fp32, plan.linears)
+    try:
+        int8 = pipeline.encode(texts, normalize_embeddings=True)
+    finally:
+        transformer.model = fp32
+    cosines = np.sum(int8 * reference, axis=1)
+    assert np.mean(cosines >= plan.fidelity) >= 0.8 and not np.allclose(int8, reference, atol=1e-5)
+
+
+def test_a_model_without_a_sentence_transformers_pipeline_has_no_int8_plan() -> None:
+    with pytest.raises(ConfigError, match="sentence-transformers pipeline"):
+        calibrate_int8(tiny_loaded("bert"), corpus(), _SMALL, progress=False)
+
+
+def test_the_report_says_when_no_layer_kept_the_target() -> None:
+    assert "none" in format_int8(Int8Report(None))[0]
+
+
+def test_build_stores_the_plan_in_a_new_namespace_and_adds_it_to_an_existing_one(minilm_model, tmp_path) -> None:
+    texts = corpus()[:40]
+    quick = BuildConfig(namespace="ns", train=_QUICK, calibration=None)  # the projector's calibration is not tested
+    tiny = Int8Config(rows=4, target=0.5)
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        fresh = build_namespace(minilm_model, texts, service, dataclasses.replace(quick, int8=tiny), progress=False)
+        assert fresh.entries > 0 and fresh.int8 is not None and fresh.int8.plan is not None
+        assert int8_plan_from_projector(service.get_namespace("ns").projector) == fresh.int8.plan
+        build_namespace(minilm_model, texts, service, dataclasses.replace(quick, namespace="other"), progress=False)
+        assert int8_plan_from_projector(service.get_namespace("other").projector) is None
+        report = build_namespace(minilm_model, texts, service,
+                                 dataclasses.replace(quick, namespace="other", int8=tiny), progress=False)
+        assert report.entries == 0 and report.int8 is not None and report.int8.plan is not None
+        stored = service.get_namespace("other").projector
+        assert int8_plan_from_projector(stored) == report.int8.plan and has_embedding_layer(stored)
