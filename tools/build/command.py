@@ -42,7 +42,7 @@ from attnstore_client.projector import Projector, embedding_layer_of
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
 from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
-from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, format_int8
+from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, check_int8_model, format_int8
 from attnstore_tools.build.namespace_layout import token_limits
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
@@ -129,13 +129,16 @@ def build_namespace(
     Raises:
         CorpusError: an empty corpus, no usable rows, or too few to train on.
         FingerprintMismatchError: the namespace exists for another model.
-        ConfigError: a bad codec or namespace name.
+        ConfigError: a bad codec or namespace name, or an int8 plan asked of a model without a
+            sentence-transformers pipeline.
     """
     started = time.perf_counter()
     if config.codec not in CODECS:
         raise CorpusError(f"unknown codec {config.codec!r}; choose one of {list(CODECS)}")
     if not texts:
         raise CorpusError("the corpus is empty: nothing to build")
+    if config.int8 is not None:
+        check_int8_model(loaded)  # before any work: it would be undone
     adapter = adapter_for(loaded)
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
     existing = _existing_projector(service, config.namespace, fingerprint)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
+from sentence_transformers import SentenceTransformer
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -76,6 +77,18 @@ class Int8Report:
     alone: dict[str, float] = field(default_factory=dict)  # candidate -> share of ranking rows faithful alone
 
 
+def check_int8_model(loaded: LoadedModel) -> SentenceTransformer:
+    """The model's sentence-transformers pipeline, whose embeddings a plan is chosen to keep.
+
+    Raises:
+        ConfigError: the model has none.
+    """
+    if loaded.sentence_transformer is None:
+        raise ConfigError(f"--int8: {loaded.name} has no sentence-transformers pipeline, whose embeddings the"
+                          " int8 plan is chosen to keep")
+    return loaded.sentence_transformer
+
+
 def calibrate_int8(
     loaded: LoadedModel, texts: Sequence[str], config: Int8Config = Int8Config(), *, progress: bool = True
 ) -> Int8Report:
@@ -85,10 +98,7 @@ def calibrate_int8(
         ConfigError: the model has no sentence-transformers pipeline (its embedding is what is compared), or
             no texts.
     """
-    pipeline = loaded.sentence_transformer
-    if pipeline is None:
-        raise ConfigError(f"--int8: {loaded.name} has no sentence-transformers pipeline, whose embeddings the"
-                          " int8 plan is chosen to keep")
+    pipeline = check_int8_model(loaded)
     distinct = sorted({text for text in texts if text.strip()})
     if not distinct:
         raise ConfigError("--int8: no texts to calibrate on")
@@ -105,7 +115,7 @@ def calibrate_int8(
     int8 = {name: quantized_linear(cast(nn.Linear, originals[name])) for name in candidates}  # once each
 
     def cosines(linears: Sequence[str], texts: Sequence[str], reference: np.ndarray) -> np.ndarray:
-        # Swapped into the model for one trial (a copy per trial cost more than the trial's forwards).
+        # Each layer is quantised once, above, and swapped into the model for one trial.
         try:
             for name in linears:
                 fp32.set_submodule(name, int8[name])
@@ -150,8 +160,8 @@ def format_int8(report: Int8Report) -> list[str]:
     """Lines for the build's report."""
     plan = report.plan
     if plan is None:
-        return [f"int8 plan: none (no linear layer, quantised alone, kept the target share of the calibration rows"
-                f" faithful); {report.seconds:.0f} s"]
+        return [f"int8 plan: none (no linear layer kept the target share of the calibration rows faithful, even"
+                f" alone); {report.seconds:.0f} s"]
     return [
         f"int8 plan: {len(plan.linears)} linear layers ({plan.flops_share:.0%} of the linear multiply-adds) in int8,"
         f" {plan.share:.1%} of {plan.rows} calibration rows at cosine >= {plan.fidelity}"

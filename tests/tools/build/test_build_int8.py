@@ -53,6 +53,14 @@ def test_a_model_without_a_sentence_transformers_pipeline_has_no_int8_plan() -> 
         calibrate_int8(tiny_loaded("bert"), corpus(), _SMALL, progress=False)
 
 
+def test_a_build_asking_an_int8_plan_of_such_a_model_is_refused_before_anything_is_written(tmp_path) -> None:
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        with pytest.raises(ConfigError, match="sentence-transformers pipeline"):
+            build_namespace(tiny_loaded("bert"), corpus(), service, BuildConfig(namespace="ns", int8=_SMALL),
+                            progress=False)
+        assert service.list_namespaces() == []
+
+
 def test_the_report_says_when_no_layer_kept_the_target() -> None:
     assert "none" in format_int8(Int8Report(None))[0]
 
