@@ -4,8 +4,8 @@
 (``tiers.compute``): the plan (``attnstore.protocol.int8_plan``) was chosen when the namespace was built so
 that its rows keep cosine >= 0.99 to the fp32 model's. Every layer it does not name stays fp32 and is shared
 with the fp32 model, not copied: the quantised model costs only its int8 weights. Quantisation is PyTorch's
-dynamic int8 (``torch.ao.quantization.quantize_dynamic``, weights per output channel, activations per call),
-what sentence-transformers' int8 export does with ONNX Runtime, on the same packed forwards as fp32 rows.
+dynamic int8 (``torch.ao.quantization.quantize_dynamic``, weights per output channel, activations per call:
+the kind sentence-transformers' int8 export runs on ONNX Runtime), on the same packed forwards as fp32 rows.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Choosing a namespace's int8 plan on its own corpus (``attnstore build --int8``).
 
 Which linear layers survive dynamic int8 quantisation depends on the model and on the inputs (on log lines,
-all-MiniLM-L6-v2's attention projections keep every row at cosine >= 0.99 quantised together, its first
-blocks' feed-forward layers do not keep half of them each). So the plan (``attnstore.protocol.int8_plan``) is
+all-MiniLM-L6-v2's attention projections quantised together keep every row at cosine >= 0.99, its
+feed-forward layers quantised together 18–52% of them). So the plan (``attnstore.protocol.int8_plan``) is
 chosen on a seeded sample of the corpus, greedily:
 
 1. each candidate layer (every ``nn.Linear`` inside the transformer blocks) is quantised alone, and the mean
