@@ -5,9 +5,10 @@ about twice as fast as fp32 on a CPU, but not every layer survives it: on 600 he
 all-MiniLM-L6-v2 with every feed-forward layer quantised kept 18% (output layers) and 52% (intermediate layers)
 of them at cosine >= 0.99 to the fp32 model, with every attention projection quantised all of them. So which
 layers to quantise is chosen when a namespace is built (``attnstore build --int8``,
-``attnstore_tools.build.int8``), on texts from its own corpus, as the fidelity gate is: the layers the plan names kept at least ``target`` of those rows
-at cosine >= ``fidelity`` to the fp32 model's output together. A client asked for ``int8=True``
-computes the rows no tier served with them; its exact tiers hold only fp32 outputs.
+``attnstore_tools.build.int8``), on texts from its own corpus, as the fidelity gate is: quantised together,
+the layers the plan names kept at least ``target`` of those texts at cosine >= ``fidelity`` to the fp32
+model's output. A client asked for ``int8=True`` computes the rows no tier served with them; its exact tiers
+hold only fp32 outputs.
 
 The plan travels in the namespace's projector blob (``attnstore.protocol.projector_blob``), under
 ``INT8_METADATA_KEY``.

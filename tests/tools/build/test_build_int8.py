@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from attnstore.protocol.projector_blob import has_embedding_layer, int8_plan_fro
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.int8 import int8_candidates, linear_flops, quantized_model
-from attnstore_tools.build.command import BuildConfig, build_namespace
+from attnstore_tools.build.command import BuildConfig, BuildReport, build_namespace
 from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, format_int8
 from attnstore_tools.build.training import TrainConfig
 from tests.support.caches import tiny_loaded
@@ -22,8 +23,17 @@ _QUICK = TrainConfig(max_epochs=3, patience=1)
 _SMALL = Int8Config(rows=16, target=0.9)
 
 
-def test_the_plan_keeps_the_target_share_of_the_sample_faithful(minilm_model) -> None:
-    report = calibrate_int8(minilm_model, corpus(), _SMALL, progress=False)
+@pytest.fixture(scope="module")
+def built(minilm_model, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AttnStoreService, BuildReport]]:
+    """A store whose namespace ``ns`` a build filled with an int8 plan (the projector's own calibration skipped)."""
+    with AttnStoreService.open(tmp_path_factory.mktemp("int8") / "store", create=True) as service:
+        config = BuildConfig(namespace="ns", train=_QUICK, calibration=None, int8=_SMALL)
+        yield service, build_namespace(minilm_model, corpus(), service, config, progress=False)
+
+
+def test_the_plan_keeps_the_target_share_of_the_sample_faithful(minilm_model, built) -> None:
+    report = built[1].int8
+    assert report is not None
     plan = report.plan
     assert plan is not None and plan.rows == 16 and plan.share >= _SMALL.target
     kept = [point.linear for point in report.frontier if point.kept]
@@ -65,18 +75,15 @@ def test_the_report_says_when_no_layer_kept_the_target() -> None:
     assert "none" in format_int8(Int8Report(None))[0]
 
 
-def test_build_stores_the_plan_in_a_new_namespace_and_adds_it_to_an_existing_one(minilm_model, tmp_path) -> None:
-    texts = corpus()[:40]
-    quick = BuildConfig(namespace="ns", train=_QUICK, calibration=None)  # the projector's calibration is not tested
+def test_build_stores_the_plan_in_a_new_namespace_and_adds_it_to_an_existing_one(minilm_model, built) -> None:
+    service, fresh = built
+    assert fresh.entries > 0 and fresh.int8 is not None and fresh.int8.plan is not None
+    assert int8_plan_from_projector(service.get_namespace("ns").projector) == fresh.int8.plan
+    quick = BuildConfig(namespace="other", train=_QUICK, calibration=None)
+    build_namespace(minilm_model, corpus(), service, quick, progress=False)
+    assert int8_plan_from_projector(service.get_namespace("other").projector) is None
     tiny = Int8Config(rows=4, target=0.5)
-    with AttnStoreService.open(tmp_path / "store", create=True) as service:
-        fresh = build_namespace(minilm_model, texts, service, dataclasses.replace(quick, int8=tiny), progress=False)
-        assert fresh.entries > 0 and fresh.int8 is not None and fresh.int8.plan is not None
-        assert int8_plan_from_projector(service.get_namespace("ns").projector) == fresh.int8.plan
-        build_namespace(minilm_model, texts, service, dataclasses.replace(quick, namespace="other"), progress=False)
-        assert int8_plan_from_projector(service.get_namespace("other").projector) is None
-        report = build_namespace(minilm_model, texts, service,
-                                 dataclasses.replace(quick, namespace="other", int8=tiny), progress=False)
-        assert report.entries == 0 and report.int8 is not None and report.int8.plan is not None
-        stored = service.get_namespace("other").projector
-        assert int8_plan_from_projector(stored) == report.int8.plan and has_embedding_layer(stored)
+    report = build_namespace(minilm_model, corpus(), service, dataclasses.replace(quick, int8=tiny), progress=False)
+    assert report.entries == 0 and report.int8 is not None and report.int8.plan is not None
+    stored = service.get_namespace("other").projector
+    assert int8_plan_from_projector(stored) == report.int8.plan and has_embedding_layer(stored)
