@@ -13,6 +13,8 @@ the metadata is then read from its header.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TypeVar
 
 import safetensors
 import safetensors.numpy
@@ -25,6 +27,8 @@ GATE_METADATA_KEY = "attnstore.fidelity_gate"
 # The embedding layer's tensors and its record (kind, norm epsilon, positions) in a stored projector blob.
 EMBEDDING_LAYER_PREFIX = "embedding_layer."
 EMBEDDING_LAYER_METADATA_KEY = "attnstore.embedding_layer"
+
+T = TypeVar("T")
 
 
 def projector_metadata(blob: bytes) -> dict[str, str]:
@@ -90,16 +94,7 @@ def gate_from_projector(blob: bytes) -> FidelityGate | None:
     Raises:
         FormatVersionError: a stored blob that is not safetensors, or a malformed gate.
     """
-    try:
-        text = projector_metadata(blob).get(GATE_METADATA_KEY)
-    except WireFormatError as exc:
-        raise FormatVersionError(str(exc)) from None
-    if text is None:
-        return None
-    try:
-        return FidelityGate.from_json(text)
-    except ConfigError as exc:
-        raise FormatVersionError(f"projector blob: {exc}") from None
+    return _stored_record(blob, GATE_METADATA_KEY, FidelityGate.from_json)
 
 
 def int8_plan_from_projector(blob: bytes) -> Int8Plan | None:
@@ -108,13 +103,18 @@ def int8_plan_from_projector(blob: bytes) -> Int8Plan | None:
     Raises:
         FormatVersionError: a stored blob that is not safetensors, or a malformed plan.
     """
+    return _stored_record(blob, INT8_METADATA_KEY, Int8Plan.from_json)
+
+
+def _stored_record(blob: bytes, key: str, parse: Callable[[str], T]) -> T | None:
+    """The record under ``key`` of a stored blob's metadata, parsed; None when it has none."""
     try:
-        text = projector_metadata(blob).get(INT8_METADATA_KEY)
+        text = projector_metadata(blob).get(key)
     except WireFormatError as exc:
         raise FormatVersionError(str(exc)) from None
     if text is None:
         return None
     try:
-        return Int8Plan.from_json(text)
+        return parse(text)
     except ConfigError as exc:
         raise FormatVersionError(f"projector blob: {exc}") from None
