@@ -30,8 +30,8 @@ class CacheStats:
     exact tier), a map hit (replayed maps), a miss (the store had nothing close
     enough, or the cost model did not ask it: ``skipped``) or a fallback (the store
     should have served it but could not: ``fallbacks`` says why). Misses and
-    fallbacks are computed by the plain model (``int8_rows`` of the misses by its
-    int8 plan's model, with ``int8`` on). ``estimates`` is the cost model's
+    fallbacks are computed by the plain model (with ``int8`` on, ``int8_rows`` of
+    them by its int8 plan's model: approximate). ``estimates`` is the cost model's
     view after the call, per length band.
 
     Times are wall seconds. ``fetch_s`` is the time spent receiving arrays; when
@@ -51,7 +51,7 @@ class CacheStats:
     chunk_recomputed: int = 0  # ... of which chunk tokens computed again from the selection layer on
     chunks_captured: int = 0  # instructions and chunks the chunk source lacked, computed on their own and stored
     misses: int = 0
-    int8_rows: int = 0  # misses computed on the namespace's int8 model (``AttnCache(int8=True)``): approximate
+    int8_rows: int = 0  # computed rows (misses, fallbacks) the namespace's int8 model ran (``int8=True``)
     skipped: int = 0  # misses the cost model did not send for maps (a lookup would not have paid)
     fallbacks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cause -> rows
     bytes_fetched: int = 0  # maps and outputs received

@@ -39,7 +39,7 @@ class CallCounts:
     chunk_recomputed: int = 0  # ... of which chunk tokens computed again from the selection layer on
     chunks_captured: int = 0  # instructions and chunks the source lacked, computed on their own and put in it
     misses: int = 0
-    int8_rows: int = 0  # ... of which computed on the int8 model (``int8``)
+    int8_rows: int = 0  # computed rows (misses, fallbacks) the int8 model ran (``int8``)
     skipped: int = 0  # distinct rows the cost model kept from a map lookup (computed)
     fallbacks: dict[str, int] = field(default_factory=dict)
     bytes_fetched: int = 0
