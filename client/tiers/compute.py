@@ -63,7 +63,7 @@ class ComputeTier(Tier):
         self._check_dtype()
         keep = self._maps_to_keep(rows, call)
         int8 = self._int8_adapter(call)
-        exact_rows, int8_rows = self._by_precision(rows, keep, call) if int8 is not None else (rows, [])
+        exact_rows, int8_rows = self._by_precision(rows, call) if int8 is not None else (rows, [])
         workers = self._context.side_by_side(call.settings)
         parts = [(self._cut(exact_rows, call, workers), None), (self._cut(int8_rows, call, workers), int8)]
         workers = min(workers, sum(len(forwards) for forwards, _ in parts))
@@ -95,12 +95,15 @@ class ComputeTier(Tier):
             return None
         return self._int8.adapter(projector.int8)
 
-    def _by_precision(self, rows: Sequence[Row], keep: set[int], call: Call) -> tuple[list[Row], list[Row]]:
-        """The rows computed in fp32 (kept for write-back: the store keeps exact outputs only) and in int8."""
+    def _by_precision(self, rows: Sequence[Row], call: Call) -> tuple[list[Row], list[Row]]:
+        """The rows computed in fp32 (those written back, maps kept or not: the store keeps exact outputs only) and
+        in int8."""
         written = self._context.writing_back is not None and call.settings.exact
-        exact = [row for row in rows if row.index in keep or (written and row.facts.admitted)]
-        chosen = {row.index for row in exact}
-        return exact, [row for row in rows if row.index not in chosen]
+        exact: list[Row] = []
+        int8: list[Row] = []
+        for row in rows:
+            (exact if written and row.facts.admitted else int8).append(row)
+        return exact, int8
 
     def _forward(
         self, forward: list[Row], keeping: list[int], settings: CallSettings, side_by_side: int,
