@@ -37,6 +37,7 @@ from attnstore_client.call.state import Call
 from attnstore_client.choices import ChoiceScores, last_states, score_prompts
 from attnstore_client.connection import StoreConnection, connect
 from attnstore_client.keys import model_fingerprint
+from attnstore_client.memory import MemoryPlan, forward_bytes_per_token, plan_memory
 from attnstore_client.models import LoadedModel, load_model, move_model, resolve_device
 from attnstore_client.namespace import NamespaceReader
 from attnstore_client.prefill import Prefill
@@ -163,6 +164,10 @@ class AttnCache(SentenceTransformerAPI):
               quantised (``attnstore build --int8`` chose them on its corpus to keep rows at cosine >= 0.99 to
               fp32; ``int8``): faster, approximate. The exact tiers keep fp32 outputs only; int8 rows are neither
               kept nor written back (rows the daemon admits are computed in fp32). Default False.
+            - memory_budget: bytes this cache may keep beyond its model and a call's result: the store's
+              indexes (embedded mode), the forwards in flight and this process's exact tier, split by
+              ``attnstore_client.memory.plan_memory`` (``memory`` holds the split). None (the default): each
+              part has its own bound only.
 
     Raises:
         ConfigError: a bad option (named), an unknown keyword (the settings are listed), or a bad store URL.
@@ -245,13 +250,30 @@ class AttnCache(SentenceTransformerAPI):
         self._context = TierContext(self.adapter, self.connection, self.fingerprint, CircuitBreaker(settings.breaker),
                                     self._cost_models, write_back=write_back, forwards=self._resources.forwards,
                                     reload_namespace=self._namespace.read)
-        self._local = LocalExactTier(self._context, LocalOutputs(settings.exact_cache_bytes))
+        self.memory = self._plan_memory()
+        exact_bytes = settings.exact_cache_bytes if self.memory is None else self.memory.exact_tier
+        self._local = LocalExactTier(self._context, LocalOutputs(exact_bytes))
         self._chunks = ChunkTier(self._context, chunk_source)
         self._prefill = Prefill([
             self._local, StoreExactTier(self._context, self._local),
             self._chunks, PrefixTier(self._context, self._resources.prefixes),
             MapTier(self._context), ComputeTier(self._context, self._local),
         ])
+
+    def _plan_memory(self) -> MemoryPlan | None:
+        """What ``memory_budget`` gives the store's indexes, the forwards and the exact tier; None without one.
+
+        Raises:
+            ConfigError: a budget too small for the indexes or for one full-length row's forwards.
+        """
+        budget = self._settings.memory_budget
+        if budget is None:
+            return None
+        side_by_side = self._settings.side_by_side and self.device.type == "cpu"
+        return plan_memory(
+            budget, indexes=self.connection.resident_bytes, exact_cache_bytes=self._settings.exact_cache_bytes,
+            bytes_per_token=forward_bytes_per_token(self.loaded.model.config, self.head.max_length),
+            forwards_at_once=torch.get_num_threads() if side_by_side else 1, max_length=self.head.max_length)
 
     # ---- the namespace ----------------------------------------------------------
 
@@ -724,7 +746,7 @@ class AttnCache(SentenceTransformerAPI):
             batch_size: rows per forward (packed: the tokens of ``batch_size`` padded rows, see ``tiers.forwards.cut``).
             show_progress_bar: a bar over the rows; None shows it when logging is at INFO or lower.
             max_batch_tokens: tokens per packed forward at most, and then ``batch_size`` rows at most (None:
-                ``batch_size`` padded rows' tokens).
+                ``batch_size`` padded rows' tokens); with a ``memory_budget``, at most the tokens it allows.
 
         Raises:
             ConfigError: a row without tokens, a bad ``batch_size`` or ``max_batch_tokens``, or
@@ -741,6 +763,8 @@ class AttnCache(SentenceTransformerAPI):
         if self._settings.int8 and view.projector is not None and view.projector.int8 is None:
             raise ConfigError(f"AttnCache: int8=True needs an int8 plan, and namespace {self.namespace!r} has none"
                               " (build it with `attnstore build --int8`)")
+        if self.memory is not None:  # the budget's tokens per forward, or fewer when asked
+            max_batch_tokens = min(max_batch_tokens or self.memory.forward_tokens, self.memory.forward_tokens)
         call = Call(self._call_settings(batch_size, max_batch_tokens), view, sink, len(source))
         try:
             self._prefill.run(source, call, progress=show_progress_bar)

@@ -79,6 +79,10 @@ class CacheSettings:
     # Rows no tier served are computed with the linear layers the namespace's int8 plan names quantised
     # (``int8``; the plan kept its calibration rows at cosine >= 0.99). Off: fp32 rows are exact.
     int8: bool = False
+    # Bytes this cache may keep beyond its model and a call's result: the store's indexes (embedded mode), the
+    # forwards in flight and this process's exact tier, split by ``attnstore_client.memory.plan_memory``. None:
+    # no bound but each part's own (exact_cache_bytes; forwards of batch_size padded rows' tokens).
+    memory_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_distance is not None and not (_number(self.max_distance) and self.max_distance >= 0):
@@ -89,6 +93,9 @@ class CacheSettings:
             raise ConfigError(f"CacheSettings: max_length must be an int >= 1 or None, got {self.max_length!r}")
         if not (_integer(self.exact_cache_bytes) and self.exact_cache_bytes >= 0):
             raise ConfigError(f"CacheSettings: exact_cache_bytes must be an int >= 0, got {self.exact_cache_bytes!r}")
+        if self.memory_budget is not None and not (_integer(self.memory_budget) and self.memory_budget >= 1):
+            raise ConfigError(f"CacheSettings: memory_budget must be an int >= 1 (bytes) or None,"
+                              f" got {self.memory_budget!r}")
         if not (_integer(self.prefix_min_tokens) and self.prefix_min_tokens >= 0):
             raise ConfigError(f"CacheSettings: prefix_min_tokens must be an int >= 0, got {self.prefix_min_tokens!r}")
         for name in ("exact", "maps", "prefix", "stream", "packed", "side_by_side", "int8"):
@@ -138,6 +145,7 @@ class CacheOptions(TypedDict, total=False):
     side_by_side: bool
     chunks: ChunkSettings | None
     int8: bool
+    memory_budget: int | None
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(CacheSettings))

@@ -33,9 +33,10 @@ from attnstore_node.budget import TokenBudget
 from attnstore_node.call import call_ends, distinct_tokens
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError
+from attnstore_node.heap import HeapTrimmer
 from attnstore_node.metrics import NodeMetrics
 from attnstore_node.model import ServedModel, load_model
-from attnstore_node.queue import TicketQueue
+from attnstore_node.queue import QueueFullError, TicketQueue
 from attnstore_node.schema import Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
@@ -63,8 +64,9 @@ class Batcher(Embedder):
         self._name = name
         self.settings = settings
         self.metrics = metrics if metrics is not None else NodeMetrics()
-        self._queue = TicketQueue(self.metrics)
+        self._queue = TicketQueue(self.metrics, settings.max_queued_rows)
         self._budget = TokenBudget(settings.max_batch_tokens)
+        self._heap = HeapTrimmer()
         self._thread: threading.Thread | None = None
         self._model: ServedModel | None = None
         self._failure: BaseException | None = None
@@ -130,7 +132,11 @@ class Batcher(Embedder):
         """``request`` queued, and its answer once its call served every row."""
         future: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
         ticket = Ticket(request, future)
-        if self._unavailable() or not self._queue.put(ticket):
+        try:
+            queued = not self._unavailable() and self._queue.put(ticket)
+        except QueueFullError as exc:
+            raise ApiError(429, f"the node is overloaded: {exc}", "overloaded", type="server_error") from None
+        if not queued:
             raise _unavailable()
         try:
             return await future
@@ -185,6 +191,8 @@ class Batcher(Embedder):
             except BaseException:
                 reject_open(batch, _unavailable())
                 raise
+            if not self._queue.waiting:
+                self._heap.trim()  # what the calls freed, back to the system while nothing waits (``heap``)
 
     @staticmethod
     def _warm_up_step(warmup: WarmUp | None) -> WarmUp | None:

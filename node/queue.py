@@ -8,7 +8,8 @@ tickets in arrival order up to its row limit. A ticket whose client goes away
 while queued is taken out (its rows are never computed); once its call has begun
 it stays in it, so the requests its rows were shared with get them all.
 
-Once stopped (``stop``, ``close``) the queue takes no new ticket.
+Once stopped (``stop``, ``close``) the queue takes no new ticket; once ``max_rows`` rows wait it takes none
+that would pass them (the node answers 429), so a burst's memory is bounded by the settings.
 """
 
 from __future__ import annotations
@@ -21,15 +22,21 @@ from attnstore_node.metrics import NodeMetrics
 from attnstore_node.ticket import Ticket
 
 
+class QueueFullError(Exception):
+    """A ticket would take the rows waiting past the queue's limit (the node answers 429)."""
+
+
 class TicketQueue:
     """Tickets waiting for the batcher's thread, safe to use from any thread.
 
     Args:
         metrics: where its length is shown and cancelled tickets are counted.
+        max_rows: rows waiting at most (a ticket that would pass it is refused, unless the queue is empty).
     """
 
-    def __init__(self, metrics: NodeMetrics) -> None:
+    def __init__(self, metrics: NodeMetrics, max_rows: int) -> None:
         self._metrics = metrics
+        self._max_rows = max_rows
         self._cond = threading.Condition()
         self._tickets: deque[Ticket] = deque()
         self._rows = 0  # every queued ticket's rows
@@ -41,11 +48,24 @@ class TicketQueue:
         """Whether the queue takes no new ticket (``stop`` or ``close`` was called)."""
         return self._stopping
 
+    @property
+    def waiting(self) -> int:
+        """Tickets queued now."""
+        with self._cond:
+            return len(self._tickets)
+
     def put(self, ticket: Ticket) -> bool:
-        """Queue ``ticket``; False (not queued) once the queue is stopping."""
+        """Queue ``ticket``; False (not queued) once the queue is stopping.
+
+        Raises:
+            QueueFullError: its rows would take the rows waiting past ``max_rows`` (a ticket alone always fits).
+        """
         with self._cond:
             if self._stopping:
                 return False
+            if self._tickets and self._rows + len(ticket.rows) > self._max_rows:
+                raise QueueFullError(f"{self._rows} rows are waiting and this request has {len(ticket.rows)}: more"
+                                     f" than the {self._max_rows} this node queues (--max-queued-rows); retry later")
             self._tickets.append(ticket)
             self._count(ticket, +1)
             self._cond.notify()

@@ -64,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    " --chunk-dtype); another one is refused on every call that fuses chunks")
     p.add_argument("--exact-cache-bytes", type=parse_size,
                    help="this node's own exact tier (0 turns it off; default: AttnCache's, 256MiB)")
+    p.add_argument("--memory-budget", type=parse_size,
+                   help="bytes the node's cache keeps beyond its model: the store's indexes (local:), the forwards in"
+                   " flight and its exact tier (AttnCache's memory_budget; default: none but each part's own; see"
+                   " docs/guides/http-node.md, Memory)")
     p.add_argument("--max-distance", type=float, help="map-hit distance threshold, no gate"
                    " (default: the namespace's fidelity gate, else its calibrated threshold)")
     p.add_argument("--device", help="cpu, cuda, cuda:1... (default: the CPU)")
@@ -75,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=batching.batch_size, help="rows per forward at most")
     p.add_argument("--max-call-rows", type=positive_int, default=batching.max_call_rows,
                    help="rows of the requests merged into one call at most")
+    p.add_argument("--max-queued-rows", type=positive_int, default=batching.max_queued_rows,
+                   help="rows waiting for a call at most; past it a request gets 429 (its client retries), so a"
+                   " burst's memory is bounded (see docs/guides/http-node.md, Memory)")
     p.add_argument("--padded", action="store_true",
                    help="pad length-sorted batches (cut where the cost model's fit predicts the least time) instead of"
                    " packing rows end to end: for devices where many small attention calls cost more than padding")
@@ -123,10 +130,13 @@ def run(args: argparse.Namespace) -> int:
     limits = RequestLimits(args.max_inputs, args.max_input_tokens, args.max_body_bytes, args.read_timeout)
     settings = BatcherSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                                batch_size=args.batch_size, max_call_rows=args.max_call_rows,
+                               max_queued_rows=args.max_queued_rows,
                                warmup=not args.no_warmup)
     options: dict[str, Any] = {} if args.max_distance is None else {"max_distance": args.max_distance}
     if args.exact_cache_bytes is not None:
         options["exact_cache_bytes"] = args.exact_cache_bytes
+    if args.memory_budget is not None:
+        options["memory_budget"] = args.memory_budget
     if args.chunks:
         # The defaults `attnstore eval icl` chose (full_reuse, recent=1), in the namespace's dtype.
         options["chunks"] = ChunkSettings(dtype=args.chunk_dtype)

@@ -69,6 +69,12 @@ class VectorIndex(ABC):
     def __len__(self) -> int:
         """Number of live vectors."""
 
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Memory the index holds, estimated from its sizes (vectors, ids, graph links, bookkeeping): what a
+        process keeps per indexed entry, for memory budgets (``attnstore_client.memory``)."""
+
     @abstractmethod
     def _meta(self) -> tuple[dict[str, object], dict[str, bytes]]:
         """Backend metadata (JSON-able) and raw byte sections for ``to_bytes``."""

@@ -109,6 +109,11 @@ class BucketedIndex:
         """Number of live vectors over all buckets."""
         return sum(len(index) for index in self._buckets.values())
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the buckets' indexes hold (``VectorIndex.nbytes``)."""
+        return sum(index.nbytes for index in self._buckets.values())
+
     def search(
         self,
         queries: np.ndarray,

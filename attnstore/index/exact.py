@@ -16,6 +16,9 @@ from attnstore.index.base import (
     empty_result,
 )
 
+# A Python dict's int -> int item: its slot and the two int objects.
+_DICT_ROW_BYTES = 100
+
 
 class ExactIndex(VectorIndex):
     """Exact L2 search over all stored vectors.
@@ -89,6 +92,11 @@ class ExactIndex(VectorIndex):
     def __len__(self) -> int:
         """Number of live vectors."""
         return len(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        """See ``VectorIndex.nbytes``: the arrays' capacity and the id -> row dict (about 100 bytes a row)."""
+        return self._vectors.nbytes + self._ids.nbytes + _DICT_ROW_BYTES * len(self._rows)
 
     def _meta(self) -> tuple[dict[str, object], dict[str, bytes]]:
         n = len(self._rows)

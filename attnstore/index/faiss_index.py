@@ -22,6 +22,12 @@ from attnstore.index.base import (
 
 logger = logging.getLogger(__name__)
 
+# IndexIDMap2's reverse map (an unordered_map node per id); a Python set's slot and int per id; HNSW's links
+# above level 0 (a 1/M share of the vectors per level, M links each) as a factor on level 0's 2M.
+_REVERSE_MAP_ENTRY_BYTES = 40
+_SET_ENTRY_BYTES = 60
+_HNSW_LEVELS_FACTOR = 1.05
+
 
 @dataclass(frozen=True, slots=True)
 class FaissIndexConfig:
@@ -137,6 +143,16 @@ class FaissIndex(VectorIndex):
     def __len__(self) -> int:
         """Number of live vectors."""
         return len(self._live)
+
+    @property
+    def nbytes(self) -> int:
+        """See ``VectorIndex.nbytes``: per vector in faiss, its floats, its id and the id map's reverse entry,
+        and in HNSW its links (``2 * hnsw_m`` at level 0, a few more above); per live id, this wrapper's set."""
+        total = self._index.ntotal
+        per_vector = 4 * self.dim + 8 + _REVERSE_MAP_ENTRY_BYTES
+        if self.is_hnsw:
+            per_vector += int(4 * 2 * self.config.hnsw_m * _HNSW_LEVELS_FACTOR)
+        return total * per_vector + _SET_ENTRY_BYTES * (len(self._live) + len(self._dead))
 
     def _new_index(self, *, hnsw: bool) -> faiss.IndexIDMap2:
         inner: faiss.Index

@@ -227,6 +227,12 @@ class NamespaceIndexes:
             apply(self._indexes)
             self._record(apply)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory every namespace's index holds (``VectorIndex.nbytes``)."""
+        with self._lock:
+            return sum(index.nbytes for index in self._indexes.values())
+
     def search(
         self, info: NamespaceInfo, features: np.ndarray, lengths: np.ndarray, *, max_distance: float
     ) -> list[Match]:

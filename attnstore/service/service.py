@@ -63,6 +63,7 @@ class AttnStoreService:
         make_index: Callable[[int], VectorIndex] = FaissIndex,
         length_penalty: float = 1.0,
         redis_stats: Callable[[], RedisStats] | None = None,
+        drop_mapped: Callable[[], None] | None = None,
     ) -> None:
         """Wrap an open store and build its indexes from the stored feature vectors.
 
@@ -73,8 +74,11 @@ class AttnStoreService:
                 matches a longer entry (the training target's length term).
             redis_stats: the Redis client's figures of a store opened from a ``redis://`` URL, for the
                 daemon's metrics (``open`` passes them).
+            drop_mapped: drops the store's pages this process's reads mapped (``open`` passes it for a
+                read-only LMDB store; see :meth:`drop_mapped_pages`).
         """
         self._store = store
+        self._drop_mapped = drop_mapped or (lambda: None)
         self._indexes = NamespaceIndexes(store, make_index, length_penalty=length_penalty)
         # A store other daemons write to (Redis) is followed, so their ingests and deletes reach this index.
         self._follower = IndexFollower(self._indexes) if store.supports_change_feed else None
@@ -112,14 +116,25 @@ class AttnStoreService:
         opened = open_store(path, create=create, dram_bytes=dram_bytes, max_bytes=max_bytes, map_size=map_size,
                             readonly=readonly)
         try:
-            service = cls(opened.store, redis_stats=opened.redis_stats)
+            service = cls(opened.store, redis_stats=opened.redis_stats, drop_mapped=opened.drop_mapped)
         except BaseException:
             # Building the indexes failed: the store (its environment, writer lock and threads) must not
             # outlive the failure, or a retry in this process finds it "open for writing elsewhere".
             opened.store.close()
             raise
-        opened.read_through()  # building the indexes read every feature vector
+        service.drop_mapped_pages()  # building the indexes read every feature vector
         return service
+
+    @property
+    def index_bytes(self) -> int:
+        """Memory this process holds for the store's indexes, every namespace's (``VectorIndex.nbytes``)."""
+        return self._indexes.nbytes
+
+    def drop_mapped_pages(self) -> None:
+        """Give back the store's pages this process's reads mapped: a read-only LMDB store's reads map the
+        neighbouring pages too, which count in the process's resident memory until dropped (they stay in the
+        page cache; a later read maps them again). Embedded clients call it as their reads go on."""
+        self._drop_mapped()
 
     @property
     def store(self) -> MapStoreBase:

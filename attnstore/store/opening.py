@@ -37,7 +37,9 @@ class OpenedStore:
 
     store: MapStoreBase
     redis_stats: Callable[[], RedisStats] | None  # the Redis client's figures; None for a store not on Redis
-    read_through: Callable[[], None]  # call once the store was read through (building indexes): drops what it mapped
+    # Drops the store's pages this process's reads mapped (a read-only LMDB store's, see
+    # ``lmdb.env.drop_mapped_pages``; nothing for the other backends): after the indexes' build, and as reads go on.
+    drop_mapped: Callable[[], None]
 
 
 def open_store(
@@ -76,11 +78,11 @@ def open_store(
     store = _cached(open_lmdb_store(folder, create=create, max_bytes=max_bytes, map_size=map_size,
                                     readonly=readonly), dram_bytes)
 
-    def read_through() -> None:
+    def drop_mapped() -> None:
         if readonly:
             drop_mapped_pages(folder)  # what the reads mapped in, unasked (see ``lmdb.env.drop_mapped_pages``)
 
-    return OpenedStore(store, None, read_through)
+    return OpenedStore(store, None, drop_mapped)
 
 
 def _cached(store: MapStoreBase, dram_bytes: int) -> MapStoreBase:

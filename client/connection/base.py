@@ -351,6 +351,11 @@ class StoreConnection(ABC):
     def health(self) -> str:
         """``"SERVING"`` when the store answers lookups, else another health status name."""
 
+    @property
+    def resident_bytes(self) -> int:
+        """Memory the store takes in this process: its indexes in embedded mode; nothing for a daemon's."""
+        return 0
+
     @abstractmethod
     def close(self) -> None:
         """Release the channel or the store. Idempotent."""

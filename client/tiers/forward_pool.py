@@ -48,13 +48,15 @@ class ForwardPool:
                 yield job()
             return
         executor = self._executor_of(workers)
-        futures: list[Future[T]] = [executor.submit(job) for job in jobs]
+        # A set: each future leaves it once its result is taken, so a window's results are never all held at once.
+        futures: set[Future[T]] = {executor.submit(job) for job in jobs}
         # What the caller does meanwhile (pooling the results) runs on one thread too: two threads of its own
         # on cores the workers hold would wait on each other at every op (it took 1 s more of the logs call).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
             for future in as_completed(futures):
+                futures.discard(future)
                 yield future.result()
         finally:
             for future in futures:

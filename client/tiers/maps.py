@@ -27,6 +27,7 @@ from attnstore.errors import AttnStoreError, MapsUnavailableError, ProjectorChan
 from attnstore.protocol.records import LookupBatch
 from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.call.rows import Row
+from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
 from attnstore_client.connection import MapStream, Match
 from attnstore_client.projector import Projector
@@ -101,12 +102,14 @@ class MapTier(Tier):
         context = self._context
         hits: dict[int, Match] = {}
         ordered = sorted(rows, key=lambda row: -len(row.tokens))
-        size = call.settings.batch_size
-        for start in range(0, len(ordered), size):
-            asked = ordered[start : start + size]
+        first = 0
+        while first < len(ordered):
+            rest = ordered[first:]  # this batch's rows and the ones after it
+            asked = rest[: _projection_rows(call.settings, len(rest[0].tokens))]
+            first += len(asked)
             projector = call.namespace.projector
             if projector is None:
-                _projector_gone(call, ordered[start:])
+                _projector_gone(call, rest)
                 break
             started = time.perf_counter()
             batch = batch_from_ids([row.tokens for row in asked], context.adapter.loaded.tokenizer.pad_token_id)
@@ -115,10 +118,10 @@ class MapTier(Tier):
             call.counts.projection_s += time.perf_counter() - started
             _keep_features(call, asked, features)
             search = partial(self._searched, call, asked, features, batch)
-            matches = ask_store(context, call, search, ordered[start:])
+            matches = ask_store(context, call, search, rest)
             if matches is None:
                 if call.store_down is None:  # not a store failure: the namespace has no projector any more
-                    _projector_gone(call, ordered[start:])
+                    _projector_gone(call, rest)
                 break
             found = {row.index: m for row, m in zip(asked, matches, strict=True) if m.kind == "map" and m.entry_id}
             hits.update(found)
@@ -239,3 +242,11 @@ def _by_band(lengths: Sequence[int]) -> dict[int, list[int]]:
         band = CostModel.band_of(length)
         groups.setdefault(first.setdefault(band, length), []).append(position)
     return groups
+
+
+def _projection_rows(settings: CallSettings, longest: int) -> int:
+    """Rows projected in one padded batch: ``batch_size``, or fewer where ``max_batch_tokens`` bounds a forward's
+    tokens (a memory budget's: the projection's padded batch holds ``rows * longest`` tokens)."""
+    if settings.max_batch_tokens is None:
+        return settings.batch_size
+    return max(1, min(settings.batch_size, settings.max_batch_tokens // max(longest, 1)))

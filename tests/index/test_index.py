@@ -142,6 +142,16 @@ class VectorIndexTests:
             VectorIndex.from_bytes(index.to_bytes()[:-1])
 
 
+    def test_nbytes_counts_at_least_every_held_vector_and_grows_with_them(self) -> None:
+        index = self.make()
+        empty = index.nbytes
+        index.add(np.arange(300, dtype=np.uint64), _random(300))
+        assert index.nbytes >= empty + 300 * DIM * 4
+        held = index.nbytes
+        index.add(np.arange(300, 600, dtype=np.uint64), _random(300, seed=2))
+        assert index.nbytes >= held + 300 * DIM * 4
+
+
 class TestExactIndex(VectorIndexTests):
     def make(self, dim: int = DIM) -> VectorIndex:
         return ExactIndex(dim)
@@ -291,3 +301,9 @@ def test_bucketed_default_backend_is_faiss_and_buckets_persist_through_bytes() -
     assert restored.search(queries, lengths, causal=False, max_distance=9.0) == index.search(
         queries, lengths, causal=False, max_distance=9.0
     )
+
+
+def test_bucketed_nbytes_is_the_sum_of_its_buckets() -> None:
+    index = BucketedIndex(DIM)
+    index.add(np.arange(30, dtype=np.uint64), _random(30), np.array([5] * 10 + [9] * 20))
+    assert index.nbytes == sum(bucket.nbytes for _, bucket in index.buckets()) > 30 * DIM * 4

@@ -219,3 +219,67 @@ def test_a_ticket_answers_only_once_every_row_is_written_and_a_row_written_twice
         return answered_early
 
     assert asyncio.run(scenario()) is False
+
+
+def test_what_a_call_freed_goes_back_to_the_system_once_no_request_waits(
+    bert, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[int] = []  # requests waiting at each trim
+
+    class CountingTrimmer:
+        def trim(self) -> bool:
+            trims.append(batcher_queue_waiting())
+            return True
+
+    monkeypatch.setattr("attnstore_node.batcher.HeapTrimmer", CountingTrimmer)
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=20, warmup=False))
+
+    def batcher_queue_waiting() -> int:
+        return batcher._queue.waiting
+
+    async def scenario():
+        await _ready(batcher)
+        for text in TEXTS[:3]:  # one after another: each call ends with nothing waiting
+            await batcher.embed([text], truncate=True, max_input_tokens=64)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert batcher.calls == 3 and len(trims) >= 2 and set(trims) == {0}
+
+
+def test_a_request_that_would_queue_more_than_max_queued_rows_gets_429_and_the_others_their_rows(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=400, warmup=False, max_queued_rows=5))
+
+    async def scenario():
+        await _ready(batcher)
+        first = asyncio.ensure_future(batcher.embed(TEXTS[0:4], truncate=True, max_input_tokens=64))
+        await asyncio.sleep(0.05)  # queued: it waits 400 ms for others
+        with pytest.raises(ApiError) as refused:
+            await batcher.embed(TEXTS[4:6], truncate=True, max_input_tokens=64)  # 4 + 2 > 5
+        fits = await batcher.embed([TEXTS[6]], truncate=True, max_input_tokens=64)  # 4 + 1
+        return refused.value, await first, fits
+
+    try:
+        refused, first, fits = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert (refused.status, refused.code) == (429, "overloaded")
+    assert "4 rows are waiting and this request has 2" in str(refused) and "--max-queued-rows" in str(refused)
+    np.testing.assert_allclose(first.vectors, _expected(bert, TEXTS[0:4]), atol=2e-3)
+    np.testing.assert_allclose(fits.vectors, _expected(bert, [TEXTS[6]]), atol=2e-3)
+
+
+def test_a_request_larger_than_max_queued_rows_is_taken_when_nothing_waits(bert) -> None:
+    batcher = _batcher(bert, BatcherSettings(max_wait_ms=20, warmup=False, max_queued_rows=2))
+
+    async def scenario():
+        await _ready(batcher)
+        return await batcher.embed(TEXTS[0:4], truncate=True, max_input_tokens=64)
+
+    try:
+        answer = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert answer.vectors.shape == (4, 64)

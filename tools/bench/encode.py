@@ -33,6 +33,10 @@ Data (``--data``):
   ``attnstore eval sst2`` builds it), the call's rows are its sentences in file
   order, cut (or repeated) to N.
 
+``--store-rows K`` builds the store from the first K lines of each system (``logs``) or the first K sentences
+(``sst2``) instead, and the call's rows are the lines or sentences after them: a store of 25,000 SST-2
+sentences (1.5 GB) under a call of 20,000 others is how memory is measured against the store's size.
+
 The built store is kept under ``--work-dir`` and reused by later runs of the same data.
 """
 
@@ -82,6 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated, of {', '.join(METHODS)} (default: the first three; the peers need the"
                         " peers extra)")
+    p.add_argument("--store-rows", type=int, default=None,
+                   help="build the store from the first K lines of each system (logs) or sentences (sst2) and"
+                        " query the ones after them (default: see above)")
     p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each child")
     p.add_argument("--batch", type=int, default=32, help="batch_size of every encode call")
@@ -108,13 +115,14 @@ def run(args: argparse.Namespace) -> int:
     if args.device != "cpu" and any(map(peer_method, methods)):
         raise ConfigError(f"bench encode: the peers run on the CPU only; --device {args.device!r} with --methods"
                           f" {args.methods!r}")
-    stored, queries, labels, stored_labels = load_data(args.data, data_dir(args.data_dir))
+    stored, queries, labels, stored_labels = load_data(args.data, data_dir(args.data_dir), args.store_rows)
     work = args.work_dir / args.data
     # Exported (or found in the cache) first: a missing peers extra is said before the store is built.
     graphs = peer_graphs(args.model, methods, args.peers_cache or default_cache_dir())
     # Only AttnCache reads the store: a run of the other methods builds none.
     store = (built_store(args.model, stored, work, int8="attnstore_int8" in methods)
              if any(m.startswith("attnstore") for m in methods) else None)
+    store_bytes = None if store is None else sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
     embeddings_path = stored_embeddings(args.model, stored, work, threads=args.threads, batch=args.batch)
     stored_vectors = np.load(embeddings_path)
     results = []
@@ -128,10 +136,11 @@ def run(args: argparse.Namespace) -> int:
             _write_json(scratch / "texts.json", rows)
             reports = _children(args, methods, scratch, store, embeddings_path, graphs)
             results.append(_summarise(count, reports, scratch, stored_vectors, stored_labels, row_labels))
-            _print(results[-1])
+            _print(results[-1], store_bytes)
     report = {
         "data": args.data, "model": args.model, "threads": args.threads, "batch": args.batch, "device": args.device,
-        "repeats": args.repeats, "cpu": cpu_model(), "stored_rows": len(stored), "results": results,
+        "repeats": args.repeats, "cpu": cpu_model(), "stored_rows": len(stored), "store_bytes": store_bytes,
+        "results": results,
         "peer_graphs": {peer: str(path) for peer, path in graphs.items()},
     }
     if args.json is not None:
@@ -142,18 +151,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 
-def load_data(data: str, root: Path) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
+def load_data(
+    data: str, root: Path, store_rows: int | None = None
+) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
     """Stored texts, query texts, and (logs) each query's and each stored text's template (see the module
-    docstring: the logs' first halves are stored, their second halves are the queries).
+    docstring: the logs' first halves are stored, their second halves are the queries; with ``store_rows``, the
+    first ``store_rows`` lines of each system or sentences are stored and the ones after them are the queries).
 
     Raises:
-        ConfigError: no Loghub files under ``root``.
+        ConfigError: no Loghub files under ``root``, or ``store_rows`` leaves no query.
     """
+    if store_rows is not None and store_rows < 1:
+        raise ConfigError(f"bench encode: --store-rows must be >= 1, got {store_rows}")
     if data == "sst2":
         path = root / "sst2_train.tsv"
         with path.open(encoding="utf-8", newline="") as f:
             sentences = [row["sentence"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
-        return sentences[:_SST2_BUILD], sentences, None, None
+        if store_rows is None:
+            return sentences[:_SST2_BUILD], sentences, None, None
+        if store_rows >= len(sentences):
+            raise ConfigError(f"bench encode: --store-rows {store_rows} leaves no query of the {len(sentences)}"
+                              " SST-2 sentences")
+        return sentences[:store_rows], sentences[store_rows:], None, None
     stored, queries, labels, stored_labels = [], [], [], []
     paths = sorted((root / "loghub").glob("*.tsv"))
     if not paths:
@@ -161,7 +180,10 @@ def load_data(data: str, root: Path) -> tuple[list[str], list[str], list[str] | 
     for path in paths:
         with path.open(encoding="utf-8", newline="") as f:
             lines = list(csv.DictReader(f, delimiter="\t"))
-        half = len(lines) // 2
+        half = len(lines) // 2 if store_rows is None else store_rows
+        if half >= len(lines):
+            raise ConfigError(f"bench encode: --store-rows {store_rows} leaves no query of {path.name}'s"
+                              f" {len(lines)} lines")
         stored += [row["content"] for row in lines[:half]]
         stored_labels += [f"{path.stem}:{row['event_id']}" for row in lines[:half]]
         queries += [row["content"] for row in lines[half:]]
@@ -335,10 +357,11 @@ def _template_accuracy(
     return right / len(unit)
 
 
-def _print(result: dict[str, Any]) -> None:
+def _print(result: dict[str, Any], store_bytes: int | None) -> None:
     fastest = result["fastest_exact_peer_dict"]
+    store = "" if store_bytes is None else f"; the store: {store_bytes / 2**20:,.0f} MiB on disk"
     print(f"N = {result['rows']} (fidelity against {result['fidelity_reference'] or 'no reference'};"
-          f" fastest exact peer behind a dict: {fastest or 'none run'})")
+          f" fastest exact peer behind a dict: {fastest or 'none run'}{store})")
     print(f"  {'method':24} {'seconds':>9} {'rows/s':>9} {'peak RSS MiB':>13} {'x st+dict':>10}"
           f" {'x fastest':>10} {'cos>=0.99':>10} {'min cos':>8} {'outside tiers':>16}")
     for method, entry in result["methods"].items():

@@ -3,8 +3,10 @@ running after an error or ``close``."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -86,3 +88,20 @@ def test_close_stops_the_workers_and_a_later_run_starts_them_again() -> None:
     assert sorted(pool.run([lambda: 3, lambda: 4], workers=2)) == [3, 4]
     pool.close()
     assert _workers() <= others
+
+
+def test_a_result_taken_from_the_pool_is_not_held_by_it_until_the_run_ends() -> None:
+    class Result:
+        pass
+
+    pool = ForwardPool()
+    taken: list[weakref.ref[Result]] = []
+    try:
+        for result in pool.run([Result for _ in range(6)], workers=2):
+            taken.append(weakref.ref(result))
+            del result
+            gc.collect()
+            assert all(ref() is None for ref in taken[:-1])  # the results before this one: freed, not held
+    finally:
+        pool.close()
+    assert len(taken) == 6

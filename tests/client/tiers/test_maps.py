@@ -103,3 +103,35 @@ def test_a_map_stream_broken_part_way_leaves_its_rows_to_the_compute_tier_and_ev
     assert call.counts.map_hits == replayed and call.counts.fallbacks == {"outage": len(STORED) - replayed}
     assert sorted(call.kinds[: len(STORED)]) == sorted(["map"] * replayed + ["fallback"] * (len(STORED) - replayed))
     assert call.kinds[len(STORED):] == ["miss"] * (len(TEXTS) - len(STORED)) and not call.copies
+
+
+def test_projection_batches_hold_no_more_padded_tokens_than_a_forward_may_and_rows_stay_plain(
+    bert, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
+    fill_namespace(service, bert, STORED, outputs=False)
+    connection = LocalConnection("local:memory", service)
+    cost_model = CostModel(CostSettings(min_samples=10**9))
+    context = TierContext(adapter_for(bert), connection, model_fingerprint(bert.model, bert.tokenizer),
+                          CircuitBreaker(), lambda: cost_model)
+    projected: list[int] = []  # padded tokens of each projection batch
+    feature_source = context.adapter.feature_source
+
+    def counted(batch):
+        projected.append(batch.size * max(batch.lengths))
+        return feature_source(batch)
+
+    monkeypatch.setattr(context.adapter, "feature_source", counted)
+    namespace = NamespaceReader(connection, "default", context.fingerprint, model=bert.name, causal=False,
+                                device=context.device).read()
+    ids = bert.tokenizer(TEXTS)["input_ids"]
+    budget = 2 * max(len(row) for row in ids)  # two of the longest rows per forward
+    settings = CallSettings("default", max_distance=1e-3, exact=False, batch_size=32, max_batch_tokens=budget)
+    sink = RowStates(len(ids))
+    call = Call(settings, namespace, sink, len(ids))
+    prefill = Prefill([MapTier(context), ComputeTier(context, LocalExactTier(context, LocalOutputs(0)))])
+    prefill.run(TokenRows(ids), call)
+    assert len(projected) >= len(TEXTS) // 2 and max(projected) <= budget  # not one batch of 32 rows
+    assert call.counts.map_hits == len(STORED)
+    for got, want in zip(sink.result(), plain_hidden(bert, TEXTS), strict=True):
+        assert (got - want).abs().max().item() < TOLERANCE

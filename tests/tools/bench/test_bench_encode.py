@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from attnstore.errors import ConfigError
+from attnstore_tools.bench.encode import load_data
 from attnstore_tools.cli import main as cli_main
 from tests.support.data import small_data
 
@@ -50,6 +52,19 @@ def test_bad_rows_or_methods_are_refused_by_name(tmp_path: Path, capsys: pytest.
     assert ("each must be one of ['sentence_transformers', 'dict', 'attnstore', 'attnstore_exact', 'attnstore_int8',"
             " 'onnx_fp32',") in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything was built
+
+
+def test_store_rows_stores_the_first_k_lines_of_each_system_and_queries_the_ones_after(tmp_path: Path) -> None:
+    data = small_data(tmp_path / "data", 40)
+    stored, queries, labels, stored_labels = load_data("logs", data, 30)
+    assert (len(stored), len(queries)) == (60, 20) and len(labels or []) == 20 and len(stored_labels or []) == 60
+    default = load_data("logs", data)
+    assert (len(default[0]), len(default[1])) == (40, 40)  # the halves
+    assert not set(queries) - set(default[1])  # queries come from the end of each system
+    with pytest.raises(ConfigError, match="--store-rows 40 leaves no query of HDFS.tsv's 40 lines"):
+        load_data("logs", data, 40)
+    with pytest.raises(ConfigError, match="--store-rows must be >= 1"):
+        load_data("logs", data, 0)
 
 
 @pytest.mark.soak
