@@ -67,6 +67,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, minilm_model: LoadedModel) 
     assert process.stop() == 0, process.log()
 
 
+_SMALL_BUDGET = 112 * 2**20  # 2 forwards of one 256-token row at 72 KiB a token take 72 MiB of it
+
+
 @pytest.fixture(scope="module")
 def caches(daemon: DaemonProcess, minilm_model: LoadedModel) -> Iterator[dict[str, AttnCache]]:
     """One cache per way of reaching the store; every lookup asked (``explore=1``), hits at distance 0 only."""
@@ -80,6 +83,10 @@ def caches(daemon: DaemonProcess, minilm_model: LoadedModel) -> Iterator[dict[st
         "embedded, maps only": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always, exact=False),
         "daemon, write-back": AttnCache(minilm_model, f"grpc://{daemon.target}", token=WRITE_TOKEN,
                                         max_distance=1e-6, cost=always, write_back=True),
+        # A budget leaving a few hundred tokens per forward: over-long rows' forwards and projection batches are
+        # cut by it, the exact tier capped by it.
+        "embedded, small memory budget": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always,
+                                                   memory_budget=_SMALL_BUDGET),
     }
     yield opened
     for cache in opened.values():
@@ -217,7 +224,8 @@ def _check_call(cache: AttnCache, reference: SentenceTransformer, texts: list[st
     return kinds
 
 
-CONFIGURATIONS = ("embedded", "embedded, no local tier", "embedded, maps only", "daemon, write-back")
+CONFIGURATIONS = ("embedded", "embedded, no local tier", "embedded, maps only", "daemon, write-back",
+                  "embedded, small memory budget")
 
 
 def test_every_row_of_a_colliding_call_equals_sentence_transformers(
