@@ -11,7 +11,6 @@ arenas (milliseconds), so the batcher calls it only when no request is waiting.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from collections.abc import Callable
 
@@ -20,8 +19,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim  # glibc only: musl has none
+        # The process's own symbols, libc's among them (as lmdb.env.drop_mapped_pages finds madvise): no
+        # find_library, which runs ldconfig in a subprocess.
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only: musl has none
     except (OSError, AttributeError):
         return None
     return trim

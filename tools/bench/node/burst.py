@@ -43,7 +43,7 @@ from typing import Any
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.bench.encode import NAMESPACE, built_store, load_data
-from attnstore_tools.bench.node.command import _wait_ready
+from attnstore_tools.bench.node.command import wait_ready
 from attnstore_tools.bench.node.load import run_load
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import RssSampler, cpu_model
@@ -121,7 +121,7 @@ def _measure(
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        url = _wait_ready(process, ready, log)
+        url = wait_ready(process, ready, log, bench="bench burst")
         asyncio.run(run_load(url, args.model, steady[:8], 1))  # warm-up, untimed
         sampler = RssSampler(process.pid, interval=_SAMPLE_S)
         started = sampler.read()

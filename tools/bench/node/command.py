@@ -217,7 +217,7 @@ def _measure(
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        url = _wait_ready(process, ready, log)
+        url = wait_ready(process, ready, log)
         asyncio.run(warm_up(url, model, warmup))
         cpu_before = _cpu_seconds(process.pid)
         result = asyncio.run(run_load(url, model, requests, clients))
@@ -232,15 +232,20 @@ def _measure(
     return result
 
 
-def _wait_ready(process: subprocess.Popen[bytes], ready: Path, log: Path) -> str:
+def wait_ready(process: subprocess.Popen[bytes], ready: Path, log: Path, *, bench: str = "bench node") -> str:
+    """The URL of the server ``process`` once it wrote its ``--ready-file``.
+
+    Raises:
+        ConfigError: it exited first, or was not ready within the start timeout (its log's tail, or its path).
+    """
     deadline = time.monotonic() + _START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ConfigError(f"bench node: a server exited with {process.returncode}: {log.read_text()[-3000:]}")
+            raise ConfigError(f"{bench}: a server exited with {process.returncode}: {log.read_text()[-3000:]}")
         if ready.exists():
             return f"http://127.0.0.1:{json.loads(ready.read_text(encoding='utf-8'))['port']}"
         time.sleep(0.1)
-    raise ConfigError(f"bench node: a server was not ready within {_START_TIMEOUT:g} s; its log: {log}")
+    raise ConfigError(f"{bench}: a server was not ready within {_START_TIMEOUT:g} s; its log: {log}")
 
 
 def _cpu_seconds(pid: int) -> float:
