@@ -31,7 +31,11 @@ def test_the_sampler_reports_anonymous_memory_held_during_the_block_apart_from_f
     sampler.samples.append(sampler.read())
     sampler.start()
     held = np.ones(200 * 2**20 // 8)  # 200 MiB of anonymous memory, touched
-    time.sleep(0.1)
+    # Hold it until the thread has sampled twice more: a fixed sleep missed it on a loaded CI machine.
+    taken = len(sampler.samples)
+    deadline = time.monotonic() + 30
+    while len(sampler.samples) < taken + 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     del held
     sampler.stop()
     peaks = sampler.peaks()
