@@ -649,7 +649,7 @@ class AttnCache(SentenceTransformerAPI):
             states = RowStates(len(rows))
             self.run(source, states, batch_size=batch_size, show_progress_bar=show_progress_bar)
             return shape_outputs(None, states.result(), options, single=single)
-        pooled = Pooled(len(rows), partial(self.head.pool, prompt_length=prompt_length),
+        pooled = Pooled(len(rows), partial(self.head.pool_rows, prompt_length=prompt_length),
                         keep_states=output_value is None)
         self.run(source, pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         tokens = None if pooled.states is None else pooled.states.result()
@@ -669,7 +669,7 @@ class AttnCache(SentenceTransformerAPI):
         """
         if not ids:
             return torch.zeros((0, self.head.dimension), device=self.device)
-        pooled = Pooled(len(ids), partial(self.head.pool, prompt_length=prompt_length))
+        pooled = Pooled(len(ids), partial(self.head.pool_rows, prompt_length=prompt_length))
         self.run(TokenRows(ids), pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
         return pooled.result()
 

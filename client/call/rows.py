@@ -79,6 +79,18 @@ class HiddenRows:
             return self.values[r, : self.lengths[r]]
         return self.values[self.starts[r] : self.starts[r] + self.lengths[r]]
 
+    @property
+    def end_to_end(self) -> bool:
+        """Whether ``values`` is ``(T, hidden)`` with the rows in order and nothing between them (a packed
+        forward's output): then ``offsets`` bounds them."""
+        return (self.starts is not None and self.values.shape[0] == sum(self.lengths)
+                and self.starts == _ends_to_starts(self.lengths))
+
+    def offsets(self) -> torch.Tensor:
+        """Where each row starts and, last, where the rows end: ``(B + 1,)`` int32, for rows ``end_to_end``."""
+        return torch.tensor((*self.starts, self.values.shape[0]) if self.starts else (0,), dtype=torch.int32,
+                            device=self.values.device)
+
     def padded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows right-padded with zeros, ``(B, P, hidden)``, and their mask ``(B, P)`` long."""
         padded = max(self.lengths)
@@ -88,7 +100,7 @@ class HiddenRows:
         if self.starts is None:
             return self.values[:, :padded], mask
         out = self.values.new_zeros((self.size, padded, self.values.shape[-1]))  # (B, P, hidden)
-        if self.starts == _ends_to_starts(self.lengths) and self.values.shape[0] == sum(self.lengths):
+        if self.end_to_end:
             out.view(-1, out.shape[-1])[mask.view(-1).bool()] = self.values  # rows end to end: the mask's order
         else:
             for r, length in enumerate(self.lengths):

@@ -25,8 +25,8 @@ import torch
 from attnstore.errors import UnwrittenRowError
 from attnstore_client.call.rows import HiddenRows
 
-# Pools right-padded last hidden states (B, P, hidden) and their mask (B, P) into (B, dim).
-Pool = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Pools rows' last hidden states into (B, dim) (a head's ``pool_rows``).
+Pool = Callable[[HiddenRows], torch.Tensor]
 
 
 class Sink(ABC):
@@ -131,8 +131,7 @@ class Pooled(Sink):
         self.states = RowStates(rows) if keep_states else None
 
     def _put(self, targets: Sequence[Sequence[int]], hidden: HiddenRows) -> None:
-        tokens, mask = hidden.padded()  # (B, P, hidden), (B, P)
-        pooled = self._pool(tokens, mask)  # (B, dim)
+        pooled = self._pool(hidden)  # (B, dim)
         if self._result is None:
             self._result = pooled.new_empty((self._rows, pooled.shape[-1]))  # (n, dim)
         index = torch.tensor([r for r, positions in enumerate(targets) for _ in positions], device=pooled.device)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore_client.call.rows import HiddenRows
 from attnstore_client.models import LoadedModel
 
 if TYPE_CHECKING:
@@ -52,6 +53,11 @@ class SentenceHead(ABC):
     @abstractmethod
     def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
         """Sentence embeddings ``(B, dim)`` of right-padded last hidden states ``(B, P, hidden)``, mask ``(B, P)``."""
+
+    def pool_rows(self, hidden: HiddenRows, prompt_length: int = 0) -> torch.Tensor:
+        """Sentence embeddings ``(B, dim)`` of rows as a call holds them (``pool`` on them padded; a head that
+        pools rows end to end without padding them says so by overriding this)."""
+        return self.pool(*hidden.padded(), prompt_length)
 
     def embed(self, hidden: Sequence[torch.Tensor], prompt_length: int) -> torch.Tensor:
         """Sentence embeddings ``(n, dim)`` of rows given as ``(L, hidden)`` last hidden states (padded at once:
@@ -100,6 +106,13 @@ class TransformersPipelineHead(SentenceHead):
         self._default_prompt = model.default_prompt_name
         self.truncate_dim = model.truncate_dim
         self.dimension = int(cast(Any, model).get_embedding_dimension())
+        # sentence-transformers' Pooling also pools rows end to end (its layout for unpadded flash-attention
+        # batches, ``cu_seq_lens_q``); Normalize and Dense read only the pooled vectors. A pipeline of those pools
+        # a packed forward's rows as they come, without padding them first.
+        from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling
+
+        self._pools_end_to_end = bool(self._after) and isinstance(self._after[0], Pooling) and all(
+            isinstance(module, (Dense, Normalize)) for module in self._after[1:])
 
     def set_max_length(self, value: int) -> None:
         """See :meth:`SentenceHead.set_max_length`: sentence-transformers' own preprocess truncates there too."""
@@ -125,7 +138,17 @@ class TransformersPipelineHead(SentenceHead):
 
     def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
         """See :meth:`SentenceHead.pool`: the model's own modules after the transformer."""
-        features: dict[str, object] = {"token_embeddings": tokens, "attention_mask": mask}
+        return self._after_transformer({"token_embeddings": tokens, "attention_mask": mask}, prompt_length)
+
+    def pool_rows(self, hidden: HiddenRows, prompt_length: int = 0) -> torch.Tensor:
+        """See :meth:`SentenceHead.pool_rows`: rows end to end go to the model's own modules as they are, when
+        they are a Pooling and then Normalize or Dense layers."""
+        if not (self._pools_end_to_end and hidden.end_to_end):
+            return super().pool_rows(hidden, prompt_length)
+        features: dict[str, object] = {"token_embeddings": hidden.values[None], "cu_seq_lens_q": hidden.offsets()}
+        return self._after_transformer(features, prompt_length)
+
+    def _after_transformer(self, features: dict[str, object], prompt_length: int) -> torch.Tensor:
         if prompt_length:
             features["prompt_length"] = prompt_length
         with torch.inference_mode():
@@ -156,6 +179,16 @@ class MeanPoolHead(SentenceHead):
         weights = mask.to(tokens.dtype)[:, :, None]  # (B, P, 1)
         return (tokens * weights).sum(dim=1) / weights.sum(dim=1)  # (B, hidden)
 
+    def pool_rows(self, hidden: HiddenRows, prompt_length: int = 0) -> torch.Tensor:
+        """See :meth:`SentenceHead.pool_rows`: rows end to end are summed where they lie."""
+        if not hidden.end_to_end:
+            return super().pool_rows(hidden, prompt_length)
+        values = hidden.values  # (T, hidden)
+        lengths = torch.tensor(hidden.lengths, device=values.device)  # (B,)
+        row_of_token = torch.repeat_interleave(torch.arange(hidden.size, device=values.device), lengths)  # (T,)
+        sums = values.new_zeros((hidden.size, values.shape[-1])).index_add_(0, row_of_token, values)  # (B, hidden)
+        return sums / lengths[:, None].to(values.dtype)
+
 
 class PromptEolHead(MeanPoolHead):
     """A decoder: each text in the PromptEOL prompt, its last token's hidden state as the embedding."""
@@ -168,6 +201,10 @@ class PromptEolHead(MeanPoolHead):
         """See :meth:`SentenceHead.pool`: each row's last token."""
         last = mask.sum(dim=1) - 1  # (B,)
         return tokens[torch.arange(tokens.shape[0], device=tokens.device), last]  # (B, hidden)
+
+    def pool_rows(self, hidden: HiddenRows, prompt_length: int = 0) -> torch.Tensor:
+        """See :meth:`SentenceHead.pool_rows`: each row's last token, wherever the rows lie."""
+        return torch.stack([hidden.row(r)[-1] for r in range(hidden.size)])  # (B, hidden)
 
 
 def sentence_head(loaded: LoadedModel, max_length: int | None = None) -> SentenceHead:

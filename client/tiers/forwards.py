@@ -42,14 +42,15 @@ class ForwardResult:
 
 
 def cut(
-    rows: Sequence[Row], settings: CallSettings, cost_model: CostModel, *, side_by_side: int = 1
+    rows: Sequence[Row], settings: CallSettings, cost_model: CostModel, *, side_by_side: int = 1,
+    least_tokens: int = 0,
 ) -> list[list[Row]]:
     """``rows`` (sorted longest first) cut into forwards.
 
     Packed, with ``settings.max_batch_tokens``: at most ``batch_size`` rows and that many tokens (a longer row
     goes alone). Packed without it: the tokens a padded batch of ``batch_size`` of these rows would hold (their
     longest times ``batch_size``), so a forward takes no more memory than sentence-transformers' batch, and the
-    shorter rows fill the room its padding would have taken.
+    shorter rows fill the room its padding would have taken; and room for ``least_tokens`` at least.
     Padded: as sentence-transformers cuts them, then where the cost model's fit predicts the least time.
     Packed forwards run ``side_by_side`` at once (``forward_pool``) get that share of the room each (together
     they hold what one would), and come in a multiple of that many of even tokens (fewer where a row is longer
@@ -59,7 +60,8 @@ def cut(
     size = settings.batch_size
     if settings.packed:
         if settings.max_batch_tokens is None:
-            most, budget = len(rows), size * max((len(row.tokens) for row in rows), default=0)
+            longest = max((len(row.tokens) for row in rows), default=0)
+            most, budget = len(rows), max(size * longest, least_tokens * max(side_by_side, 1))
         else:
             most, budget = size, settings.max_batch_tokens
         if side_by_side > 1 and len(rows) > 1:  # their share of the room each, all at once holding what one does

@@ -22,6 +22,7 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.connection import Match
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.connection.local import LocalConnection
+from attnstore_client.tiers import compute
 from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_client.tiers.write_back import WriteBackSettings
 from attnstore_tools.admin.cold_start import create_exact_namespace
@@ -158,9 +159,12 @@ def test_exact_hits_are_answered_by_hash_before_anything_is_projected_or_searche
     assert connection.searched_rows == [] and cache.last_stats.projection_s == 0.0 and forwards == []
 
 
-def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_others(bert, service) -> None:
+def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_others(
+    bert, service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Exact tier off: the stored rows are map hits, interleaved with misses in the input.
     texts = [TEXTS[4], STORED[0], TEXTS[5], STORED[1], TEXTS[6], STORED[2], TEXTS[7], TEXTS[8], TEXTS[9]]
+    monkeypatch.setattr(compute, "LEAST_TOKENS", 0)  # computing forwards cut to 4 padded rows' room, as pinned here
     cache = AttnCache(bert, CountingConnection(service), exact=False)
     cache.side_by_side = False  # forwards one at a time, cut as this pins (side by side they share the room)
     forwards = _forward_sizes(cache)
@@ -183,16 +187,19 @@ def test_a_call_larger_than_a_chunk_answers_copies_across_chunks_and_keeps_input
     assert cache.last_row_kinds == ("miss",) * 87
 
 
-def test_each_forward_is_pooled_as_it_ends_never_the_whole_call_at_once(bert, service) -> None:
+def test_each_forward_is_pooled_as_it_ends_never_the_whole_call_at_once(
+    bert, service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
+    monkeypatch.setattr(compute, "LEAST_TOKENS", 0)  # forwards of these short rows cut to 8 padded rows' room
     pooled: list[int] = []
-    pool = cache.head.pool
+    pool_rows = cache.head.pool_rows
 
-    def recorded(tokens, mask, prompt_length=0):
-        pooled.append(tokens.shape[0])
-        return pool(tokens, mask, prompt_length)
+    def recorded(hidden, prompt_length=0):
+        pooled.append(hidden.size)
+        return pool_rows(hidden, prompt_length)
 
-    cache.head.pool = recorded  # type: ignore[method-assign]
+    cache.head.pool_rows = recorded  # type: ignore[method-assign]
     texts = sentences(50, seed=32, min_words=2, max_words=9)
     cache.encode(texts, batch_size=8)
     # Packed forwards hold the tokens of 8 padded rows (their longest times 8), so more rows where they are short.

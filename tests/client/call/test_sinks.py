@@ -10,7 +10,8 @@ from attnstore_client.call.rows import HiddenRows
 from attnstore_client.call.sinks import LastStates, Pooled, RowStates
 
 
-def _mean(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _mean(hidden: HiddenRows) -> torch.Tensor:
+    tokens, mask = hidden.padded()
     weights = mask[:, :, None].float()
     return (tokens * weights).sum(dim=1) / weights.sum(dim=1)
 

@@ -5,13 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 
 from attnstore.errors import ConfigError
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
+from attnstore_client.call.rows import HiddenRows
 from attnstore_client.connection.local import LocalConnection
+from attnstore_client.sentence.heads import (
+    MeanPoolHead,
+    PromptEolHead,
+    SentenceHead,
+    TransformersPipelineHead,
+    sentence_head,
+)
 from tests.support.caches import fill_namespace
 
 pytestmark = pytest.mark.real_model
@@ -92,3 +102,40 @@ def test_token_embeddings_match_sentence_transformers_row_by_row(minilm_model, s
     for mine, theirs in zip(got, reference, strict=True):
         assert mine.shape == theirs.shape  # (L, hidden), no padding
         assert (mine - theirs).abs().max().item() < 1e-4
+
+
+def _end_to_end(lengths: list[int], seed: int = 0) -> HiddenRows:
+    generator = torch.Generator().manual_seed(seed)
+    return HiddenRows.stacked([torch.randn((length, 384), generator=generator) for length in lengths])
+
+
+def _pipeline(minilm_model, mode: str, include_prompt: bool = True, *after: torch.nn.Module) -> SentenceHead:
+    transformer = minilm_model.sentence_transformer[0]
+    modules = [transformer, Pooling(384, pooling_mode=mode, include_prompt=include_prompt), *after]
+    return TransformersPipelineHead(SentenceTransformer(modules=modules, device="cpu"))
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max", "weightedmean", "lasttoken", "mean_sqrt_len_tokens"])
+@pytest.mark.parametrize("prompt_length", [0, 2])
+def test_a_pipeline_pools_rows_end_to_end_as_it_pools_them_padded(minilm_model, mode: str, prompt_length: int) -> None:
+    head = _pipeline(minilm_model, mode, False, Normalize())
+    hidden = _end_to_end([5, 3, 9, 3, 17])
+    torch.testing.assert_close(head.pool_rows(hidden, prompt_length), head.pool(*hidden.padded(), prompt_length))
+
+
+def test_rows_with_gaps_between_them_are_pooled_padded(minilm_model) -> None:
+    head = sentence_head(minilm_model)
+    lengths = [4, 2, 6]
+    values = torch.randn((15, 384))
+    hidden = HiddenRows(values, lengths, [0, 6, 9])  # not end to end: tokens 4, 5, 8 and 15 belong to no row
+    assert not hidden.end_to_end
+    expected = torch.stack([values[start : start + length].mean(dim=0) for start, length in
+                            zip([0, 6, 9], lengths, strict=True)])
+    torch.testing.assert_close(head.pool_rows(hidden), torch.nn.functional.normalize(expected, dim=-1))
+
+
+@pytest.mark.parametrize("make", [lambda loaded: MeanPoolHead(loaded, 128), lambda loaded: PromptEolHead(loaded, 128)])
+def test_mean_and_last_token_heads_pool_rows_end_to_end_as_they_pool_them_padded(minilm_model, make) -> None:
+    head = make(minilm_model)
+    hidden = _end_to_end([7, 1, 12, 4])
+    torch.testing.assert_close(head.pool_rows(hidden), head.pool(*hidden.padded()))

@@ -53,3 +53,16 @@ def test_forwards_side_by_side_under_max_batch_tokens_still_hold_at_most_batch_s
     assert max(len(forward) for forward in forwards) <= 32
     assert max(sum(len(row.tokens) for row in forward) for forward in forwards) <= 8192
     assert [row for forward in forwards for row in forward] == rows  # every row once, in order
+
+
+def test_short_rows_get_room_for_least_tokens_a_forward_each_side_by_side_but_never_past_max_batch_tokens() -> None:
+    rows = _rows(*([10] * 100))  # 1,000 tokens; 4 padded rows of them hold 40
+    settings = CallSettings("n", 0.0, batch_size=4)
+    assert len(cut(rows, settings, CostModel())) == 25
+    alone = cut(rows, settings, CostModel(), least_tokens=300)
+    assert [sum(_sizes([forward])[0]) for forward in alone] == [300, 300, 300, 100]
+    two = cut(rows, settings, CostModel(), side_by_side=2, least_tokens=300)  # 300 each, evened into 4
+    assert [sum(_sizes([forward])[0]) for forward in two] == [250, 250, 250, 250]
+    assert [row for forward in two for row in forward] == rows
+    capped = CallSettings("n", 0.0, batch_size=4, max_batch_tokens=60)
+    assert max(sum(_sizes([f])[0]) for f in cut(rows, capped, CostModel(), least_tokens=300)) <= 60
