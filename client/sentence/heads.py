@@ -4,9 +4,10 @@ A model folder with a sentence-transformers configuration (``modules.json``) is
 served the way sentence-transformers serves it: its own ``preprocess``
 tokenizes (prompts, ``max_seq_length`` truncation) and its own modules after
 the transformer (pooling mode, Normalize, Dense...) pool, so an ``AttnCache``
-gives the vectors ``SentenceTransformer.encode`` gives; a packed forward's rows
-reach them end to end where those modules take that layout (``pool_rows``). Other encoders pool by
-the mean; decoders without one take the PromptEOL prompt and its last token.
+gives the vectors ``SentenceTransformer.encode`` gives (a packed forward's rows
+reach them end to end where they take that layout: ``pool_rows``). Other
+encoders pool by the mean; decoders without one take the PromptEOL prompt and
+its last token.
 """
 
 from __future__ import annotations

@@ -46,11 +46,10 @@ from attnstore_client.tiers.write_back import check_write_back_dtype
 log = logging.getLogger(__name__)
 
 # Tokens a computing forward is given room for at least (each of those side by side), whatever its rows' lengths:
-# forwards of short rows cut to a padded batch's room (about 1,000 tokens for log lines) took 7% longer per token
+# forwards of short rows cut to a padded batch's room (about 1,000 tokens for log lines) took 5-8% longer per token
 # than forwards of 2,048 to 4,096, which ran alike (fixed costs per op and per forward), on 2 cores of an AMD EPYC
-# with AVX-512 (docs/BENCHMARKS.md, "Encode"). It is the room of 32 padded rows of 64 tokens, so a forward of short
-# rows takes no more memory than sentence-transformers' batch of such rows. Replay forwards keep the padded batch's
-# room: the maps they hold grow with their tokens.
+# with AVX-512 (docs/BENCHMARKS.md, "Encode"). It is the room of sentence-transformers' batch of 32 rows of 64
+# tokens. Replay forwards keep the padded batch's room: the maps they hold grow with their tokens.
 LEAST_TOKENS = 2048
 
 

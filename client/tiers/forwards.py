@@ -50,7 +50,8 @@ def cut(
     Packed, with ``settings.max_batch_tokens``: at most ``batch_size`` rows and that many tokens (a longer row
     goes alone). Packed without it: the tokens a padded batch of ``batch_size`` of these rows would hold (their
     longest times ``batch_size``), so a forward takes no more memory than sentence-transformers' batch, and the
-    shorter rows fill the room its padding would have taken; and room for ``least_tokens`` at least.
+    shorter rows fill the room its padding would have taken; and room for ``least_tokens`` at least (each, side
+    by side).
     Padded: as sentence-transformers cuts them, then where the cost model's fit predicts the least time.
     Packed forwards run ``side_by_side`` at once (``forward_pool``) get that share of the room each (together
     they hold what one would), and come in a multiple of that many of even tokens (fewer where a row is longer
