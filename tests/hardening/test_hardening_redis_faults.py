@@ -8,6 +8,7 @@ client computes its rows within seconds.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -43,8 +44,12 @@ def test_redis_full_is_resource_exhausted_naming_the_command_without_its_bytes_a
                 for seed in range(1, 200):
                     admin.ingest("ns", FP, [make_entry(LAYOUT, 32, seed)])
             message = str(refused.value)
-            assert message.startswith("RESOURCE_EXHAUSTED: Redis is full while writing entries into 'ns'")
-            assert "HSET (command 1 of a pipeline): command not allowed when used memory" in message
+            # Which write meets the full Redis depends on its memory then (other tests share the server): the
+            # entry ids' counter, the pipeline of the entries' hashes (its command named, never its bytes) or the
+            # script registering them.
+            assert re.match(r"RESOURCE_EXHAUSTED: Redis is full while (allocating entry ids in 'ns' \(|writing entries"
+                            r" into 'ns' \(HSET \(command 1 of a pipeline\): |registering entries in 'ns' \()"
+                            r"command not allowed when used memory", message), message
             assert message.isprintable() and "\\x" not in message and len(message) < 600
             entry = make_entry(LAYOUT, 32, 0)
             hits = admin.lookup(exact_request("ns", FP, [entry.token_hash, bytes(32)], [32, 32]))  # counts a miss
