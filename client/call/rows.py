@@ -87,9 +87,15 @@ class HiddenRows:
                 and self.starts == _ends_to_starts(self.lengths))
 
     def offsets(self) -> torch.Tensor:
-        """Where each row starts and, last, where the rows end: ``(B + 1,)`` int32, for rows ``end_to_end``."""
-        return torch.tensor((*self.starts, self.values.shape[0]) if self.starts else (0,), dtype=torch.int32,
-                            device=self.values.device)
+        """Where each row starts and, last, where the rows end: ``(B + 1,)`` int32.
+
+        Raises:
+            ValueError: the rows are padded or have gaps between them (not ``end_to_end``).
+        """
+        if self.starts is None or not self.end_to_end:
+            raise ValueError(f"HiddenRows.offsets: rows of lengths {self.lengths} in values of shape "
+                             f"{tuple(self.values.shape)} are not end to end (padded, or with gaps between them)")
+        return torch.tensor((*self.starts, self.values.shape[0]), dtype=torch.int32, device=self.values.device)
 
     def padded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows right-padded with zeros, ``(B, P, hidden)``, and their mask ``(B, P)`` long."""

@@ -66,18 +66,6 @@ def test_last_states_keep_each_rows_last_token() -> None:
     torch.testing.assert_close(sink.result(), torch.stack([rows[1][-1], rows[2][-1], rows[0][-1]]))
 
 
-def test_padded_rows_and_packed_rows_give_the_same_padded_view() -> None:
-    rows = _rows(3, 1, 2)
-    packed = HiddenRows.stacked(rows)
-    tokens, mask = packed.padded()
-    assert tokens.shape == (3, 3, 4) and mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
-    padded = HiddenRows(tokens, [3, 1, 2])
-    for r, row in enumerate(rows):
-        torch.testing.assert_close(packed.row(r), row)
-        torch.testing.assert_close(padded.row(r), row)
-    assert float(tokens[1, 1:].abs().sum()) == 0.0  # padding is zeros
-
-
 @pytest.mark.parametrize("make", [lambda: Pooled(3, _mean), lambda: RowStates(3), lambda: LastStates(3),
                                   lambda: Pooled(3, _mean, keep_states=True)])
 def test_a_sink_missing_a_row_raises_naming_it_instead_of_returning_its_buffer(make) -> None:
