@@ -27,6 +27,7 @@ from attnstore_client.resilience import BreakerPolicy
 from tests.support.adapters import VOCAB
 from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded, word_tokenizer
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.pause import paused
 
 ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 SEED, STORED, QUERIED = 11, 12, 16  # the child ingests sentences(12, seed=11); queries add 4 unseen ones
@@ -94,11 +95,8 @@ def test_a_stalled_daemon_times_out_and_the_rows_are_computed(daemon: DaemonProc
     loaded = tiny_loaded("bert")
     texts = sentences(QUERIED, seed=SEED)
     cache = AttnCache(loaded, f"grpc://{daemon.target}", token=READ_TOKEN, timeout=1.0)
-    daemon.process.send_signal(signal.SIGSTOP)
-    try:
+    with paused(daemon.process.pid):
         embeddings = cache.encode(texts)
-    finally:
-        daemon.process.send_signal(signal.SIGCONT)
     expected = torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
     np.testing.assert_allclose(embeddings, expected, atol=1e-5)
     assert cache.last_stats.fallbacks == {"timeout": QUERIED} and cache.last_stats.lookup_s < 3.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.pause import paused
 
 SHORT = sentences(4, seed=51, min_words=3, max_words=3)
 LONG = sentences(4, seed=52, min_words=12, max_words=12)
@@ -80,13 +80,12 @@ def test_a_daemon_that_stops_answering_cannot_hang_encode_even_without_a_deadlin
     daemon = DaemonProcess(store, tmp_path).start()
     cache = AttnCache(bert, f"grpc://{daemon.target}", token=READ_TOKEN, timeout=None, exact_cache_bytes=0,
                       retry=RetryPolicy(attempts=1))
-    os.kill(daemon.pid, signal.SIGSTOP)
     try:
-        started = time.monotonic()
-        embeddings = cache.encode(SHORT + LONG)
-        seconds = time.monotonic() - started
+        with paused(daemon.pid):
+            started = time.monotonic()
+            embeddings = cache.encode(SHORT + LONG)
+            seconds = time.monotonic() - started
     finally:
-        os.kill(daemon.pid, signal.SIGCONT)
         cache.close()
         daemon.stop()
     assert seconds < 45.0  # a keepalive ping went unanswered: 10 to 30 s (it waited 120 s and more before)

@@ -10,7 +10,6 @@ import ctypes
 import json
 import logging
 import re
-import signal
 import threading
 import time
 import urllib.request
@@ -29,6 +28,7 @@ from attnstore.server.daemon import Daemon
 from attnstore.store import NewEntry
 from attnstore_client.connection.daemon import RemoteStore
 from tests.support.daemon import DaemonProcess
+from tests.support.pause import paused
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import fill_disk, make_entry
 
@@ -183,14 +183,11 @@ def test_stalled_daemon_ends_calls_at_the_client_deadline(daemon: DaemonProcess)
     entry = make_entry(LAYOUT, 12, 520)
     with daemon.client() as remote:
         remote.ingest("ns", FP, [entry])
-        daemon.process.send_signal(signal.SIGSTOP)
-        try:
+        with paused(daemon.process.pid):
             start = time.monotonic()
             with pytest.raises(UnavailableError, match="DEADLINE_EXCEEDED"):
                 remote.lookup(_lookup([entry], 12), timeout=1.0)
             assert time.monotonic() - start < 3.0
-        finally:
-            daemon.process.send_signal(signal.SIGCONT)
         assert remote.health() == "SERVING"
         np.testing.assert_array_equal(remote.lookup(_lookup([entry], 12)).maps[0], entry.maps.astype(np.float16))
 

@@ -9,6 +9,7 @@ import pytest
 
 from attnstore.errors import DaemonProcessError
 from attnstore_tools.launcher import ServeProcess
+from tests.support.pause import stop
 
 
 def test_a_daemon_that_exits_at_start_raises_with_its_log_tail(tmp_path: Path) -> None:
@@ -30,7 +31,7 @@ def test_a_serving_daemon_that_ignores_sigterm_is_killed_after_the_wait(tmp_path
     assert daemon.port > 0 and daemon.metrics_port and daemon.target == f"127.0.0.1:{daemon.port}"
     with daemon.client() as remote:
         assert remote.health() == "SERVING"
-    daemon.process.send_signal(signal.SIGSTOP)  # stopped: SIGTERM stays pending, nothing exits
+    stop(daemon.pid)  # stopped: SIGTERM stays pending, nothing exits
     with pytest.raises(DaemonProcessError, match="did not exit within 0.5 s of SIGTERM"):
         daemon.stop(timeout=0.5)
     assert daemon.process.returncode == -signal.SIGKILL

@@ -19,6 +19,7 @@ from attnstore.store.redis.keys import encode_entry
 from attnstore.store.redis.mapstore import RedisMapStore
 from attnstore.store.redis.urls import RedisSettings
 from attnstore.store.validate import prepare_entry
+from tests.support.pause import stop
 from tests.support.redis_servers import RedisServer, require_redis
 from tests.support.stores import make_entry, projector_blob, small_layout
 
@@ -158,7 +159,7 @@ def test_redis_stats_count_failures_waited_out_and_given_up_and_show_each_primar
         assert stats.retries == RetryTotals(0, 0, 0)
         ((node, used, limit),) = [(n.node, n.used_bytes, n.max_bytes) for n in stats.nodes]
         assert node == server.address and used > 0 and limit == 64 << 20
-        server.process.send_signal(signal.SIGSTOP)  # a failover in progress, as a client sees it: no answers
+        stop(server.process.pid)  # a failover in progress, as a client sees it: no answers
         # Paused past redis-py's own quick retries (under a second), within the failover wait.
         threading.Timer(1.5, server.process.send_signal, (signal.SIGCONT,)).start()
         assert [ns.name for ns in opened.list_namespaces()] == ["ns"]  # read from Redis (never cached): waited out
