@@ -27,6 +27,7 @@ from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_frames
 from attnstore_client.connection.daemon import RemoteStore
+from attnstore_tools.machine import status_bytes
 from tests.support.daemon import DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
@@ -52,11 +53,7 @@ REFUSALS = {
 
 
 def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS line")
+    return status_bytes(pid, "VmRSS")["VmRSS"]
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,11 @@ _TRIMMED = """
 import json
 import numpy as np
 from attnstore_node.heap import HeapTrimmer
+from attnstore_tools.machine import status_bytes
 
 
 def anon_bytes():
-    with open("/proc/self/status", encoding="utf-8") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
+    return status_bytes("self", "RssAnon")["RssAnon"]
 
 
 # Blocks under glibc's mmap threshold come from the heap; one kept at the top stops free() giving the rest back.
