@@ -29,6 +29,7 @@ import torch
 
 from attnstore.errors import ConfigError, UnavailableError
 from attnstore_client.adapters import adapter_for
+from attnstore_client.audit import AuditFinding
 from attnstore_client.call.rows import NamespaceView
 from attnstore_client.call.settings import CallSettings, ChunkSettings
 from attnstore_client.call.sinks import Pooled, RowStates, Sink
@@ -350,6 +351,12 @@ class AttnCache(SentenceTransformerAPI):
     @cost_model.setter
     def cost_model(self, model: CostModel) -> None:
         self._cost_models.current = model
+
+    @property
+    def audit_findings(self) -> tuple[AuditFinding, ...]:
+        """The stored rows this cache's audit found wrong (``audit_rate``), latest last: each with the writer the
+        store named and whether it was quarantined."""
+        return self._context.audit.findings
 
     @property
     def local_tier(self) -> LocalOutputs:
@@ -782,6 +789,7 @@ class AttnCache(SentenceTransformerAPI):
             gate=self._gated, maps=settings.maps, prefix=settings.prefix, prefix_min_tokens=settings.prefix_min_tokens,
             batch_size=batch_size, packed=settings.packed, max_batch_tokens=max_batch_tokens,
             side_by_side=settings.side_by_side, chunks=settings.chunks, int8=settings.int8,
+            audit_rate=float(settings.audit_rate),
         )
 
     def _record(self, call: Call, total_s: float) -> None:

@@ -9,7 +9,8 @@ first, as sentence-transformers orders them (``sources``). For each window:
 2. the tiers are asked in order, each only for the rows still open
    (``tiers.base.Tier``): this process's exact tier, the store's exact tier,
    stored prefixes (causal models), map replay where the cost model expects it
-   to pay, and last the model computes the rest;
+   to pay, and last the model computes the rest (a store's exact hit set aside
+   for its audit goes straight to it: ``attnstore_client.audit``);
 3. every tier hands the rows it serves straight to the call's sink (``sinks``),
    which pools them into the preallocated result in input order.
 
@@ -75,10 +76,15 @@ class Prefill:
         with tqdm(total=len(source), desc="rows", unit="row", disable=not progress) as bar:
             for window in source.windows(call.settings.window_rows):
                 rows = self._distinct(window, first, roots, call)
-                for tier in self.tiers:
+                audited: list[Row] = []  # rows a tier set aside for their audit: the compute tier's alone
+                for tier in self.tiers[:-1]:
                     if not rows:
                         break
                     rows = self._serve(tier, rows, call)
+                    audited += [row for row in rows if row.facts.audit is not None]
+                    rows = [row for row in rows if row.facts.audit is None]
+                if rows or audited:
+                    rows = self._serve(self.tiers[-1], rows + audited, call)
                 if rows:
                     raise UnwrittenRowError(f"{len(rows)} rows left open by the last tier, {self.tiers[-1].name}:"
                                             f" rows {[row.index for row in rows[:8]]}")

@@ -83,6 +83,11 @@ class CacheSettings:
     # forwards in flight and this process's exact tier, split by ``attnstore_client.memory.plan_memory``. None:
     # no bound but each part's own (exact_cache_bytes; forwards of batch_size padded rows' tokens).
     memory_budget: int | None = None
+    # Share of the store's exact hits computed again and compared with the stored outputs (``audit``): a wrong
+    # row is quarantined at the store (a write or admin token), its writer named and counted. Each audited row
+    # costs its forward, so the library leaves it off (0.0: a store you build and write yourself); a node reading a
+    # store others write to audits 1% by default (``attnstore node --audit-rate``).
+    audit_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_distance is not None and not (_number(self.max_distance) and self.max_distance >= 0):
@@ -96,6 +101,8 @@ class CacheSettings:
         if self.memory_budget is not None and not (_integer(self.memory_budget) and self.memory_budget >= 1):
             raise ConfigError(f"CacheSettings: memory_budget must be an int >= 1 (bytes) or None,"
                               f" got {self.memory_budget!r}")
+        if not (_number(self.audit_rate) and 0.0 <= self.audit_rate <= 1.0):
+            raise ConfigError(f"CacheSettings: audit_rate must be a number from 0 to 1, got {self.audit_rate!r}")
         if not (_integer(self.prefix_min_tokens) and self.prefix_min_tokens >= 0):
             raise ConfigError(f"CacheSettings: prefix_min_tokens must be an int >= 0, got {self.prefix_min_tokens!r}")
         for name in ("exact", "maps", "prefix", "stream", "packed", "side_by_side", "int8"):
@@ -146,6 +153,7 @@ class CacheOptions(TypedDict, total=False):
     chunks: ChunkSettings | None
     int8: bool
     memory_budget: int | None
+    audit_rate: float
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(CacheSettings))

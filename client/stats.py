@@ -14,7 +14,7 @@ from attnstore_client.tiers.cost_model import BandEstimate
 # The fields a call's tallies (``CallCounts``) carry as they are.
 _FROM_COUNTS = frozenset({
     "rows", "deduplicated", "exact_hits", "local_hits", "map_hits", "prefix_hits", "prefix_tokens", "chunk_hits",
-    "chunk_tokens", "chunk_recomputed", "chunks_captured", "misses", "int8_rows",
+    "chunk_tokens", "chunk_recomputed", "chunks_captured", "misses", "int8_rows", "audited", "audit_mismatches",
     "skipped", "bytes_fetched", "projection_s", "lookup_s", "fetch_s", "forward_s", "forward_tokens",
     "forwarded_tokens",
 })
@@ -52,6 +52,9 @@ class CacheStats:
     chunks_captured: int = 0  # instructions and chunks the chunk source lacked, computed on their own and stored
     misses: int = 0
     int8_rows: int = 0  # computed rows (misses, fallbacks) the namespace's int8 model ran (``int8=True``)
+    # The store's exact hits computed again to audit them (``audit_rate``): counted as misses, their forward served.
+    audited: int = 0
+    audit_mismatches: int = 0  # ... of which the store's outputs were wrong (quarantined: see ``audit_findings``)
     skipped: int = 0  # misses the cost model did not send for maps (a lookup would not have paid)
     fallbacks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cause -> rows
     bytes_fetched: int = 0  # maps and outputs received
@@ -113,7 +116,8 @@ class CacheStats:
             f"{self.rows} rows ({self.deduplicated} repeats): {self.exact_hits} exact hits ({self.local_hits} local), "
             f"{self.prefix_hits} prefix hits ({self.prefix_tokens} tokens), "
             f"{self.chunk_hits} chunk hits ({self.chunk_tokens} tokens stored, {self.chunk_recomputed} recomputed), "
-            f"{self.map_hits} map hits, {self.misses} misses ({self.skipped} not looked up, {self.int8_rows} in int8), "
+            f"{self.map_hits} map hits, {self.misses} misses ({self.skipped} not looked up, {self.int8_rows} in int8, "
+            f"{self.audited} audited: {self.audit_mismatches} wrong), "
             f"fallbacks: {fallbacks}; hit rate {self.hit_rate:.1%}; {self.bytes_fetched / 2**20:.1f} MiB fetched; "
             f"time {self.total_s:.2f} s (projection {self.projection_s:.2f}, lookup {self.lookup_s:.2f}, "
             f"fetch {self.fetch_s:.2f}, forward {self.forward_s:.2f}, outside the tiers {self.overhead_s:.2f})"

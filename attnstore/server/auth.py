@@ -50,11 +50,14 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 # Calls that change the store or cost a walk over all of it. Stats is cheap and
 # read-only, so a read token (a monitoring agent) may call it.
 ADMIN_METHODS: frozenset[str] = frozenset(
-    {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify", "ListEntries", "SetFeatures"}
+    {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify", "ListEntries", "SetFeatures", "ListQuarantine",
+     "ReleaseQuarantine"}
 )
 # Calls that add rows every node will be served, but cannot delete, compact, verify or administer
 # namespaces: what an inference node running the namespace's model needs to write back.
-WRITE_METHODS: frozenset[str] = frozenset({"WriteBack", "PutChunks", "PutPrefix"})
+# ReportMismatch too: a node auditing what it is served quarantines what it found wrong (a read token cannot, or
+# any holder of one could take every row out of service).
+WRITE_METHODS: frozenset[str] = frozenset({"WriteBack", "PutChunks", "PutPrefix", "ReportMismatch"})
 # Each role's rank: a token may make the calls of its role and of every role below it.
 _RANK: dict[Role, int] = {"read": 0, "write": 1, "admin": 2}
 # Calls any client may make without a token: liveness and the schema, no data.

@@ -366,6 +366,14 @@ class DaemonMetrics:
         self._admitted = Counter(
             "attnstore_admissions", "Exact-tier misses marked admit for write-back", ["namespace"], registry=reg
         )
+        self._mismatches = Counter(
+            "attnstore_audit_mismatches", "Stored objects a node's audit reported wrong (ReportMismatch)",
+            ["namespace", "kind"], registry=reg,
+        )
+        self._quarantined = Counter(
+            "attnstore_quarantined", "Stored objects put in quarantine (served to no one until an admin looks)",
+            ["namespace", "kind"], registry=reg,
+        )
         reg.register(_StoreCollector(stats))
         reg.register(_SharedStoreCollector(follower, redis))
         reg.register(_BackgroundCollector(background))
@@ -475,6 +483,12 @@ class DaemonMetrics:
     def admitted(self, namespace: str, rows: int) -> None:
         """A Lookup marked ``rows`` misses admit."""
         self._admitted.labels(namespace).inc(rows)
+
+    def mismatch_reported(self, namespace: str, kind: str, *, quarantined: bool) -> None:
+        """A node reported a stored object of ``kind`` wrong; ``quarantined``: the report put it in quarantine."""
+        self._mismatches.labels(namespace, kind).inc()
+        if quarantined:
+            self._quarantined.labels(namespace, kind).inc()
 
     # ---- export -------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.service import MatchResult
 from attnstore.service.admission import AdmissionStats
+from attnstore.service.quarantine import QuarantinedObject
 from attnstore.service.write_back import RefusedRow, WriteBackStats
 from attnstore.store.reports import StoreStats, VerifyReport
 
@@ -124,4 +125,13 @@ def verify_to_pb(report: VerifyReport) -> pb.VerifyResponse:
         chunks_checked=report.chunks_checked,
         orphan_chunks=report.orphan_chunks,
         seconds=report.seconds,
+    )
+
+
+def quarantined_to_pb(item: QuarantinedObject) -> pb.QuarantinedObject:
+    """A quarantined object as its wire message."""
+    return pb.QuarantinedObject(
+        namespace=item.namespace, kind=item.kind, key=item.key, writer=item.writer or "",
+        entry_id=item.entry_id or 0, has_entry_id=item.entry_id is not None, reporter=item.reporter,
+        detail=item.detail, since=item.since,
     )

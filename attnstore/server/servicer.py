@@ -48,7 +48,14 @@ from attnstore.server.ingest_stream import IngestStaging, idle_limited
 from attnstore.server.kv_streams import chunk_stream, prefix_stream
 from attnstore.server.map_streams import MapRow, layer_frames, row_stream
 from attnstore.server.metrics import DaemonMetrics
-from attnstore.server.replies import match_to_pb, namespace_to_pb, refused_to_pb, stats_to_pb, verify_to_pb
+from attnstore.server.replies import (
+    match_to_pb,
+    namespace_to_pb,
+    quarantined_to_pb,
+    refused_to_pb,
+    stats_to_pb,
+    verify_to_pb,
+)
 from attnstore.service import AttnStoreService, Query
 from attnstore.service.chunks import check_chunk_keys
 from attnstore.service.write_back import WrittenRow
@@ -408,6 +415,38 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 report.entries_checked, len(report.corrupt), len(report.problems),
             )
             return verify_to_pb(report)
+
+    # ---- quarantine ---------------------------------------------------------
+
+    def ReportMismatch(
+        self, request: pb.ReportMismatchRequest, context: grpc.ServicerContext
+    ) -> pb.ReportMismatchResponse:
+        with self._call("ReportMismatch", context) as service:
+            reported = service.report_mismatch(request.namespace, request.fingerprint, request.kind, request.key,
+                                               reporter=self._callers(context).name, detail=request.detail)
+            if reported is None:
+                log.info("event=mismatch_not_stored namespace=%s kind=%s key=%s", request.namespace, request.kind,
+                         request.key.hex()[:16])
+                return pb.ReportMismatchResponse(found=False)
+            item, quarantined = reported
+            self._metrics.mismatch_reported(request.namespace, item.kind, quarantined=quarantined)
+            return pb.ReportMismatchResponse(found=True, quarantined=quarantined, object=quarantined_to_pb(item))
+
+    def ListQuarantine(
+        self, request: pb.ListQuarantineRequest, context: grpc.ServicerContext
+    ) -> pb.ListQuarantineResponse:
+        with self._call("ListQuarantine", context) as service:
+            items = service.quarantine.items(request.namespace or None)
+            return pb.ListQuarantineResponse(objects=[quarantined_to_pb(item) for item in items])
+
+    def ReleaseQuarantine(
+        self, request: pb.ReleaseQuarantineRequest, context: grpc.ServicerContext
+    ) -> pb.ReleaseQuarantineResponse:
+        with self._call("ReleaseQuarantine", context) as service:
+            item = service.release_quarantined(request.namespace, request.kind, request.key, drop=request.drop)
+            log.info("event=quarantine_%s namespace=%s kind=%s key=%s writer=%s", "dropped" if request.drop else
+                     "released", item.namespace, item.kind, item.key.hex()[:16], item.writer or "(admin)")
+            return pb.ReleaseQuarantineResponse(object=quarantined_to_pb(item), dropped=request.drop)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._call("Stats", context) as service:

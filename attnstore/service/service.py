@@ -19,9 +19,12 @@ import numpy as np
 
 from attnstore.errors import (
     AttnStoreError,
+    ConfigError,
+    EntryNotFoundError,
     FingerprintMismatchError,
     MapShapeError,
     NamespaceNotReadyError,
+    shown,
 )
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.protocol.gate import FidelityGate
@@ -36,6 +39,7 @@ from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.map_lookup import gate_picks, gated_matches, threshold_matches
 from attnstore.service.monitoring import ServiceMonitoring
 from attnstore.service.prefixes import ServicePrefixes
+from attnstore.service.quarantine import ObjectKind, Quarantine, QuarantinedObject, check_kind, quarantined_now
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
 from attnstore.store import CompactReport, MapStoreBase, StoreStats, VerifyReport
@@ -92,6 +96,7 @@ class AttnStoreService:
         self.prefixes = ServicePrefixes(store, self.check_fingerprint)
         self.chunks = ServiceChunks(store, self.check_fingerprint)
         self.monitoring = ServiceMonitoring(store, self._follower, redis_stats)
+        self.quarantine = Quarantine()  # objects an audit found wrong: misses for every caller until an admin looks
 
     @classmethod
     def open(
@@ -175,6 +180,7 @@ class AttnStoreService:
         self._store.drop_namespace(name)
         self._indexes.drop(name)
         self.prefixes.forget(name)
+        self.quarantine.forget(name)
 
     def set_projector(self, name: str, blob: bytes, *, replace: bool = False) -> NamespaceInfo:
         """Store the namespace's projector weights (safetensors bytes); returns the namespace as it is now.
@@ -267,6 +273,8 @@ class AttnStoreService:
                 " look up with a max distance instead"
             )
         results = exact_matches(self._store, namespace, queries) if exact else {}
+        held = self.quarantine.held_keys(namespace, "row", [queries[row].token_hash for row in results])
+        results = {row: r for row, r in results.items() if queries[row].token_hash not in held}
         pending = [row for row in range(len(queries)) if row not in results]
         if pending and not maps:
             results.update({row: MISS for row in pending})
@@ -274,6 +282,9 @@ class AttnStoreService:
             results.update(gated_matches(self._indexes, self._store, info, fidelity_gate, queries, pending))
         elif pending:
             results.update(threshold_matches(self._indexes, info, queries, pending, max_distance=max_distance))
+        if len(self.quarantine):  # a quarantined row's maps are not replayed either
+            results = {row: MISS if self.quarantine.held_entry(namespace, r.entry_id) else r
+                       for row, r in results.items()}
         hit_ids = [r.entry_id for r in results.values() if r.entry_id is not None]
         if hit_ids:
             self._store.record_hits(namespace, hit_ids)
@@ -362,6 +373,68 @@ class AttnStoreService:
     def entry(self, namespace: str, entry_id: int) -> EntryInfo:
         """Metadata of one live entry."""
         return self._store.entry(namespace, entry_id)
+
+    # ---- quarantine ---------------------------------------------------------
+
+    def report_mismatch(
+        self, namespace: str, fingerprint: str, kind: str, key: bytes, *, reporter: str, detail: str = "",
+    ) -> tuple[QuarantinedObject, bool] | None:
+        """Quarantine a stored object an audit found wrong (see ``service.quarantine``): no lookup serves it again
+        until an admin releases or drops it.
+
+        Args:
+            namespace, fingerprint: the namespace and the reporter's model fingerprint (a node of another model
+                cannot judge the namespace's values).
+            kind: ``"row"`` (key: the row's token hash), ``"prefix"`` (a block's chain hash) or ``"chunk"``.
+            key: the object's key.
+            reporter: the caller's name (its token's).
+            detail: what the audit measured.
+
+        Returns:
+            The quarantined object, with its writer, and whether this report quarantined it (False: an earlier
+            one did, and its record is returned); None when no such object is stored.
+
+        Raises:
+            NamespaceNotFoundError, FingerprintMismatchError: see ``check_fingerprint``.
+            ConfigError: an unknown kind, or a key that is not 32 bytes.
+        """
+        checked = check_kind(kind)
+        if not isinstance(key, bytes) or len(key) != 32:
+            raise ConfigError(f"ReportMismatch: key must be 32 bytes, got {shown(key)}")
+        self.check_fingerprint(namespace, fingerprint)
+        stored, writer, entry_id = self._writer_of(namespace, checked, key)
+        if not stored:
+            return None
+        item = quarantined_now(namespace, checked, key, writer=writer, entry_id=entry_id, reporter=reporter,
+                               detail=detail)
+        if not self.quarantine.add(item):
+            earlier = [i for i in self.quarantine.items(namespace) if (i.kind, i.key) == (checked, key)]
+            return (earlier[0] if earlier else item), False
+        return item, True
+
+    def release_quarantined(self, namespace: str, kind: str, key: bytes, *, drop: bool = False) -> QuarantinedObject:
+        """Take an object out of quarantine: served again, or (``drop``) deleted from the store.
+
+        Raises:
+            EntryNotFoundError: the object is not quarantined.
+            ConfigError: an unknown kind.
+        """
+        checked = check_kind(kind)
+        item = self.quarantine.release(namespace, checked, key)
+        if item is None:
+            raise EntryNotFoundError(f"no quarantined {checked} with key {key.hex()[:16]}... in {shown(namespace)}")
+        if drop and item.entry_id is not None:
+            self.delete(namespace, [item.entry_id])
+        return item
+
+    def _writer_of(self, namespace: str, kind: ObjectKind, key: bytes) -> tuple[bool, str | None, int | None]:
+        """Whether the object is stored, its writer and its entry id (a row's)."""
+        if kind != "row":
+            return True, None, None  # prefix blocks and chunks: their writer is not read here yet
+        ref = self._store.find_by_hashes(namespace, [key])[0]
+        if ref is None:
+            return False, None, None
+        return True, self._store.entry(namespace, ref.id).writer, ref.id
 
     # ---- admin --------------------------------------------------------------
 

@@ -34,6 +34,9 @@ class RowFacts:
     failed: str | None = None  # why a tier that should have served it could not (a fallback cause): it is computed
     feature: np.ndarray | None = None  # (d,) its projected feature (``maps``): a written-back row carries it
     projector_version: int = 0  # the version of the projector ``feature`` came from
+    # (L, hidden) fp16: the outputs the store served for it, set aside for its audit (``audit``): the row goes straight
+    # to the compute tier, and its forward is compared with them.
+    audit: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

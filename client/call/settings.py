@@ -84,6 +84,7 @@ class CallSettings:
     side_by_side: bool = True
     chunks: ChunkSettings | None = None  # fuse stored chunks into prompts in segments (decoders); None: no chunk tier
     int8: bool = False  # compute tier: rows it computes run on the namespace's int8 plan (``int8``)
+    audit_rate: float = 0.0  # share of the store's exact hits computed again and compared (``audit``)
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:

@@ -40,6 +40,8 @@ class CallCounts:
     chunks_captured: int = 0  # instructions and chunks the source lacked, computed on their own and put in it
     misses: int = 0
     int8_rows: int = 0  # computed rows (misses, fallbacks) the int8 model ran (``int8``)
+    audited: int = 0  # the store's exact hits computed again to audit them (counted as misses; ``audit``)
+    audit_mismatches: int = 0  # ... of which the stored outputs differed from the forward's (reported)
     skipped: int = 0  # distinct rows the cost model kept from a map lookup (computed)
     fallbacks: dict[str, int] = field(default_factory=dict)
     bytes_fetched: int = 0

@@ -8,6 +8,7 @@ from attnstore_client.connection.base import (
     MapStream,
     Match,
     MatchKind,
+    MismatchReport,
     NamespaceHandle,
     PrefixPutCounts,
     PrefixStream,
@@ -19,6 +20,6 @@ from attnstore_client.connection.base import (
 from attnstore_client.connection.connect import connect
 
 __all__ = [
-    "URL_SCHEMES", "ChunkPutCounts", "MapStream", "Match", "MatchKind", "NamespaceHandle", "PrefixPutCounts",
-    "PrefixStream", "RefusedRow", "RowToWrite", "StoreConnection", "WriteBackCounts", "connect",
+    "URL_SCHEMES", "ChunkPutCounts", "MapStream", "Match", "MatchKind", "MismatchReport", "NamespaceHandle",
+    "PrefixPutCounts", "PrefixStream", "RefusedRow", "RowToWrite", "StoreConnection", "WriteBackCounts", "connect",
 ]

@@ -109,6 +109,17 @@ class PrefixPutCounts:
 
     stored: int  # blocks new to the store
     duplicates: int  # blocks it had already
+    not_admitted: int = 0  # blocks the store skipped: not asked for by --admit-after writers yet (or after one)
+
+
+@dataclass(frozen=True, slots=True)
+class MismatchReport:
+    """What the store did with a reported mismatch (``StoreConnection.report_mismatch``)."""
+
+    found: bool  # an object is stored under the key
+    quarantined: bool  # this report quarantined it (False: it already was, or nothing is stored)
+    writer: str | None  # the token name that stored it (None: an admin ingested it, or nothing is stored)
+    entry_id: int | None = None  # a row's entry id
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +357,33 @@ class StoreConnection(ABC):
             AttnStoreError: the call failed (nothing stored).
         """
         raise WriteBackOffError(f"{type(self).__name__} cannot store chunks: that needs a daemon (grpc://)")
+
+    @property
+    def supports_quarantine(self) -> bool:
+        """Whether :meth:`report_mismatch` can quarantine an object (a daemon with a write or admin token, or an
+        embedded store)."""
+        return False
+
+    def report_mismatch(
+        self, namespace: str, fingerprint: str, kind: Literal["row", "prefix", "chunk"], key: bytes, *, detail: str,
+        timeout: float | None,
+    ) -> MismatchReport:
+        """Report a stored object an audit found wrong: the store quarantines it (a miss for every node until an
+        admin looks) and names its writer.
+
+        Args:
+            namespace, fingerprint: the namespace and the caller's model fingerprint.
+            kind: ``"row"`` (key: its token hash), ``"prefix"`` (a block's chain hash) or ``"chunk"``.
+            key: the object's key.
+            detail: what the audit measured.
+            timeout: deadline in seconds (None: none).
+
+        Raises:
+            WriteBackOffError: this connection cannot quarantine (see ``supports_quarantine``).
+            AuthError: a read token (quarantine needs a write or admin token).
+            AttnStoreError: the call failed.
+        """
+        raise WriteBackOffError(f"{type(self).__name__} cannot quarantine stored objects")
 
     @abstractmethod
     def health(self) -> str:

@@ -259,6 +259,26 @@ class RemoteStore:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from exc
 
+    def report_mismatch(
+        self, namespace: str, fingerprint: str, kind: str, key: bytes, detail: str = "", timeout: float | None = None,
+    ) -> pb.ReportMismatchResponse:
+        """Report a stored object an audit found wrong (write or admin token): the daemon quarantines it and
+        names its writer."""
+        request = pb.ReportMismatchRequest(namespace=namespace, fingerprint=fingerprint, kind=kind, key=key,
+                                           detail=detail)
+        return self._unary(self._stub.ReportMismatch, request, timeout)
+
+    def list_quarantine(self, namespace: str = "") -> list[pb.QuarantinedObject]:
+        """The quarantined objects, of ``namespace`` only when given (admin)."""
+        return list(self._unary(self._stub.ListQuarantine, pb.ListQuarantineRequest(namespace=namespace)).objects)
+
+    def release_quarantine(
+        self, namespace: str, kind: str, key: bytes, *, drop: bool = False
+    ) -> pb.ReleaseQuarantineResponse:
+        """Serve a quarantined object again, or (``drop``) delete it (admin)."""
+        request = pb.ReleaseQuarantineRequest(namespace=namespace, kind=kind, key=key, drop=drop)
+        return self._unary(self._stub.ReleaseQuarantine, request)
+
     def set_features(
         self, namespace: str, projector_version: int, entry_ids: Sequence[int], features: np.ndarray,
         timeout: float | None = None,

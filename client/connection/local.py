@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore_client.connection.base import (
     MapStream,
     Match,
+    MismatchReport,
     NamespaceHandle,
     PrefixStream,
     StoreConnection,
@@ -139,6 +140,23 @@ class LocalConnection(StoreConnection):
             outputs.update((first + row, array) for row, (_, array) in served.outputs.items())
             self._service.drop_mapped_pages()  # each key read mapped the pages around it (up to 64 KiB)
         return outputs
+
+    @property
+    def supports_quarantine(self) -> bool:
+        """An embedded store quarantines in this process's service (every cache of the process shares it)."""
+        return True
+
+    def report_mismatch(
+        self, namespace: str, fingerprint: str, kind: Literal["row", "prefix", "chunk"], key: bytes, *, detail: str,
+        timeout: float | None,
+    ) -> MismatchReport:
+        """See :meth:`StoreConnection.report_mismatch` (in-process: ``timeout`` does not apply)."""
+        reported = self._service.report_mismatch(namespace, fingerprint, kind, key, reporter="embedded",
+                                                 detail=detail)
+        if reported is None:
+            return MismatchReport(False, False, None)
+        item, quarantined = reported
+        return MismatchReport(True, quarantined, item.writer, item.entry_id)
 
     def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
         """See :meth:`StoreConnection.search` (in-process: ``timeout`` does not apply)."""

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Literal
 
 import grpc
 import numpy as np
@@ -52,6 +53,7 @@ from attnstore_client.connection.base import (
     MapStream,
     Match,
     MatchKind,
+    MismatchReport,
     NamespaceHandle,
     PrefixPutCounts,
     PrefixStream,
@@ -153,6 +155,21 @@ class RemoteConnection(StoreConnection):
         reply = self._remote.write_back(namespace, fingerprint, messages, timeout=timeout)
         refused = tuple(RefusedRow(r.query_index, r.code, r.message) for r in reply.refused)
         return WriteBackCounts(reply.stored, reply.duplicates, reply.not_admitted, reply.maps_stored, refused)
+
+    @property
+    def supports_quarantine(self) -> bool:
+        """A daemon quarantines reported objects (given a write or admin token)."""
+        return True
+
+    def report_mismatch(
+        self, namespace: str, fingerprint: str, kind: Literal["row", "prefix", "chunk"], key: bytes, *, detail: str,
+        timeout: float | None,
+    ) -> MismatchReport:
+        """See :meth:`StoreConnection.report_mismatch`: one ReportMismatch call."""
+        reply = self._remote.report_mismatch(namespace, fingerprint, kind, key, detail, timeout=timeout)
+        item = reply.object
+        return MismatchReport(reply.found, reply.quarantined, item.writer or None,
+                              int(item.entry_id) if item.has_entry_id else None)
 
     def search(self, batch: LookupBatch, *, timeout: float | None) -> list[Match]:
         """See :meth:`StoreConnection.search`."""

@@ -28,6 +28,7 @@ import torch
 
 from attnstore.errors import AttnStoreError
 from attnstore_client.adapters import Adapter
+from attnstore_client.audit import AuditLog
 from attnstore_client.call.rows import NamespaceView, Row
 from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
@@ -72,6 +73,7 @@ class TierContext:
     forwards: ForwardPool = field(default_factory=ForwardPool)
     reload_namespace: Callable[[], NamespaceView] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))  # retry jitter
+    audit: AuditLog = field(default_factory=AuditLog)  # which served rows to audit, and what the audits found
 
     @property
     def device(self) -> torch.device:

@@ -2,7 +2,9 @@
 
 Rows are sorted longest first and cut into forwards (``forwards``). With ``int8``
 on, the rows not written back run on the namespace's int8 model (``int8``) and are
-kept nowhere: the exact tiers hold only what the fp32 model computed. Each other
+kept nowhere: the exact tiers hold only what the fp32 model computed. A row
+set aside for its audit (``RowFacts.audit``) is computed in fp32 and compared
+with what the store served for it (``_audit``, ``attnstore_client.audit``). Each other
 computed row enters this process's exact tier (``LocalOutputs``, fp16, only
 what the plain model computed: replayed rows are within the maps' fidelity,
 not exact); the rows the store admitted are queued for write-back (``write_back``),
@@ -80,6 +82,7 @@ class ComputeTier(Tier):
         for forward, result, approximate in self._context.forwards.run(jobs, workers):  # each as it ends, here
             call.forwarded(result.seconds, result.tokens, result.forwarded)
             call.deliver(forward, result.hidden, "miss")
+            self._audit(forward, result, call)
             if approximate:  # int8 rows are neither exact outputs nor the store's
                 call.counts.int8_rows += len(forward)
             elif call.settings.exact:
@@ -109,7 +112,8 @@ class ComputeTier(Tier):
         exact: list[Row] = []
         int8: list[Row] = []
         for row in rows:
-            (exact if written and row.facts.admitted else int8).append(row)
+            # An audited row is compared with the store's exact outputs: only the fp32 model's can be.
+            (exact if (written and row.facts.admitted) or row.facts.audit is not None else int8).append(row)
         return exact, int8
 
     def _forward(
@@ -119,6 +123,23 @@ class ComputeTier(Tier):
         result = run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side,
                              adapter=adapter)
         return forward, result, adapter is not None
+
+    def _audit(self, forward: Sequence[Row], result: ForwardResult, call: Call) -> None:
+        """Compare the audited rows of ``forward`` with the outputs the store served for them (``audit``): the
+        caller already has the forward's; a stored row out of tolerance is reported (quarantined) and counted."""
+        audit = self._context.audit
+        for position, row in enumerate(forward):
+            stored = row.facts.audit
+            if stored is None:
+                continue
+            row.facts.audit = None
+            call.counts.audited += 1
+            measured = audit.tolerance.measure(stored, result.hidden.row(position))
+            if audit.tolerance.holds(*measured):
+                continue
+            call.counts.audit_mismatches += 1
+            audit.report(self._context.connection, call.settings.namespace, self._context.fingerprint, row.key,
+                         measured, timeout=call.settings.timeout)
 
     def _check_dtype(self) -> None:
         """A model cast away from fp32 after the cache was made writes nothing back (see ``check_write_back_dtype``)."""

@@ -4,6 +4,9 @@ Asked a window of rows per call (``CallSettings.window``, at most the daemon's
 ``--max-queries``), nothing projected. What it answers also enters this
 process's own exact tier. With write-back on, the same call says which missed
 rows the store admits (``RowFacts.admitted``): the compute tier writes those back.
+A sample of the rows found (``CallSettings.audit_rate``) is not served but set
+aside for its audit (``RowFacts.audit``, ``attnstore_client.audit``): the compute
+tier computes it and compares.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class StoreExactTier(Tier):
             for position in admitted:
                 window[position].facts.admitted = True
             found = self._fitting(found, window, call)
+            for position in [p for p in sorted(found) if self._context.audit.sample(call.settings.audit_rate)]:
+                window[position].facts.audit = found.pop(position)  # computed and compared (``audit``), not served
             served = [window[position] for position in sorted(found)]
             if served:
                 outputs = [found[position] for position in sorted(found)]

@@ -64,7 +64,9 @@ def test_world_readable_token_file_is_loaded_with_a_warning(tmp_path, caplog: py
 
 
 def test_roles_needed_per_method() -> None:
-    assert {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify", "ListEntries", "SetFeatures"} == ADMIN_METHODS
+    assert {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify", "ListEntries", "SetFeatures"} <= ADMIN_METHODS
+    assert {"ListQuarantine", "ReleaseQuarantine"} <= ADMIN_METHODS  # an admin judges what an audit quarantined
+    assert required_role("/attnstore.v1.AttnStore/ReportMismatch") == "write"  # a read token cannot quarantine
     assert required_role("/attnstore.v1.AttnStore/SetFeatures") == "admin"
     assert required_role("/attnstore.v1.AttnStore/Ingest") == "admin"
     assert required_role("/attnstore.v1.AttnStore/Stats") == "read"

@@ -813,3 +813,81 @@ class PutChunksResponse(_message.Message):
     duplicates: int
     bytes: int
     def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class ReportMismatchRequest(_message.Message):
+    __slots__ = ("namespace", "fingerprint", "kind", "key", "detail")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    fingerprint: str
+    kind: str
+    key: bytes
+    detail: str
+    def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., kind: _Optional[str] = ..., key: _Optional[bytes] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class QuarantinedObject(_message.Message):
+    __slots__ = ("namespace", "kind", "key", "writer", "entry_id", "has_entry_id", "reporter", "detail", "since")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTER_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    kind: str
+    key: bytes
+    writer: str
+    entry_id: int
+    has_entry_id: bool
+    reporter: str
+    detail: str
+    since: float
+    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., key: _Optional[bytes] = ..., writer: _Optional[str] = ..., entry_id: _Optional[int] = ..., has_entry_id: _Optional[bool] = ..., reporter: _Optional[str] = ..., detail: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
+
+class ReportMismatchResponse(_message.Message):
+    __slots__ = ("found", "quarantined", "object")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    quarantined: bool
+    object: QuarantinedObject
+    def __init__(self, found: _Optional[bool] = ..., quarantined: _Optional[bool] = ..., object: _Optional[_Union[QuarantinedObject, _Mapping]] = ...) -> None: ...
+
+class ListQuarantineRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class ListQuarantineResponse(_message.Message):
+    __slots__ = ("objects",)
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    objects: _containers.RepeatedCompositeFieldContainer[QuarantinedObject]
+    def __init__(self, objects: _Optional[_Iterable[_Union[QuarantinedObject, _Mapping]]] = ...) -> None: ...
+
+class ReleaseQuarantineRequest(_message.Message):
+    __slots__ = ("namespace", "kind", "key", "drop")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    kind: str
+    key: bytes
+    drop: bool
+    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., key: _Optional[bytes] = ..., drop: _Optional[bool] = ...) -> None: ...
+
+class ReleaseQuarantineResponse(_message.Message):
+    __slots__ = ("object", "dropped")
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    object: QuarantinedObject
+    dropped: bool
+    def __init__(self, object: _Optional[_Union[QuarantinedObject, _Mapping]] = ..., dropped: _Optional[bool] = ...) -> None: ...

@@ -144,6 +144,21 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesResponse.FromString,
                 _registered_method=True)
+        self.ReportMismatch = channel.unary_unary(
+                '/attnstore.v1.AttnStore/ReportMismatch',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.ReportMismatchRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ReportMismatchResponse.FromString,
+                _registered_method=True)
+        self.ListQuarantine = channel.unary_unary(
+                '/attnstore.v1.AttnStore/ListQuarantine',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.ListQuarantineRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ListQuarantineResponse.FromString,
+                _registered_method=True)
+        self.ReleaseQuarantine = channel.unary_unary(
+                '/attnstore.v1.AttnStore/ReleaseQuarantine',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.ReleaseQuarantineRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ReleaseQuarantineResponse.FromString,
+                _registered_method=True)
 
 
 class AttnStoreServicer:
@@ -319,6 +334,29 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportMismatch(self, request, context):
+        """Quarantine (see attnstore/service/quarantine.py): a node whose audit recomputed a stored
+        object and found it wrong reports it (a write or admin token); the daemon then serves it
+        to no one (a miss: an exact row's hash, and its entry to the map tier) until an admin
+        lists it and releases it (served again) or drops it (deleted). The reply names the
+        object's writer (found false: nothing is stored under the key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuarantine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseQuarantine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttnStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -431,6 +469,21 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.SetFeatures,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesResponse.SerializeToString,
+            ),
+            'ReportMismatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportMismatch,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ReportMismatchRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.ReportMismatchResponse.SerializeToString,
+            ),
+            'ListQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuarantine,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ListQuarantineRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.ListQuarantineResponse.SerializeToString,
+            ),
+            'ReleaseQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseQuarantine,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.ReleaseQuarantineRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.ReleaseQuarantineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1027,6 +1080,87 @@ class AttnStore:
             '/attnstore.v1.AttnStore/SetFeatures',
             attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.SetFeaturesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportMismatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/ReportMismatch',
+            attnstore_dot_v1_dot_attnstore__pb2.ReportMismatchRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.ReportMismatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/ListQuarantine',
+            attnstore_dot_v1_dot_attnstore__pb2.ListQuarantineRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.ListQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/ReleaseQuarantine',
+            attnstore_dot_v1_dot_attnstore__pb2.ReleaseQuarantineRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.ReleaseQuarantineResponse.FromString,
             options,
             channel_credentials,
             insecure,

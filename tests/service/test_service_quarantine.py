@@ -1,0 +1,52 @@
+"""The service's quarantine: a reported row is a miss for every lookup (exact and map tiers) until released or
+dropped; what cannot be quarantined is refused, naming why."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from attnstore.errors import ConfigError, EntryNotFoundError, FingerprintMismatchError
+from attnstore.service import Query
+from tests.support.server_fixtures import FP, LAYOUT, memory_service
+from tests.support.stores import make_entry
+
+
+def _query(entry, *, exact: bool = True) -> Query:
+    return Query(feature=entry.feature, length=entry.outputs.shape[0], token_hash=entry.token_hash if exact else None)
+
+
+def test_a_reported_row_is_a_miss_for_both_tiers_until_released_and_gone_once_dropped() -> None:
+    service = memory_service()
+    entry = dataclasses.replace(make_entry(LAYOUT, 6, seed=1), writer="node-a")
+    (entry_id,) = service.ingest("ns", FP, [entry]).entry_ids
+    assert service.lookup("ns", FP, [_query(entry)], max_distance=1e9)[0].kind == "exact"
+    assert service.lookup("ns", FP, [_query(entry, exact=False)], max_distance=1e9)[0].kind == "map"
+
+    item, quarantined = service.report_mismatch("ns", FP, "row", entry.token_hash, reporter="node-b", detail="x")
+    assert (quarantined, item.writer, item.entry_id, item.reporter) == (True, "node-a", entry_id, "node-b")
+    assert service.report_mismatch("ns", FP, "row", entry.token_hash, reporter="node-c")[1] is False  # once
+    assert service.lookup("ns", FP, [_query(entry)], max_distance=1e9)[0].kind == "miss"
+    assert service.lookup("ns", FP, [_query(entry, exact=False)], max_distance=1e9)[0].kind == "miss"  # no replay
+
+    service.release_quarantined("ns", "row", entry.token_hash)
+    assert service.lookup("ns", FP, [_query(entry)], max_distance=1e9)[0].kind == "exact"
+    service.report_mismatch("ns", FP, "row", entry.token_hash, reporter="node-b")
+    service.release_quarantined("ns", "row", entry.token_hash, drop=True)
+    assert service.quarantine.items() == []
+    assert service.store.find_by_hash("ns", entry.token_hash) is None
+
+
+def test_what_cannot_be_quarantined_is_refused_or_not_found() -> None:
+    service = memory_service()
+    entry = make_entry(LAYOUT, 6, seed=2)
+    assert service.report_mismatch("ns", FP, "row", entry.token_hash, reporter="node-b") is None  # nothing stored
+    with pytest.raises(ConfigError, match="choose one of"):
+        service.report_mismatch("ns", FP, "entry", entry.token_hash, reporter="node-b")
+    with pytest.raises(ConfigError, match="32 bytes"):
+        service.report_mismatch("ns", FP, "row", b"short", reporter="node-b")
+    with pytest.raises(FingerprintMismatchError):
+        service.report_mismatch("ns", "other", "row", entry.token_hash, reporter="node-b")
+    with pytest.raises(EntryNotFoundError, match="no quarantined row"):
+        service.release_quarantined("ns", "row", entry.token_hash)
