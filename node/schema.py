@@ -42,9 +42,15 @@ class RequestLimits:
     # Seconds a client has to send a request's headers, and then its body: a full body at about 1 Mbit/s, while
     # a client that trickles bytes (or sends none) holds a connection no longer than this.
     read_timeout: float = 60.0
+    # Labels per scoring request (/v1/score's label_token_ids, /v1/classify's labels, the node's --labels): every
+    # label is a column of the LM head's output for every row, and a number in the answer.
+    max_labels: int = 1024
+    # Items x labels per scoring request: the answer's numbers (65,536 is about 1.3 MB of JSON), whatever the mix.
+    max_scores: int = 65536
 
     def __post_init__(self) -> None:
-        if min(self.max_inputs, self.max_input_tokens, self.max_body_bytes) < 1 or not self.read_timeout > 0:
+        limits = (self.max_inputs, self.max_input_tokens, self.max_body_bytes, self.max_labels, self.max_scores)
+        if min(limits) < 1 or not self.read_timeout > 0:
             raise ValueError(f"RequestLimits: every limit must be >= 1 and read_timeout > 0, got {self}")
 
 

@@ -14,6 +14,11 @@
   "negative"]``; default: the node's configured labels), ``model``. The answer is
   vLLM's ``ClassificationResponse``: per input ``{index, label, probs, num_classes}``,
   ``probs`` a softmax over the labels' next-token logits, ``label`` the most probable.
+  ``"labels": null`` is the same as leaving it out.
+
+Work per request is bounded (``RequestLimits``): at most ``max_labels`` labels, and at
+most ``max_scores`` numbers in the answer (items or inputs x labels); a request past
+either is refused with a 400 naming the limit before anything is queued.
 
 Our extension to both, for a node started with ``--chunks``: ``segments``, the prompt
 given in segments (instruction, exemplars, question), whose boundaries the chunk
@@ -78,15 +83,18 @@ def parse_score(body: Any, limits: RequestLimits, model: ModelInfo) -> ScoreRequ
 
     Raises:
         ApiError: 400 for a malformed body, a missing or empty query or items, items of another kind than the
-            query, too many items, a label id outside the vocabulary, bad ``segments`` (or any, without the chunk
-            tier); 404 for another model; 400 on an encoder.
+            query, too many items, more labels than ``limits.max_labels`` or items x labels over
+            ``limits.max_scores`` (naming the limit), a label id outside the vocabulary, bad ``segments`` (or any,
+            without the chunk tier); 404 for another model; 400 on an encoder.
     """
     fields = _object(body, _SCORE_FIELDS)
     _check_model(fields, model, required=False)
     segments = _segments_field(fields, model)
     labels = fields.get("label_token_ids")
+    if isinstance(labels, list) and len(labels) > limits.max_labels:  # checked first: the list may be huge
+        raise _too_many_labels(len(labels), limits, "label_token_ids")
     if not isinstance(labels, list) or not labels or not all(_is_id(v) for v in labels):
-        raise bad_request(f"'label_token_ids' is required: a non-empty list of token ids, got {labels!r}",
+        raise bad_request(f"'label_token_ids' is required: a non-empty list of token ids, got {_brief(labels)}",
                           "invalid_label_token_ids", "label_token_ids")
     bad = next((v for v in labels if not 0 <= v < model.vocab_size), None)
     if bad is not None:
@@ -130,15 +138,18 @@ def parse_score(body: Any, limits: RequestLimits, model: ModelInfo) -> ScoreRequ
     else:
         raise bad_request(f"'query' must be a string or a list of token ids, got {type(query).__name__}",
                           "invalid_input", "query")
+    _check_scores(len(prompts), len(labels), limits, "label_token_ids")
     return ScoreRequest(tuple(prompts), tuple(labels), softmax)
 
 
 def parse_classify(body: Any, limits: RequestLimits, model: ModelInfo, labels: tuple[str, ...] | None) -> ScoreRequest:
-    """A ``/v1/classify`` body, validated; ``labels`` are the node's configured ones (None: none).
+    """A ``/v1/classify`` body, validated; ``labels`` are the node's configured ones (None: none), taken when the
+    body's ``labels`` is left out or null.
 
     Raises:
         ApiError: 400 for a malformed body, an empty input, no labels (neither given nor configured), fewer than
-            two labels, bad ``segments`` (or any, without the chunk tier); 404 for another model.
+            two labels, more than ``limits.max_labels`` or inputs x labels over ``limits.max_scores`` (naming the
+            limit), bad ``segments`` (or any, without the chunk tier); 404 for another model.
     """
     fields = _object(body, _CLASSIFY_FIELDS)
     _check_model(fields, model, required=False)
@@ -146,18 +157,42 @@ def parse_classify(body: Any, limits: RequestLimits, model: ModelInfo, labels: t
     if "input" not in fields:
         raise bad_request("'input' is required: a text, a list of texts or of token id lists", "missing_input",
                           "input")
-    words = fields.get("labels", labels)
+    words = fields.get("labels")
+    if words is None:  # left out or null: the node's own
+        words = labels
     if words is None:
         raise bad_request("'labels' is required (words of one token each, e.g. [\"positive\", \"negative\"]): this"
                           " node has no configured labels", "missing_labels", "labels")
+    if isinstance(words, list | tuple) and len(words) > limits.max_labels:
+        raise _too_many_labels(len(words), limits, "labels")
     if not isinstance(words, list | tuple) or len(words) < 2 or not all(isinstance(w, str) and w for w in words):
-        raise bad_request(f"'labels' must be at least two non-empty words, got {words!r}", "invalid_labels", "labels")
+        raise bad_request(f"'labels' must be at least two non-empty words, got {_brief(words)}", "invalid_labels",
+                          "labels")
     if len(set(words)) != len(words):
-        raise bad_request(f"'labels' holds a word twice: {words!r}", "invalid_labels", "labels")
+        raise bad_request(f"'labels' holds a word twice: {_brief(words)}", "invalid_labels", "labels")
     inputs = _inputs(fields["input"], "input", limits, model)
     if segments is not None:
         inputs = _segmented_inputs(segments, inputs)
+    _check_scores(len(inputs), len(words), limits, "labels")
     return ScoreRequest(inputs, tuple(words), True)
+
+
+def _too_many_labels(count: int, limits: RequestLimits, field: str) -> ApiError:
+    """The 400 of a request with more labels than ``max_labels``."""
+    return bad_request(f"too many labels: {count} in '{field}'; the limit is max_labels={limits.max_labels} per"
+                       " request (the node's --max-labels)", "too_many_labels", field)
+
+
+def _check_scores(rows: int, labels: int, limits: RequestLimits, field: str) -> None:
+    """Refuse a request whose answer holds more than ``max_scores`` numbers (rows x labels).
+
+    Raises:
+        ApiError: 400 naming the limit.
+    """
+    if rows * labels > limits.max_scores:
+        raise bad_request(f"too many scores: {rows} inputs x {labels} labels = {rows * labels}; the limit is"
+                          f" max_scores={limits.max_scores} per request (the node's --max-scores): send fewer"
+                          " inputs or labels per request", "too_many_scores", field)
 
 
 def score_response(probabilities: np.ndarray, tokens: int, model: str) -> dict[str, Any]:

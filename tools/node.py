@@ -98,8 +98,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--read-timeout", type=float, default=limits.read_timeout,
                    help="seconds a client has to send a request's line and headers, then as many for its body; past"
                    " them the node answers 408 and closes the connection (a connection that sends nothing is closed)")
+    p.add_argument("--max-labels", type=positive_int, default=limits.max_labels,
+                   help="labels per scoring request (/v1/score's label_token_ids, /v1/classify's labels and --labels)")
+    p.add_argument("--max-scores", type=positive_int, default=limits.max_scores,
+                   help="items x labels per scoring request: the numbers in one answer")
     p.add_argument("--labels", nargs="+", default=None,
-                   help="/v1/classify's labels when a request names none (words of one token each)")
+                   help="/v1/classify's labels when a request names none (words of one token each; at most"
+                        " --max-labels)")
     p.add_argument("--grace", type=int, default=30, help="seconds requests in flight get to finish on SIGTERM")
     p.add_argument("--ready-file", type=Path, help="write {pid, address, port} as JSON here once the model is loaded")
     p.set_defaults(func=run)
@@ -127,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
     keys = KeyCheck(args.api_key_file)
     if keys.keys is None:
         log.warning("event=no_api_keys detail='every client may call this node; give --api-key-file to require keys'")
-    limits = RequestLimits(args.max_inputs, args.max_input_tokens, args.max_body_bytes, args.read_timeout)
+    limits = RequestLimits(args.max_inputs, args.max_input_tokens, args.max_body_bytes, args.read_timeout,
+                           max_labels=args.max_labels, max_scores=args.max_scores)
+    if args.labels is not None and len(args.labels) > limits.max_labels:
+        raise ConfigError(f"--labels gives {len(args.labels)} words; the limit is --max-labels {limits.max_labels}")
     settings = BatcherSettings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                                batch_size=args.batch_size, max_call_rows=args.max_call_rows,
                                max_queued_rows=args.max_queued_rows,

@@ -16,9 +16,13 @@ daemon and stock reflection clients (grpcurl) list its services without an
 interceptor. Tokens are compared in constant time and never logged; refused
 calls are reported (``on_refused``) so metrics count them.
 
-A *caller* is a token's name on a peer host (``Caller.key``): admission counts
-distinct callers, so nodes sharing a token on different hosts count apart, and
-one client counts once however many connections it opens.
+A *caller* is an identity, never an address (``Caller.key``, what admission counts
+once): its token's name; without a token file, the common name of its client
+certificate under mTLS (``cert:NAME``); with neither, its peer host
+(``anonymous@HOST``: no identity exists then, and without tokens any client may
+write anyway). One token is one caller from any number of hosts, addresses or
+connections, and nodes sharing a token count once. A read token's asks are not
+counted at all: only callers that may write admit a row (``Caller.key`` None).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ OPEN_SERVICES: frozenset[str] = frozenset({"grpc.health.v1.Health", *REFLECTION_
 # Shorter tokens are guessable; refuse them rather than serve behind them.
 MIN_TOKEN_CHARS = 16
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.@\-]{1,64}$")
+ANONYMOUS = "anonymous"  # the name of a caller without a token or a client certificate
 
 _METHODS = {m.name for m in pb.DESCRIPTOR.services_by_name["AttnStore"].methods}
 if not ADMIN_METHODS | WRITE_METHODS <= _METHODS:
@@ -178,16 +183,25 @@ def parse_tokens(text: str, source: str = "<string>") -> TokenTable:
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who makes a call: a token's holder on a host."""
+    """Who makes a call: a token's holder (or a client certificate's), and the host it calls from."""
 
-    name: str  # the token's name; "anonymous" without auth
-    host: str  # the peer's address without its port
+    name: str  # the token's name; without tokens "cert:" and its certificate's common name, or "anonymous"
+    host: str  # the peer's address without its port: for logs, and an identity only when there is none
     namespaces: frozenset[str] | None = None  # what its token may name; None: every namespace
+    role: Role = "admin"  # what its token may do; without tokens every caller may make every call
+    identified: bool = True  # False: no token and no client certificate, so admission falls back to the host
 
     @property
-    def key(self) -> str:
-        """What admission counts as one caller."""
-        return f"{self.name}@{self.host}"
+    def key(self) -> str | None:
+        """What admission counts as one caller; None for a caller whose asks do not count (a read token's)."""
+        if self.role == "read":
+            return None
+        return self.name if self.identified else f"{self.name}@{self.host}"
+
+    @property
+    def store_wide(self) -> bool:
+        """Whether it may see the store's own counters (an unscoped token, or no auth)."""
+        return self.namespaces is None
 
     def allows(self, namespace: str) -> bool:
         """Whether the caller's token may name ``namespace``."""
@@ -202,9 +216,22 @@ def peer_host(peer: str) -> str:
     return peer
 
 
+def certificate_name(context: grpc.ServicerContext) -> str | None:
+    """``cert:`` and the common name of the peer's client certificate (mTLS), or its SHA-256 when it names none;
+    None without one."""
+    auth = context.auth_context() or {}
+    pem = b"".join(auth.get("x509_pem_cert", ()))
+    if not pem:
+        return None
+    common = b"".join(auth.get("x509_common_name", ())).decode("utf-8", "replace")
+    return f"cert:{common}" if common else "cert:sha256-" + hashlib.sha256(pem).hexdigest()[:16]
+
+
 def anonymous_caller(context: grpc.ServicerContext) -> Caller:
-    """The caller of a daemon without auth: its host alone."""
-    return Caller("anonymous", peer_host(context.peer()))
+    """The caller of a daemon without tokens: its client certificate under mTLS, else anonymous on its host."""
+    certificate = certificate_name(context)
+    host = peer_host(context.peer())
+    return Caller(certificate, host) if certificate else Caller(ANONYMOUS, host, identified=False)
 
 
 def load_tokens(path: str | Path) -> TokenTable:
@@ -340,8 +367,8 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
             entry = self._tokens.entry_of(token)
         host = peer_host(context.peer())
         if entry is None:  # the tokens were replaced since the call was let in
-            return Caller("unknown", host, frozenset())
-        return Caller(entry.name, host, entry.namespaces)
+            return Caller("unknown", host, frozenset(), "read")
+        return Caller(entry.name, host, entry.namespaces, entry.role)
 
     def _scoped(self, handler: grpc.RpcMethodHandler, method: str, allowed: frozenset[str]) -> grpc.RpcMethodHandler:
         """``handler``, refusing a request that names a namespace outside ``allowed`` (PERMISSION_DENIED)."""

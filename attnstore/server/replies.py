@@ -66,10 +66,16 @@ def refused_to_pb(refused: RefusedRow) -> pb.RowError:
 
 
 def stats_to_pb(
-    stats: StoreStats, written: WriteBackStats, admission: AdmissionStats, *, admit_after: int
+    stats: StoreStats, written: WriteBackStats, admission: AdmissionStats, *, admit_after: int,
+    scope: frozenset[str] | None = None,
 ) -> pb.StatsResponse:
     """The Stats reply: store statistics (buckets flattened over namespaces), the rows written back and what
-    admission saw, with its ``admit_after`` setting."""
+    admission saw, with its ``admit_after`` setting.
+
+    ``scope`` (a scoped token's namespaces) narrows it to those namespaces: their buckets, entries and bytes,
+    and none of the store-wide counters (``scoped_stats_to_pb``)."""
+    if scope is not None:
+        return scoped_stats_to_pb(stats, scope, admit_after=admit_after)
     buckets = [
         pb.BucketStats(
             namespace=ns.name,
@@ -109,6 +115,25 @@ def stats_to_pb(
         admission_admitted=admission.admitted,
         admission_sketch_bytes=admission.sketch_bytes,
         admit_after=admit_after,
+    )
+
+
+def scoped_stats_to_pb(stats: StoreStats, scope: frozenset[str], *, admit_after: int) -> pb.StatsResponse:
+    """The Stats reply a token scoped to ``scope`` sees: those namespaces' buckets, entries and bytes only.
+
+    Everything store-wide (the DRAM cache, the data file, the byte cap and its evictions, stale generations,
+    write-back and admission counters) is summed over every namespace, so it would reveal the others' traffic:
+    it is left 0 and ``scoped`` says so. ``admit_after`` is a setting, not a count, and is shown."""
+    mine = [ns for ns in stats.namespaces if ns.name in scope]
+    buckets = [
+        pb.BucketStats(namespace=ns.name, length=b.length, codec=ns.codec, entries=b.entries,
+                       stored_bytes=b.stored_bytes, raw_bytes=b.raw_bytes)
+        for ns in mine
+        for b in ns.buckets
+    ]
+    return pb.StatsResponse(
+        entries=sum(ns.entries for ns in mine), stored_bytes=sum(ns.stored_bytes for ns in mine),
+        raw_bytes=sum(ns.raw_bytes for ns in mine), buckets=buckets, admit_after=admit_after, scoped=True,
     )
 
 

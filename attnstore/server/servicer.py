@@ -201,7 +201,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 maps=not request.exact_only,
                 gate=request.gate,
                 projector_version=request.projector_version or None,
-                caller=self._callers(context).key,
+                caller=self._callers(context).key,  # None (a read token): its asks admit nothing
             )
             seconds = time.perf_counter() - start
             served = service.read_exact_outputs(namespace, results, on_read=self._metrics.fetched)
@@ -234,6 +234,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 max_distance=request.max_distance,
                 gate=request.gate,
                 projector_version=request.projector_version or None,
+                caller=self._callers(context).key,  # a Search asks the exact tier too: the same admission rule
             )
             seconds = time.perf_counter() - start
             self._metrics.matched(request.namespace, [r.kind for r in results], seconds, lookup=False)
@@ -450,8 +451,10 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._call("Stats", context) as service:
+            # A scoped token sees its namespaces only, and no store-wide counter (they sum every namespace's).
             return stats_to_pb(service.stats(), service.write_backs.stats(), service.admission.stats(),
-                               admit_after=service.admission.config.admit_after)
+                               admit_after=service.admission.config.admit_after,
+                               scope=self._callers(context).namespaces)
 
     def ListEntries(self, request: pb.ListEntriesRequest, context: grpc.ServicerContext) -> Iterator[pb.StoredEntry]:
         with self._call("ListEntries", context) as service:

@@ -3,11 +3,14 @@
 The daemon counts, per namespace, the callers that asked its exact tier about a
 token sequence and missed (``attnstore.store.admission``: fixed memory, counts
 that fade by windows) and marks a missed row *admit* once ``admit_after`` distinct
-callers have asked, this one included. A caller is a token on a host, so one
-client (a writer asking about its own rows, any number of times, over any number
-of connections) counts once: with ``admit_after`` >= 2 it cannot admit a row that
-nobody else asked for. ``admit_after`` 1 admits every miss (it trusts every
-writer), 0 turns write-back off.
+callers have asked, this one included. A caller is an identity, never an address
+(its token's name, or its client certificate; see ``attnstore.server.auth``), and
+only callers that may write are counted (a read token's asks count nothing), so
+one writer (asking about its own rows any number of times, from any number of
+hosts or connections, helped by any number of read tokens) counts once: with
+``admit_after`` >= 2 it cannot admit a row no other writer asked for, and
+``admit_after`` - 1 colluding writers cannot either. ``admit_after`` 1 admits
+every miss (it trusts every writer), 0 turns write-back off.
 
 Where the store is shared by several daemons (Redis) the counts live in the
 store, so the daemon that takes a row's WriteBack sees the asks every daemon
@@ -79,7 +82,7 @@ class Admission:
         return self.config.admit_after > 0
 
     def observe(
-        self, namespace: str, token_hashes: Sequence[bytes | None], missed: Sequence[bool], caller: str = ""
+        self, namespace: str, token_hashes: Sequence[bytes | None], missed: Sequence[bool], caller: str | None = ""
     ) -> list[bool]:
         """Count ``caller`` asking about each missed row; which rows are admitted.
 
@@ -87,14 +90,15 @@ class Admission:
             namespace: the namespace asked.
             token_hashes: each row's exact-tier key; None (no key) is neither counted nor admitted.
             missed: whether each row missed the exact tier (only a miss is counted, and admitted).
-            caller: who asks (see ``attnstore.server.auth.Caller``); each counts once per row.
+            caller: who asks (``attnstore.server.auth.Caller.key``); each counts once per row. None: a caller
+                that cannot write (a read token): nothing is counted and no row is admitted for it.
 
         Raises:
             UnavailableError: shared counts cannot be reached.
         """
         rows = [i for i, key in enumerate(token_hashes) if key and missed[i]]
         admitted = [False] * len(token_hashes)
-        if not rows or not self.enabled:
+        if not rows or not self.enabled or caller is None:
             return admitted
         try:
             counts = self._counts.observe(namespace, [token_hashes[i] or b"" for i in rows], caller)

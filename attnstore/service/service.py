@@ -235,7 +235,7 @@ class AttnStoreService:
         maps: bool = True,
         gate: bool = False,
         projector_version: int | None = None,
-        caller: str = "",
+        caller: str | None = None,
     ) -> list[MatchResult]:
         """Match each query: exact tier first, then the map tier.
 
@@ -250,7 +250,8 @@ class AttnStoreService:
                 ``max_distance``; every query needs its token ids.
             projector_version: the namespace's projector version the features were
                 projected with; None states none.
-            caller: who asks, for admission (each caller counts once per row; see ``admission``).
+            caller: who asks, for admission (each caller counts once per row; see ``admission``); None: nobody
+                that admission counts (a read token, embedded mode), so no row is counted or marked admit.
 
         Returns:
             One ``MatchResult`` per query, in order.

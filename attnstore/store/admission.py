@@ -1,7 +1,7 @@
 """Admission counts: how many distinct callers asked the exact tier about a token sequence, in fixed memory.
 
 A row is worth writing back once several callers ask for it. Counting *distinct*
-callers (a caller is a token on a host, see ``attnstore.server.auth``) rather than
+callers (a caller is a token's identity, never an address: see ``attnstore.server.auth``) rather than
 asks keeps one client from admitting rows by asking twice: a writer's own lookups
 count once, whatever it sends.
 

@@ -24,12 +24,13 @@ from tests.support.server_fixtures import FP, LAYOUT, LIMITS, memory_service, se
 from tests.support.stores import projector_blob, softmax_maps
 
 READ, WRITE, ADMIN, OTHER = "r" * 20, "w" * 20, "a" * 20, "o" * 20
-TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("read", OTHER)))
+TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("write", OTHER)))
 
 
 @contextmanager
 def _two_callers(service: AttnStoreService) -> Iterator[tuple[RemoteStore, RemoteStore]]:
-    """A writer (write token) and another node (another token): two callers for admission."""
+    """A writer (write token) and another node (another write token): two callers for admission (a read
+    token's asks count nothing)."""
     with served(service, tokens=TOKENS, client_token=WRITE) as (_, writer):
         with RemoteStore(writer.target, token=OTHER, timeout=30.0) as other:
             yield writer, other

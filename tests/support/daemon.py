@@ -18,13 +18,17 @@ READ_TOKEN = "read-token-0123456789abcdef"
 WRITE_TOKEN = "write-token-0123456789abcdef"
 # Another node's write token: admission counts it as another caller.
 OTHER_WRITE_TOKEN = "write-token-fedcba9876543210"
+# A read token that may name namespace "sm" only.
+SCOPED_READ_TOKEN = "scoped-read-token-0123456789"
 
 
 def write_token_file(path: Path) -> Path:
-    """A token file with one admin, one read and two write tokens, of nodes "node-a" and "node-b" (mode 600)."""
+    """A token file with one admin, one read and two write tokens, of nodes "node-a" and "node-b", and a read token
+    scoped to namespace "sm" (mode 600)."""
     path.write_text(
         f"# test tokens\nadmin {ADMIN_TOKEN}\nread {READ_TOKEN}  # monitoring\n"
-        f"write {WRITE_TOKEN} name=node-a  # a node\nwrite {OTHER_WRITE_TOKEN} name=node-b  # another node\n",
+        f"write {WRITE_TOKEN} name=node-a  # a node\nwrite {OTHER_WRITE_TOKEN} name=node-b  # another node\n"
+        f"read {SCOPED_READ_TOKEN} name=sm-reader namespaces=sm  # an untrusted node of namespace sm\n",
         encoding="utf-8",
     )
     path.chmod(0o600)

@@ -197,6 +197,12 @@ def _stats(args: argparse.Namespace) -> int:
     ]
     _table(["namespace", "length", "codec", "entries", "stored_bytes", "raw_bytes", "ratio"], rows)
     print()
+    if stats.scoped:
+        # The daemon counts a scoped token's namespaces only and shows it no store-wide counter.
+        _table(["entries", "stored_bytes", "raw_bytes"], [(stats.entries, stats.stored_bytes, stats.raw_bytes)])
+        print("(this token is scoped to namespaces: the store-wide counters are not shown to it)")
+        _write_json(args, _as_dict(stats))
+        return 0
     _table(
         ["entries", "stored_bytes", "file_bytes", "max_bytes", "store_evictions", "dram_bytes", "dram_capacity",
          "dram_entries", "dram_hits", "dram_misses", "dram_evictions"],

@@ -509,7 +509,7 @@ class BucketStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., length: _Optional[int] = ..., codec: _Optional[str] = ..., entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after", "written_back_map_entries", "written_back_map_bytes", "written_back_refused")
+    __slots__ = ("entries", "stored_bytes", "buckets", "dram_bytes", "dram_capacity_bytes", "dram_hits", "dram_misses", "dram_evictions", "store_evictions", "raw_bytes", "file_bytes", "max_bytes", "dram_entries", "stale_generations", "stale_generation_bytes", "written_back_entries", "written_back_bytes", "written_back_duplicates", "written_back_not_admitted", "admission_asked", "admission_admitted", "admission_sketch_bytes", "admit_after", "written_back_map_entries", "written_back_map_bytes", "written_back_refused", "scoped")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -536,6 +536,7 @@ class StatsResponse(_message.Message):
     WRITTEN_BACK_MAP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_BACK_MAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_BACK_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SCOPED_FIELD_NUMBER: _ClassVar[int]
     entries: int
     stored_bytes: int
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
@@ -562,7 +563,8 @@ class StatsResponse(_message.Message):
     written_back_map_entries: int
     written_back_map_bytes: int
     written_back_refused: int
-    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ..., written_back_map_entries: _Optional[int] = ..., written_back_map_bytes: _Optional[int] = ..., written_back_refused: _Optional[int] = ...) -> None: ...
+    scoped: bool
+    def __init__(self, entries: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., dram_hits: _Optional[int] = ..., dram_misses: _Optional[int] = ..., dram_evictions: _Optional[int] = ..., store_evictions: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dram_entries: _Optional[int] = ..., stale_generations: _Optional[int] = ..., stale_generation_bytes: _Optional[int] = ..., written_back_entries: _Optional[int] = ..., written_back_bytes: _Optional[int] = ..., written_back_duplicates: _Optional[int] = ..., written_back_not_admitted: _Optional[int] = ..., admission_asked: _Optional[int] = ..., admission_admitted: _Optional[int] = ..., admission_sketch_bytes: _Optional[int] = ..., admit_after: _Optional[int] = ..., written_back_map_entries: _Optional[int] = ..., written_back_map_bytes: _Optional[int] = ..., written_back_refused: _Optional[int] = ..., scoped: _Optional[bool] = ...) -> None: ...
 
 class ListEntriesRequest(_message.Message):
     __slots__ = ("namespace", "maps_only", "writer")
