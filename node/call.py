@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnstore_client.call.rows import HiddenRows
+from attnstore_client.call.rows import HiddenRows, last_positions
 from attnstore_client.call.sinks import Sink
 from attnstore_client.call.sources import RowSource, Tokenized
 from attnstore_client.choices import label_probabilities
@@ -121,7 +121,7 @@ class TicketSink(Sink):
             return self._pool(tokens, mask, kind[1])
         assert self._lm_head is not None  # the route refuses scoring on an encoder
         _, labels, softmax = kind
-        last = mask.sum(dim=1) - 1  # (b,): each row's last real position
+        last = last_positions(mask)  # (b,)
         states = tokens[torch.arange(tokens.shape[0], device=tokens.device), last]  # (b, hidden)
         return label_probabilities(self._lm_head, states, labels, over_labels=softmax)  # (b, labels)
 

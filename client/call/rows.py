@@ -117,6 +117,13 @@ class HiddenRows:
         return out, mask
 
 
+def last_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's last real position ``(B,)`` in a padded batch's mask ``(B, P)``, read from the mask itself: a
+    batch may be padded on either side (a tokenizer's ``padding_side``), so a row's length is not its last index."""
+    width = mask.shape[1]
+    return width - 1 - mask.flip(1).to(torch.int32).argmax(dim=1)  # first real position from the right
+
+
 def _ends_to_starts(lengths: Sequence[int]) -> tuple[int, ...]:
     """Where each row starts when rows of ``lengths`` lie end to end."""
     return tuple(int(start) for start in np.concatenate([[0], np.cumsum(lengths)[:-1]]))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from attnstore.errors import ConfigError
-from attnstore_client.call.rows import HiddenRows
+from attnstore_client.call.rows import HiddenRows, last_positions
 from attnstore_client.models import LoadedModel
 
 if TYPE_CHECKING:
@@ -134,7 +134,9 @@ class TransformersPipelineHead(SentenceHead):
         for start in range(0, len(texts), _TOKENIZE_CHUNK):
             features = self._model.preprocess(list(texts[start : start + _TOKENIZE_CHUNK]), prompt=prompt)
             ids, mask = features["input_ids"], features["attention_mask"]  # (n, P) each
-            rows += [row[: int(length)].tolist() for row, length in zip(ids, mask.sum(dim=1), strict=True)]
+            # Each row's tokens are where its mask is: a tokenizer may pad on either side (decoder embedders
+            # such as Qwen3-Embedding pad on the left for last-token pooling).
+            rows += [row[real.bool()].tolist() for row, real in zip(ids, mask, strict=True)]
             prompt_length = int(features.get("prompt_length") or 0)
         return rows, prompt_length
 
@@ -201,7 +203,7 @@ class PromptEolHead(MeanPoolHead):
 
     def pool(self, tokens: torch.Tensor, mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
         """See :meth:`SentenceHead.pool`: each row's last token."""
-        last = mask.sum(dim=1) - 1  # (B,)
+        last = last_positions(mask)  # (B,)
         return tokens[torch.arange(tokens.shape[0], device=tokens.device), last]  # (B, hidden)
 
     def pool_rows(self, hidden: HiddenRows, prompt_length: int = 0) -> torch.Tensor:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import copy
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModel,
+    AutoTokenizer,
     BertConfig,
     LlamaConfig,
     LlamaForCausalLM,
@@ -96,4 +98,35 @@ def save_tiny_decoder(folder: Path, *, full_vocab: bool = False) -> Path:
     tokenizer_source = resolve_model_path("minilm")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(tokenizer_source / name, folder / name)
+    return folder
+
+
+def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_side: str = "right",
+                     pooling: str | None = None) -> Path:
+    """A random tiny model of ``family`` (any ``model_type`` transformers knows) with all-MiniLM-L6-v2's tokenizer
+    (its whole vocabulary), saved as a transformers folder; with ``pooling``, as a sentence-transformers folder of
+    that model, a ``Pooling`` of that mode and ``Normalize``, its tokenizer padding on ``padding_side``."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
+    shape: dict[str, Any] = {"vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 48,
+                             "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 160}
+    if family in ("llama", "mistral", "qwen2"):
+        shape["num_key_value_heads"] = 2
+    if family == "mistral":
+        shape["sliding_window"] = 6  # shorter than most rows: the window matters
+    if family == "roberta":
+        shape["pad_token_id"] = tokenizer.pad_token_id  # RoBERTa numbers positions from its pad id
+    torch.manual_seed(len(family))
+    model = AutoModel.from_config(AutoConfig.for_model(family, **shape)).eval()
+    transformers_folder = folder if pooling is None else folder / "transformer"
+    model.save_pretrained(transformers_folder)
+    tokenizer.padding_side = padding_side
+    tokenizer.save_pretrained(transformers_folder)
+    if pooling is not None:
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer import modules
+
+        transformer = modules.Transformer(str(transformers_folder))
+        pipeline = SentenceTransformer(modules=[transformer, modules.Pooling(hidden, pooling_mode=pooling),
+                                                modules.Normalize()], device="cpu")
+        pipeline.save(str(folder))
     return folder

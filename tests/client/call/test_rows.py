@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnstore_client.call.rows import HiddenRows
+from attnstore_client.call.rows import HiddenRows, last_positions
 
 
 def _rows(*lengths: int, seed: int = 0) -> list[torch.Tensor]:
@@ -43,3 +43,10 @@ def test_padded_rows_and_rows_with_gaps_have_no_offsets() -> None:
         assert not hidden.end_to_end
         with pytest.raises(ValueError, match=r"lengths \(3, 1\).*not end to end"):
             hidden.offsets()
+
+
+def test_last_positions_reads_each_row_s_last_real_token_from_the_mask_on_either_padding_side() -> None:
+    right = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    left = right.flip(1)
+    assert last_positions(right).tolist() == [2, 0, 3]
+    assert last_positions(left).tolist() == [3, 3, 3]

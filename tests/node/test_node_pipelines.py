@@ -1,0 +1,44 @@
+"""A real ``attnstore node`` on sentence-transformers folders configured as users configure decoder and encoder
+embedders (a tokenizer padding on the left, last-token or mean pooling): every row of a request of many rows equals
+``SentenceTransformer.encode``'s, through ``/v1/embeddings`` and TEI's ``/embed``."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer
+
+from attnstore_client.models import load_model
+from tests.support.adapters import save_tiny_family
+from tests.support.nodes import API_KEY, NodeProcess, tiny_store
+
+TEXTS = ["A man is playing a guitar.", "hi", "The quick brown fox jumps over the lazy dog again and again.",
+         "A cat sits.", "Stocks fell sharply today in early trading.", "ok then", "hi"]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize(("family", "pooling"), [("qwen2", "lasttoken"), ("qwen2", "mean"), ("roberta", "mean")])
+def test_a_left_padding_pipeline_s_rows_equal_sentence_transformers_through_the_node(
+    tmp_path, family: str, pooling: str
+) -> None:
+    folder = save_tiny_family(family, tmp_path / "model", padding_side="left", pooling=pooling)
+    reference = SentenceTransformer(str(folder), device="cpu")
+    assert reference.tokenizer.padding_side == "left"
+    expected = reference.encode(TEXTS)
+    node = NodeProcess(str(folder), tiny_store(tmp_path / "store", load_model(str(folder))), tmp_path, keys=True,
+                       args=("--no-warmup",)).start()
+    try:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        name = httpx.get(f"{node.url}/v1/models", headers=headers).raise_for_status().json()["data"][0]["id"]
+        answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": name}, headers=headers,
+                            timeout=60).raise_for_status().json()
+        vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
+        assert _cosines(vectors, expected).min() >= 0.9999
+        embed = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS}, headers=headers, timeout=60)
+        assert _cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
+    finally:
+        assert node.stop() == 0, node.log()
