@@ -198,11 +198,6 @@ class Caller:
             return None
         return self.name if self.identified else f"{self.name}@{self.host}"
 
-    @property
-    def store_wide(self) -> bool:
-        """Whether it may see the store's own counters (an unscoped token, or no auth)."""
-        return self.namespaces is None
-
     def allows(self, namespace: str) -> bool:
         """Whether the caller's token may name ``namespace``."""
         return self.namespaces is None or namespace in self.namespaces

@@ -232,10 +232,14 @@ class Daemon:
             shown, len(namespaces), time.perf_counter() - start,
         )
         admission = self._service.admission.stats()
+        # Who admission counts as one caller (``auth.Caller.key``): without tokens or client certificates only
+        # an address, which is no identity (and then any client may write anyway).
+        identity = "token" if config.token_file is not None else \
+            "certificate" if config.tls_client_ca is not None else "address"
         log.info(
-            "event=admission admit_after=%d write_back=%s counts=%s sketch_bytes=%d", config.admit_after,
+            "event=admission admit_after=%d write_back=%s counts=%s sketch_bytes=%d callers=%s", config.admit_after,
             "on" if config.admit_after else "off", "shared" if admission.shared else "in_memory",
-            admission.sketch_bytes,
+            admission.sketch_bytes, identity,
         )
 
     def _wait(self) -> None:

@@ -91,6 +91,7 @@ def test_two_distinct_write_tokens_admit_a_row(daemon: DaemonProcess) -> None:
     with daemon.client(ADMIN_TOKEN) as admin:
         writers = {e.writer for e in admin.iter_entries("default") if e.token_hash == token_hash(row[0])}
     assert writers == {"node-a"}
+    assert "event=admission admit_after=2 " in daemon.log() and " callers=token" in daemon.log()
 
 
 def test_without_tokens_the_host_is_the_caller(tmp_path: Path) -> None:
@@ -108,6 +109,7 @@ def test_without_tokens_the_host_is_the_caller(tmp_path: Path) -> None:
             assert _write(admin, row) == (1, 0)
             (entry,) = [e for e in admin.iter_entries("default") if e.token_hash == token_hash(row[0])]
             assert entry.writer == "anonymous"
+        assert " callers=address" in process.log()
     finally:
         assert process.stop() == 0, process.log()
 
