@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from attnstore.errors import AuthError
 from attnstore.protocol.keys import token_hash
 from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
@@ -86,3 +87,10 @@ def test_admin_stats_with_a_scoped_token_shows_its_namespaces_only(
     assert cli_main(["admin", "stats", "--target", daemon.target, "--token", SCOPED_READ_TOKEN]) == 0
     table = capsys.readouterr().out
     assert "sm" in table and "other" not in table and "store-wide counters are not shown" in table
+
+
+@pytest.mark.parametrize("name", ["other", "no-such-namespace"])
+def test_a_scoped_token_cannot_tell_another_namespace_from_none(daemon: DaemonProcess, name: str) -> None:
+    with daemon.client(SCOPED_READ_TOKEN) as scoped, pytest.raises(AuthError) as caught:
+        scoped.get_namespace(name, projector=False)
+    assert "PERMISSION_DENIED" in str(caught.value) and "may name only ['sm']" in str(caught.value)
