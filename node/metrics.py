@@ -81,6 +81,11 @@ class NodeMetrics:
         self.distinct_tokens = Counter("attnstore_node_distinct_tokens",
                                        "Tokens of the rows of the calls with every prefix rows of a call share counted"
                                        " once: the least a call computes (compare forward_tokens)", registry=registry)
+        self.audited = Counter("attnstore_node_audited_rows",
+                               "The store's exact hits computed again to audit them (--audit-rate)", registry=registry)
+        self.audit_mismatches = Counter("attnstore_node_audit_mismatches",
+                                        "Audited rows the store had wrong (reported for quarantine, writer logged)",
+                                        registry=registry)
         self.ready = Gauge("attnstore_node_ready", "1 once the model is loaded and the node serves",
                            registry=registry)
         for route in ROUTES:
@@ -108,6 +113,8 @@ class NodeMetrics:
                 self.rows.labels(tier).inc(count)
         self.forward_tokens.inc(stats.forward_tokens)
         self.forwarded_tokens.inc(stats.forwarded_tokens)
+        self.audited.inc(stats.audited)
+        self.audit_mismatches.inc(stats.audit_mismatches)
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

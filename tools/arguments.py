@@ -18,6 +18,34 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+# What `attnstore node` and `attnstore encode` audit by default (``attnstore_client.audit``): a node reading a store
+# others write should check it, and 1% of the exact hits costs one forward per hundred of them (docs/BENCHMARKS.md,
+# "Audit"), while a row wrong on every hit is caught within about 100 of its hits (459 for 99% odds). The
+# library's own default (CacheSettings.audit_rate) is 0: a store one builds and writes alone has no other writer.
+DEFAULT_NODE_AUDIT_RATE = 0.01
+
+
+def audit_rate(text: str) -> float:
+    """``--audit-rate``: a share from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value}")
+    return value
+
+
+def add_audit_rate(parser: argparse.ArgumentParser) -> None:
+    """The ``--audit-rate`` option of a command that reads a store through ``AttnCache``."""
+    parser.add_argument(
+        "--audit-rate", type=audit_rate, default=DEFAULT_NODE_AUDIT_RATE,
+        help="share of the store's exact hits computed again and compared with the stored outputs; a wrong row is"
+        " served computed, quarantined at the daemon (with a write token) and its writer logged"
+        f" (AttnCache(audit_rate=...); default {DEFAULT_NODE_AUDIT_RATE}; 0 turns it off)",
+    )
+
+
 def store_url(text: str, *, tls: bool) -> str:
     """A client's store URL from ``--store``: a bare HOST:PORT becomes grpc:// (grpcs:// when ``tls``).
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from attnstore.errors import ConfigError
 from attnstore_tools.admin.command import TOKEN_ENV, read_token
-from attnstore_tools.arguments import documented_parser, store_url
+from attnstore_tools.arguments import add_audit_rate, documented_parser, store_url
 from attnstore_tools.corpus import read_texts
 from attnstore_tools.output import write_json
 
@@ -49,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         " (default: the namespace's fidelity gate, else its calibrated threshold)")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline of one batch's lookup, s (default 30)")
     parser.add_argument("--normalize", action="store_true", help="scale embeddings to unit length")
+    add_audit_rate(parser)
     parser.add_argument("--stats-json", type=Path, help="also write the stats here as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     options = {} if args.max_distance is None else {"max_distance": args.max_distance}
     store = store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None)
     with AttnCache(args.model, store, namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
-                   client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, **options) as cache:
+                   client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout,
+                   audit_rate=args.audit_rate, **options) as cache:
         embeddings = cache.encode(texts, batch_size=args.batch_size, show_progress_bar=not args.no_progress,
                                   normalize_embeddings=args.normalize)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from attnstore.errors import ConfigError
 from attnstore_node.schema import RequestLimits
 from attnstore_node.settings import BatcherSettings
 from attnstore_tools.admin.command import TOKEN_ENV, read_token
-from attnstore_tools.arguments import DefaultsHelpFormatter, positive_int, store_url
+from attnstore_tools.arguments import DefaultsHelpFormatter, add_audit_rate, positive_int, store_url
 from attnstore_tools.serve import parse_size
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--int8", action="store_true",
                    help="compute rows no tier served on the namespace's int8 plan (built with --int8): faster,"
                         " approximate (AttnCache(int8=True))")
+    add_audit_rate(p)
     p.add_argument("--no-warmup", action="store_true", help="serve at once, without timing forwards first")
     p.add_argument("--api-key-file", type=Path,
                    help="'key' or 'label key' lines; requests need 'Authorization: Bearer KEY' (default: no keys)")
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
         client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, write_back=args.write_back,
-        device=args.device, packed=not args.padded, int8=args.int8, **options,
+        device=args.device, packed=not args.padded, int8=args.int8, audit_rate=args.audit_rate, **options,
     )
     metrics = NodeMetrics()
     batcher = Batcher(open_cache, args.served_model_name or args.model, settings, metrics)

@@ -3,7 +3,8 @@
 ``namespaces``, ``stats`` (a read token suffices), ``verify``, ``compact``,
 ``delete``, ``ingest``, ``create-namespace`` (admin token; an exact-tier-only
 namespace for a model, filled by write-back: ``cold_start`` beside this module),
-``drop-writer`` (admin token; every entry one token wrote back: ``drop_writer``)
+``drop-writer`` (admin token; every entry one token wrote back: ``drop_writer``),
+``quarantine list|release|drop`` (admin token; what nodes' audits found wrong: ``quarantine``)
 and ``train-projector`` (admin token; its projector, trained from the maps it
 stores: ``train_projector``). ``ingest`` copies one namespace of a
 local map store (built offline by ``attnstore build``) into the daemon, in
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -32,7 +34,7 @@ from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore_client.connection.channel import DEFAULT_TARGET, TARGET_FORMS
 from attnstore_client.connection.daemon import RemoteStore
-from attnstore_tools.admin import cold_start, drop_writer, train_projector
+from attnstore_tools.admin import cold_start, drop_writer, quarantine, train_projector
 from attnstore_tools.arguments import DefaultsHelpFormatter
 from attnstore_tools.build.fit import format_fit
 
@@ -75,6 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train_projector.add_arguments(train)
     drop = add("drop-writer", "delete every entry one token wrote back (revoke the token first)", _drop_writer)
     drop_writer.add_arguments(drop)
+    held = add("quarantine", "list, release or drop the objects nodes' audits found wrong (admin token)", _quarantine)
+    quarantine.add_arguments(held)
     ingest = add("ingest", "copy a namespace of a local store into the daemon", _ingest)
     ingest.add_argument("--from-store", type=Path, required=True, help="local map store directory")
     ingest.add_argument("--namespace", required=True, help="namespace to copy")
@@ -266,6 +270,16 @@ def _drop_writer(args: argparse.Namespace) -> int:
            [(report.namespace, report.writer, report.found, report.deleted)])
     _write_json(args, {"namespace": report.namespace, "writer": report.writer, "found": report.found,
                        "deleted": report.deleted, "dry_run": args.dry_run})
+    return 0
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    with _connect(args) as remote:
+        rows = quarantine.run(args, remote)
+    _table(["namespace", "kind", "key", "writer", "entry", "reporter", "since", "detail"],
+           [(r.namespace, r.kind, r.key, r.writer or "(admin)", "" if r.entry_id is None else r.entry_id, r.reporter,
+             r.since, r.detail) for r in rows])
+    _write_json(args, {"action": args.action, "objects": [dataclasses.asdict(r) for r in rows]})
     return 0
 
 
