@@ -66,6 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--admit-after", type=int, default=2,
         help="exact-tier asks before a missed row is admitted for write-back (1: every miss; 0: write-back off)",
     )
+    p.add_argument(
+        "--quarantine-file", type=Path,
+        help="where the objects nodes' audits found wrong are kept across restarts (default: quarantine.json in"
+        " an LMDB store's folder; a Redis store's daemon keeps them in memory)",
+    )
     p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM); needs --tls-key")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (mTLS)")
@@ -113,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         admit_after=args.admit_after,
+        quarantine_file=args.quarantine_file,
         limits=ServerLimits(
             max_message_bytes=args.max_message_bytes,
             max_workers=args.workers,

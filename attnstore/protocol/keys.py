@@ -8,6 +8,9 @@
 - ``BlockHash``: a prefix block's key, chained: ``h_i = sha256(h_{i-1} || tokens of
   block i)`` with the ids as little-endian uint32, ``h_{-1}`` seeded with the block
   size (see ``protocol.prefix`` for the chain).
+- ``chunk_key``: a chunk entry's key, ``sha256("attnstore-chunk-v1" || token_hash(context)
+  || token_hash(ids))`` (no context: nothing in its place): the chunk's tokens and the tokens it
+  was computed after. The daemon computes it from a put's ids, as it hashes written-back rows.
 - ``Fingerprint``: a namespace's model, tokenizer and weights, 64 hex characters
   (``attnstore_client.keys.model_fingerprint`` computes it from a loaded model).
 
@@ -77,3 +80,11 @@ def hash_block_tokens(parent: BlockHash, block_ids: np.ndarray, *, extra_keys: E
     if extra_keys:
         digest.update(_extra_bytes(extra_keys))
     return BlockHash(digest.digest())
+
+
+def chunk_key(context: Sequence[int] | np.ndarray | None, ids: Sequence[int] | np.ndarray) -> bytes:
+    """The key of a chunk of token ``ids`` computed after the tokens ``context`` (None or empty: after nothing)."""
+    digest = hashlib.sha256(b"attnstore-chunk-v1")
+    digest.update(token_hash(context) if context is not None and len(context) else b"")
+    digest.update(token_hash(ids))
+    return digest.digest()

@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from attnstore.errors import ConfigError, FingerprintMismatchError, MapShapeError
-from attnstore.protocol.keys import BLOCK_HASH_BYTES, ExtraKeys, chain_seed, hash_block_tokens
+from attnstore.protocol.keys import BLOCK_HASH_BYTES, BlockHash, ExtraKeys, chain_seed, hash_block_tokens
 
 PrefixDtype = Literal["float16", "float32"]
 PREFIX_DTYPES: tuple[PrefixDtype, ...] = ("float16", "float32")
@@ -94,6 +94,8 @@ class PrefixBlock:
     parent: bytes | None  # h_{i-1}; None for the first block of a chain
     kv: np.ndarray  # (layers, 2, kv_heads, block_size, head_dim) in the layout's dtype
     hidden: np.ndarray  # (block_size, hidden) in the layout's dtype
+    token_ids: np.ndarray | None = None  # (block_size,) its tokens: the daemon hashes them itself (a put needs them)
+    writer: str | None = None  # who computed it (a token's name), recorded with the block; None: an admin's build
 
 
 def chain_hashes(
@@ -119,6 +121,22 @@ def chain_hashes(
                                      extra_keys=extra_keys)
         out.append(previous)
     return out
+
+
+def block_chain_hash(layout: PrefixLayout, parent: bytes | None, token_ids: Sequence[int] | np.ndarray) -> bytes:
+    """The chain hash of a block of ``token_ids`` after ``parent`` (None: a chain's first block), as
+    :func:`chain_hashes` computes it.
+
+    Raises:
+        MapShapeError: not ``block_size`` ids, or an id outside uint32.
+    """
+    ids = np.asarray(token_ids)
+    if ids.shape != (layout.block_size,) or ids.dtype.kind not in "iu":
+        raise MapShapeError(f"a prefix block's token ids must be {layout.block_size} integers, got"
+                            f" {ids.dtype} {ids.shape}")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**32):
+        raise MapShapeError("a prefix block's token ids must be in [0, 2**32)")
+    return hash_block_tokens(BlockHash(parent) if parent else chain_seed(layout.block_size), ids)
 
 
 def usable_blocks(length: int, block_size: int) -> int:
@@ -161,5 +179,8 @@ def check_block(layout: PrefixLayout, block: PrefixBlock, position: int) -> Pref
             raise MapShapeError(
                 f"prefix block {position}: {name} must be {shape} {layout.dtype} for this namespace, got {got}"
             )
+    if block.writer is not None and not isinstance(block.writer, str):
+        raise MapShapeError(f"prefix block {position}: writer must be a string or None, got"
+                            f" {type(block.writer).__name__}")
     return PrefixBlock(block.chain_hash, block.parent, np.ascontiguousarray(block.kv),
-                       np.ascontiguousarray(block.hidden))
+                       np.ascontiguousarray(block.hidden), block.token_ids, block.writer)

@@ -13,8 +13,8 @@ import numpy as np
 
 from attnstore.errors import ChecksumError, WireFormatError
 from attnstore.protocol.chunks import CHUNK_DTYPES, CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
-from attnstore.protocol.keys import BLOCK_HASH_BYTES
-from attnstore.protocol.prefix import PREFIX_DTYPES, PrefixBlock, PrefixLayout
+from attnstore.protocol.keys import BLOCK_HASH_BYTES, chunk_key
+from attnstore.protocol.prefix import PREFIX_DTYPES, PrefixBlock, PrefixLayout, block_chain_hash
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
 
@@ -62,20 +62,26 @@ def array_of(message: pb.PrefixFrame) -> np.ndarray:
 
 
 def prefix_block_put(block: PrefixBlock) -> pb.PrefixBlockPut:
-    """A whole prefix block to store as a wire message."""
+    """A whole prefix block to store as a wire message, with its token ids (the daemon hashes them itself)."""
+    ids = [] if block.token_ids is None else np.asarray(block.token_ids).tolist()
     return pb.PrefixBlockPut(chain_hash=block.chain_hash, parent=block.parent or b"", kv=_array_to_pb(block.kv),
-                             hidden=_array_to_pb(block.hidden))
+                             hidden=_array_to_pb(block.hidden), token_ids=ids)
 
 
-def prefix_block_of(message: pb.PrefixBlockPut, layout: PrefixLayout) -> PrefixBlock:
-    """The block a ``PrefixBlockPut`` carries, checked against ``layout``.
+def prefix_block_of(message: pb.PrefixBlockPut, layout: PrefixLayout, writer: str | None = None) -> PrefixBlock:
+    """The block a ``PrefixBlockPut`` carries (recorded as ``writer``'s), checked against ``layout``; an empty
+    chain hash is the one its parent and token ids give (the service checks a sent one against them).
 
     Raises:
         ChecksumError: the bytes were damaged in transit.
         WireFormatError: a hash that is not 32 bytes, an unknown dtype, bytes that do not fill the shape, or a
             shape or dtype other than the layout's.
+        MapShapeError: no hash and token ids that are not ``block_size`` of them.
     """
     chain_hash, parent = bytes(message.chain_hash), bytes(message.parent)
+    token_ids = np.asarray(message.token_ids, dtype=np.int64) if len(message.token_ids) else None
+    if not chain_hash and token_ids is not None:
+        chain_hash = block_chain_hash(layout, parent or None, token_ids)
     if len(chain_hash) != BLOCK_HASH_BYTES or len(parent) not in (0, BLOCK_HASH_BYTES):
         raise WireFormatError(f"a prefix block's chain hash is {BLOCK_HASH_BYTES} bytes and its parent"
                               f" {BLOCK_HASH_BYTES} or none, got {len(chain_hash)} and {len(parent)}")
@@ -87,7 +93,7 @@ def prefix_block_of(message: pb.PrefixBlockPut, layout: PrefixLayout) -> PrefixB
         if array.shape != shape or array.dtype != np.dtype(layout.dtype):
             raise WireFormatError(f"{what}: {name} are {array.dtype} {array.shape}; layout {layout} needs"
                                   f" {layout.dtype} {shape}")
-    return PrefixBlock(chain_hash, parent or None, kv, hidden)
+    return PrefixBlock(chain_hash, parent or None, kv, hidden, token_ids, writer)
 
 
 def _array_to_pb(array: np.ndarray) -> pb.PrefixArray:
@@ -132,14 +138,17 @@ def chunk_data_array(message: pb.ChunkData) -> np.ndarray:
 
 
 def chunk_put(chunk: StoredChunk) -> pb.ChunkPut:
-    """A whole chunk to store as a wire message."""
+    """A whole chunk to store as a wire message, with its token ids and context (the daemon derives its key)."""
     data = np.ascontiguousarray(chunk.kv).tobytes()
+    ids = [] if chunk.token_ids is None else np.asarray(chunk.token_ids).tolist()
+    context = [] if chunk.context_ids is None else np.asarray(chunk.context_ids).tolist()
     return pb.ChunkPut(key=chunk.key, dtype=str(chunk.kv.dtype), shape=list(chunk.kv.shape), data=data,
-                       crc32c=crc32c.crc32c(data))
+                       crc32c=crc32c.crc32c(data), token_ids=ids, context_ids=context)
 
 
 def stored_chunk_of(message: pb.ChunkPut, layout: ChunkLayout, writer: str | None = None) -> StoredChunk:
-    """The chunk a ``ChunkPut`` carries, checked against ``layout``.
+    """The chunk a ``ChunkPut`` carries, checked against ``layout``; an empty key is the one its ids give (the
+    service checks a sent one against them).
 
     Raises:
         ChecksumError: the bytes were damaged in transit.
@@ -147,6 +156,10 @@ def stored_chunk_of(message: pb.ChunkPut, layout: ChunkLayout, writer: str | Non
             shape or dtype other than the layout's.
     """
     key = bytes(message.key)
+    token_ids = np.asarray(message.token_ids, dtype=np.int64) if len(message.token_ids) else None
+    context_ids = np.asarray(message.context_ids, dtype=np.int64) if len(message.context_ids) else None
+    if not key and token_ids is not None:
+        key = chunk_key(context_ids, token_ids)
     if len(key) != CHUNK_KEY_BYTES:
         raise WireFormatError(f"a chunk key is {CHUNK_KEY_BYTES} bytes, got {len(key)}")
     kv = _checked_array(message, f"chunk {key.hex()[:16]}")
@@ -155,7 +168,7 @@ def stored_chunk_of(message: pb.ChunkPut, layout: ChunkLayout, writer: str | Non
                               f" of layout {layout}")
     if kv.dtype != np.dtype(layout.dtype):
         raise WireFormatError(f"chunk {key.hex()[:16]}: dtype {kv.dtype}, the layout's is {layout.dtype}")
-    return StoredChunk(key, kv, writer)
+    return StoredChunk(key, kv, writer, token_ids, context_ids)
 
 
 def _checked_array(message: pb.PrefixFrame | pb.PrefixArray | pb.ChunkData | pb.ChunkPut, what: str) -> np.ndarray:

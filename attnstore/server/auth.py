@@ -55,7 +55,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 # read-only, so a read token (a monitoring agent) may call it.
 ADMIN_METHODS: frozenset[str] = frozenset(
     {"CreateNamespace", "Ingest", "Delete", "Compact", "Verify", "ListEntries", "SetFeatures", "ListQuarantine",
-     "ReleaseQuarantine"}
+     "ReleaseQuarantine", "DropWriter"}
 )
 # Calls that add rows every node will be served, but cannot delete, compact, verify or administer
 # namespaces: what an inference node running the namespace's model needs to write back.

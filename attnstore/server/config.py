@@ -69,6 +69,9 @@ class DaemonConfig:
     ready_file: Path | None = None  # JSON {address, port, metrics_port, pid} written once SERVING
     # Exact-tier asks before a missed row is admitted for write-back; 1 admits every miss, 0 turns write-back off.
     admit_after: int = 2
+    # Where the quarantine (objects nodes' audits found wrong) is kept across restarts; None: quarantine.json in an
+    # LMDB store's folder, memory only for a Redis store (``service.quarantine``).
+    quarantine_file: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store", store_location(self.store))  # a bad Redis URL fails here, named
@@ -93,6 +96,14 @@ class DaemonConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"DaemonConfig.{name} must be >= 0, got {value}")
+
+    @property
+    def quarantine_path(self) -> Path | None:
+        """The file the quarantine is kept in: ``quarantine_file``, else ``quarantine.json`` in an LMDB store's
+        folder; None (memory only) for a Redis store without one."""
+        if self.quarantine_file is not None:
+            return self.quarantine_file
+        return None if is_redis_url(self.store) else Path(self.store) / "quarantine.json"
 
     @property
     def tls(self) -> bool:

@@ -209,6 +209,8 @@ class Daemon:
                 readonly=config.readonly,
             )
             self._service.use_admission(AdmissionConfig(admit_after=config.admit_after))
+            quarantine = self._service.keep_quarantine_in(config.quarantine_path)
+            log.info("event=quarantine file=%s objects=%d", config.quarantine_path or "(memory)", len(quarantine))
         except StoreNotFoundError:
             raise StoreNotFoundError(f"no map store at {shown}; serve --create makes an empty one") from None
         except AttnStoreError:

@@ -23,6 +23,7 @@ import numpy as np
 from attnstore.errors import (
     AttnStoreError,
     ChecksumError,
+    ConfigError,
     MapShapeError,
     RequestLimitError,
     UnavailableError,
@@ -58,6 +59,7 @@ from attnstore.server.replies import (
 )
 from attnstore.service import AttnStoreService, Query
 from attnstore.service.chunks import check_chunk_keys
+from attnstore.service.put_rules import PutCaller
 from attnstore.service.write_back import WrittenRow
 
 log = logging.getLogger(__name__)
@@ -152,10 +154,20 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             # Checked before anything is written: a refused call must leave no namespace behind.
             if request.projector:
                 projector_metadata(request.projector)
+            prefix = prefix_layout_from_pb(request.prefix) if request.HasField("prefix") else None
+            chunks = chunk_layout_from_pb(request.chunks) if request.HasField("chunks") else None
+            if (prefix or chunks) and not layout.causal:
+                raise ConfigError(f"CreateNamespace: namespace {request.name!r} is bidirectional (an encoder):"
+                                  " it takes no prefix or chunk layout")
             service.create_namespace(
                 request.name, model=request.model, fingerprint=request.fingerprint, layout=layout,
                 limits=limits_from_pb(request),
             )
+            # The model's layouts: recorded here (where none is yet), never by a writer's first put.
+            if prefix is not None and service.prefixes.layout(request.name) is None:
+                service.prefixes.set_layout(request.name, prefix)
+            if chunks is not None and service.chunks.layout(request.name) is None:
+                service.chunks.set_layout(request.name, chunks)
             if request.projector:
                 before = service.get_namespace(request.name).projector_version
                 info = service.set_projector(request.name, request.projector, replace=request.replace_projector)
@@ -269,7 +281,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         with self._call("PrefixMatch", context) as service:
             self._check_count("PrefixMatch", len(request.rows), "rows")
             rows = [list(row.chain_hashes) for row in request.rows]
-            blocks = service.prefixes.matches(request.namespace, request.fingerprint, int(request.block_size), rows)
+            blocks = service.prefixes.matches(request.namespace, request.fingerprint, int(request.block_size), rows,
+                                              caller=self._callers(context).key)
             return pb.PrefixMatchResponse(blocks=blocks)
 
     def FetchPrefix(self, request: pb.FetchPrefixRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefixFrame]:
@@ -287,13 +300,15 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         with self._call("PutPrefix", context) as service:
             self._check_count("PutPrefix", len(request.blocks), "blocks")
             layout = prefix_layout_from_pb(request.layout)
+            caller = self._put_caller(context)
             blocks = [prefix_block_of(message, layout) for message in request.blocks]
-            result = service.prefixes.put(request.namespace, request.fingerprint, layout, blocks)
+            result = service.prefixes.put(request.namespace, request.fingerprint, layout, blocks, caller)
             self._metrics.prefix_blocks_put(request.namespace, result.stored, result.bytes)
-            log.info("event=prefix_put namespace=%s blocks=%d stored=%d duplicates=%d bytes=%d writer=%s",
-                     request.namespace, len(blocks), result.stored, result.duplicates, result.bytes,
-                     self._callers(context).name)
-            return pb.PutPrefixResponse(stored=result.stored, duplicates=result.duplicates, bytes=result.bytes)
+            log.info("event=prefix_put namespace=%s blocks=%d stored=%d duplicates=%d not_admitted=%d bytes=%d"
+                     " writer=%s", request.namespace, len(blocks), result.stored, result.duplicates,
+                     result.not_admitted, result.bytes, caller.writer)
+            return pb.PutPrefixResponse(stored=result.stored, duplicates=result.duplicates, bytes=result.bytes,
+                                        not_admitted=result.not_admitted)
 
     def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> pb.PrefetchResponse:
         with self._call("Prefetch", context) as service:
@@ -312,7 +327,8 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
         with self._call("ChunkMatch", context) as service:
             self._check_count("ChunkMatch", len(request.keys), "keys")
             lengths = service.chunks.lengths(request.namespace, request.fingerprint,
-                                            chunk_layout_from_pb(request.layout), [bytes(k) for k in request.keys])
+                                            chunk_layout_from_pb(request.layout), [bytes(k) for k in request.keys],
+                                            caller=self._callers(context).key)
             return pb.ChunkMatchResponse(lengths=[length or 0 for length in lengths])
 
     def FetchChunks(self, request: pb.FetchChunksRequest, context: grpc.ServicerContext) -> Iterator[pb.ChunkData]:
@@ -323,19 +339,24 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             check_chunk_keys(keys)
             layout = service.chunks.check_request(request.namespace, request.fingerprint,
                                                  chunk_layout_from_pb(request.layout))
+            asking = self._callers(context).key
+            if asking is not None:  # a fetch of chunks not stored asks for them, as a ChunkMatch does (admission)
+                service.chunks.lengths(request.namespace, request.fingerprint, layout, keys, caller=asking)
             yield from chunk_stream(service, self._metrics, request.namespace, layout, keys, context)
 
     def PutChunks(self, request: pb.PutChunksRequest, context: grpc.ServicerContext) -> pb.PutChunksResponse:
         with self._call("PutChunks", context) as service:
             self._check_count("PutChunks", len(request.chunks), "chunks")
             layout = chunk_layout_from_pb(request.layout)
-            writer = self._callers(context).name
-            chunks = [stored_chunk_of(message, layout, writer) for message in request.chunks]
-            result = service.chunks.put(request.namespace, request.fingerprint, layout, chunks)
+            caller = self._put_caller(context)
+            chunks = [stored_chunk_of(message, layout, caller.writer) for message in request.chunks]
+            result = service.chunks.put(request.namespace, request.fingerprint, layout, chunks, caller)
             self._metrics.chunks_put(request.namespace, result.stored, result.bytes)
-            log.info("event=chunks_put namespace=%s chunks=%d stored=%d duplicates=%d bytes=%d writer=%s",
-                     request.namespace, len(chunks), result.stored, result.duplicates, result.bytes, writer)
-            return pb.PutChunksResponse(stored=result.stored, duplicates=result.duplicates, bytes=result.bytes)
+            log.info("event=chunks_put namespace=%s chunks=%d stored=%d duplicates=%d not_admitted=%d bytes=%d"
+                     " writer=%s", request.namespace, len(chunks), result.stored, result.duplicates,
+                     result.not_admitted, result.bytes, caller.writer)
+            return pb.PutChunksResponse(stored=result.stored, duplicates=result.duplicates, bytes=result.bytes,
+                                        not_admitted=result.not_admitted)
 
     # ---- admin --------------------------------------------------------------
 
@@ -393,6 +414,16 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.namespace, len(request.entry_ids), deleted,
             )
             return pb.DeleteResponse(deleted=deleted)
+
+    def DropWriter(self, request: pb.DropWriterRequest, context: grpc.ServicerContext) -> pb.DropWriterResponse:
+        with self._call("DropWriter", context) as service:
+            if not request.writer:
+                raise ConfigError("DropWriter needs a writer name: an empty one would match every admin build")
+            blocks = service.prefixes.drop_writer(request.namespace, request.writer, dry_run=request.dry_run)
+            chunks = service.chunks.drop_writer(request.namespace, request.writer, dry_run=request.dry_run)
+            log.warning("event=writer_dropped namespace=%s writer=%s prefix_blocks=%d chunks=%d dry_run=%s",
+                        request.namespace, request.writer, blocks, chunks, request.dry_run)
+            return pb.DropWriterResponse(prefix_blocks=blocks, chunks=chunks)
 
     def Compact(self, request: pb.CompactRequest, context: grpc.ServicerContext) -> pb.CompactResponse:
         with self._call("Compact", context) as service:
@@ -480,6 +511,12 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
                 request.namespace, request.projector_version, len(report.updated), len(report.missing),
             )
             return pb.SetFeaturesResponse(updated=len(report.updated), missing=report.missing)
+
+    def _put_caller(self, context: grpc.ServicerContext) -> PutCaller:
+        """A PutPrefix or PutChunks caller: its token's name is recorded with what it stores; an identified admin
+        (the operator) is trusted, every other caller is admitted by the rule."""
+        caller = self._callers(context)
+        return PutCaller(writer=caller.name, trusted=caller.role == "admin" and caller.identified)
 
     # ---- helpers ------------------------------------------------------------
 

@@ -9,20 +9,27 @@ stored, with its writer, so an admin can judge it: ``release`` serves it again,
 ``drop`` deletes it (``attnstore admin quarantine list|release|drop``).
 
 The quarantine is held by the process that serves the store (the daemon, or an
-embedded store's process): a restarted daemon serves the object again until an
-audit catches it again (at rate ``r``, within about ``1/r`` hits of it).
+embedded store's process) and, given a file (the daemon's ``--quarantine-file``,
+by default ``quarantine.json`` in an LMDB store's folder), kept there across
+restarts: rewritten whole (a temporary file renamed over it) at each change.
+Without one a restarted daemon serves the object again until an audit catches it
+again (at rate ``r``, within about ``1/r`` of its hits).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, get_args
 
-from attnstore.errors import ConfigError, shown
+from attnstore.errors import ConfigError, StorageError, shown
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +63,25 @@ def check_kind(kind: str) -> ObjectKind:
 
 
 class Quarantine:
-    """The quarantined objects of a service, by namespace, kind and key; thread-safe."""
+    """The quarantined objects of a service, by namespace, kind and key; thread-safe.
 
-    def __init__(self) -> None:
+    Args:
+        path: the JSON file it is kept in (read now if it exists, rewritten at each change); None: memory only.
+
+    Raises:
+        StorageError: ``path`` exists but is not a quarantine file this version reads.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str, bytes], QuarantinedObject] = {}
         self._entry_ids: dict[str, set[int]] = {}  # namespace -> quarantined rows' entry ids
         self.reports = 0  # mismatches reported, quarantined or already so
+        self.path = path
+        for item in _read(path) if path is not None and path.exists() else ():
+            self._objects[(item.namespace, item.kind, item.key)] = item
+            if item.entry_id is not None:
+                self._entry_ids.setdefault(item.namespace, set()).add(item.entry_id)
 
     def __len__(self) -> int:
         with self._lock:
@@ -78,6 +97,7 @@ class Quarantine:
             self._objects[key] = item
             if item.entry_id is not None:
                 self._entry_ids.setdefault(item.namespace, set()).add(item.entry_id)
+            self._save()
         log.warning(
             "event=quarantined namespace=%s kind=%s key=%s writer=%s entry=%s reporter=%s %s", item.namespace,
             item.kind, item.key.hex()[:16], item.writer or "(admin)", item.entry_id, item.reporter, item.detail,
@@ -111,6 +131,8 @@ class Quarantine:
             item = self._objects.pop((namespace, kind, key), None)
             if item is not None and item.entry_id is not None:
                 self._entry_ids.get(namespace, set()).discard(item.entry_id)
+            if item is not None:
+                self._save()
         return item
 
     def forget(self, namespace: str) -> None:
@@ -119,6 +141,38 @@ class Quarantine:
             for key in [k for k in self._objects if k[0] == namespace]:
                 del self._objects[key]
             self._entry_ids.pop(namespace, None)
+            self._save()
+
+    def _save(self) -> None:
+        """Rewrite the file (under the lock): a temporary file renamed over it, so a crash leaves one or the
+        other. A write that fails is logged: the quarantine holds in memory still."""
+        if self.path is None:
+            return
+        records = [dataclasses.asdict(item) | {"key": item.key.hex()} for item in self._objects.values()]
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        try:
+            temporary.write_text(json.dumps({"version": 1, "objects": records}, indent=1), encoding="utf-8")
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            log.error("event=quarantine_not_saved path=%s error=%r (held in memory until a restart)", self.path, exc)
+
+
+def _read(path: Path) -> list[QuarantinedObject]:
+    """The objects a quarantine file holds.
+
+    Raises:
+        StorageError: not a quarantine file of version 1 (named).
+    """
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != 1:
+            raise ValueError(f"version {data.get('version')!r}, not 1")
+        return [QuarantinedObject(**(record | {"key": bytes.fromhex(record["key"]),
+                                               "kind": check_kind(record["kind"])}))
+                for record in data["objects"]]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as exc:
+        raise StorageError(f"quarantine file {path} cannot be read ({type(exc).__name__}: {exc}): move it away to"
+                           " start with an empty quarantine") from None
 
 
 def quarantined_now(

@@ -413,6 +413,16 @@ class AttnStoreService:
             return (earlier[0] if earlier else item), False
         return item, True
 
+    def keep_quarantine_in(self, path: Path | None) -> Quarantine:
+        """Keep the quarantine in the JSON file ``path`` (read now, rewritten at each change; see
+        ``service.quarantine``), what it holds in memory replaced by the file's; None: memory only.
+
+        Raises:
+            StorageError: ``path`` is not a quarantine file this version reads.
+        """
+        self.quarantine = Quarantine(path)
+        return self.quarantine
+
     def release_quarantined(self, namespace: str, kind: str, key: bytes, *, drop: bool = False) -> QuarantinedObject:
         """Take an object out of quarantine: served again, or (``drop``) deleted from the store.
 

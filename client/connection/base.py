@@ -101,6 +101,7 @@ class ChunkPutCounts:
 
     stored: int  # chunks new to the store
     duplicates: int  # chunks it had already
+    not_admitted: int = 0  # chunks the store skipped: not asked for by --admit-after writers yet
 
 
 @dataclass(frozen=True, slots=True)

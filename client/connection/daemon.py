@@ -17,7 +17,10 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.messages import layout_to_pb, limits_to_pb
+from attnstore.protocol.prefix import PrefixLayout
+from attnstore.protocol.prefix_wire import chunk_layout_to_pb, prefix_layout_to_pb
 from attnstore.protocol.records import NamespaceLayout, NewEntry, TokenLimits
 from attnstore.protocol.requests import LookupResult, assembled_lookup, ingest_requests
 from attnstore.protocol.status_codes import error_from_rpc
@@ -126,16 +129,20 @@ class RemoteStore:
 
     def create_namespace(
         self, name: str, *, model: str, fingerprint: str, layout: NamespaceLayout, projector: bytes | None = None,
-        replace_projector: bool = False, limits: TokenLimits | None = None,
+        replace_projector: bool = False, limits: TokenLimits | None = None, prefix: PrefixLayout | None = None,
+        chunks: ChunkLayout | None = None,
     ) -> pb.Namespace:
         """Create a namespace (admin); idempotent for the same model, fingerprint and layout.
 
         A projector different from the stored one is refused (ALREADY_EXISTS) unless ``replace_projector``.
-        ``limits`` (the model's vocabulary size and maximum length) are recorded where the namespace has none.
+        ``limits`` (the model's vocabulary size and maximum length), and the model's ``prefix`` and ``chunks``
+        layouts (causal models), are recorded where the namespace has none (one it records already is kept).
         """
         request = pb.CreateNamespaceRequest(
             name=name, model=model, fingerprint=fingerprint, layout=layout_to_pb(layout),
             projector=projector or b"", replace_projector=replace_projector, limits=limits_to_pb(limits),
+            prefix=None if prefix is None else prefix_layout_to_pb(prefix),
+            chunks=None if chunks is None else chunk_layout_to_pb(chunks),
         )
         return self._unary(self._stub.CreateNamespace, request)
 
@@ -235,6 +242,11 @@ class RemoteStore:
     def delete(self, namespace: str, entry_ids: Sequence[int]) -> int:
         """Delete entries (admin); returns how many existed."""
         return self._unary(self._stub.Delete, pb.DeleteRequest(namespace=namespace, entry_ids=list(entry_ids))).deleted
+
+    def drop_writer(self, namespace: str, writer: str, *, dry_run: bool = False) -> pb.DropWriterResponse:
+        """Delete one writer's prefix blocks (and those chained after them) and chunks (admin); how many of each."""
+        return self._unary(self._stub.DropWriter, pb.DropWriterRequest(namespace=namespace, writer=writer,
+                                                                       dry_run=dry_run))
 
     def compact(self, timeout: float | None = None) -> pb.CompactResponse:
         """Compact the store (admin)."""

@@ -232,7 +232,7 @@ class RemoteConnection(StoreConnection):
         request = pb.PutPrefixRequest(namespace=namespace, fingerprint=fingerprint, layout=prefix_layout_to_pb(layout),
                                       blocks=[prefix_block_put(block) for block in blocks])
         reply = self._remote._unary(self._remote.stub.PutPrefix, request, timeout)
-        return PrefixPutCounts(int(reply.stored), int(reply.duplicates))
+        return PrefixPutCounts(int(reply.stored), int(reply.duplicates), int(reply.not_admitted))
 
     def match_chunks(
         self, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes], *, timeout: float | None,

@@ -71,7 +71,7 @@ def put_chunks(
     request = pb.PutChunksRequest(namespace=namespace, fingerprint=fingerprint, layout=chunk_layout_to_pb(layout),
                                   chunks=[chunk_put(chunk) for chunk in chunks])
     reply = remote._unary(remote.stub.PutChunks, request, timeout)
-    return ChunkPutCounts(int(reply.stored), int(reply.duplicates))
+    return ChunkPutCounts(int(reply.stored), int(reply.duplicates), int(reply.not_admitted))
 
 
 def _whole(index: int, parts: list[np.ndarray], layout: ChunkLayout) -> np.ndarray | AttnStoreError:

@@ -1,9 +1,11 @@
 """The chunk tier through the real daemon (LMDB): ChunkMatch, FetchChunks layer by layer, PutChunks with a write
 token; another model or chunk layout is FAILED_PRECONDITION naming both; a damaged chunk is a DATA_LOSS row naming
-it, a missing one NOT_FOUND, and the other chunks are served."""
+it, a missing one NOT_FOUND, and the other chunks are served; only an admin's put records a namespace's missing chunk
+layout (tests/server/test_server_puts.py has the keys, admission, encoders and drop-writer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.request
 
 import grpc
@@ -12,6 +14,7 @@ import pytest
 
 from attnstore.errors import AuthError, ChecksumError, EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
+from attnstore.protocol.keys import chunk_key
 from attnstore.protocol.prefix_wire import chunk_data_array, chunk_layout_to_pb
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
@@ -28,8 +31,10 @@ LAYOUT = ChunkLayout(layers=3, kv_heads=2, head_dim=5, dtype="float32")
 
 def _chunk(seed: int, length: int) -> StoredChunk:
     rng = np.random.default_rng(seed)
-    key = rng.bytes(32)
-    return StoredChunk(key, rng.standard_normal((LAYOUT.layers, *LAYOUT.layer_shape(length))).astype(np.float32))
+    ids = rng.integers(0, 1000, size=length)
+    return StoredChunk(chunk_key(None, ids),
+                       rng.standard_normal((LAYOUT.layers, *LAYOUT.layer_shape(length))).astype(np.float32),
+                       token_ids=ids)
 
 
 CHUNKS = [_chunk(0, 4), _chunk(1, 7), _chunk(2, 1)]  # the third is damaged at its layer 1
@@ -46,7 +51,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
         store.chunks.set_layout("ns", LAYOUT)
         store.chunks.put("ns", CHUNKS)
     damage_chunk(workdir / "store", "ns", CHUNKS[2].key, layer=1)
-    process = DaemonProcess(workdir / "store", workdir).start()
+    process = DaemonProcess(workdir / "store", workdir, extra_args=("--admit-after", "1")).start()
     yield process
     assert process.stop() == 0, process.log()
 
@@ -126,25 +131,29 @@ def test_put_chunks_needs_a_write_token_stores_all_or_nothing_and_counts_duplica
     fresh = [_chunk(10, 3), _chunk(11, 5)]
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader, pytest.raises(AuthError):
         reader.put_chunks("ns", FP, LAYOUT, fresh, timeout=10)
-    bad = StoredChunk(_chunk(12, 2).key, np.full((3, 2, 2, 2, 5), np.nan, dtype=np.float32))
+    bad = dataclasses.replace(_chunk(12, 2), kv=np.full((3, 2, 2, 2, 5), np.nan, dtype=np.float32))
     with connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer:
         with pytest.raises(Exception, match="not finite"):
             writer.put_chunks("ns", FP, LAYOUT, [*fresh, bad], timeout=10)
-        assert writer.match_chunks("ns", FP, LAYOUT, [c.key for c in fresh], timeout=10) == [None, None]
+        assert writer.match_chunks("ns", FP, LAYOUT, [c.key for c in fresh], timeout=10) == [None, None]  # admits
         counts = writer.put_chunks("ns", FP, LAYOUT, [*fresh, CHUNKS[0]], timeout=10)
         assert (counts.stored, counts.duplicates) == (2, 1)
         got = writer.fetch_chunks("ns", FP, LAYOUT, [c.key for c in fresh], timeout=10)
         assert all(np.array_equal(g, c.kv) for g, c in zip(got, fresh, strict=True))
         with pytest.raises(FingerprintMismatchError, match="kv_heads=1"):
             other = ChunkLayout(3, 1, 10, "float32")
-            chunk = StoredChunk(b"\3" * 32, np.zeros((3, *other.layer_shape(1)), np.float32))
+            chunk = StoredChunk(chunk_key(None, [3]), np.zeros((3, *other.layer_shape(1)), np.float32),
+                                token_ids=np.array([3]))
             writer.put_chunks("ns", FP, other, [chunk], timeout=10)
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
     assert 'attnstore_chunks_put_total{namespace="ns"} 2.0' in metrics
 
 
-def test_put_chunks_gives_a_namespace_without_chunks_the_calls_layout(daemon: DaemonProcess) -> None:
-    with connect(f"grpc://{daemon.target}", token=ADMIN_TOKEN) as admin:
+def test_only_an_admin_put_records_a_namespaces_missing_chunk_layout(daemon: DaemonProcess) -> None:
+    with connect(f"grpc://{daemon.target}", token=ADMIN_TOKEN) as admin, \
+            connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer:
         assert admin.namespace("blank").chunks is None
+        with pytest.raises(FingerprintMismatchError, match="records no chunk layout"):
+            writer.put_chunks("blank", FP, LAYOUT, [_chunk(20, 2)], timeout=10)
         admin.put_chunks("blank", FP, LAYOUT, [_chunk(20, 2)], timeout=10)
         assert admin.namespace("blank").chunks == LAYOUT

@@ -1,7 +1,8 @@
 """The prefix tier through the real daemon: a corrupt block is named by its place in the chain and cuts the
 chain there for later matches; a chain is never served from a later block without its parents; PutPrefix needs a
-write token, gives a namespace without prefix blocks the call's layout, refuses another one naming both and a
-block damaged on the way (DATA_LOSS), storing nothing, and counts duplicates."""
+write token, lets only an admin record a namespace's missing layout (the model's), refuses another one naming both
+and a block damaged on the way (DATA_LOSS), storing nothing, and counts duplicates (tests/server/test_server_puts.py
+has the hashes, admission, encoders and drop-writer)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,24 @@ from attnstore.store import MapStore
 from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
-from tests.support.daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.stores import small_layout
 
 FP = "f" * 64
-LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float32")
+LAYOUT = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=8, dtype="float32")  # small_layout's
 HASHES = chain_hashes(list(range(16)), LAYOUT.block_size)  # four blocks
-NEW = chain_hashes(list(range(100, 112)), LAYOUT.block_size)  # three blocks no store holds
+NEW_TOKENS = list(range(100, 112))
+NEW = chain_hashes(NEW_TOKENS, LAYOUT.block_size)  # three blocks no store holds
 
 
-def _blocks(chain: list[bytes], layout: PrefixLayout = LAYOUT) -> list[PrefixBlock]:
+def _blocks(tokens: list[int], layout: PrefixLayout = LAYOUT) -> list[PrefixBlock]:
+    chain = chain_hashes(tokens, layout.block_size)
     rng = np.random.default_rng(len(chain))
+    size = layout.block_size
     return [PrefixBlock(h, chain[i - 1] if i else None,
                         rng.standard_normal((layout.layers, *layout.layer_shape)).astype(layout.dtype),
-                        rng.standard_normal((layout.block_size, layout.hidden)).astype(layout.dtype))
+                        rng.standard_normal((layout.block_size, layout.hidden)).astype(layout.dtype),
+                        np.array(tokens[i * size : (i + 1) * size]))
             for i, h in enumerate(chain)]
 
 
@@ -56,7 +61,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
             raw = bytearray(txn.get(key, db=gen.db.prefix))
             raw[0] ^= 0xFF
             txn.put(key, bytes(raw), db=gen.db.prefix)
-    process = DaemonProcess(workdir / "store", workdir).start()
+    process = DaemonProcess(workdir / "store", workdir, extra_args=("--admit-after", "1")).start()
     yield process
     assert process.stop() == 0, process.log()
 
@@ -103,10 +108,11 @@ def test_a_chain_missing_its_first_blocks_is_not_served_and_cuts_nothing(daemon:
 
 
 def test_put_prefix_needs_a_write_token_and_counts_new_blocks_and_duplicates(daemon: DaemonProcess) -> None:
-    blocks = _blocks(NEW)
+    blocks = _blocks(NEW_TOKENS)
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader, pytest.raises(AuthError):
         reader.put_prefix("ns", FP, LAYOUT, blocks, timeout=10)
     with connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer:
+        assert writer.match_prefix("ns", FP, LAYOUT.block_size, [NEW], timeout=10) == [0]  # asks: admits them
         counts = writer.put_prefix("ns", FP, LAYOUT, blocks[:2], timeout=10)
         assert (counts.stored, counts.duplicates) == (2, 0)
         counts = writer.put_prefix("ns", FP, LAYOUT, blocks, timeout=10)
@@ -123,21 +129,24 @@ def test_put_prefix_needs_a_write_token_and_counts_new_blocks_and_duplicates(dae
     assert f'attnstore_prefix_blocks_put_bytes_total{{namespace="ns"}} {3 * LAYOUT.block_bytes}.0' in metrics
 
 
-def test_put_prefix_gives_a_namespace_without_prefix_blocks_the_calls_layout_and_refuses_another(
+def test_only_an_admin_put_records_a_namespaces_missing_prefix_layout_and_another_one_is_refused(
     daemon: DaemonProcess,
 ) -> None:
-    with connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer:
+    with connect(f"grpc://{daemon.target}", token=WRITE_TOKEN) as writer, \
+            connect(f"grpc://{daemon.target}", token=ADMIN_TOKEN) as admin:
         assert writer.prefix_layout("blank") is None
-        writer.put_prefix("blank", FP, LAYOUT, _blocks(NEW[:1]), timeout=10)
+        with pytest.raises(FingerprintMismatchError, match="records no prefix layout"):
+            writer.put_prefix("blank", FP, LAYOUT, _blocks(NEW_TOKENS[:4]), timeout=10)
+        admin.put_prefix("blank", FP, LAYOUT, _blocks(NEW_TOKENS[:4]), timeout=10)
         assert writer.prefix_layout("blank") == LAYOUT
-        other = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=6, dtype="float16")
+        other = PrefixLayout(block_size=4, layers=3, kv_heads=2, head_dim=5, hidden=8, dtype="float16")
         with pytest.raises(FingerprintMismatchError, match="dtype='float32'.*dtype='float16'"):
-            writer.put_prefix("blank", FP, other, _blocks(NEW[:1], other), timeout=10)
+            writer.put_prefix("blank", FP, other, _blocks(NEW_TOKENS[:4], other), timeout=10)
 
 
 def test_a_block_damaged_on_the_way_is_data_loss_and_nothing_of_the_call_is_stored(daemon: DaemonProcess) -> None:
     chain = chain_hashes(list(range(200, 208)), LAYOUT.block_size)
-    messages = [prefix_block_put(block) for block in _blocks(chain)]
+    messages = [prefix_block_put(block) for block in _blocks(list(range(200, 208)))]
     messages[1].kv.data = bytes([messages[1].kv.data[0] ^ 0xFF]) + messages[1].kv.data[1:]
     request = pb.PutPrefixRequest(namespace="ns", fingerprint=FP, layout=prefix_layout_to_pb(LAYOUT), blocks=messages)
     with pytest.raises(grpc.RpcError) as failed:

@@ -24,6 +24,7 @@ import pytest
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
+from attnstore.protocol.keys import chunk_key
 from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
@@ -33,7 +34,7 @@ from attnstore.service.follower import FOLLOW_SECONDS
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
 from attnstore_client.connection.daemon import RemoteStore
-from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.redis_servers import free_port
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
@@ -109,11 +110,16 @@ def test_chunks_put_through_one_daemon_are_matched_and_fetched_whole_through_the
     a, b = daemons
     layout = ChunkLayout(layers=LAYOUT.layers, kv_heads=2, head_dim=4, dtype="float32")
     rng = np.random.default_rng(5)
-    chunks = [StoredChunk(rng.bytes(32), rng.standard_normal((layout.layers, *layout.layer_shape(n)), np.float32))
-              for n in (3, 9)]
-    with a.client() as admin:
-        admin.create_namespace("chunked", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
+    ids = [rng.integers(0, 1000, size=n) for n in (3, 9)]
+    chunks = [StoredChunk(chunk_key(None, i), rng.standard_normal((layout.layers, *layout.layer_shape(len(i))),
+                                                                  np.float32), token_ids=i) for i in ids]
+    with a.client() as admin:  # the namespace records the model's chunk layout
+        admin.create_namespace("chunked", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, chunks=layout)
+    # Two writers asked, through either daemon: the counts live in Redis, so the put through a is admitted.
+    with connect(f"grpc://{b.target}", token=OTHER_WRITE_TOKEN) as other:
+        other.match_chunks("chunked", FP, layout, [c.key for c in chunks], timeout=10)
     with connect(f"grpc://{a.target}", token=WRITE_TOKEN) as writer:
+        writer.match_chunks("chunked", FP, layout, [c.key for c in chunks], timeout=10)
         assert writer.put_chunks("chunked", FP, layout, chunks, timeout=10).stored == 2
     with connect(f"grpc://{b.target}", token=READ_TOKEN) as reader:  # no index involved: current at once
         assert reader.match_chunks("chunked", FP, layout, [c.key for c in chunks], timeout=10) == [3, 9]

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from attnstore.errors import ConfigError, EntryNotFoundError, FingerprintMismatchError
+from attnstore.errors import ConfigError, EntryNotFoundError, FingerprintMismatchError, StorageError
 from attnstore.service import Query
 from tests.support.server_fixtures import FP, LAYOUT, memory_service
 from tests.support.stores import make_entry
@@ -50,3 +50,22 @@ def test_what_cannot_be_quarantined_is_refused_or_not_found() -> None:
         service.report_mismatch("ns", "other", "row", entry.token_hash, reporter="node-b")
     with pytest.raises(EntryNotFoundError, match="no quarantined row"):
         service.release_quarantined("ns", "row", entry.token_hash)
+
+
+def test_a_quarantine_kept_in_a_file_survives_a_new_service_and_a_bad_file_is_refused_by_name(tmp_path) -> None:
+    service = memory_service()
+    entry = dataclasses.replace(make_entry(LAYOUT, 6, seed=3), writer="node-a")
+    service.ingest("ns", FP, [entry])
+    path = tmp_path / "quarantine.json"
+    service.keep_quarantine_in(path)
+    service.report_mismatch("ns", FP, "row", entry.token_hash, reporter="node-b", detail="min_cosine=0.1")
+    again = service.keep_quarantine_in(path)  # a restarted daemon reads it back
+    (item,) = again.items()
+    assert (item.key, item.writer, item.reporter, item.detail) == (entry.token_hash, "node-a", "node-b",
+                                                                   "min_cosine=0.1")
+    assert service.lookup("ns", FP, [_query(entry)], max_distance=1e9)[0].kind == "miss"
+    service.release_quarantined("ns", "row", entry.token_hash)
+    assert service.keep_quarantine_in(path).items() == []
+    path.write_text("{not json", encoding="utf-8")
+    with pytest.raises(StorageError, match="quarantine file .* cannot be read"):
+        service.keep_quarantine_in(path)

@@ -255,3 +255,13 @@ def test_an_ingest_over_the_cap_evicts_the_least_recently_used_chunks_and_keeps_
     assert report.evicted == {}
     assert store.chunks.lengths("ns", [_key(i) for i in range(3)]) == [5, None, None]
     assert store.entry("ns", report.entry_ids[0]).length == 8
+
+
+def test_writer_keys_names_the_chunks_a_writer_put_and_no_other(store):
+    store.chunks.put("ns", [_chunk(0), _chunk(1, writer="node-b"), _chunk(2, writer=None), _chunk(3)])
+    assert sorted(store.chunks.writer_keys("ns", "node-a")) == sorted([_key(0), _key(3)])
+    assert store.chunks.writer_keys("ns", "node-c") == []
+    with pytest.raises(ConfigError, match="non-empty"):
+        store.chunks.writer_keys("ns", "")
+    assert store.chunks.delete("ns", store.chunks.writer_keys("ns", "node-a")) == 2
+    assert store.chunks.lengths("ns", [_key(0), _key(1), _key(2)]) == [None, 5, 5]

@@ -166,3 +166,33 @@ def test_a_chain_is_served_only_from_its_first_block_never_later_blocks_without_
         with pytest.raises(PrefixBlockMissingError, match=f"prefix block {bad} of 2 .*not the child") as caught:
             store.prefixes.read_layer("ns", request, 0)
         assert caught.value.block == bad
+
+
+def test_a_blocks_writer_is_kept_and_drop_writer_removes_its_blocks_with_every_block_chained_after_them(store):
+    import dataclasses
+
+    store.prefixes.set_layout("ns", LAYOUT)
+    first, second, third = _chain(list(range(12)))
+    aside = _chain([7] * 8, seed=1)
+    store.prefixes.put("ns", [first])  # a build's: no writer
+    store.prefixes.put("ns", [dataclasses.replace(second, writer="node-a")])
+    store.prefixes.put("ns", [dataclasses.replace(third, writer="node-b")])  # chained after node-a's block
+    store.prefixes.put("ns", [dataclasses.replace(b, writer="node-b") for b in aside])
+    with pytest.raises(ConfigError, match="non-empty"):
+        store.prefixes.drop_writer("ns", "")
+    assert store.prefixes.drop_writer("ns", "node-a", dry_run=True) == 2
+    chain = [first.chain_hash, second.chain_hash, third.chain_hash]
+    assert store.prefixes.match("ns", chain) == 3
+    assert store.prefixes.drop_writer("ns", "node-a") == 2
+    assert store.prefixes.match("ns", chain) == 1
+    assert store.prefixes.match("ns", [b.chain_hash for b in aside]) == 2
+    assert store.prefixes.drop_writer("ns", "node-b") == 2
+    assert store.prefixes.match("ns", [b.chain_hash for b in aside]) == 0
+    np.testing.assert_array_equal(store.prefixes.read_layer("ns", chain[:1], 0), first.kv[0])
+
+
+def test_a_record_written_before_writers_were_kept_decodes_with_no_writer():
+    record = prefix_records.BlockRecord(1.0, None, (1, 2, 3), "node-a")
+    assert prefix_records.BlockRecord.decode(record.encode()) == record
+    old = prefix_records.BlockRecord(1.0, b"\1" * 32, (4,)).encode()
+    assert prefix_records.BlockRecord.decode(old) == prefix_records.BlockRecord(1.0, b"\1" * 32, (4,), None)

@@ -20,20 +20,22 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
+from attnstore_tools.build.namespace_layout import exact_tier_layout, kv_layouts, token_limits
 
 
 def create_exact_namespace(remote: RemoteStore, loaded: LoadedModel, name: str) -> pb.Namespace:
     """Create (or find, if it exists with the same model and layout) an exact-tier-only namespace, with the
-    model's token limits (recorded too on an existing namespace made before them).
+    model's token limits and, for a causal model, its prefix and chunk layouts (recorded too on an existing
+    namespace made before them).
 
     Raises:
         NamespaceExistsError: ``name`` exists with another model or layout.
         AuthError: the token is not an admin token.
     """
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+    prefix, chunks = kv_layouts(loaded)
     return remote.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=exact_tier_layout(loaded),
-                                   limits=token_limits(loaded))
+                                   limits=token_limits(loaded), prefix=prefix, chunks=chunks)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

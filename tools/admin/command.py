@@ -75,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = add("train-projector", "train, calibrate and install a namespace's projector from its stored maps,"
                 " then give every entry with maps its feature vector (map hits start)", _train_projector)
     train_projector.add_arguments(train)
-    drop = add("drop-writer", "delete every entry one token wrote back (revoke the token first)", _drop_writer)
+    drop = add("drop-writer", "delete every row, prefix block and chunk one token wrote (revoke the token first)",
+               _drop_writer)
     drop_writer.add_arguments(drop)
     held = add("quarantine", "list, release or drop the objects nodes' audits found wrong (admin token)", _quarantine)
     quarantine.add_arguments(held)
@@ -266,10 +267,11 @@ def _create_namespace(args: argparse.Namespace) -> int:
 def _drop_writer(args: argparse.Namespace) -> int:
     with _connect(args) as remote:
         report = drop_writer.run(args, remote)
-    _table(["namespace", "writer", "found", "deleted"],
-           [(report.namespace, report.writer, report.found, report.deleted)])
+    _table(["namespace", "writer", "found", "deleted", "prefix_blocks", "chunks"],
+           [(report.namespace, report.writer, report.found, report.deleted, report.prefix_blocks, report.chunks)])
     _write_json(args, {"namespace": report.namespace, "writer": report.writer, "found": report.found,
-                       "deleted": report.deleted, "dry_run": args.dry_run})
+                       "deleted": report.deleted, "prefix_blocks": report.prefix_blocks, "chunks": report.chunks,
+                       "dry_run": args.dry_run})
     return 0
 
 

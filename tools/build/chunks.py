@@ -19,11 +19,13 @@ Each put is all or nothing, so an interrupted build leaves whole chunks only.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from attnstore.errors import CorpusError, NamespaceNotFoundError, UnsupportedModelError
@@ -39,6 +41,8 @@ from attnstore_client.tiers.chunks.source import ChunkKV, chunk_key
 from attnstore_client.tiers.chunks.store_source import model_chunk_layout, stored_kv_of
 from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
 from attnstore_tools.corpus import read_texts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def build_chunks(
         key = chunk_key(None, instruction)
         context = capture_chunks(adapter, [(None, instruction)], dtype=config.dtype)[0]
         if not known(layout, [key])[0]:
-            chunk = StoredChunk(key, stored_kv_of(context, config.dtype))
+            chunk = StoredChunk(key, stored_kv_of(context, config.dtype), token_ids=np.asarray(instruction))
             added, nbytes = put(layout, [chunk]), chunk.kv.nbytes
         else:
             before += 1
@@ -112,7 +116,9 @@ def build_chunks(
             batch = keys[start : start + config.batch_size]
             computed = capture_chunks(adapter, [(context, todo[key]) for key in batch], dtype=config.dtype,
                                       batch_size=config.batch_size)
-            chunks = [StoredChunk(key, stored_kv_of(kv, config.dtype)) for key, kv in zip(batch, computed, strict=True)]
+            chunks = [StoredChunk(key, stored_kv_of(kv, config.dtype), token_ids=np.asarray(todo[key]),
+                                  context_ids=np.asarray(instruction) if instruction else None)
+                      for key, kv in zip(batch, computed, strict=True)]
             added += put(layout, chunks)
             nbytes += sum(chunk.kv.nbytes for chunk in chunks)
             bar.update(len(batch))
@@ -178,7 +184,11 @@ def _daemon(connection: StoreConnection, namespace: str, fingerprint: str) -> tu
     has_chunks = connection.namespace(namespace).chunks is not None
 
     def put(layout: ChunkLayout, chunks: Sequence[StoredChunk]) -> int:
-        return connection.put_chunks(namespace, fingerprint, layout, chunks, timeout=120.0).stored
+        counts = connection.put_chunks(namespace, fingerprint, layout, chunks, timeout=120.0)
+        if counts.not_admitted:  # a write token's chunks are admitted like a node's: build with an admin token
+            log.warning("the daemon did not admit %d of %d chunks (a write token's puts need --admit-after asks;"
+                        " an admin token's are always admitted)", counts.not_admitted, len(chunks))
+        return counts.stored
 
     def known(layout: ChunkLayout, keys: Sequence[bytes]) -> list[bool]:
         if not has_chunks:

@@ -390,7 +390,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="choose which linear layers clients may run in int8 (AttnCache(int8=True)) on a sample"
                              " of the corpus, keeping 99.5%% of it at cosine >= 0.99 to fp32, and store that plan"
                              " (about 4 minutes for all-MiniLM-L6-v2 on 2 cores; an existing namespace gets it too)")
-    parser.add_argument("--token", help="bearer token of a grpc:// store (write or admin)")
+    parser.add_argument("--token", help="bearer token of a grpc:// store (admin; a write token's chunks are admitted"
+                        " as a node's are, and only into a namespace that records its chunk layout)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
 

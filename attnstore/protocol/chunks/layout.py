@@ -75,6 +75,8 @@ class StoredChunk:
     key: bytes  # CHUNK_KEY_BYTES
     kv: np.ndarray  # (layers, 2, kv_heads, C, head_dim) in the layout's dtype; [:, 0] keys, [:, 1] values
     writer: str | None = None  # who computed it (a node's name), recorded with the chunk
+    token_ids: np.ndarray | None = None  # (C,) its tokens: the daemon derives the key from them (a put needs them)
+    context_ids: np.ndarray | None = None  # the tokens it was computed after (the instruction); None: none
 
     @property
     def length(self) -> int:
@@ -112,4 +114,4 @@ def check_chunk(layout: ChunkLayout, chunk: StoredChunk, position: int) -> Store
         raise MapShapeError(
             f"chunk {position} ({chunk.key.hex()}): kv must be {wanted} {layout.dtype} for this namespace, got {got}"
         )
-    return StoredChunk(chunk.key, np.ascontiguousarray(kv), chunk.writer)
+    return StoredChunk(chunk.key, np.ascontiguousarray(kv), chunk.writer, chunk.token_ids, chunk.context_ids)

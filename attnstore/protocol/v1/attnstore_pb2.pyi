@@ -89,7 +89,7 @@ class PrefixLayout(_message.Message):
     def __init__(self, block_size: _Optional[int] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., hidden: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class CreateNamespaceRequest(_message.Message):
-    __slots__ = ("name", "model", "fingerprint", "layout", "projector", "replace_projector", "limits")
+    __slots__ = ("name", "model", "fingerprint", "layout", "projector", "replace_projector", "limits", "prefix", "chunks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,8 @@ class CreateNamespaceRequest(_message.Message):
     PROJECTOR_FIELD_NUMBER: _ClassVar[int]
     REPLACE_PROJECTOR_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     fingerprint: str
@@ -104,7 +106,9 @@ class CreateNamespaceRequest(_message.Message):
     projector: bytes
     replace_projector: bool
     limits: TokenLimits
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ..., replace_projector: _Optional[bool] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ...) -> None: ...
+    prefix: PrefixLayout
+    chunks: ChunkLayout
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., projector: _Optional[bytes] = ..., replace_projector: _Optional[bool] = ..., limits: _Optional[_Union[TokenLimits, _Mapping]] = ..., prefix: _Optional[_Union[PrefixLayout, _Mapping]] = ..., chunks: _Optional[_Union[ChunkLayout, _Mapping]] = ...) -> None: ...
 
 class GetNamespaceRequest(_message.Message):
     __slots__ = ("name", "without_projector")
@@ -687,16 +691,18 @@ class PrefixArray(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class PrefixBlockPut(_message.Message):
-    __slots__ = ("chain_hash", "parent", "kv", "hidden")
+    __slots__ = ("chain_hash", "parent", "kv", "hidden", "token_ids")
     CHAIN_HASH_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     chain_hash: bytes
     parent: bytes
     kv: PrefixArray
     hidden: PrefixArray
-    def __init__(self, chain_hash: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., kv: _Optional[_Union[PrefixArray, _Mapping]] = ..., hidden: _Optional[_Union[PrefixArray, _Mapping]] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, chain_hash: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., kv: _Optional[_Union[PrefixArray, _Mapping]] = ..., hidden: _Optional[_Union[PrefixArray, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PutPrefixRequest(_message.Message):
     __slots__ = ("namespace", "fingerprint", "layout", "blocks")
@@ -711,14 +717,16 @@ class PutPrefixRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[PrefixLayout, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[PrefixBlockPut, _Mapping]]] = ...) -> None: ...
 
 class PutPrefixResponse(_message.Message):
-    __slots__ = ("stored", "duplicates", "bytes")
+    __slots__ = ("stored", "duplicates", "bytes", "not_admitted")
     STORED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOT_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     stored: int
     duplicates: int
     bytes: int
-    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    not_admitted: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ..., not_admitted: _Optional[int] = ...) -> None: ...
 
 class ChunkLayout(_message.Message):
     __slots__ = ("layers", "kv_heads", "head_dim", "dtype")
@@ -781,18 +789,22 @@ class ChunkData(_message.Message):
     def __init__(self, chunk: _Optional[int] = ..., layer: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., error: _Optional[_Union[RowError, _Mapping]] = ...) -> None: ...
 
 class ChunkPut(_message.Message):
-    __slots__ = ("key", "dtype", "shape", "data", "crc32c")
+    __slots__ = ("key", "dtype", "shape", "data", "crc32c", "token_ids", "context_ids")
     KEY_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     crc32c: int
-    def __init__(self, key: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    context_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., context_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PutChunksRequest(_message.Message):
     __slots__ = ("namespace", "fingerprint", "layout", "chunks")
@@ -807,14 +819,34 @@ class PutChunksRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layout: _Optional[_Union[ChunkLayout, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[ChunkPut, _Mapping]]] = ...) -> None: ...
 
 class PutChunksResponse(_message.Message):
-    __slots__ = ("stored", "duplicates", "bytes")
+    __slots__ = ("stored", "duplicates", "bytes", "not_admitted")
     STORED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOT_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     stored: int
     duplicates: int
     bytes: int
-    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    not_admitted: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., bytes: _Optional[int] = ..., not_admitted: _Optional[int] = ...) -> None: ...
+
+class DropWriterRequest(_message.Message):
+    __slots__ = ("namespace", "writer", "dry_run")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    writer: str
+    dry_run: bool
+    def __init__(self, namespace: _Optional[str] = ..., writer: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class DropWriterResponse(_message.Message):
+    __slots__ = ("prefix_blocks", "chunks")
+    PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    prefix_blocks: int
+    chunks: int
+    def __init__(self, prefix_blocks: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class ReportMismatchRequest(_message.Message):
     __slots__ = ("namespace", "fingerprint", "kind", "key", "detail")

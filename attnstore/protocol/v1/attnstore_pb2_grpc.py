@@ -129,6 +129,11 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.DropWriter = channel.unary_unary(
+                '/attnstore.v1.AttnStore/DropWriter',
+                request_serializer=attnstore_dot_v1_dot_attnstore__pb2.DropWriterRequest.SerializeToString,
+                response_deserializer=attnstore_dot_v1_dot_attnstore__pb2.DropWriterResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/attnstore.v1.AttnStore/Stats',
                 request_serializer=attnstore_dot_v1_dot_attnstore__pb2.StatsRequest.SerializeToString,
@@ -243,9 +248,14 @@ class AttnStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutPrefix(self, request, context):
-        """Prefix blocks a node computed (a write or admin token, as WriteBack): all of a call or none;
-        the namespace takes the call's PrefixLayout when it records none yet, and another one is
-        FAILED_PRECONDITION naming both.
+        """Prefix blocks a node computed (a write or admin token, as WriteBack): all of a call or none.
+        Each block carries its token ids and the daemon files it under the chain hash it computes
+        itself (a sent hash that differs is INVALID_ARGUMENT naming both); blocks the admission rule
+        has not admitted (their hashes asked in PrefixMatch by fewer than --admit-after writers) are
+        skipped (an admin token's are always admitted); each stored block records its writer. A
+        namespace's PrefixLayout is the model's, recorded by CreateNamespace (an admin put may record
+        it on a namespace without one); another one is FAILED_PRECONDITION naming both, and so is any
+        put on a bidirectional (encoder) namespace or, for a write token, on one that records none.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -270,7 +280,10 @@ class AttnStoreServicer:
 
     def PutChunks(self, request, context):
         """Chunks a node computed, or a build made (a write or admin token, as WriteBack): all of a
-        call or none; the namespace takes the call's ChunkLayout when it records none yet.
+        call or none. Each chunk carries its token ids and those it was computed after; the daemon
+        files it under the chunk key it computes itself (a sent key that differs is
+        INVALID_ARGUMENT), admits and records the writer as PutPrefix does, and refuses a layout
+        other than the namespace's (the model's) the same way.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -304,6 +317,14 @@ class AttnStoreServicer:
 
     def Verify(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropWriter(self, request, context):
+        """Removes one writer's prefix blocks (with every block chained after them) and chunks (admin
+        drop-writer; its rows go through ListEntries and Delete).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -454,6 +475,11 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.VerifyRequest.FromString,
                     response_serializer=attnstore_dot_v1_dot_attnstore__pb2.VerifyResponse.SerializeToString,
+            ),
+            'DropWriter': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropWriter,
+                    request_deserializer=attnstore_dot_v1_dot_attnstore__pb2.DropWriterRequest.FromString,
+                    response_serializer=attnstore_dot_v1_dot_attnstore__pb2.DropWriterResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -999,6 +1025,33 @@ class AttnStore:
             '/attnstore.v1.AttnStore/Verify',
             attnstore_dot_v1_dot_attnstore__pb2.VerifyRequest.SerializeToString,
             attnstore_dot_v1_dot_attnstore__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropWriter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.v1.AttnStore/DropWriter',
+            attnstore_dot_v1_dot_attnstore__pb2.DropWriterRequest.SerializeToString,
+            attnstore_dot_v1_dot_attnstore__pb2.DropWriterResponse.FromString,
             options,
             channel_credentials,
             insecure,

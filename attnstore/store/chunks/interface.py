@@ -125,6 +125,19 @@ class StoredChunks(ABC):
             return 0
         return self._delete(namespace, checked)
 
+    def writer_keys(self, namespace: str, writer: str) -> list[bytes]:
+        """The keys of the chunks ``writer`` put (``admin drop-writer`` deletes them).
+
+        Raises:
+            ConfigError: an empty writer name (it would name every admin-built chunk).
+            NamespaceNotFoundError: no such namespace.
+        """
+        if not isinstance(writer, str) or not writer:
+            raise ConfigError(f"chunks.writer_keys(): writer must be a non-empty name, got {writer!r}")
+        if self.layout(namespace) is None:
+            return []
+        return self._writer_keys(namespace, writer)
+
     def _layout_or_refuse(self, namespace: str) -> ChunkLayout:
         layout = self.layout(namespace)
         if layout is None:
@@ -153,6 +166,10 @@ class StoredChunks(ABC):
     def _read(self, namespace: str, layout: ChunkLayout, key: bytes, layers: list[int]) -> np.ndarray:
         """Layers ``layers`` of the chunk ``key``, checked: ``(len(layers), 2, kv_heads, C, head_dim)``; marks
         the chunk read (its recency for eviction)."""
+
+    @abstractmethod
+    def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
+        """``writer_keys`` for a namespace with a layout (a damaged record names no writer)."""
 
     @abstractmethod
     def _delete(self, namespace: str, keys: list[bytes]) -> int:

@@ -30,7 +30,7 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
 from attnstore.store.prefix.interface import PrefixBlocks
-from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record
+from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record, writer_blocks
 
 if TYPE_CHECKING:
     from attnstore.protocol.records import NamespaceInfo
@@ -169,6 +169,26 @@ class LmdbPrefixBlocks(PrefixBlocks):
                 txn.put(record_key(namespace, block.chain_hash), new_record(block, parts).encode(), db=db)
                 added += 1
         return added
+
+    def _drop_writer(self, namespace: str, writer: str, dry_run: bool) -> int:
+        self._namespace(namespace)
+        with self._live.write() as (gen, txn):
+            db = gen.db.prefix
+            assert db is not None
+            start = ns_prefix(namespace) + _RECORD
+            with txn.cursor(db=db) as cursor:
+                records = [(bytes(key)[len(start):], BlockRecord.decode(bytes(value)))
+                           for key, value in items_with_prefix(cursor, start)]
+            doomed = writer_blocks(records, writer)
+            if dry_run:
+                return len(doomed)
+            layout = read_layout(txn, db, namespace)
+            parts = 0 if layout is None else layout.layers + 1
+            for chain_hash in doomed:
+                for part in range(parts):
+                    txn.delete(part_key(namespace, chain_hash, part), db=db)
+                txn.delete(record_key(namespace, chain_hash), db=db)
+        return len(doomed)
 
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
         with self._prefix_read(namespace) as (gen, txn, layout):

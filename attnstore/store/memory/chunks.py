@@ -129,6 +129,12 @@ class MemoryChunks(StoredChunks):
             chunks.last_read[key] = time.time()
         return gather_layers(namespace, layout, key, record, layers, lambda layer: pieces[layer])
 
+    def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
+        with self._lock:
+            chunks = self._chunks_of(namespace)
+            assert chunks is not None
+            return [key for key, record in chunks.records.items() if record.writer == writer]
+
     def _delete(self, namespace: str, keys: list[bytes]) -> int:
         with self._lock:
             chunks = self._chunks_of(namespace)

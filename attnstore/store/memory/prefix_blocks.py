@@ -13,7 +13,7 @@ from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.store.prefix.interface import PrefixBlocks
-from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record
+from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record, writer_blocks
 
 
 @dataclass
@@ -76,6 +76,17 @@ class MemoryPrefixBlocks(PrefixBlocks):
                 blocks.records[chain_hash] = record
                 blocks.parts[chain_hash] = parts
             return len(staged)
+
+    def _drop_writer(self, namespace: str, writer: str, dry_run: bool) -> int:
+        with self._lock:
+            blocks = self._prefix_of(namespace)
+            assert blocks is not None  # the base checked the layout
+            doomed = writer_blocks(blocks.records.items(), writer)
+            if not dry_run:
+                for chain_hash in doomed:
+                    del blocks.records[chain_hash]
+                    del blocks.parts[chain_hash]
+            return len(doomed)
 
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
         blocks = self._prefix_of(namespace)

@@ -101,6 +101,19 @@ class PrefixBlocks(ABC):
         hashes = _checked_hashes("prefixes.read_hidden", chain_hashes)
         return self._read_parts(namespace, layout, hashes, layout.layers)
 
+    def drop_writer(self, namespace: str, writer: str, *, dry_run: bool = False) -> int:
+        """Delete every block ``writer`` put and every block chained after them (in one write); returns how many.
+
+        Raises:
+            ConfigError: an empty writer name (it would name every admin-built block).
+            NamespaceNotFoundError: no such namespace.
+        """
+        if not isinstance(writer, str) or not writer:
+            raise ConfigError(f"prefixes.drop_writer(): writer must be a non-empty name, got {writer!r}")
+        if self.layout(namespace) is None:
+            return 0
+        return self._drop_writer(namespace, writer, dry_run)
+
     def _layout_or_refuse(self, namespace: str) -> PrefixLayout:
         layout = self.layout(namespace)
         if layout is None:
@@ -120,6 +133,10 @@ class PrefixBlocks(ABC):
     @abstractmethod
     def _put(self, namespace: str, layout: PrefixLayout, blocks: list[PrefixBlock]) -> int:
         """``put`` with blocks checked against ``layout`` (check it is still the namespace's inside the write)."""
+
+    @abstractmethod
+    def _drop_writer(self, namespace: str, writer: str, dry_run: bool) -> int:
+        """``drop_writer`` for a namespace with a layout (``records.writer_blocks`` names the blocks)."""
 
     @abstractmethod
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:

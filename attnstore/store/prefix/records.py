@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -23,20 +23,23 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 
 _HEAD = struct.Struct("<dI")  # created (unix seconds), part count
 _NO_PARENT = bytes(BLOCK_HASH_BYTES)
+_WRITER = b"W"  # after the crcs: the writer's name follows (records written before writers were kept end there)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRecord:
-    """A stored block's metadata: its parent in the chain and its parts' checksums."""
+    """A stored block's metadata: its parent in the chain, its parts' checksums and who wrote it."""
 
     created: float
     parent: bytes | None
     crcs: tuple[int, ...]  # per layer, then the hidden states
+    writer: str | None = None  # the token name that put it; None: an admin's build (or a record from before)
 
     def encode(self) -> bytes:
-        """Bytes on disk: created, count, parent (zeros for none), crc32c per part."""
+        """Bytes on disk: created, count, parent (zeros for none), crc32c per part, then the writer (if any)."""
         crcs = struct.pack(f"<{len(self.crcs)}I", *self.crcs)
-        return _HEAD.pack(self.created, len(self.crcs)) + (self.parent or _NO_PARENT) + crcs
+        writer = b"" if self.writer is None else _WRITER + self.writer.encode()
+        return _HEAD.pack(self.created, len(self.crcs)) + (self.parent or _NO_PARENT) + crcs + writer
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> BlockRecord:
@@ -44,7 +47,9 @@ class BlockRecord:
         created, count = _HEAD.unpack_from(raw, 0)
         parent = bytes(raw[_HEAD.size : _HEAD.size + BLOCK_HASH_BYTES])
         crcs = struct.unpack_from(f"<{count}I", raw, _HEAD.size + BLOCK_HASH_BYTES)
-        return cls(created, None if parent == _NO_PARENT else parent, crcs)
+        tail = bytes(raw[_HEAD.size + BLOCK_HASH_BYTES + 4 * count :])
+        writer = tail[1:].decode(errors="replace") if tail[:1] == _WRITER else None
+        return cls(created, None if parent == _NO_PARENT else parent, crcs, writer)
 
 
 def block_parts(block: PrefixBlock) -> list[bytes]:
@@ -54,7 +59,28 @@ def block_parts(block: PrefixBlock) -> list[bytes]:
 
 def new_record(block: PrefixBlock, parts: Sequence[bytes]) -> BlockRecord:
     """The record of a block about to be stored."""
-    return BlockRecord(time.time(), block.parent, tuple(crc32c.crc32c(c) for c in parts))
+    return BlockRecord(time.time(), block.parent, tuple(crc32c.crc32c(c) for c in parts), block.writer)
+
+
+def writer_blocks(records: Iterable[tuple[bytes, BlockRecord]], writer: str) -> list[bytes]:
+    """The blocks ``writer`` put and every block chained after one of them (their children, theirs, ...):
+    what dropping a writer removes, since a child's keys and values were computed after its parents'."""
+    children: dict[bytes, list[bytes]] = {}
+    doomed: list[bytes] = []
+    for chain_hash, record in records:
+        if record.parent is not None:
+            children.setdefault(record.parent, []).append(chain_hash)
+        if record.writer == writer:
+            doomed.append(chain_hash)
+    seen = set(doomed)
+    queue = list(doomed)
+    while queue:
+        for child in children.get(queue.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                doomed.append(child)
+                queue.append(child)
+    return doomed
 
 
 def part_shape(layout: PrefixLayout, part: int) -> tuple[int, ...]:

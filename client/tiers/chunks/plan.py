@@ -29,7 +29,7 @@ from attnstore_client.adapters import Adapter
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.capture import capture_chunks
 from attnstore_client.tiers.chunks.fusion import FusedRow, fused_forward
-from attnstore_client.tiers.chunks.source import ChunkKV, ChunkSource, chunk_key
+from attnstore_client.tiers.chunks.source import ChunkKV, ChunkSource, ChunkTokens, chunk_key
 
 
 @dataclass
@@ -95,14 +95,17 @@ def fuse_prompts(
                                              if c.instruction}, settings, batch_size, device, counts, damaged)
     unfused = {i for i, c in enumerate(cut) if c.instruction and chunk_key(None, c.instruction) in damaged}
     wanted: dict[bytes, tuple[ChunkKV | None, tuple[int, ...]]] = {}
+    contexts: dict[bytes, tuple[int, ...]] = {}  # key -> the instruction a chunk is computed after
     for i, c in enumerate(cut):
         if i in unfused:
             continue  # its chunks' context is unusable: they are not computed on their own either
         context = instructions.get(chunk_key(None, c.instruction)) if c.instruction else None
         for _, chunk in c.chunks:
             wanted[chunk_key(c.instruction, chunk)] = (context, chunk)
+            contexts[chunk_key(c.instruction, chunk)] = c.instruction
     missing: set[bytes] = set()
-    chunks = _lookup(adapter, source, wanted, settings, batch_size, device, counts, damaged, missing=missing)
+    chunks = _lookup(adapter, source, wanted, settings, batch_size, device, counts, damaged, missing=missing,
+                     contexts=contexts)
     unfused |= {i for i, c in enumerate(cut)
                 if any(chunk_key(c.instruction, chunk) in damaged for _, chunk in c.chunks)}
     counts.damaged += len(unfused)
@@ -124,10 +127,11 @@ def fuse_prompts(
 def _lookup(
     adapter: Adapter, source: ChunkSource, wanted: dict[bytes, tuple[ChunkKV | None, tuple[int, ...]]],
     settings: ChunkSettings, batch_size: int, device: torch.device, counts: FusionCounts, damaged: set[bytes],
-    missing: set[bytes] | None = None,
+    missing: set[bytes] | None = None, contexts: dict[bytes, tuple[int, ...]] | None = None,
 ) -> dict[bytes, ChunkKV]:
     """The chunks of ``wanted`` (key -> context, ids) from the source; those it holds damaged named in
-    ``damaged``; the missing ones computed, put and (when ``missing`` is given) named in it."""
+    ``damaged``; the missing ones computed, put (with their ids and ``contexts``' token ids: a store derives
+    their keys from them) and (when ``missing`` is given) named in it."""
     started = time.perf_counter()
     found = source.get_many(list(wanted), damaged) if wanted else {}
     counts.bytes_fetched += sum(chunk.nbytes for chunk in found.values())
@@ -138,7 +142,7 @@ def _lookup(
         computed = capture_chunks(adapter, [wanted[key] for key in absent], dtype=settings.dtype,
                                   batch_size=batch_size, device=device)
         for key, chunk in zip(absent, computed, strict=True):
-            source.put(key, chunk)
+            source.put(key, chunk, ChunkTokens(wanted[key][1], (contexts or {}).get(key)))
             found[key] = chunk
         counts.captured += len(absent)
         counts.capture_s += time.perf_counter() - started

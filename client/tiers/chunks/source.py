@@ -13,7 +13,6 @@ any RoPE scaling, with nothing composed and no position recorded.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -23,18 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from attnstore.errors import ChecksumError, ConfigError
-from attnstore_client.keys import token_hash
+from attnstore.protocol.keys import chunk_key as chunk_key  # re-exported: the tiers and builds name it here
 
 # In-memory chunks: about 1,000 SmolLM2 chunks of 40 tokens in fp16 (2 x 30 layers x 3 KV heads x 64 x 40 x 2 bytes).
 DEFAULT_CHUNK_CACHE_BYTES = 1 << 30
-
-
-def chunk_key(context: Sequence[int] | None, ids: Sequence[int]) -> bytes:
-    """The key of a chunk of token ``ids`` computed after the tokens ``context`` (None: after nothing)."""
-    digest = hashlib.sha256(b"attnstore-chunk-v1")
-    digest.update(token_hash(context) if context is not None and len(context) else b"")
-    digest.update(token_hash(ids))
-    return digest.digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +54,14 @@ class ChunkKV:
     def nbytes(self) -> int:
         """Bytes of keys and values."""
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTokens:
+    """What a chunk was computed from: its token ids, after the tokens of ``context`` (None: after nothing)."""
+
+    ids: tuple[int, ...]
+    context: tuple[int, ...] | None = None
 
 
 class ChunkSource(ABC):
@@ -94,8 +93,9 @@ class ChunkSource(ABC):
         return found
 
     @abstractmethod
-    def put(self, key: bytes, chunk: ChunkKV) -> None:
-        """Store ``chunk`` under ``key`` (a source may decline or evict: ``get`` is the only promise)."""
+    def put(self, key: bytes, chunk: ChunkKV, tokens: ChunkTokens | None = None) -> None:
+        """Store ``chunk`` under ``key`` (a source may decline or evict: ``get`` is the only promise); ``tokens``
+        are what it was computed from (a store's source sends them: the daemon derives the key from them)."""
 
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is stored (a later ``get`` may still miss if it is evicted meanwhile)."""
@@ -148,7 +148,7 @@ class MemoryChunkSource(ChunkSource):
         with self._lock:
             return key in self._entries
 
-    def put(self, key: bytes, chunk: ChunkKV) -> None:
+    def put(self, key: bytes, chunk: ChunkKV, tokens: ChunkTokens | None = None) -> None:
         """See :meth:`ChunkSource.put`."""
         size = chunk.nbytes
         with self._lock:

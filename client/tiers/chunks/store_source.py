@@ -37,7 +37,7 @@ from attnstore.errors import (
 from attnstore.protocol.chunks import ChunkDtype, ChunkLayout, StoredChunk
 from attnstore_client.adapters import Adapter
 from attnstore_client.connection import StoreConnection
-from attnstore_client.tiers.chunks.source import ChunkKV, ChunkSource, MemoryChunkSource
+from attnstore_client.tiers.chunks.source import ChunkKV, ChunkSource, ChunkTokens, MemoryChunkSource
 from attnstore_client.tiers.chunks.writer import ChunkWriter, ChunkWriterSettings, ChunkWriterStats
 
 log = logging.getLogger(__name__)
@@ -181,11 +181,14 @@ class StoreChunkSource(ChunkSource):
                 damaged.add(key)
         return found
 
-    def put(self, key: bytes, chunk: ChunkKV) -> None:
-        """See :meth:`ChunkSource.put`: kept locally, and queued for the store where write-back is on."""
+    def put(self, key: bytes, chunk: ChunkKV, tokens: ChunkTokens | None = None) -> None:
+        """See :meth:`ChunkSource.put`: kept locally, and queued for the store where write-back is on (with its
+        ``tokens``: a chunk without them is kept locally only, since the daemon files chunks by their ids)."""
         self.front.put(key, chunk)
-        if self._writer is not None:
-            self._writer.put(StoredChunk(key, stored_kv_of(chunk, self._write_layout().dtype)))
+        if self._writer is not None and tokens is not None:
+            context = None if tokens.context is None else np.asarray(tokens.context, dtype=np.int64)
+            self._writer.put(StoredChunk(key, stored_kv_of(chunk, self._write_layout().dtype),
+                                         token_ids=np.asarray(tokens.ids, dtype=np.int64), context_ids=context))
 
     def contains(self, key: bytes) -> bool:
         """See :meth:`ChunkSource.contains` (one store call for a chunk not held locally)."""

@@ -46,6 +46,7 @@ class ChunkWriterStats:
     queued: int  # chunks put on the queue
     stored: int  # chunks the store added
     duplicates: int  # chunks it had already (another node was first)
+    not_admitted: int  # chunks the store skipped: not asked for by --admit-after writers yet
     dropped_full: int  # chunks dropped because the queue was full
     dropped_failed: int  # chunks dropped with a failed call (store unreachable, writer off)
     refused: int  # chunks of calls the store refused (another chunk layout, a bad chunk)
@@ -68,7 +69,7 @@ class ChunkWriter(BackgroundSender[StoredChunk]):
     ) -> None:
         super().__init__(name="attnstore-chunk-writer", max_queued=settings.max_queued,
                          batch_items=settings.max_queued, batch_bytes=settings.batch_bytes,
-                         counts=("stored", "duplicates", "refused"))
+                         counts=("stored", "duplicates", "not_admitted", "refused"))
         self._connection, self._namespace, self._fingerprint = connection, namespace, fingerprint
         self._layout = layout
         self.settings = settings
@@ -95,7 +96,7 @@ class ChunkWriter(BackgroundSender[StoredChunk]):
                 return
             counts = self._connection.put_chunks(self._namespace, self._fingerprint, self._layout(), batch,
                                                  timeout=self.settings.timeout)
-            done |= {"stored": counts.stored, "duplicates": counts.duplicates}
+            done |= {"stored": counts.stored, "duplicates": counts.duplicates, "not_admitted": counts.not_admitted}
         except (AuthError, WriteBackOffError) as exc:
             self._disabled = str(exc)
             done["dropped_failed"] = len(batch)

@@ -86,6 +86,7 @@ def whole_blocks(tokens: Sequence[int], kv: np.ndarray, hidden: np.ndarray, layo
             hashes[i - 1] if i else None,
             kv[:, :, :, i * size : (i + 1) * size].astype(dtype),  # (layers, 2, KVH, bs, d)
             hidden[i * size : (i + 1) * size].astype(dtype),  # (bs, hidden)
+            np.asarray(tokens[i * size : (i + 1) * size], dtype=np.int64),  # the daemon hashes them itself
         )
         for i, chain_hash in enumerate(hashes)
     ]

@@ -11,7 +11,8 @@ start from it (the prefix tier's stored path).
 
 Like rows and chunks written back, prefixes are a cache's fill, never data: a
 full queue drops the new prefix, a failed call drops the rest of its prefix (its
-later blocks would have no parent), a refused one (another layout, a bad block)
+later blocks would have no parent), and so does a call whose blocks the daemon did
+not admit yet (asked for by fewer than ``--admit-after`` writers), a refused one (another layout, a bad block)
 counts its prefix as refused, and a refused token or a store that takes no
 prefix blocks turns the writer off with one warning. Nothing here can block or
 fail a call.
@@ -71,6 +72,7 @@ class PrefixWriterStats:
     queued: int  # prefixes put on the queue
     stored: int  # blocks the store added
     duplicates: int  # blocks it had already (another node, or a build, was first)
+    not_admitted: int  # blocks the store skipped (not asked for by enough writers yet), and the ones after them
     dropped_full: int  # prefixes dropped because the queue was full
     dropped_failed: int  # prefixes (whole or their later blocks) dropped with a failed call (store unreachable, off)
     refused: int  # prefixes the store refused (another prefix layout, a bad block)
@@ -93,7 +95,7 @@ class PrefixWriter(BackgroundSender[_Queued]):
     ) -> None:
         # One prefix per batch: its blocks are cut into calls by bytes in _send, parents first.
         super().__init__(name="attnstore-prefix-writer", max_queued=settings.max_queued, batch_items=1,
-                         batch_bytes=settings.batch_bytes, counts=("stored", "duplicates", "refused"))
+                         batch_bytes=settings.batch_bytes, counts=("stored", "duplicates", "not_admitted", "refused"))
         self._connection, self._namespace, self._fingerprint = connection, namespace, fingerprint
         self.settings = settings
         self._layout: PrefixLayout | None = None
@@ -129,15 +131,19 @@ class PrefixWriter(BackgroundSender[_Queued]):
 
     def _store(self, queued: _Queued) -> dict[str, int]:
         """Store one prefix's blocks in calls of at most ``batch_bytes``; the counts of what happened."""
-        done = {"stored": 0, "duplicates": 0}
+        done = {"stored": 0, "duplicates": 0, "not_admitted": 0}
         layout = queued.layout
         try:
-            for call in _calls(_blocks_of(queued), layout.block_bytes, self.settings.batch_bytes):
+            calls = _calls(_blocks_of(queued), layout.block_bytes, self.settings.batch_bytes)
+            for number, call in enumerate(calls):
                 counts = self._connection.put_prefix(self._namespace, self._fingerprint, layout, call,
                                                      timeout=self.settings.timeout)
                 self._layout = layout
                 done["stored"] += counts.stored
                 done["duplicates"] += counts.duplicates
+                if counts.not_admitted:  # the later calls' blocks would have no parent
+                    done["not_admitted"] += counts.not_admitted + sum(len(c) for c in calls[number + 1 :])
+                    break
         except (AuthError, WriteBackOffError) as exc:
             self._disabled = str(exc)
             log.warning("prefix write-back off for namespace %r: %s", self._namespace, exc)

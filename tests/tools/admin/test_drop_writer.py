@@ -56,7 +56,8 @@ def test_drop_writer_deletes_every_entry_that_writer_stored_and_nothing_else(
             "--namespace", "default", "--writer", "node-a", "--json", "-"]
     assert cli_main([*base, "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out) | {} == {"namespace": "default", "writer": "node-a", "found": 3,
-                                                          "deleted": 0, "dry_run": True}
+                                                          "deleted": 0, "prefix_blocks": 0, "chunks": 0,
+                                                          "dry_run": True}
     assert _exact_hits(daemon, bad) == 3
     assert cli_main(base) == 0
     assert json.loads(capsys.readouterr().out)["deleted"] == 3

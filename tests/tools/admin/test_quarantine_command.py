@@ -66,3 +66,22 @@ def test_list_release_and_drop_what_an_audit_reported(daemon: DaemonProcess, cap
         assert list(admin.iter_entries("default")) == [] and admin.list_quarantine() == []
     capsys.readouterr()
     assert cli_main([*base, "drop", "--namespace", "default", "--key", key.hex()]) != 0  # no longer quarantined
+
+
+def test_the_quarantine_survives_a_restart_of_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
+    ids = np.arange(2, 8)
+    key = token_hash(ids)
+    with daemon.client(WRITE_TOKEN) as writer:
+        fingerprint = writer.get_namespace("default").fingerprint
+        writer.lookup(exact_request("default", fingerprint, [key], [6]))
+        outputs = np.random.default_rng(1).normal(size=(6, 64)).astype(np.float32)
+        assert writer.write_back("default", fingerprint, [row_to_pb(ids, outputs)]).stored == 1
+    with daemon.client(OTHER_WRITE_TOKEN) as auditor:
+        assert auditor.report_mismatch("default", fingerprint, "row", key).quarantined
+    assert daemon.stop() == 0, daemon.log()
+    assert (tmp_path / "store" / "quarantine.json").exists()  # beside the LMDB store, by default
+    daemon.start()
+    with daemon.client(ADMIN_TOKEN) as admin:
+        (held,) = admin.list_quarantine("default")
+        assert (bytes(held.key), held.writer) == (key, "node-a")
+        assert not admin.lookup(exact_request("default", fingerprint, [key], [6])).outputs  # still a miss

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from attnstore.errors import AuthError, NamespaceNotFoundError, UnsupportedModelError
+from attnstore.errors import AuthError, FingerprintMismatchError, NamespaceNotFoundError, UnsupportedModelError
 from attnstore.service import AttnStoreService
 from attnstore_client.call.sources import segment_tokens
 from attnstore_client.keys import model_fingerprint
@@ -24,7 +24,7 @@ from attnstore_tools.build.chunks import ChunkBuildConfig, build_chunks_into
 from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
 from tests.support.adapters import save_tiny_decoder
 from tests.support.caches import tiny_loaded
-from tests.support.daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 
 INSTRUCTION = "classify the sentiment of each review"
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "north", "field", "cloud", "good", "bad"]
@@ -79,7 +79,7 @@ def test_a_bidirectional_model_is_refused_with_a_clear_error(tmp_path):
         build_chunks_into(tiny_loaded("bert"), ["w2 w3"], str(tmp_path / "store"), ChunkBuildConfig(), progress=False)
 
 
-def test_build_through_a_daemon_needs_a_write_token_and_an_existing_namespace(decoder, tmp_path):
+def test_build_through_a_daemon_needs_an_existing_namespace_and_a_write_token_a_recorded_layout(decoder, tmp_path):
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         service.create_namespace("icl", model=decoder.name, fingerprint=model_fingerprint(decoder.model,
                                  decoder.tokenizer), layout=exact_tier_layout(decoder), limits=token_limits(decoder))
@@ -91,7 +91,10 @@ def test_build_through_a_daemon_needs_a_write_token_and_an_existing_namespace(de
             build_chunks_into(decoder, texts, url, ChunkBuildConfig("icl"), token=READ_TOKEN, progress=False)
         with pytest.raises(NamespaceNotFoundError):
             build_chunks_into(decoder, texts, url, ChunkBuildConfig("nope"), token=WRITE_TOKEN, progress=False)
-        report = build_chunks_into(decoder, texts, url, ChunkBuildConfig("icl", INSTRUCTION), token=WRITE_TOKEN,
+        with pytest.raises(FingerprintMismatchError, match="records no chunk layout"):  # a writer chooses none
+            build_chunks_into(decoder, texts, url, ChunkBuildConfig("icl", INSTRUCTION), token=WRITE_TOKEN,
+                              progress=False)
+        report = build_chunks_into(decoder, texts, url, ChunkBuildConfig("icl", INSTRUCTION), token=ADMIN_TOKEN,
                                    progress=False)
         assert report.added == 6 + 1
         again = build_chunks_into(decoder, texts, url, ChunkBuildConfig("icl", INSTRUCTION), token=WRITE_TOKEN,

@@ -34,6 +34,7 @@ from attnstore.store.lmdb.chunks.keys import (
     record_length,
     total_bytes,
     write_layout,
+    writer_keys,
 )
 from attnstore.store.lmdb.env import DbHandle, Generation
 from attnstore.store.lmdb.records import stored_bytes
@@ -148,6 +149,10 @@ class LmdbChunks(StoredChunks):
                                 lambda layer: txn.get(piece_key(namespace, key, layer), db=db))
         self.reads.note(namespace, key)
         return out
+
+    def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
+        with self._chunk_read(namespace) as (gen, txn):
+            return writer_keys(txn, gen.db.chunks, namespace, writer)
 
     def _delete(self, namespace: str, keys: list[bytes]) -> int:
         self._namespace(namespace)

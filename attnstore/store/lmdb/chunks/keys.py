@@ -200,6 +200,14 @@ def _records(txn: lmdb.Transaction, db: DbHandle) -> list[tuple[str, bytes, Chun
     return found
 
 
+def writer_keys(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, writer: str) -> list[bytes]:
+    """The keys of ``namespace``'s chunks whose record names ``writer``."""
+    if db is None:
+        return []
+    return [key for name, key, record in _records(txn, db)
+            if name == namespace and isinstance(record, ChunkRecord) and record.writer == writer]
+
+
 def eviction_candidates(txn: lmdb.Transaction, db: DbHandle | None, protect: set[tuple[str, bytes]]
                         ) -> list[ChunkCandidate]:
     """Every stored chunk but those in ``protect``, with its recency (the later of its storing and last read)."""

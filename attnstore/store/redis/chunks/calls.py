@@ -130,6 +130,9 @@ class RedisChunks(StoredChunks):
         pieces = dict(zip(layers, reply[1:], strict=True))
         return gather_layers(namespace, layout, key, record, layers, pieces.__getitem__)
 
+    def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
+        return walks.writer_keys(self._redis, self._keys, namespace, writer)
+
     def _delete(self, namespace: str, keys: list[bytes]) -> int:
         self._check_writable()
         return walks.delete(self._redis, self._keys, namespace, keys)

@@ -67,6 +67,21 @@ def candidates(
     return found
 
 
+def writer_keys(connection: RedisConnection, keys: StoreKeys, namespace: str, writer: str) -> list[bytes]:
+    """The keys of ``namespace``'s chunks whose record names ``writer`` (a damaged record names none)."""
+    with translated(f"reading the chunks of {namespace!r}"):
+        records = connection.client.hgetall(keys.namespace(namespace).chunks)
+    found = []
+    for raw_key, raw_record in records.items():
+        try:
+            record = ChunkRecord.decode(raw_record)
+        except ChecksumError:
+            continue
+        if record.writer == writer:
+            found.append(bytes(raw_key))
+    return found
+
+
 def delete(connection: RedisConnection, keys: StoreKeys, namespace: str, chunk_keys: Sequence[bytes]) -> int:
     """Delete chunks of ``namespace`` in one script; returns how many were stored."""
     if not chunk_keys:

@@ -12,13 +12,14 @@ import torch
 
 from attnstore.errors import FingerprintMismatchError
 from attnstore.service import AttnStoreService
+from attnstore_client.adapters import adapter_for
 from attnstore_client.cache import AttnCache
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.call.sources import segment_tokens
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import load_model
 from attnstore_client.tiers.chunks.source import MemoryChunkSource, chunk_key
-from attnstore_client.tiers.chunks.store_source import StoreChunkSource
+from attnstore_client.tiers.chunks.store_source import StoreChunkSource, model_chunk_layout
 from attnstore_tools.build.chunks import ChunkBuildConfig, build_chunks_into
 from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
 from tests.support.adapters import save_tiny_decoder
@@ -114,7 +115,9 @@ def test_chunks_a_node_computed_are_written_back_and_a_fresh_cache_finds_them(de
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
         service.create_namespace("default", model=decoder.name, fingerprint=fingerprint,
                                  layout=exact_tier_layout(decoder), limits=token_limits(decoder))
-    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+        service.chunks.set_layout("default", model_chunk_layout(adapter_for(decoder), "float32"))  # the model's
+    # One writer's asks (its FetchChunks of chunks not stored) admit its chunks.
+    daemon = DaemonProcess(tmp_path / "store", tmp_path, extra_args=("--admit-after", "1")).start()
     try:
         url = f"grpc://{daemon.target}"
         with AttnCache(decoder, url, token=WRITE_TOKEN, write_back=True, exact=False, chunks=EXACT) as node:

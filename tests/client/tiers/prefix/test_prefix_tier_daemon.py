@@ -88,7 +88,8 @@ def test_a_corrupt_block_served_by_the_daemon_computes_its_rows_normally_as_fall
 
 
 def test_a_shared_prefix_written_back_serves_later_calls_of_this_cache_and_of_another(llama, tmp_path):
-    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()  # its own: another test stops the module's
+    # Its own (another test stops the module's); one writer's asks admit its blocks.
+    daemon = DaemonProcess(tmp_path / "store", tmp_path, extra_args=("--admit-after", "1")).start()
     try:
         _written_back_prefix_is_served(llama, daemon)
     finally:
@@ -96,8 +97,9 @@ def test_a_shared_prefix_written_back_serves_later_calls_of_this_cache_and_of_an
 
 
 def _written_back_prefix_is_served(llama, daemon: DaemonProcess) -> None:
-    with daemon.client(ADMIN_TOKEN) as admin:  # a namespace without prefix blocks: the first put gives its layout
+    with daemon.client(ADMIN_TOKEN) as admin:  # a namespace without prefix blocks, with the model's layouts
         create_exact_namespace(admin, llama, "fresh")
+        assert admin.get_namespace("fresh").prefix.block_size == DEFAULT_BLOCK_SIZE
     url, options = f"grpc://{daemon.target}", {"exact": False, "prefix_min_tokens": 16}
     with AttnCache(llama, url, "fresh", token=READ_TOKEN, **options) as reader, \
             AttnCache(llama, url, "fresh", token=WRITE_TOKEN, write_back=True, **options) as writer:

@@ -22,9 +22,9 @@ from attnstore_client.connection.local import LocalConnection
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.tiers.prefix import PrefixWriter, PrefixWriterSettings, capture_prefix_blocks, prefix_layout_of
 from attnstore_client.tiers.prefix.shared import ComputedPrefix
+from attnstore_tools.build.namespace_layout import exact_tier_layout
 from tests.support.caches import tiny_loaded
 from tests.support.prefixes import BLOCK, prefix_rows
-from tests.support.stores import small_layout
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ class _Storing(LocalConnection):
             raise self._refuse
         self.calls.append(list(blocks))
         result = self._service.prefixes.put(namespace, fingerprint, layout, blocks)
-        return PrefixPutCounts(result.stored, result.duplicates)
+        return PrefixPutCounts(result.stored, result.duplicates, result.not_admitted)
 
 
 def _service(llama) -> tuple[AttnStoreService, str]:
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
     fingerprint = model_fingerprint(llama.model, llama.tokenizer)
-    service.create_namespace("default", model=llama.name, fingerprint=fingerprint, layout=small_layout())
+    service.create_namespace("default", model=llama.name, fingerprint=fingerprint, layout=exact_tier_layout(llama))
     return service, fingerprint
 
 
