@@ -93,8 +93,9 @@ class AttnStoreService:
         self.admission = Admission(AdmissionConfig(admit_after=0))
         self.write_backs = WriteBackCounter()
         self.derived_features = DerivedFeatures()  # written-back rows' features, from their tokens
-        self.prefixes = ServicePrefixes(store, self.check_fingerprint)
-        self.chunks = ServiceChunks(store, self.check_fingerprint)
+        # Prefix blocks and chunks are admitted by the same rule as rows (read as it is now: the daemon sets it).
+        self.prefixes = ServicePrefixes(store, self.check_fingerprint, lambda: self.admission)
+        self.chunks = ServiceChunks(store, self.check_fingerprint, lambda: self.admission)
         self.monitoring = ServiceMonitoring(store, self._follower, redis_stats)
         self.quarantine = Quarantine()  # objects an audit found wrong: misses for every caller until an admin looks
 
