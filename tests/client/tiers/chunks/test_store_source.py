@@ -1,9 +1,11 @@
 """``StoreChunkSource`` inside AttnCache: chunks built into a real LMDB store (embedded) or put by write-back into a
 real daemon are served to chunked calls; another chunk layout is refused; a damaged chunk sends its prompt to the
-other tiers, computed in full and counted as a fallback (tiny local decoder)."""
+other tiers, computed in full and counted as a fallback; a chunk a write token poisoned changes chunked calls until
+``admin drop-writer`` removes it (tiny local decoder)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -11,17 +13,20 @@ import pytest
 import torch
 
 from attnstore.errors import FingerprintMismatchError
+from attnstore.protocol.chunks import StoredChunk
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.cache import AttnCache
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.call.sources import segment_tokens
+from attnstore_client.connection import connect
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import load_model
 from attnstore_client.tiers.chunks.source import MemoryChunkSource, chunk_key
 from attnstore_client.tiers.chunks.store_source import StoreChunkSource, model_chunk_layout
 from attnstore_tools.build.chunks import ChunkBuildConfig, build_chunks_into
 from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
+from attnstore_tools.cli import main as cli_main
 from tests.support.adapters import save_tiny_decoder
 from tests.support.chunks import damage_chunk
 from tests.support.daemon import READ_TOKEN, WRITE_TOKEN, DaemonProcess
@@ -150,3 +155,39 @@ def test_a_store_holding_no_chunks_is_a_miss_for_every_chunk_and_computes_them_i
         assert cache.chunk_source.layout is None and cache.last_stats.chunks_captured == 1 + len(CHUNKS)
         assert torch.allclose(got, full, atol=1e-4)
     assert np.isfinite(got.numpy()).all()
+
+
+def test_a_chunk_a_writer_poisoned_changes_chunked_calls_until_drop_writer_removes_it(decoder, tmp_path, capsys):
+    reuse = ChunkSettings(method="full_reuse", recent=0, dtype="float32")  # stored keys and values used as they are
+    fingerprint = model_fingerprint(decoder.model, decoder.tokenizer)
+    layout = model_chunk_layout(adapter_for(decoder), "float32")
+    with AttnStoreService.open(tmp_path / "store", create=True) as service:
+        service.create_namespace("default", model=decoder.name, fingerprint=fingerprint,
+                                 layout=exact_tier_layout(decoder), limits=token_limits(decoder))
+        service.chunks.set_layout("default", layout)
+    daemon = DaemonProcess(tmp_path / "store", tmp_path, extra_args=("--admit-after", "1")).start()
+    try:
+        url = f"grpc://{daemon.target}"
+        with AttnCache(decoder, url, token=READ_TOKEN, exact=False, chunks=reuse,
+                       chunk_source=MemoryChunkSource()) as local_only:
+            honest = local_only.last_hidden_states(PROMPTS)  # every chunk computed here
+        row = segment_tokens(decoder.tokenizer, PROMPTS, max_length=512)[0]
+        first, second = row.segments[0], row.segments[1]
+        instruction, ids = list(row.ids[:first]), list(row.ids[first : first + second])  # PROMPTS[0]'s first chunk
+        key = chunk_key(instruction, ids)
+        kv = np.random.default_rng(0).standard_normal((layout.layers, *layout.layer_shape(len(ids)))) * 3
+        with connect(url, token=WRITE_TOKEN) as writer:  # node-a asks (admitted: --admit-after 1), then poisons
+            assert writer.match_chunks("default", fingerprint, layout, [key], timeout=10) == [None]
+            poison = StoredChunk(key, kv.astype(np.float32), token_ids=np.array(ids), context_ids=np.array(instruction))
+            assert writer.put_chunks("default", fingerprint, layout, [poison], timeout=10).stored == 1
+        with AttnCache(decoder, url, token=READ_TOKEN, exact=False, chunks=reuse) as reader:
+            poisoned = reader.last_hidden_states(PROMPTS)
+        assert not torch.allclose(poisoned[0], honest[0], atol=1e-3)
+        assert cli_main(["admin", "drop-writer", "--target", daemon.target, "--token-file", str(daemon.token_file),
+                         "--namespace", "default", "--writer", "node-a", "--json", "-"]) == 0
+        assert json.loads(capsys.readouterr().out)["chunks"] == 1
+        with AttnCache(decoder, url, token=READ_TOKEN, exact=False, chunks=reuse) as reader:
+            again = reader.last_hidden_states(PROMPTS)
+        assert torch.allclose(again, honest, atol=1e-5)
+    finally:
+        assert daemon.stop() == 0, daemon.log()
