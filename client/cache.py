@@ -48,6 +48,7 @@ from attnstore_client.sentence.heads import PROMPT_EOL, PromptEolHead, sentence_
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
 from attnstore_client.settings import CacheSettings
 from attnstore_client.stats import CacheStats
+from attnstore_client.tiers.available import CacheTiers, cache_tiers
 from attnstore_client.tiers.base import TierContext
 from attnstore_client.tiers.chunks.source import ChunkSource
 from attnstore_client.tiers.chunks.store_source import StoreChunkSource
@@ -205,6 +206,9 @@ class AttnCache(SentenceTransformerAPI):
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
         move_model(self.loaded, self.device)
         self.adapter = adapter_for(self.loaded)
+        if not self.adapter.capabilities.complete:  # the one line that says what a model without an adapter gets
+            log.info("model %r runs through its own forward: exact tiers and write-back only (%s)", self.loaded.name,
+                     self.adapter.capabilities.missing)
         self.head = sentence_head(self.loaded, settings.max_length)
         self.namespace = namespace
         # The map-hit rule the next call uses, taken from the namespace once read (``_adopt``).
@@ -364,9 +368,17 @@ class AttnCache(SentenceTransformerAPI):
         return self._local.outputs
 
     @property
-    def family(self) -> Literal["llama", "bert"]:
-        """The model's attention family: ``bert`` (bidirectional) or ``llama`` (causal)."""
+    def family(self) -> Literal["llama", "bert", "generic"]:
+        """The model's attention family: ``bert`` (bidirectional), ``llama`` (causal) or ``generic`` (no adapter: the
+        model's own forward, the exact tiers only)."""
         return self.adapter.family
+
+    @property
+    def tiers(self) -> CacheTiers:
+        """Which tiers this cache has now (its model's adapter, its settings, its namespace), and why each absent one
+        is absent: ``str(cache.tiers)`` reads as a sentence."""
+        return cache_tiers(self.adapter, self._settings, writing_back=self._context.writing_back is not None,
+                           has_projector=self._namespace.view.projector is not None)
 
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""
@@ -787,7 +799,8 @@ class AttnCache(SentenceTransformerAPI):
         return CallSettings(
             self.namespace, self._hit_threshold, settings.exact, settings.stream, settings.timeout, settings.retry,
             gate=self._gated, maps=settings.maps, prefix=settings.prefix, prefix_min_tokens=settings.prefix_min_tokens,
-            batch_size=batch_size, packed=settings.packed, max_batch_tokens=max_batch_tokens,
+            batch_size=batch_size, packed=settings.packed and self.adapter.capabilities.can_pack,
+            max_batch_tokens=max_batch_tokens,
             side_by_side=settings.side_by_side, chunks=settings.chunks, int8=settings.int8,
             audit_rate=float(settings.audit_rate),
         )

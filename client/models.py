@@ -13,9 +13,12 @@ a Hugging Face folder in the model cache (``$ATTNSTORE_MODEL_CACHE``, else
 the file's sha256, so later loads take about 2 s and give the same weights,
 tokenizer and fingerprint. An unwritable cache only costs the conversion each time.
 
-Any local Hugging Face model folder (or a ``.gguf`` file) of a supported
-architecture loads too. A folder with a sentence-transformers configuration
-(``modules.json``, as all-MiniLM-L6-v2's) is loaded by sentence-transformers, so
+Any local Hugging Face model folder (or a ``.gguf`` file) loads too: one of a
+family with an adapter (``SUPPORTED_MODEL_TYPES``) gets every tier; any other
+``model_type`` transformers loads gets the exact tiers through the model's own
+forward (``adapters.generic``), never a refusal. A folder with a
+sentence-transformers configuration (``modules.json``, as all-MiniLM-L6-v2's)
+is loaded by sentence-transformers, so
 its pooling, normalisation, prompts and ``max_seq_length`` come with it. Every
 model comes back in eval mode, in fp32.
 """
@@ -44,6 +47,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from attnstore.errors import ConfigError, UnsupportedModelError
 
@@ -55,7 +59,10 @@ logger = logging.getLogger(__name__)
 AttnImplementation = Literal["sdpa", "eager"]
 _ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
 
-# model_type -> adapter family; the adapters package patches exactly these layouts.
+ModelFamily = Literal["llama", "bert", "generic"]
+
+# model_type -> adapter family; the adapters package patches exactly these layouts. Any other model_type is
+# "generic": the model's own forward, the exact tiers only (``adapters.generic``).
 SUPPORTED_MODEL_TYPES: Mapping[str, Literal["llama", "bert"]] = MappingProxyType(
     {
         "llama": "llama",
@@ -155,7 +162,6 @@ def load_model(
 
     Raises:
         ConfigError: unknown alias, missing path or bad ``attn_implementation``.
-        UnsupportedModelError: the architecture has no adapter.
     """
     if attn_implementation not in _ATTN_IMPLEMENTATIONS:
         raise ConfigError(
@@ -169,18 +175,17 @@ def load_model(
     else:
         folder, gguf_kwargs = path, {}
     config = AutoConfig.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
-    family = _family_of(config, name_or_path)
+    family = family_of(config)
     logger.info("loading %s (%s, family %s) from %s", name_or_path, config.model_type, family, path)
-    common = {
-        "local_files_only": True,
-        "dtype": torch.float32,
-        "attn_implementation": attn_implementation,
-        **gguf_kwargs,
-    }
+    common: dict[str, object] = {"local_files_only": True, "dtype": torch.float32, **gguf_kwargs}
+    if family != "generic" or attn_implementation != "sdpa":
+        # A model without an adapter keeps transformers' own choice of kernel (sdpa where the model has it: not
+        # every model does, and asking for it where it does not is an error).
+        common["attn_implementation"] = attn_implementation
     if (folder / "modules.json").is_file() and not gguf_kwargs:
         return _load_sentence_transformer(name_or_path, folder, common)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
-    if family == "llama":
+    if family == "llama" or (family == "generic" and is_causal(config)):
         causal_lm = AutoModelForCausalLM.from_pretrained(folder, config=config, **common)
         causal_lm.eval()
         base, lm_head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
@@ -241,7 +246,7 @@ def _load_sentence_transformer(name: str, folder: Path, model_kwargs: Mapping[st
     """A sentence-transformers model folder, loaded by sentence-transformers (on the CPU; move it with ``.to``).
 
     Raises:
-        UnsupportedModelError: its first module is not a transformer whose model an adapter supports.
+        UnsupportedModelError: its first module is not a transformers model.
     """
     from sentence_transformers import SentenceTransformer
 
@@ -254,18 +259,28 @@ def _load_sentence_transformer(name: str, folder: Path, model_kwargs: Mapping[st
             f"model {name!r}: its sentence-transformers pipeline starts with {type(pipeline[0]).__name__}, "
             "not a transformers model"
         )
-    _family_of(base.config, name)
     return LoadedModel(name=name, model=base, tokenizer=pipeline.tokenizer, lm_head=None, sentence_transformer=pipeline)
 
 
-def _family_of(config: PretrainedConfig, name: str) -> Literal["llama", "bert"]:
+def family_of(config: PretrainedConfig) -> ModelFamily:
+    """The adapter family of a model's config: ``SUPPORTED_MODEL_TYPES``'s, else ``"generic"``."""
+    return SUPPORTED_MODEL_TYPES.get(config.model_type, "generic")
+
+
+def is_causal(config: PretrainedConfig) -> bool:
+    """Whether a model of ``config`` is a causal decoder: a family's own say, else a ``model_type`` transformers has a
+    causal language-model head for and no masked one (``bert`` and ``electra`` have both: encoders), or a config
+    marked ``is_decoder``."""
     family = SUPPORTED_MODEL_TYPES.get(config.model_type)
-    if family is None:
-        raise UnsupportedModelError(
-            f"model {name!r} has architecture {config.model_type!r}; supported: "
-            f"{sorted(SUPPORTED_MODEL_TYPES)} (aliases {sorted(MODEL_ALIASES)})"
-        )
-    return family
+    if family is not None:
+        return family == "llama"
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    model_type = config.model_type
+    decoder_only = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+    return decoder_only or bool(getattr(config, "is_decoder", False))
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -298,7 +298,8 @@ def _models_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
         except ApiError as error:
             return _error(error)
         return JSONResponse({"object": "list", "data": [
-            {"id": model.name, "object": "model", "created": 0, "owned_by": "attnstore"}]})
+            {"id": model.name, "object": "model", "created": 0, "owned_by": "attnstore", "tiers": list(model.tiers),
+             "absent_tiers": dict(model.absent_tiers)}]})
 
     return endpoint
 

@@ -49,8 +49,10 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
         warming = warm_up(cache) if warmup else None
         vocab = int(cache.adapter.loaded.model.config.vocab_size)
         decoder = cache.adapter.loaded.lm_head is not None
+        tiers = cache.tiers
         info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length), decoder=decoder,
-                         chunks=decoder and cache.chunks is not None)
+                         chunks=decoder and cache.chunks is not None, tiers=tiers.present,
+                         absent_tiers=tuple(tiers.absent.items()))
     except BaseException:
         with contextlib.suppress(Exception):
             cache.close()

@@ -64,6 +64,8 @@ class ModelInfo:
     max_length: int  # tokens per row it takes (texts are truncated there, like SentenceTransformer.encode)
     decoder: bool = False  # it has a language-model head: it scores (``/v1/score``, ``/v1/classify``)
     chunks: bool = False  # its cache runs the chunk tier (``--chunks``): scoring requests may give ``segments``
+    tiers: tuple[str, ...] = ()  # the tiers its cache has (``AttnCache.tiers``), shown by ``/v1/models``
+    absent_tiers: tuple[tuple[str, str], ...] = ()  # and the ones it lacks, each with why
 
 
 @dataclass(frozen=True, slots=True)

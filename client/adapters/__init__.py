@@ -1,32 +1,35 @@
-"""Model adapters: capture and replay of attention maps, one class per attention family."""
+"""Model adapters: capture and replay of attention maps, one class per attention family; any other model through
+its own forward (``generic``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.base import Adapter, Capture
 from attnstore_client.adapters.bert import BertAdapter
+from attnstore_client.adapters.capabilities import Capabilities
+from attnstore_client.adapters.generic import GenericAdapter, GenericDecoderAdapter
 from attnstore_client.adapters.llama import LlamaAdapter
-from attnstore_client.models import SUPPORTED_MODEL_TYPES, LoadedModel
+from attnstore_client.models import LoadedModel, family_of, is_causal
 
-__all__ = ["Adapter", "BertAdapter", "Capture", "LlamaAdapter", "adapter_for"]
+__all__ = [
+    "Adapter", "BertAdapter", "Capabilities", "Capture", "GenericAdapter", "GenericDecoderAdapter", "LlamaAdapter",
+    "adapter_for",
+]
 
 _ADAPTERS: Mapping[str, type[Adapter]] = MappingProxyType({"llama": LlamaAdapter, "bert": BertAdapter})
 
 
 def adapter_for(loaded: LoadedModel) -> Adapter:
-    """Return the adapter for a loaded model, chosen by its architecture.
+    """Return the adapter for a loaded model, chosen by its architecture: its family's, else the model's own forward
+    (``GenericAdapter``, or ``GenericDecoderAdapter`` for a causal model), whose ``capabilities`` say what is off.
 
     Raises:
-        UnsupportedModelError: the model type has no adapter; the message lists
-            the supported ones.
+        UnsupportedModelError: a family's model whose modules are not laid out as the family's adapter expects.
     """
-    model_type = loaded.model.config.model_type
-    family = SUPPORTED_MODEL_TYPES.get(model_type)
-    if family is None:
-        raise UnsupportedModelError(
-            f"no adapter for model type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}"
-        )
+    config = loaded.model.config
+    family = family_of(config)
+    if family == "generic":
+        return GenericDecoderAdapter(loaded) if is_causal(config) else GenericAdapter(loaded)
     return _ADAPTERS[family](loaded)

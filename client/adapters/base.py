@@ -50,6 +50,7 @@ from torch import nn
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters.attention import attention_probs
 from attnstore_client.adapters.batch import Batch
+from attnstore_client.adapters.capabilities import FULL, Capabilities
 from attnstore_client.adapters.fused import FusedLinears, fused_linears_available, onednn_pays, padded_tokens
 from attnstore_client.adapters.packed import PackedBatch, plan_packed, with_filler
 from attnstore_client.adapters.padded import Capturing, Keeping, Replaying
@@ -80,7 +81,7 @@ class Adapter(ABC):
 
     Attributes:
         family: the attention layout (``"llama"``: RoPE, GQA, causal; ``"bert"``:
-            bidirectional).
+            bidirectional; ``"generic"``: none known, the model's own forward only, ``adapters.generic``).
         causal: whether a map of stored length ``L' > L`` may be cropped.
         attention_path: the module wrapped in each block, as a dotted attribute path.
         num_layers, num_heads, num_kv_heads, head_dim, hidden_size: the layout.
@@ -90,7 +91,7 @@ class Adapter(ABC):
     model differs (``_project_out``, ``_sliding_window``, ``_fusable``).
     """
 
-    family: ClassVar[Literal["llama", "bert"]]
+    family: ClassVar[Literal["llama", "bert", "generic"]]
     causal: ClassVar[bool]
     attention_path: ClassVar[str]
 
@@ -179,6 +180,11 @@ class Adapter(ABC):
         return float(getattr(module, "scaling", self.head_dim**-0.5))
 
     # --- public API -----------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this adapter can do beyond the model's own forward (``adapters.capabilities``): the tiers ask it."""
+        return FULL
 
     @property
     def blocks(self) -> tuple[nn.Module, ...]:

@@ -177,9 +177,9 @@ class ComputeTier(Tier):
         qualifies (its feature is computed once a projector is trained).
         """
         write_back = self._context.writing_back
-        if write_back is None or not call.settings.exact:
-            return set()
         adapter = self._context.adapter
+        if write_back is None or not call.settings.exact or not adapter.capabilities.can_replay:
+            return set()
         per_token = 2 * adapter.num_layers * adapter.num_heads  # fp16 bytes per L*L
         limit = write_back.settings.max_row_map_bytes
         return {

@@ -118,7 +118,7 @@ def run_forward(
     adapter = adapter or context.adapter
     tokens = [row.tokens for row in rows]
     started = time.perf_counter()
-    if settings.packed:
+    if settings.packed and adapter.capabilities.can_pack:
         packed = pack(tokens).to(context.device)
         out, kept = adapter.forward_packed(packed, replay, keep)  # (T, hidden)
         hidden = HiddenRows(out.float(), packed.lengths, packed.starts)

@@ -75,7 +75,8 @@ class MapTier(Tier):
 
     def serve(self, rows: list[Row], call: Call) -> list[Row]:
         """See :meth:`Tier.serve`."""
-        if not call.settings.maps or call.namespace.projector is None:
+        replayable = self._context.adapter.capabilities.can_replay  # a model without an adapter replays nothing
+        if not call.settings.maps or call.namespace.projector is None or not replayable:
             return rows
         cost_model = self._context.cost_model
         eligible = [row for row in rows if row.facts.failed is None]

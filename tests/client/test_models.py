@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertModel, GPT2Config, GPT2Model, LlamaModel
+from transformers import BertModel, GPT2Model, LlamaModel
 
-from attnstore.errors import ConfigError, UnsupportedModelError
+from attnstore.errors import ConfigError
 from attnstore_client.models import MODEL_ALIASES, load_model, resolve_model_path
-from tests.support.adapters import save_tiny_decoder
+from tests.support.adapters import save_tiny_decoder, save_tiny_family
 
 
 def test_aliases_resolve_to_the_packaged_files():
@@ -27,10 +27,10 @@ def test_bad_attention_implementation_names_the_choices():
         load_model("minilm", attn_implementation="flash")
 
 
-def test_unsupported_architecture_names_the_supported_ones(tmp_path):
-    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*'bert'.*'llama'.*'mistral'.*'qwen2'.*'roberta'"):
-        load_model(str(tmp_path))
+def test_an_architecture_without_an_adapter_loads_as_a_decoder_with_its_head(tmp_path):
+    save_tiny_family("gpt2", tmp_path)  # issue 49 item 2: no adapter means slower, never refused
+    loaded = load_model(str(tmp_path))
+    assert isinstance(loaded.model, GPT2Model) and not loaded.model.training and loaded.lm_head is not None
 
 
 def test_local_decoder_folder_loads_base_model_and_head(tmp_path):

@@ -9,6 +9,11 @@ replay fidelity and fit the fidelity gate (new namespaces; see
 feature vectors in bounded transactions → with ``--int8``, choose the int8 plan
 on the corpus (``build.int8``) → store the projector (with the gate and the plan).
 
+A model without an adapter (``adapters.generic``: no maps to capture) gets an
+exact-tier store instead: its outputs only, computed by the model's own forward
+in length-sorted batches, in a namespace without a projector (clients serve
+exact hits from it and write computed rows back to it; no map hits).
+
 The projector is written last: a namespace is usable by clients only once it
 has one. Any failure, Ctrl-C included, removes what the run wrote (the new
 namespace, or the entries added to an existing one), so the store is left as it
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from attnstore.errors import CorpusError, NamespaceNotFoundError
+from attnstore.errors import ConfigError, CorpusError, NamespaceNotFoundError
 from attnstore.protocol.records import CODECS, Codec, NamespaceLayout, NewEntry
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
@@ -43,7 +48,7 @@ from attnstore_tools.build.calibration import CalibrationConfig, CalibrationRepo
 from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
 from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, check_int8_model, format_int8
-from attnstore_tools.build.namespace_layout import token_limits
+from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
 from attnstore_tools.build.prefix import PrefixBuildConfig, PrefixBuildReport, store_prefix_blocks
 from attnstore_tools.build.training import MIN_CORPUS, TrainConfig, TrainReport
 from attnstore_tools.corpus import read_texts
@@ -94,6 +99,8 @@ class BuildReport:
     calibration: CalibrationReport | None = None  # None when reused or not calibrated
     prefix: PrefixBuildReport | None = None  # None when no prefix blocks were stored
     int8: Int8Report | None = None  # None when no int8 plan was asked for
+    # Why only the exact tier was built (outputs, no maps or projector): the model has no adapter. None: a full build.
+    exact_only: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,16 +137,18 @@ def build_namespace(
         CorpusError: an empty corpus, no usable rows, or too few to train on.
         FingerprintMismatchError: the namespace exists for another model.
         ConfigError: a bad codec or namespace name, or an int8 plan asked of a model without a
-            sentence-transformers pipeline.
+            sentence-transformers pipeline or without an adapter.
     """
     started = time.perf_counter()
     if config.codec not in CODECS:
         raise CorpusError(f"unknown codec {config.codec!r}; choose one of {list(CODECS)}")
     if not texts:
         raise CorpusError("the corpus is empty: nothing to build")
+    adapter = adapter_for(loaded)
+    if not adapter.capabilities.can_replay:
+        return _build_exact_tier(adapter, texts, service, config, progress)
     if config.int8 is not None:
         check_int8_model(loaded)  # before any work: it would be undone
-    adapter = adapter_for(loaded)
     fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
     existing = _existing_projector(service, config.namespace, fingerprint)
     rows, skipped_long, skipped_empty = _rows(loaded, texts, config.max_length)
@@ -197,6 +206,61 @@ def build_namespace(
         calibration=calibration,
         prefix=prefix,
         int8=int8,
+    )
+
+
+def _build_exact_tier(
+    adapter: Adapter, texts: Sequence[str], service: AttnStoreService, config: BuildConfig, progress: bool
+) -> BuildReport:
+    """``build_namespace`` for a model without an adapter: the corpus's outputs, in an exact-tier namespace (made if
+    missing, no projector); an existing namespace of the model gets the rows it lacks."""
+    started = time.perf_counter()
+    why = adapter.capabilities.missing
+    if config.int8 is not None:
+        raise ConfigError(f"--int8 needs map capture: {why}")
+    log.info("building an exact-tier store (outputs only, no maps or projector): %s", why)
+    loaded = adapter.loaded
+    fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
+    try:
+        service.check_fingerprint(config.namespace, fingerprint)
+        existing = True
+    except NamespaceNotFoundError:
+        existing = False
+    rows, skipped_long, skipped_empty = _rows(loaded, texts, config.max_length)
+    if not rows:
+        raise CorpusError(
+            f"no usable rows in the corpus: {skipped_long} over --max-length {config.max_length} tokens,"
+            f" {skipped_empty} blank"
+        )
+    unique = sorted(_unique_unstored(rows, service, config.namespace if existing else None), key=lambda r: -len(r.ids))
+    before = _namespace_bytes(service, config.namespace)
+    created = not existing and bool(unique)
+    if created:
+        service.create_namespace(config.namespace, model=loaded.name, fingerprint=fingerprint,
+                                 layout=exact_tier_layout(loaded, config.codec), limits=token_limits(loaded))
+    added: list[int] = []
+    bar = tqdm(total=len(unique), desc="outputs", unit="row", disable=not progress)
+    try:
+        for batch_rows in groups_of(unique, config.batch_size, config.ingest_bytes, lambda r: len(r.ids)):
+            batch = batch_from_ids([r.ids for r in batch_rows], loaded.tokenizer.pad_token_id or 0)
+            hidden = adapter.forward(batch)  # (B, P, hidden)
+            entries = [
+                NewEntry(maps=None, token_hash=row.token_hash, token_ids=row.ids,
+                         outputs=hidden[b, : len(row.ids)].to(torch.float16).cpu().numpy())
+                for b, row in enumerate(batch_rows)
+            ]
+            added.extend(service.ingest(config.namespace, fingerprint, entries).entry_ids)
+            bar.update(len(batch_rows))
+    except BaseException:
+        _undo(service, config.namespace, created, added)
+        raise
+    finally:
+        bar.close()
+    return BuildReport(
+        namespace=config.namespace, texts=len(texts), entries=len(added), duplicates=len(rows) - len(added),
+        skipped_too_long=skipped_long, skipped_empty=skipped_empty,
+        stored_bytes=_namespace_bytes(service, config.namespace) - before, seconds=time.perf_counter() - started,
+        train=None, exact_only=why,
     )
 
 
@@ -441,6 +505,8 @@ def format_report(report: BuildReport) -> str:
         f" {report.skipped_empty} blank)",
         f"stored {report.stored_bytes / 2**20:.1f} MiB in {report.seconds:.1f} s",
     ]
+    if report.exact_only is not None:
+        lines.append(f"an exact-tier store (outputs only, no maps or projector: no map hits): {report.exact_only}")
     if report.prefix is not None:
         p = report.prefix
         lines.append(f"prefix blocks: {p.blocks} added ({p.bytes / 2**20:.1f} MiB) from {p.prompts} prompts"

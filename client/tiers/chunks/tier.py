@@ -43,7 +43,7 @@ class ChunkTier(Tier):
     def __init__(self, context: TierContext, source: ChunkSource) -> None:
         self._context = context
         self.source = source
-        self._unsupported = not context.adapter.causal
+        self._unsupported = not (context.adapter.causal and context.adapter.capabilities.can_share_kv)
 
     def serve(self, rows: list[Row], call: Call) -> list[Row]:
         """See :meth:`Tier.serve`."""

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2Model
 
-from attnstore.errors import MapShapeError, UnsupportedModelError
-from attnstore_client.adapters import BertAdapter, LlamaAdapter, adapter_for
+from attnstore.errors import MapShapeError
+from attnstore_client.adapters import BertAdapter, GenericDecoderAdapter, LlamaAdapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.models import LoadedModel
 from tests.support.adapters import random_rows, tiny_model
@@ -39,12 +39,12 @@ def test_adapter_for_picks_the_family_by_architecture():
     assert isinstance(adapter_for(tiny_model("roberta")), BertAdapter)
 
 
-def test_adapter_for_unsupported_architecture_names_the_supported_ones():
+def test_adapter_for_an_architecture_without_a_family_gives_the_models_own_forward():
     gpt2 = LoadedModel(
         name="gpt2", model=GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2)), tokenizer=None, lm_head=None
     )
-    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*'bert'.*'llama'.*'qwen2'"):
-        adapter_for(gpt2)
+    adapter = adapter_for(gpt2)  # issue 49 item 2: slower, never refused (tests/client/adapters/test_adapters_generic)
+    assert isinstance(adapter, GenericDecoderAdapter) and not adapter.capabilities.can_replay
 
 
 @pytest.mark.parametrize(
