@@ -28,6 +28,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ class RowTolerance:
             stored: ``(L, hidden)`` the stored outputs (fp16).
             fresh: ``(L, hidden)`` the forward's.
         """
-        a = torch.as_tensor(stored).float()  # (L, hidden)
+        a = torch.tensor(np.asarray(stored), dtype=torch.float32)  # (L, hidden), its own copy (stored may be read-only)
         b = fresh.detach().float().cpu()  # (L, hidden)
         if a.shape != b.shape:
             return -1.0, float("inf")
@@ -79,8 +80,8 @@ class AuditFinding:
     """One stored object its audit found wrong, and what the store did about it."""
 
     namespace: str
-    kind: str  # "row" (a prefix block or a chunk later)
-    key: bytes  # the row's token hash
+    kind: str  # "row" or "prefix" (a chunk later)
+    key: bytes  # a row's token hash, a prefix block's chain hash
     min_cosine: float
     max_abs_share: float
     quarantined: bool  # this report put it in quarantine (False: it already was, or the report failed)
@@ -116,9 +117,10 @@ class AuditLog:
 
     def report(
         self, connection: StoreConnection, namespace: str, fingerprint: str, key: bytes, measured: tuple[float, float],
-        *, timeout: float | None,
+        *, timeout: float | None, kind: Literal["row", "prefix", "chunk"] = "row",
     ) -> AuditFinding:
-        """Report a wrong row to the store (quarantine), log and keep the finding; never raises a store error."""
+        """Report a wrong object (a row by its token hash, a prefix block by its chain hash) to the store
+        (quarantine), log and keep the finding; never raises a store error."""
         min_cosine, share = measured
         detail = f"min_cosine={min_cosine:.4f} max_abs_share={share:.4f}"
         quarantined, writer, error = False, None, None
@@ -126,16 +128,16 @@ class AuditLog:
             error = f"{type(connection).__name__} cannot quarantine"
         else:
             try:
-                reply = connection.report_mismatch(namespace, fingerprint, "row", key, detail=detail, timeout=timeout)
+                reply = connection.report_mismatch(namespace, fingerprint, kind, key, detail=detail, timeout=timeout)
             except AttnStoreError as exc:
                 error = f"{type(exc).__name__}: {exc}"
             else:
                 quarantined, writer = reply.quarantined, reply.writer
                 if not reply.found:
-                    error = "the store no longer holds the row"
-        finding = AuditFinding(namespace, "row", key, min_cosine, share, quarantined, writer, error)
+                    error = f"the store no longer holds the {kind}"
+        finding = AuditFinding(namespace, kind, key, min_cosine, share, quarantined, writer, error)
         log.warning(
-            "event=audit_mismatch namespace=%s kind=row key=%s writer=%s quarantined=%s %s%s", namespace,
+            "event=audit_mismatch namespace=%s kind=%s key=%s writer=%s quarantined=%s %s%s", namespace, kind,
             key.hex()[:16], writer or "(admin or unknown)", quarantined, detail,
             f" report_failed={error!r}" if error else "",
         )

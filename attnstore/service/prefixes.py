@@ -98,14 +98,18 @@ class ServicePrefixes:
     """The service's prefix part: its stored prefix blocks (over the store), matched and read; thread-safe."""
 
     def __init__(self, store: MapStoreBase, check_fingerprint: Callable[[str, str], NamespaceInfo],
-                 admission: Callable[[], Admission] | None = None) -> None:
+                 admission: Callable[[], Admission] | None = None,
+                 held: Callable[[str, bytes], bool] | None = None) -> None:
         """
         Args:
             store: the service's map store.
             check_fingerprint: the service's check that a request's model is the namespace's
                 (``AttnStoreService.check_fingerprint``).
             admission: the service's admission rule as it is now (None: off, only trusted puts store).
+            held: whether a block (namespace, chain hash) is quarantined (``service.quarantine``): chains end
+                before it, as before a cut one, until an admin releases it.
         """
+        self._held = held or (lambda namespace, chain_hash: False)
         self._store = store
         self._check_fingerprint = check_fingerprint
         off = Admission(AdmissionConfig(admit_after=0))
@@ -121,7 +125,8 @@ class ServicePrefixes:
 
     def matches(self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]],
                 caller: str | None = None) -> list[int]:
-        """Each row's count of stored blocks from its first on (a lookup stops at the first missing or cut block);
+        """Each row's count of stored blocks from its first on (a lookup stops at the first missing, cut or
+        quarantined block);
         ``caller`` (an admission key; None: not counted) counts as asking for each row's blocks not stored.
 
         Raises:
@@ -133,6 +138,8 @@ class ServicePrefixes:
         check_prefix_request(self.layout(namespace), namespace, block_size)
         prefixes = self._store.require_prefixes("prefixes.match()")
         counts = [self._cuts.blocks(namespace, row, prefixes.match(namespace, row)) for row in rows]
+        counts = [next((i for i in range(n) if self._held(namespace, bytes(row[i]))), n)
+                  for row, n in zip(rows, counts, strict=True)]
         asked = dict.fromkeys(bytes(h) for row, n in zip(rows, counts, strict=True) for h in row[n:])
         put_rules.observe(self._admission, namespace, list(asked), caller)
         return counts

@@ -94,7 +94,8 @@ class AttnStoreService:
         self.write_backs = WriteBackCounter()
         self.derived_features = DerivedFeatures()  # written-back rows' features, from their tokens
         # Prefix blocks and chunks are admitted by the same rule as rows (read as it is now: the daemon sets it).
-        self.prefixes = ServicePrefixes(store, self.check_fingerprint, lambda: self.admission)
+        self.prefixes = ServicePrefixes(store, self.check_fingerprint, lambda: self.admission,
+                                        held=lambda namespace, key: self.quarantine.holds(namespace, "prefix", key))
         self.chunks = ServiceChunks(store, self.check_fingerprint, lambda: self.admission)
         self.monitoring = ServiceMonitoring(store, self._follower, redis_stats)
         self.quarantine = Quarantine()  # objects an audit found wrong: misses for every caller until an admin looks
@@ -425,13 +426,16 @@ class AttnStoreService:
         return self.quarantine
 
     def release_quarantined(self, namespace: str, kind: str, key: bytes, *, drop: bool = False) -> QuarantinedObject:
-        """Take an object out of quarantine: served again, or (``drop``) deleted from the store.
+        """Take an object out of quarantine: served again, or (``drop``, a row) deleted from the store.
 
         Raises:
             EntryNotFoundError: the object is not quarantined.
-            ConfigError: an unknown kind.
+            ConfigError: an unknown kind, or ``drop`` of a prefix block or chunk (kept in quarantine).
         """
         checked = check_kind(kind)
+        if drop and checked != "row":
+            raise ConfigError(f"a quarantined {checked} cannot be dropped alone: release it, or remove its writer's"
+                              " objects (admin drop-writer)")
         item = self.quarantine.release(namespace, checked, key)
         if item is None:
             raise EntryNotFoundError(f"no quarantined {checked} with key {key.hex()[:16]}... in {shown(namespace)}")

@@ -7,6 +7,8 @@ prefix blocks. Rows are grouped by their count of stored blocks, so a forward's
 rows share one past length; a row whose prefix cannot be read (a corrupt or
 vanished block, the daemon going away) is dropped from its forward, which runs
 again without it, and is left open: the compute tier computes it as a fallback.
+A sample of the rows (``CallSettings.audit_rate``) is computed whole instead and
+its stored prefix compared with the forward's (``audit``).
 
 A namespace read without a prefix layout may get one later (another node's
 write-back, a build): while it has none, a call with a row long enough for a
@@ -34,6 +36,7 @@ from attnstore_client.call.rows import HiddenRows, Row
 from attnstore_client.call.state import Call
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
+from attnstore_client.tiers.prefix.audit import audit_prefix
 from attnstore_client.tiers.prefix.capture import prefix_layout_of
 from attnstore_client.tiers.prefix.shared import ComputedPrefix, serve_shared, shareable
 from attnstore_client.tiers.prefix.tier import PrefixCandidate, candidates, forward_with_prefix
@@ -143,6 +146,8 @@ class PrefixTier(Tier):
         context, counts = self._context, call.counts
         prefix_length = blocks * layout.block_size
         started = time.perf_counter()
+        # Rows audited (``audit``): computed whole, their stored prefix compared with the forward's.
+        audited = {row.index for row in rows if context.audit.sample(call.settings.audit_rate)}
         try:
             while group:
                 try:
@@ -160,6 +165,8 @@ class PrefixTier(Tier):
                 try:
                     out = forward_with_prefix(context.adapter, suffix, prefix_length, stream)  # (B, S, hidden)
                     hidden = [torch.tensor(stream.hidden(b), device=context.device) for b in range(len(group))]
+                    computed = {b: audit_prefix(context, call, rows[b], group[b].chain, layout, stream, b)
+                                for b in range(len(rows)) if rows[b].index in audited}
                 except MapsUnavailableError as exc:
                     log.warning("prefix of row %d unavailable (%s): computing it", rows[exc.row].index, exc)
                     call.fail([rows[exc.row]], exc.cause)
@@ -169,11 +176,15 @@ class PrefixTier(Tier):
                     stream.close()
                     counts.bytes_fetched += stream.bytes_fetched
                     counts.fetch_s += stream.fetch_seconds
-                states = [torch.cat([hidden[b].float(), out[b, : suffix.lengths[b]].float()]) for b in range(len(rows))]
-                call.deliver(rows, HiddenRows.stacked(states), "prefix")  # (L, hidden) each
+                served = [b for b in range(len(rows)) if b not in computed]
+                states = [torch.cat([hidden[b].float(), out[b, : suffix.lengths[b]].float()]) for b in served]
+                if served:
+                    call.deliver([rows[b] for b in served], HiddenRows.stacked(states), "prefix")  # (L, hidden) each
+                if computed:  # the audited rows, computed whole: never a stored prefix found wrong
+                    call.deliver([rows[b] for b in computed], HiddenRows.stacked(list(computed.values())), "miss")
                 counts.forward_tokens += sum(suffix.lengths)
                 counts.forwarded_tokens += suffix.size * suffix.padded_length
-                counts.prefix_tokens += prefix_length * len(rows)
+                counts.prefix_tokens += prefix_length * len(served)
                 return [row.index for row in rows]
             return []
         finally:
