@@ -75,7 +75,7 @@ def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_throu
     query = "Questions and their answers follow . " + " ".join(rng.choice(WORDS, size=60)) + " . The answer is"
     items = [f" choice{i} " + " ".join(rng.choice(WORDS, size=3)) for i in range(8)]
     labels = [1037, 1038, 2003]
-    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()
+    daemon = DaemonProcess(tmp_path / "store", tmp_path).start()  # --admit-after 2: a block needs two writers' asks
     nodes: list[NodeProcess] = []
     try:
         with daemon.client(ADMIN_TOKEN) as admin:
@@ -83,10 +83,15 @@ def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_throu
         for name, token in (("a", WRITE_TOKEN), ("b", OTHER_WRITE_TOKEN)):
             args = ("--token", token, "--write-back", "--no-warmup", "--max-wait-ms", "1")
             nodes.append(NodeProcess(str(folder), f"grpc://{daemon.target}", tmp_path / name, args=args).start())
+        # Node b asks for the query's blocks first (computing its rows), then node a asks, computes the prefix once
+        # and writes it back: two writers asked, so its blocks are admitted.
+        asked = httpx.post(f"{nodes[1].url}/v1/score", timeout=120,
+                           json={"query": query, "items": items[6:], "label_token_ids": labels})
+        assert asked.status_code == 200, asked.text
         first = httpx.post(f"{nodes[0].url}/v1/score", timeout=120,
                            json={"query": query, "items": items[:4], "label_token_ids": labels})
         assert first.status_code == 200, first.text
-        rows = [tokenizer(query + item)["input_ids"] for item in items[4:]]
+        rows = [tokenizer(query + item)["input_ids"] for item in items[4:6]]
         chain = chain_hashes(rows[0], DEFAULT_BLOCK_SIZE, blocks=usable_blocks(len(rows[0]), DEFAULT_BLOCK_SIZE))
         fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
         with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader:  # the prefix lands off the request's path
@@ -95,11 +100,12 @@ def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_throu
                     "default", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10)[0]:
                 assert time.monotonic() < deadline, f"the query's prefix was never written back{daemon.log()[-3000:]}"
                 time.sleep(0.05)
+        before = _metric(nodes[1], "attnstore_node_forward_tokens_total")
         second = httpx.post(f"{nodes[1].url}/v1/score", timeout=120,
-                            json={"query": query, "items": items[4:], "label_token_ids": labels})
+                            json={"query": query, "items": items[4:6], "label_token_ids": labels})
         assert second.status_code == 200, second.text
         assert _metric(nodes[1], 'attnstore_node_rows_total{tier="prefix"}') == len(rows)
-        forwarded = _metric(nodes[1], "attnstore_node_forward_tokens_total")
+        forwarded = _metric(nodes[1], "attnstore_node_forward_tokens_total") - before
         query_tokens = len(tokenizer(query)["input_ids"])
         assert forwarded < 0.5 * query_tokens * len(rows), (forwarded, query_tokens)
         reference = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
