@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import FingerprintMismatchError, MapShapeError
+from attnstore.errors import EntryNotFoundError, FingerprintMismatchError, MapShapeError
 from attnstore.protocol.chunks import CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
 from attnstore.protocol.keys import chunk_key
 from attnstore.service import put_rules
@@ -74,14 +74,18 @@ class ServiceChunks:
     """The service's chunk part: its stored chunks (over the store), matched, read and put; thread-safe."""
 
     def __init__(self, store: MapStoreBase, check_fingerprint: Callable[[str, str], NamespaceInfo],
-                 admission: Callable[[], Admission] | None = None) -> None:
+                 admission: Callable[[], Admission] | None = None,
+                 held: Callable[[str, bytes], bool] | None = None) -> None:
         """
         Args:
             store: the service's map store.
             check_fingerprint: the service's check that a request's model is the namespace's
                 (``AttnStoreService.check_fingerprint``).
             admission: the service's admission rule as it is now (None: off, only trusted puts store).
+            held: whether a chunk (namespace, key) is quarantined (``service.quarantine``): not stored, for every
+                caller, until an admin releases it.
         """
+        self._held = held or (lambda namespace, key: False)
         self._store = store
         self._check_fingerprint = check_fingerprint
         off = Admission(AdmissionConfig(admit_after=0))
@@ -113,6 +117,7 @@ class ServiceChunks:
         self.check_request(namespace, fingerprint, layout)
         check_chunk_keys(keys)
         lengths = self._store.require_chunks("chunks.lengths()").lengths(namespace, list(keys))
+        lengths = [None if self._held(namespace, bytes(key)) else n for key, n in zip(keys, lengths, strict=True)]
         asked = [bytes(k) for k, n in zip(keys, lengths, strict=True) if n is None]
         put_rules.observe(self._admission, namespace, list(dict.fromkeys(asked)), caller)
         return lengths
@@ -123,6 +128,7 @@ class ServiceChunks:
         Raises:
             EntryNotFoundError: the chunk is not stored; ChecksumError: it is damaged (the message names it).
         """
+        self._refuse_held(namespace, key)
         return self._store.require_chunks("chunks.read_layer()").read_layer(namespace, key, layer)
 
     def read(self, namespace: str, key: bytes) -> np.ndarray:
@@ -131,7 +137,14 @@ class ServiceChunks:
         Raises:
             EntryNotFoundError, ChecksumError: as :meth:`read_layer`.
         """
+        self._refuse_held(namespace, key)
         return self._store.require_chunks("chunks.read()").read(namespace, key)
+
+    def _refuse_held(self, namespace: str, key: bytes) -> None:
+        """Raise EntryNotFoundError for a quarantined chunk: served to no one."""
+        if self._held(namespace, bytes(key)):
+            raise EntryNotFoundError(f"chunk {bytes(key).hex()[:16]} of namespace {namespace!r} is quarantined"
+                                     " (admin quarantine list)")
 
     def set_layout(self, namespace: str, layout: ChunkLayout) -> ChunkLayout:
         """Record the namespace's chunk layout (an admin's: ``CreateNamespace``); its own again changes nothing.

@@ -96,7 +96,8 @@ class AttnStoreService:
         # Prefix blocks and chunks are admitted by the same rule as rows (read as it is now: the daemon sets it).
         self.prefixes = ServicePrefixes(store, self.check_fingerprint, lambda: self.admission,
                                         held=lambda namespace, key: self.quarantine.holds(namespace, "prefix", key))
-        self.chunks = ServiceChunks(store, self.check_fingerprint, lambda: self.admission)
+        self.chunks = ServiceChunks(store, self.check_fingerprint, lambda: self.admission,
+                                    held=lambda namespace, key: self.quarantine.holds(namespace, "chunk", key))
         self.monitoring = ServiceMonitoring(store, self._follower, redis_stats)
         self.quarantine = Quarantine()  # objects an audit found wrong: misses for every caller until an admin looks
 

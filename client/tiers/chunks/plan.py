@@ -20,7 +20,7 @@ it in full, and the damaged part is not computed on its own or put back.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,13 @@ from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.capture import capture_chunks
 from attnstore_client.tiers.chunks.fusion import FusedRow, fused_forward
 from attnstore_client.tiers.chunks.source import ChunkKV, ChunkSource, ChunkTokens, chunk_key
+
+# Checks the chunks a source served and gives them back, a wrong one replaced (``audit.ChunkAudit``): called with
+# the chunks found, what was wanted (key -> context, ids), the settings, the batch size and the device.
+ChunkCheck = Callable[
+    [dict[bytes, ChunkKV], Mapping[bytes, tuple[ChunkKV | None, Sequence[int]]], ChunkSettings, int, torch.device],
+    dict[bytes, ChunkKV],
+]
 
 
 @dataclass
@@ -69,7 +76,7 @@ class _Segments:
 def fuse_prompts(
     adapter: Adapter, source: ChunkSource, prompts: Sequence[tuple[Sequence[int], Sequence[int]]],
     settings: ChunkSettings, *, batch_size: int = 32, device: torch.device | None = None,
-    counts: FusionCounts | None = None,
+    counts: FusionCounts | None = None, audit: ChunkCheck | None = None,
 ) -> list[torch.Tensor | None]:
     """The question's last hidden states ``(question, hidden)`` of every prompt, fused from ``source``; None for
     a prompt whose instruction or a chunk the source holds damaged (``counts.damaged``).
@@ -83,6 +90,8 @@ def fuse_prompts(
         batch_size: prompts per fused forward.
         device: where the model runs (default: its parameters').
         counts: where to add what it took.
+        audit: checks the chunks the source served (``ChunkAudit``), and gives them back, a wrong one replaced;
+            None: none checked.
 
     Raises:
         UnsupportedModelError: not a Llama-like causal model without a sliding window.
@@ -92,7 +101,8 @@ def fuse_prompts(
     cut = [_Segments.of(ids, segments) for ids, segments in prompts]
     damaged: set[bytes] = set()
     instructions = _lookup(adapter, source, {chunk_key(None, c.instruction): (None, c.instruction) for c in cut
-                                             if c.instruction}, settings, batch_size, device, counts, damaged)
+                                             if c.instruction}, settings, batch_size, device, counts, damaged,
+                           audit=audit)
     unfused = {i for i, c in enumerate(cut) if c.instruction and chunk_key(None, c.instruction) in damaged}
     wanted: dict[bytes, tuple[ChunkKV | None, tuple[int, ...]]] = {}
     contexts: dict[bytes, tuple[int, ...]] = {}  # key -> the instruction a chunk is computed after
@@ -105,7 +115,7 @@ def fuse_prompts(
             contexts[chunk_key(c.instruction, chunk)] = c.instruction
     missing: set[bytes] = set()
     chunks = _lookup(adapter, source, wanted, settings, batch_size, device, counts, damaged, missing=missing,
-                     contexts=contexts)
+                     contexts=contexts, audit=audit)
     unfused |= {i for i, c in enumerate(cut)
                 if any(chunk_key(c.instruction, chunk) in damaged for _, chunk in c.chunks)}
     counts.damaged += len(unfused)
@@ -128,6 +138,7 @@ def _lookup(
     adapter: Adapter, source: ChunkSource, wanted: dict[bytes, tuple[ChunkKV | None, tuple[int, ...]]],
     settings: ChunkSettings, batch_size: int, device: torch.device, counts: FusionCounts, damaged: set[bytes],
     missing: set[bytes] | None = None, contexts: dict[bytes, tuple[int, ...]] | None = None,
+    audit: ChunkCheck | None = None,
 ) -> dict[bytes, ChunkKV]:
     """The chunks of ``wanted`` (key -> context, ids) from the source; those it holds damaged named in
     ``damaged``; the missing ones computed, put (with their ids and ``contexts``' token ids: a store derives
@@ -136,6 +147,8 @@ def _lookup(
     found = source.get_many(list(wanted), damaged) if wanted else {}
     counts.bytes_fetched += sum(chunk.nbytes for chunk in found.values())
     counts.fetch_s += time.perf_counter() - started
+    if audit is not None and found:
+        found = audit(found, wanted, settings, batch_size, device)
     absent = [key for key in wanted if key not in found and key not in damaged]
     if absent:
         started = time.perf_counter()

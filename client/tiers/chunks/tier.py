@@ -24,6 +24,7 @@ from attnstore.errors import UnsupportedModelError
 from attnstore_client.call.rows import HiddenRows, Row
 from attnstore_client.call.state import Call
 from attnstore_client.tiers.base import Tier, TierContext
+from attnstore_client.tiers.chunks.audit import ChunkAudit
 from attnstore_client.tiers.chunks.plan import FusionCounts, fuse_prompts
 from attnstore_client.tiers.chunks.source import ChunkSource
 
@@ -59,7 +60,8 @@ class ChunkTier(Tier):
         try:
             states = fuse_prompts(self._context.adapter, self.source, [(row.tokens, row.segments) for row in asked],
                                   settings, batch_size=call.settings.batch_size, device=self._context.device,
-                                  counts=counts)
+                                  counts=counts,
+                                  audit=ChunkAudit(self._context, call) if call.settings.audit_rate > 0 else None)
         except UnsupportedModelError as exc:
             log.warning("chunk tier off for this model: %s", exc)
             self._unsupported = True
