@@ -36,6 +36,7 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.cli import main as cli_main
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.nodes import save_tiny_llama
 from tests.support.prefixes import BLOCK, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
 
 ROW = SHARED_B + prefix_rows([11], seed=30)[0]  # 31 tokens: two stored blocks, a third a writer may add
@@ -241,3 +242,19 @@ def test_with_admit_after_2_one_writer_cannot_store_a_block_or_chunk_nobody_else
             assert writer.put_chunks("default", fingerprint, chunks, [chunk], timeout=10).stored == 1
     finally:
         assert process.stop() == 0, process.log()
+
+
+def test_admin_create_namespace_records_the_models_layouts_as_asked_and_keeps_recorded_ones(daemon, tmp_path, capsys):
+    folder = tmp_path / "model"
+    save_tiny_llama(folder)
+    base = ["admin", "create-namespace", "--target", daemon.target, "--token-file", str(daemon.token_file),
+            "--model", str(folder), "--namespace", "made"]
+    assert cli_main([*base, "--prefix-block-size", "16", "--chunk-dtype", "float32"]) == 0
+    with daemon.client(ADMIN_TOKEN) as admin:
+        made = admin.get_namespace("made", projector=False)
+    assert (made.prefix.block_size, made.prefix.layers, made.chunks.dtype) == (16, made.layout.layers, "float32")
+    assert cli_main(base) == 0  # the defaults (32, float16) again: what the namespace records is kept
+    with daemon.client(ADMIN_TOKEN) as admin:
+        again = admin.get_namespace("made", projector=False)
+    assert (again.prefix, again.chunks) == (made.prefix, made.chunks)
+    capsys.readouterr()
