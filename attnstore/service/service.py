@@ -427,27 +427,32 @@ class AttnStoreService:
         return self.quarantine
 
     def release_quarantined(self, namespace: str, kind: str, key: bytes, *, drop: bool = False) -> QuarantinedObject:
-        """Take an object out of quarantine: served again, or (``drop``, a row) deleted from the store.
+        """Take an object out of quarantine: served again, or (``drop``, a row or a chunk) deleted from the store.
 
         Raises:
             EntryNotFoundError: the object is not quarantined.
-            ConfigError: an unknown kind, or ``drop`` of a prefix block or chunk (kept in quarantine).
+            ConfigError: an unknown kind, or ``drop`` of a prefix block (kept in quarantine).
         """
         checked = check_kind(kind)
-        if drop and checked != "row":
-            raise ConfigError(f"a quarantined {checked} cannot be dropped alone: release it, or remove its writer's"
-                              " objects (admin drop-writer)")
+        if drop and checked == "prefix":
+            raise ConfigError("a quarantined prefix block cannot be dropped alone (blocks are chained after it):"
+                              " release it, or remove its writer's blocks (admin drop-writer)")
         item = self.quarantine.release(namespace, checked, key)
         if item is None:
             raise EntryNotFoundError(f"no quarantined {checked} with key {key.hex()[:16]}... in {shown(namespace)}")
         if drop and item.entry_id is not None:
             self.delete(namespace, [item.entry_id])
+        elif drop:  # a chunk
+            self._store.require_chunks("chunks.delete()").delete(namespace, [key])
         return item
 
     def _writer_of(self, namespace: str, kind: ObjectKind, key: bytes) -> tuple[bool, str | None, int | None]:
         """Whether the object is stored, its writer and its entry id (a row's)."""
-        if kind != "row":
-            return True, None, None  # prefix blocks and chunks: their writer is not read here yet
+        if kind == "chunk":  # its writer is recorded, but not read back by key here
+            stored = self._store.chunks is not None and self._store.chunks.lengths(namespace, [key])[0] is not None
+            return stored, None, None
+        if kind == "prefix":
+            return True, None, None  # a block alone cannot be looked up (chains are), nor its writer read
         ref = self._store.find_by_hashes(namespace, [key])[0]
         if ref is None:
             return False, None, None

@@ -91,6 +91,10 @@ def test_a_poisoned_chunk_is_caught_quarantined_and_the_prompt_fused_from_the_co
     with daemon.client(ADMIN_TOKEN) as admin:
         (held,) = admin.list_quarantine("default")
         assert (held.kind, bytes(held.key), held.reporter) == ("chunk", key, "node-b")
+        assert admin.release_quarantine("default", "chunk", key, drop=True).dropped  # the admin judged: deleted
+        assert admin.list_quarantine() == []
+    with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader:
+        assert reader.match_chunks("default", fingerprint, layout, [key], timeout=10) == [None]
 
 
 def test_auditing_every_chunk_over_correct_stored_chunks_reports_nothing(decoder, daemon) -> None:
