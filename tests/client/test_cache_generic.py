@@ -5,7 +5,8 @@ folders with all-MiniLM-L6-v2's tokenizer: over an exact-tier namespace, rows th
 cache computes and rows its exact tiers serve equal ``SentenceTransformer.encode``;
 write-back through a real daemon stores outputs only and another cache is served
 from the store's exact tier; ``cache.tiers`` says which tiers are absent and why;
-``attnstore build`` on such a model builds an exact-tier store.
+``attnstore build`` on such a model builds an exact-tier store; a decoder without an adapter (``gemma3_text``) scores
+through its own forward.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from sentence_transformers import SentenceTransformer
 
 from attnstore.service import AttnStoreService
@@ -151,3 +153,21 @@ def test_write_back_through_a_real_daemon_serves_another_cache_from_the_stores_e
         stats = reader.last_stats
     assert (stats.exact_hits, stats.local_hits, stats.misses) == (5, 0, 0)
     assert _cosines(served, expected).min() >= 0.9999
+
+
+def test_a_decoder_without_an_adapter_scores_through_its_own_forward(tmp_path: Path) -> None:
+    """Gemma 3 (``gemma3_text``) has no adapter yet: its prompts' last states are the plain model's and it scores."""
+    loaded = load_model(str(save_tiny_family("gemma3_text", tmp_path / "gemma")))
+    assert loaded.lm_head is not None
+    prompts = ["The answer is", "Question: is the sky blue? Answer:", "ok"]
+    with AttnCache(loaded, store=tiny_store(tmp_path / "store", loaded)) as cache:
+        assert cache.family == "generic" and cache.adapter.causal
+        assert cache.tiers.absent["prefix"] == WHY.format("gemma3_text")
+        states = cache.last_hidden_states(prompts)
+        scores = cache.score_choices(prompts, choices=("a", "b"))
+    for prompt, state in zip(prompts, states, strict=True):
+        ids = torch.tensor([loaded.tokenizer(prompt)["input_ids"]])
+        with torch.no_grad():
+            plain = loaded.model(input_ids=ids).last_hidden_state[0, -1]  # (hidden,)
+        torch.testing.assert_close(state, plain, atol=1e-5, rtol=1e-5)
+    assert scores.probabilities.shape == (3, 2) and np.allclose(scores.probabilities.sum(axis=1), 1.0, atol=1e-5)
