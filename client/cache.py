@@ -377,7 +377,10 @@ class AttnCache(SentenceTransformerAPI):
     def tiers(self) -> CacheTiers:
         """Which tiers this cache has now (its model's adapter, its settings, its namespace), and why each absent one
         is absent: ``str(cache.tiers)`` reads as a sentence."""
-        return cache_tiers(self.adapter, self._settings, writing_back=self._context.writing_back is not None,
+        worker = self._context.write_back
+        write_back_off = ("off in the settings (write_back=False)" if worker is None
+                          else f"turned off: {worker.stats().disabled}" if worker.turned_off else None)
+        return cache_tiers(self.adapter, self._settings, write_back_off=write_back_off,
                            has_projector=self._namespace.view.projector is not None)
 
     def to(self, device: str | torch.device) -> AttnCache:

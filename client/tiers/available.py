@@ -4,10 +4,10 @@ A tier is there when the model's adapter can run it (``Adapter.capabilities``),
 the model's attention allows it (prefixes and chunks need a causal model
 without a sliding window), the cache's settings have it on, and (map hits) the
 namespace has a projector. Absent tiers come with the first of those reasons
-that holds, so a model without an adapter reads, for instance::
+that holds, so ``str(cache.tiers)`` of a model without an adapter, writing back, reads::
 
-    exact, write-back; absent: maps (no adapter for model_type 'electra': map replay, packed forwards, prefix and
-    chunk tiers need one), ...
+    exact, write_back; absent: maps (no adapter for model_type 'electra': map replay, packed forwards, prefix and
+    chunk tiers need one); prefix (...); chunks (...); packed (...)
 """
 
 from __future__ import annotations
@@ -92,21 +92,23 @@ class CacheTiers:
         return f"{', '.join(self.present) or 'none'}" + (f"; absent: {absent}" if absent else "")
 
 
-def cache_tiers(adapter: Adapter, settings: TierSwitches, *, writing_back: bool, has_projector: bool) -> CacheTiers:
+def cache_tiers(
+    adapter: Adapter, settings: TierSwitches, *, write_back_off: str | None, has_projector: bool
+) -> CacheTiers:
     """The tiers of a cache of ``adapter``'s model with ``settings``.
 
     Args:
         adapter: the model's adapter (its ``capabilities``).
         settings: the cache's settings now (``CacheSettings``).
-        writing_back: whether its write-back worker runs (a daemon, write-back on, the model in fp32).
+        write_back_off: why its write-back is off (``write_back=False``, or why its worker turned off); None: on.
         has_projector: whether its namespace has a projector (map hits need one).
     """
     capabilities = adapter.capabilities
     absent: dict[str, str] = {}
     if not settings.exact:
         absent["exact"] = "off in the settings (exact=False)"
-    if not writing_back:
-        absent["write_back"] = "off (write_back=False, or no daemon, or the model is not in fp32)"
+    if write_back_off is not None:
+        absent["write_back"] = write_back_off
     if not capabilities.can_replay:
         absent["maps"] = capabilities.missing
     elif not settings.maps:

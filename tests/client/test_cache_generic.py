@@ -91,8 +91,8 @@ def test_cache_tiers_says_what_is_absent_and_why(family: tuple[str, Path], loade
         assert tiers.absent["maps"] == tiers.absent["prefix"] == tiers.absent["chunks"] == why
         assert tiers.absent["packed"] == why + "; forwards run length-sorted padded batches"
         assert tiers.present == ("exact",)
-        assert str(tiers).startswith(f"exact; absent: write_back (off (write_back=False, or no daemon, or the model"
-                                     f" is not in fp32)); maps ({why})")
+        assert str(tiers).startswith(
+            f"exact; absent: write_back (off in the settings (write_back=False)); maps ({why})")
         cache.exact = False
         assert cache.tiers.absent["exact"] == "off in the settings (exact=False)"
 
