@@ -6,8 +6,10 @@ same texts in one call, with ``--threads`` torch threads: sentence-transformers'
 misses encoded in one call: what a user writes first); ``AttnCache.encode`` in
 embedded mode on a store built by ``attnstore build`` at its defaults
 (``attnstore``), and, when asked for, the same without its map tier
-(``attnstore_exact``: what the map tier costs or earns on the call) or with ``int8=True`` (``attnstore_int8``:
-computed rows on the int8 plan ``attnstore build --int8`` chose on the stored lines); and, when asked for, the
+(``attnstore_exact``: what the map tier costs or earns on the call), with ``int8=True`` (``attnstore_int8``:
+computed rows on the int8 plan ``attnstore build --int8`` chose on the stored lines) or auditing ``--audit-rate``
+of its exact hits (``attnstore_audit``: what the audit costs, beside ``attnstore``, which audits none); and, when
+asked for, the
 peers users run
 instead (``bench.peers``, the ``peers`` extra): ONNX Runtime on the fp32 graph (``onnx_fp32``), the graph
 optimised at O3 (``onnx_o3``) and the dynamically quantised int8 graph (``onnx_int8``), and OpenVINO fp32
@@ -56,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from attnstore.errors import ConfigError
-from attnstore_tools.arguments import documented_parser, positive_ints
+from attnstore_tools.arguments import DEFAULT_NODE_AUDIT_RATE, audit_rate, documented_parser, positive_ints
 from attnstore_tools.bench.peers_export import PeerName, default_cache_dir
 from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import cpu_model
@@ -70,7 +72,7 @@ PEER_METHODS: dict[str, PeerName] = {
 # an exact cache must beat. int8 is not one.
 EXACT_PEERS = ("onnx_fp32", "onnx_o3", "openvino")
 METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact", "attnstore_int8",
-           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")))
+           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")), "attnstore_audit")
 DEFAULT_METHODS = METHODS[:3]
 NAMESPACE = "encode"
 _SST2_BUILD = 2_000
@@ -90,6 +92,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="build the store from the first K lines of each system (logs) or sentences (sst2) and"
                         " query the ones after them (default: see above)")
     p.add_argument("--model", default="minilm", help="a sentence-transformers model alias or path")
+    p.add_argument("--audit-rate", type=audit_rate, default=DEFAULT_NODE_AUDIT_RATE,
+                   help="the share of its exact hits the attnstore_audit method recomputes and compares (the other"
+                   " attnstore methods audit none)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each child")
     p.add_argument("--batch", type=int, default=32, help="batch_size of every encode call")
     p.add_argument("--device", default="cpu", help="where every method's model runs (cpu, cuda)")
@@ -271,6 +276,7 @@ def _children(
                 "stored": str(scratch / "stored.json"),
                 "stored_embeddings": str(stored_embeddings), "report": str(scratch / f"{method}-{repeat}.json"),
                 "embeddings": str(scratch / f"{method}.npy") if repeat == 0 else None,
+                "audit_rate": args.audit_rate if method == "attnstore_audit" else 0.0,
             }
             peer = peer_method(method)
             if peer is not None:

@@ -3,7 +3,8 @@
     python -m attnstore_tools.bench.encode_child SPEC.json
 
 SPEC (JSON, written by ``bench.encode``): method (``sentence_transformers``, ``dict``,
-``attnstore``, ``attnstore_exact``, ``attnstore_int8`` or a peer's method, see ``bench.encode.PEER_METHODS``),
+``attnstore``, ``attnstore_exact``, ``attnstore_int8``, ``attnstore_audit`` or a peer's method, see
+``bench.encode.PEER_METHODS``), audit_rate (the share of exact hits the cache audits; 0 when absent),
 model, threads, batch,
 device (where the model runs; default cpu), graph (a peer's exported graph),
 texts (a JSON file of the call's texts), warmup
@@ -14,7 +15,8 @@ dict's contents), embeddings (where to save the call's ``.npy``, or null) and re
 same texts in one call: ``SentenceTransformer.encode``; a dict of the stored texts'
 embeddings in front of it (the distinct misses encoded in one call); ``AttnCache.encode``
 in embedded mode, with every tier, without the map tier (``attnstore_exact``: ``maps = False``) or computing on
-the namespace's int8 plan (``attnstore_int8``: ``int8=True``); a peer's
+the namespace's int8 plan (``attnstore_int8``: ``int8=True``), or auditing ``audit_rate`` of its exact hits
+(``attnstore_audit``); a peer's
 ``encode`` (``bench.peers``: ONNX Runtime or OpenVINO, ``threads`` intra-op threads), bare or (``..._dict``) behind
 the same dict. A peer's child never reads the torch weights (``weightless_pipeline``), as a user of
 sentence-transformers' ``backend="onnx"`` never does.
@@ -83,7 +85,7 @@ def _model_call(
     from attnstore_client.cache import AttnCache
 
     cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"], device=device,
-                      int8=method == "attnstore_int8")
+                      int8=method == "attnstore_int8", audit_rate=spec.get("audit_rate", 0.0))
     cache.maps = method != "attnstore_exact"
     cache.encode(warmup, batch_size=batch, show_progress_bar=False)
     cache.reset_stats()

@@ -45,7 +45,7 @@ import numpy as np
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import bad_request
 from attnstore_node.schema import Input, ModelInfo
-from attnstore_tools.arguments import documented_parser
+from attnstore_tools.arguments import DEFAULT_NODE_AUDIT_RATE, audit_rate, documented_parser
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 workdir.mkdir()
                 if method == "node":
                     command = [sys.executable, "-m", "attnstore_tools.cli", "node", "--model", args.model, "--store",
-                               store, "--threads", str(args.threads)]
+                               store, "--threads", str(args.threads), "--audit-rate", str(args.audit_rate)]
                 else:
                     command = [sys.executable, "-m", "attnstore_tools.bench.score", "serve", "--method", method,
                                "--model", args.model, "--threads", str(args.threads)]
@@ -327,6 +327,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 log.info("%s clients=%d items/s=%.2f", method, clients, row["items_per_s"])
     _compare(results)
     return {"model": args.model, "requests": args.requests, "items": args.items, "threads": args.threads,
+            "audit_rate": args.audit_rate,
             "stored_query_blocks": stored,
             "label_token_ids": labels, "results": results}
 
@@ -439,6 +440,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=4, help="questions per request (its items)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each server")
     parser.add_argument("--seed", type=int, default=0, help="seeds the requests")
+    parser.add_argument("--audit-rate", type=audit_rate, default=DEFAULT_NODE_AUDIT_RATE,
+                        help="the node's --audit-rate: the share of the rows a stored prefix would serve that it"
+                        " computes whole instead, comparing the stored blocks with its forward's")
     parser.add_argument("--no-store-queries", dest="store_queries", action="store_false",
                         help="leave the node's store empty (by default the queries' 5-shot prompts are stored as "
                              "prefix blocks first, as attnstore build --prefix-blocks stores a corpus's)")

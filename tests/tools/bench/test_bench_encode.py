@@ -87,3 +87,20 @@ def test_the_attnstore_exact_method_runs_attncache_without_its_map_tier_beside_t
     # Without a sentence-transformers run the dict's vectors (sentence-transformers') are the reference.
     assert result["fidelity_reference"] == "dict" and exact["frac_cos_099"] >= 0.95
     assert result["speedup_vs_dict"] == default["speedup_vs_dict"]  # the default's figures stay at the top level
+
+
+@pytest.mark.soak
+def test_the_attnstore_audit_method_recomputes_its_exact_hits_at_the_rate_and_finds_none_wrong(
+    tmp_path: Path, logs: tuple[Path, Path],
+) -> None:
+    data, work = logs
+    out = tmp_path / "encode.json"
+    code = cli_main(["bench", "encode", "--data-dir", str(data), "--rows", "60", "--repeats", "1",
+                     "--methods", "dict,attnstore,attnstore_audit", "--audit-rate", "1", "--work-dir", str(work),
+                     "--json", str(out)])
+    result = json.loads(out.read_text())["results"][0]
+    audited, default = result["methods"]["attnstore_audit"]["stats"], result["methods"]["attnstore"]["stats"]
+    assert code == 0 and default["audited"] == 0 and default["exact_hits"] > 0
+    # Every store hit recomputed (this process's own exact tier is not audited), none of them wrong.
+    assert audited["audited"] == default["exact_hits"] - default["local_hits"] and audited["audit_mismatches"] == 0
+    assert result["methods"]["attnstore_audit"]["frac_cos_099"] >= 0.95
