@@ -27,12 +27,14 @@ from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.cache import AttnCache
+from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.tiers.chunks.store_source import model_chunk_layout
 from attnstore_client.tiers.prefix import prefix_layout_of
 from attnstore_tools.admin.cold_start import create_exact_namespace
+from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limits
 from attnstore_tools.cli import main as cli_main
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
@@ -258,3 +260,24 @@ def test_admin_create_namespace_records_the_models_layouts_as_asked_and_keeps_re
         again = admin.get_namespace("made", projector=False)
     assert (again.prefix, again.chunks) == (made.prefix, made.chunks)
     capsys.readouterr()
+
+
+def test_a_writer_node_sends_no_prefix_block_or_chunk_to_a_namespace_that_records_no_layout(daemon, llama):
+    seen = len(daemon.log())  # the other tests' refusals come before
+    with daemon.client(ADMIN_TOKEN) as admin:  # created without the model's layouts (as before they were recorded)
+        admin.create_namespace("bare", model=llama.name, fingerprint=model_fingerprint(llama.model, llama.tokenizer),
+                               layout=exact_tier_layout(llama), limits=token_limits(llama))
+    chunked = ChunkSettings(method="a3", ratio=1.0, recent=0, dtype="float32")
+    with AttnCache(llama, f"grpc://{daemon.target}", "bare", token=WRITE_TOKEN, write_back=True, exact=False,
+                   prefix_min_tokens=BLOCK, chunks=chunked) as node:
+        hidden = node.hidden_states(prefix_rows([3, 5], seed=40, prefix=ROW))  # a shared prefix, computed once
+        node.score_choices([["w2 w3 w4", "w20 w21 w22", "w7 w8"]], choices=("w10", "w11"))
+        assert node.last_stats.chunks_captured == 2  # the instruction and the chunk, computed here
+        stats = node.chunk_source.writer_stats()
+        assert stats is not None and (stats.queued, stats.refused) == (0, 0)
+    for got, want in zip(hidden, plain_rows(llama, prefix_rows([3, 5], seed=40, prefix=ROW)), strict=True):
+        assert torch.allclose(got, want, atol=2e-5)
+    log = daemon.log()[seen:]
+    assert "namespace=bare" in log  # the namespace was made ...
+    assert "method=PutPrefix" not in log and "method=PutChunks" not in log  # ... and no put was refused
+    assert "event=prefix_put namespace=bare" not in log and "event=chunks_put namespace=bare" not in log

@@ -7,13 +7,15 @@ chunk as one array ``(layers, 2, KVH, C, d)`` of keys (before RoPE) and values
 (``StoredChunk``); the chunk tier works on ``ChunkKV`` tensors.
 
 On first use the source reads the namespace: its fingerprint must be the
-model's, and its ``ChunkLayout`` (recorded with its first chunks) must be the
+model's, and its ``ChunkLayout`` (the model's, recorded by ``admin create-namespace`` or a build) must be the
 model's layers, KV heads, head size and the dtype asked for, or every call
 that fuses chunks raises ``FingerprintMismatchError`` naming both. A chunk the
 store holds damaged raises ``ChecksumError`` from ``get`` (``get_many`` reports
 it), so the chunk tier leaves the prompt for the other tiers; a store that
 cannot be reached is a miss (the chunk is computed in place). Chunks the tier
-computed are written back (``writer.ChunkWriter``) where write-back is on.
+computed are written back (``writer.ChunkWriter``) where write-back is on and the
+namespace records a chunk layout (the daemon refuses a writer's chunks into one
+that records none).
 """
 
 from __future__ import annotations
@@ -135,8 +137,16 @@ class StoreChunkSource(ChunkSource):
         return stored
 
     def _write_layout(self) -> ChunkLayout:
-        """The layout written-back chunks are sent in: the namespace's, else the model's in the asked dtype."""
-        return self.layout or model_chunk_layout(self._adapter, self._dtype or "float16")
+        """The layout written-back chunks are sent in: the namespace's (``put`` queues none while it has none).
+
+        Raises:
+            FingerprintMismatchError: the namespace records no chunk layout (or another model's).
+        """
+        layout = self.layout
+        if layout is None:
+            raise FingerprintMismatchError(f"namespace {self._namespace!r} records no chunk layout: a writer's chunks"
+                                           " go only into one that does (attnstore admin create-namespace)")
+        return layout
 
     def get(self, key: bytes) -> ChunkKV | None:
         """See :meth:`ChunkSource.get`.
@@ -185,7 +195,7 @@ class StoreChunkSource(ChunkSource):
         """See :meth:`ChunkSource.put`: kept locally, and queued for the store where write-back is on (with its
         ``tokens``: a chunk without them is kept locally only, since the daemon files chunks by their ids)."""
         self.front.put(key, chunk)
-        if self._writer is not None and tokens is not None:
+        if self._writer is not None and tokens is not None and self.layout is not None:
             context = None if tokens.context is None else np.asarray(tokens.context, dtype=np.int64)
             self._writer.put(StoredChunk(key, stored_kv_of(chunk, self._write_layout().dtype),
                                          token_ids=np.asarray(tokens.ids, dtype=np.int64), context_ids=context))

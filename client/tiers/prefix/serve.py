@@ -13,10 +13,11 @@ its stored prefix compared with the forward's (``audit``).
 A namespace read without a prefix layout may get one later (another node's
 write-back, a build): while it has none, a call with a row long enough for a
 stored prefix asks for it again (its layouts only, no projector), at most every
-``LAYOUT_REREAD_SECONDS``; this node's own write-back tells it at once. Where
-write-back is on, each prefix the call's rows share is handed to the
-``PrefixWriter`` in the namespace's layout (the model's where it has none yet),
-so later calls and other nodes start from it.
+``LAYOUT_REREAD_SECONDS``. Where write-back is on, each prefix the call's rows
+share is handed to the ``PrefixWriter`` in the namespace's layout, so later calls
+and other nodes start from it; a namespace that records none takes no prefix
+(the daemon refuses a writer's put there: its layout is the model's, recorded by
+``admin create-namespace``), so none is sent.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from attnstore_client.call.state import Call
 from attnstore_client.resilience import cause_of
 from attnstore_client.tiers.base import Tier, TierContext, ask_store
 from attnstore_client.tiers.prefix.audit import audit_prefix
-from attnstore_client.tiers.prefix.capture import prefix_layout_of
 from attnstore_client.tiers.prefix.shared import ComputedPrefix, serve_shared, shareable
 from attnstore_client.tiers.prefix.tier import PrefixCandidate, candidates, forward_with_prefix
 from attnstore_client.tiers.prefix.writer import PrefixWriter
@@ -75,7 +75,7 @@ class PrefixTier(Tier):
         context = self._context
         if len(rows) < 2 or not shareable(context.adapter):
             return rows
-        keep = None if self._writer is None else partial(self._keep, self._writer, call, layout)
+        keep = None if self._writer is None or layout is None else partial(self._keep, self._writer, call, layout)
         served = serve_shared(context.adapter, rows, call, context.device, call.settings.prefix_min_tokens, keep)
         return [row for row in rows if row.index not in served]
 
@@ -103,9 +103,8 @@ class PrefixTier(Tier):
             self._learnt = self._learnt or layout
             return self._learnt
 
-    def _keep(self, writer: PrefixWriter, call: Call, layout: PrefixLayout | None, prefix: ComputedPrefix) -> None:
+    def _keep(self, writer: PrefixWriter, call: Call, layout: PrefixLayout, prefix: ComputedPrefix) -> None:
         """Hand a prefix the call's rows share to ``writer``, when its whole blocks are long enough to be fetched."""
-        layout = layout or prefix_layout_of(self._context.adapter)
         whole = len(prefix.tokens) // layout.block_size * layout.block_size
         if whole >= max(call.settings.prefix_min_tokens, 1):
             writer.put(prefix, layout)
