@@ -47,7 +47,11 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_MAPPING,
+)
 
 from attnstore.errors import ConfigError, UnsupportedModelError
 
@@ -70,6 +74,9 @@ SUPPORTED_MODEL_TYPES: Mapping[str, Literal["llama", "bert"]] = MappingProxyType
         "qwen2": "llama",
         "bert": "bert",
         "roberta": "bert",
+        "xlm-roberta": "bert",
+        "distilbert": "bert",
+        "mpnet": "bert",
     }
 )
 
@@ -178,9 +185,9 @@ def load_model(
     family = family_of(config)
     logger.info("loading %s (%s, family %s) from %s", name_or_path, config.model_type, family, path)
     common: dict[str, object] = {"local_files_only": True, "dtype": torch.float32, **gguf_kwargs}
-    if family != "generic" or attn_implementation != "sdpa":
-        # A model without an adapter keeps transformers' own choice of kernel (sdpa where the model has it: not
-        # every model does, and asking for it where it does not is an error).
+    if attn_implementation != "sdpa" or (family != "generic" and _has_sdpa(config)):
+        # A model without an adapter, or without an sdpa kernel (MPNet), keeps transformers' own choice of kernel
+        # (sdpa where the model has it: not every model does, and asking for it where it does not is an error).
         common["attn_implementation"] = attn_implementation
     if (folder / "modules.json").is_file() and not gguf_kwargs:
         return _load_sentence_transformer(name_or_path, folder, common)
@@ -260,6 +267,12 @@ def _load_sentence_transformer(name: str, folder: Path, model_kwargs: Mapping[st
             "not a transformers model"
         )
     return LoadedModel(name=name, model=base, tokenizer=pipeline.tokenizer, lm_head=None, sentence_transformer=pipeline)
+
+
+def _has_sdpa(config: PretrainedConfig) -> bool:
+    """Whether transformers' model of ``config`` has an sdpa attention kernel (asking one that has none fails)."""
+    model_class = MODEL_MAPPING.get(type(config), None)
+    return bool(getattr(model_class, "_supports_sdpa", False))
 
 
 def family_of(config: PretrainedConfig) -> ModelFamily:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
@@ -30,9 +31,11 @@ def embedding_layer_of(model: nn.Module) -> EmbeddingLayer:
     if embeddings is not None and hasattr(embeddings, "word_embeddings"):
         norm = embeddings.LayerNorm
         padding_idx = getattr(embeddings, "padding_idx", None)  # RoBERTa's numbering of positions
+        types = getattr(embeddings, "token_type_embeddings", None)  # none in DistilBERT and MPNet: adds nothing
+        token_type = types.weight[0] if types is not None else torch.zeros_like(norm.weight)
         return EmbeddingLayer(
             "bert", embeddings.word_embeddings.weight, norm.weight, float(norm.eps),
-            positions=embeddings.position_embeddings.weight, token_type=embeddings.token_type_embeddings.weight[0],
+            positions=embeddings.position_embeddings.weight, token_type=token_type,
             norm_bias=norm.bias, padding_idx=None if padding_idx is None else int(padding_idx),
         )
     tokens = getattr(model, "embed_tokens", None)

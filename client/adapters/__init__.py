@@ -9,16 +9,29 @@ from types import MappingProxyType
 from attnstore_client.adapters.base import Adapter, Capture
 from attnstore_client.adapters.bert import BertAdapter
 from attnstore_client.adapters.capabilities import Capabilities
+from attnstore_client.adapters.distilbert import DistilBertAdapter
 from attnstore_client.adapters.generic import GenericAdapter, GenericDecoderAdapter
 from attnstore_client.adapters.llama import LlamaAdapter
-from attnstore_client.models import LoadedModel, family_of, is_causal
+from attnstore_client.adapters.mpnet import MPNetAdapter
+from attnstore_client.models import LoadedModel, is_causal
 
 __all__ = [
-    "Adapter", "BertAdapter", "Capabilities", "Capture", "GenericAdapter", "GenericDecoderAdapter", "LlamaAdapter",
-    "adapter_for",
+    "Adapter", "BertAdapter", "Capabilities", "Capture", "DistilBertAdapter", "GenericAdapter",
+    "GenericDecoderAdapter", "LlamaAdapter", "MPNetAdapter", "adapter_for",
 ]
 
-_ADAPTERS: Mapping[str, type[Adapter]] = MappingProxyType({"llama": LlamaAdapter, "bert": BertAdapter})
+# model_type -> its family's adapter, as text-embeddings-inference's backends are keyed; the same keys as
+# ``models.SUPPORTED_MODEL_TYPES`` (what loads as a family's model), which a test holds.
+_ADAPTERS: Mapping[str, type[Adapter]] = MappingProxyType({
+    "llama": LlamaAdapter,
+    "mistral": LlamaAdapter,
+    "qwen2": LlamaAdapter,
+    "bert": BertAdapter,
+    "roberta": BertAdapter,
+    "xlm-roberta": BertAdapter,  # RoBERTa's modules; positions from the pad id
+    "distilbert": DistilBertAdapter,
+    "mpnet": MPNetAdapter,
+})
 
 
 def adapter_for(loaded: LoadedModel) -> Adapter:
@@ -29,7 +42,7 @@ def adapter_for(loaded: LoadedModel) -> Adapter:
         UnsupportedModelError: a family's model whose modules are not laid out as the family's adapter expects.
     """
     config = loaded.model.config
-    family = family_of(config)
-    if family == "generic":
+    adapter = _ADAPTERS.get(config.model_type)
+    if adapter is None:
         return GenericDecoderAdapter(loaded) if is_causal(config) else GenericAdapter(loaded)
-    return _ADAPTERS[family](loaded)
+    return adapter(loaded)

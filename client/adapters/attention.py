@@ -34,7 +34,7 @@ def allowed_keys(length: int, window: int | None) -> torch.Tensor:
 
 def attention_probs(
     query: torch.Tensor, key: torch.Tensor, *, scaling: float, causal: bool, window: int | None = None,
-    lengths: Sequence[int] | None = None,
+    lengths: Sequence[int] | None = None, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention probabilities, the explicit softmax: ``(B, H, T, T)`` fp32.
 
@@ -46,6 +46,8 @@ def attention_probs(
         window: the layer's sliding window, None for full attention.
         lengths: the true lengths of right-padded rows: pad keys get no weight. Unused when causal: a pad
             key never precedes a true query, so the causal mask alone keeps every row's ``L x L`` block exact.
+        bias: ``(H, T, T)`` added to the scaled scores before the softmax (a relative position
+            bias, ``Adapter._score_bias``), or None.
 
     Returns:
         Row ``b``'s top-left ``L x L`` block is its map; the rest (pad queries) holds no meaning.
@@ -54,6 +56,8 @@ def attention_probs(
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, -1, head_dim)  # (B, KVH, G*T, d)
     scores = torch.matmul(grouped, key.transpose(2, 3)).view(batch, heads, length, length) * scaling  # (B, H, T, T)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)  # (B, H, T, T)
     if causal:
         scores = scores.masked_fill(~allowed_keys(length, window).to(scores.device), float("-inf"))
     elif lengths is not None and min(lengths) < length:
@@ -64,14 +68,14 @@ def attention_probs(
 
 def attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scaling: float, causal: bool,
-    window: int | None = None, explicit: bool = False,
+    window: int | None = None, explicit: bool = False, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention of rows of one length, none padded: ``(B, H, T, d)`` context, and its map if explicit.
 
     Args:
         query: ``(B, H, T, d)``.
         key, value: ``(B, KVH, T, d)`` each.
-        scaling, causal, window: as ``attention_probs``.
+        scaling, causal, window, bias: as ``attention_probs``.
         explicit: compute the map (``attention_probs``, fp32) and apply it; else the fused kernel.
 
     Returns:
@@ -80,13 +84,19 @@ def attention(
     batch, heads, length, head_dim = query.shape
     kv_heads = key.shape[1]
     if not explicit:  # fast path: fused, no map
+        if bias is not None:  # a float mask is added to the scaled scores, as the bias is
+            mask = bias.to(query.dtype)  # (H, T, T)
+            if causal:
+                mask = mask.masked_fill(~allowed_keys(length, window).to(query.device), float("-inf"))
+            return functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, scale=scaling, enable_gqa=kv_heads < heads), None
         if causal and window is not None and window < length:
             mask = allowed_keys(length, window).to(query.device)  # (T, T)
             return functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, scale=scaling, enable_gqa=kv_heads < heads), None
         return functional.scaled_dot_product_attention(
             query, key, value, is_causal=causal, scale=scaling, enable_gqa=kv_heads < heads), None
-    probs = attention_probs(query, key, scaling=scaling, causal=causal, window=window)  # (B, H, T, T) fp32
+    probs = attention_probs(query, key, scaling=scaling, causal=causal, window=window, bias=bias)  # (B, H, T, T) fp32
     grouped = probs.to(value.dtype).view(batch, kv_heads, -1, length)  # (B, KVH, G*T, T)
     context = torch.matmul(grouped, value).view(batch, heads, length, head_dim)  # (B, H, T, d)
     return context, probs

@@ -88,7 +88,7 @@ class Adapter(ABC):
 
     A family implements five hooks (``_blocks``, ``_embed``, ``_run_packed``,
     ``_queries_keys``, ``_values``) and overrides the defaults below them where its
-    model differs (``_project_out``, ``_sliding_window``, ``_fusable``).
+    model differs (``_project_out``, ``_sliding_window``, ``_score_bias``, ``_fusable``).
     """
 
     family: ClassVar[Literal["llama", "bert", "generic"]]
@@ -178,6 +178,11 @@ class Adapter(ABC):
     def _scaling(self, module: nn.Module) -> float:
         """The layer's score scale."""
         return float(getattr(module, "scaling", self.head_dim**-0.5))
+
+    def _score_bias(self, module: nn.Module, length: int, device: torch.device) -> torch.Tensor | None:
+        """What the layer adds to the scaled scores of a row of ``length`` tokens before the softmax, ``(H, L, L)``
+        (a relative position bias), or None; a replayed map holds it already."""
+        return None
 
     # --- public API -----------------------------------------------------------------
 
@@ -382,7 +387,7 @@ class Adapter(ABC):
         for row, length in enumerate(lengths):
             yield attention_probs(
                 query[row : row + 1, :, :length], key[row : row + 1, :, :length], scaling=scaling,
-                causal=self.causal, window=window,
+                causal=self.causal, window=window, bias=self._score_bias(module, length, query.device),
             )[0]  # (H, L, L)
 
     def replay_rows(

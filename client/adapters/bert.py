@@ -1,7 +1,7 @@
-"""BERT-like encoders (BERT, RoBERTa): bidirectional self-attention, no GQA.
+"""BERT's module layout (BERT, RoBERTa, XLM-RoBERTa): bidirectional self-attention, no GQA.
 
 The wrapped module is ``layer.attention.self`` (``BertSelfAttention`` /
-``RobertaSelfAttention``), which returns the attention context; the output
+``RobertaSelfAttention``, ``XLMRobertaSelfAttention``), which returns the attention context; the output
 projection (``BertSelfOutput.dense``) runs outside it for every row. Bidirectional
 maps are only valid at their exact length, so no crop.
 """
@@ -69,7 +69,7 @@ def _attention(module: nn.Module) -> _BertSelfAttention:
 
 
 class BertAdapter(Adapter):
-    """Capture and replay for BERT and RoBERTa encoders."""
+    """Capture and replay for BERT, RoBERTa and XLM-RoBERTa encoders."""
 
     family = "bert"
     causal = False
@@ -86,7 +86,7 @@ class BertAdapter(Adapter):
         if missing:
             raise UnsupportedModelError(
                 f"{type(self._modules[0]).__name__} lacks the BERT attention layout (missing {missing}); "
-                "supported: BERT, RoBERTa"
+                "supported: BERT, RoBERTa, XLM-RoBERTa"
             )
 
     @property
@@ -102,7 +102,7 @@ class BertAdapter(Adapter):
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         # The layers called one by one: no attention mask to build (each run of rows attends by itself).
         embeddings = self._encoder.embeddings
-        # RoBERTa numbers positions from its pad id + 1 (what it derives from unpadded input ids).
+        # RoBERTa (and XLM-RoBERTa) numbers positions from its pad id + 1 (what it derives from unpadded input ids).
         first = getattr(embeddings, "padding_idx", -1) + 1
         positions = batch.position_ids[None] + first  # (1, T)
         hidden = embeddings(input_ids=batch.input_ids[None], position_ids=positions)  # (1, T, hidden)

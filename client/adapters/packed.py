@@ -213,6 +213,7 @@ def attend_packed(
         # (1, H, N, d), (1, KVH, N, d): the computing rows' tokens end to end
         queries, keys = adapter._queries_keys(module, hidden, args, kwargs, call.query_index)
     scaling, window = adapter._scaling(module), adapter._sliding_window(module)
+    biases: dict[int, torch.Tensor | None] = {}  # run length -> the layer's score bias at it (one per length)
     for run in call.runs:
         start = batch.starts[run.first]
         end = start + run.count * run.length
@@ -234,8 +235,10 @@ def attend_packed(
         value = values[start:end].view(run.count, run.length, kv_heads, head_dim).transpose(1, 2)  # (n, KVH, L, d)
         # The map where it is kept, and on the CPU for short rows (faster there than the fused kernel).
         explicit = run.role == "keep" or (run.length <= SHORT_ROW and hidden.device.type == "cpu")
+        if run.length not in biases:
+            biases[run.length] = adapter._score_bias(module, run.length, hidden.device)  # (H, L, L) or None
         attended, probs = attention(query, key, value, scaling=scaling, causal=adapter.causal, window=window,
-                                    explicit=explicit)  # (n, H, L, d), (n, H, L, L) fp32 or None
+                                    explicit=explicit, bias=biases[run.length])  # (n, H, L, d), map or None
         if run.role == "keep":
             assert probs is not None
             for k, row in enumerate(run.rows):

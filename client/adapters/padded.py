@@ -122,5 +122,6 @@ def padded_maps(
     little.
     """
     query, key = adapter._queries_keys(module, hidden, args, kwargs)  # (B, H, P, d), (B, KVH, P, d)
+    bias = adapter._score_bias(module, query.shape[2], query.device)  # (H, P, P) or None: rows' L x L blocks hold it
     return attention_probs(query, key, scaling=adapter._scaling(module), causal=adapter.causal,
-                           window=adapter._sliding_window(module), lengths=lengths)  # (B, H, P, P)
+                           window=adapter._sliding_window(module), lengths=lengths, bias=bias)  # (B, H, P, P)

@@ -24,7 +24,7 @@ from transformers import (
 
 from attnstore_client.models import LoadedModel, resolve_model_path
 
-TinyKind = Literal["llama", "mistral", "qwen2", "bert", "roberta"]
+TinyKind = Literal["llama", "mistral", "qwen2", "bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
 
 VOCAB = 96
 FIRST_REAL_ID = 5  # below: pad/special ids (RoBERTa pads with 1)
@@ -62,15 +62,34 @@ def tiny_model(kind: TinyKind, *, attn_implementation: str = "sdpa", seed: int =
         config = config_cls(**_DECODER_SHAPE, **extra, attn_implementation=attn_implementation)
         causal_lm = model_cls(config).eval()
         return LoadedModel(name=kind, model=causal_lm.get_decoder(), tokenizer=None, lm_head=causal_lm.lm_head)
-    config_cls = BertConfig if kind == "bert" else RobertaConfig
-    extra = {"pad_token_id": 1} if kind == "roberta" else {}
-    config = config_cls(**_ENCODER_SHAPE, **extra, attn_implementation=attn_implementation)
-    return LoadedModel(name=kind, model=AutoModel.from_config(config).eval(), tokenizer=None, lm_head=None)
+    if kind in ("bert", "roberta"):
+        config_cls = BertConfig if kind == "bert" else RobertaConfig
+        extra = {"pad_token_id": 1} if kind == "roberta" else {}
+        config = config_cls(**_ENCODER_SHAPE, **extra, attn_implementation=attn_implementation)
+    else:
+        extra = {"pad_token_id": pad_id(kind)}
+        if kind == "distilbert":
+            extra["hidden_dim"] = _ENCODER_SHAPE["intermediate_size"]  # its feed-forward width's own name
+        if kind == "mpnet" and attn_implementation == "sdpa":
+            attn_implementation = "eager"  # MPNet has no sdpa kernel in transformers
+        config = AutoConfig.for_model(kind, **_ENCODER_SHAPE, **extra, attn_implementation=attn_implementation)
+    model = AutoModel.from_config(config).eval()
+    if kind == "mpnet":
+        _strong_position_bias(model)
+    return LoadedModel(name=kind, model=model, tokenizer=None, lm_head=None)
+
+
+def _strong_position_bias(model: Any) -> None:
+    """MPNet's relative position bias as large as the scores (random init leaves it near 0): a forward, capture or
+    replay that drops or misplaces it is visibly wrong."""
+    with torch.no_grad():
+        model.encoder.relative_attention_bias.weight.normal_(0.0, 1.0)
 
 
 def pad_id(kind: TinyKind) -> int:
-    """The pad id a tiny model of that kind expects."""
-    return 1 if kind == "roberta" else 0
+    """The pad id a tiny model of that kind expects (RoBERTa's and XLM-RoBERTa's number positions from it; MPNet's
+    embeddings always take 1)."""
+    return 1 if kind in ("roberta", "xlm-roberta", "mpnet") else 0
 
 
 def random_rows(lengths: list[int], *, seed: int = 1) -> list[list[int]]:
@@ -113,10 +132,18 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
         shape["num_key_value_heads"] = 2
     if family == "mistral":
         shape["sliding_window"] = 6  # shorter than most rows: the window matters
-    if family == "roberta":
+    if family in ("roberta", "xlm-roberta"):
         shape["pad_token_id"] = tokenizer.pad_token_id  # RoBERTa numbers positions from its pad id
+    if family == "mpnet":
+        # MPNet's embeddings number positions from pad id 1 whatever the config says: the tokenizer pads with 1.
+        shape["pad_token_id"] = 1
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(1)
+    if family == "distilbert":
+        shape["hidden_dim"] = shape["intermediate_size"]  # its feed-forward width's own name
     torch.manual_seed(len(family))
     model = AutoModel.from_config(AutoConfig.for_model(family, **shape)).eval()
+    if family == "mpnet":
+        _strong_position_bias(model)
     transformers_folder = folder if pooling is None else folder / "transformer"
     model.save_pretrained(transformers_folder)
     tokenizer.padding_side = padding_side
