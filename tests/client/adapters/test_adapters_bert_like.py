@@ -71,6 +71,10 @@ def test_every_supported_model_type_has_its_adapter_and_a_folder_of_it_loads_wit
     loaded = load_model(str(save_tiny_family(kind, tmp_path / kind, pooling="mean")))
     adapter = adapter_for(loaded)
     assert type(adapter) is ADAPTERS[kind] and adapter.capabilities.complete
+    # Positions numbered from the pad id (XLM-RoBERTa, MPNet) need the tokenizer's pad id to be the model's.
+    padding_idx = getattr(adapter.model.embeddings, "padding_idx", None)
+    if padding_idx is not None:
+        assert loaded.tokenizer.pad_token_id == padding_idx == loaded.model.config.pad_token_id
     texts = ["A man is playing a guitar.", "hi", "Three dogs run across a snowy field."]
     rows = [loaded.tokenizer(text)["input_ids"] for text in texts]
     batch = batch_from_ids(rows, pad_id=loaded.tokenizer.pad_token_id)
