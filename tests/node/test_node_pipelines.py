@@ -21,7 +21,8 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-@pytest.mark.parametrize(("family", "pooling"), [("qwen2", "lasttoken"), ("qwen2", "mean"), ("roberta", "mean")])
+@pytest.mark.parametrize(("family", "pooling"), [("qwen2", "lasttoken"), ("qwen2", "mean"), ("roberta", "mean"),
+                                               ("xlm-roberta", "cls"), ("mpnet", "mean")])
 def test_a_left_padding_pipeline_s_rows_equal_sentence_transformers_through_the_node(
     tmp_path, family: str, pooling: str
 ) -> None:
