@@ -6,7 +6,8 @@ embeddings, projections, MLPs and norms (nearly all of a forward's FLOPs) run on
 ``(T, hidden)`` with nothing padded. Only attention needs the rows apart: it runs
 per *run* of consecutive rows of equal length, each run one ``(n, H, L, d)``
 batch of the model's own kernel (``scaled_dot_product_attention``, causal for
-decoders) with no mask at all, or on the CPU, for rows up to ``SHORT_ROW``
+decoders) with no mask at all (only a family's score bias at the run's length:
+MPNet's), or on the CPU, for rows up to ``SHORT_ROW``
 tokens, matmul, softmax, matmul (faster there). Rows sorted by length make few runs.
 
 In a run a row either computes (the model's kernel), keeps its maps (computes
