@@ -83,6 +83,9 @@ def caches(daemon: DaemonProcess, minilm_model: LoadedModel) -> Iterator[dict[st
         "embedded, maps only": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always, exact=False),
         "daemon, write-back": AttnCache(minilm_model, f"grpc://{daemon.target}", token=WRITE_TOKEN,
                                         max_distance=1e-6, cost=always, write_back=True),
+        # Every exact hit computed again and compared with what the store holds: a correct row is never reported.
+        "daemon, audit every hit": AttnCache(minilm_model, f"grpc://{daemon.target}", token=WRITE_TOKEN,
+                                             max_distance=1e-6, cost=always, audit_rate=1.0),
         # A budget leaving a few hundred tokens per forward: over-long rows' forwards and projection batches are
         # cut by it, the exact tier capped by it.
         "embedded, small memory budget": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always,
@@ -225,11 +228,11 @@ def _check_call(cache: AttnCache, reference: SentenceTransformer, texts: list[st
 
 
 CONFIGURATIONS = ("embedded", "embedded, no local tier", "embedded, maps only", "daemon, write-back",
-                  "embedded, small memory budget")
+                  "daemon, audit every hit", "embedded, small memory budget")
 
 
 def test_every_row_of_a_colliding_call_equals_sentence_transformers(
-    caches: dict[str, AttnCache], reference: SentenceTransformer, tally: Tally
+    caches: dict[str, AttnCache], reference: SentenceTransformer, tally: Tally, daemon: DaemonProcess
 ) -> None:
     @fuzz_settings(fast_examples=40)
     @given(texts=colliding_calls(MAX_ROWS), opts=options, where=st.sampled_from(CONFIGURATIONS))
@@ -241,6 +244,10 @@ def test_every_row_of_a_colliding_call_equals_sentence_transformers(
         tally.count("encode", f"{where} {opts}", kinds)
 
     check()
+    # The audit at 100% found nothing wrong in what the store holds, and the daemon quarantined nothing.
+    assert caches["daemon, audit every hit"].audit_findings == ()
+    with daemon.client(ADMIN_TOKEN) as admin:
+        assert admin.list_quarantine() == []
 
 
 def test_the_issue_s_three_row_call_returns_three_equal_vectors(
