@@ -6,7 +6,8 @@ real LMDB store with ``--admit-after 2``: a prefix block or a chunk is stored on
 the daemon from its tokens. Calls drawn at random (hypothesis) go to any of the three, ``hidden_states`` over token
 rows that share prefixes and ``score_choices`` over prompts in segments (the chunk tier, every chunk token
 recomputed), with the exact tiers, the prefix tier and the chunk tier on or off; every row equals the plain
-transformers forward of that row alone, whichever node computed or wrote what it was served.
+transformers forward of that row alone, whichever node computed or wrote what it was served. One writer audits
+everything it is served (``audit_rate=1.0``): nothing honest nodes wrote is ever reported or quarantined.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def nodes(daemon: DaemonProcess, llama: LoadedModel) -> Iterator[dict[str, AttnC
     url, options = f"grpc://{daemon.target}", {"prefix_min_tokens": 16}
     opened = {
         "writer a": AttnCache(llama, url, token=WRITE_TOKEN, write_back=True, **options),
-        "writer b": AttnCache(llama, url, token=OTHER_WRITE_TOKEN, write_back=True, **options),
+        # It audits every stored row, prefix block and chunk it is served: none of what honest nodes wrote is wrong.
+        "writer b": AttnCache(llama, url, token=OTHER_WRITE_TOKEN, write_back=True, audit_rate=1.0, **options),
         "reader": AttnCache(llama, url, token=READ_TOKEN, **options),
     }
     every_chunk = [[INSTRUCTION, segment, QUESTIONS[0]] for segment in SEGMENTS]
@@ -142,7 +144,7 @@ prompts = st.lists(st.builds(lambda s, q: [INSTRUCTION, *s, q],
 
 
 def test_every_row_served_from_what_another_node_wrote_equals_the_plain_forward(
-    llama: LoadedModel, nodes: dict[str, AttnCache], tally: Tally
+    llama: LoadedModel, daemon: DaemonProcess, nodes: dict[str, AttnCache], tally: Tally
 ) -> None:
     @fuzz_settings(fast_examples=12)
     @given(rows=token_calls(), texts=prompts, on=switches)
@@ -172,6 +174,9 @@ def test_every_row_served_from_what_another_node_wrote_equals_the_plain_forward(
         tally.count("write paths, score_choices", str(on), kinds)
 
     check()
+    assert nodes["writer b"].audit_findings == ()
+    with daemon.client(ADMIN_TOKEN) as admin:
+        assert admin.list_quarantine() == []
 
 
 def test_a_prefix_both_writers_computed_is_stored_once_and_serves_the_reader_exactly(
