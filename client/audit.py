@@ -80,8 +80,8 @@ class AuditFinding:
     """One stored object its audit found wrong, and what the store did about it."""
 
     namespace: str
-    kind: str  # "row" or "prefix" (a chunk later)
-    key: bytes  # a row's token hash, a prefix block's chain hash
+    kind: str  # "row", "prefix" or "chunk"
+    key: bytes  # a row's token hash, a prefix block's chain hash, a chunk's key
     min_cosine: float
     max_abs_share: float
     quarantined: bool  # this report put it in quarantine (False: it already was, or the report failed)

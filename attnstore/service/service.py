@@ -448,11 +448,12 @@ class AttnStoreService:
 
     def _writer_of(self, namespace: str, kind: ObjectKind, key: bytes) -> tuple[bool, str | None, int | None]:
         """Whether the object is stored, its writer and its entry id (a row's)."""
-        if kind == "chunk":  # its writer is recorded, but not read back by key here
-            stored = self._store.chunks is not None and self._store.chunks.lengths(namespace, [key])[0] is not None
-            return stored, None, None
+        if kind == "chunk":
+            chunks = self._store.chunks
+            return (*chunks.writer_of(namespace, key), None) if chunks is not None else (False, None, None)
         if kind == "prefix":
-            return True, None, None  # a block alone cannot be looked up (chains are), nor its writer read
+            prefixes = self._store.prefixes
+            return (*prefixes.writer_of(namespace, key), None) if prefixes is not None else (False, None, None)
         ref = self._store.find_by_hashes(namespace, [key])[0]
         if ref is None:
             return False, None, None

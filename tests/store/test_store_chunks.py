@@ -160,6 +160,7 @@ def test_a_damaged_chunk_record_fails_reads_is_not_matched_is_named_by_verify_an
     with pytest.raises(ChecksumError, match=f"chunk {chunks[1].key.hex()} of namespace 'ns': its record is damaged"):
         store.chunks.read("ns", chunks[1].key)
     assert store.chunks.lengths("ns", [c.key for c in chunks]) == [5, None]  # computed where a prompt needs it
+    assert store.chunks.writer_of("ns", chunks[1].key) == (True, None)  # stored, its writer unknown
     report = store.verify()
     assert not report.ok and report.chunk_entries_checked == 2
     assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("ns", chunks[1].key.hex())]
@@ -263,5 +264,9 @@ def test_writer_keys_names_the_chunks_a_writer_put_and_no_other(store):
     assert store.chunks.writer_keys("ns", "node-c") == []
     with pytest.raises(ConfigError, match="non-empty"):
         store.chunks.writer_keys("ns", "")
+    # What the quarantine reports of one chunk: stored, and its writer (None: an admin's build).
+    assert [store.chunks.writer_of("ns", _key(i)) for i in range(3)] == [(True, "node-a"), (True, "node-b"),
+                                                                          (True, None)]
     assert store.chunks.delete("ns", store.chunks.writer_keys("ns", "node-a")) == 2
     assert store.chunks.lengths("ns", [_key(0), _key(1), _key(2)]) == [None, 5, 5]
+    assert store.chunks.writer_of("ns", _key(0)) == (False, None)

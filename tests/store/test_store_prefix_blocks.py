@@ -183,8 +183,11 @@ def test_a_blocks_writer_is_kept_and_drop_writer_removes_its_blocks_with_every_b
     assert store.prefixes.drop_writer("ns", "node-a", dry_run=True) == 2
     chain = [first.chain_hash, second.chain_hash, third.chain_hash]
     assert store.prefixes.match("ns", chain) == 3
+    # What the quarantine reports of one block: stored, and its writer (None: an admin's build).
+    assert [store.prefixes.writer_of("ns", h) for h in chain] == [(True, None), (True, "node-a"), (True, "node-b")]
     assert store.prefixes.drop_writer("ns", "node-a") == 2
     assert store.prefixes.match("ns", chain) == 1
+    assert store.prefixes.writer_of("ns", chain[1]) == (False, None)
     assert store.prefixes.match("ns", [b.chain_hash for b in aside]) == 2
     assert store.prefixes.drop_writer("ns", "node-b") == 2
     assert store.prefixes.match("ns", [b.chain_hash for b in aside]) == 0

@@ -6,8 +6,8 @@ every node) and records who wrote it and who reported it. ``list`` shows them;
 ``release`` serves an object again (the report was wrong: a node of another
 build, say); ``drop`` deletes it from the store (a row or a chunk; a prefix
 block, which others are chained after, is released or goes with its writer's
-blocks: ``admin drop-writer``). Rows name their writer; prefix blocks and chunks
-record theirs but the quarantine does not read it back yet. A writer whose objects keep
+blocks: ``admin drop-writer``). Each names its writer, the token that stored it (a
+row's, a prefix block's or a chunk's, read back from its record). A writer whose objects keep
 being quarantined is a bad writer: revoke its token and ``admin drop-writer`` it.
 Keys are given as the hex ``list`` prints.
 """

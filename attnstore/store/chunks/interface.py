@@ -138,6 +138,19 @@ class StoredChunks(ABC):
             return []
         return self._writer_keys(namespace, writer)
 
+    def writer_of(self, namespace: str, key: bytes) -> tuple[bool, str | None]:
+        """Whether the chunk ``key`` is stored, and the writer its record names (None: an admin's build, or a
+        damaged record); what the quarantine reports of a chunk an audit found wrong.
+
+        Raises:
+            MapShapeError: a key that is not 32 bytes.
+            NamespaceNotFoundError: no such namespace.
+        """
+        (checked,) = _checked_keys("chunks.writer_of", [key])
+        if self.layout(namespace) is None:
+            return False, None
+        return self._writer_of(namespace, checked)
+
     def _layout_or_refuse(self, namespace: str) -> ChunkLayout:
         layout = self.layout(namespace)
         if layout is None:
@@ -170,6 +183,10 @@ class StoredChunks(ABC):
     @abstractmethod
     def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
         """``writer_keys`` for a namespace with a layout (a damaged record names no writer)."""
+
+    @abstractmethod
+    def _writer_of(self, namespace: str, key: bytes) -> tuple[bool, str | None]:
+        """``writer_of`` with a checked key, for a namespace with a layout (``records.recorded_writer``)."""
 
     @abstractmethod
     def _delete(self, namespace: str, keys: list[bytes]) -> int:

@@ -68,6 +68,16 @@ def stored_length(raw: bytes | memoryview | None) -> int | None:
         return None
 
 
+def recorded_writer(raw: bytes | memoryview | None) -> tuple[bool, str | None]:
+    """Whether a record is stored, and the writer it names (None: an admin's, or a damaged record)."""
+    if raw is None:
+        return False, None
+    try:
+        return True, ChunkRecord.decode(raw).writer
+    except ChecksumError:
+        return True, None
+
+
 def chunk_pieces(chunk: StoredChunk) -> list[bytes]:
     """The bytes of a checked chunk, one piece per layer."""
     return [chunk.kv[layer].tobytes() for layer in range(chunk.kv.shape[0])]

@@ -30,7 +30,14 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
 from attnstore.store.prefix.interface import PrefixBlocks
-from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record, writer_blocks
+from attnstore.store.prefix.records import (
+    BlockRecord,
+    block_parts,
+    gather_parts,
+    new_record,
+    recorded_writer,
+    writer_blocks,
+)
 
 if TYPE_CHECKING:
     from attnstore.protocol.records import NamespaceInfo
@@ -189,6 +196,10 @@ class LmdbPrefixBlocks(PrefixBlocks):
                     txn.delete(part_key(namespace, chain_hash, part), db=db)
                 txn.delete(record_key(namespace, chain_hash), db=db)
         return len(doomed)
+
+    def _writer_of(self, namespace: str, chain_hash: bytes) -> tuple[bool, str | None]:
+        with self._prefix_read(namespace) as (gen, txn, _):
+            return recorded_writer(txn.get(record_key(namespace, chain_hash), db=gen.db.prefix))
 
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
         with self._prefix_read(namespace) as (gen, txn, layout):

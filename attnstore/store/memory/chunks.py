@@ -135,6 +135,13 @@ class MemoryChunks(StoredChunks):
             assert chunks is not None
             return [key for key, record in chunks.records.items() if record.writer == writer]
 
+    def _writer_of(self, namespace: str, key: bytes) -> tuple[bool, str | None]:
+        with self._lock:
+            chunks = self._chunks_of(namespace)
+            assert chunks is not None
+            record = chunks.records.get(key)
+            return record is not None, None if record is None else record.writer
+
     def _delete(self, namespace: str, keys: list[bytes]) -> int:
         with self._lock:
             chunks = self._chunks_of(namespace)

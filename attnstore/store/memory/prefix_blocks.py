@@ -88,6 +88,11 @@ class MemoryPrefixBlocks(PrefixBlocks):
                     del blocks.parts[chain_hash]
             return len(doomed)
 
+    def _writer_of(self, namespace: str, chain_hash: bytes) -> tuple[bool, str | None]:
+        blocks = self._prefix_of(namespace)
+        record = None if blocks is None else blocks.records.get(chain_hash)
+        return record is not None, None if record is None else record.writer
+
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:
         blocks = self._prefix_of(namespace)
         if blocks is None:

@@ -114,6 +114,19 @@ class PrefixBlocks(ABC):
             return 0
         return self._drop_writer(namespace, writer, dry_run)
 
+    def writer_of(self, namespace: str, chain_hash: bytes) -> tuple[bool, str | None]:
+        """Whether the block ``chain_hash`` is stored, and the writer its record names (None: an admin's build,
+        or a record from before writers were kept); what the quarantine reports of a block an audit found wrong.
+
+        Raises:
+            MapShapeError: a hash that is not 32 bytes.
+            NamespaceNotFoundError: no such namespace.
+        """
+        (checked,) = _checked_hashes("prefixes.writer_of", [chain_hash])
+        if self.layout(namespace) is None:
+            return False, None
+        return self._writer_of(namespace, checked)
+
     def _layout_or_refuse(self, namespace: str) -> PrefixLayout:
         layout = self.layout(namespace)
         if layout is None:
@@ -137,6 +150,10 @@ class PrefixBlocks(ABC):
     @abstractmethod
     def _drop_writer(self, namespace: str, writer: str, dry_run: bool) -> int:
         """``drop_writer`` for a namespace with a layout (``records.writer_blocks`` names the blocks)."""
+
+    @abstractmethod
+    def _writer_of(self, namespace: str, chain_hash: bytes) -> tuple[bool, str | None]:
+        """``writer_of`` with a checked hash, for a namespace with a layout (``records.recorded_writer``)."""
 
     @abstractmethod
     def _match(self, namespace: str, chain_hashes: list[bytes]) -> int:

@@ -52,6 +52,17 @@ class BlockRecord:
         return cls(created, None if parent == _NO_PARENT else parent, crcs, writer)
 
 
+def recorded_writer(raw: bytes | memoryview | None) -> tuple[bool, str | None]:
+    """Whether a block's record is stored, and the writer it names (None: an admin's build, a record from
+    before writers were kept, or a damaged one)."""
+    if raw is None:
+        return False, None
+    try:
+        return True, BlockRecord.decode(raw).writer
+    except struct.error:
+        return True, None
+
+
 def block_parts(block: PrefixBlock) -> list[bytes]:
     """The parts of a checked block, in key order: every layer's keys and values, then the hidden states."""
     return [block.kv[layer].tobytes() for layer in range(block.kv.shape[0])] + [block.hidden.tobytes()]

@@ -3,7 +3,8 @@ again after its context, as the node that stored it computed it, and compared wi
 (``attnstore_client.audit``).
 
 Values of chunks come from writers (``PutChunks``), like written-back rows. A chunk out of tolerance is reported
-by its key and quarantined at the daemon (not stored, for every node, until an admin releases it); the prompt
+by its key and quarantined at the daemon, which names its writer (the token that put it;
+``AttnCache.audit_findings``): not stored, for every node, until an admin releases it. The prompt
 is fused from the chunk computed here instead, so no row is fused from a chunk found wrong.
 """
 

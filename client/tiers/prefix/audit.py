@@ -3,8 +3,9 @@ stored blocks of its prefix (every layer's keys and values, the last hidden stat
 forward's, block by block (``attnstore_client.audit``).
 
 Values of prefix blocks come from writers (``PutPrefix``), like written-back rows. The first block out of
-tolerance is reported by its chain hash and quarantined at the daemon: every chain through it then ends before
-it, for every node, until an admin releases it. The caller gets the computed row.
+tolerance is reported by its chain hash and quarantined at the daemon, which names its writer (the token that put
+it; ``AttnCache.audit_findings``): every chain through it then ends before it, for every node, until an admin
+releases it. The caller gets the computed row.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from attnstore.store.lmdb.chunks.keys import (
     read_layout,
     read_record,
     record_length,
+    record_writer,
     total_bytes,
     write_layout,
     writer_keys,
@@ -153,6 +154,10 @@ class LmdbChunks(StoredChunks):
     def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
         with self._chunk_read(namespace) as (gen, txn):
             return writer_keys(txn, gen.db.chunks, namespace, writer)
+
+    def _writer_of(self, namespace: str, key: bytes) -> tuple[bool, str | None]:
+        with self._chunk_read(namespace) as (gen, txn):
+            return record_writer(txn, gen.db.chunks, namespace, key)
 
     def _delete(self, namespace: str, keys: list[bytes]) -> int:
         self._namespace(namespace)

@@ -33,6 +33,7 @@ from attnstore.store.chunks.records import (
     chunk_pieces,
     chunk_problem,
     new_record,
+    recorded_writer,
     stored_length,
     where,
 )
@@ -107,6 +108,12 @@ def read_record(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key:
 def record_length(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> int | None:
     """A chunk's length in ``txn``, or None while it is not stored or its record is damaged (``stored_length``)."""
     return stored_length(None if db is None else txn.get(record_key(namespace, key), db=db))
+
+
+def record_writer(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes
+                  ) -> tuple[bool, str | None]:
+    """Whether a chunk has a record in ``txn``, and the writer it names (``recorded_writer``)."""
+    return recorded_writer(None if db is None else txn.get(record_key(namespace, key), db=db))
 
 
 def is_stored(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> bool:

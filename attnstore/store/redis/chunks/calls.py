@@ -26,6 +26,7 @@ from attnstore.store.chunks.records import (
     chunks_to_evict,
     gather_layers,
     new_record,
+    recorded_writer,
     stored_length,
     where,
 )
@@ -132,6 +133,10 @@ class RedisChunks(StoredChunks):
 
     def _writer_keys(self, namespace: str, writer: str) -> list[bytes]:
         return walks.writer_keys(self._redis, self._keys, namespace, writer)
+
+    def _writer_of(self, namespace: str, key: bytes) -> tuple[bool, str | None]:
+        with translated(f"reading the record of {where(namespace, key)}"):
+            return recorded_writer(self._redis.client.hget(self._keys.namespace(namespace).chunks, key))
 
     def _delete(self, namespace: str, keys: list[bytes]) -> int:
         self._check_writable()

@@ -1,7 +1,7 @@
 """The chunk tier's audit (real daemon, tiny local decoder): a chunk poisoned through a write token (``PutChunks``
 of made-up keys and values under the right key, as the issue's probe did) is caught by a node auditing every
 chunk it is served: the prompt is fused from the chunk computed there, the chunk is quarantined (not stored, for
-every node) and counted; correct stored chunks are never reported."""
+every node), its writer named and counted; correct stored chunks are never reported."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _node(decoder, daemon: DaemonProcess, token: str, audit_rate: float, **optio
                      audit_rate=audit_rate, **options)
 
 
-def test_a_poisoned_chunk_is_caught_quarantined_and_the_prompt_fused_from_the_computed_one(decoder, daemon) -> None:
+def test_a_poisoned_chunk_is_caught_quarantined_and_the_prompt_fused_from_the_computed_one(decoder, daemon, caplog
+                                                                                         ) -> None:
     fingerprint = model_fingerprint(decoder.model, decoder.tokenizer)
     layout = model_chunk_layout(adapter_for(decoder), "float32")
     with _node(decoder, daemon, READ_TOKEN, 0.0, chunk_source=MemoryChunkSource()) as local_only:
@@ -82,7 +83,8 @@ def test_a_poisoned_chunk_is_caught_quarantined_and_the_prompt_fused_from_the_co
     source.put(key, chunk)
     with _node(decoder, daemon, READ_TOKEN, 0.0, chunk_source=source) as reference:
         assert torch.allclose(audited, reference.last_hidden_states(PROMPTS), atol=1e-5)
-    assert (finding.kind, finding.key, finding.quarantined) == ("chunk", key, True)
+    assert (finding.kind, finding.key, finding.quarantined, finding.writer) == ("chunk", key, True, "node-a")
+    assert f"event=audit_mismatch namespace=default kind=chunk key={key.hex()[:16]} writer=node-a" in caplog.text
 
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader:  # not stored, for every node
         assert reader.match_chunks("default", fingerprint, layout, [key], timeout=10) == [None]
@@ -90,7 +92,8 @@ def test_a_poisoned_chunk_is_caught_quarantined_and_the_prompt_fused_from_the_co
         assert torch.allclose(other.last_hidden_states(PROMPTS), honest, atol=1e-5)
     with daemon.client(ADMIN_TOKEN) as admin:
         (held,) = admin.list_quarantine("default")
-        assert (held.kind, bytes(held.key), held.reporter) == ("chunk", key, "node-b")
+        assert (held.kind, bytes(held.key), held.writer, held.reporter) == ("chunk", key, "node-a", "node-b")
+        assert f"kind=chunk key={key.hex()[:16]} writer=node-a" in daemon.log()  # the daemon's event=quarantined
         assert admin.release_quarantine("default", "chunk", key, drop=True).dropped  # the admin judged: deleted
         assert admin.list_quarantine() == []
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader:

@@ -1,7 +1,7 @@
 """The prefix tier's audit (real daemon, tiny random Llama): a prefix block poisoned through a write token
 (``PutPrefix`` of made-up keys, values and hidden states under the right ids, as the issue's probe did) is
 caught by a node auditing every row, which answers the computed row, quarantines the block (every chain through
-it ends before it, for every node) and counts it; correct stored blocks are never reported."""
+it ends before it, for every node), names its writer and counts it; correct stored blocks are never reported."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _node(llama, daemon: DaemonProcess, token: str, audit_rate: float) -> AttnCa
                      audit_rate=audit_rate)
 
 
-def test_a_poisoned_prefix_block_is_caught_quarantined_and_then_no_node_starts_from_it(daemon, llama) -> None:
+def test_a_poisoned_prefix_block_is_caught_quarantined_and_then_no_node_starts_from_it(daemon, llama, caplog
+                                                                                       ) -> None:
     fingerprint = model_fingerprint(llama.model, llama.tokenizer)
     layout = prefix_layout_of(adapter_for(llama), block_size=BLOCK)
     chain = chain_hashes(ROW, BLOCK)
@@ -72,6 +73,8 @@ def test_a_poisoned_prefix_block_is_caught_quarantined_and_then_no_node_starts_f
         assert (auditor.stats.audited, auditor.stats.audit_mismatches) == (1, 1)
         (finding,) = auditor.audit_findings
     assert (finding.kind, finding.key, finding.quarantined) == ("prefix", chain[2], True)  # the block itself
+    assert finding.writer == "node-a"  # the write token that put it, read back from the block's record
+    assert f"event=audit_mismatch namespace=default kind=prefix key={chain[2].hex()[:16]} writer=node-a" in caplog.text
 
     with _node(llama, daemon, READ_TOKEN, 0.0) as other:  # every node now stops before it: the honest blocks
         hidden = other.hidden_states([ROW])[0]
@@ -80,7 +83,8 @@ def test_a_poisoned_prefix_block_is_caught_quarantined_and_then_no_node_starts_f
         assert reader.match_prefix("default", fingerprint, BLOCK, [chain], timeout=10) == [2]
     with daemon.client(ADMIN_TOKEN) as admin:
         (held,) = admin.list_quarantine("default")
-        assert (held.kind, bytes(held.key), held.reporter) == ("prefix", chain[2], "node-b")
+        assert (held.kind, bytes(held.key), held.writer, held.reporter) == ("prefix", chain[2], "node-a", "node-b")
+    assert f"kind=prefix key={chain[2].hex()[:16]} writer=node-a" in daemon.log()  # the daemon's event=quarantined
 
 
 def test_auditing_every_row_over_correct_stored_blocks_reports_nothing(daemon, llama) -> None:
