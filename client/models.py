@@ -72,6 +72,7 @@ SUPPORTED_MODEL_TYPES: Mapping[str, Literal["llama", "bert"]] = MappingProxyType
         "llama": "llama",
         "mistral": "llama",
         "qwen2": "llama",
+        "qwen3": "llama",
         "bert": "bert",
         "roberta": "bert",
         "xlm-roberta": "bert",

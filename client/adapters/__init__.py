@@ -13,11 +13,12 @@ from attnstore_client.adapters.distilbert import DistilBertAdapter
 from attnstore_client.adapters.generic import GenericAdapter, GenericDecoderAdapter
 from attnstore_client.adapters.llama import LlamaAdapter
 from attnstore_client.adapters.mpnet import MPNetAdapter
+from attnstore_client.adapters.qwen3 import Qwen3Adapter
 from attnstore_client.models import LoadedModel, is_causal
 
 __all__ = [
     "Adapter", "BertAdapter", "Capabilities", "Capture", "DistilBertAdapter", "GenericAdapter",
-    "GenericDecoderAdapter", "LlamaAdapter", "MPNetAdapter", "adapter_for",
+    "GenericDecoderAdapter", "LlamaAdapter", "MPNetAdapter", "Qwen3Adapter", "adapter_for",
 ]
 
 # model_type -> its family's adapter, as text-embeddings-inference's backends are keyed; the same keys as
@@ -26,6 +27,7 @@ _ADAPTERS: Mapping[str, type[Adapter]] = MappingProxyType({
     "llama": LlamaAdapter,
     "mistral": LlamaAdapter,
     "qwen2": LlamaAdapter,
+    "qwen3": Qwen3Adapter,  # Llama's layout plus per-head query and key norms
     "bert": BertAdapter,
     "roberta": BertAdapter,
     "xlm-roberta": BertAdapter,  # RoBERTa's modules; positions from the pad id

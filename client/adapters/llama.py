@@ -113,7 +113,16 @@ class LlamaAdapter(Adapter):
         batch_size, length, _ = hidden.shape
         query = attention.q_proj(hidden).view(batch_size, length, self.num_heads, self.head_dim)  # (B, N, H, d)
         key = attention.k_proj(hidden).view(batch_size, length, self.num_kv_heads, self.head_dim)  # (B, N, KVH, d)
+        query, key = self.norm_heads(module, query, key)
         return self._rotary(query.transpose(1, 2), key.transpose(1, 2), cos, sin)  # (B, H, N, d), (B, KVH, N, d)
+
+    def norm_heads(
+        self, module: nn.Module, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's projected queries ``(..., H, d)`` and keys ``(..., KVH, d)`` as its attention rotates them: as
+        projected here; Qwen3 normalises each head first (``adapters.qwen3``). Per token, so keys stored after it (the
+        chunk tier's, before RoPE) stay valid wherever they are rotated to."""
+        return query, key
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return _attention(module).v_proj(hidden)  # (B, P, KVH*d)

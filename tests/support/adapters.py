@@ -19,12 +19,14 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     RobertaConfig,
 )
 
 from attnstore_client.models import LoadedModel, resolve_model_path
 
-TinyKind = Literal["llama", "mistral", "qwen2", "bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
+TinyKind = Literal["llama", "mistral", "qwen2", "qwen3", "bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
 
 VOCAB = 96
 FIRST_REAL_ID = 5  # below: pad/special ids (RoBERTa pads with 1)
@@ -51,16 +53,21 @@ _ENCODER_SHAPE = {
 def tiny_model(kind: TinyKind, *, attn_implementation: str = "sdpa", seed: int = 0) -> LoadedModel:
     """A random tiny model of that kind, fp32, eval mode, without a tokenizer."""
     torch.manual_seed(seed)
-    if kind in ("llama", "mistral", "qwen2"):
+    if kind in ("llama", "mistral", "qwen2", "qwen3"):
         config_cls, model_cls = {
             "llama": (LlamaConfig, LlamaForCausalLM),
             "mistral": (MistralConfig, MistralForCausalLM),
             "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         }[kind]
         # A window shorter than the test rows, so capture must honour it.
-        extra = {"sliding_window": 6} if kind == "mistral" else {}
+        extra: dict[str, Any] = {"sliding_window": 6} if kind == "mistral" else {}
+        if kind == "qwen3":
+            extra["head_dim"] = _DECODER_SHAPE["hidden_size"] // _DECODER_SHAPE["num_attention_heads"]  # else 128
         config = config_cls(**_DECODER_SHAPE, **extra, attn_implementation=attn_implementation)
         causal_lm = model_cls(config).eval()
+        if kind == "qwen3":
+            _random_head_norms(causal_lm)
         return LoadedModel(name=kind, model=causal_lm.get_decoder(), tokenizer=None, lm_head=causal_lm.lm_head)
     if kind in ("bert", "roberta"):
         config_cls = BertConfig if kind == "bert" else RobertaConfig
@@ -84,6 +91,15 @@ def _strong_position_bias(model: Any) -> None:
     replay that drops or misplaces it is visibly wrong."""
     with torch.no_grad():
         model.encoder.relative_attention_bias.weight.normal_(0.0, 1.0)
+
+
+def _random_head_norms(model: Any) -> None:
+    """Qwen3's query and key norms with weights far from their initial ones: a capture, replay or fused forward that
+    drops a norm is visibly wrong."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.normal_(1.0, 0.5)
 
 
 def pad_id(kind: TinyKind) -> int:
@@ -128,8 +144,10 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
     shape: dict[str, Any] = {"vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 48,
                              "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 160}
-    if family in ("llama", "mistral", "qwen2"):
+    if family in ("llama", "mistral", "qwen2", "qwen3"):
         shape["num_key_value_heads"] = 2
+    if family == "qwen3":
+        shape["head_dim"] = hidden // shape["num_attention_heads"]  # Qwen3's config says 128 unless told
     if family == "mistral":
         shape["sliding_window"] = 6  # shorter than most rows: the window matters
     if family in ("roberta", "xlm-roberta"):
@@ -144,6 +162,8 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
     model = AutoModel.from_config(AutoConfig.for_model(family, **shape)).eval()
     if family == "mpnet":
         _strong_position_bias(model)
+    if family == "qwen3":
+        _random_head_norms(model)
     transformers_folder = folder if pooling is None else folder / "transformer"
     model.save_pretrained(transformers_folder)
     tokenizer.padding_side = padding_side

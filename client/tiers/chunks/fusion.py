@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
-from attnstore_client.adapters import Adapter
+from attnstore_client.adapters import Adapter, LlamaAdapter
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.selection import select_tokens
 from attnstore_client.tiers.chunks.source import ChunkKV
@@ -74,15 +74,16 @@ class FusedRow:
 
 
 class _Parts:
-    """The decoder's modules the fused forward runs by hand (Llama, Mistral without a window, Qwen2)."""
+    """The decoder's modules the fused forward runs by hand (Llama, Mistral without a window, Qwen2, Qwen3)."""
 
     def __init__(self, adapter: Adapter) -> None:
         model = adapter.model
         config = model.config
         window = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-        if adapter.family != "llama" or window:
+        if not isinstance(adapter, LlamaAdapter) or window:
             raise UnsupportedModelError(f"the chunk tier needs a Llama-like causal model without a sliding window; "
                                         f"{adapter.loaded.name!r} is not one")
+        self.adapter = adapter  # its query and key norms (Qwen3's), before RoPE
         self.embed: nn.Module = cast(nn.Module, model.embed_tokens)
         self.layers: Sequence[Any] = cast("Sequence[Any]", model.layers)[: adapter.num_layers]
         self.rotary_emb: nn.Module = cast(nn.Module, model.rotary_emb)
@@ -147,8 +148,10 @@ def fused_forward(
             normed = block.input_layernorm(hidden)  # (N, hidden)
             attention = block.self_attn
             count = normed.shape[0]
-            query = attention.q_proj(normed).view(count, parts.heads, parts.head_dim).transpose(0, 1)  # (H, N, d)
-            key = attention.k_proj(normed).view(count, parts.kv_heads, parts.head_dim).transpose(0, 1)  # (KVH, N, d)
+            query = attention.q_proj(normed).view(count, parts.heads, parts.head_dim)  # (N, H, d)
+            key = attention.k_proj(normed).view(count, parts.kv_heads, parts.head_dim)  # (N, KVH, d)
+            query, key = parts.adapter.norm_heads(attention, query, key)  # Qwen3's norms: the keys as stored
+            query, key = query.transpose(0, 1), key.transpose(0, 1)  # (H, N, d), (KVH, N, d)
             value = attention.v_proj(normed).view(count, parts.kv_heads, parts.head_dim).transpose(0, 1)  # (KVH, N, d)
             rotated_q, rotated_k = parts.rotate(query[None], key[None], cos, sin)  # (1, H, N, d), (1, KVH, N, d)
             splits = [int(index.shape[0]) for index in active]

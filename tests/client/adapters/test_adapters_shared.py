@@ -16,7 +16,7 @@ from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 
 TOL = 1e-4
 LENGTHS = [9, 3, 6]
-KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2"]
+KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3"]
 # (family, causal, layers, heads, kv heads, head dim) of each tiny model
 LAYOUTS = {
     "bert": ("bert", False, 3, 4, 4, 16),
@@ -27,6 +27,7 @@ LAYOUTS = {
     "llama": ("llama", True, 3, 4, 2, 16),
     "mistral": ("llama", True, 3, 4, 2, 16),
     "qwen2": ("llama", True, 3, 4, 2, 16),
+    "qwen3": ("llama", True, 3, 4, 2, 16),  # head_dim explicit in its config
 }
 
 
