@@ -1,4 +1,5 @@
-"""The fused forward of prompts in segments on a tiny random Llama: position recovery, selection, the source."""
+"""The fused forward of prompts in segments on a tiny random Llama: position recovery, selection, the source; the
+exactness tests on a tiny Qwen3 too (its keys stored after the per-head key norm, before RoPE)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def adapter():
     return adapter_for(tiny_model("llama"))
 
 
+@pytest.fixture(params=["llama", "qwen3"], scope="module")
+def decoder(request):
+    """Each Llama-like layout the fused forward runs by hand: Qwen3's query and key norms come before RoPE."""
+    return adapter_for(tiny_model(request.param))
+
+
 def prompt(*segments: list[int]) -> tuple[list[int], tuple[int, ...]]:
     return [token for segment in segments for token in segment], tuple(len(segment) for segment in segments)
 
@@ -39,7 +46,8 @@ def filled(adapter, *prompts) -> MemoryChunkSource:
 
 
 @pytest.mark.parametrize("method", ["a3", "cacheblend"])
-def test_every_chunk_stored_and_all_computed_again_equals_full_prefill(adapter, method):
+def test_every_chunk_stored_and_all_computed_again_equals_full_prefill(decoder, method):
+    adapter = decoder
     # Chunks stored after the instruction alone, reused elsewhere and in another order: position recovery.
     source = filled(adapter, prompt(INSTRUCTION, C1, Q1), prompt(INSTRUCTION, C2, Q1), prompt(INSTRUCTION, C3, Q1))
     prompts = [prompt(INSTRUCTION, C3, C1, C2, Q2), prompt(INSTRUCTION, C2, C3, Q1)]
@@ -52,7 +60,8 @@ def test_every_chunk_stored_and_all_computed_again_equals_full_prefill(adapter, 
     assert counts.captured == 0 and counts.stored_tokens == 6 + 21 + 6 + 14
 
 
-def test_a_chunk_reused_where_it_was_computed_equals_full_prefill_without_any_recompute(adapter):
+def test_a_chunk_reused_where_it_was_computed_equals_full_prefill_without_any_recompute(decoder):
+    adapter = decoder
     # Right after the instruction, a stored chunk's keys and values are the full forward's at every layer.
     source = filled(adapter, prompt(INSTRUCTION, C1, C2, Q1))
     ids, segments = prompt(INSTRUCTION, C1, Q2)
