@@ -11,6 +11,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoTokenizer,
     BertConfig,
     LlamaConfig,
@@ -137,10 +138,11 @@ def save_tiny_decoder(folder: Path, *, full_vocab: bool = False) -> Path:
 
 
 def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_side: str = "right",
-                     pooling: str | None = None) -> Path:
+                     pooling: str | None = None, causal_lm: bool = False) -> Path:
     """A random tiny model of ``family`` (any ``model_type`` transformers knows) with all-MiniLM-L6-v2's tokenizer
     (its whole vocabulary), saved as a transformers folder; with ``pooling``, as a sentence-transformers folder of
-    that model, a ``Pooling`` of that mode and ``Normalize``, its tokenizer padding on ``padding_side``."""
+    that model, a ``Pooling`` of that mode and ``Normalize``, its tokenizer padding on ``padding_side``; with
+    ``causal_lm`` (a decoder family, no ``pooling``), the model with its LM head (``AutoModelForCausalLM``)."""
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
     shape: dict[str, Any] = {"vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 48,
                              "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 160}
@@ -159,7 +161,8 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
     if family == "distilbert":
         shape["hidden_dim"] = shape["intermediate_size"]  # its feed-forward width's own name
     torch.manual_seed(len(family))
-    model = AutoModel.from_config(AutoConfig.for_model(family, **shape)).eval()
+    model_cls = AutoModelForCausalLM if causal_lm else AutoModel
+    model = model_cls.from_config(AutoConfig.for_model(family, **shape)).eval()
     if family == "mpnet":
         _strong_position_bias(model)
     if family == "qwen3":

@@ -44,6 +44,7 @@ from attnstore_client.connection import URL_SCHEMES
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector, embedding_layer_of
+from attnstore_client.tiers.prefix.shared import shareable
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
 from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector, format_fit
@@ -73,7 +74,8 @@ class BuildConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     # Calibrates a new projector's distances to replay fidelity; None leaves it uncalibrated.
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
-    # Stores the corpus's prefix blocks (keys and values of whole blocks of tokens); None: for causal models.
+    # Stores the corpus's prefix blocks (keys and values of whole blocks of tokens); None: for models the prefix tier
+    # runs (causal, no sliding window: a Mistral with one gets none rather than a failed build).
     prefix_blocks: bool | None = None
     prefix: PrefixBuildConfig = field(default_factory=PrefixBuildConfig)
     # Stores the model's embedding layer with the projector (MiniLM: ~47 MB), from which the daemon derives
@@ -179,7 +181,7 @@ def build_namespace(
         prefix = int8 = None
         try:
             _ingest(service, config.namespace, fingerprint, captured, projector, config, added, progress)
-            if adapter.causal if config.prefix_blocks is None else config.prefix_blocks:
+            if shareable(adapter) if config.prefix_blocks is None else config.prefix_blocks:
                 prefix = store_prefix_blocks(adapter, [r.ids for r in rows], service, config.namespace, config.prefix,
                                              pad_id=loaded.tokenizer.pad_token_id, progress=progress)
             if config.int8 is not None:
@@ -438,7 +440,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              " the fidelity gate (see the docs)")
     parser.add_argument("--prefix-blocks", action=argparse.BooleanOptionalAction, default=None,
                         help="store the prompts' prefix blocks (keys and values of whole blocks of tokens, for the"
-                             " prefix tier); default: on for causal models")
+                             " prefix tier); default: on for causal models without a sliding window")
     parser.add_argument("--prefix-block-size", type=int, default=32, help="tokens per prefix block (default 32)")
     parser.add_argument("--prefix-min-shared", type=int, default=2,
                         help="store a prefix block only when this many prompts start with it (default 2; 1: all)")
