@@ -44,7 +44,7 @@ def _build(folder: Path, lines: list[str], workdir: Path, *args: str) -> str:
     corpus.write_text("\n".join(lines), encoding="utf-8")
     store = workdir / "store"
     assert main(["build", "--model", str(folder), "--corpus", str(corpus), "--store", str(store), "--no-progress",
-                 "--no-calibration", "--train-limit", "32", *args]) == 0
+                 "--no-calibration", "--train-limit", "16", *args]) == 0
     return f"local:{store}"
 
 

@@ -43,7 +43,7 @@ def test_a_built_store_serves_rows_equal_to_sentence_transformers(family: str, t
     corpus.write_text("\n".join(CORPUS), encoding="utf-8")
     store = tmp_path / "store"
     assert main(["build", "--model", str(folder), "--corpus", str(corpus), "--store", str(store), "--no-progress",
-                 "--no-calibration", "--train-limit", "32"]) == 0
+                 "--no-calibration", "--train-limit", "16"]) == 0
     adapter = family not in WITHOUT_ADAPTER
     with AttnStoreService.open(store) as service:
         namespace = service.get_namespace("default")
