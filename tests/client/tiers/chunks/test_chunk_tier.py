@@ -55,17 +55,19 @@ def test_prompts_in_segments_are_fused_from_stored_chunks_and_all_recomputed_equ
     assert torch.allclose(torch.from_numpy(scores.probabilities), expected, atol=1e-4)
 
 
-def test_qwen3_prompts_fused_from_stored_chunks_and_all_recomputed_equal_full_prefill():
-    # Qwen3's chunk keys are stored after its per-head key norm, before RoPE, and rotated where a prompt puts them.
-    qwen3 = tiny_loaded("qwen3")
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_prompts_fused_from_stored_chunks_and_all_recomputed_equal_full_prefill(kind):
+    # Qwen3's chunk keys are stored after its per-head key norm, before RoPE, and rotated where a prompt puts them;
+    # Qwen2's are Llama's, with its projections' biases.
+    loaded = tiny_loaded(kind)
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
-    fill_namespace(service, qwen3, ["w60 w61"])
-    cache = AttnCache(qwen3, LocalConnection("local:memory", service), exact=False, chunks=EXACT)
+    fill_namespace(service, loaded, ["w60 w61"])
+    cache = AttnCache(loaded, LocalConnection("local:memory", service), exact=False, chunks=EXACT)
     assert cache.tiers.has("chunks") and cache.tiers.has("prefix") and cache.tiers.has("maps")
     cache.last_hidden_states(PROMPTS, batch_size=2)  # stores every chunk
     again = cache.last_hidden_states(PROMPTS, batch_size=2)
     assert cache.last_row_kinds == ("chunk",) * 3 and cache.last_stats.chunk_hits == 3
-    assert torch.allclose(again, full_last(qwen3, PROMPTS), atol=1e-4)
+    assert torch.allclose(again, full_last(loaded, PROMPTS), atol=1e-4)
 
 
 def test_full_reuse_computes_the_question_alone_and_is_approximate(llama, cache):

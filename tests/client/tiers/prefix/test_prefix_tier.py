@@ -102,17 +102,19 @@ def test_an_outage_mid_stream_computes_the_rows_normally_with_unchanged_results(
     assert cache.last_stats.fallbacks == {"outage": 2}
 
 
-def test_qwen3_rows_over_stored_prefixes_equal_the_full_forward(tmp_path):
-    # Its keys are stored after the per-head key norm and RoPE, as its own forward caches them.
-    qwen3 = tiny_loaded("qwen3")
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_rows_over_stored_prefixes_equal_the_full_forward(tmp_path, kind):
+    # Qwen2 runs Llama's adapter with its own biases; Qwen3's keys are stored after the per-head key norm and RoPE,
+    # as its own forward caches them.
+    loaded = tiny_loaded(kind)
     with AttnStoreService.open(tmp_path / "store", create=True) as service:
-        fill_prefix_namespace(service, qwen3, prefix_rows([5], seed=1, prefix=SHARED_A)
+        fill_prefix_namespace(service, loaded, prefix_rows([5], seed=1, prefix=SHARED_A)
                               + prefix_rows([3], seed=2, prefix=SHARED_B))
         queries = (prefix_rows([3, 17], seed=5, prefix=SHARED_A) + prefix_rows([6], seed=6, prefix=SHARED_B)
                    + prefix_rows([30], seed=7))
-        cache = AttnCache(qwen3, LocalConnection("local:memory", service), exact=False, prefix_min_tokens=16)
+        cache = AttnCache(loaded, LocalConnection("local:memory", service), exact=False, prefix_min_tokens=16)
         hidden = cache.hidden_states(queries, batch_size=2)
-        for got, want in zip(hidden, plain_rows(qwen3, queries), strict=True):
+        for got, want in zip(hidden, plain_rows(loaded, queries), strict=True):
             assert got.shape == want.shape and torch.allclose(got, want, atol=2e-5)
         assert cache.last_row_kinds == ("prefix", "prefix", "prefix", "miss")
         assert cache.last_stats.prefix_tokens == 2 * 40 + 16
