@@ -55,6 +55,9 @@ def test_a_built_store_serves_rows_equal_to_sentence_transformers(family: str, t
         with AttnCache(str(folder), store=f"local:{store}", exact=exact, max_distance=1e-6,
                        exact_cache_bytes=0) as cache:
             assert cache.tiers.maps is adapter, cache.tiers.absent
+            # The prefix tier: causal models without a sliding window (the tiny Mistral's is shorter than the rows).
+            assert cache.tiers.prefix is (family in CAUSAL and family != "mistral"), cache.tiers.absent
+            assert family != "mistral" or "sliding-window" in cache.tiers.absent["prefix"], cache.tiers.absent
             served = cache.encode(QUERIES)
             kinds = cache.last_row_kinds
         if exact or adapter:
