@@ -12,7 +12,6 @@ everything it is served (``audit_rate=1.0``): nothing honest nodes wrote is ever
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from attnstore_tools.build.namespace_layout import exact_tier_layout, kv_layouts
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.prefixes import prefix_rows
+from tests.support.redis_servers import wait_until
 
 TOLERANCE = 1e-4  # fp32 prefix keys and values, chunks recomputed in full
 EXACT_COSINE = 0.9999  # exact hits: stored outputs are fp16
@@ -84,17 +84,16 @@ def nodes(daemon: DaemonProcess, llama: LoadedModel) -> Iterator[dict[str, AttnC
     fingerprint = model_fingerprint(llama.model, llama.tokenizer)
     chains = [chain_hashes(prefix, DEFAULT_BLOCK_SIZE) for prefix in PREFIXES]
     with connect(url, token=READ_TOKEN) as connection:  # they land off the calls' path
-        deadline = time.monotonic() + 60
-        while connection.match_prefix("default", fingerprint, DEFAULT_BLOCK_SIZE, chains, timeout=10) != [2] * 3:
-            assert time.monotonic() < deadline, "the prefixes both writers computed were never stored"
-            time.sleep(0.05)
-        while True:  # a new reader computes no chunk: every one is in the store
-            with AttnCache(llama, url, token=READ_TOKEN, exact=False, chunks=EVERY_CHUNK_TOKEN) as fresh:
-                fresh.score_choices(every_chunk, choices=("w10", "w11"))
-                if fresh.last_stats.chunks_captured == 0:
-                    break
-            assert time.monotonic() < deadline, "the chunks both writers computed were never stored"
-            time.sleep(0.05)
+        wait_until(lambda: connection.match_prefix("default", fingerprint, DEFAULT_BLOCK_SIZE, chains,
+                                                   timeout=10) == [2] * 3,
+                   60, "the prefixes both writers computed stored")
+
+    def every_chunk_stored() -> bool:  # a new reader computes no chunk
+        with AttnCache(llama, url, token=READ_TOKEN, exact=False, chunks=EVERY_CHUNK_TOKEN) as fresh:
+            fresh.score_choices(every_chunk, choices=("w10", "w11"))
+            return fresh.last_stats.chunks_captured == 0
+
+    wait_until(every_chunk_stored, 60, "the chunks both writers computed stored")
     yield opened
     for cache in opened.values():
         cache.close()
@@ -188,11 +187,9 @@ def test_a_prefix_both_writers_computed_is_stored_once_and_serves_the_reader_exa
         nodes[name].hidden_states(prefix_rows([3, 5], seed=3, prefix=shared))
     fingerprint = model_fingerprint(llama.model, llama.tokenizer)
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as connection:  # it lands off the calls' path
-        deadline = time.monotonic() + 30
-        while connection.match_prefix("default", fingerprint, DEFAULT_BLOCK_SIZE,
-                                      [chain_hashes(shared, DEFAULT_BLOCK_SIZE)], timeout=10) != [2]:
-            assert time.monotonic() < deadline, "the prefix both writers computed was never stored"
-            time.sleep(0.05)
+        wait_until(lambda: connection.match_prefix("default", fingerprint, DEFAULT_BLOCK_SIZE,
+                                                   [chain_hashes(shared, DEFAULT_BLOCK_SIZE)], timeout=10) == [2],
+                   30, "the prefix both writers computed stored")
     reader = nodes["reader"]
     reader.exact, reader.prefix = False, True
     rows = prefix_rows([2, 4], seed=9, prefix=shared)
