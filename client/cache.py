@@ -206,7 +206,7 @@ class AttnCache(SentenceTransformerAPI):
         self.fingerprint = model_fingerprint(self.loaded.model, self.loaded.tokenizer)  # on the CPU weights
         move_model(self.loaded, self.device)
         self.adapter = adapter_for(self.loaded)
-        if not self.adapter.capabilities.complete:  # the one line that says what a model without an adapter gets
+        if not self.adapter.capabilities.can_replay:  # the one line that says what a model without an adapter gets
             log.info("model %r runs through its own forward: exact tiers and write-back only (%s)", self.loaded.name,
                      self.adapter.capabilities.missing)
         self.head = sentence_head(self.loaded, settings.max_length)

@@ -47,7 +47,8 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from torch import nn
 
-from attnstore.errors import MapShapeError
+from attnstore.errors import MapShapeError, UnsupportedModelError
+from attnstore.protocol.features.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.attention import attention_probs
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.capabilities import FULL, Capabilities
@@ -55,6 +56,7 @@ from attnstore_client.adapters.fused import FusedLinears, fused_linears_availabl
 from attnstore_client.adapters.packed import PackedBatch, plan_packed, with_filler
 from attnstore_client.adapters.padded import Capturing, Keeping, Replaying
 from attnstore_client.adapters.replay import ReplayMaps, apply_maps, check_replay
+from attnstore_client.adapters.steps import DecoderSteps
 from attnstore_client.models import LoadedModel
 
 
@@ -86,9 +88,10 @@ class Adapter(ABC):
         attention_path: the module wrapped in each block, as a dotted attribute path.
         num_layers, num_heads, num_kv_heads, head_dim, hidden_size: the layout.
 
-    A family implements five hooks (``_blocks``, ``_embed``, ``_run_packed``,
-    ``_queries_keys``, ``_values``) and overrides the defaults below them where its
-    model differs (``_project_out``, ``_sliding_window``, ``_score_bias``, ``_fusable``).
+    A family implements six hooks (``_blocks``, ``_embed``, ``_run_packed``,
+    ``_queries_keys``, ``_values``, ``embedding_layer``) and overrides the defaults below them where its
+    model differs (``_project_out``, ``_sliding_window``, ``_score_bias``, ``_fusable``; a causal family
+    ``capabilities`` and ``decoder_steps`` for the prefix and chunk tiers).
     """
 
     family: ClassVar[Literal["llama", "bert", "generic"]]
@@ -151,6 +154,15 @@ class Adapter(ABC):
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Value projection, ``(..., T, hidden) -> (..., T, KVH*d)``."""
 
+    @abstractmethod
+    def embedding_layer(self) -> EmbeddingLayer:
+        """The model's feature source (``feature_source``) as tensors, which a daemon keeps with the namespace's
+        projector to derive written-back rows' features itself (``protocol.features.embedding_layer``).
+
+        Raises:
+            UnsupportedModelError: the adapter has no feature source.
+        """
+
     # Defaults, overridden where a family's model differs.
 
     def _attention_modules(self) -> Sequence[nn.Module]:
@@ -190,6 +202,16 @@ class Adapter(ABC):
     def capabilities(self) -> Capabilities:
         """What this adapter can do beyond the model's own forward (``adapters.capabilities``): the tiers ask it."""
         return FULL
+
+    def decoder_steps(self) -> DecoderSteps:
+        """The model's forward one step at a time (``adapters.steps``), for the chunk tier's fused forward.
+
+        Raises:
+            UnsupportedModelError: the family gives none (a bidirectional model, or no adapter), or the model
+                cannot share keys and values (``Capabilities.can_share_kv``).
+        """
+        raise UnsupportedModelError(f"the chunk tier's fused forward needs a causal model's adapter that runs it in"
+                                    f" steps; {self.loaded.name!r} ({self.family}) has none")
 
     @property
     def blocks(self) -> tuple[nn.Module, ...]:

@@ -9,12 +9,13 @@ maps are only valid at their exact length, so no crop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
+from attnstore.protocol.features.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.packed import PackedBatch
@@ -68,6 +69,24 @@ def _attention(module: nn.Module) -> _BertSelfAttention:
     return cast(_BertSelfAttention, module)
 
 
+def absolute_embedding_layer(embeddings: nn.Module) -> EmbeddingLayer:
+    """The embedding stage of BERT and the encoders that copy it (RoBERTa, XLM-RoBERTa, DistilBERT, MPNet): word,
+    absolute position and (where there are any) token-type embeddings, then a LayerNorm.
+
+    RoBERTa, XLM-RoBERTa and MPNet number positions from their pad id + 1 (``padding_idx``); DistilBERT and MPNet have
+    no token types (adding nothing).
+    """
+    parts: Any = embeddings  # transformers' embedding modules (no common type)
+    norm = parts.LayerNorm
+    padding_idx = getattr(parts, "padding_idx", None)
+    types = getattr(parts, "token_type_embeddings", None)
+    token_type = types.weight[0] if types is not None else torch.zeros_like(norm.weight)
+    return EmbeddingLayer(
+        "bert", parts.word_embeddings.weight, norm.weight, float(norm.eps), positions=parts.position_embeddings.weight,
+        token_type=token_type, norm_bias=norm.bias, padding_idx=None if padding_idx is None else int(padding_idx),
+    )
+
+
 class BertAdapter(Adapter):
     """Capture and replay for BERT, RoBERTa and XLM-RoBERTa encoders."""
 
@@ -98,6 +117,10 @@ class BertAdapter(Adapter):
 
     def _embed(self, batch: Batch) -> torch.Tensor:
         return self._encoder.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
+
+    def embedding_layer(self) -> EmbeddingLayer:
+        """``embeddings`` (word, position, token type 0, LayerNorm), as ``_embed`` runs it."""
+        return absolute_embedding_layer(self._encoder.embeddings)
 
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         # The layers called one by one: no attention mask to build (each run of rows attends by itself).

@@ -10,7 +10,8 @@ needs an adapter that knows the model's attention modules:
   (``adapters.packed``); without it a call's rows run in length-sorted padded
   batches;
 - ``can_share_kv``: run a suffix on stored keys and values (the prefix and chunk
-  tiers; they also need a causal model without a sliding window).
+  tiers, for a causal model; off where the adapter knows its model cannot, as
+  under a sliding window).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Capabilities:
 
     can_replay: bool = True  # capture and replay attention maps
     can_pack: bool = True  # packed forwards
-    can_share_kv: bool = True  # prefix and chunk tiers (causal models without a sliding window)
+    can_share_kv: bool = True  # prefix and chunk tiers (of a causal model; not under a sliding window)
     missing: str = ""  # why the capabilities that are off are off
 
     @property

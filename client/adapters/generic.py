@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
+from attnstore.protocol.features.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter, Capture, LayerCall
 from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.adapters.capabilities import Capabilities
@@ -133,6 +134,9 @@ class GenericAdapter(Adapter):
 
     def _values(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         self._refuse("the value projection")
+
+    def embedding_layer(self) -> EmbeddingLayer:
+        self._refuse("the embedding layer (a projector's input)")
 
     def _refuse(self, what: str) -> NoReturn:
         raise UnsupportedModelError(f"{what} of {self.loaded.name!r}: {self._capabilities.missing}")

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
+from attnstore.protocol.features.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
+from attnstore_client.adapters.capabilities import FULL, Capabilities
 from attnstore_client.adapters.packed import PackedBatch
+from attnstore_client.adapters.steps import DecoderSteps
 from attnstore_client.models import LoadedModel
 
 _LAYOUT_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
@@ -43,6 +46,8 @@ class _LlamaLayer(Protocol):
 
     self_attn: nn.Module
     input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
 
     def __call__(self, hidden_states: torch.Tensor, **kwargs: object) -> torch.Tensor: ...
 
@@ -78,6 +83,36 @@ class LlamaAdapter(Adapter):
                 f"(missing {missing or ['apply_rotary_pos_emb']}); supported: Llama, Mistral, Qwen2"
             )
         self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotary
+        config = self.model.config
+        # Mistral's window is the config's; Qwen2 and Qwen3 set one only with use_sliding_window.
+        self._windowed = bool(getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Everything, except sharing keys and values under a sliding window: a suffix cannot run on a whole
+        prefix's keys and values when its layers see only the last ``window`` of them."""
+        if self._windowed:
+            return Capabilities(can_share_kv=False, missing="sliding-window attention: a suffix cannot run on a whole"
+                                " prefix's keys and values")
+        return FULL
+
+    def embedding_layer(self) -> EmbeddingLayer:
+        """``embed_tokens`` and layer 0's ``input_layernorm`` (an RMSNorm), as ``_embed`` runs them."""
+        rms_norm: Any = self._decoder.layers[0].input_layernorm  # transformers' RMSNorms (no common type)
+        eps = rms_norm.variance_epsilon if hasattr(rms_norm, "variance_epsilon") else rms_norm.eps
+        tokens: Any = self._decoder.embed_tokens
+        return EmbeddingLayer("llama", tokens.weight, rms_norm.weight, float(eps))
+
+    def decoder_steps(self) -> DecoderSteps:
+        """The decoder's layers in steps (``adapters.steps``), for the chunk tier's fused forward.
+
+        Raises:
+            UnsupportedModelError: a sliding window (``capabilities``).
+        """
+        if self._windowed:
+            raise UnsupportedModelError(f"the chunk tier's fused forward needs a model without a sliding window;"
+                                        f" {self.loaded.name!r} has one")
+        return _LlamaSteps(self)
 
     @property
     def _decoder(self) -> _LlamaModel:
@@ -135,3 +170,48 @@ class LlamaAdapter(Adapter):
         owner = module if hasattr(module, "sliding_window") else self.model.config
         return getattr(owner, "sliding_window", None)
 
+
+
+class _LlamaSteps(DecoderSteps):
+    """``LlamaAdapter``'s decoder in steps: RMSNorm, q/k/v projections (and the family's head norms), RoPE by the
+    modeling module's own ``apply_rotary_pos_emb``, ``o_proj``, the MLP after its norm, the final norm."""
+
+    def __init__(self, adapter: LlamaAdapter) -> None:
+        super().__init__(adapter.num_layers, adapter.num_heads, adapter.num_kv_heads, adapter.head_dim,
+                         float(_attention(adapter.attention_modules[0]).scaling))
+        self._adapter = adapter
+        self._decoder = adapter._decoder
+        self._layers = list(self._decoder.layers[: adapter.num_layers])
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._decoder.embed_tokens(ids)  # (N, hidden)
+
+    def rotations(self, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        probe = torch.zeros((1, 1), dtype=dtype, device=device)  # the tables take their dtype and device from it
+        return self._decoder.rotary_emb(probe, torch.arange(length, device=device)[None])  # (1, L, d) each
+
+    def rotate(
+        self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._adapter._rotary(query, key, cos, sin)
+
+    def queries_keys_values(
+        self, layer: int, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        block = self._layers[layer]
+        attention = _attention(block.self_attn)
+        normed = block.input_layernorm(hidden)  # (N, hidden)
+        count = normed.shape[0]
+        query = attention.q_proj(normed).view(count, self.heads, self.head_dim)  # (N, H, d)
+        key = attention.k_proj(normed).view(count, self.kv_heads, self.head_dim)  # (N, KVH, d)
+        query, key = self._adapter.norm_heads(block.self_attn, query, key)  # Qwen3's norms: the keys as stored
+        value = attention.v_proj(normed).view(count, self.kv_heads, self.head_dim)  # (N, KVH, d)
+        return query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)  # (H|KVH, N, d)
+
+    def finish_layer(self, layer: int, hidden: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        block = self._layers[layer]
+        hidden = hidden + _attention(block.self_attn).o_proj(context)  # (N, hidden)
+        return hidden + block.mlp(block.post_attention_layernorm(hidden))  # (N, hidden)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._decoder.norm(hidden)  # (N, hidden)

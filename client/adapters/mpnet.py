@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
+from attnstore.protocol.features.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
+from attnstore_client.adapters.bert import absolute_embedding_layer
 from attnstore_client.adapters.packed import PackedBatch
 from attnstore_client.models import LoadedModel
 
@@ -93,6 +95,10 @@ class MPNetAdapter(Adapter):
 
     def _embed(self, batch: Batch) -> torch.Tensor:
         return self._encoder.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
+
+    def embedding_layer(self) -> EmbeddingLayer:
+        """``embeddings`` as ``_embed`` runs it (``bert.absolute_embedding_layer``)."""
+        return absolute_embedding_layer(self._encoder.embeddings)
 
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         # The layers called one by one: no attention mask and no bias to build (each run of rows attends by itself,

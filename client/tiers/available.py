@@ -18,7 +18,6 @@ from types import MappingProxyType
 from typing import Literal, Protocol
 
 from attnstore_client.adapters import Adapter
-from attnstore_client.tiers.prefix.shared import shareable
 
 TierName = Literal["exact", "write_back", "maps", "prefix", "chunks", "packed"]
 TIER_NAMES: tuple[TierName, ...] = ("exact", "write_back", "maps", "prefix", "chunks", "packed")
@@ -135,6 +134,4 @@ def _why_no_shared_kv(adapter: Adapter) -> str | None:
         return adapter.capabilities.missing
     if not adapter.causal:
         return "a bidirectional model: a prefix's keys and values depend on what follows it"
-    if not shareable(adapter):
-        return "sliding-window attention: a suffix cannot run on a whole prefix's keys and values"
     return None

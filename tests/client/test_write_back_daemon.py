@@ -24,8 +24,8 @@ from attnstore.errors import AttnStoreError
 from attnstore.protocol import keys as protocol_keys
 from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
+from attnstore_client.adapters import adapter_for
 from attnstore_client.keys import token_hash
-from attnstore_client.projector import embedding_layer_of
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.build.namespace_layout import token_limits
 from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
@@ -90,7 +90,7 @@ def with_projector(tmp_path_factory: pytest.TempPathFactory):
     captured = capture_entries(loaded, sentences(4, seed=40, min_words=3, max_words=3))
     with process.client(ADMIN_TOKEN) as admin:
         admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
-                               layout=captured.layout, projector=embedding_layer_of(loaded.model).attach_to(
+                               layout=captured.layout, projector=adapter_for(loaded).embedding_layer().attach_to(
                                    captured.projector.to_safetensors_bytes()), limits=token_limits(loaded))
         admin.ingest("default", captured.fingerprint, captured.entries)
     yield process

@@ -22,7 +22,6 @@ from attnstore.protocol.write_back import row_to_pb
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import AttnCache
-from attnstore_client.projector import embedding_layer_of
 from attnstore_tools.build.namespace_layout import token_limits
 from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
@@ -51,7 +50,7 @@ def test_a_decoy_sent_with_the_victims_feature_lands_at_its_own_tokens_and_the_v
     assert to_victim < to_decoy
     threshold = (to_victim + to_decoy) / 2
 
-    projector = embedding_layer_of(adapter.model).attach_to(captured.projector.to_safetensors_bytes())
+    projector = adapter.embedding_layer().attach_to(captured.projector.to_safetensors_bytes())
     with daemon.client(ADMIN_TOKEN) as admin:
         admin.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
                                layout=captured.layout, projector=projector, limits=token_limits(loaded))

@@ -17,7 +17,7 @@ from attnstore.protocol.features.embedding_layer import FeatureDeriver
 from attnstore.protocol.projector_blob import has_embedding_layer, same_weights, without_embedding_layer
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.projector import Projector, ProjectorConfig, embedding_layer_of
+from attnstore_client.projector import Projector, ProjectorConfig
 from tests.support.adapters import TinyKind, pad_id, random_rows, tiny_model
 
 LENGTHS = [3, 9, 17, 1, 40]
@@ -35,7 +35,7 @@ def test_the_daemons_derived_feature_equals_the_clients_projected_one(kind: Tiny
     rows = random_rows(LENGTHS, seed=5)
     expected = projector.project(adapter.feature_source(batch_from_ids(rows, pad_id(kind))))  # (n, dim)
 
-    blob = embedding_layer_of(adapter.model).attach_to(projector.to_safetensors_bytes())
+    blob = adapter.embedding_layer().attach_to(projector.to_safetensors_bytes())
     deriver = FeatureDeriver.from_projector_blob(blob)
     assert deriver is not None
     derived = deriver.features([np.asarray(row) for row in rows])
@@ -46,7 +46,7 @@ def test_the_blob_sent_to_clients_holds_the_same_projector_without_the_layer() -
     adapter = adapter_for(tiny_model("bert"))
     projector = _projector(adapter.hidden_size)
     plain = projector.to_safetensors_bytes()
-    blob = embedding_layer_of(adapter.model).attach_to(plain)
+    blob = adapter.embedding_layer().attach_to(plain)
     sent = without_embedding_layer(blob)
     assert has_embedding_layer(blob) and not has_embedding_layer(sent) and not has_embedding_layer(plain)
     assert len(sent) < len(blob) and same_weights(blob, plain) and same_weights(sent, plain)
@@ -60,7 +60,7 @@ def test_the_blob_sent_to_clients_holds_the_same_projector_without_the_layer() -
 def test_a_row_the_layer_cannot_embed_is_refused_as_the_rows_own_error() -> None:
     adapter = adapter_for(tiny_model("bert"))
     deriver = FeatureDeriver.from_projector_blob(
-        embedding_layer_of(adapter.model).attach_to(_projector(adapter.hidden_size).to_safetensors_bytes()))
+        adapter.embedding_layer().attach_to(_projector(adapter.hidden_size).to_safetensors_bytes()))
     assert deriver is not None
     with pytest.raises(MapShapeError, match="inside the vocabulary"):
         deriver.features([np.array([5, 10_000])])

@@ -44,7 +44,7 @@ from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.connection.daemon import RemoteStore
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.projector import Projector, embedding_layer_of
+from attnstore_client.projector import Projector
 from attnstore_tools.build.calibration import CalibrationConfig
 from attnstore_tools.build.command import groups_of
 from attnstore_tools.build.fit import FitConfig, FitReport, fit_projector
@@ -270,7 +270,7 @@ def _with_embedding_layer(projector: Projector, adapter: Adapter) -> bytes:
     ``attnstore build`` (which writes the store directly) for now.
     """
     blob = projector.to_safetensors_bytes()
-    with_layer = embedding_layer_of(adapter.model).attach_to(blob)
+    with_layer = adapter.embedding_layer().attach_to(blob)
     if len(with_layer) <= _MAX_SENT_BLOB_BYTES:
         return with_layer
     log.warning("the embedding layer (%d bytes) does not fit one message: the projector is installed without it,"

@@ -43,7 +43,7 @@ from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.connection import URL_SCHEMES
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.projector import Projector, embedding_layer_of
+from attnstore_client.projector import Projector
 from attnstore_client.tiers.prefix.shared import shareable
 from attnstore_tools.build.calibration import CalibrationConfig, CalibrationReport
 from attnstore_tools.build.chunks import ChunkBuildConfig, run_chunks
@@ -190,7 +190,7 @@ def build_namespace(
             if created or config.int8 is not None:  # an existing namespace's projector is the same, with its plan
                 # With the model's embedding layer: the daemon derives written-back rows' features from it.
                 blob = projector.to_safetensors_bytes()
-                layer = embedding_layer_of(adapter.model) if config.embedding_layer else None
+                layer = adapter.embedding_layer() if config.embedding_layer else None
                 service.set_projector(config.namespace, blob if layer is None else layer.attach_to(blob))
         except BaseException:
             _undo(service, config.namespace, created, added)

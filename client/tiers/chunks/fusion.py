@@ -6,7 +6,9 @@ rotated to the positions the part takes in this prompt with the model's own
 rotary embedding (*position recovery*: rotations compose, so a key computed at
 any position and rotated here is the key a forward would hold here, up to
 what the chunk could not see when it was computed on its own). The layers are
-then run by hand, one decoder layer at a time, on the *active* tokens only:
+then run one at a time, in the steps the model's adapter gives
+(``Adapter.decoder_steps``: the module names are the adapter's), on the *active*
+tokens only:
 
 - the question, and every token of a chunk the source did not have, at every layer;
 - before ``select_layer``, every token after the instruction as well (layer 0's
@@ -29,17 +31,13 @@ active tokens at once ``(N, hidden)``, attention row by row over each row's cach
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from attnstore.errors import UnsupportedModelError
-from attnstore_client.adapters import Adapter, LlamaAdapter
+from attnstore_client.adapters import Adapter
+from attnstore_client.adapters.steps import DecoderSteps
 from attnstore_client.call.settings import ChunkSettings
 from attnstore_client.tiers.chunks.selection import select_tokens
 from attnstore_client.tiers.chunks.source import ChunkKV
@@ -73,35 +71,13 @@ class FusedRow:
         return int(self.ids.shape[0])
 
 
-class _Parts:
-    """The decoder's modules the fused forward runs by hand (Llama, Mistral without a window, Qwen2, Qwen3)."""
-
-    def __init__(self, adapter: Adapter) -> None:
-        model = adapter.model
-        config = model.config
-        window = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-        if not isinstance(adapter, LlamaAdapter) or window:
-            raise UnsupportedModelError(f"the chunk tier needs a Llama-like causal model without a sliding window; "
-                                        f"{adapter.loaded.name!r} is not one")
-        self.adapter = adapter  # its query and key norms (Qwen3's), before RoPE
-        self.embed: nn.Module = cast(nn.Module, model.embed_tokens)
-        self.layers: Sequence[Any] = cast("Sequence[Any]", model.layers)[: adapter.num_layers]
-        self.rotary_emb: nn.Module = cast(nn.Module, model.rotary_emb)
-        self.norm: nn.Module = cast(nn.Module, model.norm)
-        attention = self.layers[0].self_attn
-        self.rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = importlib.import_module(
-            type(attention).__module__).apply_rotary_pos_emb
-        self.heads, self.kv_heads, self.head_dim = adapter.num_heads, adapter.num_kv_heads, adapter.head_dim
-        self.scaling = float(attention.scaling)
-
-
 class _RowCache:
     """One row's fused keys (rotated) and values at every layer: stored parts in place, computed tokens written in."""
 
-    def __init__(self, row: FusedRow, parts: _Parts, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> None:
-        layers, length = len(parts.layers), row.length
-        device = row.ids.device
-        keys = torch.zeros((layers, parts.kv_heads, length, parts.head_dim), dtype=dtype, device=device)
+    def __init__(self, row: FusedRow, steps: DecoderSteps, cos: torch.Tensor, sin: torch.Tensor,
+                 dtype: torch.dtype) -> None:
+        length, device = row.length, row.ids.device
+        keys = torch.zeros((steps.layers, steps.kv_heads, length, steps.head_dim), dtype=dtype, device=device)
         values = torch.zeros_like(keys)  # (layers, KVH, L, d)
         self.stored = torch.zeros(length, dtype=torch.bool, device=device)  # (L,)
         for start, chunk in row.parts:
@@ -109,7 +85,7 @@ class _RowCache:
             keys[:, :, start:end] = chunk.keys.to(device=device, dtype=dtype)
             values[:, :, start:end] = chunk.values.to(device=device, dtype=dtype)
             self.stored[start:end] = True
-        _, self.keys = parts.rotate(keys, keys, cos, sin)  # (layers, KVH, L, d): rotated to this row's positions
+        _, self.keys = steps.rotate(keys, keys, cos, sin)  # (layers, KVH, L, d): rotated to this row's positions
         self.values = values
 
 
@@ -119,41 +95,33 @@ def fused_forward(
     """The last hidden states of every row's question ``(question, hidden)``, the rest fused from stored parts.
 
     Args:
-        adapter: a Llama-like causal model's adapter.
+        adapter: a causal model's adapter that runs it in steps (``Adapter.decoder_steps``).
         rows: the prompts, each with its stored parts placed.
         settings: method, ratio and selection layer.
         capture: keep every layer's fresh keys (before RoPE) and values of the ``always`` tokens in
             ``FusedRow.captured`` (what a chunk computed on its own stores).
 
     Raises:
-        UnsupportedModelError: not a Llama-like model without a sliding window.
+        UnsupportedModelError: the adapter gives no steps (a bidirectional model, a sliding window, no adapter).
     """
-    parts = _Parts(adapter)
+    steps = adapter.decoder_steps()
     device = rows[0].ids.device
     dtype = next(adapter.model.parameters()).dtype
     with torch.inference_mode():
         longest = max(row.length for row in rows)
-        probe = torch.zeros((1, 1), dtype=dtype, device=device)
-        cos_all, sin_all = parts.rotary_emb(probe, torch.arange(longest, device=device)[None])  # (1, Lmax, d) each
-        caches = [_RowCache(row, parts, cos_all[:, : row.length], sin_all[:, : row.length], dtype) for row in rows]
+        cos_all, sin_all = steps.rotations(longest, dtype, device)  # (1, Lmax, d) each
+        caches = [_RowCache(row, steps, cos_all[:, : row.length], sin_all[:, : row.length], dtype) for row in rows]
         selecting = settings.method != "full_reuse" and settings.ratio < 1.0
         for row in rows:
             row.candidates = int((~row.always[row.prefix :]).sum())  # the stored chunk tokens
             row.chosen = 0 if settings.method == "full_reuse" else row.candidates  # until a selection says
         active = [_first_active(row, settings.method != "full_reuse") for row in rows]
-        hidden = parts.embed(torch.cat([row.ids[index] for row, index in zip(rows, active, strict=True)]))  # (N, h)
-        for layer, block in enumerate(parts.layers):
+        hidden = steps.embed(torch.cat([row.ids[index] for row, index in zip(rows, active, strict=True)]))  # (N, h)
+        for layer in range(steps.layers):
             positions = torch.cat(active)  # (N,)
             cos, sin = cos_all[0, positions][None], sin_all[0, positions][None]  # (1, N, d) each
-            normed = block.input_layernorm(hidden)  # (N, hidden)
-            attention = block.self_attn
-            count = normed.shape[0]
-            query = attention.q_proj(normed).view(count, parts.heads, parts.head_dim)  # (N, H, d)
-            key = attention.k_proj(normed).view(count, parts.kv_heads, parts.head_dim)  # (N, KVH, d)
-            query, key = parts.adapter.norm_heads(attention, query, key)  # Qwen3's norms: the keys as stored
-            query, key = query.transpose(0, 1), key.transpose(0, 1)  # (H, N, d), (KVH, N, d)
-            value = attention.v_proj(normed).view(count, parts.kv_heads, parts.head_dim).transpose(0, 1)  # (KVH, N, d)
-            rotated_q, rotated_k = parts.rotate(query[None], key[None], cos, sin)  # (1, H, N, d), (1, KVH, N, d)
+            query, key, value = steps.queries_keys_values(layer, hidden)  # (H, N, d), (KVH, N, d) x2: keys as stored
+            rotated_q, rotated_k = steps.rotate(query[None], key[None], cos, sin)  # (1, H, N, d), (1, KVH, N, d)
             splits = [int(index.shape[0]) for index in active]
             queries = list(rotated_q[0].split(splits, dim=1))  # per row (H, n, d)
             keeps: list[torch.Tensor] = []
@@ -168,22 +136,21 @@ def fused_forward(
                 cache.values[layer][:, index[fresh]] = v_row[:, fresh]
                 if selecting and layer == settings.select_layer:
                     always = row.always[index]  # (n,)
-                    keep = select_tokens(settings, always, row.question, index, queries[r], cache.keys[layer], v_row,
-                                         stored_values, parts.scaling)  # (n,) bool, in order
+                    keep = select_tokens(settings, steps, always, row.question, index, queries[r], cache.keys[layer],
+                                         v_row, stored_values)  # (n,) bool, in order
                     row.chosen = int(keep.sum() - always.sum())
                     active[r], queries[r] = index[keep], queries[r][:, keep]
                     keeps.append(keep)
             if keeps:
                 hidden = hidden[torch.cat(keeps)]  # (N', hidden): the chosen tokens and those computed always
             context = torch.cat([
-                _attend(queries[r], cache.keys[layer], cache.values[layer], active[r], parts.scaling)
+                steps.attend(queries[r], cache.keys[layer], cache.values[layer], active[r])
                 for r, cache in enumerate(caches)
             ])  # (N', H*d)
             for row, index in zip(rows, active, strict=True):
                 row.computed += int(index.shape[0])
-            hidden = hidden + attention.o_proj(context)  # (N', hidden)
-            hidden = hidden + block.mlp(block.post_attention_layernorm(hidden))  # (N', hidden)
-        out = parts.norm(hidden)  # (N', hidden)
+            hidden = steps.finish_layer(layer, hidden, context)  # (N', hidden)
+        out = steps.final_norm(hidden)  # (N', hidden)
     states = out.split([int(index.shape[0]) for index in active])
     return [state[-row.question :] for row, state in zip(rows, states, strict=True)]
 
@@ -194,14 +161,3 @@ def _first_active(row: FusedRow, everything: bool) -> torch.Tensor:
     if everything:
         return positions[row.prefix :]
     return positions[row.always]
-
-
-def _attend(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """Attention of a row's active queries ``(H, n, d)`` over its whole fused cache ``(KVH, L, d)``, causal by
-    true positions; ``(n, H*d)``."""
-    allowed = torch.arange(keys.shape[1], device=keys.device)[None, :] <= positions[:, None]  # (n, L)
-    out = F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=allowed,
-                                         scale=scaling, enable_gqa=True)  # (1, H, n, d)
-    return out[0].transpose(0, 1).reshape(query.shape[1], -1)  # (n, H*d)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from attnstore_client.adapters.steps import DecoderSteps
 from attnstore_client.call.settings import ChunkSettings
 
 
@@ -23,20 +24,20 @@ def chosen_count(ratio: float, candidates: int) -> int:
 
 
 def select_tokens(
-    settings: ChunkSettings, always: torch.Tensor, question: int, index: torch.Tensor, query: torch.Tensor,
-    keys: torch.Tensor, fresh_values: torch.Tensor, stored_values: torch.Tensor, scaling: float,
+    settings: ChunkSettings, steps: DecoderSteps, always: torch.Tensor, question: int, index: torch.Tensor,
+    query: torch.Tensor, keys: torch.Tensor, fresh_values: torch.Tensor, stored_values: torch.Tensor,
 ) -> torch.Tensor:
     """Which of a row's active tokens stay active past the selection layer.
 
     Args:
         settings: the method and the ratio.
+        steps: the model's forward in steps (its attention: ``DecoderSteps.attention_weights``).
         always: ``(n,)`` bool: the active tokens computed at every layer (never candidates).
         question: tokens of the question, the row's last active ones.
         index: positions of the row's active tokens ``(n,)``, in order.
         query: their rotated queries ``(H, n, d)``.
         keys: the row's fused keys at this layer, rotated ``(KVH, L, d)``.
         fresh_values, stored_values: their values computed here and as stored ``(KVH, n, d)``.
-        scaling: the attention's scale.
 
     Returns:
         ``(n,)`` bool: the tokens computed always, and the chosen share of the others.
@@ -47,20 +48,11 @@ def select_tokens(
     if count == 0:
         return keep
     if settings.method == "a3":
-        scores = _question_attention(query[:, -question:], keys, index[-question:], scaling)[index]  # (n,)
+        # The attention the question's queries pay every key, summed over heads and question tokens.
+        weights = steps.attention_weights(query[:, -question:], keys, index[-question:])  # (H, q, L)
+        scores = weights.sum(dim=(0, 1))[index]  # (n,)
     else:
         scores = (fresh_values - stored_values).float().pow(2).sum(dim=(0, 2))  # (n,)
     best = scores[candidates].topk(count).indices  # (count,)
     keep[candidates[best]] = True
     return keep
-
-
-def _question_attention(query: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, scaling: float
-                        ) -> torch.Tensor:
-    """The attention the question's queries ``(H, q, d)`` pay every key ``(KVH, L, d)``, summed: ``(L,)``."""
-    heads, kv_heads = query.shape[0], keys.shape[0]
-    expanded = keys.repeat_interleave(heads // kv_heads, dim=0)  # (H, L, d)
-    scores = torch.matmul(query, expanded.transpose(1, 2)).float() * scaling  # (H, q, L)
-    allowed = torch.arange(keys.shape[1], device=keys.device)[None, :] <= positions[:, None]  # (q, L)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1).sum(dim=(0, 1))  # (L,)

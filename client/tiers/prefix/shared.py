@@ -53,11 +53,9 @@ class ComputedPrefix:
 
 
 def shareable(adapter: Adapter) -> bool:
-    """Whether ``adapter``'s model can run a suffix on a prefix's keys and values: causal, no sliding window, and an
-    adapter that can (``Capabilities.can_share_kv``)."""
-    config = adapter.model.config
-    window = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-    return adapter.capabilities.can_share_kv and bool(adapter.causal) and not window
+    """Whether ``adapter``'s model can run a suffix on a prefix's keys and values: a causal model whose adapter can
+    (``Capabilities.can_share_kv``, off under a sliding window)."""
+    return adapter.capabilities.can_share_kv and bool(adapter.causal)
 
 
 def shared_groups(rows: Sequence[Row], min_tokens: int) -> list[SharedGroup]:

@@ -16,7 +16,6 @@ from attnstore_client.adapters import BertAdapter, DistilBertAdapter, MPNetAdapt
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.adapters.packed import pack
 from attnstore_client.models import SUPPORTED_MODEL_TYPES, load_model
-from attnstore_client.projector import embedding_layer_of
 from tests.support.adapters import max_diff, pad_id, random_rows, save_tiny_family, tiny_model
 
 TOL = 1e-4
@@ -86,7 +85,7 @@ def test_every_supported_model_type_has_its_adapter_and_a_folder_of_it_loads_wit
         assert max_diff(replayed[row, :length], baseline[row, :length]) <= TOL
         assert max_diff(packed.row(out, row), baseline[row, :length]) <= TOL
     # The projector's embedding stage (what a daemon derives written-back rows' features with) is the adapter's.
-    layer = embedding_layer_of(adapter.model)
+    layer = adapter.embedding_layer()
     for row, features in enumerate(adapter.feature_source(batch)):
         assert max_diff(layer.feature_source(rows[row]), features) <= 1e-5
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attnstore_client.adapters.replay as replay_module
+from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters import LlamaAdapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids, tokenize
 from tests.support.adapters import max_diff, random_rows, tiny_model
@@ -24,12 +25,6 @@ def rows() -> list[list[int]]:
     return random_rows(LENGTHS)
 
 
-
-
-
-
-
-
 def test_mistral_capture_honours_sliding_window():
     adapter = adapter_for(tiny_model("mistral"))
     maps = adapter.capture(batch_from_ids(random_rows([11]), pad_id=0)).maps[0]  # (layers, H, 11, 11)
@@ -38,10 +33,28 @@ def test_mistral_capture_honours_sliding_window():
     assert maps[..., key == query - 5].min() > 0
 
 
+def test_a_sliding_window_shares_no_keys_and_values_and_says_why():
+    adapter = adapter_for(tiny_model("mistral"))
+    assert not adapter.capabilities.can_share_kv and "sliding-window" in adapter.capabilities.missing
+    with pytest.raises(UnsupportedModelError, match="sliding window"):
+        adapter.decoder_steps()  # the chunk tier's fused forward
 
 
-
-
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_decoder_steps_run_a_row_as_its_forward_does(kind, rows):
+    adapter = adapter_for(tiny_model(kind))
+    steps = adapter.decoder_steps()
+    ids = torch.tensor(rows[0])  # (L,)
+    positions = torch.arange(len(ids))  # (L,)
+    with torch.no_grad():
+        cos, sin = steps.rotations(len(ids), torch.float32, ids.device)  # (1, L, d) each
+        hidden = steps.embed(ids)  # (L, hidden)
+        for layer in range(steps.layers):
+            query, key, value = steps.queries_keys_values(layer, hidden)  # (H|KVH, L, d)
+            query, key = steps.rotate(query[None], key[None], cos, sin)
+            hidden = steps.finish_layer(layer, hidden, steps.attend(query[0], key[0], value, positions))
+        out = steps.final_norm(hidden)  # (L, hidden)
+    assert max_diff(out, adapter.forward(batch_from_ids(rows[:1], pad_id=0))[0]) <= TOL
 
 
 def test_causal_crop_of_longer_prefix_maps_reproduces_shorter_input(adapter, rows):
@@ -62,10 +75,6 @@ def test_row_blocked_causal_path_equals_baseline(adapter, rows, monkeypatch):
     for row in (0, 1):
         length = batch.lengths[row]
         assert max_diff(replayed[row, :length], baseline[row, :length]) <= TOL
-
-
-
-
 
 
 def test_eager_baseline_model_replays_too(rows):

@@ -19,7 +19,6 @@ from attnstore_client.adapters import LlamaAdapter, Qwen3Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.adapters.packed import pack
 from attnstore_client.models import LoadedModel, load_model
-from attnstore_client.projector import embedding_layer_of
 from attnstore_client.tiers.prefix.shared import shareable
 from tests.support.adapters import VOCAB, max_diff, random_rows, save_tiny_family, tiny_model
 
@@ -110,6 +109,6 @@ def test_a_folder_of_it_loads_with_every_capability_and_left_padding(tmp_path: P
     for row, length in enumerate(batch.lengths):
         assert max_diff(replayed[row, :length], baseline[row, :length]) <= TOL
         assert max_diff(packed.row(out, row), baseline[row, :length]) <= TOL
-    layer = embedding_layer_of(adapter.model)  # the projector's embedding stage is the adapter's feature source
+    layer = adapter.embedding_layer()  # the projector's embedding stage is the adapter's feature source
     for row, features in enumerate(adapter.feature_source(batch)):
         assert max_diff(layer.feature_source(rows[row]), features) <= 1e-5

@@ -26,7 +26,7 @@ def adapter():
 
 @pytest.fixture(params=["llama", "qwen3"], scope="module")
 def decoder(request):
-    """Each Llama-like layout the fused forward runs by hand: Qwen3's query and key norms come before RoPE."""
+    """Each Llama-like layout the fused forward runs in steps: Qwen3's query and key norms come before RoPE."""
     return adapter_for(tiny_model(request.param))
 
 
@@ -125,16 +125,17 @@ def test_the_ratio_of_chunk_tokens_computed_again_is_respected(adapter, method, 
 
 
 @pytest.mark.parametrize("method", ["a3", "cacheblend"])
-def test_selection_never_skips_the_question_and_picks_the_top_scores(method):
+def test_selection_never_skips_the_question_and_picks_the_top_scores(adapter, method):
     torch.manual_seed(0)
-    heads, kv_heads, n, d = 4, 2, 12, 8
+    steps = adapter.decoder_steps()  # the model's attention scores the question's (a3)
+    heads, kv_heads, n, d = steps.heads, steps.kv_heads, 12, steps.head_dim
     index = torch.arange(5, 5 + n)  # after an instruction of 5
     always = torch.zeros(n, dtype=torch.bool)
     always[-3:] = True  # the question
     always[2] = True  # a missing chunk's token
     query, keys = torch.randn(heads, n, d), torch.randn(kv_heads, 5 + n, d)
     fresh, stored = torch.randn(kv_heads, n, d), torch.randn(kv_heads, n, d)
-    keep = select_tokens(ChunkSettings(method=method, ratio=0.25), always, 3, index, query, keys, fresh, stored, 0.3)
+    keep = select_tokens(ChunkSettings(method=method, ratio=0.25), steps, always, 3, index, query, keys, fresh, stored)
     assert keep[always].all() and int(keep.sum()) == int(always.sum()) + chosen_count(0.25, 8)
     if method == "cacheblend":
         deviation = (fresh - stored).pow(2).sum(dim=(0, 2))
