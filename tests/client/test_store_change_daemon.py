@@ -21,7 +21,8 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 from attnstore_tools.build.namespace_layout import token_limits
 from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from tests.support.redis_servers import RedisServer, unique_prefix, wait_until
+from tests.support.redis_servers import RedisServer, unique_prefix
+from tests.support.wait import wait_until
 
 
 def _cosines(loaded, texts: list[str], embeddings: np.ndarray) -> list[float]:
@@ -52,7 +53,7 @@ def test_a_namespace_replaced_without_a_projector_under_a_running_client_compute
                 with redis.client() as raw:
                     raw.flushall()
                 wait_until(lambda: create_exact_namespace(admin, loaded, "default").projector == b"", 60.0,
-                           what="the namespace made again, without a projector")
+                           what="the namespace made again, without a projector", poll=0.1)
 
                 embeddings = cache.encode(queries)
                 assert min(_cosines(loaded, queries, embeddings)) >= 0.9999

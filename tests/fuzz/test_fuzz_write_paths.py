@@ -31,7 +31,7 @@ from attnstore_tools.build.namespace_layout import exact_tier_layout, kv_layouts
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.prefixes import prefix_rows
-from tests.support.redis_servers import wait_until
+from tests.support.wait import wait_until
 
 TOLERANCE = 1e-4  # fp32 prefix keys and values, chunks recomputed in full
 EXACT_COSINE = 0.9999  # exact hits: stored outputs are fp16
@@ -86,14 +86,14 @@ def nodes(daemon: DaemonProcess, llama: LoadedModel) -> Iterator[dict[str, AttnC
     with connect(url, token=READ_TOKEN) as connection:  # they land off the calls' path
         wait_until(lambda: connection.match_prefix("default", fingerprint, DEFAULT_BLOCK_SIZE, chains,
                                                    timeout=10) == [2] * 3,
-                   60, "the prefixes both writers computed stored")
+                   60, "the prefixes both writers computed stored", poll=0.1)
 
     def every_chunk_stored() -> bool:  # a new reader computes no chunk
         with AttnCache(llama, url, token=READ_TOKEN, exact=False, chunks=EVERY_CHUNK_TOKEN) as fresh:
             fresh.score_choices(every_chunk, choices=("w10", "w11"))
             return fresh.last_stats.chunks_captured == 0
 
-    wait_until(every_chunk_stored, 60, "the chunks both writers computed stored")
+    wait_until(every_chunk_stored, 60, "the chunks both writers computed stored", poll=0.1)
     yield opened
     for cache in opened.values():
         cache.close()
@@ -189,7 +189,7 @@ def test_a_prefix_both_writers_computed_is_stored_once_and_serves_the_reader_exa
     with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as connection:  # it lands off the calls' path
         wait_until(lambda: connection.match_prefix("default", fingerprint, DEFAULT_BLOCK_SIZE,
                                                    [chain_hashes(shared, DEFAULT_BLOCK_SIZE)], timeout=10) == [2],
-                   30, "the prefix both writers computed stored")
+                   30, "the prefix both writers computed stored", poll=0.1)
     reader = nodes["reader"]
     reader.exact, reader.prefix = False, True
     rows = prefix_rows([2, 4], seed=9, prefix=shared)

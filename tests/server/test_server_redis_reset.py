@@ -20,9 +20,10 @@ from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.daemon import RemoteStore
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
-from tests.support.redis_servers import RedisServer, unique_prefix, wait_until
+from tests.support.redis_servers import RedisServer, unique_prefix
 from tests.support.server_fixtures import FP, LAYOUT, LIMITS
 from tests.support.stores import make_entry
+from tests.support.wait import wait_until
 
 LENGTH = 8
 
@@ -59,7 +60,8 @@ def test_redis_restarted_empty_and_refilled_serves_the_new_entries_not_the_daemo
             wait_until(lambda: reader.stats().dram_entries >= 1, 30.0, what="entry 1 in the DRAM cache")
             redis.kill()
             redis.restart()
-            wait_until(lambda: _fill(admin, [10, 11, 12, 13]) == old, 30.0, what="the new corpus under the same ids")
+            wait_until(lambda: _fill(admin, [10, 11, 12, 13]) == old, 30.0, what="the new corpus under the same ids",
+                       poll=0.1)  # each check ingests
             wait_until(lambda: _map_hits(reader, [10, 11, 12, 13]) == old, 30.0, what="the new entries searchable")
             assert _map_hits(reader, [0, 1, 2, 3]) == [None] * 4  # nothing of the old index is left
             (maps,) = reader.fetch("ns", FP, [old[0]])

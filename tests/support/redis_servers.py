@@ -14,16 +14,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from attnstore.errors import AttnStoreError
+from tests.support.wait import wait_until
 
 _START_SECONDS = 20.0
 _POLL = 0.05
@@ -34,20 +33,6 @@ def require_redis() -> None:
     missing = [name for name in ("redis-server", "redis-cli") if shutil.which(name) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed (scripts/install.sh installs Debian's redis-server)")
-
-
-def wait_until(check: Callable[[], object], seconds: float, what: str = "") -> None:
-    """Wait until ``check()`` is true, for at most ``seconds``; an ``AttnStoreError`` it raises counts as not yet
-    (Redis coming back, a daemon noticing a flushed store or catching up)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if check():
-                return
-        except AttnStoreError:
-            pass
-        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
-        time.sleep(0.1)
 
 
 def _port_free(port: int) -> bool:
@@ -131,18 +116,20 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _START_SECONDS
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.log()}")
             try:
                 with self.client() as client:
-                    client.ping()
-                return
+                    return bool(client.ping())
             except redis.ConnectionError:
-                time.sleep(_POLL)
-        self.kill()
-        raise RuntimeError(f"redis-server on port {self.port} did not answer within {_START_SECONDS:g} s")
+                return False
+
+        try:
+            wait_until(answers, _START_SECONDS, f"redis-server on port {self.port} answering PING", poll=_POLL)
+        except AssertionError:
+            self.kill()
+            raise
 
     def log(self) -> str:
         """Its log so far."""
@@ -198,12 +185,8 @@ class RedisClusterServers:
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Wait until every running node reports ``cluster_state:ok`` and every replica is in sync with its master."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(self._ok(server) and self._synced(server) for server in self.live()):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"the cluster did not reach cluster_state:ok within {timeout:g} s")
+        wait_until(lambda: all(self._ok(server) and self._synced(server) for server in self.live()), timeout,
+                   "every cluster node at cluster_state:ok and every replica in sync", poll=0.1)
 
     @staticmethod
     def _ok(server: RedisServer) -> bool:
