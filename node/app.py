@@ -174,7 +174,8 @@ def _embedding_work(state: NodeState, parse: Parse, answer: Answer) -> Work:
     async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
         parsed = parse(body, state.limits, model)
         embedded = await _until_disconnect(request, state.embedder.embed(
-            parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens))
+            parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens,
+            prompt_name=parsed.prompt_name))
         if embedded is None:
             return None
         return answer(embedded, parsed, model), len(parsed.inputs)

@@ -104,13 +104,15 @@ class Batcher(Embedder):
         if self._thread is not None:
             self._thread.join()
 
-    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                    prompt_name: str | None = None) -> Embedded:
         """See :meth:`Embedder.embed`: tokenized and held to its limits first, then queued."""
         model = self._model
         if model is None or self._unavailable():
             raise _unavailable()
         try:
-            request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens)
+            request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens,
+                                                   prompt_name=prompt_name)
         except RuntimeError:  # the tokenizer's thread was shut down: the node stops
             raise _unavailable() from None
         return await self._queued(request)

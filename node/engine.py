@@ -53,9 +53,11 @@ class Embedder(ABC):
         """Finish what was submitted, then release the model and the store; blocks until done."""
 
     @abstractmethod
-    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                    prompt_name: str | None = None) -> Embedded:
         """The vectors of ``inputs``; an input past ``max_input_tokens`` (or the model's limit) is cut when
-        ``truncate``, else refused.
+        ``truncate``, else refused. Texts are encoded after the model's prompt ``prompt_name`` (one of
+        ``ModelInfo.prompts``, which the route checked; None: the model's default prompt, if any).
 
         Raises:
             ApiError: 400 for an input past the limit (``truncate`` false); 500 when preparing or computing this

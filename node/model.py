@@ -52,7 +52,7 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
         tiers = cache.tiers
         info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length), decoder=decoder,
                          chunks=decoder and cache.chunks is not None, tiers=tiers.present,
-                         absent_tiers=tuple(tiers.absent.items()))
+                         absent_tiers=tuple(tiers.absent.items()), prompts=tuple(sorted(cache.head.prompts)))
     except BaseException:
         with contextlib.suppress(Exception):
             cache.close()

@@ -5,10 +5,14 @@
   served model; ``encoding_format`` is ``float`` (the default) or ``base64`` (little-endian
   float32, what the ``openai`` package asks for unless told otherwise);
   ``dimensions`` keeps the first that many dimensions (sentence-transformers'
-  ``truncate_dim``); ``usage`` counts the tokens of every input.
+  ``truncate_dim``); ``usage`` counts the tokens of every input. Our extension:
+  ``prompt_name``, as on ``/embed``.
 - ``POST /embed``: text-embeddings-inference's. ``inputs`` as above, ``normalize``
   (default true), ``truncate`` (default false: an input longer than the model's
-  limit is refused rather than cut), ``dimensions``; the answer is a list of vectors.
+  limit is refused rather than cut), ``dimensions``, ``prompt_name`` (one of the
+  model's sentence-transformers prompts, put before every text as
+  ``SentenceTransformer.encode(prompt_name=...)`` does; absent: the model's default
+  prompt, if its config names one); the answer is a list of vectors.
 
 Texts are tokenized as ``SentenceTransformer.encode`` tokenizes them (its
 truncation included, for ``/v1/embeddings``); token ids are the model's input as
@@ -28,8 +32,8 @@ from attnstore_node.errors import ApiError, bad_request
 
 Input = str | tuple[int, ...]
 EncodingFormat = Literal["float", "base64"]
-_OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
-_TEI_FIELDS = frozenset({"inputs", "normalize", "truncate", "dimensions"})
+_OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user", "prompt_name"})
+_TEI_FIELDS = frozenset({"inputs", "normalize", "truncate", "dimensions", "prompt_name"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ class ModelInfo:
     chunks: bool = False  # its cache runs the chunk tier (``--chunks``): scoring requests may give ``segments``
     tiers: tuple[str, ...] = ()  # the tiers its cache has (``AttnCache.tiers``), shown by ``/v1/models``
     absent_tiers: tuple[tuple[str, str], ...] = ()  # and the ones it lacks, each with why
+    prompts: tuple[str, ...] = ()  # the names of its sentence-transformers prompts (a request's ``prompt_name``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,7 @@ class EmbedRequest:
     dimensions: int | None = None  # keep the first this many dimensions
     normalize: bool = False  # scale every vector to unit length
     truncate: bool = True  # cut an input past the token limit (else refuse the request)
+    prompt_name: str | None = None  # the model's prompt put before every text (None: its default, if any)
 
 
 def parse_openai(body: Any, limits: RequestLimits, model: ModelInfo) -> EmbedRequest:
@@ -102,7 +108,7 @@ def parse_openai(body: Any, limits: RequestLimits, model: ModelInfo) -> EmbedReq
                           "invalid_encoding_format", "encoding_format")
     return EmbedRequest(
         inputs=_inputs(fields["input"], "input", limits, model), encoding_format=encoding,
-        dimensions=_dimensions(fields.get("dimensions"), model),
+        dimensions=_dimensions(fields.get("dimensions"), model), prompt_name=_prompt_name(fields, model),
     )
 
 
@@ -120,6 +126,7 @@ def parse_tei(body: Any, limits: RequestLimits, model: ModelInfo) -> EmbedReques
         inputs=_inputs(fields["inputs"], "inputs", limits, model),
         dimensions=_dimensions(fields.get("dimensions"), model),
         normalize=_flag(fields, "normalize", True), truncate=_flag(fields, "truncate", False),
+        prompt_name=_prompt_name(fields, model),
     )
 
 
@@ -167,6 +174,17 @@ def _flag(fields: dict[str, Any], name: str, default: bool) -> bool:
     value = fields.get(name, default)
     if not isinstance(value, bool):
         raise bad_request(f"'{name}' must be true or false, got {value!r}", "invalid_parameter", name)
+    return value
+
+
+def _prompt_name(fields: dict[str, Any], model: ModelInfo) -> str | None:
+    value = fields.get("prompt_name")
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in model.prompts:
+        known = ", ".join(repr(name) for name in model.prompts) or "none"
+        raise bad_request(f"'prompt_name' must name one of the model's prompts ({known}), got {value!r}",
+                          "invalid_prompt_name", "prompt_name")
     return value
 
 

@@ -58,14 +58,16 @@ class RequestTokenizer:
         self._cache = cache
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-node-tokenizer")
 
-    async def submit(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> TokenizedRequest:
+    async def submit(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                     prompt_name: str | None = None) -> TokenizedRequest:
         """``inputs`` tokenized on the worker thread (see :meth:`tokenize`).
 
         Raises:
             ApiError: 400 for an input past the limit (``truncate`` false), 500 when tokenizing fails otherwise.
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker, self._tokenize_or_500, inputs, truncate, max_input_tokens)
+        return await loop.run_in_executor(self._worker, self._or_500, self.tokenize, inputs, truncate,
+                                          max_input_tokens, prompt_name)
 
     async def submit_scoring(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,
                              max_input_tokens: int) -> TokenizedRequest:
@@ -81,16 +83,6 @@ class RequestTokenizer:
     def close(self) -> None:
         """Stop the worker thread once what was submitted is done."""
         self._worker.shutdown(wait=True)
-
-    def _tokenize_or_500(self, inputs: Sequence[Input], truncate: bool, max_input_tokens: int) -> TokenizedRequest:
-        try:
-            return self.tokenize(inputs, truncate=truncate, max_input_tokens=max_input_tokens)
-        except ApiError:
-            raise
-        except Exception:
-            log.exception("event=tokenize_failed inputs=%d", len(inputs))
-            raise ApiError(500, "the node failed to tokenize this request", "internal_error",
-                           type="server_error") from None
 
     def _or_500(self, tokenize: Callable[..., TokenizedRequest], *args: Any) -> TokenizedRequest:
         try:
@@ -140,16 +132,19 @@ class RequestTokenizer:
         return TokenizedRequest(tuple(rows), (0,) * len(rows), sum(len(row) for row in rows), ids, softmax,
                                 tuple(segments) if segmented else ())
 
-    def tokenize(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> TokenizedRequest:
-        """The request's token rows: texts tokenized together, token ids as given, each held to the limit
-        (``max_input_tokens``, the model's own first).
+    def tokenize(self, inputs: Sequence[Input], truncate: bool, max_input_tokens: int,
+                 prompt_name: str | None = None) -> TokenizedRequest:
+        """The request's token rows: texts tokenized together, after the prompt ``prompt_name`` names (None: the
+        model's default prompt, if any) as ``SentenceTransformer.encode`` does, token ids as given; each held to the
+        limit (``max_input_tokens``, the model's own first).
 
         Raises:
             ApiError: 400 ``context_length_exceeded`` for the first input past the limit, ``truncate`` false.
         """
         head = self._cache.head
         texts = [item for item in inputs if isinstance(item, str)]
-        tokenized, prompt_length = head.tokenize(texts, head.resolve_prompt(None, None)) if texts else ([], 0)
+        prompt = head.resolve_prompt(None, prompt_name)  # the route checked the name (``ModelInfo.prompts``)
+        tokenized, prompt_length = head.tokenize(texts, prompt) if texts else ([], 0)
         next_text = iter(tokenized)  # this request's own texts only
         rows: list[tuple[int, ...]] = []
         prompts: list[int] = []

@@ -41,7 +41,8 @@ class _Ones(Embedder):
     def stop(self) -> None:
         pass
 
-    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                    prompt_name: str | None = None) -> Embedded:
         self.calls += 1
         await asyncio.sleep(0)
         return Embedded(np.ones((len(inputs), 4), np.float32), tokens=3 * len(inputs))

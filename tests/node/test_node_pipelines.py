@@ -43,3 +43,34 @@ def test_a_left_padding_pipeline_s_rows_equal_sentence_transformers_through_the_
         assert _cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
     finally:
         assert node.stop() == 0, node.log()
+
+
+def test_a_requests_prompt_name_puts_the_models_prompt_before_every_text_as_encode_does(tmp_path) -> None:
+    # e5's shape: named prompts left out of the pooling; one of them the default.
+    folder = save_tiny_family("bert", tmp_path / "model", pooling="mean")
+    configured = SentenceTransformer(str(folder), device="cpu")
+    configured.prompts = {"query": "query: ", "passage": "passage: "}
+    configured.default_prompt_name = "passage"
+    configured[1].include_prompt = False
+    configured.save(str(folder))
+    reference = SentenceTransformer(str(folder), device="cpu")
+    assert reference[1].include_prompt is False and reference.default_prompt_name == "passage"
+    node = NodeProcess(str(folder), tiny_store(tmp_path / "store", load_model(str(folder))), tmp_path, keys=True,
+                       args=("--no-warmup",)).start()
+    try:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        name = httpx.get(f"{node.url}/v1/models", headers=headers).raise_for_status().json()["data"][0]["id"]
+        for body, prompt_name in (({"inputs": TEXTS, "prompt_name": "query"}, "query"), ({"inputs": TEXTS}, None)):
+            answer = httpx.post(f"{node.url}/embed", json=body, headers=headers, timeout=60).raise_for_status()
+            expected = reference.encode(TEXTS, prompt_name=prompt_name)  # None: the default prompt, "passage: "
+            assert np.abs(np.array(answer.json(), np.float32) - expected).max() <= 1e-4
+        query = reference.encode(TEXTS, prompt_name="query")
+        assert np.abs(query - reference.encode(TEXTS)).max() > 1e-3  # the prompts give other vectors
+        answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": name, "prompt_name": "query"},
+                            headers=headers, timeout=60).raise_for_status().json()
+        vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
+        assert np.abs(vectors - query).max() <= 1e-4
+        refused = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS, "prompt_name": "title"}, headers=headers)
+        assert refused.status_code == 400 and "'passage', 'query'" in refused.text and "'title'" in refused.text
+    finally:
+        assert node.stop() == 0, node.log()

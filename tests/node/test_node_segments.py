@@ -106,7 +106,8 @@ class _Scorer(Embedder):
     def stop(self) -> None:
         pass
 
-    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                    prompt_name: str | None = None) -> Embedded:
         raise AssertionError("no embedding route is called here")
 
     async def score(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,

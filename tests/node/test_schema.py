@@ -71,3 +71,16 @@ def test_tei_normalises_by_default_and_refuses_rather_than_truncates() -> None:
     np.testing.assert_allclose(vectors, [[0.6, 0.8, 0, 0], [0, 0, 0, 1.0]])
     with pytest.raises(ApiError, match="'normalize' must be true or false"):
         parse_tei({"inputs": "a", "normalize": "yes"}, LIMITS, MODEL)
+
+
+@pytest.mark.parametrize("parse", [parse_tei, parse_openai])
+def test_a_prompt_name_must_name_one_of_the_models_prompts(parse) -> None:
+    model = ModelInfo("m", dimension=4, vocab_size=100, max_length=16, prompts=("passage", "query"))
+    body = {"inputs": ["a"]} if parse is parse_tei else {"input": ["a"], "model": "m"}
+    assert parse(body, LIMITS, model).prompt_name is None
+    assert parse({**body, "prompt_name": "query"}, LIMITS, model).prompt_name == "query"
+    for bad in ("document", 3, ""):
+        with pytest.raises(ApiError, match=r"must name one of the model's prompts \('passage', 'query'\)"):
+            parse({**body, "prompt_name": bad}, LIMITS, model)
+    with pytest.raises(ApiError, match=r"prompts \(none\), got 'query'"):
+        parse({**body, "prompt_name": "query"}, LIMITS, MODEL)

@@ -95,7 +95,8 @@ class PlainScorer(Embedder):
         """See :meth:`Embedder.stop`."""
         self._pool.shutdown(wait=True)
 
-    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                    prompt_name: str | None = None) -> Embedded:
         """See :meth:`Embedder.embed`: this baseline only scores."""
         raise bad_request("this baseline server only scores", "unsupported_route")
 

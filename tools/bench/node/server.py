@@ -115,8 +115,10 @@ class EncodeEmbedder(Embedder):
         """See :meth:`Embedder.stop`."""
         self._pool.shutdown(wait=True)
 
-    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int) -> Embedded:
-        """See :meth:`Embedder.embed`: texts only (``encode`` takes no token ids)."""
+    async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                    prompt_name: str | None = None) -> Embedded:
+        """See :meth:`Embedder.embed`: texts only (``encode`` takes no token ids); its model names no prompts, so no
+        ``prompt_name`` reaches it."""
         texts = [item for item in inputs if isinstance(item, str)]
         if len(texts) != len(inputs):
             raise bad_request("this baseline server takes texts only", "invalid_input", "input")
