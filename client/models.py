@@ -73,6 +73,7 @@ SUPPORTED_MODEL_TYPES: Mapping[str, Literal["llama", "bert"]] = MappingProxyType
         "mistral": "llama",
         "qwen2": "llama",
         "qwen3": "llama",
+        "gemma3_text": "llama",  # causal unless use_bidirectional_attention (EmbeddingGemma): ``is_causal``
         "bert": "bert",
         "roberta": "bert",
         "xlm-roberta": "bert",
@@ -193,7 +194,7 @@ def load_model(
     if (folder / "modules.json").is_file() and not gguf_kwargs:
         return _load_sentence_transformer(name_or_path, folder, common)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
-    if family == "llama" or (family == "generic" and is_causal(config)):
+    if is_causal(config):
         causal_lm = AutoModelForCausalLM.from_pretrained(folder, config=config, **common)
         causal_lm.eval()
         base, lm_head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
@@ -282,12 +283,12 @@ def family_of(config: PretrainedConfig) -> ModelFamily:
 
 
 def is_causal(config: PretrainedConfig) -> bool:
-    """Whether a model of ``config`` is a causal decoder: a family's own say, else a ``model_type`` transformers has a
-    causal language-model head for and no masked one (``bert`` and ``electra`` have both: encoders), or a config
-    marked ``is_decoder``."""
+    """Whether a model of ``config`` is a causal decoder: a family's own say (``llama``, unless the config sets
+    ``use_bidirectional_attention``: EmbeddingGemma), else a ``model_type`` transformers has a causal language-model
+    head for and no masked one (``bert`` and ``electra`` have both: encoders), or a config marked ``is_decoder``."""
     family = SUPPORTED_MODEL_TYPES.get(config.model_type)
     if family is not None:
-        return family == "llama"
+        return family == "llama" and not getattr(config, "use_bidirectional_attention", False)
     if getattr(config, "is_encoder_decoder", False):
         return False
     model_type = config.model_type

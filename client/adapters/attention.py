@@ -22,13 +22,14 @@ import torch
 from torch.nn import functional
 
 
-def allowed_keys(length: int, window: int | None) -> torch.Tensor:
-    """``(L, L)`` bool: causal query i may attend key j (j <= i, and within the window if any)."""
+def allowed_keys(length: int, window: int | None, *, causal: bool = True) -> torch.Tensor:
+    """``(L, L)`` bool: query i may attend key j: j <= i when causal, and within the window if any (``|i - j| <
+    window``: the last ``window`` keys of a causal query, both sides of a bidirectional one, as Gemma 3's)."""
     query = torch.arange(length)[:, None]
     key = torch.arange(length)[None, :]
-    allowed = key <= query
+    allowed = key <= query if causal else torch.ones((length, length), dtype=torch.bool)
     if window is not None:
-        allowed &= key > query - window
+        allowed &= (query - key).abs() < window
     return allowed
 
 
@@ -42,10 +43,11 @@ def attention_probs(
         query: ``(B, H, T, d)``.
         key: ``(B, KVH, T, d)``.
         scaling: the module's score scale (``d ** -0.5`` for most).
-        causal: mask later keys (and keys outside ``window``).
-        window: the layer's sliding window, None for full attention.
-        lengths: the true lengths of right-padded rows: pad keys get no weight. Unused when causal: a pad
-            key never precedes a true query, so the causal mask alone keeps every row's ``L x L`` block exact.
+        causal: mask later keys.
+        window: the layer's sliding window (``allowed_keys``), None for full attention.
+        lengths: the true lengths of right-padded rows: pad keys get no weight from true queries. Unused when
+            causal: a pad key never precedes a true query, so the causal mask alone keeps every row's ``L x L``
+            block exact.
         bias: ``(H, T, T)`` added to the scaled scores before the softmax (a relative position
             bias, ``Adapter._score_bias``), or None.
 
@@ -58,11 +60,13 @@ def attention_probs(
     scores = torch.matmul(grouped, key.transpose(2, 3)).view(batch, heads, length, length) * scaling  # (B, H, T, T)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)  # (B, H, T, T)
-    if causal:
-        scores = scores.masked_fill(~allowed_keys(length, window).to(scores.device), float("-inf"))
-    elif lengths is not None and min(lengths) < length:
-        pad = torch.arange(length)[None, :] >= torch.tensor(lengths)[:, None]  # (B, T) pad keys
-        scores = scores.masked_fill(pad[:, None, None, :].to(scores.device), float("-inf"))
+    if causal or window is not None and window < length:
+        scores = scores.masked_fill(~allowed_keys(length, window, causal=causal).to(scores.device), float("-inf"))
+    if not causal and lengths is not None and min(lengths) < length:
+        pad = torch.arange(length)[None, :] >= torch.tensor(lengths)[:, None]  # (B, T) pad positions
+        # Only true queries drop the pad keys: a pad query keeps its window's pad keys (never a row of -inf).
+        dropped = pad[:, None, :] & ~pad[:, :, None]  # (B, T, T): true query, pad key
+        scores = scores.masked_fill(dropped[:, None].to(scores.device), float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.float32)  # (B, H, T, T)
 
 
@@ -86,12 +90,12 @@ def attention(
     if not explicit:  # fast path: fused, no map
         if bias is not None:  # a float mask is added to the scaled scores, as the bias is
             mask = bias.to(query.dtype)  # (H, T, T)
-            if causal:
-                mask = mask.masked_fill(~allowed_keys(length, window).to(query.device), float("-inf"))
+            if causal or window is not None:
+                mask = mask.masked_fill(~allowed_keys(length, window, causal=causal).to(query.device), float("-inf"))
             return functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, scale=scaling, enable_gqa=kv_heads < heads), None
-        if causal and window is not None and window < length:
-            mask = allowed_keys(length, window).to(query.device)  # (T, T)
+        if window is not None and window < length:
+            mask = allowed_keys(length, window, causal=causal).to(query.device)  # (T, T)
             return functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, scale=scaling, enable_gqa=kv_heads < heads), None
         return functional.scaled_dot_product_attention(

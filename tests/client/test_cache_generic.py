@@ -5,7 +5,7 @@ folders with all-MiniLM-L6-v2's tokenizer: over an exact-tier namespace, rows th
 cache computes and rows its exact tiers serve equal ``SentenceTransformer.encode``;
 write-back through a real daemon stores outputs only and another cache is served
 from the store's exact tier; ``cache.tiers`` says which tiers are absent and why;
-``attnstore build`` on such a model builds an exact-tier store; a decoder without an adapter (``gemma3_text``) scores
+``attnstore build`` on such a model builds an exact-tier store; a decoder without an adapter (``gemma2``) scores
 through its own forward.
 """
 
@@ -156,13 +156,13 @@ def test_write_back_through_a_real_daemon_serves_another_cache_from_the_stores_e
 
 
 def test_a_decoder_without_an_adapter_scores_through_its_own_forward(tmp_path: Path) -> None:
-    """Gemma 3 (``gemma3_text``) has no adapter yet: its prompts' last states are the plain model's and it scores."""
-    loaded = load_model(str(save_tiny_family("gemma3_text", tmp_path / "gemma")))
+    """Gemma 2 (``gemma2``) has no adapter: its prompts' last states are the plain model's and it scores."""
+    loaded = load_model(str(save_tiny_family("gemma2", tmp_path / "gemma")))
     assert loaded.lm_head is not None
     prompts = ["The answer is", "Question: is the sky blue? Answer:", "ok"]
     with AttnCache(loaded, store=tiny_store(tmp_path / "store", loaded)) as cache:
         assert cache.family == "generic" and cache.adapter.causal
-        assert cache.tiers.absent["prefix"] == WHY.format("gemma3_text")
+        assert cache.tiers.absent["prefix"] == WHY.format("gemma2")
         states = cache.last_hidden_states(prompts)
         scores = cache.score_choices(prompts, choices=("a", "b"))
     for prompt, state in zip(prompts, states, strict=True):

@@ -58,7 +58,10 @@ COMPUTED = 0.9999  # computed rows and exact hits (fp16 outputs)
 MAPPED = 0.99  # map hits: what the fidelity gate promises of a hit
 MAX_ROWS = 24
 FAMILIES = ("bert", "roberta", "llama", "mistral", "qwen2", "xlm-roberta", "distilbert", "mpnet", "qwen3",
-            "deberta-v2", "electra")
+            "deberta-v2", "electra", "gemma3_text", "embeddinggemma")
+# Families drawn under a name of their own: the model_type and ``save_tiny_family``'s options. EmbeddingGemma is a
+# bidirectional Gemma 3 (its pipelines: mean pooling, Dense layers, Normalize).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"embeddinggemma": ("gemma3_text", {"bidirectional": True})}
 # Families without an adapter (issue 49, item 2): their namespaces hold STORED's outputs alone, no maps or projector.
 # The pipelines test draws them apart from the others, so the others' fast-profile examples stay what they were.
 NO_ADAPTER = ("deberta-v2", "electra")
@@ -67,7 +70,10 @@ NO_ADAPTER = ("deberta-v2", "electra")
 BERT_LIKE = ("xlm-roberta", "distilbert", "mpnet")
 # The decoders of issue 49 item 1 (Qwen3's query and key norms), drawn apart for the same reason.
 DECODERS = ("qwen3",)
-WITH_ADAPTER = tuple(name for name in FAMILIES if name not in NO_ADAPTER + BERT_LIKE + DECODERS)
+# Gemma 3's adapters, causal and bidirectional (sliding-window layers, query and key norms, scaled embeddings), drawn
+# apart for the same reason.
+GEMMA = ("gemma3_text", "embeddinggemma")
+WITH_ADAPTER = tuple(name for name in FAMILIES if name not in NO_ADAPTER + BERT_LIKE + DECODERS + GEMMA)
 # Families whose position ids are a plain range over the padded batch, whatever its mask: left padding moves them.
 POSITIONS_IGNORE_MASK = {"bert", "distilbert", "deberta-v2", "electra"}
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -88,7 +94,8 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Family]:
     """Each family's model, and a store holding ``STORED``'s outputs and ``MAPS_ONLY``'s maps."""
     built: dict[str, Family] = {}
     for name in FAMILIES:
-        folder = save_tiny_family(name, tmp_path_factory.mktemp(name), hidden=HIDDEN)
+        model_type, options = VARIANTS.get(name, (name, {}))
+        folder = save_tiny_family(model_type, tmp_path_factory.mktemp(name), hidden=HIDDEN, **options)
         transformer = models.Transformer(str(folder), max_seq_length=128)
         loaded = _loaded(transformer, None)
         service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
@@ -246,8 +253,9 @@ def _cache(pipeline: Pipeline, path: Path_, family: Family, model: SentenceTrans
     return AttnCache(loaded, LocalConnection("local:memory", family.service), **options)
 
 
-@pytest.mark.parametrize(("drawn", "examples"), [(WITH_ADAPTER, 30), (BERT_LIKE, 12), (DECODERS, 8), (NO_ADAPTER, 12)],
-                         ids=["adapters", "bert_like", "decoders", "no_adapter"])
+@pytest.mark.parametrize(("drawn", "examples"), [(WITH_ADAPTER, 30), (BERT_LIKE, 12), (DECODERS, 8), (NO_ADAPTER, 12),
+                                                (GEMMA, 12)],
+                         ids=["adapters", "bert_like", "decoders", "no_adapter", "gemma"])
 def test_every_row_of_every_configured_pipeline_equals_sentence_transformers(
     families: dict[str, Family], daemon: DaemonProcess, tally: Tally, drawn: tuple[str, ...], examples: int
 ) -> None:
@@ -290,3 +298,36 @@ def test_a_left_padding_pipeline_gives_each_row_its_own_vector_in_a_call_of_many
         assert all(cosine >= (MAPPED if kind == "map" else COMPUTED) for cosine, kind in zip(cosines, kinds,
                                                                                               strict=True)), (
             kinds, cosines)
+
+
+# Gemma 3 as its users configure it: a Gemma 3 instruct model's last token; EmbeddingGemma's mean pooling, two Dense
+# layers and Normalize over the bidirectional model.
+GEMMA_PIPELINES = {
+    "gemma3_text": Pipeline("gemma3_text", "left", ("lasttoken",), True, None, (), True, 128, None),
+    "embeddinggemma": Pipeline("embeddinggemma", "right", ("mean",), True, None, ("Identity", "Identity"), True, 128,
+                               None),
+}
+
+
+@pytest.mark.parametrize("family", GEMMA)
+@pytest.mark.parametrize(("where", "exact", "packed"), [("embedded", True, True), ("embedded", False, True),
+                                                        ("embedded", False, False), ("daemon", True, False),
+                                                        ("daemon", False, True)])
+def test_a_gemma3_pipeline_serves_exact_map_and_computed_rows_equal_to_sentence_transformers(
+    families: dict[str, Family], daemon: DaemonProcess, family: str, where: str, exact: bool, packed: bool
+) -> None:
+    """Stored outputs and stored maps served, the other rows computed (rows longer than every sliding window among
+    them), packed or padded, embedded or through a daemon: each row within the gate of sentence-transformers'."""
+    pipeline = GEMMA_PIPELINES[family]
+    model = pipeline.build(families[family].transformer)
+    texts = [*STORED[:3], *MAPS_ONLY[:2], "A man is playing a guitar.", "hi", "The quick brown fox jumps over the"
+             " lazy dog again and again, far longer than any sliding window of the tiny model."]
+    reference = _reference(pipeline, model, texts, 32)
+    with _cache(pipeline, Path_(where, exact, True, packed, False, 32), families[family], model, daemon) as cache:
+        assert cache.tiers.maps and not cache.tiers.prefix and cache.tiers.packed is packed, cache.tiers.absent
+        ours = cache.encode(texts)
+        kinds = cache.last_row_kinds
+    assert ("exact" in kinds) == exact and "map" in kinds and "miss" in kinds, kinds
+    cosines = _cosines(ours, reference)
+    floors = [MAPPED if kind == "map" else COMPUTED for kind in kinds]
+    assert all(cosine >= floor for cosine, floor in zip(cosines, floors, strict=True)), (kinds, cosines)

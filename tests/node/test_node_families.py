@@ -87,3 +87,43 @@ def test_a_qwen3_node_over_a_built_store_scores_as_the_plain_forward(tmp_path: P
         assert _rows_of(node, "prefix") == len(items), node.log()
     finally:
         assert node.stop() == 0, node.log()
+
+
+def test_an_embeddinggemma_node_over_a_built_store_answers_as_sentence_transformers(tmp_path: Path) -> None:
+    """EmbeddingGemma's shape: a bidirectional Gemma 3 (``BidirectionalGemma3Adapter``) under mean pooling, two Dense
+    layers and Normalize."""
+    folder = save_tiny_family("gemma3_text", tmp_path / "model", pooling="mean", bidirectional=True, dense=(64, 32))
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    node = NodeProcess(str(folder), _build(folder, CORPUS, tmp_path), tmp_path, keys=True,
+                       args=("--no-warmup", "--max-wait-ms", "20")).start()
+    try:
+        answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
+                            headers=HEADERS, timeout=60).raise_for_status().json()
+        vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
+        assert vectors.shape == expected.shape == (len(TEXTS), 32)
+        assert _cosines(vectors, expected).min() >= 0.9999
+        assert _rows_of(node, "store_exact") == 3, node.log()  # the corpus's three lines, served from the store
+    finally:
+        assert node.stop() == 0, node.log()
+
+
+def test_a_gemma3_node_over_a_built_store_scores_as_the_plain_forward(tmp_path: Path) -> None:
+    """Gemma 3 (``Gemma3Adapter``): its sliding-window layers leave it no prefix tier, so the build stores no
+    prefix blocks and every row is scored by its own forward."""
+    folder = save_tiny_family("gemma3_text", tmp_path / "model", causal_lm=True)
+    store = _build(folder, [QUERY + item for item in ITEMS[:16]], tmp_path, "--prefix-block-size", "8")
+    node = NodeProcess(str(folder), store, tmp_path, keys=True, args=("--no-warmup", "--max-wait-ms", "20")).start()
+    try:
+        items = ITEMS[14:]
+        answer = httpx.post(f"{node.url}/v1/score", json={"query": QUERY, "items": items, "label_token_ids": LABELS},
+                            headers=HEADERS, timeout=120)
+        assert answer.status_code == 200, answer.text
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.inference_mode():
+            expected = [torch.softmax(reference(**tokenizer(QUERY + item, return_tensors="pt")).logits[0, -1], -1)
+                        [LABELS].numpy() for item in items]
+        assert np.abs(np.array(answer.json()["scores"]) - np.array(expected)).max() < TOLERANCE
+        assert _rows_of(node, "prefix") == 0, node.log()
+    finally:
+        assert node.stop() == 0, node.log()

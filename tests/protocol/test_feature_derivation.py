@@ -15,7 +15,7 @@ import torch
 from attnstore.errors import MapShapeError
 from attnstore.protocol.features.embedding_layer import FeatureDeriver
 from attnstore.protocol.projector_blob import has_embedding_layer, same_weights, without_embedding_layer
-from attnstore_client.adapters import adapter_for
+from attnstore_client.adapters import Gemma3Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.projector import Projector, ProjectorConfig
 from tests.support.adapters import TinyKind, pad_id, random_rows, tiny_model
@@ -66,3 +66,22 @@ def test_a_row_the_layer_cannot_embed_is_refused_as_the_rows_own_error() -> None
         deriver.features([np.array([5, 10_000])])
     with pytest.raises(MapShapeError, match="positions"):
         deriver.features([np.full(300, 5)])
+
+
+@pytest.mark.parametrize("kind", ["gemma3_text", "embeddinggemma"])
+def test_a_gemma3_models_derived_feature_equals_the_clients_after_its_scale_and_norm(kind: TinyKind) -> None:
+    """Gemma 3's stage: embeddings times ``sqrt(hidden)``, then an RMSNorm scaling by ``1 + weight`` (the tiny model's
+    norm weights far from 0, so Llama's reading of them would show)."""
+    adapter = adapter_for(tiny_model(kind))
+    assert isinstance(adapter, Gemma3Adapter)
+    projector = _projector(adapter.hidden_size)
+    rows = random_rows(LENGTHS, seed=5)
+    sources = adapter.feature_source(batch_from_ids(rows, 0))
+    layer = adapter.embedding_layer()
+    assert layer.kind == "gemma3" and layer.embed_scale == pytest.approx(adapter.hidden_size**0.5)
+    for row, source in zip(rows, sources, strict=True):
+        torch.testing.assert_close(layer.feature_source(row), source, rtol=0, atol=1e-6)
+    deriver = FeatureDeriver.from_projector_blob(layer.attach_to(projector.to_safetensors_bytes()))
+    assert deriver is not None and deriver.layer.kind == "gemma3" and deriver.layer.embed_scale == layer.embed_scale
+    derived = deriver.features([np.asarray(row) for row in rows])
+    np.testing.assert_allclose(derived, projector.project(sources), rtol=1e-5, atol=1e-5)

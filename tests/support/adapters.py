@@ -14,6 +14,9 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     BertConfig,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    Gemma3TextModel,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -27,7 +30,8 @@ from transformers import (
 
 from attnstore_client.models import LoadedModel, resolve_model_path
 
-TinyKind = Literal["llama", "mistral", "qwen2", "qwen3", "bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
+TinyKind = Literal["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "embeddinggemma", "bert", "roberta",
+                   "xlm-roberta", "distilbert", "mpnet"]
 
 VOCAB = 96
 FIRST_REAL_ID = 5  # below: pad/special ids (RoBERTa pads with 1)
@@ -51,9 +55,33 @@ _ENCODER_SHAPE = {
 }
 
 
+def gemma3_shape(hidden: int, heads: int, layers: int, *, bidirectional: bool = False) -> dict[str, Any]:
+    """What a tiny Gemma 3 config sets beyond the common shape: sliding layers (a window shorter than the test rows)
+    alternating with full ones, a score scale that is not ``head_dim ** -0.5``, and ``use_bidirectional_attention``
+    for an EmbeddingGemma-shaped model (whose config then halves the window: ``(6 // 2) + 1`` on both sides)."""
+    return {"head_dim": hidden // heads,  # Gemma 3's config says 256 unless told
+            "sliding_window": 6, "query_pre_attn_scalar": 12,
+            "layer_types": [("sliding_attention", "full_attention")[layer % 2] for layer in range(layers)],
+            "use_bidirectional_attention": bidirectional}
+
+
 def tiny_model(kind: TinyKind, *, attn_implementation: str = "sdpa", seed: int = 0) -> LoadedModel:
-    """A random tiny model of that kind, fp32, eval mode, without a tokenizer."""
+    """A random tiny model of that kind, fp32, eval mode, without a tokenizer (``embeddinggemma``: a bidirectional
+    ``gemma3_text`` model without its LM head)."""
     torch.manual_seed(seed)
+    if kind in ("gemma3_text", "embeddinggemma"):
+        shape = _DECODER_SHAPE
+        config = Gemma3TextConfig(**shape, **gemma3_shape(shape["hidden_size"], shape["num_attention_heads"],
+                                                          shape["num_hidden_layers"],
+                                                          bidirectional=kind == "embeddinggemma"),
+                                  attn_implementation=attn_implementation)
+        if kind == "embeddinggemma":
+            encoder = Gemma3TextModel(config).eval()
+            _random_gemma_norms(encoder)
+            return LoadedModel(name=kind, model=encoder, tokenizer=None, lm_head=None)
+        gemma = Gemma3ForCausalLM(config).eval()
+        _random_gemma_norms(gemma)
+        return LoadedModel(name=kind, model=gemma.get_decoder(), tokenizer=None, lm_head=gemma.lm_head)
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         config_cls, model_cls = {
             "llama": (LlamaConfig, LlamaForCausalLM),
@@ -103,6 +131,15 @@ def _random_head_norms(model: Any) -> None:
                 parameter.normal_(1.0, 0.5)
 
 
+def _random_gemma_norms(model: Any) -> None:
+    """Every Gemma3RMSNorm's weight off its initial zeros (the norm scales by ``1 + weight``): a capture, replay or
+    embedding layer that drops a norm, or takes its weight for Llama's, is visibly wrong."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.normal_(0.0, 0.5)
+
+
 def pad_id(kind: TinyKind) -> int:
     """The pad id a tiny model of that kind expects (RoBERTa's and XLM-RoBERTa's number positions from it; MPNet's
     embeddings always take 1)."""
@@ -138,16 +175,23 @@ def save_tiny_decoder(folder: Path, *, full_vocab: bool = False) -> Path:
 
 
 def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_side: str = "right",
-                     pooling: str | None = None, causal_lm: bool = False) -> Path:
+                     pooling: str | None = None, causal_lm: bool = False, bidirectional: bool = False,
+                     dense: tuple[int, ...] = ()) -> Path:
     """A random tiny model of ``family`` (any ``model_type`` transformers knows) with all-MiniLM-L6-v2's tokenizer
     (its whole vocabulary), saved as a transformers folder; with ``pooling``, as a sentence-transformers folder of
-    that model, a ``Pooling`` of that mode and ``Normalize``, its tokenizer padding on ``padding_side``; with
-    ``causal_lm`` (a decoder family, no ``pooling``), the model with its LM head (``AutoModelForCausalLM``)."""
+    that model, a ``Pooling`` of that mode, a ``Dense`` layer (identity activation) of each width in ``dense`` and
+    ``Normalize``, its tokenizer padding on ``padding_side``; with ``causal_lm`` (a decoder family, no ``pooling``),
+    the model with its LM head (``AutoModelForCausalLM``). ``bidirectional`` (``gemma3_text``): the config's
+    ``use_bidirectional_attention``, as EmbeddingGemma's (with ``pooling="mean"``, ``dense=(64, 32)``: its
+    pipeline's shape)."""
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
     shape: dict[str, Any] = {"vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 48,
                              "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 160}
-    if family in ("llama", "mistral", "qwen2", "qwen3"):
+    if family in ("llama", "mistral", "qwen2", "qwen3", "gemma3_text"):
         shape["num_key_value_heads"] = 2
+    if family == "gemma3_text":
+        shape.update(gemma3_shape(hidden, shape["num_attention_heads"], shape["num_hidden_layers"],
+                                  bidirectional=bidirectional))
     if family == "qwen3":
         shape["head_dim"] = hidden // shape["num_attention_heads"]  # Qwen3's config says 128 unless told
     if family == "mistral":
@@ -167,6 +211,8 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
         _strong_position_bias(model)
     if family == "qwen3":
         _random_head_norms(model)
+    if family == "gemma3_text":
+        _random_gemma_norms(model)
     transformers_folder = folder if pooling is None else folder / "transformer"
     model.save_pretrained(transformers_folder)
     tokenizer.padding_side = padding_side
@@ -176,7 +222,9 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
         from sentence_transformers.sentence_transformer import modules
 
         transformer = modules.Transformer(str(transformers_folder))
-        pipeline = SentenceTransformer(modules=[transformer, modules.Pooling(hidden, pooling_mode=pooling),
-                                                modules.Normalize()], device="cpu")
+        layers: list[torch.nn.Module] = [transformer, modules.Pooling(hidden, pooling_mode=pooling)]
+        for width, out in zip((hidden, *dense), dense, strict=False):
+            layers.append(modules.Dense(width, out, bias=False, activation_function=torch.nn.Identity()))
+        pipeline = SentenceTransformer(modules=[*layers, modules.Normalize()], device="cpu")
         pipeline.save(str(folder))
     return folder

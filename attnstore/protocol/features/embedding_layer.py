@@ -2,7 +2,9 @@
 
 A row's feature is the projector over its *feature source*: token (+position/type)
 embeddings and the first norm (BERT's embeddings output with its LayerNorm; for
-Llama the layer-0 ``input_layernorm`` of ``embed_tokens``), the stage the
+Llama the layer-0 ``input_layernorm`` of ``embed_tokens``; for Gemma 3 the same of
+its embeddings scaled by ``sqrt(hidden)``, its RMSNorm's weight taken as
+``1 + weight``), the stage the
 client's adapter runs (``Adapter.feature_source``). That stage needs only these
 few tensors (MiniLM: ~47 MB in fp32), so whoever installs a projector stores
 them in its blob (tensors under ``embedding_layer.``, a record in the metadata)
@@ -31,7 +33,8 @@ from attnstore.protocol.features.projector import Projector
 from attnstore.protocol.projector_blob import EMBEDDING_LAYER_METADATA_KEY, EMBEDDING_LAYER_PREFIX, projector_metadata
 
 FORMAT = "attnstore.embedding_layer/1"
-EmbeddingKind = Literal["bert", "llama"]
+EmbeddingKind = Literal["bert", "llama", "gemma3"]
+_KINDS: tuple[EmbeddingKind, ...] = ("bert", "llama", "gemma3")
 _TENSORS = ("tokens", "positions", "token_type", "norm_weight", "norm_bias")
 
 
@@ -40,7 +43,8 @@ class EmbeddingLayer:
     """One model's embedding stage, fp32 on the CPU.
 
     Attributes:
-        kind: ``bert`` (embeddings + LayerNorm, BERT and RoBERTa) or ``llama`` (``embed_tokens`` + RMSNorm).
+        kind: ``bert`` (embeddings + LayerNorm, BERT and RoBERTa), ``llama`` (``embed_tokens`` + RMSNorm) or
+            ``gemma3`` (``embed_tokens`` times ``embed_scale``, then Gemma's RMSNorm: ``1 + weight``).
         tokens: ``(vocab, hidden)`` token embeddings.
         norm_weight: ``(hidden,)`` the first norm's weight.
         eps: the first norm's epsilon.
@@ -48,6 +52,7 @@ class EmbeddingLayer:
         token_type: ``(hidden,)`` the embedding of token type 0 (bert only; every row is one segment).
         norm_bias: ``(hidden,)`` the LayerNorm's bias (bert only).
         padding_idx: RoBERTa numbers positions from ``padding_idx + 1`` skipping pad tokens; None: from 0 (BERT).
+        embed_scale: what the token embeddings are multiplied by (gemma3 only: ``sqrt(hidden)`` in the model's dtype).
     """
 
     kind: EmbeddingKind
@@ -58,6 +63,7 @@ class EmbeddingLayer:
     token_type: torch.Tensor | None = None
     norm_bias: torch.Tensor | None = None
     padding_idx: int | None = None
+    embed_scale: float | None = None
 
     @torch.no_grad()
     def feature_source(self, token_ids: Sequence[int] | np.ndarray) -> torch.Tensor:
@@ -71,6 +77,12 @@ class EmbeddingLayer:
             raise MapShapeError(f"EmbeddingLayer.feature_source(): token ids must be one non-empty row inside the"
                                 f" vocabulary of {self.tokens.shape[0]}, got shape {tuple(ids.shape)}")
         embedded = F.embedding(ids, self.tokens)  # (L, hidden)
+        if self.kind == "gemma3":
+            assert self.embed_scale is not None  # checked when loaded
+            # Gemma3TextScaledWordEmbedding, then Gemma3RMSNorm: in fp32, x * rsqrt(mean(x^2) + eps) * (1 + weight).
+            embedded = embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)
+            variance = embedded.pow(2).mean(-1, keepdim=True)  # (L, 1)
+            return embedded * torch.rsqrt(variance + self.eps) * (1.0 + self.norm_weight)
         if self.kind == "llama":
             # LlamaRMSNorm: in fp32, x * rsqrt(mean(x^2) + eps), then the weight.
             variance = embedded.pow(2).mean(-1, keepdim=True)  # (L, 1)
@@ -102,7 +114,8 @@ class EmbeddingLayer:
             if value is not None:
                 tensors[EMBEDDING_LAYER_PREFIX + name] = value.detach().to("cpu", torch.float32).contiguous()
         metadata[EMBEDDING_LAYER_METADATA_KEY] = json.dumps(
-            {"format": FORMAT, "kind": self.kind, "eps": self.eps, "padding_idx": self.padding_idx}
+            {"format": FORMAT, "kind": self.kind, "eps": self.eps, "padding_idx": self.padding_idx,
+             **({} if self.embed_scale is None else {"embed_scale": self.embed_scale})}
         )
         return safetensors.torch.save(tensors, metadata=metadata)
 
@@ -117,9 +130,11 @@ class EmbeddingLayer:
         if text is None:
             return None
         record = json.loads(text)
-        if record.get("format") != FORMAT or record.get("kind") not in ("bert", "llama"):
+        if record.get("format") != FORMAT or record.get("kind") not in _KINDS:
             raise FormatVersionError(f"embedding layer: format {record.get('format')!r} of kind"
-                                     f" {record.get('kind')!r}; this code reads {FORMAT!r} of kind bert or llama")
+                                     f" {record.get('kind')!r}; this code reads {FORMAT!r} of kinds {list(_KINDS)}")
+        if record["kind"] == "gemma3" and record.get("embed_scale") is None:
+            raise FormatVersionError("embedding layer of kind 'gemma3' lacks its embed_scale")
         loaded = {name[len(EMBEDDING_LAYER_PREFIX):]: t for name, t in safetensors.torch.load(bytes(blob)).items()
                   if name.startswith(EMBEDDING_LAYER_PREFIX)}
         needed = ("tokens", "norm_weight") + (("positions", "token_type", "norm_bias") if record["kind"] == "bert"
@@ -127,7 +142,9 @@ class EmbeddingLayer:
         missing = [name for name in needed if name not in loaded]
         if missing:
             raise FormatVersionError(f"embedding layer of kind {record['kind']!r} lacks tensors {missing}")
+        scale = record.get("embed_scale")
         return cls(record["kind"], eps=float(record["eps"]), padding_idx=record.get("padding_idx"),
+                   embed_scale=None if scale is None else float(scale),
                    **{name: t.float() for name, t in loaded.items() if name in _TENSORS})
 
 

@@ -20,7 +20,8 @@ from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 TOL = 1e-4
 # Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.
 LENGTHS = [11, 9, 9, 9, 6, 3, 3]
-KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3"]
+KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3", "gemma3_text",
+         "embeddinggemma"]
 
 
 @pytest.fixture(params=KINDS, scope="module")

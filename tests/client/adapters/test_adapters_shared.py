@@ -11,12 +11,14 @@ import torch
 
 from attnstore.errors import MapShapeError
 from attnstore_client.adapters import Adapter, adapter_for
+from attnstore_client.adapters.attention import allowed_keys
 from attnstore_client.adapters.batch import Batch, batch_from_ids
 from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 
 TOL = 1e-4
 LENGTHS = [9, 3, 6]
-KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3"]
+KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3", "gemma3_text",
+         "embeddinggemma"]
 # (family, causal, layers, heads, kv heads, head dim) of each tiny model
 LAYOUTS = {
     "bert": ("bert", False, 3, 4, 4, 16),
@@ -28,6 +30,8 @@ LAYOUTS = {
     "mistral": ("llama", True, 3, 4, 2, 16),
     "qwen2": ("llama", True, 3, 4, 2, 16),
     "qwen3": ("llama", True, 3, 4, 2, 16),  # head_dim explicit in its config
+    "gemma3_text": ("llama", True, 3, 4, 2, 16),  # likewise
+    "embeddinggemma": ("llama", False, 3, 4, 2, 16),  # Gemma 3 with use_bidirectional_attention
 }
 
 
@@ -69,8 +73,11 @@ def test_capture_gives_row_stochastic_maps_at_true_length_and_the_baseline_hidde
         assert torch.allclose(maps.sum(-1), torch.ones(3, 4, length), atol=1e-5)
         if adapter.causal:
             assert maps.triu(diagonal=1).abs().max() == 0  # no token sees a later one
-        else:
-            assert maps.min() > 0  # every real token sees every real token
+        else:  # every real token sees every real token its layer's window (Gemma 3's) and score bias leave it
+            for layer, module in enumerate(adapter.attention_modules):
+                seen = allowed_keys(length, adapter._sliding_window(module), causal=False).expand_as(maps[layer])
+                bias = adapter._score_bias(module, length, maps.device)  # (H, L, L) or None
+                assert torch.equal(maps[layer] > 0, seen if bias is None else seen & bias.isfinite())
         assert max_diff(capture.hidden[row], baseline[row, :length]) <= TOL
 
 

@@ -20,9 +20,13 @@ from tests.support.adapters import save_tiny_family
 # model_type: the pooling its users' sentence-transformers pipelines take (decoders pool their last token).
 FAMILIES = {"bert": "cls", "roberta": "mean", "xlm-roberta": "cls", "distilbert": "mean", "mpnet": "mean",
             "llama": "lasttoken", "mistral": "mean", "qwen2": "lasttoken", "qwen3": "lasttoken",
-            "deberta-v2": "mean", "electra": "mean"}
+            "gemma3_text": "lasttoken", "embeddinggemma": "mean", "deberta-v2": "mean", "electra": "mean"}
+# Families built under a name of their own: the model_type and ``save_tiny_family``'s options (EmbeddingGemma: a
+# bidirectional Gemma 3 under mean pooling, two Dense layers and Normalize).
+VARIANTS = {"embeddinggemma": ("gemma3_text", {"bidirectional": True, "dense": (64, 32)})}
 WITHOUT_ADAPTER = ("deberta-v2", "electra")
-CAUSAL = ("llama", "mistral", "qwen2", "qwen3")
+CAUSAL = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SLIDING = ("mistral", "gemma3_text")  # a window shorter than the rows: no prefix tier
 CORPUS = [f"Failed password for {user} from 10.0.0.{host} port 22 ssh2"
           for user in ("root", "admin", "guest", "oracle") for host in range(1, 10)] + [
     "A man is playing a guitar.", "the quick brown fox", "Stocks fell sharply today in early trading.", "ok"]
@@ -37,8 +41,9 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_built_store_serves_rows_equal_to_sentence_transformers(family: str, tmp_path: Path) -> None:
-    folder = save_tiny_family(family, tmp_path / "model", pooling=FAMILIES[family],
-                              padding_side="left" if family in CAUSAL else "right")
+    model_type, options = VARIANTS.get(family, (family, {}))
+    folder = save_tiny_family(model_type, tmp_path / "model", pooling=FAMILIES[family],
+                              padding_side="left" if family in CAUSAL else "right", **options)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(CORPUS), encoding="utf-8")
     store = tmp_path / "store"
@@ -55,9 +60,10 @@ def test_a_built_store_serves_rows_equal_to_sentence_transformers(family: str, t
         with AttnCache(str(folder), store=f"local:{store}", exact=exact, max_distance=1e-6,
                        exact_cache_bytes=0) as cache:
             assert cache.tiers.maps is adapter, cache.tiers.absent
-            # The prefix tier: causal models without a sliding window (the tiny Mistral's is shorter than the rows).
-            assert cache.tiers.prefix is (family in CAUSAL and family != "mistral"), cache.tiers.absent
-            assert family != "mistral" or "sliding-window" in cache.tiers.absent["prefix"], cache.tiers.absent
+            # The prefix tier: causal models without a sliding window (the tiny Mistral's and Gemma's are shorter
+            # than the rows).
+            assert cache.tiers.prefix is (family in CAUSAL and family not in SLIDING), cache.tiers.absent
+            assert family not in SLIDING or "sliding-window" in cache.tiers.absent["prefix"], cache.tiers.absent
             served = cache.encode(QUERIES)
             kinds = cache.last_row_kinds
         if exact or adapter:
