@@ -79,6 +79,7 @@ SUPPORTED_MODEL_TYPES: Mapping[str, Literal["llama", "bert"]] = MappingProxyType
         "xlm-roberta": "bert",
         "distilbert": "bert",
         "mpnet": "bert",
+        "modernbert": "bert",
     }
 )
 

@@ -13,14 +13,15 @@ from attnstore_client.adapters.distilbert import DistilBertAdapter
 from attnstore_client.adapters.gemma3 import BidirectionalGemma3Adapter, Gemma3Adapter, gemma3_adapter
 from attnstore_client.adapters.generic import GenericAdapter, GenericDecoderAdapter
 from attnstore_client.adapters.llama import LlamaAdapter
+from attnstore_client.adapters.modernbert import ModernBertAdapter
 from attnstore_client.adapters.mpnet import MPNetAdapter
 from attnstore_client.adapters.qwen3 import Qwen3Adapter
 from attnstore_client.models import LoadedModel, is_causal
 
 __all__ = [
     "Adapter", "BertAdapter", "BidirectionalGemma3Adapter", "Capabilities", "Capture", "DistilBertAdapter",
-    "Gemma3Adapter", "GenericAdapter", "GenericDecoderAdapter", "LlamaAdapter", "MPNetAdapter", "Qwen3Adapter",
-    "adapter_for",
+    "Gemma3Adapter", "GenericAdapter", "GenericDecoderAdapter", "LlamaAdapter", "MPNetAdapter", "ModernBertAdapter",
+    "Qwen3Adapter", "adapter_for",
 ]
 
 # model_type -> its family's adapter (or what chooses it from the config), as text-embeddings-inference's backends
@@ -36,6 +37,7 @@ _ADAPTERS: Mapping[str, Callable[[LoadedModel], Adapter]] = MappingProxyType({
     "xlm-roberta": BertAdapter,  # RoBERTa's modules; positions from the pad id
     "distilbert": DistilBertAdapter,
     "mpnet": MPNetAdapter,
+    "modernbert": ModernBertAdapter,  # fused Wqkv, rotary positions, global and sliding-window layers
 })
 
 

@@ -58,7 +58,7 @@ COMPUTED = 0.9999  # computed rows and exact hits (fp16 outputs)
 MAPPED = 0.99  # map hits: what the fidelity gate promises of a hit
 MAX_ROWS = 24
 FAMILIES = ("bert", "roberta", "llama", "mistral", "qwen2", "xlm-roberta", "distilbert", "mpnet", "qwen3",
-            "deberta-v2", "electra", "gemma3_text", "embeddinggemma")
+            "deberta-v2", "electra", "modernbert", "gemma3_text", "embeddinggemma")
 # Families drawn under a name of their own: the model_type and ``save_tiny_family``'s options. EmbeddingGemma is a
 # bidirectional Gemma 3 (its pipelines: mean pooling, Dense layers, Normalize).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"embeddinggemma": ("gemma3_text", {"bidirectional": True})}
@@ -70,10 +70,14 @@ NO_ADAPTER = ("deberta-v2", "electra")
 BERT_LIKE = ("xlm-roberta", "distilbert", "mpnet")
 # The decoders of issue 49 item 1 (Qwen3's query and key norms), drawn apart for the same reason.
 DECODERS = ("qwen3",)
+# ModernBERT's adapter (rotary positions, local layers' windows shorter than most rows), drawn apart for the same
+# reason.
+MODERNBERT = ("modernbert",)
 # Gemma 3's adapters, causal and bidirectional (sliding-window layers, query and key norms, scaled embeddings), drawn
 # apart for the same reason.
 GEMMA = ("gemma3_text", "embeddinggemma")
-WITH_ADAPTER = tuple(name for name in FAMILIES if name not in NO_ADAPTER + BERT_LIKE + DECODERS + GEMMA)
+WITH_ADAPTER = tuple(name for name in FAMILIES
+                     if name not in NO_ADAPTER + BERT_LIKE + DECODERS + MODERNBERT + GEMMA)
 # Families whose position ids are a plain range over the padded batch, whatever its mask: left padding moves them.
 POSITIONS_IGNORE_MASK = {"bert", "distilbert", "deberta-v2", "electra"}
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -254,8 +258,8 @@ def _cache(pipeline: Pipeline, path: Path_, family: Family, model: SentenceTrans
 
 
 @pytest.mark.parametrize(("drawn", "examples"), [(WITH_ADAPTER, 30), (BERT_LIKE, 12), (DECODERS, 8), (NO_ADAPTER, 12),
-                                                (GEMMA, 12)],
-                         ids=["adapters", "bert_like", "decoders", "no_adapter", "gemma"])
+                                                (MODERNBERT, 12), (GEMMA, 12)],
+                         ids=["adapters", "bert_like", "decoders", "no_adapter", "modernbert", "gemma"])
 def test_every_row_of_every_configured_pipeline_equals_sentence_transformers(
     families: dict[str, Family], daemon: DaemonProcess, tally: Tally, drawn: tuple[str, ...], examples: int
 ) -> None:
@@ -324,6 +328,31 @@ def test_a_gemma3_pipeline_serves_exact_map_and_computed_rows_equal_to_sentence_
              " lazy dog again and again, far longer than any sliding window of the tiny model."]
     reference = _reference(pipeline, model, texts, 32)
     with _cache(pipeline, Path_(where, exact, True, packed, False, 32), families[family], model, daemon) as cache:
+        assert cache.tiers.maps and not cache.tiers.prefix and cache.tiers.packed is packed, cache.tiers.absent
+        ours = cache.encode(texts)
+        kinds = cache.last_row_kinds
+    assert ("exact" in kinds) == exact and "map" in kinds and "miss" in kinds, kinds
+    cosines = _cosines(ours, reference)
+    floors = [MAPPED if kind == "map" else COMPUTED for kind in kinds]
+    assert all(cosine >= floor for cosine, floor in zip(cosines, floors, strict=True)), (kinds, cosines)
+
+
+@pytest.mark.parametrize(("padding_side", "pooling"), [("right", "cls"), ("left", "mean")])
+@pytest.mark.parametrize(("where", "exact", "packed"), [("embedded", True, True), ("embedded", False, False),
+                                                        ("daemon", True, False), ("daemon", False, True)])
+def test_a_modernbert_pipeline_serves_exact_map_and_computed_rows_equal_to_sentence_transformers(
+    families: dict[str, Family], daemon: DaemonProcess, padding_side: str, pooling: str, where: str, exact: bool,
+    packed: bool
+) -> None:
+    """gte-modernbert's pipeline (CLS pooling) and a mean-pooling one padding on the left: stored outputs and stored
+    maps served, the other rows computed (some longer than the local layers' window), packed or padded, embedded or
+    through a daemon; each row within the gate of sentence-transformers'."""
+    pipeline = Pipeline("modernbert", padding_side, (pooling,), True, None, (), True, 128, None)
+    model = pipeline.build(families["modernbert"].transformer)
+    texts = [*STORED[:3], *MAPS_ONLY[:2], "A man is playing a guitar.", "hi", "The quick brown fox jumps over the"
+             " lazy dog again and again, far longer than the local layers' window of the tiny model."]
+    reference = _reference(pipeline, model, texts, 32)
+    with _cache(pipeline, Path_(where, exact, True, packed, False, 32), families["modernbert"], model, daemon) as cache:
         assert cache.tiers.maps and not cache.tiers.prefix and cache.tiers.packed is packed, cache.tiers.absent
         ours = cache.encode(texts)
         kinds = cache.last_row_kinds

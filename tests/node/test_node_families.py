@@ -1,7 +1,7 @@
 """A real ``attnstore node`` over a store ``attnstore build`` made, for the adapter classes no other node test starts
-(issue 49's acceptance): DistilBERT's (``/v1/embeddings`` equal to ``SentenceTransformer.encode``) and Qwen3's
-(``/v1/score`` equal to the plain forward's label probabilities, rows served from the prefix blocks the build
-stored). The other classes have theirs: BERT's and RoBERTa's, MPNet's and Llama's (``test_node_pipelines``,
+(issue 49's acceptance): DistilBERT's and ModernBERT's (``/v1/embeddings`` equal to ``SentenceTransformer.encode``)
+and Qwen3's (``/v1/score`` equal to the plain forward's label probabilities, rows served from the prefix blocks the
+build stored). The other classes have theirs: BERT's and RoBERTa's, MPNet's and Llama's (``test_node_pipelines``,
 ``test_node_openai``, ``test_node_score``), the model's own forward (``test_node_generic``)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -54,8 +55,11 @@ def _rows_of(node: NodeProcess, tier: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_a_distilbert_node_over_a_built_store_answers_as_sentence_transformers(tmp_path: Path) -> None:
-    folder = save_tiny_family("distilbert", tmp_path / "model", pooling="mean")
+@pytest.mark.parametrize(("family", "pooling"), [("distilbert", "mean"), ("modernbert", "cls")])
+def test_an_encoder_node_over_a_built_store_answers_as_sentence_transformers(
+    family: str, pooling: str, tmp_path: Path
+) -> None:
+    folder = save_tiny_family(family, tmp_path / "model", pooling=pooling)
     expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
     node = NodeProcess(str(folder), _build(folder, CORPUS, tmp_path), tmp_path, keys=True,
                        args=("--no-warmup", "--max-wait-ms", "20")).start()

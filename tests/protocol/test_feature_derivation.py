@@ -85,3 +85,22 @@ def test_a_gemma3_models_derived_feature_equals_the_clients_after_its_scale_and_
     assert deriver is not None and deriver.layer.kind == "gemma3" and deriver.layer.embed_scale == layer.embed_scale
     derived = deriver.features([np.asarray(row) for row in rows])
     np.testing.assert_allclose(derived, projector.project(sources), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_bias", [False, True])
+def test_a_modernbert_layer_without_positions_derives_the_clients_feature(norm_bias: bool) -> None:
+    """ModernBERT's stage is its token embeddings' LayerNorm (bias-free unless ``norm_bias``); positions are rotary."""
+    loaded = tiny_model("modernbert")
+    norm = loaded.model.embeddings.norm
+    if norm_bias:
+        norm.bias = torch.nn.Parameter(torch.randn(norm.weight.shape))
+    adapter = adapter_for(loaded)
+    projector = _projector(adapter.hidden_size)
+    rows = random_rows(LENGTHS + [300], seed=5)  # longer than any position table: there is none
+    expected = projector.project(adapter.feature_source(batch_from_ids(rows, pad_id("modernbert"))))  # (n, dim)
+
+    deriver = FeatureDeriver.from_projector_blob(adapter.embedding_layer().attach_to(projector.to_safetensors_bytes()))
+    assert deriver is not None
+    assert deriver.layer.kind == "modernbert" and deriver.layer.positions is None
+    assert (deriver.layer.norm_bias is not None) is norm_bias
+    np.testing.assert_allclose(deriver.features([np.asarray(row) for row in rows]), expected, rtol=1e-5, atol=1e-5)

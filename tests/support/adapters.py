@@ -31,7 +31,7 @@ from transformers import (
 from attnstore_client.models import LoadedModel, resolve_model_path
 
 TinyKind = Literal["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "embeddinggemma", "bert", "roberta",
-                   "xlm-roberta", "distilbert", "mpnet"]
+                   "xlm-roberta", "distilbert", "mpnet", "modernbert"]
 
 VOCAB = 96
 FIRST_REAL_ID = 5  # below: pad/special ids (RoBERTa pads with 1)
@@ -108,11 +108,29 @@ def tiny_model(kind: TinyKind, *, attn_implementation: str = "sdpa", seed: int =
             extra["hidden_dim"] = _ENCODER_SHAPE["intermediate_size"]  # its feed-forward width's own name
         if kind == "mpnet" and attn_implementation == "sdpa":
             attn_implementation = "eager"  # MPNet has no sdpa kernel in transformers
+        if kind == "modernbert":
+            extra.update(_MODERNBERT_LAYERS)
         config = AutoConfig.for_model(kind, **_ENCODER_SHAPE, **extra, attn_implementation=attn_implementation)
     model = AutoModel.from_config(config).eval()
     if kind == "mpnet":
         _strong_position_bias(model)
+    if kind == "modernbert":
+        _sharp_attention(model)
     return LoadedModel(name=kind, model=model, tokenizer=None, lm_head=None)
+
+
+# ModernBERT's layers: global, local, global; a local layer's window (3 tokens each side) shorter than the test rows,
+# so capture, replay and packed forwards must honour it. Its special ids inside the tiny vocabulary.
+_MODERNBERT_LAYERS = {"global_attn_every_n_layers": 2, "local_attention": 6, "cls_token_id": 2, "bos_token_id": 2,
+                      "sep_token_id": 3, "eos_token_id": 3}
+
+
+def _sharp_attention(model: Any) -> None:
+    """ModernBERT's fused q/k/v projections drawn large (its initialisation leaves every map nearly uniform): a map
+    that drops or misplaces its window, or a rotary table of the wrong theta, replays a visibly different row."""
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.Wqkv.weight.normal_(0.0, 0.2)
 
 
 def _strong_position_bias(model: Any) -> None:
@@ -204,6 +222,11 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(1)
     if family == "distilbert":
         shape["hidden_dim"] = shape["intermediate_size"]  # its feed-forward width's own name
+    if family == "modernbert":
+        # Its config's special ids are its own tokenizer's (50,28x): MiniLM's instead; a window shorter than most rows.
+        shape.update(pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
+                     bos_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+                     eos_token_id=tokenizer.sep_token_id, global_attn_every_n_layers=2, local_attention=8)
     torch.manual_seed(len(family))
     model_cls = AutoModelForCausalLM if causal_lm else AutoModel
     model = model_cls.from_config(AutoConfig.for_model(family, **shape)).eval()
@@ -211,6 +234,8 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
         _strong_position_bias(model)
     if family == "qwen3":
         _random_head_norms(model)
+    if family == "modernbert":
+        _sharp_attention(model)
     if family == "gemma3_text":
         _random_gemma_norms(model)
     transformers_folder = folder if pooling is None else folder / "transformer"

@@ -4,7 +4,7 @@ A row's feature is the projector over its *feature source*: token (+position/typ
 embeddings and the first norm (BERT's embeddings output with its LayerNorm; for
 Llama the layer-0 ``input_layernorm`` of ``embed_tokens``; for Gemma 3 the same of
 its embeddings scaled by ``sqrt(hidden)``, its RMSNorm's weight taken as
-``1 + weight``), the stage the
+``1 + weight``; for ModernBERT its token embeddings' LayerNorm, no positions), the stage the
 client's adapter runs (``Adapter.feature_source``). That stage needs only these
 few tensors (MiniLM: ~47 MB in fp32), so whoever installs a projector stores
 them in its blob (tensors under ``embedding_layer.``, a record in the metadata)
@@ -33,8 +33,8 @@ from attnstore.protocol.features.projector import Projector
 from attnstore.protocol.projector_blob import EMBEDDING_LAYER_METADATA_KEY, EMBEDDING_LAYER_PREFIX, projector_metadata
 
 FORMAT = "attnstore.embedding_layer/1"
-EmbeddingKind = Literal["bert", "llama", "gemma3"]
-_KINDS: tuple[EmbeddingKind, ...] = ("bert", "llama", "gemma3")
+EmbeddingKind = Literal["bert", "llama", "gemma3", "modernbert"]
+_KINDS: tuple[EmbeddingKind, ...] = ("bert", "llama", "gemma3", "modernbert")
 _TENSORS = ("tokens", "positions", "token_type", "norm_weight", "norm_bias")
 
 
@@ -44,13 +44,15 @@ class EmbeddingLayer:
 
     Attributes:
         kind: ``bert`` (embeddings + LayerNorm, BERT and RoBERTa), ``llama`` (``embed_tokens`` + RMSNorm) or
-            ``gemma3`` (``embed_tokens`` times ``embed_scale``, then Gemma's RMSNorm: ``1 + weight``).
+            ``gemma3`` (``embed_tokens`` times ``embed_scale``, then Gemma's RMSNorm: ``1 + weight``);
+            ``modernbert``: ``tok_embeddings`` + LayerNorm, no position or token type embeddings (its positions
+            are rotary, in the attention).
         tokens: ``(vocab, hidden)`` token embeddings.
         norm_weight: ``(hidden,)`` the first norm's weight.
         eps: the first norm's epsilon.
         positions: ``(max_positions, hidden)`` absolute position embeddings (bert only).
         token_type: ``(hidden,)`` the embedding of token type 0 (bert only; every row is one segment).
-        norm_bias: ``(hidden,)`` the LayerNorm's bias (bert only).
+        norm_bias: ``(hidden,)`` the LayerNorm's bias (bert; modernbert where its LayerNorm has one).
         padding_idx: RoBERTa numbers positions from ``padding_idx + 1`` skipping pad tokens; None: from 0 (BERT).
         embed_scale: what the token embeddings are multiplied by (gemma3 only: ``sqrt(hidden)`` in the model's dtype).
     """
@@ -83,6 +85,9 @@ class EmbeddingLayer:
             embedded = embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)
             variance = embedded.pow(2).mean(-1, keepdim=True)  # (L, 1)
             return embedded * torch.rsqrt(variance + self.eps) * (1.0 + self.norm_weight)
+        if self.kind == "modernbert":
+            # ModernBertEmbeddings: the LayerNorm of the token embeddings alone.
+            return F.layer_norm(embedded, (embedded.shape[-1],), self.norm_weight, self.norm_bias, self.eps)
         if self.kind == "llama":
             # LlamaRMSNorm: in fp32, x * rsqrt(mean(x^2) + eps), then the weight.
             variance = embedded.pow(2).mean(-1, keepdim=True)  # (L, 1)

@@ -2,7 +2,7 @@
 
 The rows of a packed forward run end to end in one sequence, positions restarting
 per row, attention per run of equal-length rows: with and without map replay,
-keeping maps for write-back, sliding windows (Mistral) and RoBERTa's positions.
+keeping maps for write-back, sliding windows (Mistral's, ModernBERT's local layers) and RoBERTa's positions.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 TOL = 1e-4
 # Longest first, with runs of equal lengths (the order the client packs rows in); longer than Mistral's window.
 LENGTHS = [11, 9, 9, 9, 6, 3, 3]
-KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3", "gemma3_text",
-         "embeddinggemma"]
+KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert", "llama", "mistral", "qwen2", "qwen3",
+         "gemma3_text", "embeddinggemma"]
 
 
 @pytest.fixture(params=KINDS, scope="module")

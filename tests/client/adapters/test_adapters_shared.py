@@ -17,8 +17,8 @@ from tests.support.adapters import max_diff, pad_id, random_rows, tiny_model
 
 TOL = 1e-4
 LENGTHS = [9, 3, 6]
-KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "llama", "mistral", "qwen2", "qwen3", "gemma3_text",
-         "embeddinggemma"]
+KINDS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert", "llama", "mistral", "qwen2", "qwen3",
+         "gemma3_text", "embeddinggemma"]
 # (family, causal, layers, heads, kv heads, head dim) of each tiny model
 LAYOUTS = {
     "bert": ("bert", False, 3, 4, 4, 16),
@@ -26,6 +26,7 @@ LAYOUTS = {
     "xlm-roberta": ("bert", False, 3, 4, 4, 16),
     "distilbert": ("bert", False, 3, 4, 4, 16),
     "mpnet": ("bert", False, 3, 4, 4, 16),
+    "modernbert": ("bert", False, 3, 4, 4, 16),
     "llama": ("llama", True, 3, 4, 2, 16),
     "mistral": ("llama", True, 3, 4, 2, 16),
     "qwen2": ("llama", True, 3, 4, 2, 16),
@@ -76,7 +77,7 @@ def test_capture_gives_row_stochastic_maps_at_true_length_and_the_baseline_hidde
         else:  # every real token sees every real token its layer's window (Gemma 3's) and score bias leave it
             for layer, module in enumerate(adapter.attention_modules):
                 seen = allowed_keys(length, adapter._sliding_window(module), causal=False).expand_as(maps[layer])
-                bias = adapter._score_bias(module, length, maps.device)  # (H, L, L) or None
+                bias = adapter._score_bias(module, length, maps.device)  # (H, L, L) or None (ModernBERT's window)
                 assert torch.equal(maps[layer] > 0, seen if bias is None else seen & bias.isfinite())
         assert max_diff(capture.hidden[row], baseline[row, :length]) <= TOL
 

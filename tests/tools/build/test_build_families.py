@@ -19,7 +19,7 @@ from tests.support.adapters import save_tiny_family
 
 # model_type: the pooling its users' sentence-transformers pipelines take (decoders pool their last token).
 FAMILIES = {"bert": "cls", "roberta": "mean", "xlm-roberta": "cls", "distilbert": "mean", "mpnet": "mean",
-            "llama": "lasttoken", "mistral": "mean", "qwen2": "lasttoken", "qwen3": "lasttoken",
+            "modernbert": "cls", "llama": "lasttoken", "mistral": "mean", "qwen2": "lasttoken", "qwen3": "lasttoken",
             "gemma3_text": "lasttoken", "embeddinggemma": "mean", "deberta-v2": "mean", "electra": "mean"}
 # Families built under a name of their own: the model_type and ``save_tiny_family``'s options (EmbeddingGemma: a
 # bidirectional Gemma 3 under mean pooling, two Dense layers and Normalize).
