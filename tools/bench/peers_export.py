@@ -6,7 +6,8 @@ the graph optimised at O3, or the dynamically quantised int8 model that ``export
 transformers than ours, so the same graphs are made here with the libraries underneath it:
 
 - ``onnx_fp32``: ``torch.onnx.export`` (the TorchScript exporter, ``dynamo=False``) of the model's transformer,
-  inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` and output ``last_hidden_state``, batch and sequence
+  inputs ``input_ids``, ``attention_mask`` and, where its tokenizer gives them, ``token_type_ids`` (none for MPNet or
+  DistilBERT), and output ``last_hidden_state``, batch and sequence
   axes dynamic, opset 14 (optimum's default for BERT), eager attention: ONNX Runtime 1.32 fuses its six
   attention blocks into ``Attention`` ops at O3, and none of an SDPA export's (measured on all-MiniLM-L6-v2; optimum
   exports BERT with SDPA), so these graphs are the faster of the two, the stricter baseline;
@@ -29,6 +30,7 @@ so a reader sees a whole graph or none, and two processes exporting at once both
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -151,24 +153,28 @@ def _atomic_folder(folder: Path) -> Iterator[Path]:
 
 
 class _LastHiddenState(torch.nn.Module):
-    """The model's transformer as a module of three tensors to one: what the exported graphs compute."""
+    """The model's transformer as a module of its input tensors to one: what the exported graphs compute."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
         return outputs.last_hidden_state  # (B, T, hidden)
 
 
 def _example_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    """Two texts as the model's pipeline prepares them: the ``INPUT_NAMES`` (in that order) its tokenizer gives and
+    its model takes (MPNet's and DistilBERT's take no token types)."""
     pipeline = loaded.sentence_transformer
     assert pipeline is not None
     features = pipeline.preprocess(["an example input", "a second, longer example input for the export"])
-    return {key: features[key] for key in INPUT_NAMES}
+    taken = inspect.signature(loaded.model.forward).parameters
+    return {key: features[key] for key in INPUT_NAMES if key in features and key in taken}
 
 
 def _export_onnx(loaded: LoadedModel, path: Path) -> None:
@@ -179,12 +185,13 @@ def _export_onnx(loaded: LoadedModel, path: Path) -> None:
     model.set_attn_implementation("eager")
     try:
         inputs = _example_inputs(loaded)
+        names = tuple(inputs)
         axes = {0: "batch_size", 1: "sequence_length"}
         with torch.no_grad():
             torch.onnx.export(
-                _LastHiddenState(model).eval(), tuple(inputs[key] for key in INPUT_NAMES), str(path),
-                input_names=list(INPUT_NAMES), output_names=["last_hidden_state"],
-                dynamic_axes={key: axes for key in (*INPUT_NAMES, "last_hidden_state")},
+                _LastHiddenState(model).eval(), tuple(inputs.values()), str(path),
+                input_names=list(names), output_names=["last_hidden_state"],
+                dynamic_axes={key: axes for key in (*names, "last_hidden_state")},
                 opset_version=ONNX_OPSET, do_constant_folding=True, dynamo=False,
             )
     finally:
@@ -230,7 +237,7 @@ def _convert_openvino(loaded: LoadedModel, path: Path) -> None:
     with torch.no_grad():
         converted = openvino.convert_model(
             _LastHiddenState(loaded.model).eval(), example_input=inputs,
-            input=[(key, [-1, -1], openvino.Type.i64) for key in INPUT_NAMES],
+            input=[(key, [-1, -1], openvino.Type.i64) for key in inputs],
         )
     openvino.save_model(converted, str(path), compress_to_fp16=False)
 

@@ -16,6 +16,7 @@ from attnstore_tools.bench import peers_export
 from attnstore_tools.bench.peers import PEERS, load_peer, open_peer, weightless_pipeline
 from attnstore_tools.bench.peers_export import export_graph
 from attnstore_tools.cli import main as cli_main
+from tests.support.adapters import save_tiny_family
 from tests.support.data import small_data
 
 for _module in ("onnx", "onnxruntime", "openvino"):
@@ -71,6 +72,20 @@ def test_each_peer_equals_the_torch_pipeline_within_its_precision(
         assert np.abs(got - expected).max() <= TOLERANCE[name]
     np.testing.assert_array_equal(got[0], got[4])  # a repeat gets the same vector
     assert peer.encode([], batch_size=3).shape == (0, expected.shape[1])
+
+
+@pytest.mark.parametrize("name", ["onnx_fp32", "openvino_fp32"])
+def test_a_model_whose_tokenizer_gives_no_token_types_exports_with_the_inputs_it_takes(
+    name: str, tmp_path: Path,
+) -> None:
+    # MPNet (all-mpnet-base-v2) and DistilBERT take input ids and a mask only.
+    loaded = load_model(str(save_tiny_family("mpnet", tmp_path / "mpnet", pooling="mean")))
+    pipeline = loaded.sentence_transformer
+    assert pipeline is not None and "token_type_ids" in pipeline.preprocess(["a"])  # MiniLM's tokenizer gives them
+    peer = open_peer(name, export_graph(name, loaded, cache_dir=tmp_path / "cache"), pipeline, threads=1)
+    assert peer.input_names == ["input_ids", "attention_mask"]
+    expected = pipeline.encode(TEXTS, batch_size=3, show_progress_bar=False)
+    assert np.abs(peer.encode(TEXTS, batch_size=3) - expected).max() <= TOLERANCE[name]
 
 
 def test_a_peer_on_a_weightless_pipeline_equals_one_on_the_loaded_pipeline(
