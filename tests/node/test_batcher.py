@@ -44,9 +44,16 @@ def _expected(bert, texts: list[str]) -> np.ndarray:
 
 
 async def _ready(batcher: Batcher) -> None:
-    while batcher.info is None:
-        assert batcher.failure is None
-        await asyncio.sleep(0.01)
+    def loaded() -> bool:
+        assert batcher.failure is None, f"the model failed to load: {batcher.failure!r}"
+        return batcher.info is not None
+
+    await asyncio.to_thread(wait_until, loaded, 60, "the batcher's model loaded")
+
+
+async def _queued(batcher: Batcher, requests: int) -> None:
+    """Once ``requests`` requests wait in the batcher's queue (the event loop runs meanwhile: it queues them)."""
+    await asyncio.to_thread(wait_until, lambda: batcher._queue.waiting >= requests, 30, f"{requests} requests queued")
 
 
 def test_concurrent_requests_are_one_call_and_each_gets_its_own_rows_deduplicated_across_requests(bert) -> None:
@@ -97,7 +104,7 @@ def test_a_cancelled_request_is_taken_out_of_the_queue_and_never_computed(bert) 
         await _ready(batcher)
         gone = asyncio.ensure_future(batcher.embed(TEXTS[6:10], truncate=True, max_input_tokens=64))
         kept = asyncio.ensure_future(batcher.embed([TEXTS[10]], truncate=True, max_input_tokens=64))
-        await asyncio.sleep(0.05)
+        await _queued(batcher, 2)  # both wait for others (400 ms): gone is cancelled while queued
         gone.cancel()
         return await kept
 
@@ -213,7 +220,7 @@ def test_a_ticket_answers_only_once_every_row_is_written_and_a_row_written_twice
         ticket = Ticket(TokenizedRequest(rows=((5, 6), (7,)), prompts=(0, 0), tokens=3), future)
         ticket.write(0, np.ones(4, np.float32))
         ticket.write(0, np.ones(4, np.float32))  # the same row again: row 1 is still open
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the loop runs what the writes scheduled first: an answer, were one due
         answered_early = future.done()
         ticket.write(1, np.zeros(4, np.float32))
         embedded = await asyncio.wait_for(future, 5)
@@ -254,8 +261,8 @@ def test_what_a_call_freed_goes_back_to_the_system_once_no_request_waits(
             # A request's rows reach it before its call has ended (the trim comes last): the next request is
             # sent once the thread is back at the queue, so each call ends with nothing waiting. Sent at once,
             # it was queued before the call's end on a busy machine and that call rightly kept its heap.
-            wait_until(lambda call=call: len(takes) > call, 30, f"the batcher's thread back at the queue after call"
-                       f" {call}", poll=0.001)
+            await asyncio.to_thread(wait_until, lambda call=call: len(takes) > call, 30,
+                                    f"the batcher's thread back at the queue after call {call}", poll=0.001)
 
     try:
         asyncio.run(scenario())
@@ -270,7 +277,7 @@ def test_a_request_that_would_queue_more_than_max_queued_rows_gets_429_and_the_o
     async def scenario():
         await _ready(batcher)
         first = asyncio.ensure_future(batcher.embed(TEXTS[0:4], truncate=True, max_input_tokens=64))
-        await asyncio.sleep(0.05)  # queued: it waits 400 ms for others
+        await _queued(batcher, 1)  # it waits 400 ms for others
         with pytest.raises(ApiError) as refused:
             await batcher.embed(TEXTS[4:6], truncate=True, max_input_tokens=64)  # 4 + 2 > 5
         fits = await batcher.embed([TEXTS[6]], truncate=True, max_input_tokens=64)  # 4 + 1

@@ -11,6 +11,7 @@ import pytest
 from attnstore_client.cache import AttnCache
 from attnstore_node.warmup import FORWARD_TOKENS, ROW_LENGTHS, warm_up
 from tests.support.nodes import NodeProcess, decoder_store, save_tiny_llama
+from tests.support.wait import wait_until
 
 READY_SECONDS = 30.0
 
@@ -19,11 +20,9 @@ def healthy_within(node: NodeProcess, seconds: float) -> float:
     """Start ``node`` and poll ``/health`` until 200; returns the seconds from the start."""
     started = time.monotonic()
     node.start(timeout=seconds)
-    while time.monotonic() - started < seconds:
-        if httpx.get(f"{node.url}/health", timeout=5).status_code == 200:
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"/health did not answer 200 within {seconds:g} s")
+    wait_until(lambda: httpx.get(f"{node.url}/health", timeout=5).status_code == 200,
+               seconds - (time.monotonic() - started), f"/health answering 200 within {seconds:g} s of the start")
+    return time.monotonic() - started
 
 
 def test_the_warm_up_stops_at_its_time_budget_and_times_the_rest_a_step_at_a_time(tmp_path: Path) -> None:
@@ -53,18 +52,15 @@ def test_an_idle_node_times_the_warm_up_forwards_left_and_serves_meanwhile(tmp_p
     batcher = Batcher(lambda: AttnCache(str(folder), store), "tiny", BatcherSettings(max_wait_ms=1))
 
     async def scenario():
-        while batcher.info is None:
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(wait_until, lambda: batcher.info is not None, 60, "the batcher's model loaded")
         return await batcher.score(["a short prompt"], [1037, 1038], softmax=True, max_input_tokens=64)
 
     batcher.start()
     try:
         scored = asyncio.run(scenario())
         assert scored.vectors.shape == (1, 2)
-        deadline = time.monotonic() + 60
-        while batcher.cache.cost_model.forward_cost() is None:
-            assert time.monotonic() < deadline, "the idle batcher did not finish the warm-up"
-            time.sleep(0.05)
+        wait_until(lambda: batcher.cache.cost_model.forward_cost() is not None, 60,
+                   "the idle batcher's warm-up done (a forward cost fitted)")
     finally:
         batcher.stop()
 

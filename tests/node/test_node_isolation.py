@@ -9,7 +9,6 @@ import json
 import random
 import socket
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.nodes import NodeProcess, tiny_store
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real_model
 
@@ -128,31 +128,54 @@ def _metric(node: NodeProcess, name: str) -> float:
     raise AssertionError(f"{name} is not in /metrics")
 
 
-def test_a_request_cancelled_mid_call_still_leaves_its_shared_rows_to_the_other_request(node, minilm_model) -> None:
+def _many() -> list[str]:
+    """A's 600 long lines (about 20,600 minilm tokens)."""
     generator = random.Random(7)
     words = ["disk", "block", "user", "session", "port", "node", "error", "warning", "kernel", "module"]
-    many = [" ".join(generator.choice(words) for _ in range(30)) + f" line {i}" for i in range(600)]
+    return [" ".join(generator.choice(words) for _ in range(30)) + f" line {i}" for i in range(600)]
+
+
+@pytest.fixture(scope="module")
+def sharing_node(tmp_path_factory: pytest.TempPathFactory, minilm_model):
+    """A node whose call of A's lines alone waits (up to 60 s) for another request: its token budget is A's
+    tokens and one more, so the call begins the moment a second request is queued beside A, whenever that is."""
+    tokens = sum(len(row) for row in minilm_model.sentence_transformer.tokenizer(_many())["input_ids"])
+    workdir = tmp_path_factory.mktemp("node-sharing")
+    process = NodeProcess("minilm", tiny_store(workdir / "store", minilm_model), workdir,
+                          args=("--no-warmup", "--max-wait-ms", "60000", "--max-batch-tokens", str(tokens + 1),
+                                "--exact-cache-bytes", "0")).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_a_request_cancelled_mid_call_still_leaves_its_shared_rows_to_the_other_request(sharing_node,
+                                                                                        minilm_model) -> None:
+    node = sharing_node
+    many = _many()
     shared = [many[3], many[300].upper(), many[599], "a text only B sends"]
     begun = _metric(node, "attnstore_node_batch_wait_seconds_count")
+    calls = _metric(node, "attnstore_node_call_requests_count")
+    merged = _metric(node, "attnstore_node_call_requests_sum")
     cancelled = _metric(node, "attnstore_node_cancelled_requests_total")
     body = json.dumps({"model": "minilm", "input": many}).encode()
     answer: list[httpx.Response] = []
     with socket.create_connection(("127.0.0.1", node.port)) as gone:
         gone.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        time.sleep(0.05)  # B arrives while A is tokenized: both are queued for one call, A's rows first
+        # A first: B is sent once A is queued, where A's call waits for it (the node's token budget).
+        wait_until(lambda: _metric(node, "attnstore_node_queue_requests") >= 1, 60, "A queued")
         other = threading.Thread(target=lambda: answer.append(httpx.post(
             f"{node.url}/v1/embeddings", json={"model": "minilm", "input": shared}, timeout=120)))
         other.start()
-        deadline = time.monotonic() + 60
-        while _metric(node, "attnstore_node_batch_wait_seconds_count") < begun + 1:
-            assert time.monotonic() < deadline, "A's call never began"
-            time.sleep(0.01)
+        wait_until(lambda: _metric(node, "attnstore_node_batch_wait_seconds_count") >= begun + 2, 60,
+                   "A's and B's call begun")
+    # A's client is gone while the call runs.
     other.join(120)
     assert answer and answer[0].status_code == 200, answer
     vectors = np.array([item["embedding"] for item in answer[0].json()["data"]], np.float32)
     assert _cosines(vectors, minilm_model.sentence_transformer.encode(shared)).min() >= 0.9999
-    deadline = time.monotonic() + 60
-    while _metric(node, "attnstore_node_cancelled_requests_total") < cancelled + 1:
-        assert time.monotonic() < deadline, "A's disconnect was never seen"
-        time.sleep(0.05)
+    wait_until(lambda: _metric(node, "attnstore_node_cancelled_requests_total") >= cancelled + 1, 60,
+               "A's disconnect seen (its request cancelled)")
+    wait_until(lambda: _metric(node, "attnstore_node_call_requests_count") >= calls + 1, 60, "the call counted")
+    assert _metric(node, "attnstore_node_call_requests_count") == calls + 1  # one call, of both requests:
+    assert _metric(node, "attnstore_node_call_requests_sum") == merged + 2  # B's rows were A's too

@@ -3,7 +3,6 @@ score query's prefix computed through one is served from the store through the o
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 from tests.support.caches import WORDS, sentences
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.nodes import NodeProcess, save_tiny_bert, save_tiny_llama
+from tests.support.wait import wait_until
 
 
 def _rows_by_tier(node: NodeProcess) -> dict[str, float]:
@@ -45,10 +45,7 @@ def test_a_line_computed_through_one_node_is_an_exact_hit_through_the_other(tmp_
         first = httpx.post(f"{nodes[0].url}/v1/embeddings", json=body, timeout=60).json()
         assert _rows_by_tier(nodes[0])["computed"] == 1
         with daemon.client(READ_TOKEN) as reader:  # write-back is off the request's path: wait for it to land
-            deadline = time.monotonic() + 30
-            while reader.stats().written_back_entries < 1:
-                assert time.monotonic() < deadline, "the computed row was never written back"
-                time.sleep(0.05)
+            wait_until(lambda: reader.stats().written_back_entries >= 1, 30, "the computed row written back")
         second = httpx.post(f"{nodes[1].url}/v1/embeddings", json=body, timeout=60).json()
         rows = _rows_by_tier(nodes[1])
         assert (rows["store_exact"], rows["computed"]) == (1, 0)
@@ -95,11 +92,9 @@ def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_throu
         chain = chain_hashes(rows[0], DEFAULT_BLOCK_SIZE, blocks=usable_blocks(len(rows[0]), DEFAULT_BLOCK_SIZE))
         fingerprint = model_fingerprint(loaded.model, loaded.tokenizer)
         with connect(f"grpc://{daemon.target}", token=READ_TOKEN) as reader:  # the prefix lands off the request's path
-            deadline = time.monotonic() + 30
-            while reader.prefix_layout("default") is None or not reader.match_prefix(
-                    "default", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10)[0]:
-                assert time.monotonic() < deadline, f"the query's prefix was never written back{daemon.log()[-3000:]}"
-                time.sleep(0.05)
+            wait_until(lambda: reader.prefix_layout("default") is not None and reader.match_prefix(
+                "default", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10)[0], 30,
+                lambda: f"the query's prefix written back; the daemon's log:\n{daemon.log()[-3000:]}", poll=0.05)
         before = _metric(nodes[1], "attnstore_node_forward_tokens_total")
         second = httpx.post(f"{nodes[1].url}/v1/score", timeout=120,
                             json={"query": query, "items": items[4:6], "label_token_ids": labels})

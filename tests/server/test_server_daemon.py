@@ -29,6 +29,7 @@ from attnstore_tools.cli import main as cli_main
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 LENGTH = 8
@@ -162,9 +163,7 @@ def test_a_repeated_map_hit_is_served_from_the_dram_tier_from_its_third_lookup(
 
     first_hits, first_entries = served_maps()
     served_maps()  # the second serve admits the entry, loaded in the background
-    deadline = time.monotonic() + 30
-    while served_maps()[1] == first_entries and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: served_maps()[1] != first_entries, 30, "the entry loaded into the DRAM cache", poll=0.05)
     hits, entries = served_maps()
     assert entries == first_entries + 1
     assert hits >= first_hits + LAYOUT.layers  # every layer of the last one came from DRAM
@@ -229,20 +228,17 @@ def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(daemo
 
     def reload_until(expected: bool, token: str) -> None:
         daemon.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while accepted(token) != expected:
-            assert time.monotonic() < deadline, daemon.log()
-            time.sleep(0.1)
+        wait_until(lambda: accepted(token) == expected, 10,
+                   lambda: f"the token {'accepted' if expected else 'refused'} after SIGHUP; the log:\n{daemon.log()}",
+                   poll=0.1)
 
     try:
         daemon.token_file.write_text(original + f"read {rotated}\n")
         reload_until(True, rotated)
         daemon.token_file.write_text("read short\n")
         daemon.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "event=reload_failed" not in daemon.log():
-            assert time.monotonic() < deadline, daemon.log()
-            time.sleep(0.1)
+        wait_until(lambda: "event=reload_failed" in daemon.log(), 10,
+                   lambda: f"event=reload_failed in the log:\n{daemon.log()}")
         assert accepted(rotated) and accepted(READ_TOKEN)
     finally:
         daemon.token_file.write_text(original)
@@ -307,7 +303,9 @@ def test_sigterm_in_the_middle_of_a_lookup_stream_exits_cleanly(tmp_path: Path) 
             first = next(stream)
             assert first.WhichOneof("body") == "matches" and next(stream).WhichOneof("body") == "maps"
             daemon.process.send_signal(15)
-            time.sleep(2.5)  # past the daemon's 1 s grace without reading
+            # Not read until the daemon's 1 s grace is over: the drain ended the stream it could not push.
+            wait_until(lambda: "event=stopped" in daemon.log(), 30,
+                       lambda: f"the drain over (event=stopped*); the log:\n{daemon.log()[-3000:]}")
             start = time.monotonic()
             with pytest.raises(AttnStoreError) as caught:
                 for _ in stream:
@@ -375,10 +373,7 @@ def test_a_removed_store_directory_turns_health_not_serving_and_refuses_writes(t
             remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
             remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 1)])
             shutil.rmtree(tmp_path / "store")
-            deadline = time.monotonic() + 10
-            while remote.health() == "SERVING" and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert remote.health() == "NOT_SERVING"
+            wait_until(lambda: remote.health() == "NOT_SERVING", 10, "health NOT_SERVING", poll=0.1)
             for write in (lambda: remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 2)]), remote.compact):
                 with pytest.raises(AttnStoreError, match="FAILED_PRECONDITION.*removed while it was open"):
                     write()

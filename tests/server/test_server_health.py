@@ -10,6 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.server.auth import SERVICE_NAME
 from tests.support.server_fixtures import memory_service, served
+from tests.support.wait import wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -27,8 +28,7 @@ def test_an_open_watch_is_told_not_serving_and_ended_so_the_drain_does_not_wait_
         stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
         reader = threading.Thread(target=lambda: seen.extend(reply.status for reply in stream))
         reader.start()
-        while not seen:
-            time.sleep(0.01)
+        wait_until(lambda: seen, 10, "the watch's first status")
         start = time.monotonic()
         server.stop(30.0)
         stopped = time.monotonic() - start

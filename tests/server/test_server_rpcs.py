@@ -37,6 +37,7 @@ from attnstore.service import AttnStoreService
 from attnstore.store import NewEntry
 from tests.support.server_fixtures import FP, LAYOUT, memory_service, served
 from tests.support.stores import make_entry
+from tests.support.wait import wait_until
 
 L = 6
 
@@ -286,8 +287,7 @@ def test_ingest_streams_past_the_concurrency_limit_are_refused() -> None:
 
     with served(memory_service(), limits=limits) as (server, remote):
         first = remote.stub.Ingest.future(slow_stream())
-        while server.servicer._ingest_slots._value:
-            threading.Event().wait(0.01)
+        wait_until(lambda: not server.servicer._ingest_slots._value, 10, "the first Ingest stream holding the slot")
         with pytest.raises(RequestLimitError, match="Ingest streams are running"):
             remote.ingest("ns", FP, _entries(1))
         release.set()

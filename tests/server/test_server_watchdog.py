@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from attnstore.server.config import DaemonConfig
 from attnstore.server.daemon import Daemon
 from attnstore.service.monitoring import ServiceMonitoring
+from tests.support.wait import wait_until
 
 
 def _metric(port: int, name: str) -> float:
@@ -35,14 +35,15 @@ def test_a_watchdog_check_that_raises_is_counted_and_the_daemon_still_drains(
     thread = threading.Thread(target=lambda: codes.append(daemon.run(handle_signals=False)))
     with caplog.at_level(logging.ERROR, logger="attnstore.server.daemon"):
         thread.start()
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert time.monotonic() < deadline and thread.is_alive(), "the daemon did not serve"
-            time.sleep(0.05)
+
+        def serving() -> bool:
+            assert thread.is_alive(), "the daemon's thread ended before it served"
+            return ready.exists()
+
+        wait_until(serving, 30, "the daemon's ready file")
         port = json.loads(ready.read_text())["metrics_port"]
-        while _metric(port, 'attnstore_background_errors_total{thread="attnstore-watchdog"}') < 2:
-            assert time.monotonic() < deadline, "the watchdog's errors were not counted"
-            time.sleep(0.1)
+        wait_until(lambda: _metric(port, 'attnstore_background_errors_total{thread="attnstore-watchdog"}') >= 2, 30,
+                   "two watchdog errors counted")
         daemon.request_stop()
         thread.join(30)
     assert codes == [0]

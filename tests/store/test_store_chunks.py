@@ -20,6 +20,7 @@ from attnstore.errors import (
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.store import MapStoreBase
 from tests.support.stores import make_entry, small_layout
+from tests.support.wait import wait_until
 
 LAYOUT = ChunkLayout(layers=3, kv_heads=2, head_dim=4, dtype="float32")
 CHUNK_BYTES = LAYOUT.chunk_bytes(5)  # 960: a chunk of 5 tokens
@@ -33,6 +34,13 @@ def _chunk(i: int, length: int = 5, layout: ChunkLayout = LAYOUT, writer: str | 
     rng = np.random.default_rng(i)
     kv = rng.standard_normal((layout.layers, *layout.layer_shape(length))).astype(layout.dtype)
     return StoredChunk(_key(i), kv, writer)
+
+
+def _tick() -> None:
+    """Return once the clock the stores stamp a chunk's last use with (``time.time``) has moved on: the next put
+    or read is stamped later than the last, so the least recently used order is the order of the calls."""
+    stamp = time.time()
+    wait_until(lambda: time.time() > stamp, 1, "the wall clock past the last stamp", poll=0.0001)
 
 
 def _open(make_store, max_bytes: int | None = None) -> MapStoreBase:
@@ -176,7 +184,7 @@ def test_a_damaged_chunk_record_is_evicted_first_however_recent(make_store):
         pytest.skip("this backend keeps records as objects, not bytes")
     for i in range(3):
         store.chunks.put("ns", [_chunk(i)])
-        time.sleep(0.01)
+        _tick()
     make_store.cut_chunk_record(store, "ns", _key(2))  # the most recent chunk
     assert store.chunks.put("ns", [_chunk(3)]) == 1  # over the cap: the damaged one goes, then the oldest
     assert store.chunks.lengths("ns", [_key(i) for i in range(4)]) == [None, 5, None, 5]
@@ -229,9 +237,9 @@ def test_the_byte_cap_evicts_the_least_recently_read_chunks_first(make_store):
     store = _open(make_store, max_bytes=3 * CHUNK_BYTES + 120)
     for i in range(3):
         store.chunks.put("ns", [_chunk(i)])
-        time.sleep(0.01)
+        _tick()
     store.chunks.read_layer("ns", _key(0), 0)  # chunk 0 is now the most recently used
-    time.sleep(0.01)
+    _tick()
     assert store.chunks.put("ns", [_chunk(3)]) == 1  # over the cap: evicts down to 90% of it
     assert store.chunks.lengths("ns", [_key(i) for i in range(4)]) == [5, None, None, 5]
     assert store.stats().chunk_entries == 2
@@ -249,9 +257,9 @@ def test_an_ingest_over_the_cap_evicts_the_least_recently_used_chunks_and_keeps_
     store = _open(make_store, max_bytes=3 * CHUNK_BYTES + 120)
     for i in range(3):
         store.chunks.put("ns", [_chunk(i)])
-        time.sleep(0.01)
+        _tick()
     store.chunks.read("ns", _key(0))
-    time.sleep(0.01)
+    _tick()
     report = store.ingest("ns", [make_entry(small_layout(), 8, seed=1)])  # 896 bytes of maps and outputs
     assert report.evicted == {}
     assert store.chunks.lengths("ns", [_key(i) for i in range(3)]) == [5, None, None]

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
@@ -21,6 +20,7 @@ from attnstore_client.tiers.prefix import capture_prefix_blocks, prefix_layout_o
 from attnstore_tools.build.namespace_layout import exact_tier_layout
 from tests.support.adapters import save_tiny_decoder
 from tests.support.caches import tiny_loaded
+from tests.support.wait import wait_until
 
 API_KEY = "node-key-0123456789abcdef"
 _LOG_TAIL_CHARS = 6000
@@ -117,16 +117,20 @@ class NodeProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(self._command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the node exited with {self.process.returncode} at start{self._tail()}")
-            if self.ready_file.exists():
-                self.port = json.loads(self.ready_file.read_text(encoding="utf-8"))["port"]
-                return self
-            time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"the node was not ready within {timeout:g} s{self._tail()}")
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"the node exited with {process.returncode} at start{self._tail()}")
+            return self.ready_file.exists()
+
+        try:
+            wait_until(ready, timeout, "the node's ready file", poll=0.05)
+        except AssertionError:
+            self.kill()
+            raise RuntimeError(f"the node was not ready within {timeout:g} s{self._tail()}") from None
+        self.port = json.loads(self.ready_file.read_text(encoding="utf-8"))["port"]
+        return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         """Send ``sig`` and wait; returns the exit code."""

@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from attnstore_tools.machine import RssSampler, peak_rss_bytes
+from tests.support.wait import wait_until
 
 # Touches 200 MiB of anonymous memory when told to, holds it until its stdin closes.
 _HOLDER = """
@@ -52,9 +52,7 @@ def test_the_sampler_reports_anonymous_memory_held_during_the_block_apart_from_f
         assert child.stdout.readline().strip() == "held"
         # Hold it until the thread has sampled twice more: a fixed sleep missed it on a loaded CI machine.
         taken = len(sampler.samples)
-        deadline = time.monotonic() + 30
-        while len(sampler.samples) < taken + 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(sampler.samples) >= taken + 2, 30, "two more samples of the held memory", poll=0.01)
         sampler.stop()
     finally:
         child.stdin.close()

@@ -12,7 +12,7 @@ from attnstore_tools.eval.variants import AttentionTimer
 
 class _Slow(nn.Module):
     def forward(self, x: float) -> float:
-        time.sleep(0.05)
+        time.sleep(0.05)  # the module's work, which the timer measures: not a wait for anything
         return x
 
 
