@@ -12,9 +12,9 @@ What is particular, as transformers' ``ModernBertModel`` has it:
   ``local_rope_theta`` (10,000). A packed forward builds both tables from each row's own positions.
 - Global (``full_attention``) and local (``sliding_attention``) layers alternate (``layer_types``, from
   ``global_attn_every_n_layers``); a local query attends the keys within ``local_attention // 2`` tokens on either
-  side (``config.sliding_window``). The window is the layer's score bias (``_score_bias``: 0 inside, -inf outside):
-  a captured map is zero outside it, a replayed map holds it already (replay is exact), a packed run masks its
-  rows with it.
+  side (``config.sliding_window``). The window is the layer's ``_sliding_window``, which the one attention function
+  applies on both sides of a bidirectional query (``attention.allowed_keys``, as for EmbeddingGemma): a captured map
+  is zero outside it, a replayed map holds it already (replay is exact), a packed run masks its rows with it.
 - The embeddings are ``tok_embeddings`` then a LayerNorm (bias-free by default, ``norm_bias``), with no position
   or token type embeddings (``embedding_layer``); layer 0's ``attn_norm`` is the identity; ``final_norm`` follows
   the last layer. transformers 5 runs the model padded, with a mask per layer type; the unpadding it used to do
@@ -144,7 +144,7 @@ class ModernBertAdapter(Adapter):
 
     def _run_packed(self, batch: PackedBatch) -> torch.Tensor:
         # The layers called one by one: no attention mask to build (each run of rows attends by itself, within a
-        # local layer's window, ``_score_bias``); the rotary tables of each layer type from the rows' own positions.
+        # local layer's window, ``_sliding_window``); the rotary tables of each layer type from the rows' own positions.
         encoder = self._encoder
         positions = batch.position_ids[None]  # (1, T)
         hidden = encoder.embeddings(input_ids=batch.input_ids[None])  # (1, T, hidden)
@@ -180,16 +180,10 @@ class ModernBertAdapter(Adapter):
     def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
         return _attention(module).Wo(context)  # (..., T, hidden)
 
-    def _score_bias(self, module: nn.Module, length: int, device: torch.device) -> torch.Tensor | None:
-        """A local layer's window: 0 for the keys within its reach of a query, -inf for the others, ``(H, L, L)``
-        (a view); None for a global layer, or a row the window covers whole."""
+    def _sliding_window(self, module: nn.Module) -> int | None:
+        # A local layer's keys within its reach on either side (``attention.allowed_keys``: ``|i - j| < window``).
         reach = self._reach[module]
-        if reach is None or length <= reach + 1:
-            return None
-        offsets = torch.arange(length, device=device)
-        outside = (offsets[:, None] - offsets[None, :]).abs() > reach  # (L, L)
-        bias = torch.zeros((length, length), device=device).masked_fill_(outside, float("-inf"))  # (L, L)
-        return bias.expand(self.num_heads, length, length)  # (H, L, L)
+        return None if reach is None else reach + 1
 
     def _fusable(self) -> Mapping[nn.Module, nn.Linear]:
         return {}  # ModernBertMLP gates its activation (``act(input) * gate``): nothing oneDNN fuses
