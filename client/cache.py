@@ -369,8 +369,9 @@ class AttnCache(SentenceTransformerAPI):
 
     @property
     def family(self) -> Literal["llama", "bert", "generic"]:
-        """The model's attention family: ``bert`` (bidirectional), ``llama`` (causal) or ``generic`` (no adapter: the
-        model's own forward, the exact tiers only)."""
+        """The model's attention layout (``Adapter.family``): ``bert`` (an encoder's), ``llama`` (a decoder's; causal
+        unless ``adapter.causal`` says otherwise, as for EmbeddingGemma) or ``generic`` (no adapter: the model's own
+        forward, the exact tiers only)."""
         return self.adapter.family
 
     @property

@@ -18,7 +18,7 @@ twin, with every part and capability the LMDB backend has), and by DramCache
 another store.
 
 Arguments every backend must refuse alike (names, layouts, fingerprints,
-projector blobs, token hashes, entry ids) are checked here, before a backend's
+projector blobs, token hashes, entry ids, layer indexes) are checked here, before a backend's
 ``_`` method runs, so the backends cannot drift apart on what they accept.
 """
 
@@ -329,17 +329,21 @@ class MapStoreBase(ABC):
         """
 
     def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """One layer of one entry's maps ``(heads, L, L)`` fp16 (by default out of :meth:`read_maps`; a backend
-        reads the one layer instead).
+        """One layer of one entry's maps ``(heads, L, L)`` fp16.
 
         Raises:
             EntryNotFoundError: no live entry has that id.
             ChecksumError: stored bytes are corrupt.
-            MapShapeError: ``layer`` is out of range.
+            MapShapeError: ``layer`` is not an int (a bool is not one) in range of the namespace's layers.
         """
         layers = self.get_namespace(namespace).layout.layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layers:
-            raise MapShapeError(f"layer {layer} is out of range: namespace {namespace!r} has {layers} layers")
+            raise MapShapeError(f"layer {layer!r} is out of range: namespace {namespace!r} has {layers} layers")
+        return self._read_layer(namespace, entry_id, layer)
+
+    def _read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+        """``read_layer`` of a checked layer: by default out of :meth:`read_maps` (a backend reads the one layer
+        instead)."""
         return np.ascontiguousarray(self.read_maps(namespace, entry_id)[layer])  # (heads, L, L)
 
     @abstractmethod

@@ -1,4 +1,5 @@
-"""Rules about namespaces every backend applies alike: projector versions and replacement, creating again.
+"""Rules about namespaces every backend applies alike: projector versions and replacement, creating again, the
+layout of chunks and prefix blocks set once.
 
 Each backend decides inside its own write (a transaction, a Lua script) with these,
 so the backends cannot drift apart on what a projector replacement or a second
@@ -11,7 +12,13 @@ import dataclasses
 
 import crc32c
 
-from attnstore.errors import MapShapeError, NamespaceExistsError, ProjectorChangedError, shown
+from attnstore.errors import (
+    FingerprintMismatchError,
+    MapShapeError,
+    NamespaceExistsError,
+    ProjectorChangedError,
+    shown,
+)
 from attnstore.protocol.projector_blob import same_weights
 from attnstore.protocol.records import NamespaceInfo
 
@@ -87,3 +94,14 @@ def drops_features(info: NamespaceInfo, blob: bytes) -> bool:
     """Whether storing ``blob`` as the namespace's projector invalidates its stored feature vectors
     (it has a projector, and ``blob`` holds other weights)."""
     return info.projector is not None and not same_weights(info.projector, blob)
+
+
+def check_same_layout(namespace: str, kind: str, stored: object | None, asked: object) -> None:
+    """Refuse a layout of ``kind`` ("chunks", "prefix blocks") other than the one the namespace keeps them in:
+    it is set once (``stored`` None: not yet), and the same one again changes nothing.
+
+    Raises:
+        FingerprintMismatchError: ``stored`` is another layout than ``asked``.
+    """
+    if stored is not None and stored != asked:
+        raise FingerprintMismatchError(f"namespace {namespace!r} stores {kind} as {stored}; asked for {asked}")

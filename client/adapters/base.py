@@ -82,9 +82,11 @@ class Adapter(ABC):
     """Capture and replay of attention maps for one loaded model.
 
     Attributes:
-        family: the attention layout (``"llama"``: RoPE, GQA, causal; ``"bert"``:
-            bidirectional; ``"generic"``: none known, the model's own forward only, ``adapters.generic``).
-        causal: whether a map of stored length ``L' > L`` may be cropped.
+        family: the attention layout (``"llama"``: RoPE, GQA, a decoder's modules; ``"bert"``: an encoder's;
+            ``"generic"``: none known, the model's own forward only, ``adapters.generic``). Whether the attention
+            is causal is ``causal``'s to say (EmbeddingGemma: Llama's layout, bidirectional).
+        causal: whether the model is causal: a map of stored length ``L' > L`` may be cropped, and a prefix's keys
+            and values do not depend on what follows it.
         attention_path: the module wrapped in each block, as a dotted attribute path.
         num_layers, num_heads, num_kv_heads, head_dim, hidden_size: the layout.
 

@@ -14,6 +14,7 @@ import pytest
 
 from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
 from attnstore.store.dram.cache import DramCache
+from attnstore.store.eviction import DEFAULT_LOW_WATER
 
 StoreFactory = Callable[..., MapStoreBase]
 
@@ -22,19 +23,20 @@ StoreFactory = Callable[..., MapStoreBase]
 def make_store(request, tmp_path) -> StoreFactory:
     opened: list[MapStoreBase] = []
 
-    def factory(max_bytes: int | None = None) -> MapStoreBase:
+    def factory(max_bytes: int | None = None, evict_low_water: float = DEFAULT_LOW_WATER) -> MapStoreBase:
         if request.param == "lmdb":
             path = tmp_path / f"store{len(opened)}"
-            store = DramCache(MapStore.open(path, create=True, max_bytes=max_bytes), dram_bytes=1 << 20)
+            lmdb_store = MapStore.open(path, create=True, max_bytes=max_bytes, evict_low_water=evict_low_water)
+            store = DramCache(lmdb_store, dram_bytes=1 << 20)
         elif request.param.startswith("redis"):
             from attnstore.store.redis.mapstore import RedisMapStore
             from attnstore.store.redis.urls import RedisSettings
 
             servers = request.getfixturevalue("redis_cluster" if request.param == "redis-cluster" else "redis_server")
-            settings = RedisSettings(max_bytes=max_bytes)
+            settings = RedisSettings(max_bytes=max_bytes, evict_low_water=evict_low_water)
             store = DramCache(RedisMapStore.open(servers.url(), create=True, settings=settings), dram_bytes=1 << 20)
         else:
-            store = MemoryMapStore(max_bytes=max_bytes)
+            store = MemoryMapStore(max_bytes=max_bytes, evict_low_water=evict_low_water)
         opened.append(store)
         return store
 

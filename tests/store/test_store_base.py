@@ -19,6 +19,7 @@ from attnstore.errors import (
     ProjectorChangedError,
     WireFormatError,
 )
+from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.records import TokenLimits
 from attnstore.store import MapStoreBase, NewEntry
 from attnstore.store.codecs import q8_error_bound
@@ -150,6 +151,14 @@ def test_read_layer_matches_read_maps(store):
         assert np.array_equal(store.read_layer(ns, entry_id, layer), maps[layer])
     with pytest.raises(MapShapeError, match="layer 3 is out of range"):
         store.read_layer(ns, entry_id, 3)
+
+
+@pytest.mark.parametrize("layer", [True, False, -1, 3, 1.0, "0"], ids=repr)
+def test_read_layer_refuses_a_layer_that_is_not_an_int_in_range_on_every_backend(store, layer):
+    ns = _namespace(store)
+    (entry_id,) = store.ingest(ns, [make_entry(small_layout(), 6, seed=4)]).entry_ids
+    with pytest.raises(MapShapeError, match=f"layer {layer!r} is out of range: namespace 'ns' has 3 layers"):
+        store.read_layer(ns, entry_id, layer)
 
 
 def test_returned_arrays_belong_to_the_caller(store):
@@ -291,6 +300,40 @@ def test_byte_cap_evicts_the_least_recently_hit_entries(make_store):
     assert set(report.evicted) == {ns} and set(report.evicted[ns]) == set(first) - live
     stats = store.stats()
     assert stats.evicted_entries == len(report.evicted[ns]) and stats.stored_bytes <= 5 * entry_bytes
+
+
+@pytest.mark.parametrize(("low_water", "evicted"), [(0.5, 6), (1.0, 1)])
+def test_byte_cap_evicts_entries_down_to_the_low_water_mark_and_no_further(make_store, low_water, evicted):
+    entry_bytes = small_layout().map_nbytes(16)  # fp16 without outputs: stored as it is
+    store = make_store(max_bytes=10 * entry_bytes, evict_low_water=low_water)
+    ns = _namespace(store)
+    first = store.ingest(ns, [make_entry(small_layout(), 16, seed=s, outputs=False) for s in range(10)]).entry_ids
+    assert store.entry(ns, first[0]).nbytes == entry_bytes and store.stats().evicted_entries == 0  # at the cap
+    report = store.ingest(ns, [make_entry(small_layout(), 16, seed=10, outputs=False)])
+    # 11 entries over a cap of 10: down to at most low_water * 10, the new one kept.
+    assert len(report.evicted[ns]) == evicted and set(report.evicted[ns]) <= set(first)
+    assert store.stats().stored_bytes == (11 - evicted) * entry_bytes <= int(low_water * 10 * entry_bytes)
+
+
+@pytest.mark.parametrize(("low_water", "evicted"), [(0.5, 6), (1.0, 1)])
+def test_byte_cap_evicts_chunks_down_to_the_low_water_mark_and_no_further(make_store, low_water, evicted):
+    layout = ChunkLayout(layers=3, kv_heads=2, head_dim=4, dtype="float32")
+    chunk_bytes = layout.chunk_bytes(5)
+    store = make_store(max_bytes=10 * chunk_bytes, evict_low_water=low_water)
+    if store.chunks is None:
+        pytest.skip(f"{type(getattr(store, 'inner', store)).__name__} keeps no chunk entries")
+    _namespace(store)
+    store.chunks.set_layout("ns", layout)
+    rng = np.random.default_rng(0)
+    chunks = [StoredChunk(token_hash(f"chunk {i}"), rng.standard_normal((3, *layout.layer_shape(5)), np.float32))
+              for i in range(11)]
+    for chunk in chunks[:10]:
+        store.chunks.put("ns", [chunk])
+    store.chunks.put("ns", [chunks[10]])
+    # 11 chunks over a cap of 10: down to at most low_water * 10, the new one kept.
+    kept = [length is not None for length in store.chunks.lengths("ns", [c.key for c in chunks])]
+    assert sum(kept) == 11 - evicted and kept[10]
+    assert store.stats().chunk_bytes == (11 - evicted) * chunk_bytes <= int(low_water * 10 * chunk_bytes)
 
 
 def test_ingest_reports_which_entries_it_added_and_how_many_duplicates(store):

@@ -19,6 +19,7 @@ import numpy as np
 
 from attnstore.errors import ChecksumError, StoreFullError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
+from attnstore.store.eviction import ChunkCandidate, by_recency, plan_eviction
 
 _HEAD = struct.Struct("<dIHB")  # created (unix seconds), length (tokens), layer count, whether a writer follows
 LayerBytes = bytes | memoryview
@@ -141,16 +142,6 @@ def chunk_problem(layout: ChunkLayout, record: ChunkRecord, piece: Callable[[int
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkCandidate:
-    """A stored chunk the byte cap may evict: the later of its storing and its last read first."""
-
-    recency: float
-    namespace: str
-    key: bytes
-    nbytes: int
-
-
 def chunks_to_evict(
     used: int, incoming: int, max_bytes: int | None, low_water: float, candidates: Iterable[ChunkCandidate],
 ) -> list[ChunkCandidate]:
@@ -167,18 +158,10 @@ def chunks_to_evict(
     Raises:
         StoreFullError: evicting every candidate still leaves the store over its cap.
     """
-    if max_bytes is None or used + incoming <= max_bytes:
-        return []
-    target = int(max_bytes * low_water)
-    victims = []
-    for candidate in sorted(candidates, key=lambda c: (c.recency, c.namespace, c.key)):
-        if used + incoming <= target:
-            break
-        victims.append(candidate)
-        used -= candidate.nbytes
-    if used + incoming > max_bytes:
+    plan = plan_eviction(used + incoming, max_bytes, low_water, by_recency(candidates))
+    if max_bytes is not None and plan.left > max_bytes:
         raise StoreFullError(
-            f"no room for {incoming} bytes of chunks: the store holds {used} bytes after evicting every other"
-            f" chunk, and its cap is {max_bytes} bytes (entries are evicted only by an ingest)"
+            f"no room for {incoming} bytes of chunks: the store holds {plan.left - incoming} bytes after evicting"
+            f" every other chunk, and its cap is {max_bytes} bytes (entries are evicted only by an ingest)"
         )
-    return victims
+    return plan.victims

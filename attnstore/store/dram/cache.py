@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.errors import ConfigError, MapShapeError
+from attnstore.errors import ConfigError
 from attnstore.protocol.records import EntryInfo, EntryRef, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.store.base import MapStoreBase
 from attnstore.store.dram.hot_maps import HotMaps
@@ -108,11 +108,8 @@ class DramCache(MapStoreBase):
         """See :meth:`MapStoreBase.read_maps`: from DRAM, else read from the inner store and admitted."""
         return self._hot.maps(namespace, entry_id)  # (layers, heads, L, L)
 
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+    def _read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         """See :meth:`MapStoreBase.read_layer`: from DRAM when the whole entry is there."""
-        layers = self._inner.get_namespace(namespace).layout.layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layers:
-            raise MapShapeError(f"layer {layer} is out of range: namespace {namespace!r} has {layers} layers")
         return self._hot.layer(namespace, entry_id, layer, lambda: self._inner.read_layer(namespace, entry_id, layer))
 
     def prefetch(self, namespace: str, ids: Iterable[int]) -> PrefetchReport:

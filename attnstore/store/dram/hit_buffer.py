@@ -10,8 +10,12 @@ from contextlib import contextmanager
 PendingHits = Mapping[tuple[str, int], tuple[int, float]]  # (namespace, id) -> (hits, last hit), not yet written
 
 
+WriteHits = Callable[[PendingHits], None]  # writes pending counts to the store; raises to keep them pending
+
+
 class HitBuffer:
-    """Pending ``(hits, last_hit)`` per ``(namespace, entry id)``, thread-safe.
+    """Pending ``(hits, last_hit)`` per ``(namespace, entry id)``, thread-safe: a store's ``record_hits`` and
+    ``flush_hits``, written once for every backend that buffers them.
 
     :meth:`add` reports when a flush is due: once ``flush_count`` distinct
     entries are pending or ``flush_seconds`` have passed since the last flush.
@@ -20,14 +24,19 @@ class HitBuffer:
         flush_count: distinct pending entries that make a flush due.
         flush_seconds: age of the oldest unflushed hit that makes a flush due.
         clock: monotonic clock, for tests.
+        write: the store's write of pending counts (one transaction or round of scripts).
+        readonly: the store is read-only: counts stay in memory, never written.
     """
 
     def __init__(
-        self, flush_count: int, flush_seconds: float, clock: Callable[[], float] = time.monotonic
+        self, flush_count: int, flush_seconds: float, clock: Callable[[], float] = time.monotonic, *,
+        write: WriteHits, readonly: bool = False,
     ) -> None:
         self._flush_count = flush_count
         self._flush_seconds = flush_seconds
         self._clock = clock
+        self._write = write
+        self._readonly = readonly
         self._pending: dict[tuple[str, int], tuple[int, float]] = {}
         self._last_flush = clock()
         self._lock = threading.Lock()
@@ -44,18 +53,17 @@ class HitBuffer:
                 or self._clock() - self._last_flush >= self._flush_seconds
             )
 
-    def record(
-        self, namespace: str, ids: Iterable[int], write: Callable[[dict[tuple[str, int], tuple[int, float]]], None],
-        *, readonly: bool,
-    ) -> None:
-        """A store's ``record_hits``: count the hits now, ``flush`` them with ``write`` once due (never read-only)."""
-        if self.add(namespace, ids, time.time()) and not readonly:
-            self.flush(write)
+    def record(self, namespace: str, ids: Iterable[int]) -> None:
+        """A store's ``record_hits``: count one hit for each id now, in memory; write every pending count once
+        ``flush_count`` entries are pending or ``flush_seconds`` have passed (checked here, on the next call),
+        never in a read-only store. The store also flushes before eviction, compaction and close."""
+        if self.add(namespace, ids, time.time()) and not self._readonly:
+            self.flush()
 
-    def flush(self, write: Callable[[dict[tuple[str, int], tuple[int, float]]], None]) -> None:
-        """A store's ``flush_hits``: ``write`` every pending count now; they stay pending if it raises."""
+    def flush(self) -> None:
+        """A store's ``flush_hits``: write every pending count now; they stay pending if the write raises."""
         with self.draining() as pending:
-            write(pending)
+            self._write(pending)
 
     def get(self, namespace: str, entry_id: int) -> tuple[int, float]:
         """Pending ``(hits, last_hit)`` of one entry; ``(0, 0.0)`` if none."""

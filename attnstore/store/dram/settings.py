@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnstore.errors import ConfigError
+from attnstore.store.eviction import check_cap
 
 DEFAULT_DRAM_BYTES = 1 << 30  # DRAM cache: 1 GiB of decoded maps (about 120 SmolLM2 entries of 128 tokens)
 DEFAULT_HIT_FLUSH_COUNT = 4096
@@ -18,10 +19,7 @@ def check_store_settings(
     Raises:
         ConfigError: a value out of range, named.
     """
-    if max_bytes is not None and max_bytes < 1:
-        raise ConfigError(f"max_bytes must be positive or None, got {max_bytes}")
-    if not 0.0 < evict_low_water <= 1.0:
-        raise ConfigError(f"evict_low_water must be in (0, 1], got {evict_low_water}")
+    check_cap(max_bytes, evict_low_water)
     if hit_flush_count < 1 or hit_flush_seconds < 0:
         raise ConfigError(
             f"hit_flush_count must be >= 1 and hit_flush_seconds >= 0, got {hit_flush_count} and {hit_flush_seconds}"

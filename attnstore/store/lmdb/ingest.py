@@ -19,6 +19,12 @@ import numpy as np
 from attnstore.errors import ChecksumError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord
+from attnstore.store.eviction import (
+    EntryCandidate,
+    by_recency,
+    least_recent_first,
+    plan_eviction,
+)
 from attnstore.store.lmdb.chunks.keys import delete_chunk, drop_chunk_keys, eviction_candidates, total_bytes
 from attnstore.store.lmdb.env import Databases, items_with_prefix
 from attnstore.store.lmdb.prefix_blocks import drop_prefix_keys
@@ -328,8 +334,7 @@ def evict_over_cap(
     total = stored_bytes(txn, db) + total_bytes(txn, db.chunks)
     if total <= max_bytes:
         return Evicted({}, 0)
-    target = int(max_bytes * low_water)
-    candidates: list[tuple[float, str, int | bytes]] = []  # an entry's id, or a chunk's key
+    entries: list[EntryCandidate] = []
     with txn.cursor(db=db.entries) as cursor:
         for key, raw in cursor.iternext():
             name, entry_id = split_entry_key(key)
@@ -340,29 +345,27 @@ def evict_over_cap(
             except ChecksumError:
                 continue
             last_hit = HitRecord.from_bytes(txn.get(key, db=db.hits)).last_hit
-            candidates.append((max(last_hit, record.created), name, entry_id))
-    candidates += [(c.recency, c.namespace, c.key) for c in eviction_candidates(txn, db.chunks, set())]
-    candidates.sort(key=lambda c: c[:2])  # stable: entries of one time and namespace in id order
+            entries.append(EntryCandidate(max(last_hit, record.created), name, entry_id, record.nbytes))
+    chunks = eviction_candidates(txn, db.chunks, set())
+    plan = plan_eviction(total, max_bytes, low_water, least_recent_first(chunks, by_recency(entries)))
     evicted: dict[str, list[int]] = {}
-    freed = chunk_bytes = 0
-    for _, name, ident in candidates:
-        if total - freed - chunk_bytes <= target:
-            break
-        if isinstance(ident, bytes):
+    freed = 0
+    for victim in plan.victims:
+        name, ident = victim.namespace, victim.key
+        if isinstance(ident, bytes):  # a chunk's key
             assert db.chunks is not None  # it listed the chunk
-            chunk_bytes += delete_chunk(txn, db.chunks, name, ident) or 0
+            delete_chunk(txn, db.chunks, name, ident)
             continue
-        entry_id = ident
-        nbytes = delete_entry(txn, db, states[name], entry_id)
+        nbytes = delete_entry(txn, db, states[name], ident)
         if nbytes is not None:
             freed += nbytes
-            evicted.setdefault(name, []).append(entry_id)
+            evicted.setdefault(name, []).append(ident)
     result = Evicted(evicted, freed)
     write_counter(txn, db, META_EVICTED_ENTRIES, read_counter(txn, db, META_EVICTED_ENTRIES) + result.count)
     write_counter(txn, db, META_EVICTED_BYTES, read_counter(txn, db, META_EVICTED_BYTES) + freed)
-    if total - freed - chunk_bytes > max_bytes:
+    if plan.left > max_bytes:
         logger.warning(
-            "store holds %s bytes over its cap of %s even after evicting every older entry", total - freed, max_bytes
+            "store holds %s bytes over its cap of %s even after evicting every older entry", plan.left, max_bytes
         )
     return result
 

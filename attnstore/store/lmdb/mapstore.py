@@ -23,7 +23,6 @@ import lmdb
 import numpy as np
 
 from attnstore.errors import (
-    MapShapeError,
     NamespaceNotFoundError,
     StoreFullError,
     StoreNotFoundError,
@@ -44,6 +43,7 @@ from attnstore.store.base import MapStoreBase
 from attnstore.store.dram.hit_buffer import HitBuffer, PendingHits
 from attnstore.store.dram.settings import DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS
 from attnstore.store.entry_record import EntryRecord
+from attnstore.store.eviction import DEFAULT_LOW_WATER
 from attnstore.store.lmdb.catalog import CatalogCache, create_or_match, namespace_names, put_projector
 from attnstore.store.lmdb.chunks.calls import LmdbChunks
 from attnstore.store.lmdb.compaction import compact_live
@@ -117,7 +117,8 @@ class MapStore(MapStoreBase):
         self._chunks = LmdbChunks(live, settings, self.get_namespace)
         self.chunks = self._chunks
         self.prefixes = LmdbPrefixBlocks(live, self.get_namespace)
-        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
+        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds, write=self._write_hits,
+                               readonly=settings.readonly)
         self._read_helper = ThreadPoolExecutor(1, thread_name_prefix="attnstore-read")
 
     @classmethod
@@ -128,6 +129,7 @@ class MapStore(MapStoreBase):
         create: bool = False,
         map_size: int = DEFAULT_MAP_SIZE,
         max_bytes: int | None = None,
+        evict_low_water: float = DEFAULT_LOW_WATER,
         readonly: bool = False,
         hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT,
         hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS,
@@ -137,9 +139,10 @@ class MapStore(MapStoreBase):
         Args:
             path: store directory.
             create: create the store if it does not exist.
-            map_size, max_bytes, readonly, hit_flush_count, hit_flush_seconds: the ``StoreSettings``
-                fields (map size in bytes, cap on live entries' bytes (None: none), read-only, when hit
-                counts are written). A DRAM cache in front is ``DramCache``'s (``open_store`` adds one).
+            map_size, max_bytes, evict_low_water, readonly, hit_flush_count, hit_flush_seconds: the
+                ``StoreSettings`` fields (map size in bytes, cap on live entries' bytes (None: none), the
+                fraction of it eviction goes down to, read-only, when hit counts are written). A DRAM cache
+                in front is ``DramCache``'s (``open_store`` adds one).
 
         Raises:
             StoreNotFoundError: no store at ``path`` and ``create`` is False.
@@ -147,13 +150,9 @@ class MapStore(MapStoreBase):
             FormatVersionError: the store is in a format version this code does not read.
             ConfigError: invalid settings.
         """
-        settings = StoreSettings(
-            map_size=map_size,
-            max_bytes=max_bytes,
-            readonly=readonly,
-            hit_flush_count=hit_flush_count,
-            hit_flush_seconds=hit_flush_seconds,
-        )
+        settings = StoreSettings(map_size=map_size, max_bytes=max_bytes, evict_low_water=evict_low_water,
+                                 readonly=readonly, hit_flush_count=hit_flush_count,
+                                 hit_flush_seconds=hit_flush_seconds)
         return cls(LiveGeneration.open(Path(path), settings, create=create), settings)
 
     # ------------------------------------------------------------------ plumbing
@@ -325,13 +324,9 @@ class MapStore(MapStoreBase):
             decode_layers(txn, gen.db, state, record, range(state.layout.layers), out, self._read_helper)
         return out
 
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+    def _read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         """See :meth:`MapStoreBase.read_layer`: only that layer is read."""
         state = self._state(namespace)
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < state.layout.layers:
-            raise MapShapeError(
-                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
-            )
         with self._live.read() as (gen, txn):
             record = load_record(txn, gen.db, namespace, entry_id)
             out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)
@@ -399,15 +394,13 @@ class MapStore(MapStoreBase):
     # -------------------------------------------------------------- hits, delete
 
     def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.record_hits`: counted in memory, written once ``hit_flush_count`` entries are
-        pending or ``hit_flush_seconds`` have passed (checked on the next call), and before eviction, compaction
-        and close."""
+        """See :meth:`MapStoreBase.record_hits`: buffered (see ``HitBuffer.record``)."""
         self._state(namespace)
-        self._hits.record(namespace, ids, self._write_hits, readonly=self._settings.readonly)
+        self._hits.record(namespace, ids)
 
     def flush_hits(self) -> None:
-        """Write buffered hit counts now; they stay buffered if the write fails."""
-        self._hits.flush(self._write_hits)
+        """Write buffered hit counts now (see ``HitBuffer.flush``)."""
+        self._hits.flush()
 
     def _forget(self, namespace: str, ids: list[int]) -> None:
         """Entries gone from the store leave the hit buffer, and the listeners hear of it (``on_removed``)."""

@@ -15,7 +15,6 @@ block on and stop at the first missing one.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ import numpy as np
 from attnstore.errors import FingerprintMismatchError, MapShapeError
 from attnstore.protocol.keys import BLOCK_HASH_BYTES
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
+from attnstore.store.lmdb import layouts
 from attnstore.store.lmdb.env import DbHandle, Generation, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
 from attnstore.store.prefix.interface import PrefixBlocks
@@ -43,14 +43,8 @@ if TYPE_CHECKING:
     from attnstore.protocol.records import NamespaceInfo
     from attnstore.store.lmdb.live import LiveGeneration
 
-_LAYOUT = b"L"
 _RECORD = b"R"
 _PART = b"C"
-
-
-def layout_key(namespace: str) -> bytes:
-    """Key of the namespace's prefix layout."""
-    return ns_prefix(namespace) + _LAYOUT
 
 
 def record_key(namespace: str, chain_hash: bytes) -> bytes:
@@ -65,8 +59,7 @@ def part_key(namespace: str, chain_hash: bytes, part: int) -> bytes:
 
 def read_layout(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> PrefixLayout | None:
     """The namespace's prefix layout in ``txn``, or None."""
-    raw = None if db is None else txn.get(layout_key(namespace), db=db)
-    return None if raw is None else PrefixLayout.from_dict(json.loads(bytes(raw)))
+    return layouts.read_layout(txn, db, namespace, PrefixLayout)
 
 
 def drop_prefix_keys(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> int:
@@ -143,13 +136,7 @@ class LmdbPrefixBlocks(PrefixBlocks):
         self._namespace(namespace)
         with self._live.write() as (gen, txn):
             assert gen.db.prefix is not None  # a writer opens (creates) it
-            stored = read_layout(txn, gen.db.prefix, namespace)
-            if stored is not None and stored != layout:
-                raise FingerprintMismatchError(
-                    f"namespace {namespace!r} stores prefix blocks as {stored}; asked for {layout}"
-                )
-            if stored is None:
-                txn.put(layout_key(namespace), json.dumps(layout.to_dict()).encode(), db=gen.db.prefix)
+            layouts.set_layout(txn, gen.db.prefix, namespace, "prefix blocks", layout)
         return layout
 
     def _layout(self, namespace: str) -> PrefixLayout | None:

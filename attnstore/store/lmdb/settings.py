@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
 from attnstore.store.dram.settings import DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS, check_store_settings
+from attnstore.store.eviction import DEFAULT_LOW_WATER
 
 DEFAULT_MAP_SIZE = 1 << 40  # LMDB address space reserved (1 TiB); the file grows only as used
 
@@ -21,7 +22,7 @@ class StoreSettings:
     map_size: int = DEFAULT_MAP_SIZE  # LMDB map size in bytes; a full map raises StoreFullError
     max_bytes: int | None = None  # cap on live entries' stored bytes; past it, least recently hit go
     readonly: bool = False  # read-only: no writer lock, follows compactions of the writer
-    evict_low_water: float = 0.9  # the byte cap evicts down to this fraction of max_bytes
+    evict_low_water: float = DEFAULT_LOW_WATER  # the byte cap evicts down to this fraction of max_bytes
     hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT  # distinct entries with buffered hits that trigger a flush
     hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
     compact_txn_bytes: int = 256 << 20  # bytes per write transaction while compacting

@@ -16,11 +16,11 @@ import struct
 import time
 from collections.abc import Callable
 
-import crc32c
 import lmdb
 
 from attnstore.errors import AttnStoreError, ChecksumError, StoreFullError
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.entry_check import entry_problems
 from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.catalog import decode_namespace, namespace_names
 from attnstore.store.lmdb.chunks.keys import chunk_findings
@@ -29,7 +29,7 @@ from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.prefix_blocks import prefix_problems
 from attnstore.store.lmdb.records import BucketRecord, decode_u64, hash_key, length_key, ns_prefix, split_entry_key
 from attnstore.store.reports import CorruptChunk, CorruptEntry, VerifyReport
-from attnstore.store.zarr_layout import parse_chunk_key
+from attnstore.store.zarr_layout import ChunkedArray, parse_chunk_key
 
 # Reasons listed per corrupt entry at most (the first ones say enough).
 _MAX_REASONS = 3
@@ -38,31 +38,20 @@ _MAX_REASONS = 3
 def _check_entry(
     txn: lmdb.Transaction, gen: Generation, state: NamespaceState, record: EntryRecord
 ) -> tuple[list[str], int]:
-    """Problems of one entry and the number of chunks checked."""
+    """Problems of one entry (its chunks, see ``entry_check``, and its index keys) and the number of chunks
+    checked."""
     db, name, length = gen.db, state.name, record.length
-    problems: list[str] = []
-    arrays = state.arrays(length)
-    n_arrays = len(arrays)
-    checked = 0
-    if not record.crcs and record.outputs_crc is not None:
-        pass  # an outputs-only entry (written back for the exact tier): no map chunks to check
-    elif len(record.crcs) != state.layout.layers * n_arrays:
-        problems.append(f"record has {len(record.crcs)} chunk crcs, expected {state.layout.layers * n_arrays}")
-    else:
-        for k, array in enumerate(arrays):
-            for layer, key in enumerate(array.chunk_keys(name, length, record.slot, state.layout.layers)):
-                chunk = txn.get(key, db=db.zarr)
-                checked += 1
-                if chunk is None:
-                    problems.append(f"layer {layer} {array.name} chunk is missing")
-                elif crc32c.crc32c(chunk) != record.crcs[layer * n_arrays + k]:
-                    problems.append(f"layer {layer} {array.name} chunk: crc32c mismatch")
+    keys = {array.name: array.chunk_keys(name, length, record.slot, state.layout.layers)
+            for array in state.arrays(length)}
+
+    def chunk(array: ChunkedArray, layer: int) -> bytes | memoryview | None:
+        return txn.get(keys[array.name][layer], db=db.zarr)
+
+    outputs = None
     if record.outputs_crc is not None:
         (key,) = state.outputs(length).chunk_keys(name, length, record.slot, 1)
-        chunk = txn.get(key, db=db.zarr)
-        checked += 1
-        if chunk is None or crc32c.crc32c(chunk) != record.outputs_crc:
-            problems.append("outputs chunk is missing or fails its crc32c check")
+        outputs = txn.get(key, db=db.zarr)
+    problems, checked = entry_problems(state, record, chunk, outputs)
     found = txn.get(hash_key(name, record.token_hash), db=db.hashes)
     if found is None or decode_u64(found) != record.id:
         problems.append("exact-tier index does not point to the entry")

@@ -11,12 +11,11 @@ from functools import partial
 
 import numpy as np
 
-from attnstore.errors import EntryNotFoundError, FingerprintMismatchError
+from attnstore.errors import EntryNotFoundError
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.store.chunks.interface import StoredChunks
 from attnstore.store.chunks.records import (
-    ChunkCandidate,
     ChunkRecord,
     chunk_pieces,
     chunk_problem,
@@ -25,6 +24,8 @@ from attnstore.store.chunks.records import (
     new_record,
     where,
 )
+from attnstore.store.eviction import ChunkCandidate
+from attnstore.store.namespace_rules import check_same_layout
 from attnstore.store.reports import CorruptChunk
 
 logger = logging.getLogger(__name__)
@@ -53,17 +54,19 @@ def _piece(pieces: list[bytes], layer: int) -> bytes | None:
 class MemoryChunks(StoredChunks):
     """Chunk entries of the in-memory store (its ``store.chunks``), per namespace in a dict."""
 
-    def __init__(self, lock: threading.RLock, max_bytes: int | None, namespace: Callable[[str], NamespaceInfo],
-                 entry_bytes: Callable[[], int]) -> None:
+    def __init__(self, lock: threading.RLock, max_bytes: int | None, low_water: float,
+                 namespace: Callable[[str], NamespaceInfo], entry_bytes: Callable[[], int]) -> None:
         """
         Args:
             lock: the store's lock (a write of chunks is atomic with the store's own writes).
             max_bytes: the store's byte cap, over its entries and chunks together.
+            low_water: the fraction of the cap eviction goes down to.
             namespace: the store's ``get_namespace`` (raises NamespaceNotFoundError).
             entry_bytes: the stored bytes of every live entry of the store.
         """
         self._lock = lock
         self._max_bytes = max_bytes
+        self._low_water = low_water
         self._namespace = namespace
         self._entry_bytes = entry_bytes
         self._chunks: dict[str, _Chunks] = {}  # namespace -> its chunk entries
@@ -81,10 +84,8 @@ class MemoryChunks(StoredChunks):
             chunks = self._chunks_of(namespace)
             if chunks is None:
                 self._chunks[namespace] = _Chunks(layout)
-            elif chunks.layout != layout:
-                raise FingerprintMismatchError(
-                    f"namespace {namespace!r} stores chunks as {chunks.layout}; asked for {layout}"
-                )
+            else:
+                check_same_layout(namespace, "chunks", chunks.layout, layout)
             return layout
 
     def _layout(self, namespace: str) -> ChunkLayout | None:
@@ -100,7 +101,8 @@ class MemoryChunks(StoredChunks):
             protect = {c.key for c in new}
             candidates = [c for c in self.candidates() if not (c.namespace == namespace and c.key in protect)]
             used = self._entry_bytes() + self.total_bytes()
-            victims = chunks_to_evict(used, incoming, self._max_bytes, 0.9, candidates)  # raises before any change
+            # Raises (StoreFullError) before anything changes.
+            victims = chunks_to_evict(used, incoming, self._max_bytes, self._low_water, candidates)
             for victim in victims:
                 self._chunks[victim.namespace].drop(victim.key)
             if victims:

@@ -21,9 +21,7 @@ import numpy as np
 
 from attnstore.errors import (
     ChecksumError,
-    ConfigError,
     EntryNotFoundError,
-    MapShapeError,
     MapsNotStoredError,
     NamespaceNotFoundError,
     shown,
@@ -40,6 +38,14 @@ from attnstore.protocol.records import (
 )
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.base import MapStoreBase
+from attnstore.store.eviction import (
+    DEFAULT_LOW_WATER,
+    EntryCandidate,
+    by_recency,
+    check_cap,
+    least_recent_first,
+    plan_eviction,
+)
 from attnstore.store.memory.chunks import MemoryChunks
 from attnstore.store.memory.prefix_blocks import MemoryPrefixBlocks
 from attnstore.store.namespace_rules import (
@@ -95,22 +101,26 @@ class MemoryMapStore(MapStoreBase):
     """In-memory map store.
 
     Args:
-        max_bytes: cap on live entries' stored bytes; past it, the least recently
-            hit entries are evicted down to 90% of the cap.
+        max_bytes: cap on the stored bytes of live entries and chunks; past it, the least recently
+            used are evicted down to ``evict_low_water`` of the cap.
+        evict_low_water: the fraction of the cap eviction goes down to, in (0, 1] (as the other backends').
+
+    Raises:
+        ConfigError: ``max_bytes`` below 1, or ``evict_low_water`` out of range.
     """
 
-    def __init__(self, *, max_bytes: int | None = None) -> None:
-        if max_bytes is not None and max_bytes < 1:
-            raise ConfigError(f"max_bytes must be positive or None, got {max_bytes}")
+    def __init__(self, *, max_bytes: int | None = None, evict_low_water: float = DEFAULT_LOW_WATER) -> None:
+        check_cap(max_bytes, evict_low_water)
         super().__init__()
         self._max_bytes = max_bytes
+        self._low_water = evict_low_water
         self._namespaces: dict[str, _Namespace] = {}
         self._next_id = 1
         self._evicted_entries = 0
         self._evicted_bytes = 0
         self._lock = threading.RLock()
         self._prefixes = MemoryPrefixBlocks(self._lock, self.get_namespace)
-        self._chunks = MemoryChunks(self._lock, max_bytes, self.get_namespace, self._entry_bytes)
+        self._chunks = MemoryChunks(self._lock, max_bytes, evict_low_water, self.get_namespace, self._entry_bytes)
         self.prefixes = self._prefixes
         self.chunks = self._chunks
 
@@ -257,36 +267,30 @@ class MemoryMapStore(MapStoreBase):
         return sum(e.nbytes for ns in self._namespaces.values() for e in ns.entries.values())
 
     def _evict(self, protect: set[tuple[str, int]]) -> dict[str, list[int]]:
-        """Evict the least recently used entries and chunks down to 90% of the cap; the evicted entry ids by
-        namespace."""
+        """Evict the least recently used entries and chunks down to the low-water mark of the cap (see
+        ``store.eviction``); the evicted entry ids by namespace."""
         evicted: dict[str, list[int]] = {}
         if self._max_bytes is None:
             return evicted
-        total = self._entry_bytes() + self._chunks.total_bytes()
-        if total <= self._max_bytes:
+        used = self._entry_bytes() + self._chunks.total_bytes()
+        if used <= self._max_bytes:
             return evicted
-        candidates: list[tuple[float, str, int | bytes]] = [  # an entry's id, or a chunk's key
-            (max(e.last_hit, e.created), name, e.id)
+        entries = [
+            EntryCandidate(max(e.last_hit, e.created), name, e.id, e.nbytes)
             for name, ns in self._namespaces.items()
             for e in ns.entries.values()
             if (name, e.id) not in protect
         ]
-        candidates += [(c.recency, c.namespace, c.key) for c in self._chunks.candidates()]
-        candidates.sort(key=lambda c: c[:2])
-        target = int(self._max_bytes * 0.9)
-        for _, name, ident in candidates:
-            if total <= target:
-                break
-            if isinstance(ident, bytes):
-                total -= self._chunks.evict(name, ident)
+        candidates = least_recent_first(self._chunks.candidates(), by_recency(entries))
+        for victim in plan_eviction(used, self._max_bytes, self._low_water, candidates).victims:
+            name, ident = victim.namespace, victim.key
+            if isinstance(ident, bytes):  # a chunk's key
+                self._chunks.evict(name, ident)
                 continue
-            entry_id = ident
-            nbytes = self._namespaces[name].entries[entry_id].nbytes
-            self._delete_one(self._namespaces[name], entry_id)
-            total -= nbytes
+            self._delete_one(self._namespaces[name], ident)
             self._evicted_entries += 1
-            self._evicted_bytes += nbytes
-            evicted.setdefault(name, []).append(entry_id)
+            self._evicted_bytes += victim.nbytes
+            evicted.setdefault(name, []).append(ident)
         return evicted
 
     def _decode(self, ns: _Namespace, entry: _Entry, layers: Iterable[int], out: np.ndarray) -> None:
@@ -313,12 +317,10 @@ class MemoryMapStore(MapStoreBase):
         self._decode(ns, entry, range(layout.layers), out)
         return out
 
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_layer`."""
+    def _read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+        """See :meth:`MapStoreBase.read_layer`: only that layer is decoded."""
         ns, entry = self._get(namespace, entry_id)
         layout = ns.state.layout
-        if not 0 <= layer < layout.layers:
-            raise MapShapeError(f"layer {layer} is out of range: namespace {namespace!r} has {layout.layers} layers")
         out = np.empty((1, layout.heads, entry.length, entry.length), dtype=np.float16)
         self._decode(ns, entry, [layer], out)
         return out[0]  # (heads, L, L)

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 import crc32c
 import numpy as np
 
-from attnstore.errors import FingerprintMismatchError, MapShapeError
+from attnstore.errors import MapShapeError
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout
 from attnstore.protocol.records import NamespaceInfo
+from attnstore.store.namespace_rules import check_same_layout
 from attnstore.store.prefix.interface import PrefixBlocks
 from attnstore.store.prefix.records import BlockRecord, block_parts, gather_parts, new_record, writer_blocks
 
@@ -50,10 +51,7 @@ class MemoryPrefixBlocks(PrefixBlocks):
             if blocks is None:
                 self._prefix[namespace] = _Blocks(layout)
                 return layout
-            if blocks.layout != layout:
-                raise FingerprintMismatchError(
-                    f"namespace {namespace!r} stores prefix blocks as {blocks.layout}; asked for {layout}"
-                )
+            check_same_layout(namespace, "prefix blocks", blocks.layout, layout)
             return layout
 
     def _layout(self, namespace: str) -> PrefixLayout | None:

@@ -6,17 +6,19 @@ shard for long) and is safe to run from any number of processes at once.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 
 from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import FORMAT_VERSION, NamespaceInfo
 from attnstore.store.arrays import NamespaceState
+from attnstore.store.entry_check import entry_problems
+from attnstore.store.eviction import EntryCandidate, least_recent_first, plan_eviction
 from attnstore.store.redis.chunks import walks as chunk_walks
 from attnstore.store.redis.connection import RedisConnection, translated
-from attnstore.store.redis.keys import RECORD_FIELD, StoreKeys, decode_record, entry_problems
+from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys, decode_record, hash_chunk
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -94,46 +96,41 @@ def eviction_victims(
     protect: set[tuple[str, int]],
 ) -> tuple[dict[str, list[int]], dict[str, list[bytes]]]:
     """The least recently used entries and chunks (all namespaces) to remove to bring stored bytes (entries' and
-    chunks') to ``low_water`` of the cap: entry ids and chunk keys by namespace.
+    chunks') to ``low_water`` of the cap (see ``store.eviction``): entry ids and chunk keys by namespace.
 
     Reads each namespace's recency in pages, merged oldest first; ``protect`` (this ingest's entries) stays.
     """
-    total = entry_bytes(connection, keys, namespaces) + chunk_walks.total_bytes(connection, keys, namespaces)
-    if total <= max_bytes:
+    used = entry_bytes(connection, keys, namespaces) + chunk_walks.total_bytes(connection, keys, namespaces)
+    if used <= max_bytes:
         return {}, {}
-    target = int(max_bytes * low_water)
 
-    def oldest(ns: str) -> Iterator[tuple[float, str, int, int | bytes]]:
+    def oldest(ns: str) -> Iterator[EntryCandidate]:
         start = 0
         while True:
             with translated(f"reading the recency of {ns!r}"):
                 page = connection.client.zrange(keys.namespace(ns).recency, start, start + PAGE - 1, withscores=True)
             if not page:
                 return
-            yield from ((float(score), ns, 0, int(entry_id)) for entry_id, score in page)
+            for raw_id, score in page:
+                entry_id = int(raw_id)
+                if (ns, entry_id) in protect:
+                    continue
+                with translated(f"reading entry {entry_id} of {ns!r}"):
+                    meta = connection.client.hget(keys.namespace(ns).meta, str(entry_id))
+                if meta is not None:  # else removed meanwhile
+                    yield EntryCandidate(float(score), ns, entry_id, int(bytes(meta)[32:].split(b" ")[1]))
             start += PAGE
 
-    listed = chunk_walks.candidates(connection, keys, namespaces, set())
-    sizes = {(c.namespace, c.key): c.nbytes for c in listed}
-    chunks: list[tuple[float, str, int, int | bytes]] = sorted((c.recency, c.namespace, 1, c.key) for c in listed)
+    chunks = chunk_walks.candidates(connection, keys, namespaces, set())
+    candidates = least_recent_first(chunks, *(oldest(ns) for ns in namespaces))
     victims: dict[str, list[int]] = {}
     chunk_victims: dict[str, list[bytes]] = {}
-    for _, ns, _kind, ident in heapq.merge(chunks, *(oldest(ns) for ns in namespaces)):
-        if total <= target:
-            break
-        if isinstance(ident, bytes):
-            chunk_victims.setdefault(ns, []).append(ident)
-            total -= sizes[(ns, ident)]
-            continue
-        entry_id = ident
-        if (ns, entry_id) in protect:
-            continue
-        with translated(f"reading entry {entry_id} of {ns!r}"):
-            meta = connection.client.hget(keys.namespace(ns).meta, str(entry_id))
-        if meta is None:
-            continue  # removed meanwhile
-        total -= int(bytes(meta)[32:].split(b" ")[1])
-        victims.setdefault(ns, []).append(entry_id)
+    for victim in plan_eviction(used, max_bytes, low_water, candidates).victims:
+        ident = victim.key
+        if isinstance(ident, bytes):  # a chunk's key
+            chunk_victims.setdefault(victim.namespace, []).append(ident)
+        else:
+            victims.setdefault(victim.namespace, []).append(ident)
     return victims, chunk_victims
 
 
@@ -180,7 +177,8 @@ def verify(
                 except (ChecksumError, EntryNotFoundError) as exc:
                     corrupt.append(CorruptEntry(name, entry_id, f"record: {exc}"))
                     continue
-                problems, checked = entry_problems(state, record, fields)
+                chunk = partial(hash_chunk, fields)
+                problems, checked = entry_problems(state, record, chunk, fields.get(OUTPUTS_FIELD))
                 chunks += checked
                 if problems:
                     corrupt.append(CorruptEntry(name, entry_id, problems[0]))

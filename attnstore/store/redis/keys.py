@@ -64,6 +64,7 @@ from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord, check_map_record
 from attnstore.store.validate import PreparedEntry
+from attnstore.store.zarr_layout import ChunkedArray
 
 RECORD_FIELD = b"record"
 OUTPUTS_FIELD = b"outputs"
@@ -265,6 +266,11 @@ def decode_record(state: NamespaceState, entry_id: int, raw: bytes | None) -> En
     return record
 
 
+def hash_chunk(fields: Fields, array: ChunkedArray, layer: int) -> bytes | None:
+    """One layer's chunk of ``array`` among an entry's hash fields (what verify checks); None where missing."""
+    return fields.get(chunk_field(array.name, layer))
+
+
 def layer_fields(state: NamespaceState, layer: int) -> list[bytes]:
     """The fields of one layer's chunks (one per codec array), in array order."""
     return [chunk_field(array.name, layer) for array in state.codec.arrays(state.layout, 1)]
@@ -315,31 +321,3 @@ def decode_outputs(state: NamespaceState, record: EntryRecord, chunk: bytes | No
             f"entry {record.id} of namespace {state.name!r}: outputs chunk is missing or fails its crc32c check"
         )
     return np.frombuffer(chunk, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)
-
-
-def entry_problems(state: NamespaceState, record: EntryRecord, fields: Fields) -> tuple[list[str], int]:
-    """What is wrong with one stored entry (verify), and how many chunks were checked."""
-    problems: list[str] = []
-    arrays = state.arrays(record.length)
-    n_arrays = len(arrays)
-    checked = 0
-    if not record.crcs and record.outputs_crc is not None:
-        pass  # an outputs-only entry (written back for the exact tier): no map chunks to check
-    elif len(record.crcs) != state.layout.layers * n_arrays:
-        problems.append(f"record has {len(record.crcs)} chunk crcs, expected {state.layout.layers * n_arrays}")
-    else:
-        for layer in range(state.layout.layers):
-            for k, array in enumerate(arrays):
-                chunk = fields.get(chunk_field(array.name, layer))
-                checked += 1
-                if chunk is None:
-                    problems.append(f"layer {layer} {array.name} chunk is missing")
-                elif crc32c.crc32c(chunk) != record.crcs[layer * n_arrays + k]:
-                    problems.append(f"layer {layer} {array.name} chunk: crc32c mismatch")
-    if record.outputs_crc is not None:
-        checked += 1
-        try:
-            decode_outputs(state, record, fields.get(OUTPUTS_FIELD))
-        except ChecksumError:
-            problems.append("outputs chunk is missing or fails its crc32c check")
-    return problems, checked

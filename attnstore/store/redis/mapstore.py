@@ -89,7 +89,8 @@ class RedisMapStore(MapStoreBase):
         self._reads = RedisEntryReads(connection, self._keys, self._state, self._pending_hits, self._forget_missing)
         self.chunks = RedisChunks(connection, self._keys, settings, self._catalog, self.get_namespace,
                                   self._check_writable, self._entry_bytes)
-        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds)
+        self._hits = HitBuffer(settings.hit_flush_count, settings.hit_flush_seconds, write=self._write_hits,
+                               readonly=settings.readonly)
         self._watch = StoreWatch(connection, self._keys, self._catalog.identity, create=create)
         self._feed = RedisChangeFeed(connection, self._keys, self._catalog, self._forget_missing,
                                      lambda namespace, ids: self._removed(namespace, list(ids)),
@@ -354,7 +355,7 @@ class RedisMapStore(MapStoreBase):
         """See :meth:`MapStoreBase.read_maps`: the whole entry in one read."""
         return self._reads.read_maps(namespace, entry_id)
 
-    def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
+    def _read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
         """See :meth:`MapStoreBase.read_layer`: only that layer's fields are read."""
         return self._reads.read_layer(namespace, entry_id, layer)
 
@@ -388,15 +389,13 @@ class RedisMapStore(MapStoreBase):
     # ---- hits, delete ---------------------------------------------------------
 
     def record_hits(self, namespace: str, ids: Iterable[int]) -> None:
-        """See :meth:`MapStoreBase.record_hits`: counted in memory, written once ``hit_flush_count`` entries are
-        pending or ``hit_flush_seconds`` have passed (checked on the next call), and before eviction, compaction
-        and close."""
+        """See :meth:`MapStoreBase.record_hits`: buffered (see ``HitBuffer.record``)."""
         self._state(namespace)
-        self._hits.record(namespace, ids, self._write_hits, readonly=self._settings.readonly)
+        self._hits.record(namespace, ids)
 
     def flush_hits(self) -> None:
-        """Write buffered hit counts now; they stay buffered if the write fails."""
-        self._hits.flush(self._write_hits)
+        """Write buffered hit counts now (see ``HitBuffer.flush``)."""
+        self._hits.flush()
 
     def _pending_hits(self, namespace: str, entry_id: int) -> tuple[int, float]:
         """Hits counted here and not yet written, and the last one's time (for ``RedisEntryReads``)."""

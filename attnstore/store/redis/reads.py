@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from attnstore.errors import ChecksumError, EntryNotFoundError, MapShapeError
+from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.protocol.records import EntryInfo, EntryRef
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord
@@ -86,12 +86,8 @@ class RedisEntryReads:
         return out
 
     def read_layer(self, namespace: str, entry_id: int, layer: int) -> np.ndarray:
-        """See :meth:`MapStoreBase.read_layer`: only that layer's fields are read."""
+        """See :meth:`MapStoreBase.read_layer` (of a layer it checked): only that layer's fields are read."""
         state = self._state(namespace)
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < state.layout.layers:
-            raise MapShapeError(
-                f"layer {layer} is out of range: namespace {namespace!r} has {state.layout.layers} layers"
-            )
         fields = self._fields(namespace, entry_id, [RECORD_FIELD, *layer_fields(state, layer)])
         record = self._record(namespace, state, entry_id, fields)
         out = np.empty((1, state.layout.heads, record.length, record.length), dtype=np.float16)

@@ -25,6 +25,30 @@ local function LOG(log, trimmed, ...)
 end
 """
 
+# What the scripts that set feature vectors share (after _LOG): the namespace's projector version
+# (VERSION(): a string, nil when the namespace is gone), and the vectors set, noted with FEATURED(id, length,
+# feature) and logged by LOG_FEATURED() as one add (followers replace rows of the same id).
+_FEATURES = (
+    _LOG
+    + """
+local function VERSION()
+  local info = redis.call('GET', KEYS[1])
+  if not info then return nil end
+  return tostring(cjson.decode(info)['projector_version'] or 0)
+end
+local featured_ids, featured_lens, featured = {}, {}, {}
+local function FEATURED(id, len, feature)
+  table.insert(featured_ids, id); table.insert(featured_lens, len); table.insert(featured, feature)
+end
+local function LOG_FEATURED()
+  if #featured_ids > 0 then
+    LOG(KEYS[9], KEYS[10], 'op', 'add', 'ids', table.concat(featured_ids, ','), 'lengths',
+        table.concat(featured_lens, ','), 'features', table.concat(featured))
+  end
+end
+"""
+)
+
 # ARGV: log cap, projector version to check ("" for none), now, n, then per entry 7 values:
 # token_hash, id ("0": not written, only match or feature an existing entry), length, stored, raw,
 # feature bytes ("" for none), "1" if the feature may go to an entry already stored under the hash
@@ -34,14 +58,13 @@ end
 # A per-entry result is "a" (added), "d id length" (already stored), "f id length" (already stored,
 # given this entry's feature) or "m" (id "0" and no entry has the hash: the caller writes it and retries).
 COMMIT = (
-    _LOG
+    _FEATURES
     + """
-local info = redis.call('GET', KEYS[1])
-if not info then return {'gone'} end
-local version = tostring(cjson.decode(info)['projector_version'] or 0)
+local version = VERSION()
+if not version then return {'gone'} end
 if ARGV[2] ~= '' and ARGV[2] ~= version then return {'version ' .. version} end
 local n = tonumber(ARGV[4])
-local out, ids, lens, features = {'ok'}, {}, {}, {}
+local out = {'ok'}
 for i = 1, n do
   local a = 4 + (i - 1) * 7
   local th, id, len = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
@@ -51,7 +74,7 @@ for i = 1, n do
     local old = string.match(found, '^(%d+) ')
     if feature ~= '' and featurable == '1' and redis.call('HEXISTS', KEYS[5], old) == 0 then
       redis.call('HSET', KEYS[5], old, feature)
-      table.insert(ids, old); table.insert(lens, string.match(found, ' (%d+)$')); table.insert(features, feature)
+      FEATURED(old, string.match(found, ' (%d+)$'), feature)
       out[i + 1] = 'f ' .. found
     else
       out[i + 1] = 'd ' .. found
@@ -68,15 +91,12 @@ for i = 1, n do
     redis.call('ZADD', KEYS[7], ARGV[3], id)
     if feature ~= '' then
       redis.call('HSET', KEYS[5], id, feature)
-      table.insert(ids, id); table.insert(lens, len); table.insert(features, feature)
+      FEATURED(id, len, feature)
     end
     out[i + 1] = 'a'
   end
 end
-if #ids > 0 then
-  LOG(KEYS[9], KEYS[10], 'op', 'add', 'ids', table.concat(ids, ','), 'lengths', table.concat(lens, ','),
-      'features', table.concat(features))
-end
+LOG_FEATURED()
 return out
 """
 )
@@ -86,29 +106,25 @@ return out
 # is not registered (deleted or evicted). Each registered entry's feature is replaced and the lot logged as an
 # add (followers replace rows of the same id).
 SET_FEATURES = (
-    _LOG
+    _FEATURES
     + """
-local info = redis.call('GET', KEYS[1])
-if not info then return {'gone'} end
-local version = tostring(cjson.decode(info)['projector_version'] or 0)
+local version = VERSION()
+if not version then return {'gone'} end
 if ARGV[2] ~= version then return {'version ' .. version} end
-local out, ids, lens, features = {'ok'}, {}, {}, {}
+local out = {'ok'}
 for i = 3, #ARGV, 2 do
   local id, feature = ARGV[i], ARGV[i + 1]
   local meta = redis.call('HGET', KEYS[4], id)
   if meta then
     local len = string.match(string.sub(meta, 33), '^(%d+) ')
     redis.call('HSET', KEYS[5], id, feature)
-    table.insert(ids, id); table.insert(lens, len); table.insert(features, feature)
+    FEATURED(id, len, feature)
     table.insert(out, len)
   else
     table.insert(out, '')
   end
 end
-if #ids > 0 then
-  LOG(KEYS[9], KEYS[10], 'op', 'add', 'ids', table.concat(ids, ','), 'lengths', table.concat(lens, ','),
-      'features', table.concat(features))
-end
+LOG_FEATURED()
 return out
 """
 )

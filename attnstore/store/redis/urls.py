@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from attnstore.errors import ConfigError
 from attnstore.store.dram.settings import DEFAULT_HIT_FLUSH_COUNT, DEFAULT_HIT_FLUSH_SECONDS, check_store_settings
+from attnstore.store.eviction import DEFAULT_LOW_WATER
 
 REDIS_SCHEMES = ("redis://", "rediss://")
 DEFAULT_PREFIX = "attnstore"
@@ -116,7 +117,7 @@ class RedisSettings:
 
     max_bytes: int | None = None  # cap on live entries' stored bytes (all daemons together); None: Redis's maxmemory
     readonly: bool = False  # refuse every write (ReadOnlyStoreError)
-    evict_low_water: float = 0.9  # the byte cap evicts down to this fraction of max_bytes
+    evict_low_water: float = DEFAULT_LOW_WATER  # the byte cap evicts down to this fraction of max_bytes
     hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT  # distinct entries with buffered hits that trigger a flush
     hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS  # buffered hits older than this flush on the next hit
     entry_ttl_seconds: int = ENTRY_TTL_SECONDS  # see ENTRY_TTL_SECONDS

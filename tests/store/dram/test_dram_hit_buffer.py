@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from attnstore.store.dram.hit_buffer import HitBuffer
+from attnstore.store.dram.hit_buffer import HitBuffer, PendingHits
+
+
+def _unwritten(pending: PendingHits) -> None:
+    raise AssertionError(f"these tests take the counts themselves (drain); nothing writes {dict(pending)}")
 
 
 class _Clock:
@@ -14,7 +18,7 @@ class _Clock:
 
 
 def test_a_flush_is_due_after_enough_distinct_entries():
-    hits = HitBuffer(flush_count=3, flush_seconds=60, clock=_Clock())
+    hits = HitBuffer(flush_count=3, flush_seconds=60, clock=_Clock(), write=_unwritten)
     assert not hits.add("ns", [1, 1, 2], when=10.0)
     assert hits.get("ns", 1) == (2, 10.0)
     assert hits.add("ns", [3], when=11.0)
@@ -22,7 +26,7 @@ def test_a_flush_is_due_after_enough_distinct_entries():
 
 def test_a_flush_is_due_once_the_oldest_hit_is_old_enough():
     clock = _Clock()
-    hits = HitBuffer(flush_count=100, flush_seconds=5, clock=clock)
+    hits = HitBuffer(flush_count=100, flush_seconds=5, clock=clock, write=_unwritten)
     assert not hits.add("ns", [1], when=1.0)
     clock.now = 6.0
     assert hits.add("ns", [1], when=2.0)
@@ -31,7 +35,7 @@ def test_a_flush_is_due_once_the_oldest_hit_is_old_enough():
 
 
 def test_restore_merges_counts_back_and_drop_forgets_deleted_entries():
-    hits = HitBuffer(flush_count=100, flush_seconds=60, clock=_Clock())
+    hits = HitBuffer(flush_count=100, flush_seconds=60, clock=_Clock(), write=_unwritten)
     hits.add("ns", [1, 2], when=1.0)
     pending = hits.drain()
     hits.add("ns", [1], when=5.0)

@@ -34,10 +34,10 @@ from attnstore.store.lmdb.chunks.keys import (
     record_length,
     record_writer,
     total_bytes,
-    write_layout,
     writer_keys,
 )
 from attnstore.store.lmdb.env import DbHandle, Generation
+from attnstore.store.lmdb.layouts import set_layout
 from attnstore.store.lmdb.records import stored_bytes
 
 if TYPE_CHECKING:
@@ -96,11 +96,7 @@ class LmdbChunks(StoredChunks):
         self._namespace(namespace)
         with self._live.write() as (gen, txn):
             assert gen.db.chunks is not None  # a writer opens (creates) it
-            stored = read_layout(txn, gen.db.chunks, namespace)
-            if stored is not None and stored != layout:
-                raise FingerprintMismatchError(f"namespace {namespace!r} stores chunks as {stored}; asked for {layout}")
-            if stored is None:
-                write_layout(txn, gen.db.chunks, namespace, layout)
+            set_layout(txn, gen.db.chunks, namespace, "chunks", layout)
         return layout
 
     def _layout(self, namespace: str) -> ChunkLayout | None:

@@ -17,7 +17,6 @@ chunk is visible with all its bytes or not at all.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ import lmdb
 from attnstore.errors import ChecksumError
 from attnstore.protocol.chunks import CHUNK_KEY_BYTES, ChunkLayout, StoredChunk
 from attnstore.store.chunks.records import (
-    ChunkCandidate,
     ChunkRecord,
     chunk_pieces,
     chunk_problem,
@@ -37,22 +35,18 @@ from attnstore.store.chunks.records import (
     stored_length,
     where,
 )
+from attnstore.store.eviction import ChunkCandidate
+from attnstore.store.lmdb import layouts
 from attnstore.store.lmdb.env import DbHandle, items_with_prefix
 from attnstore.store.lmdb.records import ns_prefix
 from attnstore.store.reports import CorruptChunk
 
-_LAYOUT = b"L"
 _RECORD = b"R"
 _PIECE = b"C"
 _READ = b"T"
 _TOTAL = b"\x00total"
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
-
-
-def layout_key(namespace: str) -> bytes:
-    """Key of the namespace's chunk layout."""
-    return ns_prefix(namespace) + _LAYOUT
 
 
 def record_key(namespace: str, key: bytes) -> bytes:
@@ -86,13 +80,7 @@ def _parse(raw_key: bytes | memoryview) -> _Parsed | None:
 
 def read_layout(txn: lmdb.Transaction, db: DbHandle | None, namespace: str) -> ChunkLayout | None:
     """The namespace's chunk layout in ``txn``, or None."""
-    raw = None if db is None else txn.get(layout_key(namespace), db=db)
-    return None if raw is None else ChunkLayout.from_dict(json.loads(bytes(raw)))
-
-
-def write_layout(txn: lmdb.Transaction, db: DbHandle, namespace: str, layout: ChunkLayout) -> None:
-    """Record the namespace's chunk layout."""
-    txn.put(layout_key(namespace), json.dumps(layout.to_dict()).encode(), db=db)
+    return layouts.read_layout(txn, db, namespace, ChunkLayout)
 
 
 def read_record(txn: lmdb.Transaction, db: DbHandle | None, namespace: str, key: bytes) -> ChunkRecord | None:

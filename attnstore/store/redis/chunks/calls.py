@@ -30,6 +30,7 @@ from attnstore.store.chunks.records import (
     stored_length,
     where,
 )
+from attnstore.store.namespace_rules import check_same_layout
 from attnstore.store.redis.chunks import scripts, walks
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
@@ -69,9 +70,8 @@ class RedisChunks(StoredChunks):
         with translated(f"setting the chunk layout of {namespace!r}"):
             taken = self._redis.client.set(self._keys.namespace(namespace).chunk_layout, walks.layout_json(layout),
                                            nx=True)
-        stored = layout if taken else walks.read_layout(self._redis, self._keys, namespace)
-        if stored != layout:
-            raise FingerprintMismatchError(f"namespace {namespace!r} stores chunks as {stored}; asked for {layout}")
+        stored = None if taken else walks.read_layout(self._redis, self._keys, namespace)  # None: just set
+        check_same_layout(namespace, "chunks", stored, layout)
         return layout
 
     def _layout(self, namespace: str) -> ChunkLayout | None:

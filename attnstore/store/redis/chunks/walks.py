@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from attnstore.errors import ChecksumError
 from attnstore.protocol.chunks import ChunkLayout
-from attnstore.store.chunks.records import ChunkCandidate, ChunkRecord, chunk_problem, where
+from attnstore.store.chunks.records import ChunkRecord, chunk_problem, where
+from attnstore.store.eviction import ChunkCandidate
 from attnstore.store.redis.chunks import scripts
 from attnstore.store.redis.connection import RedisConnection, translated
 from attnstore.store.redis.keys import StoreKeys
