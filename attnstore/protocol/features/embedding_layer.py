@@ -1,11 +1,10 @@
 """The model's embedding stage, kept with a namespace's projector so a daemon derives features from tokens.
 
 A row's feature is the projector over its *feature source*: token (+position/type)
-embeddings and the first norm (BERT's embeddings output with its LayerNorm; for
-Llama the layer-0 ``input_layernorm`` of ``embed_tokens``; for Gemma 3 the same of
-its embeddings scaled by ``sqrt(hidden)``, its RMSNorm's weight taken as
-``1 + weight``; for ModernBERT its token embeddings' LayerNorm, no positions), the stage the
-client's adapter runs (``Adapter.feature_source``). That stage needs only these
+embeddings and the first norm, the stage the client's adapter runs
+(``Adapter.feature_source``) and hands over as tensors (``Adapter.embedding_layer``):
+which tensors a family's model holds them in is the adapter's business; here is
+only the arithmetic of each kind (``EmbeddingLayer.kind``). That stage needs only these
 few tensors (MiniLM: ~47 MB in fp32), so whoever installs a projector stores
 them in its blob (tensors under ``embedding_layer.``, a record in the metadata)
 and the daemon computes a written-back row's feature itself: a write token can
@@ -43,10 +42,10 @@ class EmbeddingLayer:
     """One model's embedding stage, fp32 on the CPU.
 
     Attributes:
-        kind: ``bert`` (embeddings + LayerNorm, BERT and RoBERTa), ``llama`` (``embed_tokens`` + RMSNorm) or
-            ``gemma3`` (``embed_tokens`` times ``embed_scale``, then Gemma's RMSNorm: ``1 + weight``);
-            ``modernbert``: ``tok_embeddings`` + LayerNorm, no position or token type embeddings (its positions
-            are rotary, in the attention).
+        kind: ``bert`` (token, absolute position and token type embeddings, then a LayerNorm: BERT and the
+            encoders that copy it), ``llama`` (token embeddings, then an RMSNorm), ``gemma3`` (token embeddings
+            times ``embed_scale``, then an RMSNorm scaling by ``1 + weight``) or ``modernbert`` (token embeddings,
+            then a LayerNorm; no position or token type embeddings: its positions are rotary, in the attention).
         tokens: ``(vocab, hidden)`` token embeddings.
         norm_weight: ``(hidden,)`` the first norm's weight.
         eps: the first norm's epsilon.
