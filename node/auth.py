@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hmac
 import logging
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnstore.errors import ConfigError
+from attnstore.protocol.secret_file import read_secret_file
 from attnstore_node.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,7 @@ def load_keys(path: Path) -> ApiKeys:
     Raises:
         ConfigError: the file cannot be read or is malformed (see ``parse_keys``).
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-        mode = path.stat().st_mode
-    except OSError as exc:
-        raise ConfigError(f"cannot read API key file {path}: {exc.strerror or exc}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("event=key_file_permissions path=%s mode=%o hint='chmod 600'", path, stat.S_IMODE(mode))
+    text = read_secret_file(path, "API key file", "key_file_permissions", log)
     return parse_keys(text, str(path))
 
 

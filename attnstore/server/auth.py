@@ -31,7 +31,6 @@ import hashlib
 import hmac
 import logging
 import re
-import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import grpc
 
 from attnstore.errors import ConfigError, shown
 from attnstore.protocol.records import is_namespace_name
+from attnstore.protocol.secret_file import read_secret_file
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.reflection import REFLECTION_SERVICES
 
@@ -235,14 +235,7 @@ def load_tokens(path: str | Path) -> TokenTable:
     Raises:
         ConfigError: the file cannot be read or is malformed (see ``parse_tokens``).
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-        mode = path.stat().st_mode
-    except OSError as exc:
-        raise ConfigError(f"cannot read token file {path}: {exc.strerror or exc}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("event=token_file_permissions path=%s mode=%o hint='chmod 600'", path, stat.S_IMODE(mode))
+    text = read_secret_file(path, "token file", "token_file_permissions", log)
     return parse_tokens(text, str(path))
 
 
