@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from attnstore_client.stats import CacheStats
 from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded
 from tests.support.daemon import READ_TOKEN, DaemonProcess
 from tests.support.server_fixtures import served
+from tests.support.wait import wait_until
 
 TEXTS = sentences(10, seed=7)
 STORED = TEXTS[:6]  # the rest are misses
@@ -252,15 +252,18 @@ def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, tmp_path: 
     assert cache.breaker.state in ("open", "half_open") and cache.last_stats.fallbacks == {"unavailable": 10}
     daemon = DaemonProcess(tmp_path / "store", tmp_path, port=port).start()  # back, on the same port
     try:
-        time.sleep(0.25)
-        assert cache.breaker.state == "half_open"
+        wait_until(lambda: cache.breaker.state == "half_open", 10, "the breaker half-open (past reset_after)")
         # The trial call succeeds once the channel has reconnected (its backoff is at most 2 s).
-        deadline = time.monotonic() + 10.0
-        embeddings = cache.encode(TEXTS, batch_size=10)
-        while cache.breaker.state != "closed" and time.monotonic() < deadline:
-            time.sleep(0.25)
-            embeddings = cache.encode(TEXTS, batch_size=10)
-        assert cache.breaker.state == "closed" and cache.last_stats.exact_hits == 6
+        encoded: list[np.ndarray] = []
+
+        def closed() -> bool:
+            encoded.append(cache.encode(TEXTS, batch_size=10))
+            return cache.breaker.state == "closed"
+
+        wait_until(closed, 10.0, lambda: f"the breaker closed by a trial call ({cache.last_stats.fallbacks})",
+                   poll=0.25)
+        embeddings = encoded[-1]
+        assert cache.last_stats.exact_hits == 6
         np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
     finally:
         cache.close()

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from tests.support.adapters import VOCAB
 from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded, word_tokenizer
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from tests.support.pause import paused
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]  # children run as modules of tests.support from here
 SEED, STORED, QUERIED = 11, 12, 16  # the child ingests sentences(12, seed=11); queries add 4 unseen ones
@@ -243,11 +243,15 @@ def test_a_client_made_while_its_daemon_is_down_computes_then_hits_once_the_daem
         try:
             # Within the channel's reconnect backoff (at most 2 s) and the breaker's reset_after,
             # a call uses the store again.
-            deadline = time.monotonic() + 10.0
-            up = cache.encode(texts)
-            while cache.last_stats.fallback_rows and time.monotonic() < deadline:
-                time.sleep(0.25)
-                up = cache.encode(texts)
+            encoded: list[np.ndarray] = []
+
+            def from_the_store() -> bool:
+                encoded.append(cache.encode(texts))
+                return not cache.last_stats.fallback_rows
+
+            wait_until(from_the_store, 10.0, lambda: f"a call served from the store ({cache.last_stats.fallbacks})",
+                       poll=0.25)
+            up = encoded[-1]
         finally:
             assert daemon.stop() == 0, daemon.log()
     stats = cache.last_stats

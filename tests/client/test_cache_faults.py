@@ -27,6 +27,7 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.pause import paused
+from tests.support.wait import wait_until
 
 SHORT = sentences(4, seed=51, min_words=3, max_words=3)
 LONG = sentences(4, seed=52, min_words=12, max_words=12)
@@ -59,16 +60,15 @@ def test_a_call_that_never_asks_the_store_leaves_the_breaker_able_to_close_once_
         cache.encode(SHORT)  # asks the store: fails, the breaker opens
         assert cache.last_stats.fallbacks == {"unavailable": len(SHORT)} and cache.breaker.state == "open"
         daemon = DaemonProcess(store, tmp_path, port=port).start()
-        time.sleep(0.3)  # half-open
+        wait_until(lambda: cache.breaker.state == "half_open", 10, "the breaker half-open (past reset_after)")
         cache.maps = False  # calls that need nothing of the store (exact tiers off too) take no trial
         for _ in range(3):
             cache.encode(SHORT)
             assert cache.last_stats.fallback_rows == 0 and cache.last_stats.misses == len(SHORT)
         cache.maps = True
-        deadline = time.monotonic() + 15.0  # a trial may still find the channel reconnecting: then another
-        while cache.encode(SHORT) is not None and cache.last_stats.map_hits < len(SHORT):
-            assert time.monotonic() < deadline, f"the store is never used again: {cache.last_stats.fallbacks}"
-            time.sleep(0.3)
+        # A trial may still find the channel reconnecting: then another.
+        wait_until(lambda: cache.encode(SHORT) is not None and cache.last_stats.map_hits >= len(SHORT), 15.0,
+                   lambda: f"the store used again ({cache.last_stats.fallbacks})", poll=0.3)
         assert cache.breaker.state == "closed"
         cache.close()
     finally:
@@ -131,10 +131,9 @@ def test_caches_dropped_without_close_stop_their_write_back_threads_and_close_th
             cache.encode(SHORT[:1])
             del cache, connection
         gc.collect()
-        deadline = time.monotonic() + 10
-        while threading.active_count() > threads and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert threading.active_count() <= threads  # each had a write-back thread
+        wait_until(lambda: threading.active_count() <= threads, 10,  # each had a write-back thread
+                   lambda: f"the dropped caches' threads ended: {threading.active_count()} threads, {threads} before",
+                   poll=0.1)
         assert closed == ["closed"] * 5
     finally:
         daemon.stop()

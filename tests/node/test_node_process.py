@@ -6,7 +6,6 @@ import json
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 
 from tests.support.caches import sentences
 from tests.support.nodes import NodeProcess, tiny_store
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -33,14 +33,9 @@ def test_a_client_that_disconnects_frees_its_queued_rows(node: NodeProcess, mode
     with socket.create_connection(("127.0.0.1", node.port)) as conn:
         conn.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        deadline = time.monotonic() + 30
-        while _metric(node, "attnstore_node_queue_requests") < 1:
-            assert time.monotonic() < deadline, "the request never reached the node"
-            time.sleep(0.02)
-    deadline = time.monotonic() + 30
-    while _metric(node, "attnstore_node_freed_rows_total") < 3:
-        assert time.monotonic() < deadline, "the disconnected request's rows stayed queued"
-        time.sleep(0.02)
+        wait_until(lambda: _metric(node, "attnstore_node_queue_requests") >= 1, 30, "the request queued")
+    wait_until(lambda: _metric(node, "attnstore_node_freed_rows_total") >= 3, 30,
+               "the disconnected request's 3 rows taken out of the queue")
     assert _metric(node, "attnstore_node_cancelled_requests_total") == 1
     assert _metric(node, "attnstore_node_queue_rows") == 0
 
@@ -60,10 +55,7 @@ def test_sigterm_during_load_answers_every_request_in_flight_and_exits_0(node: N
     senders = [threading.Thread(target=send, args=(seed,)) for seed in range(8)]
     for sender in senders:
         sender.start()
-    deadline = time.monotonic() + 30
-    while _metric(node, "attnstore_node_queue_requests") < 8:
-        assert time.monotonic() < deadline, "the requests never reached the node"
-        time.sleep(0.02)
+    wait_until(lambda: _metric(node, "attnstore_node_queue_requests") >= 8, 30, "the 8 requests queued")
     assert node.process is not None
     node.process.send_signal(signal.SIGTERM)
     for sender in senders:

@@ -38,6 +38,7 @@ from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRI
 from tests.support.redis_servers import free_port
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
+from tests.support.wait import wait_until
 
 LENGTH = 8
 # The staleness bound with room for a loaded CI machine: one follow interval, the log read, the index update.
@@ -71,12 +72,10 @@ def _lookup(remote: RemoteStore, seeds: list[int], *, exact: bool) -> list[tuple
     return [(m.kind, m.entry_id if m.kind != pb.MATCH_KIND_MISS else None) for m in result.matches]
 
 
-def _until(check, seconds: float) -> float:
-    """Seconds until ``check()`` holds; fails past ``seconds``."""
+def _until(check, seconds: float, what: str) -> float:
+    """Seconds until ``check()`` holds (``wait_until``, which fails past ``seconds`` naming ``what``)."""
     start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < seconds, f"not within {seconds:g} s"
-        time.sleep(0.02)
+    wait_until(check, seconds, what)
     return time.monotonic() - start
 
 
@@ -87,7 +86,7 @@ def test_an_entry_ingested_through_one_daemon_is_a_hit_through_the_other_within_
         (entry_id,) = through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 1)]).entry_ids
         assert _lookup(through_b, [1], exact=True) == [(pb.MATCH_KIND_EXACT, entry_id)]  # no index involved
         waited = _until(lambda: _lookup(through_b, [1], exact=False) == [(pb.MATCH_KIND_MAP, entry_id)],
-                        BOUND_SECONDS)
+                        BOUND_SECONDS, "the entry a map hit through b")
         maps = through_b.lookup(lookup_request(LookupBatch(
             "ns", FP, make_entry(LAYOUT, LENGTH, 1).feature[None], [LENGTH], max_distance=0.01,
         ))).maps
@@ -100,10 +99,12 @@ def test_an_entry_deleted_through_one_daemon_is_a_miss_through_the_other_within_
     with a.client() as through_a, b.client() as through_b:
         through_a.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
         (entry_id,) = through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 2)]).entry_ids
-        _until(lambda: _lookup(through_b, [2], exact=False) == [(pb.MATCH_KIND_MAP, entry_id)], BOUND_SECONDS)
+        _until(lambda: _lookup(through_b, [2], exact=False) == [(pb.MATCH_KIND_MAP, entry_id)], BOUND_SECONDS,
+               "the entry a map hit through b")
         assert through_a.delete("ns", [entry_id]) == 1
         assert _lookup(through_b, [2], exact=True)[0][0] != pb.MATCH_KIND_EXACT  # the exact tier is current at once
-        _until(lambda: _lookup(through_b, [2], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS)
+        _until(lambda: _lookup(through_b, [2], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS,
+               "the entry a miss through b")
 
 
 def test_chunks_put_through_one_daemon_are_matched_and_fetched_whole_through_the_other(daemons):
@@ -137,7 +138,8 @@ def test_an_entry_redis_lost_is_a_miss_through_either_daemon_never_an_error(daem
     with a.client() as through_a, b.client() as through_b:
         through_a.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
         (entry_id,) = through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 3)]).entry_ids
-        _until(lambda: _lookup(through_b, [3], exact=False) == [(pb.MATCH_KIND_MAP, entry_id)], BOUND_SECONDS)
+        _until(lambda: _lookup(through_b, [3], exact=False) == [(pb.MATCH_KIND_MAP, entry_id)], BOUND_SECONDS,
+               "the entry a map hit through b")
         with RedisMapStore.open(store_url) as store:  # what Redis's maxmemory eviction does: the whole hash goes
             store._redis.client.delete(store._keys.entry("ns", entry_id))
         assert _lookup(through_b, [3], exact=True)[0][0] != pb.MATCH_KIND_EXACT
@@ -146,7 +148,8 @@ def test_an_entry_redis_lost_is_a_miss_through_either_daemon_never_an_error(daem
         )))
         assert 0 not in rows.maps  # a proposed entry that is gone sends no maps: the client computes the row
         # Found gone, it is forgotten: both indexes drop it.
-        _until(lambda: _lookup(through_b, [3], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS)
+        _until(lambda: _lookup(through_b, [3], exact=False) == [(pb.MATCH_KIND_MISS, None)], BOUND_SECONDS,
+               "the entry a miss through b")
 
 
 def _metrics(process: DaemonProcess) -> dict[tuple[str, tuple], float]:
@@ -165,12 +168,13 @@ def test_a_daemon_on_redis_exports_its_follower_lag_redis_retries_and_each_prima
         # b must index "ns" before a's ingest below: a namespace b finds new is built whole from the store, and
         # an ingest read in that build is never counted as a change applied (alone, this test made "ns" here).
         (first,) = through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 17)]).entry_ids
-        _until(lambda: _lookup(through_b, [17], exact=False) == [(pb.MATCH_KIND_MAP, first)], BOUND_SECONDS)
+        _until(lambda: _lookup(through_b, [17], exact=False) == [(pb.MATCH_KIND_MAP, first)], BOUND_SECONDS,
+               "the first entry a map hit through b")
         before = _metrics(b)
         assert {name.removesuffix("_total") for name, _ in before} >= set(REDIS_METRIC_NAMES)
         through_a.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, 7)])
     applied = ("attnstore_follower_changes_applied_total", ())
-    _until(lambda: _metrics(b)[applied] > before[applied], BOUND_SECONDS)  # a's ingest, applied by b
+    _until(lambda: _metrics(b)[applied] > before[applied], BOUND_SECONDS, "a's ingest applied by b")
     after = _metrics(b)
     assert after[("attnstore_follower_seconds_since_read", ())] < BOUND_SECONDS
     assert after[("attnstore_follower_failed_reads_total", ())] == 0
@@ -346,12 +350,26 @@ def _ingest_big(remote: RemoteStore, seeds: list[int]) -> list[int]:
     return list(remote.ingest("big", FP, [make_entry(BIG, BIG_LENGTH, s) for s in seeds]).entry_ids)
 
 
+def _indexed_by_each(daemons: list[DaemonProcess], entries: dict[int, NewEntry]) -> bool:
+    """Whether each daemon's own index finds every one of ``entries`` (id: entry): a map hit is due from either."""
+    ids = list(entries)
+    batch = LookupBatch("big", FP, np.stack([entries[i].feature for i in ids]), [BIG_LENGTH] * len(ids),
+                        max_distance=0.01)
+    for daemon in daemons:
+        with daemon.client() as remote:
+            matches = remote.lookup(lookup_request(batch, want_maps=False)).matches
+        if [(m.kind, m.entry_id) for m in matches] != [(pb.MATCH_KIND_MAP, i) for i in ids]:
+            return False
+    return True
+
+
 def test_a_lookup_whose_daemon_is_killed_mid_stream_is_sent_again_and_answered_whole_by_the_other(two_daemons):
     daemons, both = two_daemons
     killer = _KillsItsDaemonAfterTheFirstMessage(daemons)
     with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
         (entry_id,) = _ingest_big(seeding, [1])
-    time.sleep(BOUND_SECONDS)  # both indexes hold it
+    wait_until(lambda: _indexed_by_each(daemons, {entry_id: make_entry(BIG, BIG_LENGTH, 1)}), 30,
+               "the entry in both daemons' indexes")
     entry = make_entry(BIG, BIG_LENGTH, 1)
     rows = 48  # 24 MiB of maps in one stream
     batch = LookupBatch("big", FP, np.stack([entry.feature] * rows), [BIG_LENGTH] * rows, max_distance=0.01)
@@ -391,9 +409,10 @@ def test_a_fetch_maps_stream_whose_daemon_is_killed_mid_stream_delivers_every_la
 
 def _load(
     remote: RemoteStore, node, entries: dict[int, NewEntry], stop: threading.Event, tally: Counter[str],
-    problems: list[str], lock: threading.Lock, seed: int,
+    ended: Counter[int], problems: list[str], lock: threading.Lock, seed: int,
 ) -> None:
-    """Exact lookups, map lookups (maps streamed) and the node's Search + FetchMaps, checked, until ``stop``."""
+    """Exact lookups, map lookups (maps streamed) and the node's Search + FetchMaps, checked, until ``stop``;
+    ``tally`` counts the calls answered by kind, ``ended`` the calls ended (answered or failed) by worker (seed)."""
     rng = np.random.default_rng(seed)
     ids = list(entries)
     while not stop.is_set():
@@ -407,9 +426,11 @@ def _load(
         except Exception as exc:  # every failure is counted and shown, none ends the load
             with lock:
                 problems.append(f"{kind}: {exc!r}")
+                ended[seed] += 1
             continue
         with lock:
             tally[kind] += 1
+            ended[seed] += 1
             if wrong:
                 problems.append(f"{kind}: {wrong}")
 
@@ -456,25 +477,41 @@ def test_one_daemon_sigkilled_mid_load_costs_no_errors_and_no_wrong_results(two_
     with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
         seeds = list(range(10, 22))
         entries = dict(zip(_ingest_big(seeding, seeds), (make_entry(BIG, BIG_LENGTH, s) for s in seeds), strict=True))
-    time.sleep(BOUND_SECONDS)  # both indexes hold every entry: a map hit is due from either daemon
+    wait_until(lambda: _indexed_by_each(daemons, entries), 30, "every entry in both daemons' indexes")
     stop, lock = threading.Event(), threading.Lock()
     tally: Counter[str] = Counter()
+    ended: Counter[int] = Counter()
     problems: list[str] = []
+    kinds = {"exact", "map", "node"}
+
+    def counts() -> tuple[Counter[str], Counter[int]]:
+        with lock:
+            return Counter(tally), Counter(ended)
+
+    def shown() -> str:
+        return f"calls answered {tally}, problems {problems[:3]}"
+
     with RemoteStore(both, token=ADMIN_TOKEN, timeout=30) as remote:
         node = connect(f"grpc://{both}", token=ADMIN_TOKEN)
-        workers = [threading.Thread(target=_load, args=(remote, node, entries, stop, tally, problems, lock, seed))
-                   for seed in range(4)]
+        workers = [threading.Thread(target=_load, args=(remote, node, entries, stop, tally, ended, problems, lock,
+                                                        seed)) for seed in range(4)]
         try:
             for worker in workers:
                 worker.start()
-            time.sleep(1.5)
-            before = sum(tally.values())
+            wait_until(lambda: set(counts()[0]) == kinds, 60, lambda: f"calls of every kind answered; {shown()}")
+            at_kill, ended_at_kill = counts()
+            before = sum(at_kill.values())
             daemons[0].stop(signal.SIGKILL)  # calls of every kind are in flight on it, streams among them
-            time.sleep(2.5)
+            # Every worker's call in flight at the kill has ended, and a call it sent after; every kind answered
+            # since the kill.
+            wait_until(lambda: all(counts()[1][seed] >= ended_at_kill[seed] + 2 for seed in range(4))
+                       and all(counts()[0][kind] > at_kill[kind] for kind in kinds), 60,
+                       lambda: f"two calls ended by each worker and a call of each kind answered since the kill;"
+                               f" {shown()}")
         finally:
             stop.set()
             for worker in workers:
                 worker.join(60)
             node.close()
     assert problems == []
-    assert before > 0 and sum(tally.values()) > before and set(tally) == {"exact", "map", "node"}, tally
+    assert before > 0 and sum(tally.values()) > before and set(tally) == kinds, tally

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.support.wait import wait_until
 
 
 def _all_stopped(pid: int) -> bool:
@@ -32,14 +33,10 @@ def stop(pid: int, timeout: float = 30.0) -> None:
     """SIGSTOP ``pid`` and return once every one of its threads is stopped.
 
     Raises:
-        TimeoutError: some thread did not stop within ``timeout`` seconds.
+        AssertionError: some thread did not stop within ``timeout`` seconds.
     """
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while not _all_stopped(pid):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"process {pid} did not stop within {timeout:g} s of SIGSTOP")
-        time.sleep(0.001)
+    wait_until(lambda: _all_stopped(pid), timeout, f"every thread of process {pid} stopped by SIGSTOP", poll=0.001)
 
 
 @contextmanager

@@ -7,7 +7,6 @@ master killed is the one holding the namespace's index keys, the busiest.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from attnstore.store.redis.mapstore import RedisMapStore
 from attnstore.store.redis.urls import RedisSettings
 from tests.support.redis_servers import RedisClusterServers, require_redis
 from tests.support.stores import make_entry, small_layout
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -66,18 +66,22 @@ def test_killing_the_namespaces_master_mid_load_costs_latency_not_errors_and_no_
         writer, reader = threading.Thread(target=ingest), threading.Thread(target=read)
         writer.start()
         reader.start()
-        time.sleep(1.0)
-        victim = cluster.master_of(store._keys.namespace("ns").info)
-        victim.kill()
-        killed_at = len(committed)
-        # The replica takes over about 2 s later (cluster-node-timeout 2000 ms), then ingests resume: wait for
-        # some (a loaded machine is slow, so by count, within a generous deadline).
-        deadline = time.monotonic() + 90
-        while len(committed) <= killed_at + 5 and time.monotonic() < deadline and not errors:
-            time.sleep(0.1)
-        stop.set()
-        writer.join(60)
-        reader.join(60)
+        try:
+            # The load is under way: ingests committed and read back.
+            wait_until(lambda: errors or (len(committed) >= 5 and reads[0] > 0), 60,
+                       lambda: f"5 ingests committed and read back (committed {len(committed)}, reads {reads[0]})")
+            victim = cluster.master_of(store._keys.namespace("ns").info)
+            victim.kill()
+            killed_at = len(committed)
+            # The replica takes over about 2 s later (cluster-node-timeout 2000 ms), then ingests resume: wait for
+            # some (a loaded machine is slow, so by count, within a generous deadline).
+            wait_until(lambda: errors or len(committed) > killed_at + 5, 90,
+                       lambda: f"ingests resumed after the failover (committed {len(committed) - killed_at} since)",
+                       poll=0.1)
+        finally:
+            stop.set()
+            writer.join(60)
+            reader.join(60)
         assert not errors, errors[:3]
         assert not wrong and reads[0] > 0
         assert len(committed) > killed_at + 5  # ingests went on after the failover

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from attnstore_tools.admin.cold_start import create_exact_namespace
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.prefixes import BLOCK, SHARED_A, SHARED_B, fill_prefix_namespace, plain_rows, prefix_rows
+from tests.support.wait import wait_until
 
 SHARED_C = prefix_rows([24], seed=12)[0]
 
@@ -107,11 +107,9 @@ def _written_back_prefix_is_served(llama, daemon: DaemonProcess) -> None:
         assert writer.last_row_kinds == ("miss",) * 3 and writer.last_stats.prefix_tokens == 0  # computed once
         fingerprint, chain = model_fingerprint(llama.model, llama.tokenizer), chain_hashes(SHARED_A, DEFAULT_BLOCK_SIZE)
         with connect(url, token=READ_TOKEN) as connection:  # the prefix lands off the call's path
-            deadline = time.monotonic() + 30
-            while connection.prefix_layout("fresh") is None or connection.match_prefix(
-                    "fresh", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10) != [1]:
-                assert time.monotonic() < deadline, "the shared prefix was never written back"
-                time.sleep(0.05)
+            wait_until(lambda: connection.prefix_layout("fresh") is not None and connection.match_prefix(
+                "fresh", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10) == [1], 30,
+                "the shared prefix written back", poll=0.05)
         later = prefix_rows([4, 6], seed=21, prefix=SHARED_A)
         for cache in (writer, reader):  # both read the namespace before it had prefix blocks
             hidden = cache.hidden_states(later)
