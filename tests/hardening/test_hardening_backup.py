@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from attnstore_tools.cli import main as cli_main
 from tests.support.daemon import DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
+from tests.support.wait import wait_until
 
 LENGTH = 24
 
@@ -40,9 +40,12 @@ def test_backup_under_live_ingest_is_a_consistent_store_that_verifies(tmp_path: 
         writer = threading.Thread(target=ingest_until_stopped)
         writer.start()
         try:
-            while len(committed) < 5:
-                assert writer.is_alive()
-                time.sleep(0.01)
+
+            def five_committed() -> bool:
+                assert writer.is_alive(), "the writer stopped"
+                return len(committed) >= 5
+
+            wait_until(five_committed, 30, "five ingests committed", poll=0.01)
             before = dict(committed)
             assert cli_main(["backup", "--store", str(daemon.store), "--to", str(tmp_path / "copy")]) == 0
             after = dict(committed)

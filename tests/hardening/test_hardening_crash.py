@@ -28,6 +28,7 @@ from attnstore_client.connection.daemon import RemoteStore
 from tests.support.daemon import DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
+from tests.support.wait import wait_until
 
 LENGTH = 96  # big enough that a commit takes a while, small enough to ingest many per second
 ROUNDS = 2
@@ -48,6 +49,7 @@ class _Writers:
         self._seeds = itertools.count(first_seed, 1)
         self._target, self._token = target, token
         self._open_sent = threading.Event()
+        self._joined = threading.Event()  # the test is done with the writers: the held stream may end
         self._threads = [threading.Thread(target=self._write, args=(i,)) for i in range(threads)]
         self._threads.append(threading.Thread(target=self._hold_open))
 
@@ -57,12 +59,12 @@ class _Writers:
         return self
 
     def wait_for_progress(self, batches: int, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.committed) < 2 * batches or not self._open_sent.is_set():
-            assert time.monotonic() < deadline, "the writers made no progress"
-            time.sleep(0.02)
+        wait_until(lambda: len(self.committed) >= 2 * batches and self._open_sent.is_set(), timeout,
+                   lambda: f"{batches} batches committed and the open stream sent (committed: {len(self.committed)}"
+                           f" entries, open stream sent: {self._open_sent.is_set()})")
 
     def join(self) -> None:
+        self._joined.set()
         for thread in self._threads:
             thread.join(30)
             assert not thread.is_alive()
@@ -85,7 +87,7 @@ class _Writers:
         def messages() -> Iterator[pb.IngestRequest]:
             yield from ingest_requests("ns", FP, [_entry(s) for s in self.open_stream_seeds], commit=False)
             self._open_sent.set()
-            time.sleep(60)  # never commits: the kill lands while the daemon stages this stream
+            self._joined.wait(60)  # never commits: the kill lands while the daemon stages this stream
 
         with RemoteStore(self._target, token=self._token, timeout=60) as remote:
             try:

@@ -31,6 +31,7 @@ from tests.support.daemon import DaemonProcess
 from tests.support.pause import paused
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import fill_disk, make_entry
+from tests.support.wait import wait_until
 
 
 def _lookup(
@@ -213,10 +214,12 @@ def test_dead_prefetch_thread_turns_health_not_serving_and_is_logged(
     caplog.set_level(logging.INFO, logger="attnstore.server.daemon")
     runner.start()
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert runner.is_alive() and time.monotonic() < deadline
-            time.sleep(0.05)
+
+        def serving() -> bool:
+            assert runner.is_alive(), "the daemon's thread ended before it served"
+            return ready.exists()
+
+        wait_until(serving, 30, "the daemon's ready file")
         info = json.loads(ready.read_text())
         entry = make_entry(LAYOUT, 8, 530)
         with RemoteStore(info["address"], timeout=10) as remote:
@@ -230,10 +233,8 @@ def test_dead_prefetch_thread_turns_health_not_serving_and_is_logged(
                                  metadata=remote.metadata, timeout=10)  # wakes it into the exception
             worker.join(10)
             assert not worker.is_alive()
-            noticed_by = time.monotonic() + 15  # the watchdog's period, with room for a loaded machine
-            while remote.health() != "NOT_SERVING":
-                assert time.monotonic() < noticed_by, "health never turned NOT_SERVING"
-                time.sleep(0.05)
+            # Within the watchdog's period, with room for a loaded machine.
+            wait_until(lambda: remote.health() == "NOT_SERVING", 15, "health NOT_SERVING", poll=0.05)
             assert remote.health("attnstore.v1.AttnStore") == "NOT_SERVING"
             # Degraded, not down: calls are still answered while the orchestrator restarts it.
             np.testing.assert_array_equal(remote.lookup(_lookup([entry], 8)).maps[0], entry.maps.astype(np.float16))

@@ -46,6 +46,8 @@ def run_until_killed(child: Callable[[int], None], delay: float) -> list[str]:
     os.close(write_fd)
     try:
         lines = read_lines(read_fd, until_ready=True)
+        # The kill's moment is the test's random input (the crash tests draw ``delay``): whatever the writer had
+        # done by then, what it reported must be in the store. No outcome waits on this sleep's length.
         time.sleep(delay)
     finally:
         os.kill(pid, signal.SIGKILL)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 import pytest
 
 from attnstore_node.errors import ApiError
 from attnstore_tools.bench.node.server import EncodeEmbedder
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real_model
 
@@ -18,10 +18,12 @@ TEXTS = ["Failed password for root from 10.0.0.1", "ok", "Failed password for ro
 
 def _serve(embedder: EncodeEmbedder, requests: list[list]) -> list:
     embedder.start()
-    deadline = time.monotonic() + 300
-    while embedder.info is None:
-        assert embedder.failure is None and time.monotonic() < deadline
-        time.sleep(0.05)
+
+    def loaded() -> bool:
+        assert embedder.failure is None, f"the model failed to load: {embedder.failure!r}"
+        return embedder.info is not None
+
+    wait_until(loaded, 300, "the baseline's model loaded", poll=0.05)
 
     async def send():
         return [await embedder.embed(r, truncate=True, max_input_tokens=512) for r in requests]
