@@ -300,7 +300,7 @@ def _models_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
             return _error(error)
         return JSONResponse({"object": "list", "data": [
             {"id": model.name, "object": "model", "created": 0, "owned_by": "attnstore", "tiers": list(model.tiers),
-             "absent_tiers": dict(model.absent_tiers)}]})
+             "absent_tiers": dict(model.absent_tiers), "prompts": list(model.prompts)}]})
 
     return endpoint
 

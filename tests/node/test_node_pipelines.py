@@ -59,7 +59,9 @@ def test_a_requests_prompt_name_puts_the_models_prompt_before_every_text_as_enco
                        args=("--no-warmup",)).start()
     try:
         headers = {"Authorization": f"Bearer {API_KEY}"}
-        name = httpx.get(f"{node.url}/v1/models", headers=headers).raise_for_status().json()["data"][0]["id"]
+        model = httpx.get(f"{node.url}/v1/models", headers=headers).raise_for_status().json()["data"][0]
+        name = model["id"]
+        assert {"query", "passage"} <= set(model["prompts"])  # the names a request may give
         for body, prompt_name in (({"inputs": TEXTS, "prompt_name": "query"}, "query"), ({"inputs": TEXTS}, None)):
             answer = httpx.post(f"{node.url}/embed", json=body, headers=headers, timeout=60).raise_for_status()
             expected = reference.encode(TEXTS, prompt_name=prompt_name)  # None: the default prompt, "passage: "
