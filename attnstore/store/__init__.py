@@ -1,7 +1,8 @@
-"""The map store: attention maps per namespace in a zarr v3 layout on LMDB.
+"""The map store: attention maps per namespace behind one interface, ``MapStoreBase``, with its backends
+(``lmdb``, ``redis``, ``memory``) and the DRAM cache in front of them (``dram``).
 
 Value types (``NamespaceLayout``, ``NewEntry``...) and reports import nothing
-heavy. ``MapStore`` (lmdb), ``MemoryMapStore``, ``LMDBZarrStore`` and
+heavy. ``MapStoreBase``, ``LmdbMapStore`` (lmdb), ``MemoryMapStore``, ``LMDBZarrStore`` and
 ``open_zarr`` (zarr) are loaded on first use, so importing this package stays light.
 """
 
@@ -31,13 +32,13 @@ from attnstore.store.reports import (
 
 if TYPE_CHECKING:
     from attnstore.store.base import MapStoreBase
-    from attnstore.store.lmdb.mapstore import MapStore, StoreSettings
+    from attnstore.store.lmdb.mapstore import LmdbMapStore, StoreSettings
     from attnstore.store.lmdb.zarr_store import LMDBZarrStore, open_zarr
     from attnstore.store.memory.mapstore import MemoryMapStore
 
 _LAZY = {
     "MapStoreBase": "attnstore.store.base",
-    "MapStore": "attnstore.store.lmdb.mapstore",
+    "LmdbMapStore": "attnstore.store.lmdb.mapstore",
     "StoreSettings": "attnstore.store.lmdb.mapstore",
     "MemoryMapStore": "attnstore.store.memory.mapstore",
     "LMDBZarrStore": "attnstore.store.lmdb.zarr_store",
@@ -54,7 +55,7 @@ __all__ = [
     "DramStats",
     "EntryInfo",
     "LMDBZarrStore",
-    "MapStore",
+    "LmdbMapStore",
     "MapStoreBase",
     "MemoryMapStore",
     "NamespaceInfo",

@@ -12,7 +12,7 @@ abilities are declared as ``supports_*`` properties (as zarr's
 outputs-only entries, compaction, a change feed, shared admission counts. A
 method of an ability a store lacks refuses with ConfigError naming the capability.
 
-Implemented by MapStore (LMDB), RedisMapStore and MemoryMapStore (the in-memory
+Implemented by LmdbMapStore (LMDB), RedisMapStore and MemoryMapStore (the in-memory
 twin, with every part and capability the LMDB backend has), and by DramCache
 (``store.dram.cache``), a wrapper store that serves maps from DRAM in front of
 another store.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import AttnStoreError, ConfigError
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.lmdb.compaction import backup_store
 from attnstore_tools.cli import main as cli_main
 from tests.support.daemon import DaemonProcess
@@ -54,7 +54,7 @@ def test_backup_under_live_ingest_is_a_consistent_store_that_verifies(tmp_path: 
             writer.join(30)
     finally:
         daemon.stop()
-    with MapStore.open(tmp_path / "copy", readonly=True) as copy:
+    with LmdbMapStore.open(tmp_path / "copy", readonly=True) as copy:
         report = copy.verify()
         assert report.ok and report.orphan_chunks == 0
         copied = {e.id: e for e in copy.entries("ns")}
@@ -69,7 +69,7 @@ def test_backup_under_live_ingest_is_a_consistent_store_that_verifies(tmp_path: 
 
 
 def test_backup_refuses_a_destination_that_is_not_empty(tmp_path: Path) -> None:
-    with MapStore.open(tmp_path / "store", create=True):
+    with LmdbMapStore.open(tmp_path / "store", create=True):
         pass
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")

@@ -18,7 +18,7 @@ from attnstore.protocol.keys import chunk_key
 from attnstore.protocol.prefix_wire import chunk_data_array, chunk_layout_to_pb
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
 from tests.support.chunks import damage_chunk
@@ -44,7 +44,7 @@ MISSING = _chunk(3, 2)
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("chunks")
-    with MapStore.open(workdir / "store", create=True) as store:
+    with LmdbMapStore.open(workdir / "store", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
         for name in ("empty", "blank"):
             store.create_namespace(name, model="tiny", fingerprint=FP, layout=small_layout())

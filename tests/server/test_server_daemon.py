@@ -24,7 +24,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.metrics import METRIC_NAMES
-from attnstore.store import MapStore, NewEntry
+from attnstore.store import LmdbMapStore, NewEntry
 from attnstore_tools.cli import main as cli_main
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
@@ -248,7 +248,7 @@ def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(daemo
 def test_admin_cli_reads_stats_and_copies_a_local_namespace_in(
     daemon: DaemonProcess, ingested: list[int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with MapStore.open(tmp_path / "local", create=True) as local:
+    with LmdbMapStore.open(tmp_path / "local", create=True) as local:
         local.create_namespace("src", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
         local.ingest("src", [make_entry(LAYOUT, 6, seed) for seed in (70, 71)])
     target = ["--target", daemon.target]
@@ -334,7 +334,7 @@ def _flip_everywhere(store: Path, needle: bytes, at: int) -> None:
 
 
 def test_a_store_that_cannot_be_loaded_makes_serve_exit_2_with_one_line(tmp_path: Path) -> None:
-    with MapStore.open(tmp_path / "store", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "store", create=True) as store:
         store.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
     _flip_everywhere(tmp_path / "store", b'{"name": "ns"', 0)  # the catalog record is no JSON any more
     result = subprocess.run(
@@ -350,7 +350,7 @@ def test_a_store_that_cannot_be_loaded_makes_serve_exit_2_with_one_line(tmp_path
 
 def test_a_damaged_projector_is_logged_at_start_refused_to_clients_and_reported_by_verify(tmp_path: Path) -> None:
     blob = safetensors.numpy.save({"w": np.zeros(4, np.float32)}, metadata={"note": "projector-" + "p" * 40})
-    with MapStore.open(tmp_path / "store", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "store", create=True) as store:
         store.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
         store.set_projector("ns", blob)
     _flip_everywhere(tmp_path / "store", b"projector-" + b"p" * 40, 20)
@@ -388,7 +388,7 @@ def test_admin_ingest_into_a_namespace_with_another_projector_needs_replace_proj
 ) -> None:
     target = ["--target", daemon.target, "--token", ADMIN_TOKEN]
     for weight, path in ((1.0, tmp_path / "a"), (2.0, tmp_path / "b")):
-        with MapStore.open(path, create=True) as local:
+        with LmdbMapStore.open(path, create=True) as local:
             local.create_namespace("src", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
             local.ingest("src", [make_entry(LAYOUT, 6, 80)])
             local.set_projector("src", safetensors.numpy.save({"w": np.full(1, weight, np.float32)}))

@@ -17,7 +17,7 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.protocol.prefix_wire import prefix_block_put, prefix_layout_to_pb
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.lmdb.prefix_blocks import part_key
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
@@ -46,7 +46,7 @@ def _blocks(tokens: list[int], layout: PrefixLayout = LAYOUT) -> list[PrefixBloc
 def daemon(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("prefix")
     rng = np.random.default_rng(0)
-    with MapStore.open(workdir / "store", create=True) as store:
+    with LmdbMapStore.open(workdir / "store", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint=FP, layout=small_layout())
         store.create_namespace("blank", model="tiny", fingerprint=FP, layout=small_layout())
         store.prefixes.set_layout("ns", LAYOUT)

@@ -15,7 +15,7 @@ from attnstore.index import ExactIndex
 from attnstore.protocol.gate import FidelityGate
 from attnstore.protocol.projector_blob import GATE_METADATA_KEY
 from attnstore.service import AttnStoreService, IngestResult, Query
-from attnstore.store import MapStore, MemoryMapStore, NamespaceLayout, NewEntry
+from attnstore.store import LmdbMapStore, MemoryMapStore, NamespaceLayout, NewEntry
 
 FP = "f" * 64
 LAYERS, HEADS, HIDDEN, DIM = 2, 3, 8, 4
@@ -143,7 +143,7 @@ def test_entries_evicted_by_the_byte_cap_leave_the_index_at_once(tmp_path, backe
     entry_bytes = 2 * LAYERS * HEADS * 5 * 5 + 2 * 5 * HIDDEN  # fp16 maps and outputs of one length-5 entry
     cap = 3 * entry_bytes
     if backend == "lmdb":
-        store = MapStore.open(tmp_path / "s", create=True, max_bytes=cap)
+        store = LmdbMapStore.open(tmp_path / "s", create=True, max_bytes=cap)
     else:
         store = MemoryMapStore(max_bytes=cap)
     service = _service(store=store)
@@ -163,7 +163,7 @@ def test_entries_evicted_by_the_byte_cap_leave_the_index_at_once(tmp_path, backe
 
 
 def test_concurrent_ingests_of_one_new_input_both_succeed_and_index_it_once(tmp_path) -> None:
-    service = _service(store=MapStore.open(tmp_path / "s", create=True))
+    service = _service(store=LmdbMapStore.open(tmp_path / "s", create=True))
     with ThreadPoolExecutor(2) as pool:
         for seed in range(1, 21):
             start = threading.Barrier(2)
@@ -181,7 +181,7 @@ def test_concurrent_ingests_of_one_new_input_both_succeed_and_index_it_once(tmp_
 
 
 def test_reopened_lmdb_store_rebuilds_its_index_from_stored_features(tmp_path) -> None:
-    service = _service(store=MapStore.open(tmp_path / "store", create=True))
+    service = _service(store=LmdbMapStore.open(tmp_path / "store", create=True))
     (entry_id,) = service.ingest("ns", FP, [_entry(5, 1, [0.5, 0, 0, 0])]).entry_ids
     service.close()
     with AttnStoreService.open(tmp_path / "store") as reopened:
@@ -259,10 +259,10 @@ def test_a_gated_lookup_needs_a_gate_and_token_ids_of_the_query_length() -> None
 
 
 def test_token_ids_are_stored_with_the_entry_and_survive_a_reopen(tmp_path) -> None:
-    with MapStore.open(tmp_path / "store", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "store", create=True) as store:
         service = _service(store=store)
         (entry_id,) = service.ingest("ns", FP, [_with_tokens(_entry(5, 1, [0, 0, 0, 0]), [5, 4, 3, 2, 1])]).entry_ids
-    with MapStore.open(tmp_path / "store") as store:
+    with LmdbMapStore.open(tmp_path / "store") as store:
         np.testing.assert_array_equal(store.entry("ns", entry_id).token_ids, [5, 4, 3, 2, 1])
 
 
@@ -275,7 +275,7 @@ def test_token_ids_of_the_wrong_length_are_refused_and_nothing_is_stored() -> No
 
 @pytest.mark.parametrize("backend", ["memory", "lmdb"])
 def test_features_set_on_stored_entries_are_searchable_at_once_and_replace_their_old_rows(tmp_path, backend) -> None:
-    store = MemoryMapStore() if backend == "memory" else MapStore.open(tmp_path / "store", create=True)
+    store = MemoryMapStore() if backend == "memory" else LmdbMapStore.open(tmp_path / "store", create=True)
     service = _service(store=store)
     service.set_projector("ns", safetensors.numpy.save({"w": np.zeros(2, np.float32)}))
     featureless = [dataclasses.replace(_entry(5, seed, [0, 0, 0, 0]), feature=None) for seed in (1, 2)]

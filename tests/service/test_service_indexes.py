@@ -11,7 +11,7 @@ from attnstore.index import BucketedIndex, ExactIndex
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.service import AttnStoreService, Query
 from attnstore.service.indexes import NamespaceIndexes
-from attnstore.store import MapStore, MemoryMapStore, NamespaceLayout, NewEntry
+from attnstore.store import LmdbMapStore, MemoryMapStore, NamespaceLayout, NewEntry
 
 FP = "f" * 64
 LAYOUT = NamespaceLayout(layers=1, heads=1, causal=False, hidden=4, feature_dim=2)
@@ -29,7 +29,7 @@ def _nearest(service: AttnStoreService, feature: tuple[float, float]) -> int | N
 
 @pytest.fixture(params=["lmdb", "memory"])
 def service(request: pytest.FixtureRequest, tmp_path: Path):
-    store = MapStore.open(tmp_path / "store", create=True) if request.param == "lmdb" else MemoryMapStore()
+    store = LmdbMapStore.open(tmp_path / "store", create=True) if request.param == "lmdb" else MemoryMapStore()
     with AttnStoreService(store, make_index=ExactIndex) as service:
         service.create_namespace("ns", model="tiny", fingerprint=FP, layout=LAYOUT)
         yield service

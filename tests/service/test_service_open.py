@@ -11,14 +11,14 @@ import pytest
 from attnstore.index import ExactIndex
 from attnstore.service import AttnStoreService
 from attnstore.service.indexes import NamespaceIndexes
-from attnstore.store import MapStore, NamespaceLayout, NewEntry
+from attnstore.store import LmdbMapStore, NamespaceLayout, NewEntry
 
 FP = "f" * 64
 LAYOUT = NamespaceLayout(layers=1, heads=1, causal=False, hidden=4, feature_dim=2)
 
 
 def _store_with_one_entry(path: Path) -> None:
-    with AttnStoreService(MapStore.open(path, create=True), make_index=ExactIndex) as service:
+    with AttnStoreService(LmdbMapStore.open(path, create=True), make_index=ExactIndex) as service:
         service.create_namespace("ns", model="tiny", fingerprint=FP, layout=LAYOUT)
         service.ingest("ns", FP, [NewEntry(maps=np.ones((1, 1, 1, 1), np.float32), token_hash=bytes(32),
                                            outputs=np.ones((1, 4), np.float32), feature=np.zeros(2, np.float32))])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from attnstore.store import LmdbMapStore, MapStoreBase, MemoryMapStore
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.eviction import DEFAULT_LOW_WATER
 
@@ -26,7 +26,7 @@ def make_store(request, tmp_path) -> StoreFactory:
     def factory(max_bytes: int | None = None, evict_low_water: float = DEFAULT_LOW_WATER) -> MapStoreBase:
         if request.param == "lmdb":
             path = tmp_path / f"store{len(opened)}"
-            lmdb_store = MapStore.open(path, create=True, max_bytes=max_bytes, evict_low_water=evict_low_water)
+            lmdb_store = LmdbMapStore.open(path, create=True, max_bytes=max_bytes, evict_low_water=evict_low_water)
             store = DramCache(lmdb_store, dram_bytes=1 << 20)
         elif request.param.startswith("redis"):
             from attnstore.store.redis.mapstore import RedisMapStore

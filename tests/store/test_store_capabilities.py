@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore.store import MapStore, MapStoreBase, MemoryMapStore
+from attnstore.store import LmdbMapStore, MapStoreBase, MemoryMapStore
 from tests.support.stores import small_layout
 
 CAPABILITIES = sorted(name for name in dir(MapStoreBase) if name.startswith("supports_"))
@@ -21,7 +21,7 @@ def test_the_interface_declares_each_optional_ability_as_a_capability():
 
 
 def test_the_in_memory_twin_has_every_capability_the_lmdb_backend_has(tmp_path):
-    with MapStore.open(tmp_path / "store", create=True) as lmdb_store:
+    with LmdbMapStore.open(tmp_path / "store", create=True) as lmdb_store:
         lmdb_has = {name for name in CAPABILITIES if getattr(lmdb_store, name)}
         lmdb_parts = {name for name in PARTS if getattr(lmdb_store, name) is not None}
     twin = MemoryMapStore()
@@ -32,8 +32,8 @@ def test_the_in_memory_twin_has_every_capability_the_lmdb_backend_has(tmp_path):
 
 
 def test_a_read_only_store_declares_it_takes_no_writes(tmp_path):
-    MapStore.open(tmp_path / "store", create=True).close()
-    with MapStore.open(tmp_path / "store", readonly=True) as reader:
+    LmdbMapStore.open(tmp_path / "store", create=True).close()
+    with LmdbMapStore.open(tmp_path / "store", readonly=True) as reader:
         assert not reader.supports_writes
 
 

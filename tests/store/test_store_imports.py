@@ -10,7 +10,7 @@ import sys
 import attnstore.store
 from attnstore.store import MemoryMapStore, NamespaceLayout, NewEntry
 light = ("lmdb" in sys.modules, "zarr" in sys.modules)
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 print(light, ("lmdb" in sys.modules, "zarr" in sys.modules))
 """
 

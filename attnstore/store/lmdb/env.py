@@ -153,7 +153,7 @@ def acquire_writer_lock(root: Path) -> int:
     """Take the store's writer lock; returns the fd that holds it.
 
     Raises:
-        StoreOpenError: another process (or another MapStore here) writes to the store.
+        StoreOpenError: another process (or another LmdbMapStore here) writes to the store.
     """
     fd = os.open(root / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:

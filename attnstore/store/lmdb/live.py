@@ -194,7 +194,7 @@ class LiveGeneration:
             ConfigError: ``create`` on a read-only store.
         """
         if settings.readonly and create:
-            raise ConfigError("MapStore.open(): create=True and readonly=True exclude each other")
+            raise ConfigError("LmdbMapStore.open(): create=True and readonly=True exclude each other")
         if not (root / CURRENT_FILE).exists() and not create:
             raise StoreNotFoundError(f"no map store at {root} (no {CURRENT_FILE} file); pass create=True to make one")
         writer_fd = None

@@ -1,4 +1,4 @@
-"""MapStore: attention maps in a zarr v3 layout on LMDB (``open_store`` puts a DRAM cache in front: ``store.dram``).
+"""LmdbMapStore: attention maps in a zarr v3 layout on LMDB (``open_store`` puts a DRAM cache in front: ``store.dram``).
 
 See DESIGN.md "Map store". One store is a directory of generations (see
 ``lmdb_env``); one process writes, any number read. Reads run on the calling
@@ -98,7 +98,7 @@ logger = logging.getLogger(__name__)
 _PAGE = 256
 
 
-class MapStore(MapStoreBase):
+class LmdbMapStore(MapStoreBase):
     """The LMDB-backed map store. Open with :meth:`open`; use as a context manager.
 
     Hit counts are buffered in memory (``HitBuffer``) and written in one transaction (also
@@ -133,7 +133,7 @@ class MapStore(MapStoreBase):
         readonly: bool = False,
         hit_flush_count: int = DEFAULT_HIT_FLUSH_COUNT,
         hit_flush_seconds: float = DEFAULT_HIT_FLUSH_SECONDS,
-    ) -> MapStore:
+    ) -> LmdbMapStore:
         """Open (or create) the store in directory ``path``.
 
         Args:
@@ -501,9 +501,9 @@ class MapStore(MapStoreBase):
 def open_lmdb_store(
     path: Path, *, create: bool = False, max_bytes: int | None = None, map_size: int | None = None,
     readonly: bool = False,
-) -> MapStore:
-    """Open the LMDB store in folder ``path`` with the daemon's sizes (None: their defaults; see ``MapStore.open``)."""
-    return MapStore.open(
+) -> LmdbMapStore:
+    """Open the LMDB store in folder ``path`` with the daemon's sizes (None: defaults; see ``LmdbMapStore.open``)."""
+    return LmdbMapStore.open(
         path, create=create, max_bytes=max_bytes, readonly=readonly,
         map_size=DEFAULT_MAP_SIZE if map_size is None else map_size,
     )

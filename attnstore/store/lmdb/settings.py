@@ -1,4 +1,4 @@
-"""Every tunable of a MapStore in one commented settings object."""
+"""Every tunable of an LmdbMapStore in one commented settings object."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ DEFAULT_MAP_SIZE = 1 << 40  # LMDB address space reserved (1 TiB); the file grow
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
-    """Settings of one open MapStore.
+    """Settings of one open LmdbMapStore.
 
     Raises:
         ConfigError: a value is out of range.

@@ -158,7 +158,7 @@ class LMDBZarrStore(Store):
         """A read-only zarr store over the live generation of the map store at ``path``.
 
         Use this from a process that does not have the store open (an LMDB
-        environment opens once per process); in-process use ``MapStore.zarr_store()``.
+        environment opens once per process); in-process use ``LmdbMapStore.zarr_store()``.
 
         Raises:
             StoreNotFoundError: no map store at ``path``.
@@ -316,7 +316,7 @@ def open_zarr(path: str | Path) -> zarr.Group:
     ``group[f"{ns}/entry_ids/L{L}"][:] == N``, in ``group[f"{ns}/maps/L{L}"]``.
     Close ``group.store`` when done: it holds the generation open. Use it from a
     process that does not have the store open (an LMDB environment opens once per
-    process); in-process, open ``MapStore.zarr_store()`` with zarr instead.
+    process); in-process, open ``LmdbMapStore.zarr_store()`` with zarr instead.
 
     Raises:
         StoreNotFoundError: no map store at ``path``.

@@ -3,7 +3,7 @@
 It has every capability the LMDB backend has (outputs-only entries, prefix
 blocks, compaction), so a suite that consults capabilities runs whole on it.
 
-Same behaviour as MapStore where callers can see it: validation, codecs (q8 is
+Same behaviour as LmdbMapStore where callers can see it: validation, codecs (q8 is
 lossy here too), exact-duplicate handling, ids from 1 never reused, checksums,
 byte cap. No persistence, and no need of a DRAM cache (everything is in memory already).
 Imports neither lmdb nor zarr.

@@ -20,7 +20,7 @@ import pytest
 
 from attnstore.errors import EntryNotFoundError
 from attnstore.protocol.chunks import StoredChunk
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from tests.support.children.store_chunks_crash import LAYOUT, NAMESPACE, batch_of, chunk_of, run
 from tests.support.crashes import run_until_killed
 
@@ -28,7 +28,7 @@ KILLS = 24
 
 
 def _check_store(
-    store: MapStore, committed: set[int], in_flight: int | None, expected_chunk: Callable[[bytes], StoredChunk]
+    store: LmdbMapStore, committed: set[int], in_flight: int | None, expected_chunk: Callable[[bytes], StoredChunk]
 ) -> set[int]:
     """Check the store against the committed batches (``expected_chunk``: a key's chunk); returns them with the
     batch in flight if it landed."""
@@ -72,7 +72,7 @@ def test_sigkill_mid_put_chunks_never_leaves_part_of_a_call_visible(tmp_path: Pa
                 committed.add(int(batch))
                 in_flight = None
         kills_inside_a_call += in_flight is not None
-        with MapStore.open(path) as store:
+        with LmdbMapStore.open(path) as store:
             committed = _check_store(store, committed, in_flight, expected_chunk)
     assert len(committed) > 2 * KILLS  # the children did real work between kills
     assert kills_inside_a_call >= 5  # and were often killed inside a call

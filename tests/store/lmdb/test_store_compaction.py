@@ -10,18 +10,18 @@ import pytest
 import zarr
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.lmdb.env import list_generations, read_current
 from tests.support.stores import make_entry, small_layout
 
 
 @pytest.fixture
 def store(tmp_path):
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         yield store
 
 
-def _fill(store: MapStore) -> dict[tuple[str, int], object]:
+def _fill(store: LmdbMapStore) -> dict[tuple[str, int], object]:
     live = {}
     for codec in ("fp16", "q8+zstd"):
         name = codec.replace("+", "-")
@@ -93,7 +93,7 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
     if pid == 0:  # child: a read-only store opened before the compaction
         status = 1
         try:
-            with MapStore.open(tmp_path / "s", readonly=True) as reader:
+            with LmdbMapStore.open(tmp_path / "s", readonly=True) as reader:
                 ok = np.array_equal(reader.read_maps(*key), expected)
                 os.write(to_parent_w, f"{reader.generation} {ok}\n".encode())
                 os.read(to_child_r, 1)  # wait for the compaction
@@ -104,7 +104,7 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
             os._exit(status)
     try:
         first = os.read(to_parent_r, 100).decode().split()
-        with MapStore.open(tmp_path / "s") as writer:
+        with LmdbMapStore.open(tmp_path / "s") as writer:
             report = writer.compact()
             assert first == [report.old_generation, "True"]
             assert report.old_generation in list_generations(tmp_path / "s")  # held by the child
@@ -113,7 +113,7 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
             assert second == [report.new_generation, "True"]
             assert os.waitpid(pid, 0)[1] == 0
             pid = 0
-        with MapStore.open(tmp_path / "s") as again:
+        with LmdbMapStore.open(tmp_path / "s") as again:
             assert list_generations(tmp_path / "s") == [again.generation]
     finally:
         if pid:
@@ -123,17 +123,17 @@ def test_another_process_keeps_reading_across_a_compaction(store, tmp_path):
 
 def test_a_generation_left_by_a_killed_compaction_is_counted_in_stats_and_removed_at_open(tmp_path):
     root = tmp_path / "s"
-    with MapStore.open(root, create=True) as store:
+    with LmdbMapStore.open(root, create=True) as store:
         _fill(store)
         live = store.generation
     # What a SIGKILL mid-compaction leaves: a newer generation directory CURRENT never named.
     leftover = root / "gen-000099"
     leftover.mkdir()
     (leftover / "data.mdb").write_bytes((root / live / "data.mdb").read_bytes()[: 64 << 10])
-    with MapStore.open(root, readonly=True) as reader:  # a reader removes nothing: it only reports
+    with LmdbMapStore.open(root, readonly=True) as reader:  # a reader removes nothing: it only reports
         stats = reader.stats()
         assert (stats.stale_generations, stats.stale_generation_bytes) == (1, 64 << 10)
-    with MapStore.open(root) as store:  # the writer removes it as it opens
+    with LmdbMapStore.open(root) as store:  # the writer removes it as it opens
         assert list_generations(root) == [live]
         stats = store.stats()
         assert (stats.stale_generations, stats.stale_generation_bytes) == (0, 0)
@@ -150,12 +150,12 @@ def test_prefix_blocks_survive_compaction_and_are_read_by_a_read_only_opening(tm
         for i, h in enumerate(hashes)
     ]
     path = tmp_path / "store"
-    with MapStore.open(path, create=True) as store:
+    with LmdbMapStore.open(path, create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
         store.prefixes.set_layout("ns", layout)
         store.prefixes.put("ns", blocks)
         store.compact()
         assert store.prefixes.match("ns", hashes) == 2
-    with MapStore.open(path, readonly=True) as reader:
+    with LmdbMapStore.open(path, readonly=True) as reader:
         assert reader.prefixes.layout("ns") == layout
         assert np.array_equal(reader.prefixes.read_hidden("ns", [hashes[0]]), blocks[0].hidden)

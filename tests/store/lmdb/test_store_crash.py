@@ -14,7 +14,7 @@ from functools import partial
 
 import numpy as np
 
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.codecs import q8_error_bound
 from tests.support.children.store_crash import LAYOUTS, crash_entry, run
 from tests.support.crashes import run_until_killed
@@ -50,7 +50,7 @@ class _Log:
             self.delete_in_flight = None
 
 
-def _check_entry(store: MapStore, name: str, entry_id: int, k: int) -> None:
+def _check_entry(store: LmdbMapStore, name: str, entry_id: int, k: int) -> None:
     expected = crash_entry(name, k)
     info = store.entry(name, entry_id)
     assert info.token_hash == expected.token_hash
@@ -64,7 +64,7 @@ def _check_entry(store: MapStore, name: str, entry_id: int, k: int) -> None:
     assert np.array_equal(info.feature, expected.feature)
 
 
-def _check_store(store: MapStore, log: _Log) -> None:
+def _check_store(store: LmdbMapStore, log: _Log) -> None:
     live = {(name, e.id): e for name in LAYOUTS for e in store.entries(name)}
     for key, k in log.committed.items():
         assert key in live or key == log.delete_in_flight, f"committed entry {key} (k={k}) is gone"
@@ -100,7 +100,7 @@ def test_sigkill_at_random_points_never_leaves_a_partial_entry_visible(tmp_path)
         for line in run_until_killed(partial(run, path, log.next_k, seed=round_), rng.uniform(0.0, 0.15)):
             log.feed(line)
         kills_inside_a_call += log.ingest_in_flight is not None or log.delete_in_flight is not None
-        with MapStore.open(path) as store:
+        with LmdbMapStore.open(path) as store:
             _check_store(store, log)
     assert len(log.committed) > KILLS  # the children did real work between kills
     assert kills_inside_a_call >= 5  # and were often killed inside an ingest or delete

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from attnstore.errors import StoreFullError
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.lmdb.env import list_generations
 from tests.support.stores import fill_disk, make_entry, small_layout
 
 
-def _fill_with_entries(store: MapStore, *, length: int = 48) -> dict[int, int]:
+def _fill_with_entries(store: LmdbMapStore, *, length: int = 48) -> dict[int, int]:
     """Ingest one entry per call until the disk is full; returns seed -> id of those stored."""
     stored: dict[int, int] = {}
     with pytest.raises(StoreFullError, match="the disk is full") as caught:
@@ -28,7 +28,7 @@ def _fill_with_entries(store: MapStore, *, length: int = 48) -> dict[int, int]:
 
 
 def test_ingest_on_a_full_disk_is_store_full_and_committed_entries_stay_readable(small_tmpfs) -> None:
-    with MapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
+    with LmdbMapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
         stored = _fill_with_entries(store)
         assert len(stored) >= 10
@@ -41,7 +41,7 @@ def test_ingest_on_a_full_disk_is_store_full_and_committed_entries_stay_readable
 
 
 def test_creating_a_namespace_on_a_full_disk_is_store_full(small_tmpfs) -> None:
-    with MapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
+    with LmdbMapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
         filler = fill_disk(small_tmpfs)
         with pytest.raises(StoreFullError, match="the disk is full"):
             for n in range(1000):  # one may still fit in pages LMDB has free
@@ -51,7 +51,7 @@ def test_creating_a_namespace_on_a_full_disk_is_store_full(small_tmpfs) -> None:
 
 
 def test_compaction_without_room_for_the_copy_is_refused_before_writing(small_tmpfs) -> None:
-    with MapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
+    with LmdbMapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
         ids = store.ingest("ns", [make_entry(small_layout(), 48, seed) for seed in range(100)]).entry_ids
         fill_disk(small_tmpfs, leave=1 << 20)
@@ -67,7 +67,7 @@ def test_compaction_without_room_for_the_copy_is_refused_before_writing(small_tm
 def test_compaction_on_a_100_percent_full_disk_fails_cleanly_without_a_signal(small_tmpfs) -> None:
     # The space check passes (the store is small); the disk is then filled completely. Before the
     # lock file was allocated up front, LMDB's first touch of its reader table page was a SIGBUS.
-    with MapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
+    with LmdbMapStore.open(small_tmpfs / "s", create=True, map_size=1 << 30) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
         ids = store.ingest("ns", [make_entry(small_layout(), 16, seed) for seed in range(5)]).entry_ids
         fill_disk(small_tmpfs)

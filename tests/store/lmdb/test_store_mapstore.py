@@ -1,4 +1,4 @@
-"""MapStore on real LMDB files: persistence, format versions, locks, full map, hits, tiers."""
+"""LmdbMapStore on real LMDB files: persistence, format versions, locks, full map, hits, tiers."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from attnstore.errors import (
     StoreNotFoundError,
     StoreOpenError,
 )
-from attnstore.store import MapStore, MapStoreBase
+from attnstore.store import LmdbMapStore, MapStoreBase
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import list_generations, read_current
 from tests.support.stores import make_entry, small_layout
@@ -26,11 +26,11 @@ from tests.support.stores import make_entry, small_layout
 
 def _open(path, dram_bytes: int = 0, **kwargs) -> MapStoreBase:
     """The LMDB store at ``path``, behind a DRAM cache of ``dram_bytes`` (0: none)."""
-    store = MapStore.open(path, create=True, **kwargs)
+    store = LmdbMapStore.open(path, create=True, **kwargs)
     return DramCache(store, dram_bytes=dram_bytes) if dram_bytes else store
 
 
-def _with_namespace(store: MapStore, codec: str = "fp16") -> str:
+def _with_namespace(store: LmdbMapStore, codec: str = "fp16") -> str:
     store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout(codec))
     return "ns"
 
@@ -41,14 +41,14 @@ def test_entries_persist_and_ids_continue_after_reopen(tmp_path):
         entry = make_entry(small_layout(), 7, seed=1)
         ids = store.ingest(ns, [entry, make_entry(small_layout(), 7, seed=2)]).entry_ids
         store.delete(ns, [ids[1]])
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         assert np.array_equal(store.read_maps(ns, ids[0]), entry.maps.astype(np.float16))
         assert store.ingest(ns, [make_entry(small_layout(), 7, seed=3)]).entry_ids == [3]
 
 
 def test_opening_a_missing_store_without_create_raises(tmp_path):
     with pytest.raises(StoreNotFoundError, match="create=True"):
-        MapStore.open(tmp_path / "nothing")
+        LmdbMapStore.open(tmp_path / "nothing")
 
 
 def _poke(store_path, db_name: bytes, key: bytes, value: bytes) -> None:
@@ -62,7 +62,7 @@ def test_a_store_of_unknown_format_version_is_refused(tmp_path):
     _open(tmp_path / "s").close()
     _poke(tmp_path / "s", b"meta", b"format_version", b"99")
     with pytest.raises(FormatVersionError, match="format version 99"):
-        MapStore.open(tmp_path / "s")
+        LmdbMapStore.open(tmp_path / "s")
 
 
 def test_a_namespace_of_unknown_format_version_is_refused(tmp_path):
@@ -74,20 +74,20 @@ def test_a_namespace_of_unknown_format_version_is_refused(tmp_path):
         record = json.loads(txn.get(b"ns", db=catalog))
         txn.put(b"ns", json.dumps({**record, "format_version": 7}).encode(), db=catalog)
     env.close()
-    with MapStore.open(tmp_path / "s") as store, pytest.raises(FormatVersionError, match="version 7"):
+    with LmdbMapStore.open(tmp_path / "s") as store, pytest.raises(FormatVersionError, match="version 7"):
         store.get_namespace("ns")
 
 
 def test_a_second_writer_is_refused(tmp_path):
     with _open(tmp_path / "s"), pytest.raises(StoreOpenError, match="open for writing"):
-        MapStore.open(tmp_path / "s")
+        LmdbMapStore.open(tmp_path / "s")
 
 
 def test_a_readonly_store_reads_and_refuses_writes(tmp_path):
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)
         (entry_id,) = store.ingest(ns, [make_entry(small_layout(), 5, seed=1)]).entry_ids
-    with MapStore.open(tmp_path / "s", readonly=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", readonly=True) as store:
         assert store.read_maps(ns, entry_id).shape == (3, 2, 5, 5)
         with pytest.raises(ReadOnlyStoreError):
             store.ingest(ns, [make_entry(small_layout(), 5, seed=2)])
@@ -122,7 +122,7 @@ def test_hits_are_buffered_flushed_by_count_and_on_close(tmp_path):
         assert store.stats().pending_hits == 0
         store.record_hits(ns, [a])
         assert store.entry(ns, a).hits == 3
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         assert [store.entry(ns, i).hits for i in (a, b, c)] == [3, 1, 1]
 
 
@@ -197,7 +197,7 @@ def test_an_old_generation_is_removed_at_open_when_nobody_holds_it(tmp_path):
     with _open(tmp_path / "s") as store:
         _with_namespace(store)
     (tmp_path / "s" / "gen-000009").mkdir()  # left behind by a crashed compaction
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         assert list_generations(tmp_path / "s") == [store.generation]
 
 
@@ -235,7 +235,7 @@ def test_a_scan_of_a_read_only_store_leaves_none_of_its_pages_mapped_in_the_proc
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)
         ids = store.ingest(ns, [make_entry(small_layout(), 40, seed=k) for k in range(600)]).entry_ids
-    with MapStore.open(tmp_path / "s", readonly=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", readonly=True) as store:
         store.read_maps(ns, ids[0])  # a read maps pages, and nothing gives them back
         assert _resident_under(tmp_path / "s") > 0
         assert len(list(store.entries(ns))) == 600  # the scan drops what each page of records mapped

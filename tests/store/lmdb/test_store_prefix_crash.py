@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import EntryNotFoundError
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore_client.connection import connect
 from tests.support.children.store_prefix_crash import FINGERPRINT, LAYOUT, NAMESPACE, blocks_of, chain_of, run
 from tests.support.crashes import run_until_killed
@@ -53,7 +53,7 @@ class _Log:
         return end
 
 
-def _settle_in_flight(store: MapStore, log: _Log) -> list[bytes]:
+def _settle_in_flight(store: LmdbMapStore, log: _Log) -> list[bytes]:
     """Count the call in flight at the kill as committed if its blocks landed; returns its blocks that did not."""
     if log.in_flight is None:
         return []
@@ -68,7 +68,7 @@ def _settle_in_flight(store: MapStore, log: _Log) -> list[bytes]:
     return new
 
 
-def _check_store(store: MapStore, log: _Log) -> None:
+def _check_store(store: LmdbMapStore, log: _Log) -> None:
     lost = _settle_in_flight(store, log)
     for chain in range(log.chains):
         hashes = list(chain_of(chain))
@@ -100,7 +100,7 @@ def _kill_rounds(path: Path, rounds: int, seed: int) -> tuple[_Log, int]:
         for line in run_until_killed(partial(run, path, log.chains, seed=seed + round_), rng.uniform(0.0, 0.15)):
             log.feed(line)
         kills_inside_a_call += log.in_flight is not None
-        with MapStore.open(path) as store:
+        with LmdbMapStore.open(path) as store:
             _check_store(store, log)
     return log, kills_inside_a_call
 

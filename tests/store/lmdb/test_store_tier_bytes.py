@@ -6,7 +6,7 @@ import numpy as np
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixDtype, PrefixLayout, chain_hashes
 from attnstore.protocol.records import NamespaceLayout, NewEntry
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 
 # SmolLM2-135M-Instruct: 30 layers, 9 heads, 3 KV heads of 64, hidden 576.
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 30, 9, 3, 64, 576
@@ -21,7 +21,7 @@ def _causal_maps(length: int) -> np.ndarray:
 def test_stats_count_the_documented_bytes_per_token_of_each_tier(tmp_path):
     layout = NamespaceLayout(layers=LAYERS, heads=HEADS, causal=True, hidden=HIDDEN, feature_dim=16)
     outputs = np.random.default_rng(0).standard_normal((LENGTH, HIDDEN)).astype(np.float16)
-    with MapStore.open(tmp_path / "store", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "store", create=True) as store:
         for name in ("fp32", "fp16"):
             store.create_namespace(name, model="smollm2", fingerprint="f" * 64, layout=layout)
         store.ingest("fp32", [NewEntry(maps=None, token_hash=b"o" * 32, outputs=outputs)])

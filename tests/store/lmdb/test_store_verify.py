@@ -13,7 +13,7 @@ from numcodecs.zstd import Zstd
 
 from attnstore.errors import ChecksumError, StoreDamagedError
 from attnstore.protocol.records import NamespaceLayout
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.codecs import ZSTD_LEVEL
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import DATA_FILE, read_current
@@ -40,14 +40,14 @@ def _flip_byte_on_disk(root: Path, needle: bytes) -> None:
 def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(tmp_path, codec):
     layout = small_layout(codec)
     entries = [make_entry(layout, 40, seed=s) for s in range(3)]
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         ids = store.ingest("ns", entries).entry_ids
     layer_1 = np.ascontiguousarray(entries[1].maps[1].astype(np.float16))  # (heads, L, L)
     chunk = layer_1.tobytes() if codec == "fp16" else Zstd(level=ZSTD_LEVEL).encode(layer_1)
     _flip_byte_on_disk(tmp_path / "s", chunk[: min(len(chunk), 4096)])
 
-    with DramCache(MapStore.open(tmp_path / "s"), dram_bytes=1 << 30) as store:
+    with DramCache(LmdbMapStore.open(tmp_path / "s"), dram_bytes=1 << 30) as store:
         with pytest.raises(ChecksumError, match=f"entry {ids[1]} .*layer 1 maps chunk fails its crc32c"):
             store.read_maps("ns", ids[1])
         with pytest.raises(ChecksumError):
@@ -68,13 +68,13 @@ def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_p
     # 4 layers x 8 heads x 128^2 fp16 = 1 MiB: read by two threads, layers 0-1 and 2-3.
     layout = NamespaceLayout(layers=4, heads=8, causal=True, hidden=8, feature_dim=16)
     entry = make_entry(layout, 128, seed=5)
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         [entry_id] = store.ingest("ns", [entry]).entry_ids
         np.testing.assert_array_equal(store.read_maps("ns", entry_id), entry.maps.astype(np.float16))
     chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
     _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match=f"layer {layer} maps chunk fails its crc32c"):
             store.read_maps("ns", entry_id)
 
@@ -82,11 +82,11 @@ def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_p
 def test_a_flipped_byte_in_an_entry_record_is_detected(tmp_path):
     layout = small_layout()
     entry = make_entry(layout, 8, seed=1)
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         (entry_id,) = store.ingest("ns", [entry]).entry_ids
     _flip_byte_on_disk(tmp_path / "s", entry.feature.tobytes())
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match="record crc32c"):
             store.read_maps("ns", entry_id)
         assert store.verify().corrupt_ids("ns") == [entry_id]
@@ -95,13 +95,13 @@ def test_a_flipped_byte_in_an_entry_record_is_detected(tmp_path):
 def test_outputs_corruption_and_missing_chunks_are_reported(tmp_path):
     layout = small_layout()
     entry = make_entry(layout, 8, seed=1)
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         a, b = store.ingest("ns", [entry, make_entry(layout, 8, seed=2)]).entry_ids
         with store._live.write() as (gen, txn):  # white-box: remove one chunk of b behind the store's back
             assert txn.delete(b"ns/maps/L8/c/1/2/0/0/0", db=gen.db.zarr)
     _flip_byte_on_disk(tmp_path / "s", entry.outputs.astype(np.float16).tobytes())
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match="outputs"):
             store.read_outputs("ns", a)
         with pytest.raises(ChecksumError, match="layer 2 maps chunk is missing"):
@@ -112,7 +112,7 @@ def test_outputs_corruption_and_missing_chunks_are_reported(tmp_path):
 
 def test_orphan_chunks_are_invisible_counted_by_verify_and_dropped_by_compaction(tmp_path):
     layout = small_layout()
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         (entry_id,) = store.ingest("ns", [make_entry(layout, 8, seed=1)]).entry_ids
         with store._live.write() as (gen, txn):  # white-box: a staged chunk whose record never committed
@@ -125,7 +125,7 @@ def test_orphan_chunks_are_invisible_counted_by_verify_and_dropped_by_compaction
 
 
 def test_verify_counts_every_chunk(tmp_path):
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout("q8"))
         store.ingest("ns", [make_entry(small_layout("q8"), 8, seed=s) for s in range(2)])
         report = store.verify()
@@ -134,7 +134,7 @@ def test_verify_counts_every_chunk(tmp_path):
 
 
 def test_the_index_sub_database_name_is_left_free_for_the_vector_index(tmp_path):
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
         store.ingest("ns", [make_entry(small_layout(), 8, seed=1)])
         assert store.verify().ok
@@ -183,12 +183,12 @@ def _point_last_child_at_the_first(root: Path, key_size: int) -> None:
 
 def test_verify_finds_entries_a_damaged_branch_page_made_unreachable(tmp_path):
     layout = small_layout()
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         for start in range(0, 300, 50):
             store.ingest("ns", [make_entry(layout, 8, seed=s) for s in range(start, start + 50)])
     _point_last_child_at_the_first(tmp_path / "s", key_size=len(entry_key("ns", 1)))
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         report = store.verify()
     assert not report.ok and not report.corrupt  # no single entry fails its checksums: the structure does
     assert any("sub-database 'entries'" in p for p in report.problems), report.problems
@@ -197,11 +197,11 @@ def test_verify_finds_entries_a_damaged_branch_page_made_unreachable(tmp_path):
 
 def test_a_damaged_projector_is_refused_on_load_reported_by_verify_and_can_be_replaced(tmp_path):
     blob = projector_blob("weights-" + "w" * 64)
-    with MapStore.open(tmp_path / "s", create=True) as store:
+    with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
         assert store.set_projector("ns", blob).projector_crc32c == crc32c.crc32c(blob)
     _flip_byte_on_disk(tmp_path / "s", b"weights-" + b"w" * 64)
-    with MapStore.open(tmp_path / "s") as store:
+    with LmdbMapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match="projector of namespace 'ns' fails its crc32c"):
             store.get_namespace("ns")
         report = store.verify()
@@ -213,7 +213,7 @@ def test_a_damaged_projector_is_refused_on_load_reported_by_verify_and_can_be_re
 
 def test_a_damaged_free_page_list_makes_writes_data_loss_a_lasting_fault_and_a_verify_problem(tmp_path):
     root = tmp_path / "s"
-    with MapStore.open(root, create=True) as store:
+    with LmdbMapStore.open(root, create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout())
         ids = store.ingest("ns", [make_entry(small_layout(), 16, seed=s) for s in range(200)]).entry_ids
         store.delete("ns", ids[:100])  # pages go to the free-page list
@@ -225,7 +225,7 @@ def test_a_damaged_free_page_list_makes_writes_data_loss_a_lasting_fault_and_a_v
         "<Q", data, page * _PAGE + 80) for page in (0, 1))
     data[free_root * _PAGE + 16] ^= 0xFF  # its first node pointer
     data_file.write_bytes(bytes(data))
-    with MapStore.open(root) as store:
+    with LmdbMapStore.open(root) as store:
         assert store.read_maps("ns", ids[150]).shape == (3, 2, 16, 16)  # reads do not touch the list
         with pytest.raises(StoreDamagedError, match="database is damaged"):  # before: StorageError (INTERNAL)
             for seed in range(2000, 2030):

@@ -12,13 +12,13 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteReques
 from zarr.core.buffer import default_buffer_prototype
 
 from attnstore.errors import StoreNotFoundError
-from attnstore.store import LMDBZarrStore, MapStore, open_zarr
+from attnstore.store import LmdbMapStore, LMDBZarrStore, open_zarr
 from tests.support.stores import make_entry, small_layout
 
 
 @pytest.fixture
 def filled(tmp_path):
-    store = MapStore.open(tmp_path / "s", create=True)
+    store = LmdbMapStore.open(tmp_path / "s", create=True)
     entries = {}
     for codec in ("fp16", "zstd", "q8", "q8+zstd"):
         name = codec.replace("+", "-")
@@ -29,7 +29,7 @@ def filled(tmp_path):
     store.close()
 
 
-def _slot_of(store: MapStore, name: str, entry_id: int, length: int) -> int:
+def _slot_of(store: LmdbMapStore, name: str, entry_id: int, length: int) -> int:
     ids = [e.id for e in store.entries(name, length=length)]
     return ids.index(entry_id)  # slots are handed out in id order within a bucket
 

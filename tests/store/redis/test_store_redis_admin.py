@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError, EntryNotFoundError, UnavailableError
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from attnstore.store.redis.connection import RedisLocation, RetryTotals
 from attnstore.store.redis.keys import encode_entry
 from attnstore.store.redis.mapstore import RedisMapStore
@@ -105,7 +105,7 @@ def test_backup_exports_a_redis_store_to_lmdb_and_restores_it_into_another_redis
         )
         assert done.returncode == 0, done.stderr
         assert "3 entries" in done.stdout
-    with MapStore.open(tmp_path / "lmdb", readonly=True) as lmdb_copy:
+    with LmdbMapStore.open(tmp_path / "lmdb", readonly=True) as lmdb_copy:
         assert lmdb_copy.stats().entries == 3
     with RedisMapStore.open(restored_url) as restored:
         assert restored.get_namespace("ns").projector == projector_blob()

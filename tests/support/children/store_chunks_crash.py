@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnstore.protocol.chunks import ChunkLayout, StoredChunk
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from tests.support.stores import small_layout
 
 # Layers of 8 to 24 KiB (several pages each); 8 to 24 chunks a call, so a kill often lands inside one.
@@ -53,7 +53,7 @@ def run(path: Path, batches: int, out_fd: int, seed: int) -> None:
     def say(line: str) -> None:
         os.write(out_fd, (line + "\n").encode())
 
-    with MapStore.open(path, create=True) as store:
+    with LmdbMapStore.open(path, create=True) as store:
         store.create_namespace(NAMESPACE, model="crash", fingerprint=FINGERPRINT, layout=small_layout())
         store.chunks.set_layout(NAMESPACE, LAYOUT)
         say("ready")

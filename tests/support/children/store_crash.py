@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnstore.store import MapStore, NamespaceLayout, NewEntry
+from attnstore.store import LmdbMapStore, NamespaceLayout, NewEntry
 from tests.support.stores import make_entry, small_layout
 
 LAYOUTS: dict[str, NamespaceLayout] = {"plain": small_layout("fp16"), "packed": small_layout("q8+zstd")}
@@ -36,7 +36,7 @@ def run(path: Path, start_k: int, out_fd: int, seed: int) -> None:
     def say(line: str) -> None:
         os.write(out_fd, (line + "\n").encode())
 
-    with MapStore.open(path, create=True, hit_flush_count=4) as store:
+    with LmdbMapStore.open(path, create=True, hit_flush_count=4) as store:
         for name, layout in LAYOUTS.items():
             store.create_namespace(name, model="crash", fingerprint="fp", layout=layout)
         live = [(name, e.id) for name in LAYOUTS for e in store.entries(name)]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
-from attnstore.store import MapStore
+from attnstore.store import LmdbMapStore
 from tests.support.stores import small_layout
 
 # 4 layers of 8 KiB (two pages each, so every chunk overflows a page) and 4 KiB of hidden states per block.
@@ -66,7 +66,7 @@ def run(path: Path, chains: int, out_fd: int, seed: int) -> None:
     def say(line: str) -> None:
         os.write(out_fd, (line + "\n").encode())
 
-    with MapStore.open(path, create=True) as store:
+    with LmdbMapStore.open(path, create=True) as store:
         store.create_namespace(NAMESPACE, model="crash", fingerprint=FINGERPRINT, layout=small_layout())
         store.prefixes.set_layout(NAMESPACE, LAYOUT)
         stored = {c: store.prefixes.match(NAMESPACE, list(chain_of(c))) for c in range(chains)}
