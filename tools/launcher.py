@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from attnstore.errors import DaemonProcessError, UnavailableError
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 
 # Enough of the log for a start-up traceback, without flooding a test report.
 _LOG_TAIL_CHARS = 8000
@@ -34,7 +34,7 @@ class ServeProcess:
         workdir: where the ready file (``daemon-ready.json``) and the log (``daemon.log``) go.
         args: more ``serve`` arguments (token file, caps, TLS files, ...).
         port: the loopback port to listen on; 0 (the default) takes a free one.
-        client_options: ``RemoteStore`` options every client of it needs (TLS roots, client certificate);
+        client_options: ``DaemonClient`` options every client of it needs (TLS roots, client certificate);
             the health check at start uses them too.
         create: serve with ``--create`` (make the store if it is missing).
     """
@@ -117,9 +117,9 @@ class ServeProcess:
         except UnavailableError:
             return False
 
-    def client(self, token: str | None = None, **options: Any) -> RemoteStore:
-        """A ``RemoteStore`` on the daemon with ``client_options``, ``options`` taking precedence."""
-        return RemoteStore(self.target, token=token, **{**self._client_options, **options})
+    def client(self, token: str | None = None, **options: Any) -> DaemonClient:
+        """A ``DaemonClient`` on the daemon with ``client_options``, ``options`` taking precedence."""
+        return DaemonClient(self.target, token=token, **{**self._client_options, **options})
 
     def log(self) -> str:
         """The daemon's log so far ("" before the first start)."""

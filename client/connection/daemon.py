@@ -33,7 +33,7 @@ from attnstore_client.connection.resend import STREAM_RETRIES, StreamResend, gua
 T = TypeVar("T")
 
 
-class RemoteStore:
+class DaemonClient:
     """Calls to one daemon over one channel. Use as a context manager, or ``close()``.
 
     Args:
@@ -78,7 +78,7 @@ class RemoteStore:
         """Close the channel."""
         self._channel.close()
 
-    def __enter__(self) -> RemoteStore:
+    def __enter__(self) -> DaemonClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -86,7 +86,7 @@ class RemoteStore:
 
     @property
     def stub(self) -> pb_grpc.AttnStoreStub:
-        """The raw stub, for calls this class does not wrap."""
+        """The raw stub, for calls this class does not wrap (made through :meth:`unary` and :meth:`read_stream`)."""
         return self._stub
 
     @property
@@ -104,12 +104,23 @@ class RemoteStore:
         with self._retried_lock:
             self._retried += 1
 
-    def _read_stream(self, read: Callable[[float | None], T], timeout: float | None) -> T:
-        """``read(seconds left)``: one whole read-only stream (see ``resend.read_whole``)."""
+    def read_stream(self, read: Callable[[float | None], T], timeout: float | None = None) -> T:
+        """``read(seconds left)``: one whole read-only stream on ``stub``, sent again whole after UNAVAILABLE
+        (see ``resend.read_whole``); for streams this class does not wrap.
+
+        Args:
+            read: makes the call with the seconds left and returns what it received.
+            timeout: deadline of every attempt together (None: this client's default).
+        """
         return read_whole(read, resend=StreamResend(self.stream_retries, self.stream_retried),
                           limit=timeout or self._timeout)
 
-    def _unary(self, method: Callable[..., T], request: object, timeout: float | None = None) -> T:
+    def unary(self, method: Callable[..., T], request: object, timeout: float | None = None) -> T:
+        """``method(request)``, a unary method of ``stub``, with this client's metadata and deadline.
+
+        Raises:
+            AttnStoreError: the subclass the daemon's status stands for (see ``status_codes.error_from_rpc``).
+        """
         try:
             return method(request, metadata=self._metadata, timeout=timeout or self._timeout)
         except grpc.RpcError as exc:
@@ -144,15 +155,15 @@ class RemoteStore:
             prefix=None if prefix is None else prefix_layout_to_pb(prefix),
             chunks=None if chunks is None else chunk_layout_to_pb(chunks),
         )
-        return self._unary(self._stub.CreateNamespace, request)
+        return self.unary(self._stub.CreateNamespace, request)
 
     def get_namespace(self, name: str, *, projector: bool = True) -> pb.Namespace:
         """One namespace, with its projector bytes unless ``projector`` is False."""
-        return self._unary(self._stub.GetNamespace, pb.GetNamespaceRequest(name=name, without_projector=not projector))
+        return self.unary(self._stub.GetNamespace, pb.GetNamespaceRequest(name=name, without_projector=not projector))
 
     def list_namespaces(self) -> list[pb.Namespace]:
         """Every namespace (projector bytes left out)."""
-        return list(self._unary(self._stub.ListNamespaces, pb.ListNamespacesRequest()).namespaces)
+        return list(self.unary(self._stub.ListNamespaces, pb.ListNamespacesRequest()).namespaces)
 
     # ---- serving ------------------------------------------------------------
 
@@ -176,14 +187,14 @@ class RemoteStore:
             ChecksumError: a frame arrived damaged.
             WireFormatError: frames are inconsistent, or a row's layers are incomplete.
         """
-        return self._read_stream(
+        return self.read_stream(
             lambda left: assembled_lookup(
                 guarded_stream(self._stub.Lookup(request, metadata=self._metadata, timeout=left), left)), timeout
         )
 
     def search(self, request: pb.SearchRequest, timeout: float | None = None) -> list[pb.Match]:
         """Matches only, no maps."""
-        return list(self._unary(self._stub.Search, request, timeout).matches)
+        return list(self.unary(self._stub.Search, request, timeout).matches)
 
     def fetch(
         self,
@@ -209,12 +220,12 @@ class RemoteStore:
                     layers.setdefault(index, {})[int(layer)] = array
             return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
 
-        return self._read_stream(read, timeout)
+        return self.read_stream(read, timeout)
 
     def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
         """Queue entries for the DRAM cache; the reply says how many were queued and how many ids are unknown."""
         request = pb.PrefetchRequest(namespace=namespace, entry_ids=list(entry_ids))
-        return self._unary(self._stub.Prefetch, request)
+        return self.unary(self._stub.Prefetch, request)
 
     # ---- admin --------------------------------------------------------------
 
@@ -237,28 +248,28 @@ class RemoteStore:
     ) -> pb.WriteBackResponse:
         """Store computed rows' outputs for the exact tier (write or admin token); see ``protocol.write_back``."""
         request = pb.WriteBackRequest(namespace=namespace, fingerprint=fingerprint, rows=list(rows))
-        return self._unary(self._stub.WriteBack, request, timeout)
+        return self.unary(self._stub.WriteBack, request, timeout)
 
     def delete(self, namespace: str, entry_ids: Sequence[int]) -> int:
         """Delete entries (admin); returns how many existed."""
-        return self._unary(self._stub.Delete, pb.DeleteRequest(namespace=namespace, entry_ids=list(entry_ids))).deleted
+        return self.unary(self._stub.Delete, pb.DeleteRequest(namespace=namespace, entry_ids=list(entry_ids))).deleted
 
     def drop_writer(self, namespace: str, writer: str, *, dry_run: bool = False) -> pb.DropWriterResponse:
         """Delete one writer's prefix blocks (and those chained after them) and chunks (admin); how many of each."""
-        return self._unary(self._stub.DropWriter, pb.DropWriterRequest(namespace=namespace, writer=writer,
+        return self.unary(self._stub.DropWriter, pb.DropWriterRequest(namespace=namespace, writer=writer,
                                                                        dry_run=dry_run))
 
     def compact(self, timeout: float | None = None) -> pb.CompactResponse:
         """Compact the store (admin)."""
-        return self._unary(self._stub.Compact, pb.CompactRequest(), timeout)
+        return self.unary(self._stub.Compact, pb.CompactRequest(), timeout)
 
     def verify(self, timeout: float | None = None) -> pb.VerifyResponse:
         """Check every stored chunk (admin)."""
-        return self._unary(self._stub.Verify, pb.VerifyRequest(), timeout)
+        return self.unary(self._stub.Verify, pb.VerifyRequest(), timeout)
 
     def stats(self) -> pb.StatsResponse:
         """Store statistics (read token suffices)."""
-        return self._unary(self._stub.Stats, pb.StatsRequest())
+        return self.unary(self._stub.Stats, pb.StatsRequest())
 
     def iter_entries(
         self, namespace: str, *, maps_only: bool = False, writer: str = "", timeout: float | None = None
@@ -278,18 +289,18 @@ class RemoteStore:
         names its writer."""
         request = pb.ReportMismatchRequest(namespace=namespace, fingerprint=fingerprint, kind=kind, key=key,
                                            detail=detail)
-        return self._unary(self._stub.ReportMismatch, request, timeout)
+        return self.unary(self._stub.ReportMismatch, request, timeout)
 
     def list_quarantine(self, namespace: str = "") -> list[pb.QuarantinedObject]:
         """The quarantined objects, of ``namespace`` only when given (admin)."""
-        return list(self._unary(self._stub.ListQuarantine, pb.ListQuarantineRequest(namespace=namespace)).objects)
+        return list(self.unary(self._stub.ListQuarantine, pb.ListQuarantineRequest(namespace=namespace)).objects)
 
     def release_quarantine(
         self, namespace: str, kind: str, key: bytes, *, drop: bool = False
     ) -> pb.ReleaseQuarantineResponse:
         """Serve a quarantined object again, or (``drop``) delete it (admin)."""
         request = pb.ReleaseQuarantineRequest(namespace=namespace, kind=kind, key=key, drop=drop)
-        return self._unary(self._stub.ReleaseQuarantine, request)
+        return self.unary(self._stub.ReleaseQuarantine, request)
 
     def set_features(
         self, namespace: str, projector_version: int, entry_ids: Sequence[int], features: np.ndarray,
@@ -303,4 +314,4 @@ class RemoteStore:
             features=[pb.EntryFeature(entry_id=int(i), feature=row.tolist())
                       for i, row in zip(entry_ids, rows, strict=True)],
         )
-        return self._unary(self._stub.SetFeatures, request, timeout)
+        return self.unary(self._stub.SetFeatures, request, timeout)

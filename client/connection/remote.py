@@ -1,4 +1,4 @@
-"""A daemon as the client's store (``grpc://HOST:PORT``), over ``daemon.RemoteStore``.
+"""A daemon as the client's store (``grpc://HOST:PORT``), over ``daemon.DaemonClient``.
 
 ``exact`` is one exact-only Lookup (token hashes in, stored outputs out);
 ``search`` one Search (matches only: the daemon reads the hits ahead into its
@@ -64,7 +64,7 @@ from attnstore_client.connection.base import (
     checked_projector,
 )
 from attnstore_client.connection.channel import DEFAULT_MAX_MESSAGE_BYTES, channel_options, grpc_target
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.connection.remote_prefix import StreamedPrefix
 from attnstore_client.connection.resend import ResendingStream, StreamResend
 from attnstore_client.resilience import cause_of
@@ -106,7 +106,7 @@ class RemoteConnection(StoreConnection):
         pem = {name: _read_pem(path) for name, path in
                (("root_certificates", tls_ca), ("certificate_chain", client_cert), ("private_key", client_key))}
         self._prefix_layouts: dict[str, PrefixLayout] = {}  # by namespace, as namespace() last read them
-        self._remote = RemoteStore(target, token=token, timeout=None, channel=_channel(
+        self._remote = DaemonClient(target, token=token, timeout=None, channel=_channel(
             target, tls=tls, pem=pem, max_message_bytes=max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES))
 
     def namespace(self, name: str) -> NamespaceHandle:
@@ -187,7 +187,7 @@ class RemoteConnection(StoreConnection):
             namespace=namespace, fingerprint=fingerprint,
             rows=[pb.FetchRow(entry_id=entry_id, length=length) for entry_id, length in rows],
         )
-        # The raw call, not a RemoteStore helper: the reader thread must be able to cancel it.
+        # The raw call, not a DaemonClient helper: the reader thread must be able to cancel it.
         return _StreamedMaps(
             lambda left: self._remote.stub.FetchMaps(request, metadata=self._remote.metadata, timeout=left),
             len(rows), None if timeout is None else time.monotonic() + timeout, self._resend,
@@ -207,7 +207,7 @@ class RemoteConnection(StoreConnection):
         """See :meth:`StoreConnection.match_prefix`: one PrefixMatch."""
         request = pb.PrefixMatchRequest(namespace=namespace, fingerprint=fingerprint, block_size=block_size,
                                         rows=chains_to_pb(rows))
-        return list(self._remote._unary(self._remote.stub.PrefixMatch, request, timeout).blocks)
+        return list(self._remote.unary(self._remote.stub.PrefixMatch, request, timeout).blocks)
 
     def fetch_prefix(
         self, namespace: str, fingerprint: str, block_size: int, rows: Sequence[Sequence[bytes]], *,
@@ -231,7 +231,7 @@ class RemoteConnection(StoreConnection):
         """See :meth:`StoreConnection.put_prefix`: one PutPrefix (a write token)."""
         request = pb.PutPrefixRequest(namespace=namespace, fingerprint=fingerprint, layout=prefix_layout_to_pb(layout),
                                       blocks=[prefix_block_put(block) for block in blocks])
-        reply = self._remote._unary(self._remote.stub.PutPrefix, request, timeout)
+        reply = self._remote.unary(self._remote.stub.PutPrefix, request, timeout)
         return PrefixPutCounts(int(reply.stored), int(reply.duplicates), int(reply.not_admitted))
 
     def match_chunks(

@@ -19,24 +19,24 @@ from attnstore.protocol.chunks import ChunkLayout, StoredChunk
 from attnstore.protocol.prefix_wire import chunk_data_array, chunk_layout_to_pb, chunk_put
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.base import ChunkPutCounts
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 
 _ROW_ERRORS: dict[str, type[AttnStoreError]] = {"NOT_FOUND": EntryNotFoundError, "DATA_LOSS": ChecksumError}
 
 
 def match_chunks(
-    remote: RemoteStore, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes],
+    remote: DaemonClient, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes],
     timeout: float | None,
 ) -> list[int | None]:
     """One ChunkMatch (see ``StoreConnection.match_chunks``)."""
     request = pb.ChunkMatchRequest(namespace=namespace, fingerprint=fingerprint, layout=chunk_layout_to_pb(layout),
                                    keys=list(keys))
-    reply = remote._unary(remote.stub.ChunkMatch, request, timeout)
+    reply = remote.unary(remote.stub.ChunkMatch, request, timeout)
     return [int(length) or None for length in reply.lengths]
 
 
 def fetch_chunks(
-    remote: RemoteStore, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes],
+    remote: DaemonClient, namespace: str, fingerprint: str, layout: ChunkLayout, keys: Sequence[bytes],
     timeout: float | None,
 ) -> list[np.ndarray | AttnStoreError]:
     """One FetchChunks, received whole (see ``StoreConnection.fetch_chunks``)."""
@@ -60,17 +60,17 @@ def fetch_chunks(
                 failed[chunk] = exc
         return [failed[i] if i in failed else _whole(i, parts, layout) for i, parts in enumerate(layers)]
 
-    return remote._read_stream(read, timeout)
+    return remote.read_stream(read, timeout)
 
 
 def put_chunks(
-    remote: RemoteStore, namespace: str, fingerprint: str, layout: ChunkLayout, chunks: Sequence[StoredChunk],
+    remote: DaemonClient, namespace: str, fingerprint: str, layout: ChunkLayout, chunks: Sequence[StoredChunk],
     timeout: float | None,
 ) -> ChunkPutCounts:
     """One PutChunks (see ``StoreConnection.put_chunks``)."""
     request = pb.PutChunksRequest(namespace=namespace, fingerprint=fingerprint, layout=chunk_layout_to_pb(layout),
                                   chunks=[chunk_put(chunk) for chunk in chunks])
-    reply = remote._unary(remote.stub.PutChunks, request, timeout)
+    reply = remote.unary(remote.stub.PutChunks, request, timeout)
     return ChunkPutCounts(int(reply.stored), int(reply.duplicates), int(reply.not_admitted))
 
 

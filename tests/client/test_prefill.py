@@ -20,7 +20,7 @@ from attnstore.store import MemoryMapStore
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection import Match
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.tiers import compute
 from attnstore_client.tiers.cost_model import CostSettings
@@ -284,7 +284,7 @@ def test_batches_that_keep_maps_for_write_back_hold_at_most_the_capture_share_of
     server.start()
     try:
         url = f"grpc://127.0.0.1:{port}"
-        with RemoteStore(f"127.0.0.1:{port}", token=admin_token) as admin:
+        with DaemonClient(f"127.0.0.1:{port}", token=admin_token) as admin:
             create_exact_namespace(admin, loaded, "cold")
         texts = sentences(64, seed=3, min_words=6, max_words=6)  # one length: batches of equal tokens
         with AttnCache(loaded, url, namespace="cold", token=write_token, exact_cache_bytes=0,

@@ -42,7 +42,7 @@ from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore, NewEntry
 from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import AttnCache
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel
@@ -149,7 +149,7 @@ def _contents(loaded: LoadedModel) -> tuple[str, NamespaceLayout, list[NewEntry]
             stored.projector.to_safetensors_bytes())
 
 
-def _write_outputs(admin: RemoteStore, namespace: str, fingerprint: str, entries: list[NewEntry]) -> None:
+def _write_outputs(admin: DaemonClient, namespace: str, fingerprint: str, entries: list[NewEntry]) -> None:
     """Outputs-only entries into a daemon's namespace: asked for once (admitted), then written back (an ingest
     carries maps)."""
     ids = [np.asarray(entry.token_ids) for entry in entries]

@@ -26,7 +26,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.wire import map_frames
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_tools.machine import status_bytes
 from tests.support.daemon import DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
@@ -74,7 +74,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 
 @pytest.fixture(scope="module")
-def remote(daemon: DaemonProcess) -> Iterator[RemoteStore]:
+def remote(daemon: DaemonProcess) -> Iterator[DaemonClient]:
     # The client may send more than the daemon takes: the daemon must be the one refusing.
     with daemon.client(max_message_bytes=64 << 20, timeout=30) as client:
         yield client
@@ -86,7 +86,7 @@ def _good_request() -> pb.LookupRequest:
 
 
 @pytest.fixture(autouse=True)
-def still_serving(daemon: DaemonProcess, remote: RemoteStore) -> Iterator[None]:
+def still_serving(daemon: DaemonProcess, remote: DaemonClient) -> Iterator[None]:
     """After each test: alive, SERVING, and a good lookup still returns the right maps."""
     yield
     assert daemon.process.poll() is None, daemon.log()
@@ -96,7 +96,7 @@ def still_serving(daemon: DaemonProcess, remote: RemoteStore) -> Iterator[None]:
     assert remote.stats().entries == 4, "a refused call stored something"
 
 
-def _refused(call, request: object, remote: RemoteStore) -> grpc.RpcError:
+def _refused(call, request: object, remote: DaemonClient) -> grpc.RpcError:
     """The error of a call that must fail; streamed replies are drained."""
     with pytest.raises(grpc.RpcError) as caught:
         reply = call(request, metadata=remote.metadata, timeout=30)
@@ -115,7 +115,7 @@ def _query(feature: list[float], length: int = LENGTH, token_hash: bytes = b"") 
 @FUZZ
 @given(dim=st.integers(0, 300).filter(lambda d: d != LAYOUT.feature_dim), rows=st.integers(1, 4))
 def test_wrong_feature_dimension_is_invalid_argument_naming_the_dimension(
-    remote: RemoteStore, dim: int, rows: int
+    remote: DaemonClient, dim: int, rows: int
 ) -> None:
     queries = [_query([0.5] * dim) for _ in range(rows)]
     for call, request in (
@@ -133,7 +133,7 @@ def test_wrong_feature_dimension_is_invalid_argument_naming_the_dimension(
                                                                          allow_infinity=True))
     .filter(lambda a: not np.isfinite(a).all())
 )
-def test_nan_or_inf_features_are_invalid_argument(remote: RemoteStore, feature: np.ndarray) -> None:
+def test_nan_or_inf_features_are_invalid_argument(remote: DaemonClient, feature: np.ndarray) -> None:
     request = pb.LookupRequest(namespace="ns", fingerprint=FP, queries=[_query(feature.tolist())], max_distance=1.0)
     error = _refused(remote.stub.Lookup, request, remote)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "NaN or Inf" in error.details()
@@ -141,7 +141,7 @@ def test_nan_or_inf_features_are_invalid_argument(remote: RemoteStore, feature: 
 
 @FUZZ
 @given(threshold=st.one_of(st.just(float("nan")), st.floats(max_value=-1e-6, allow_infinity=True)))
-def test_nan_or_negative_threshold_is_invalid_argument(remote: RemoteStore, threshold: float) -> None:
+def test_nan_or_negative_threshold_is_invalid_argument(remote: DaemonClient, threshold: float) -> None:
     request = _good_request()
     request.max_distance = threshold
     error = _refused(remote.stub.Lookup, request, remote)
@@ -153,7 +153,7 @@ def test_nan_or_negative_threshold_is_invalid_argument(remote: RemoteStore, thre
 
 @FUZZ
 @given(length=st.one_of(st.just(0), st.integers(LENGTH + 1, 2**32 - 1)))
-def test_zero_length_is_refused_and_lengths_longer_than_any_entry_miss(remote: RemoteStore, length: int) -> None:
+def test_zero_length_is_refused_and_lengths_longer_than_any_entry_miss(remote: DaemonClient, length: int) -> None:
     entry = make_entry(LAYOUT, LENGTH, 2)
     request = pb.LookupRequest(
         namespace="ns", fingerprint=FP, queries=[_query(entry.feature.tolist(), length)], max_distance=1e6,
@@ -167,7 +167,7 @@ def test_zero_length_is_refused_and_lengths_longer_than_any_entry_miss(remote: R
         assert result.matches[0].kind == pb.MATCH_KIND_MISS and not result.maps
 
 
-def test_negative_length_on_the_wire_arrives_as_a_huge_one_and_misses(remote: RemoteStore) -> None:
+def test_negative_length_on_the_wire_arrives_as_a_huge_one_and_misses(remote: DaemonClient) -> None:
     # A client that writes -1 into the uint32 varint sends 2**32 - 1 after truncation.
     query = _query(make_entry(LAYOUT, LENGTH, 2).feature.tolist(), 1)
     raw = query.SerializeToString().replace(b"\x10\x01", b"\x10" + b"\xff" * 9 + b"\x01")
@@ -179,7 +179,7 @@ def test_negative_length_on_the_wire_arrives_as_a_huge_one_and_misses(remote: Re
 
 @FUZZ
 @given(length=st.integers(LENGTH + 1, 2**32 - 1))
-def test_fetch_longer_than_the_entry_is_invalid_argument(remote: RemoteStore, length: int) -> None:
+def test_fetch_longer_than_the_entry_is_invalid_argument(remote: DaemonClient, length: int) -> None:
     request = pb.FetchRequest(namespace="ns", fingerprint=FP, entry_ids=[1], length=length)
     error = _refused(remote.stub.Fetch, request, remote)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and f"cannot serve length {length}" in error.details()
@@ -188,7 +188,7 @@ def test_fetch_longer_than_the_entry_is_invalid_argument(remote: RemoteStore, le
 @FUZZ
 @given(length=st.integers(512, 2**16 - 1), layers_sent=st.integers(0, 2))
 def test_huge_ingest_entry_is_resource_exhausted_before_allocation(
-    remote: RemoteStore, length: int, layers_sent: int
+    remote: DaemonClient, length: int, layers_sent: int
 ) -> None:
     # Shape claims (heads, L, L) fp32, over 4 MiB for the 3 layers, with only a token of data:
     # refused on the claim, not after buffering.
@@ -211,7 +211,7 @@ def test_huge_ingest_entry_is_resource_exhausted_before_allocation(
 
 @FUZZ
 @given(rows=st.integers(MAX_QUERIES + 1, 4 * MAX_QUERIES))
-def test_batch_over_the_query_limit_is_resource_exhausted_naming_the_limit(remote: RemoteStore, rows: int) -> None:
+def test_batch_over_the_query_limit_is_resource_exhausted_naming_the_limit(remote: DaemonClient, rows: int) -> None:
     features = np.zeros((rows, LAYOUT.feature_dim), dtype=np.float32)
     for call, request in (
         (remote.stub.Lookup, lookup_request(LookupBatch("ns", FP, features, [LENGTH] * rows, max_distance=1.0))),
@@ -224,7 +224,7 @@ def test_batch_over_the_query_limit_is_resource_exhausted_naming_the_limit(remot
 
 
 @pytest.mark.parametrize("megabytes", [6, 40])
-def test_message_over_the_size_cap_is_resource_exhausted(remote: RemoteStore, megabytes: int) -> None:
+def test_message_over_the_size_cap_is_resource_exhausted(remote: DaemonClient, megabytes: int) -> None:
     blob = b"\x00" * (megabytes << 20)
     for call, request in (
         (remote.stub.CreateNamespace, pb.CreateNamespaceRequest(name="oversize", projector=blob)),
@@ -240,7 +240,7 @@ def test_message_over_the_size_cap_is_resource_exhausted(remote: RemoteStore, me
 
 @FUZZ
 @given(name=st.text(max_size=40).filter(lambda n: n != "ns"))
-def test_unknown_namespace_is_not_found_on_every_read_and_write(remote: RemoteStore, name: str) -> None:
+def test_unknown_namespace_is_not_found_on_every_read_and_write(remote: DaemonClient, name: str) -> None:
     entry = make_entry(LAYOUT, LENGTH, 2)
     calls = (
         (remote.stub.GetNamespace, pb.GetNamespaceRequest(name=name)),
@@ -257,7 +257,7 @@ def test_unknown_namespace_is_not_found_on_every_read_and_write(remote: RemoteSt
 
 
 @pytest.mark.parametrize("name", ["", "ns\n", "-ns", "n s", "a/b", "x" * 129, "né"])
-def test_invalid_namespace_names_are_refused_on_create_and_unknown_on_read(remote: RemoteStore, name: str) -> None:
+def test_invalid_namespace_names_are_refused_on_create_and_unknown_on_read(remote: DaemonClient, name: str) -> None:
     create = pb.CreateNamespaceRequest(
         name=name, model="tiny-synthetic", fingerprint=FP, layout=pb.Layout(**LAYOUT.to_json_dict())
     )
@@ -294,7 +294,7 @@ def _is_json(data: bytes) -> bool:
 @FUZZ
 @given(blob=MALFORMED_PROJECTORS, suffix=st.integers(0, 10**9))
 def test_malformed_projector_is_invalid_argument_and_creates_no_namespace(
-    remote: RemoteStore, blob: bytes, suffix: int
+    remote: DaemonClient, blob: bytes, suffix: int
 ) -> None:
     name = f"proj-{suffix}"
     request = pb.CreateNamespaceRequest(
@@ -317,7 +317,7 @@ def _valid_stream(seed: int) -> list[pb.IngestRequest]:
 @FUZZ
 @given(cut=st.integers(0, 100), seed=st.integers(1000, 10**6))
 def test_ingest_stream_ending_early_is_invalid_argument_and_writes_nothing(
-    remote: RemoteStore, cut: int, seed: int
+    remote: DaemonClient, cut: int, seed: int
 ) -> None:
     messages = _valid_stream(seed)
     messages = messages[: cut % (len(messages) - 1)]  # never the commit
@@ -367,7 +367,7 @@ def _mutate(messages: list[pb.IngestRequest], index: int, how: str) -> list[pb.I
 @FUZZ
 @given(seed=st.integers(1000, 10**6), position=st.floats(0, 1, exclude_max=True), how=st.sampled_from(_MUTATIONS))
 def test_ingest_stream_with_one_broken_message_is_refused_and_writes_nothing(
-    remote: RemoteStore, seed: int, position: float, how: str
+    remote: DaemonClient, seed: int, position: float, how: str
 ) -> None:
     messages = _valid_stream(seed)
     index = 1 + int(position * (len(messages) - 2))  # between the begin and the commit
@@ -394,7 +394,7 @@ def test_ingest_stream_with_one_broken_message_is_refused_and_writes_nothing(
     want_outputs=st.booleans(),
 )
 def test_any_lookup_is_answered_or_refused_never_internal(
-    remote: RemoteStore, namespace: str, fingerprint: str, queries: list[pb.Query], max_distance: float,
+    remote: DaemonClient, namespace: str, fingerprint: str, queries: list[pb.Query], max_distance: float,
     want_maps: bool, want_outputs: bool,
 ) -> None:
     request = pb.LookupRequest(
@@ -407,7 +407,7 @@ def test_any_lookup_is_answered_or_refused_never_internal(
         assert error.code() in REFUSALS, (error.code(), error.details())
 
 
-def test_undecodable_request_bytes_are_refused_by_grpc_and_the_daemon_goes_on(remote: RemoteStore) -> None:
+def test_undecodable_request_bytes_are_refused_by_grpc_and_the_daemon_goes_on(remote: DaemonClient) -> None:
     raw = remote._channel.unary_unary(
         "/attnstore.v1.AttnStore/Stats", request_serializer=lambda b: b, response_deserializer=lambda b: b
     )
@@ -420,7 +420,7 @@ def test_undecodable_request_bytes_are_refused_by_grpc_and_the_daemon_goes_on(re
 # ---- issue 18: probes of bounds, echoes and partial effects -------------------------------------
 
 
-def test_an_ingest_part_sent_twice_is_invalid_argument_and_writes_nothing(remote: RemoteStore) -> None:
+def test_an_ingest_part_sent_twice_is_invalid_argument_and_writes_nothing(remote: DaemonClient) -> None:
     # Two parts per layer; the first part of layer 0 twice and never the second: counting bytes received
     # completed the layer with half of it uninitialised daemon memory.
     entry = make_entry(LAYOUT, LENGTH, 4242)
@@ -437,7 +437,7 @@ def test_an_ingest_part_sent_twice_is_invalid_argument_and_writes_nothing(remote
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "overlaps" in error.details()
 
 
-def test_a_huge_namespace_name_is_invalid_argument_with_a_short_message(remote: RemoteStore) -> None:
+def test_a_huge_namespace_name_is_invalid_argument_with_a_short_message(remote: DaemonClient) -> None:
     name = "x" * 10_000
     create = pb.CreateNamespaceRequest(
         name=name, model="tiny-synthetic", fingerprint=FP, layout=pb.Layout(**LAYOUT.to_json_dict())
@@ -449,7 +449,7 @@ def test_a_huge_namespace_name_is_invalid_argument_with_a_short_message(remote: 
     assert error.code() is grpc.StatusCode.NOT_FOUND and len(error.details()) < 400
 
 
-def test_not_found_messages_never_name_the_store_path(daemon: DaemonProcess, remote: RemoteStore) -> None:
+def test_not_found_messages_never_name_the_store_path(daemon: DaemonProcess, remote: DaemonClient) -> None:
     for request in (pb.GetNamespaceRequest(name="nope"), pb.FetchRequest(namespace="nope", fingerprint=FP)):
         call = remote.stub.GetNamespace if isinstance(request, pb.GetNamespaceRequest) else remote.stub.Fetch
         error = _refused(call, request, remote)
@@ -457,14 +457,14 @@ def test_not_found_messages_never_name_the_store_path(daemon: DaemonProcess, rem
         assert str(daemon.store) not in error.details() and "/" not in error.details(), error.details()
 
 
-def test_prefetch_past_the_id_limit_is_resource_exhausted(remote: RemoteStore) -> None:
+def test_prefetch_past_the_id_limit_is_resource_exhausted(remote: DaemonClient) -> None:
     request = pb.PrefetchRequest(namespace="ns", entry_ids=list(range(1, MAX_QUERIES + 2)))
     error = _refused(remote.stub.Prefetch, request, remote)
     assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and f"limit of {MAX_QUERIES}" in error.details()
 
 
 def test_prefetch_reports_what_it_queued_and_logs_unknown_ids_once_as_a_count(
-    daemon: DaemonProcess, remote: RemoteStore
+    daemon: DaemonProcess, remote: DaemonClient
 ) -> None:
     unknown = list(range(10**6, 10**6 + MAX_QUERIES - 1))
     reply = remote.prefetch("ns", [1, *unknown])
@@ -475,7 +475,7 @@ def test_prefetch_reports_what_it_queued_and_logs_unknown_ids_once_as_a_count(
     assert str(unknown[-1]) not in log
 
 
-def test_a_delete_with_one_invalid_id_deletes_nothing(remote: RemoteStore) -> None:
+def test_a_delete_with_one_invalid_id_deletes_nothing(remote: DaemonClient) -> None:
     for bad in (2**63, 2**64 - 1, 0):
         error = _refused(remote.stub.Delete, pb.DeleteRequest(namespace="ns", entry_ids=[1, 2, 3, 4, bad]), remote)
         assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "position 4" in error.details()
@@ -483,7 +483,7 @@ def test_a_delete_with_one_invalid_id_deletes_nothing(remote: RemoteStore) -> No
 
 
 @pytest.mark.parametrize("length", [5, LENGTH + 1, 2**32 - 1])
-def test_an_exact_hit_needs_the_stored_length(remote: RemoteStore, length: int) -> None:
+def test_an_exact_hit_needs_the_stored_length(remote: DaemonClient, length: int) -> None:
     entry = make_entry(LAYOUT, LENGTH, 2)
     request = pb.LookupRequest(
         namespace="ns", fingerprint=FP, queries=[_query(entry.feature.tolist(), length, entry.token_hash)],
@@ -494,7 +494,7 @@ def test_an_exact_hit_needs_the_stored_length(remote: RemoteStore, length: int) 
     assert match.kind != pb.MATCH_KIND_EXACT and match.stored_length != length
 
 
-def test_idle_ingest_streams_are_ended_and_free_their_slots(remote: RemoteStore) -> None:
+def test_idle_ingest_streams_are_ended_and_free_their_slots(remote: DaemonClient) -> None:
     # Four streams (every slot) that send their begin and then nothing; the daemon's idle limit is 2 s.
     hold = threading.Event()
 
@@ -526,7 +526,7 @@ def test_idle_ingest_streams_are_ended_and_free_their_slots(remote: RemoteStore)
 # ---- memory ------------------------------------------------------------------------------------
 
 
-def test_daemon_memory_stays_bounded_after_the_suite(daemon: DaemonProcess, remote: RemoteStore) -> None:
+def test_daemon_memory_stays_bounded_after_the_suite(daemon: DaemonProcess, remote: DaemonClient) -> None:
     # Runs last in this module: everything above has been thrown at the daemon by now.
     growth = _rss_bytes(daemon.process.pid) - daemon.rss_start  # type: ignore[attr-defined]
     assert growth < RSS_GROWTH_BYTES, f"daemon RSS grew by {growth >> 20} MiB"

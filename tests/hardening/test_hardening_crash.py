@@ -24,7 +24,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store import NamespaceLayout, NewEntry
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.daemon import DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
@@ -70,7 +70,7 @@ class _Writers:
             assert not thread.is_alive()
 
     def _write(self, index: int) -> None:
-        with RemoteStore(self._target, token=self._token, timeout=20) as remote:
+        with DaemonClient(self._target, token=self._token, timeout=20) as remote:
             while True:
                 with self._lock:
                     seeds = [next(self._seeds), next(self._seeds)]
@@ -89,14 +89,14 @@ class _Writers:
             self._open_sent.set()
             self._joined.wait(60)  # never commits: the kill lands while the daemon stages this stream
 
-        with RemoteStore(self._target, token=self._token, timeout=60) as remote:
+        with DaemonClient(self._target, token=self._token, timeout=60) as remote:
             try:
                 remote.stub.Ingest(messages(), metadata=remote.metadata, timeout=60)
             except Exception:
                 pass
 
 
-def _exact_ids(remote: RemoteStore, seeds: list[int]) -> dict[int, int]:
+def _exact_ids(remote: DaemonClient, seeds: list[int]) -> dict[int, int]:
     """Seeds whose entry the exact tier finds, with its id."""
     entries = [_entry(s) for s in seeds]
     batch = LookupBatch("ns", FP, np.stack([e.feature for e in entries]), [LENGTH] * len(seeds),
@@ -106,7 +106,7 @@ def _exact_ids(remote: RemoteStore, seeds: list[int]) -> dict[int, int]:
     return {s: m.entry_id for s, m in zip(seeds, result.matches, strict=True) if m.kind == pb.MATCH_KIND_EXACT}
 
 
-def _check_restarted(remote: RemoteStore, writers: _Writers) -> dict[int, int]:
+def _check_restarted(remote: DaemonClient, writers: _Writers) -> dict[int, int]:
     """Every committed entry served intact, in-flight batches all-or-nothing; returns every stored seed."""
     stored = _exact_ids(remote, list(writers.committed))
     assert stored == writers.committed, "a committed entry is gone or moved"

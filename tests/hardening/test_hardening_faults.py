@@ -26,7 +26,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.server.config import DaemonConfig
 from attnstore.server.daemon import Daemon
 from attnstore.store import NewEntry
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.daemon import DaemonProcess
 from tests.support.pause import paused
 from tests.support.server_fixtures import FP, LAYOUT
@@ -222,7 +222,7 @@ def test_dead_prefetch_thread_turns_health_not_serving_and_is_logged(
         wait_until(serving, 30, "the daemon's ready file")
         info = json.loads(ready.read_text())
         entry = make_entry(LAYOUT, 8, 530)
-        with RemoteStore(info["address"], timeout=10) as remote:
+        with DaemonClient(info["address"], timeout=10) as remote:
             remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
             (entry_id,) = remote.ingest("ns", FP, [entry]).entry_ids
             remote.prefetch("ns", [entry_id])  # starts the worker

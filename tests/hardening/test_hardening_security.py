@@ -25,7 +25,7 @@ from attnstore.errors import AuthError, UnavailableError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_tools.cli import build_parser
 from attnstore_tools.serve import config_from_args
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
@@ -129,7 +129,7 @@ def test_mtls_daemon_serves_a_client_that_trusts_its_self_signed_certificate(dae
 )
 def test_connections_without_mutual_trust_are_refused(daemon: DaemonProcess, pki: Path, options: dict) -> None:
     resolved = {key: (pki / value if isinstance(value, str) else value) for key, value in options.items()}
-    with RemoteStore(daemon.target, token=ADMIN_TOKEN, timeout=5, **resolved) as remote:
+    with DaemonClient(daemon.target, token=ADMIN_TOKEN, timeout=5, **resolved) as remote:
         with pytest.raises(UnavailableError):
             remote.stats()
         with pytest.raises(UnavailableError):

@@ -19,7 +19,7 @@ from attnstore.protocol.requests import exact_request
 from attnstore.protocol.write_back import row_to_pb
 from attnstore.server.server import ServerTls, create_server
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_tools.admin.cold_start import create_exact_namespace
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
@@ -45,14 +45,14 @@ def _row(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(1, 90, size=LENGTH), rng.normal(size=(LENGTH, 64)).astype(np.float32)
 
 
-def _ask(remote: RemoteStore, row: tuple[np.ndarray, np.ndarray]) -> bool:
+def _ask(remote: DaemonClient, row: tuple[np.ndarray, np.ndarray]) -> bool:
     """Ask the exact tier about ``row`` (a miss): whether the daemon answers admit."""
     fingerprint = remote.get_namespace("default", projector=False).fingerprint
     (match,) = remote.lookup(exact_request("default", fingerprint, [token_hash(row[0])], [LENGTH])).matches
     return bool(match.admit)
 
 
-def _write(remote: RemoteStore, row: tuple[np.ndarray, np.ndarray]) -> tuple[int, int]:
+def _write(remote: DaemonClient, row: tuple[np.ndarray, np.ndarray]) -> tuple[int, int]:
     """Write ``row`` back: (stored, not admitted)."""
     fingerprint = remote.get_namespace("default", projector=False).fingerprint
     reply = remote.write_back("default", fingerprint, [row_to_pb(*row)])
@@ -63,7 +63,7 @@ def _write(remote: RemoteStore, row: tuple[np.ndarray, np.ndarray]) -> tuple[int
 def test_one_write_token_from_two_addresses_does_not_admit_a_row(daemon: DaemonProcess) -> None:
     row = _row(1)
     with Forwarder(daemon.target, "127.0.0.2") as second_host, daemon.client(WRITE_TOKEN) as first:
-        with RemoteStore(second_host.address, token=WRITE_TOKEN, timeout=30.0) as second:
+        with DaemonClient(second_host.address, token=WRITE_TOKEN, timeout=30.0) as second:
             assert not _ask(first, row)
             assert not _ask(second, row)
             assert second_host.peers and set(second_host.peers) == {"127.0.0.2"}  # the daemon saw another host
@@ -104,7 +104,7 @@ def test_without_tokens_the_host_is_the_caller(tmp_path: Path) -> None:
             assert not _ask(admin, row)
             assert not _ask(admin, row)  # the same host again
             with Forwarder(process.target, "127.0.0.2") as second_host:
-                with RemoteStore(second_host.address, timeout=30.0) as second:
+                with DaemonClient(second_host.address, timeout=30.0) as second:
                     assert _ask(second, row)
             assert _write(admin, row) == (1, 0)
             (entry,) = [e for e in admin.iter_entries("default") if e.token_hash == token_hash(row[0])]
@@ -134,7 +134,7 @@ def test_under_mtls_without_tokens_a_caller_is_its_certificate_not_its_address(p
             channels = [grpc.secure_channel(target, credentials, options=[("grpc.ssl_target_name_override",
                                                                             "localhost")])
                         for target in (f"127.0.0.1:{port}", second_host.address)]
-            with RemoteStore(channel=channels[0]) as first, RemoteStore(channel=channels[1]) as second:
+            with DaemonClient(channel=channels[0]) as first, DaemonClient(channel=channels[1]) as second:
                 assert [m.admit for remote in (first, second) for m in remote.lookup(request).matches] == [False] * 2
                 assert set(second_host.peers) == {"127.0.0.2"}
                 assert first.write_back("ns", FP, [row_to_pb(*row)]).not_admitted == 1

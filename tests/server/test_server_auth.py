@@ -18,7 +18,7 @@ from attnstore.server.auth import (
     parse_tokens,
     required_role,
 )
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.server_fixtures import FP, LAYOUT, memory_service, served
 from tests.support.stores import make_entry
 
@@ -99,7 +99,7 @@ def test_interceptor_refuses_every_call_shape_and_lets_the_right_roles_through()
             grpc.StatusCode.UNAUTHENTICATED
         }
         assert anonymous.health() == "SERVING"
-        with RemoteStore(target, token=READ) as reader, RemoteStore(target, token=ADMIN) as admin:
+        with DaemonClient(target, token=READ) as reader, DaemonClient(target, token=ADMIN) as admin:
             with pytest.raises(AuthError, match="PERMISSION_DENIED.*admin token"):
                 reader.ingest("ns", FP, [entry])
             assert admin.ingest("ns", FP, [entry]).entries == 1
@@ -135,7 +135,7 @@ def test_replaced_tokens_take_effect_for_new_calls() -> None:
     new_read = "rotated-read-token-0000"
     with served(memory_service(), tokens=TOKENS) as (server, remote):
         server.replace_tokens(parse_tokens(f"admin {ADMIN}\nread {new_read}\n"))
-        with RemoteStore(remote.target, token=READ) as old, RemoteStore(remote.target, token=new_read) as new:
+        with DaemonClient(remote.target, token=READ) as old, DaemonClient(remote.target, token=new_read) as new:
             with pytest.raises(AuthError, match="UNAUTHENTICATED"):
                 old.stats()
             assert new.stats().entries == 0

@@ -33,7 +33,7 @@ from attnstore.server.metrics import REDIS_METRIC_NAMES
 from attnstore.service.follower import FOLLOW_SECONDS
 from attnstore_client.connection import connect
 from attnstore_client.connection.channel import open_channel
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.redis_servers import free_port
 from tests.support.server_fixtures import FP, LAYOUT
@@ -62,7 +62,7 @@ def daemons(store_url: str, tmp_path_factory: pytest.TempPathFactory):
             assert process.stop() == 0, process.log()
 
 
-def _lookup(remote: RemoteStore, seeds: list[int], *, exact: bool) -> list[tuple[int, int | None]]:
+def _lookup(remote: DaemonClient, seeds: list[int], *, exact: bool) -> list[tuple[int, int | None]]:
     entries = [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]
     batch = LookupBatch(
         "ns", FP, np.stack([e.feature for e in entries]), [LENGTH] * len(seeds),
@@ -258,7 +258,7 @@ def test_a_client_spreads_calls_over_two_daemons_and_one_killed_costs_retries_no
         a.start()
         b.start()
         both = f"127.0.0.1:{a.port},127.0.0.1:{b.port}"
-        with RemoteStore(both, token=ADMIN_TOKEN) as remote:
+        with DaemonClient(both, token=ADMIN_TOKEN) as remote:
             remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
             ids = remote.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, s) for s in range(4)]).entry_ids
             for _ in range(20):
@@ -346,7 +346,7 @@ class _FirstMessageHook:
         return self._call.cancel()
 
 
-def _ingest_big(remote: RemoteStore, seeds: list[int]) -> list[int]:
+def _ingest_big(remote: DaemonClient, seeds: list[int]) -> list[int]:
     return list(remote.ingest("big", FP, [make_entry(BIG, BIG_LENGTH, s) for s in seeds]).entry_ids)
 
 
@@ -366,7 +366,7 @@ def _indexed_by_each(daemons: list[DaemonProcess], entries: dict[int, NewEntry])
 def test_a_lookup_whose_daemon_is_killed_mid_stream_is_sent_again_and_answered_whole_by_the_other(two_daemons):
     daemons, both = two_daemons
     killer = _KillsItsDaemonAfterTheFirstMessage(daemons)
-    with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
+    with DaemonClient(both, token=ADMIN_TOKEN) as seeding:
         (entry_id,) = _ingest_big(seeding, [1])
     wait_until(lambda: _indexed_by_each(daemons, {entry_id: make_entry(BIG, BIG_LENGTH, 1)}), 30,
                "the entry in both daemons' indexes")
@@ -374,7 +374,7 @@ def test_a_lookup_whose_daemon_is_killed_mid_stream_is_sent_again_and_answered_w
     rows = 48  # 24 MiB of maps in one stream
     batch = LookupBatch("big", FP, np.stack([entry.feature] * rows), [BIG_LENGTH] * rows, max_distance=0.01)
     channel = grpc.intercept_channel(open_channel(f"grpc://{both}"), killer)
-    with RemoteStore(both, token=ADMIN_TOKEN, channel=channel) as remote:
+    with DaemonClient(both, token=ADMIN_TOKEN, channel=channel) as remote:
         result = remote.lookup(lookup_request(batch))
         assert killer.killed is not None and remote.streams_retried == 1
     assert [(m.kind, m.entry_id) for m in result.matches] == [(pb.MATCH_KIND_MAP, entry_id)] * rows
@@ -388,7 +388,7 @@ def test_a_fetch_maps_stream_whose_daemon_is_killed_mid_stream_delivers_every_la
 
     daemons, both = two_daemons
     killer = _KillsItsDaemonAfterTheFirstMessage(daemons)
-    with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
+    with DaemonClient(both, token=ADMIN_TOKEN) as seeding:
         ids = _ingest_big(seeding, [2, 3])
     rows = [(ids[i % 2], BIG_LENGTH) for i in range(48)]
     node = connect(f"grpc://{both}", token=ADMIN_TOKEN)
@@ -408,7 +408,7 @@ def test_a_fetch_maps_stream_whose_daemon_is_killed_mid_stream_delivers_every_la
 
 
 def _load(
-    remote: RemoteStore, node, entries: dict[int, NewEntry], stop: threading.Event, tally: Counter[str],
+    remote: DaemonClient, node, entries: dict[int, NewEntry], stop: threading.Event, tally: Counter[str],
     ended: Counter[int], problems: list[str], lock: threading.Lock, seed: int,
 ) -> None:
     """Exact lookups, map lookups (maps streamed) and the node's Search + FetchMaps, checked, until ``stop``;
@@ -435,7 +435,7 @@ def _load(
                 problems.append(f"{kind}: {wrong}")
 
 
-def _lookup_call(remote: RemoteStore, picks: list[int], entries: dict[int, NewEntry], *, exact: bool) -> str:
+def _lookup_call(remote: DaemonClient, picks: list[int], entries: dict[int, NewEntry], *, exact: bool) -> str:
     rows = [entries[i] for i in picks]
     result = remote.lookup(lookup_request(LookupBatch(
         "big", FP, np.stack([e.feature for e in rows]), [BIG_LENGTH] * len(rows),
@@ -474,7 +474,7 @@ def test_one_daemon_sigkilled_mid_load_costs_no_errors_and_no_wrong_results(two_
     from attnstore_client.connection import connect
 
     daemons, both = two_daemons
-    with RemoteStore(both, token=ADMIN_TOKEN) as seeding:
+    with DaemonClient(both, token=ADMIN_TOKEN) as seeding:
         seeds = list(range(10, 22))
         entries = dict(zip(_ingest_big(seeding, seeds), (make_entry(BIG, BIG_LENGTH, s) for s in seeds), strict=True))
     wait_until(lambda: _indexed_by_each(daemons, entries), 30, "every entry in both daemons' indexes")
@@ -491,7 +491,7 @@ def test_one_daemon_sigkilled_mid_load_costs_no_errors_and_no_wrong_results(two_
     def shown() -> str:
         return f"calls answered {tally}, problems {problems[:3]}"
 
-    with RemoteStore(both, token=ADMIN_TOKEN, timeout=30) as remote:
+    with DaemonClient(both, token=ADMIN_TOKEN, timeout=30) as remote:
         node = connect(f"grpc://{both}", token=ADMIN_TOKEN)
         workers = [threading.Thread(target=_load, args=(remote, node, entries, stop, tally, ended, problems, lock,
                                                         seed)) for seed in range(4)]

@@ -18,7 +18,7 @@ from attnstore.errors import StoreUnsafeError
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from tests.support.redis_servers import RedisServer, unique_prefix
 from tests.support.server_fixtures import FP, LAYOUT, LIMITS
@@ -28,7 +28,7 @@ from tests.support.wait import wait_until
 LENGTH = 8
 
 
-def _fill(admin: RemoteStore, seeds: list[int]) -> list[int]:
+def _fill(admin: DaemonClient, seeds: list[int]) -> list[int]:
     admin.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT, limits=LIMITS)
     return admin.ingest("ns", FP, [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]).entry_ids
 
@@ -40,7 +40,7 @@ def _metric(daemon: DaemonProcess, name: str) -> float:
     return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
-def _map_hits(reader: RemoteStore, seeds: list[int]) -> list[int | None]:
+def _map_hits(reader: DaemonClient, seeds: list[int]) -> list[int | None]:
     entries = [make_entry(LAYOUT, LENGTH, seed) for seed in seeds]
     batch = LookupBatch("ns", FP, np.stack([e.feature for e in entries]), [LENGTH] * len(seeds), max_distance=0.01)
     matches = reader.lookup(lookup_request(batch)).matches

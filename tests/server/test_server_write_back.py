@@ -19,7 +19,7 @@ from attnstore.protocol.write_back import row_to_pb
 from attnstore.server.auth import TokenTable, default_token_name
 from attnstore.service import AttnStoreService
 from attnstore.service.admission import Admission, AdmissionConfig
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.server_fixtures import FP, LAYOUT, LIMITS, memory_service, served
 from tests.support.stores import projector_blob, softmax_maps
 
@@ -28,11 +28,11 @@ TOKENS = TokenTable((("read", READ), ("write", WRITE), ("admin", ADMIN), ("write
 
 
 @contextmanager
-def _two_callers(service: AttnStoreService) -> Iterator[tuple[RemoteStore, RemoteStore]]:
+def _two_callers(service: AttnStoreService) -> Iterator[tuple[DaemonClient, DaemonClient]]:
     """A writer (write token) and another node (another write token): two callers for admission (a read
     token's asks count nothing)."""
     with served(service, tokens=TOKENS, client_token=WRITE) as (_, writer):
-        with RemoteStore(writer.target, token=OTHER, timeout=30.0) as other:
+        with DaemonClient(writer.target, token=OTHER, timeout=30.0) as other:
             yield writer, other
 
 

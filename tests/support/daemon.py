@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_tools.launcher import ServeProcess
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -44,7 +44,7 @@ class DaemonProcess(ServeProcess):
         tokens: serve with the test token file (admin and read tokens above).
         extra_args: more ``serve`` arguments.
         port: the loopback port (0: a free one).
-        client_options: RemoteStore options every client of it needs (TLS roots, client certificate).
+        client_options: DaemonClient options every client of it needs (TLS roots, client certificate).
         create: serve with ``--create``.
     """
 
@@ -65,6 +65,6 @@ class DaemonProcess(ServeProcess):
             args += ["--token-file", str(self.token_file)]
         super().__init__(store, workdir, args=args, port=port, client_options=client_options, create=create)
 
-    def client(self, token: str | None = ADMIN_TOKEN, **options: object) -> RemoteStore:
-        """A RemoteStore on the daemon (admin token by default)."""
+    def client(self, token: str | None = ADMIN_TOKEN, **options: object) -> DaemonClient:
+        """A DaemonClient on the daemon (admin token by default)."""
         return super().client(token, **options)

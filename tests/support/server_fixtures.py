@@ -15,7 +15,7 @@ from attnstore.server.config import ServerLimits
 from attnstore.server.server import AttnStoreServer, ServerTls, create_server
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore, NamespaceLayout
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 
 FP = "c0ffee" * 10 + "beef"  # 64 hex characters
 # Causal, so shorter queries may reuse longer entries (cropped).
@@ -38,11 +38,11 @@ def served(
     limits: ServerLimits = ServerLimits(),
     tokens: TokenTable | None = None,
     client_token: str | None = None,
-) -> Iterator[tuple[AttnStoreServer, RemoteStore]]:
+) -> Iterator[tuple[AttnStoreServer, DaemonClient]]:
     """An in-process server on a free port and a client of it; stopped on exit."""
     server, port = create_server(service, "127.0.0.1:0", limits=limits, tokens=tokens)
     server.start()
-    remote = RemoteStore(f"127.0.0.1:{port}", token=client_token, timeout=30.0)
+    remote = DaemonClient(f"127.0.0.1:{port}", token=client_token, timeout=30.0)
     try:
         yield server, remote
     finally:

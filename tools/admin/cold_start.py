@@ -22,14 +22,14 @@ import argparse
 from attnstore.protocol.chunks import ChunkDtype
 from attnstore.protocol.prefix import DEFAULT_BLOCK_SIZE
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_tools.build.namespace_layout import exact_tier_layout, kv_layouts, token_limits
 
 
 def create_exact_namespace(
-    remote: RemoteStore, loaded: LoadedModel, name: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+    remote: DaemonClient, loaded: LoadedModel, name: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
     chunk_dtype: ChunkDtype = "float16",
 ) -> pb.Namespace:
     """Create (or find, if it exists with the same model and layout) an exact-tier-only namespace, with the
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         " them with ChunkSettings(dtype=...) of the same)")
 
 
-def run(args: argparse.Namespace, remote: RemoteStore) -> pb.Namespace:
+def run(args: argparse.Namespace, remote: DaemonClient) -> pb.Namespace:
     """Create the namespace ``args`` name for ``args.model``."""
     return create_exact_namespace(remote, load_model(args.model), args.namespace, block_size=args.prefix_block_size,
                                   chunk_dtype=args.chunk_dtype)

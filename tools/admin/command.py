@@ -33,7 +33,7 @@ from google.protobuf.json_format import MessageToDict
 from attnstore.errors import ConfigError, MapsNotStoredError
 from attnstore.protocol.records import NamespaceLayout, NewEntry
 from attnstore_client.connection.channel import DEFAULT_TARGET, TARGET_FORMS
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_tools.admin import cold_start, drop_writer, quarantine, train_projector
 from attnstore_tools.arguments import DefaultsHelpFormatter
 from attnstore_tools.build.fit import format_fit
@@ -142,8 +142,8 @@ def read_token(args: argparse.Namespace, *, client: bool = False) -> str | None:
     return next((t for role, t in tokens if role == "admin"), tokens[0][1])
 
 
-def _connect(args: argparse.Namespace) -> RemoteStore:
-    return RemoteStore(
+def _connect(args: argparse.Namespace) -> DaemonClient:
+    return DaemonClient(
         args.target,
         token=read_token(args),
         timeout=args.timeout,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ def _batches(ids: Iterator[int], size: int) -> Iterator[list[int]]:
         yield batch
 
 
-def drop_writer(remote: RemoteStore, namespace: str, writer: str, *, batch_ids: int = 1000,
+def drop_writer(remote: DaemonClient, namespace: str, writer: str, *, batch_ids: int = 1000,
                 dry_run: bool = False) -> DropReport:
     """Delete every entry, prefix block and chunk of ``namespace`` that ``writer`` wrote (see the module
     docstring).
@@ -77,6 +77,6 @@ def drop_writer(remote: RemoteStore, namespace: str, writer: str, *, batch_ids: 
     return DropReport(namespace, writer, len(ids), deleted, int(removed.prefix_blocks), int(removed.chunks))
 
 
-def run(args: argparse.Namespace, remote: RemoteStore) -> DropReport:
+def run(args: argparse.Namespace, remote: DaemonClient) -> DropReport:
     """Drop the entries ``args`` name."""
     return drop_writer(remote, args.namespace, args.writer, batch_ids=args.batch_ids, dry_run=args.dry_run)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from attnstore.errors import ConfigError
 from attnstore.protocol.v1 import attnstore_pb2 as pb
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 
 ACTIONS = ("list", "release", "drop")
 
@@ -54,7 +54,7 @@ def row_of(item: pb.QuarantinedObject) -> QuarantineRow:
                          time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(item.since)))
 
 
-def run(args: argparse.Namespace, remote: RemoteStore) -> list[QuarantineRow]:
+def run(args: argparse.Namespace, remote: DaemonClient) -> list[QuarantineRow]:
     """List, release or drop, as ``args`` say; the objects listed, released or dropped.
 
     Raises:

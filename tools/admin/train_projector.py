@@ -41,7 +41,7 @@ from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.records import NamespaceLayout
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
@@ -88,7 +88,7 @@ class _Row:
 
 
 def train_namespace_projector(
-    remote: RemoteStore, loaded: LoadedModel, namespace: str, config: TrainProjectorConfig = TrainProjectorConfig()
+    remote: DaemonClient, loaded: LoadedModel, namespace: str, config: TrainProjectorConfig = TrainProjectorConfig()
 ) -> TrainProjectorReport:
     """Train, calibrate and install ``namespace``'s projector from its stored maps; feature every entry.
 
@@ -158,7 +158,7 @@ def train_namespace_projector(
 
 
 def _read_maps(
-    remote: RemoteStore, namespace: str, fingerprint: str, layout: NamespaceLayout, rows: list[_Row], scratch: Path,
+    remote: DaemonClient, namespace: str, fingerprint: str, layout: NamespaceLayout, rows: list[_Row], scratch: Path,
     config: TrainProjectorConfig,
 ) -> tuple[list[_Row], list[Path], int]:
     """Fetch the rows' maps into ``scratch``: the rows still there, their maps' files, and how many are gone."""
@@ -177,7 +177,7 @@ def _read_maps(
 
 
 def _fetch(
-    remote: RemoteStore, namespace: str, fingerprint: str, group: list[_Row]
+    remote: DaemonClient, namespace: str, fingerprint: str, group: list[_Row]
 ) -> Iterator[tuple[_Row, np.ndarray]]:
     """Each row's ``(layers, heads, L, L)`` maps; rows whose entry went away since the listing are skipped."""
     try:
@@ -217,7 +217,7 @@ def _run_model(
 
 
 def _send_features(
-    remote: RemoteStore, namespace: str, version: int, rows: Sequence[_Row], vectors: np.ndarray,
+    remote: DaemonClient, namespace: str, version: int, rows: Sequence[_Row], vectors: np.ndarray,
     config: TrainProjectorConfig,
 ) -> tuple[int, int]:
     """Send each row's vector of projector ``version``; returns how many were set and how many entries are gone."""
@@ -248,7 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def run(args: argparse.Namespace, remote: RemoteStore) -> TrainProjectorReport:
+def run(args: argparse.Namespace, remote: DaemonClient) -> TrainProjectorReport:
     """Train and install the projector of the namespace ``args`` name."""
     if args.train_limit < 1 or args.batch_size < 1:
         raise CorpusError(f"--train-limit and --batch-size must be >= 1, got {args.train_limit}, {args.batch_size}")

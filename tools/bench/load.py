@@ -50,7 +50,7 @@ from attnstore.protocol.records import LookupBatch, NamespaceLayout, NewEntry
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store.redis.urls import is_redis_url, shown_location, store_location
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_tools.arguments import positive_int
 from attnstore_tools.launcher import ServeProcess
 from attnstore_tools.machine import RssSampler
@@ -181,7 +181,7 @@ def client_main(job: ClientJob, barrier: multiprocessing.synchronize.Barrier) ->
     errors: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     next_key = (job.index + 1) * 10_000_000
-    with RemoteStore(job.target, token=job.token, timeout=30) as remote:
+    with DaemonClient(job.target, token=job.token, timeout=30) as remote:
         remote.health()
         barrier.wait()
         end = time.monotonic() + job.duration
@@ -206,7 +206,7 @@ def client_main(job: ClientJob, barrier: multiprocessing.synchronize.Barrier) ->
 
 
 def _lookup_and_check(
-    remote: RemoteStore,
+    remote: DaemonClient,
     spec: LoadSpec,
     features: dict[int, np.ndarray],
     expected: dict[int, tuple[int, int, int]],
@@ -280,7 +280,7 @@ def _start_daemon(
 def _seed(target: str, token: str, spec: LoadSpec) -> dict[int, int]:
     """Create the namespace and ingest the seeded entries; returns key -> entry id."""
     ids: dict[int, int] = {}
-    with RemoteStore(target, token=token, timeout=120) as remote:
+    with DaemonClient(target, token=token, timeout=120) as remote:
         remote.create_namespace(NAMESPACE, model="synthetic-load", fingerprint=FINGERPRINT, layout=spec.layout)
         for start in range(0, spec.entries, _SEED_BATCH):
             keys = list(range(start, min(start + _SEED_BATCH, spec.entries)))

@@ -144,7 +144,7 @@ def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -
     from attnstore_client.adapters.batch import batch_from_ids
     from attnstore_client.cache import AttnCache
     from attnstore_client.connection import connect
-    from attnstore_client.connection.daemon import RemoteStore
+    from attnstore_client.connection.daemon import DaemonClient
     from attnstore_client.keys import model_fingerprint, token_hash
     from attnstore_client.projector import Projector, ProjectorConfig
     from attnstore_client.resilience import RetryPolicy
@@ -172,7 +172,7 @@ def _measure(adapter, target: str, dram_target: str, args: argparse.Namespace) -
             for row, (maps, hidden) in enumerate(zip(capture.maps, capture.hidden, strict=True))
         ]
         for address in targets:
-            with RemoteStore(address, timeout=600) as admin:
+            with DaemonClient(address, timeout=600) as admin:
                 admin.create_namespace(name, model=loaded.name, fingerprint=fingerprint, layout=layout,
                                        projector=projector.to_safetensors_bytes())
                 admin.ingest(name, fingerprint, entries)
@@ -237,9 +237,9 @@ def _check_kinds(samples: dict[str, list[Sample[CacheStats]]]) -> None:
 
 def _check_dram(target: str, dram_target: str) -> None:
     """``hit`` must have read its maps from the store and ``hit_dram`` from DRAM, as their names say."""
-    from attnstore_client.connection.daemon import RemoteStore
+    from attnstore_client.connection.daemon import DaemonClient
 
-    with RemoteStore(target) as plain, RemoteStore(dram_target) as dram:
+    with DaemonClient(target) as plain, DaemonClient(dram_target) as dram:
         plain_hits, dram_hits = plain.stats().dram_hits, dram.stats().dram_hits
     if plain_hits or not dram_hits:
         raise ConfigError(f"bench service: DRAM-cache layer reads {plain_hits} without a DRAM cache and {dram_hits} "

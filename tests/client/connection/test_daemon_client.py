@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnstore.errors import ConfigError, UnavailableError
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.server_fixtures import tls_server
 
 
@@ -29,9 +29,9 @@ def test_the_daemon_client_loads_no_storage_backend_or_torch() -> None:
 def test_tls_server_serves_clients_that_trust_its_ca_only(pki: Path) -> None:
     server, target = tls_server(pki, mtls=False)
     try:
-        with RemoteStore(target, tls_ca=pki / "ca.pem") as trusting:
+        with DaemonClient(target, tls_ca=pki / "ca.pem") as trusting:
             assert trusting.stats().entries == 0
-        with RemoteStore(target, timeout=5) as plaintext, pytest.raises(UnavailableError):
+        with DaemonClient(target, timeout=5) as plaintext, pytest.raises(UnavailableError):
             plaintext.stats()
     finally:
         server.stop(0)
@@ -40,10 +40,10 @@ def test_tls_server_serves_clients_that_trust_its_ca_only(pki: Path) -> None:
 def test_mtls_server_refuses_clients_without_a_certificate(pki: Path) -> None:
     server, target = tls_server(pki, mtls=True)
     try:
-        with RemoteStore(target, tls_ca=pki / "ca.pem", client_cert=pki / "client.pem",
+        with DaemonClient(target, tls_ca=pki / "ca.pem", client_cert=pki / "client.pem",
                          client_key=pki / "client.key") as client:
             assert client.stats().entries == 0
-        with RemoteStore(target, tls_ca=pki / "ca.pem", timeout=5) as anonymous, pytest.raises(UnavailableError):
+        with DaemonClient(target, tls_ca=pki / "ca.pem", timeout=5) as anonymous, pytest.raises(UnavailableError):
             anonymous.stats()
     finally:
         server.stop(0)
@@ -51,14 +51,14 @@ def test_mtls_server_refuses_clients_without_a_certificate(pki: Path) -> None:
 
 def test_client_certificate_without_its_key_is_a_config_error(pki: Path) -> None:
     with pytest.raises(ConfigError, match="both a client certificate and its key"):
-        RemoteStore("127.0.0.1:1", client_cert=pki / "client.pem")
+        DaemonClient("127.0.0.1:1", client_cert=pki / "client.pem")
 
 
 def test_grpcs_urls_and_bare_targets_with_a_ca_reach_a_tls_server(pki: Path) -> None:
     server, target = tls_server(pki, mtls=False)
     try:
         for address in (f"grpcs://{target}", target):
-            with RemoteStore(address, tls_ca=pki / "ca.pem") as client:
+            with DaemonClient(address, tls_ca=pki / "ca.pem") as client:
                 assert client.stats().entries == 0
     finally:
         server.stop(0)
@@ -66,9 +66,9 @@ def test_grpcs_urls_and_bare_targets_with_a_ca_reach_a_tls_server(pki: Path) -> 
 
 def test_a_plaintext_grpc_url_with_tls_options_or_another_scheme_is_a_config_error(pki: Path) -> None:
     with pytest.raises(ConfigError, match="plaintext: use grpcs://127.0.0.1:1"):
-        RemoteStore("grpc://127.0.0.1:1", tls_ca=pki / "ca.pem")
+        DaemonClient("grpc://127.0.0.1:1", tls_ca=pki / "ca.pem")
     with pytest.raises(ConfigError, match="'dns://h:1' is not one of grpc://HOST:PORT"):
-        RemoteStore("dns://h:1")
+        DaemonClient("dns://h:1")
 
 
 @pytest.mark.parametrize(

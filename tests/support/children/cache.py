@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from attnstore_client.cache import AttnCache
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
 
 
@@ -27,7 +27,7 @@ def main(mode: str, where: str, token: str, seed: str, count: str) -> None:
     texts = sentences(int(count), seed=int(seed))
     if mode == "ingest":
         captured = capture_entries(loaded, texts)
-        with RemoteStore(where, token=token) as remote:
+        with DaemonClient(where, token=token) as remote:
             remote.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint,
                                     layout=captured.layout, projector=captured.projector.to_safetensors_bytes())
             summary = remote.ingest("default", captured.fingerprint, captured.entries)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from tests.support.server_fixtures import LAYOUT
 from tests.support.stores import make_entry
 
@@ -19,7 +19,7 @@ from tests.support.stores import make_entry
 def main(argv: list[str]) -> int:
     target, token, namespace, fingerprint, length, *seeds = argv
     entries = [make_entry(LAYOUT, int(length), int(seed)) for seed in seeds]
-    with RemoteStore(target, token=token) as remote:
+    with DaemonClient(target, token=token) as remote:
         remote.create_namespace(namespace, model="tiny-synthetic", fingerprint=fingerprint, layout=LAYOUT)
         summary = remote.ingest(namespace, fingerprint, entries)
     print(json.dumps({"entry_ids": list(summary.entry_ids), "entries": summary.entries}))

@@ -20,7 +20,7 @@ from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.batch import tokenize
 from attnstore_client.cache import AttnCache
-from attnstore_client.connection.daemon import RemoteStore
+from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.keys import model_fingerprint, token_hash
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
@@ -79,7 +79,7 @@ def namespace(daemon: DaemonProcess, loaded: LoadedModel, request: pytest.Fixtur
     return _cold_namespace(daemon, loaded, request.node.originalname.removeprefix("test_")[:40])
 
 
-def _store_rows(admin: RemoteStore, loaded: LoadedModel, namespace: str, texts: list[str]) -> list[int]:
+def _store_rows(admin: DaemonClient, loaded: LoadedModel, namespace: str, texts: list[str]) -> list[int]:
     """Store ``texts`` as write-back stores admitted rows: maps, outputs and token ids, no feature vector."""
     batch = tokenize(loaded.tokenizer, texts)
     capture = adapter_for(loaded).capture(batch)
@@ -97,7 +97,7 @@ def _train(daemon: DaemonProcess, model_folder: Path, namespace: str, *extra: st
                  "--namespace", namespace, "--model", str(model_folder), "--no-progress", *extra])
 
 
-def _near_duplicate_lookup(admin: RemoteStore, loaded: LoadedModel, namespace: str, text: str) -> pb.Match:
+def _near_duplicate_lookup(admin: DaemonClient, loaded: LoadedModel, namespace: str, text: str) -> pb.Match:
     """Look ``text`` up as a client does: features of the namespace's projector, the exact tier first."""
     info = admin.get_namespace(namespace)
     projector = Projector.from_safetensors_bytes(info.projector)
@@ -147,7 +147,7 @@ def test_too_few_entries_with_maps_is_a_clear_error_and_changes_nothing(
 
 
 def _search_own_rows(
-    admin: RemoteStore, loaded: LoadedModel, namespace: str, texts: list[str], version: int
+    admin: DaemonClient, loaded: LoadedModel, namespace: str, texts: list[str], version: int
 ) -> list[pb.Match]:
     """Search every text's vector under the namespace's projector (no exact tier), with a tiny threshold."""
     info = admin.get_namespace(namespace)
