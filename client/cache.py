@@ -236,7 +236,7 @@ class AttnCache(SentenceTransformerAPI):
             raise
         self.last_stats = CacheStats()
         self.stats = CacheStats()
-        # Per row of the last call, in input order: "exact", "prefix", "map", "miss" or "fallback".
+        # Per row of the last call, in input order: how it was served (a ``RowKind``).
         self.last_row_kinds: tuple[str, ...] = ()
 
     def _build_tiers(self, chunk_source: ChunkSource | None) -> None:

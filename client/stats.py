@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
+from attnstore_client.call.rows import RowKind
 from attnstore_client.call.state import CallCounts
 from attnstore_client.resilience import FALLBACK_CAUSES
 from attnstore_client.tiers.cost_model import BandEstimate
@@ -85,6 +86,11 @@ class CacheStats:
     def fallback_rows(self) -> int:
         """Rows computed because the store could not serve them."""
         return sum(self.fallbacks.values())
+
+    def rows_by_kind(self) -> dict[RowKind, int]:
+        """Distinct rows by how they were served (every ``RowKind``; copies of a row are ``deduplicated``)."""
+        return {"exact": self.exact_hits, "prefix": self.prefix_hits, "chunk": self.chunk_hits, "map": self.map_hits,
+                "miss": self.misses, "fallback": self.fallback_rows}
 
     @property
     def hit_rate(self) -> float:

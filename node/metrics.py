@@ -24,6 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from attnstore_client.call.rows import ROW_KINDS, RowKind
 from attnstore_client.stats import CacheStats
 
 ROUTES: tuple[str, ...] = ("/v1/embeddings", "/embed", "/v1/score", "/v1/classify")
@@ -32,9 +33,18 @@ STATUSES: tuple[str, ...] = ("200", "400", "401", "404", "405", "408", "413", "4
 # were in (400 not HTTP, 408 too slow): a path of the client's choice would make a label per path.
 OTHER_ROUTE = "other"
 OTHER_STATUSES: tuple[str, ...] = ("400", "404", "408")
-# Where a row's result came from: the tiers of a call, and copies of a row of the same call.
-TIERS: tuple[str, ...] = ("local_exact", "store_exact", "chunk", "prefix", "map", "computed", "fallback",
-                          "deduplicated")
+# Where a row's result came from: the ``tier`` label values of ``attnstore_node_rows_total`` for each of the
+# client's ``RowKind``s, spelled as the node publishes them (dashboards and alerts scrape these): an exact row is told
+# apart by whose exact tier served it, a miss is "computed". Copies of a row of the same call are "deduplicated".
+ROW_LABELS: dict[RowKind, tuple[str, ...]] = {
+    "exact": ("local_exact", "store_exact"),
+    "prefix": ("prefix",),
+    "chunk": ("chunk",),
+    "map": ("map",),
+    "miss": ("computed",),
+    "fallback": ("fallback",),
+}
+TIERS: tuple[str, ...] = (*(label for kind in ROW_KINDS for label in ROW_LABELS[kind]), "deduplicated")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -102,13 +112,7 @@ class NodeMetrics:
         self.call_seconds.observe(seconds)
         self.call_requests.observe(requests)
         self.batch_tokens.observe(tokens)
-        computed = stats.misses
-        fallbacks = sum(stats.fallbacks.values())
-        for tier, count in (
-            ("local_exact", stats.local_hits), ("store_exact", stats.exact_hits - stats.local_hits),
-            ("chunk", stats.chunk_hits), ("prefix", stats.prefix_hits), ("map", stats.map_hits), ("computed", computed),
-            ("fallback", fallbacks), ("deduplicated", stats.deduplicated),
-        ):
+        for tier, count in _rows_by_label(stats).items():
             if count:
                 self.rows.labels(tier).inc(count)
         self.forward_tokens.inc(stats.forward_tokens)
@@ -119,3 +123,15 @@ class NodeMetrics:
     def render(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def _rows_by_label(stats: CacheStats) -> dict[str, int]:
+    """The call's rows by ``tier`` label value (``TIERS``), from its rows by ``RowKind``."""
+    counts = {"deduplicated": stats.deduplicated}
+    for kind, rows in stats.rows_by_kind().items():
+        if kind == "exact":  # this node's own exact tier's (``local_hits``), and the store's
+            counts.update(local_exact=stats.local_hits, store_exact=rows - stats.local_hits)
+        else:
+            (label,) = ROW_LABELS[kind]
+            counts[label] = rows
+    return counts

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -14,7 +14,12 @@ import torch
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore_client.projector import Projector
 
+# How a call served a distinct row (``Call.deliver``, ``AttnCache.last_row_kinds``): the one spelling of a row's
+# kind for the client's tallies (``CallCounts``), its stats (``CacheStats.rows_by_kind``) and the node's metrics
+# (``attnstore_node.metrics`` maps each to the ``tier`` label value it publishes). "miss": computed, the store had
+# nothing to serve it; "fallback": computed, the store should have served it but could not.
 RowKind = Literal["exact", "prefix", "chunk", "map", "miss", "fallback"]
+ROW_KINDS: tuple[RowKind, ...] = get_args(RowKind)
 
 
 @dataclass(frozen=True, slots=True)

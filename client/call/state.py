@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from attnstore_client.call.rows import HiddenRows, NamespaceView, Row, RowKind
 from attnstore_client.call.settings import CallSettings
@@ -81,7 +81,7 @@ class Call:
         self.namespace = namespace
         self.sink = sink
         self.counts = CallCounts(rows=rows)
-        self.kinds: list[str] = [""] * rows  # per input row, once served
+        self.kinds: list[RowKind | Literal[""]] = [""] * rows  # per input row, once served
         self.copies: dict[int, list[int]] = {}  # a row's index -> its later copies in the window in flight
         self.store_down: str | None = None  # why the store is not asked again in this call (a fallback cause)
 
@@ -95,7 +95,7 @@ class Call:
         self.sink.put(targets, hidden)
         counts = self.counts
         for row, indices in zip(rows, targets, strict=True):
-            row_kind = "fallback" if kind == "miss" and row.facts.failed is not None else kind
+            row_kind: RowKind = "fallback" if kind == "miss" and row.facts.failed is not None else kind
             for index in indices:
                 self.kinds[index] = row_kind
             if row_kind == "exact":

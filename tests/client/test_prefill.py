@@ -19,6 +19,7 @@ from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.store import MemoryMapStore
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.cache import AttnCache
+from attnstore_client.call.rows import ROW_KINDS
 from attnstore_client.connection import Match
 from attnstore_client.connection.daemon import DaemonClient
 from attnstore_client.connection.local import LocalConnection
@@ -174,6 +175,7 @@ def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_o
     # One forward of the 3 hits, all replaying; the 6 misses in forwards of at most 4 rows, none replaying.
     assert forwards == [(3, 3), (4, 0), (2, 0)]
     assert cache.last_row_kinds == ("miss", "map", "miss", "map", "miss", "map", "miss", "miss", "miss")
+    assert cache.last_stats.rows_by_kind() == {kind: cache.last_row_kinds.count(kind) for kind in ROW_KINDS}
 
 
 def test_a_call_larger_than_a_chunk_answers_copies_across_chunks_and_keeps_input_order(bert, service) -> None:
