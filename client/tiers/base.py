@@ -109,6 +109,8 @@ class TierContext:
 class Tier(ABC):
     """One way of serving rows, asked only for the rows still open."""
 
+    # The tier's name, its module's ("maps", "compute"...), keying its time in ``CacheStats.tier_s``; how it served a
+    # row is the row's ``RowKind`` ("map", "miss"...), which the tallies, the stats and the node's metrics count.
     name: ClassVar[str]
 
     @abstractmethod
