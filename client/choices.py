@@ -120,8 +120,8 @@ def last_states(
     if not rows:
         return torch.zeros((0, 0))
 
-    def tokenize(chunk: list[str]) -> list[list[int]]:
-        return tokenizer(chunk, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    def tokenize(batch: list[str]) -> list[list[int]]:
+        return tokenizer(batch, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
 
     last = LastStates(len(rows))
     run(TextRows(rows, tokenize, partial(segment_tokens, tokenizer, max_length=max_length)), last)

@@ -253,8 +253,8 @@ async def _json_body(request: Request, limit: int, timeout: float) -> Any:
     body = bytearray()
     try:
         async with asyncio.timeout(timeout):
-            async for chunk in request.stream():
-                body += chunk
+            async for piece in request.stream():
+                body += piece
                 if len(body) > limit:
                     raise ApiError(413, f"the body is over the limit of {limit} bytes", "body_too_large")
     except TimeoutError:

@@ -55,7 +55,7 @@ class PrefixLayout:
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes of one block's chunk of one layer."""
+        """Bytes of one part: one block's keys and values of one layer."""
         return int(np.prod(self.layer_shape)) * np.dtype(self.dtype).itemsize
 
     @property

@@ -133,7 +133,7 @@ def chunk_data(chunk: int, layer: int, array: np.ndarray) -> pb.ChunkData:
 
 
 def chunk_data_array(message: pb.ChunkData) -> np.ndarray:
-    """The array of a ``ChunkData`` message, checked as :func:`array_of` checks a prefix chunk."""
+    """The array of a ``ChunkData`` message, checked as :func:`array_of` checks a prefix frame."""
     return _checked_array(message, f"layer {message.layer} of chunk {message.chunk}")
 
 

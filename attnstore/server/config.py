@@ -9,8 +9,8 @@ from attnstore.errors import ConfigError
 from attnstore.store.redis.urls import is_redis_url, store_location
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
-# Chunks carry at most 4 MiB of data (attnstore.protocol.wire); 8 MiB leaves room for a
-# chunk's other fields, a Lookup of a few thousand 128-d queries and a projector.
+# Frames carry at most 4 MiB of data (attnstore.protocol.wire); 8 MiB leaves room for a
+# frame's other fields, a Lookup of a few thousand 128-d queries and a projector.
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 
 
@@ -19,7 +19,7 @@ class ServerLimits:
     """Sizes and counts the gRPC server enforces.
 
     Raises:
-        ConfigError: a value is below 1, or messages too small for a chunk.
+        ConfigError: a value is below 1, or messages too small for a frame.
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # per gRPC message, both directions
@@ -38,7 +38,7 @@ class ServerLimits:
                 raise ConfigError(f"ServerLimits.{name} must be an int >= 1, got {value!r}")
         if self.max_message_bytes < 5 << 20:
             raise ConfigError(
-                f"ServerLimits.max_message_bytes must be at least 5 MiB to carry a 4 MiB chunk,"
+                f"ServerLimits.max_message_bytes must be at least 5 MiB to carry a 4 MiB frame,"
                 f" got {self.max_message_bytes}"
             )
 

@@ -2,7 +2,7 @@
 
 sentence-transformers sorts a call's texts by length before batching them and
 returns results in input order; a call here does the same, and tokenizes one
-chunk at a time, so a call of any size never holds every row's tokens at once.
+window at a time, so a call of any size never holds every row's tokens at once.
 A text that repeats an earlier one of the call is not tokenized again (bulk
 calls over logs or records repeat many): it comes as a repeat of that row.
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 PROMPT_EOL = 'This sentence: "{text}" means in one word:"'
 # Rows handed to sentence-transformers' preprocess at once (it pads them to one length). The tokenizer holds each
 # text's whole encoding before truncating it: 1,024 texts of 4,000 characters held 250 MB at once, 128 of them 35 MB.
-_TOKENIZE_CHUNK = 128
+_TOKENIZE_BATCH = 128
 
 
 class SentenceHead(ABC):
@@ -131,8 +131,8 @@ class TransformersPipelineHead(SentenceHead):
         """See :meth:`SentenceHead.tokenize`: sentence-transformers' own preprocess, a window at a time."""
         rows: list[list[int]] = []
         prompt_length = 0
-        for start in range(0, len(texts), _TOKENIZE_CHUNK):
-            features = self._model.preprocess(list(texts[start : start + _TOKENIZE_CHUNK]), prompt=prompt)
+        for start in range(0, len(texts), _TOKENIZE_BATCH):
+            features = self._model.preprocess(list(texts[start : start + _TOKENIZE_BATCH]), prompt=prompt)
             ids, mask = features["input_ids"], features["attention_mask"]  # (n, P) each
             # Each row's tokens are where its mask is: a tokenizer may pad on either side (decoder embedders
             # such as Qwen3-Embedding pad on the left for last-token pooling).

@@ -64,7 +64,7 @@ def check_keywords(extra: Mapping[str, Any]) -> None:
             "encode(pool=...) is not offered by a cache: run one AttnCache per process (each loads its model; all"
             " share the store)"
         )
-    extra.pop("chunk_size", None)  # the chunk of a pool's processes
+    extra.pop("chunk_size", None)  # sentence-transformers' rows per pool process (its keyword): no pool here
     if extra:
         raise ConfigError(
             f"encode() got unexpected keyword arguments {sorted(extra)}; it takes {list(ENCODE_KEYWORDS)}"
