@@ -16,11 +16,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.soak, pytest.mark.real_model]
 
@@ -56,21 +57,17 @@ def _listen_address(argv: list[str]) -> tuple[str, int]:
 
 def _wait_until_serving(process: subprocess.Popen, argv: list[str], log: Path) -> None:
     host, port = _listen_address(argv)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def serving() -> bool:
         if process.poll() is not None:
             pytest.fail(f"`{shlex.join(argv)}` exited {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if argv[1] == "node":
-                if httpx.get(f"http://{host}:{port}/health", timeout=2.0).status_code == 200:
-                    return
-            else:
-                with socket.create_connection((host, port), timeout=2.0):
-                    return
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"`{shlex.join(argv)}` did not serve within {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
+        if argv[1] == "node":
+            return httpx.get(f"http://{host}:{port}/health", timeout=2.0).status_code == 200
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+
+    wait_until(serving, START_TIMEOUT_S, lambda: f"`{shlex.join(argv)}` serving:\n{log.read_text()[-4000:]}",
+               poll=0.5, ignoring=(OSError, httpx.HTTPError))
 
 
 def test_the_getting_started_steps_run_as_written(tmp_path: Path) -> None:
