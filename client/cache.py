@@ -139,7 +139,7 @@ class AttnCache(SentenceTransformerAPI):
             ``write_back=True``; ``CacheOptions`` types them):
 
             - max_distance: threshold on the predicted map distance for a map hit. None (the default) lets the
-              namespace's fidelity gate decide when it has one (``attnstore.protocol.gate``: the best of the
+              namespace's fidelity gate decide when it has one (``attnstore.projector.gate``: the best of the
               nearest entries by distance and differing tokens); else takes the namespace's calibrated
               threshold (``Projector.calibration``), 0 (exact hits only) if its calibration found no threshold
               precise enough, and ``DEFAULT_MAX_DISTANCE`` for an uncalibrated namespace.

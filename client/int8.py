@@ -1,7 +1,7 @@
 """int8 computing: the model with the linear layers a namespace's int8 plan names dynamically quantised.
 
 ``int8=True`` (``CacheSettings``) has the compute tier run the rows no tier served on this model
-(``tiers.compute``): the plan (``attnstore.protocol.int8_plan``) was chosen when the namespace was built so
+(``tiers.compute``): the plan (``attnstore.projector.int8_plan``) was chosen when the namespace was built so
 that its rows keep cosine >= 0.99 to the fp32 model's. Every layer it does not name stays fp32 and is shared
 with the fp32 model, not copied: the quantised model costs only its int8 weights. Quantisation is PyTorch's
 dynamic int8 (``torch.ao.quantization.quantize_dynamic``, weights per output channel, activations per call:
@@ -22,7 +22,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.int8_plan import Int8Plan
+from attnstore.projector.int8_plan import Int8Plan
 from attnstore_client.adapters import adapter_for
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.models import LoadedModel

@@ -7,12 +7,12 @@
 - ``wire``, ``write_back``, ``prefix``, ``prefix_wire``, ``chunks``: arrays in checksummed
   frames, written-back rows, prefix blocks and chunk entries on the wire;
 - ``status_codes``: AttnStore errors as gRPC status codes and back;
-- ``projector_blob``: the projector blob's format, with the fidelity gate (``gate``) and the
-  int8 plan (``int8_plan``) in its metadata; ``features``: the projector network and the
-  embedding layer;
 - ``lru`` (the byte-bounded array cache) and ``secret_file`` (the reader of token and key
-  files): kept by both sides.
+  files): not the wire, but kept by both sides (``lru`` by the store's DRAM cache and the
+  client's local exact tier, ``secret_file`` by the daemon and the node), and a package of
+  their own for two small helpers would be one more in the contracts.
 
-Imports numpy, grpc, crc32c and safetensors at most (``features`` torch, imported only where
-a feature is computed): never faiss, lmdb or zarr, so the inference-node client builds on it.
+The projector, its blob, the fidelity gate and the int8 plan are ``attnstore.projector``: both
+sides compute them alike, but they are not the wire. Imports numpy, grpc and crc32c at
+most: never torch (but for types), faiss, lmdb or zarr, so the inference-node client builds on it.
 """

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import crc32c
 
+from attnstore.projector.blob import without_embedding_layer
 from attnstore.protocol.chunks import ChunkLayout
 from attnstore.protocol.messages import layout_to_pb, limits_to_pb
 from attnstore.protocol.prefix import PrefixLayout
 from attnstore.protocol.prefix_wire import chunk_layout_to_pb, prefix_layout_to_pb
-from attnstore.protocol.projector_blob import without_embedding_layer
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.protocol.status_codes import status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb

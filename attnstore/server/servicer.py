@@ -29,6 +29,7 @@ from attnstore.errors import (
     UnavailableError,
     WireFormatError,
 )
+from attnstore.projector.blob import projector_metadata
 from attnstore.protocol.messages import layout_from_pb, limits_from_pb
 from attnstore.protocol.prefix import check_prefix_request
 from attnstore.protocol.prefix_wire import (
@@ -37,7 +38,6 @@ from attnstore.protocol.prefix_wire import (
     prefix_layout_from_pb,
     stored_chunk_of,
 )
-from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.status_codes import abort, status_for
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc

@@ -5,7 +5,7 @@ index is its feature, and a sender choosing it could file its row next to anothe
 user's queries (a decoy replayed for them). So the daemon never stores a sent
 feature: it computes ``projector(feature_source(tokens))`` itself, with the
 embedding layer stored in the namespace's projector blob
-(``protocol.features.embedding_layer``). A namespace whose blob has no layer (a
+(``attnstore.projector.embedding_layer``). A namespace whose blob has no layer (a
 projector installed without one) stores such rows without a feature: they wait
 for ``admin train-projector``, which features every entry with maps.
 
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnstore.protocol.projector_blob import has_embedding_layer
+from attnstore.projector.blob import has_embedding_layer
 from attnstore.protocol.records import NamespaceInfo
 
 if TYPE_CHECKING:
-    from attnstore.protocol.features.embedding_layer import FeatureDeriver
+    from attnstore.projector.embedding_layer import FeatureDeriver
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class DerivedFeatures:
                 return cached[1]
             deriver = None
             if has_embedding_layer(info.projector):
-                from attnstore.protocol.features.embedding_layer import FeatureDeriver  # torch: see the docstring
+                from attnstore.projector.embedding_layer import FeatureDeriver  # torch: see the docstring
 
                 deriver = FeatureDeriver.from_projector_blob(info.projector)
             else:

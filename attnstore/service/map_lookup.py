@@ -2,7 +2,7 @@
 
 Two ways to decide a hit: the nearest entry within a threshold on the
 projector's predicted map distance, or the namespace's fidelity gate
-(``attnstore.protocol.gate``) over each row's nearest few entries, which also
+(``attnstore.projector.gate``) over each row's nearest few entries, which also
 looks at how many tokens differ.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnstore.index import Candidate
-from attnstore.protocol.gate import FidelityGate, differing_positions, gate_features
+from attnstore.projector.gate import FidelityGate, differing_positions, gate_features
 from attnstore.protocol.records import NamespaceInfo
 from attnstore.service.indexes import NamespaceIndexes
 from attnstore.service.queries import MatchResult, Query, query_feature, query_length, query_token_ids

@@ -27,8 +27,8 @@ from attnstore.errors import (
     shown,
 )
 from attnstore.index import Candidate, FaissIndex, VectorIndex
-from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.projector_blob import gate_from_projector
+from attnstore.projector.blob import gate_from_projector
+from attnstore.projector.gate import FidelityGate
 from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.chunks import ServiceChunks

@@ -42,8 +42,8 @@ from attnstore.errors import (
     NamespaceNotFoundError,
     shown,
 )
+from attnstore.projector.blob import projector_metadata
 from attnstore.protocol.keys import TOKEN_HASH_BYTES
-from attnstore.protocol.projector_blob import projector_metadata
 from attnstore.protocol.records import (
     EntryInfo,
     EntryRef,

@@ -19,7 +19,7 @@ from attnstore.errors import (
     ProjectorChangedError,
     shown,
 )
-from attnstore.protocol.projector_blob import same_weights
+from attnstore.projector.blob import same_weights
 from attnstore.protocol.records import NamespaceInfo
 
 

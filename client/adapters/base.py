@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import MapShapeError, UnsupportedModelError
-from attnstore.protocol.features.embedding_layer import EmbeddingLayer
+from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.attention import attention_probs
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.capabilities import FULL, Capabilities
@@ -159,7 +159,7 @@ class Adapter(ABC):
     @abstractmethod
     def embedding_layer(self) -> EmbeddingLayer:
         """The model's feature source (``feature_source``) as tensors, which a daemon keeps with the namespace's
-        projector to derive written-back rows' features itself (``protocol.features.embedding_layer``).
+        projector to derive written-back rows' features itself (``attnstore.projector.embedding_layer``).
 
         Raises:
             UnsupportedModelError: the adapter has no feature source.

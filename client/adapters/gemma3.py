@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
-from attnstore.protocol.features.embedding_layer import EmbeddingLayer
+from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.capabilities import Capabilities
 from attnstore_client.adapters.llama import LlamaAdapter
 from attnstore_client.adapters.packed import PackedBatch

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
-from attnstore.protocol.features.embedding_layer import EmbeddingLayer
+from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter, Capture, LayerCall
 from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.adapters.capabilities import Capabilities

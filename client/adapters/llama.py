@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
-from attnstore.protocol.features.embedding_layer import EmbeddingLayer
+from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.capabilities import FULL, Capabilities

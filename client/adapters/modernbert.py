@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn import functional
 
 from attnstore.errors import UnsupportedModelError
-from attnstore.protocol.features.embedding_layer import EmbeddingLayer
+from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter, Capture, LayerCall
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.capabilities import FULL, Capabilities

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnstore.errors import UnsupportedModelError
-from attnstore.protocol.features.embedding_layer import EmbeddingLayer
+from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
 from attnstore_client.adapters.bert import absolute_embedding_layer

@@ -9,7 +9,7 @@ from torch import nn
 
 from attnstore.errors import ConfigError
 from attnstore.index import ExactIndex
-from attnstore.protocol.int8_plan import Int8Plan
+from attnstore.projector.int8_plan import Int8Plan
 from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.adapters import adapter_for

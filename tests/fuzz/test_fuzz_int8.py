@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sentence_transformers import SentenceTransformer
 
-from attnstore.protocol.int8_plan import Int8Plan
+from attnstore.projector.int8_plan import Int8Plan
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.cache import AttnCache

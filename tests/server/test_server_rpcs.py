@@ -26,8 +26,8 @@ from attnstore.errors import (
     UnavailableError,
     WireFormatError,
 )
-from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.projector_blob import GATE_METADATA_KEY
+from attnstore.projector.blob import GATE_METADATA_KEY
+from attnstore.projector.gate import FidelityGate
 from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb

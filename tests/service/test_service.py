@@ -12,8 +12,8 @@ import safetensors.numpy
 
 from attnstore.errors import FingerprintMismatchError, MapShapeError, NamespaceNotFoundError, NamespaceNotReadyError
 from attnstore.index import ExactIndex
-from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.projector_blob import GATE_METADATA_KEY
+from attnstore.projector.blob import GATE_METADATA_KEY
+from attnstore.projector.gate import FidelityGate
 from attnstore.service import AttnStoreService, IngestResult, Query
 from attnstore.store import LmdbMapStore, MemoryMapStore, NamespaceLayout, NewEntry
 

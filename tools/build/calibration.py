@@ -18,7 +18,7 @@ turns that boundary into one threshold on its distance, and the largest
 threshold whose pseudo-query hits reach the target precision becomes the
 namespace's recommended ``max_distance``.
 
-Then the fidelity gate (``attnstore.protocol.gate``): for each pseudo-query, its
+Then the fidelity gate (``attnstore.projector.gate``): for each pseudo-query, its
 ``gate_candidates`` nearest other inputs of its length under the calibrated
 projector are replayed too; a logistic fit over the gate's features (distance,
 length, differing tokens, rank) gives P(faithful), and the lowest probability at
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.gate import FidelityGate, differing_positions, gate_features
+from attnstore.projector.gate import FidelityGate, differing_positions, gate_features
 from attnstore_client.adapters import Adapter
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.projector import Calibration, Projector

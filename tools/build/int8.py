@@ -2,7 +2,7 @@
 
 Which linear layers survive dynamic int8 quantisation depends on the model and on the inputs (on log lines,
 all-MiniLM-L6-v2's attention projections quantised together keep every row at cosine >= 0.99, its
-feed-forward layers quantised together 18–52% of them). So the plan (``attnstore.protocol.int8_plan``) is
+feed-forward layers quantised together 18–52% of them). So the plan (``attnstore.projector.int8_plan``) is
 chosen on a seeded sample of the corpus, greedily:
 
 1. each candidate layer (every ``nn.Linear`` inside the transformer blocks) is quantised alone, and the mean
@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.int8_plan import Int8Plan
+from attnstore.projector.int8_plan import Int8Plan
 from attnstore_client.adapters import adapter_for
 from attnstore_client.int8 import int8_candidates, linear_flops, quantized_linear
 from attnstore_client.models import LoadedModel

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import CorpusError, StoreFullError
-from attnstore.protocol.projector_blob import has_embedding_layer
+from attnstore.projector.blob import has_embedding_layer
 from attnstore.service import AttnStoreService, Query
 from attnstore_client.adapters.batch import tokenize
 from attnstore_client.keys import model_fingerprint, token_hash

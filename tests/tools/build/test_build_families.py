@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from attnstore.protocol.projector_blob import has_embedding_layer
+from attnstore.projector.blob import has_embedding_layer
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import AttnCache
 from attnstore_tools.cli import main

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.projector_blob import has_embedding_layer, int8_plan_from_projector
+from attnstore.projector.blob import has_embedding_layer, int8_plan_from_projector
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.int8 import int8_candidates, linear_flops, quantized_model

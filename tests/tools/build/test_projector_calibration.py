@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnstore.errors import ConfigError, FormatVersionError
-from attnstore.protocol.gate import FidelityGate
+from attnstore.projector.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.cache import DEFAULT_MAX_DISTANCE, AttnCache
 from attnstore_client.projector import Calibration, Projector, ProjectorConfig

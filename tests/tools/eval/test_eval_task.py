@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnstore.errors import ConfigError
-from attnstore.protocol.gate import FidelityGate
+from attnstore.projector.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.projector import Projector
 from attnstore_tools.build.command import BuildConfig, build_namespace

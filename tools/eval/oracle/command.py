@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnstore.errors import ConfigError, CorpusError, NamespaceNotReadyError
-from attnstore.protocol.gate import FidelityGate
+from attnstore.projector.gate import FidelityGate
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.keys import model_fingerprint

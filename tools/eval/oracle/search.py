@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from attnstore.protocol.gate import FidelityGate
+from attnstore.projector.gate import FidelityGate
 from attnstore.service import AttnStoreService, Query
 from attnstore_client.adapters import Adapter
 from attnstore_client.adapters.batch import batch_from_ids

@@ -19,7 +19,7 @@ faithful depends on the distance *and* on the length (one differing token moves 
 faithful grows with the length, and scaling the vectors turns that length-aware
 threshold into one number, the calibration's ``max_distance``.
 
-The calibration also fits the namespace's fidelity gate (``attnstore.protocol.gate``),
+The calibration also fits the namespace's fidelity gate (``attnstore.projector.gate``),
 which decides hits from the distance *and* the tokens that differ; the service
 applies it when a client asks (the default when the namespace has one).
 
@@ -42,15 +42,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnstore.errors import ConfigError, FeatureSourceError, FormatVersionError, WireFormatError
-from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.int8_plan import INT8_METADATA_KEY, Int8Plan
-from attnstore.protocol.projector_blob import (
+from attnstore.projector.blob import (
     EMBEDDING_LAYER_PREFIX,
     GATE_METADATA_KEY,
     gate_from_projector,
     int8_plan_from_projector,
     projector_metadata,
 )
+from attnstore.projector.gate import FidelityGate
+from attnstore.projector.int8_plan import INT8_METADATA_KEY, Int8Plan
 
 FORMAT = "attnstore.projector/1"
 _METADATA_KEY = "attnstore.projector"

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from attnstore.errors import MapShapeError
-from attnstore.protocol.features.embedding_layer import FeatureDeriver
-from attnstore.protocol.projector_blob import has_embedding_layer, same_weights, without_embedding_layer
+from attnstore.projector.blob import has_embedding_layer, same_weights, without_embedding_layer
+from attnstore.projector.embedding_layer import FeatureDeriver
 from attnstore_client.adapters import Gemma3Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.projector import Projector, ProjectorConfig

@@ -7,8 +7,8 @@ import pytest
 import safetensors.numpy
 
 from attnstore.errors import ConfigError, FormatVersionError
-from attnstore.protocol.gate import FEATURES, FidelityGate, differing_positions, gate_features
-from attnstore.protocol.projector_blob import GATE_METADATA_KEY, gate_from_projector
+from attnstore.projector.blob import GATE_METADATA_KEY, gate_from_projector
+from attnstore.projector.gate import FEATURES, FidelityGate, differing_positions, gate_features
 
 
 def _gate(**changes: object) -> FidelityGate:

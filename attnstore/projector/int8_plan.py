@@ -10,7 +10,7 @@ the layers the plan names kept at least ``target`` of those texts at cosine >= `
 model's output. A client asked for ``int8=True`` computes the rows no tier served with them; its exact tiers
 hold only fp32 outputs.
 
-The plan travels in the namespace's projector blob (``attnstore.protocol.projector_blob``), under
+The plan travels in the namespace's projector blob (``attnstore.projector.blob``), under
 ``INT8_METADATA_KEY``.
 """
 

@@ -1,10 +1,10 @@
 """A namespace's projector blob: safetensors bytes whose header metadata carries the gate and the int8 plan.
 
-The blob is the projector (``attnstore.protocol.features.projector``) as safetensors
+The blob is the projector (``attnstore.projector.network``) as safetensors
 bytes. Servers check a blob before storing it and apply the fidelity gate the
 build put in its metadata, reading it without torch. A namespace's stored blob
 may also hold the model's embedding layer (tensors under ``embedding_layer.``,
-see ``features.embedding_layer``): what its daemon derives written-back rows'
+see ``attnstore.projector.embedding_layer``): what its daemon derives written-back rows'
 features with. It stays on the daemon: a client is sent the blob without it.
 The ``safetensors`` library checks the whole blob (header, dtypes, offsets);
 the metadata is then read from its header.
@@ -20,8 +20,8 @@ import safetensors
 import safetensors.numpy
 
 from attnstore.errors import ConfigError, FormatVersionError, WireFormatError
-from attnstore.protocol.gate import FidelityGate
-from attnstore.protocol.int8_plan import INT8_METADATA_KEY, Int8Plan
+from attnstore.projector.gate import FidelityGate
+from attnstore.projector.int8_plan import INT8_METADATA_KEY, Int8Plan
 
 GATE_METADATA_KEY = "attnstore.fidelity_gate"
 # The embedding layer's tensors and its record (kind, norm epsilon, positions) in a stored projector blob.
@@ -98,7 +98,7 @@ def gate_from_projector(blob: bytes) -> FidelityGate | None:
 
 
 def int8_plan_from_projector(blob: bytes) -> Int8Plan | None:
-    """The int8 plan stored in a projector blob (``attnstore.protocol.int8_plan``); None when it has none.
+    """The int8 plan stored in a projector blob (``attnstore.projector.int8_plan``); None when it has none.
 
     Raises:
         FormatVersionError: a stored blob that is not safetensors, or a malformed plan.

@@ -9,8 +9,8 @@ import pytest
 import safetensors.numpy
 
 from attnstore.errors import ConfigError, FormatVersionError
-from attnstore.protocol.int8_plan import INT8_METADATA_KEY, Int8Plan
-from attnstore.protocol.projector_blob import int8_plan_from_projector
+from attnstore.projector.blob import int8_plan_from_projector
+from attnstore.projector.int8_plan import INT8_METADATA_KEY, Int8Plan
 from attnstore_client.projector import Projector, ProjectorConfig
 
 PLAN = Int8Plan(("encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"), fidelity=0.99,

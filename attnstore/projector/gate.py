@@ -26,7 +26,7 @@ served half as many, 99.2% faithful (99.9% of queries).
 
 The gate is fitted when a namespace is built (``attnstore_tools.build.calibration``),
 on pseudo-queries from the build corpus, and travels in the namespace's projector
-blob (``attnstore.protocol.projector_blob``). Entries ingested without token ids cannot be
+blob (``attnstore.projector.blob``). Entries ingested without token ids cannot be
 gated and are never served by it.
 """
 

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from attnstore.errors import FeatureSourceError, FormatVersionError, MapShapeError
-from attnstore.protocol.features.projector import Projector
-from attnstore.protocol.projector_blob import EMBEDDING_LAYER_METADATA_KEY, EMBEDDING_LAYER_PREFIX, projector_metadata
+from attnstore.projector.blob import EMBEDDING_LAYER_METADATA_KEY, EMBEDDING_LAYER_PREFIX, projector_metadata
+from attnstore.projector.network import Projector
 
 FORMAT = "attnstore.embedding_layer/1"
 EmbeddingKind = Literal["bert", "llama", "gemma3", "modernbert"]
