@@ -146,9 +146,10 @@ def verify_to_pb(report: VerifyReport) -> pb.VerifyResponse:
         problems=[f"{c.namespace}/{c.id}: {c.reason}" for c in report.corrupt],
         corrupt=[pb.CorruptEntry(namespace=c.namespace, entry_id=c.id, reason=c.reason) for c in report.corrupt],
         store_problems=[*report.problems,
-                        *(f"chunk {c.namespace}/{c.key}: {c.reason}" for c in report.corrupt_chunks)],
-        chunks_checked=report.chunks_checked,
-        orphan_chunks=report.orphan_chunks,
+                        *(f"chunk {c.namespace}/{c.key}: {c.reason}" for c in report.chunks.corrupt)],
+        # the wire's names for the stored objects' counts (fields 5 and 6, kept for compatibility)
+        chunks_checked=report.objects_checked,
+        orphan_chunks=report.orphan_objects,
         seconds=report.seconds,
     )
 

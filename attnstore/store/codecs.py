@@ -1,4 +1,4 @@
-"""Map codecs: how one layer's maps ``(heads, L, L)`` become chunk bytes and back.
+"""Map codecs: how one layer's maps ``(heads, L, L)`` become stored objects (one per zarr array) and back.
 
 Every codec writes standard zarr v3 arrays, so zarr decodes the same bytes:
 
@@ -27,7 +27,7 @@ from numcodecs.zstd import Zstd
 
 from attnstore.errors import ChecksumError, ConfigError
 from attnstore.protocol.records import CODECS, NamespaceLayout
-from attnstore.store.zarr_layout import ArrayDtype, ChunkedArray, bytes_codec, zstd_codec
+from attnstore.store.zarr_layout import ArrayDtype, ZarrArray, bytes_codec, zstd_codec
 
 # zstd level 1: on SmolLM2-shaped softmax maps, fp16 compresses to 46.1% at
 # levels 1, 3, 6 and 9 alike and q8 codes to 11.5% at level 1 (12.2% at 3),
@@ -37,7 +37,7 @@ ZSTD_LEVEL = 1
 _MAP_DIMS = ("slot", "layer", "head", "row", "col")
 _SCALE_DIMS = ("slot", "layer", "head", "row")
 
-ChunkBytes = bytes | memoryview
+ObjectBytes = bytes | memoryview
 
 
 # torch runs an elementwise op on the calling thread when it has fewer elements
@@ -100,32 +100,32 @@ def q8_quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class MapCodec(ABC):
-    """Encodes one layer's maps into one chunk per zarr array, and decodes them back."""
+    """Encodes one layer's maps into one stored object per zarr array, and decodes them back."""
 
     # Its name in NamespaceLayout.codec: a class attribute, or set per instance (Q8Codec).
     name: str
-    # True when the chunk bytes of the single array are the decoded fp16 bytes, so
+    # True when the stored bytes of the single array are the decoded fp16 bytes, so
     # the reader copies them itself (a memoryview copy, no per-layer codec call).
     raw_fp16: ClassVar[bool] = False
 
     @abstractmethod
-    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ChunkedArray, ...]:
+    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ZarrArray, ...]:
         """The zarr arrays of one length bucket (maps first)."""
 
     @abstractmethod
-    def encode_layer(self, layer: np.ndarray) -> tuple[ChunkBytes, ...]:
-        """Chunk bytes of one layer ``(heads, L, L)`` (fp32 or fp16), one per array."""
+    def encode_layer(self, layer: np.ndarray) -> tuple[ObjectBytes, ...]:
+        """Stored bytes of one layer ``(heads, L, L)`` (fp32 or fp16), one per array."""
 
     @abstractmethod
-    def decode_into(self, layers: Sequence[Sequence[ChunkBytes]], out: np.ndarray) -> None:
+    def decode_into(self, layers: Sequence[Sequence[ObjectBytes]], out: np.ndarray) -> None:
         """Decode layers into ``out``, a contiguous ``(n_layers, heads, L, L)`` fp16 array.
 
         Args:
-            layers: per layer, its chunks (one per array), in the order of ``out``.
+            layers: per layer, its stored objects (one per array), in the order of ``out``.
             out: destination.
 
         Raises:
-            ChecksumError: a chunk does not decode to the expected size.
+            ChecksumError: a stored object does not decode to the expected size.
         """
 
 
@@ -136,8 +136,8 @@ def _maps_array(
     codecs: tuple[dict[str, Any], ...],
     codec_name: str,
     **attributes: str,
-) -> ChunkedArray:
-    return ChunkedArray(
+) -> ZarrArray:
+    return ZarrArray(
         name="maps",
         dtype=dtype,
         inner_shape=(layout.heads, length, length),
@@ -154,20 +154,20 @@ class Fp16Codec(MapCodec):
     name = "fp16"
     raw_fp16 = True
 
-    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ChunkedArray, ...]:
+    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ZarrArray, ...]:
         """The bucket's ``maps`` array, fp16, no compression."""
         return (_maps_array(layout, length, "float16", (bytes_codec("float16"),), self.name),)
 
-    def encode_layer(self, layer: np.ndarray) -> tuple[ChunkBytes, ...]:
+    def encode_layer(self, layer: np.ndarray) -> tuple[ObjectBytes, ...]:
         """The layer's fp16 bytes (no copy when it is already contiguous fp16)."""
         return (to_fp16(layer).data.cast("B"),)
 
-    def decode_into(self, layers: Sequence[Sequence[ChunkBytes]], out: np.ndarray) -> None:
-        """Copy the chunk bytes into ``out``."""
-        for (chunk,), dst in zip(layers, out, strict=True):
-            if len(chunk) != dst.nbytes:
-                raise ChecksumError(f"fp16 chunk has {len(chunk)} bytes, expected {dst.nbytes}")
-            np.copyto(dst.reshape(-1).view(np.uint8), np.frombuffer(chunk, dtype=np.uint8))
+    def decode_into(self, layers: Sequence[Sequence[ObjectBytes]], out: np.ndarray) -> None:
+        """Copy the stored bytes into ``out``."""
+        for (stored,), dst in zip(layers, out, strict=True):
+            if len(stored) != dst.nbytes:
+                raise ChecksumError(f"fp16 layer has {len(stored)} bytes, expected {dst.nbytes}")
+            np.copyto(dst.reshape(-1).view(np.uint8), np.frombuffer(stored, dtype=np.uint8))
 
 
 class ZstdMapCodec(MapCodec):
@@ -179,22 +179,22 @@ class ZstdMapCodec(MapCodec):
         self._level = level
         self._zstd = Zstd(level=level)
 
-    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ChunkedArray, ...]:
+    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ZarrArray, ...]:
         """The bucket's ``maps`` array, fp16 then zstd."""
         codecs = (bytes_codec("float16"), zstd_codec(self._level))
         return (_maps_array(layout, length, "float16", codecs, self.name),)
 
-    def encode_layer(self, layer: np.ndarray) -> tuple[ChunkBytes, ...]:
+    def encode_layer(self, layer: np.ndarray) -> tuple[ObjectBytes, ...]:
         """The layer's fp16 bytes, zstd-compressed."""
         return (self._zstd.encode(to_fp16(layer)),)
 
-    def decode_into(self, layers: Sequence[Sequence[ChunkBytes]], out: np.ndarray) -> None:
+    def decode_into(self, layers: Sequence[Sequence[ObjectBytes]], out: np.ndarray) -> None:
         """Decompress straight into ``out``."""
-        for (chunk,), dst in zip(layers, out, strict=True):
+        for (stored,), dst in zip(layers, out, strict=True):
             try:
-                self._zstd.decode(chunk, out=dst)
+                self._zstd.decode(stored, out=dst)
             except (RuntimeError, ValueError) as exc:
-                raise ChecksumError(f"zstd chunk does not decode to {dst.nbytes} bytes: {exc}") from None
+                raise ChecksumError(f"zstd layer does not decode to {dst.nbytes} bytes: {exc}") from None
 
 
 class Q8Codec(MapCodec):
@@ -205,7 +205,7 @@ class Q8Codec(MapCodec):
         self._level = zstd_level
         self._zstd = None if zstd_level is None else Zstd(level=zstd_level)
 
-    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ChunkedArray, ...]:
+    def arrays(self, layout: NamespaceLayout, length: int) -> tuple[ZarrArray, ...]:
         """The bucket's ``maps`` (uint8 codes) and ``scales`` (fp16 per row) arrays."""
         codecs: tuple[dict[str, Any], ...] = (bytes_codec("uint8"),)
         if self._level is not None:
@@ -218,7 +218,7 @@ class Q8Codec(MapCodec):
             self.name,
             dequantize=f"value = maps * scales[..., None], with scales the array <namespace>/scales/L{length}",
         )
-        scales = ChunkedArray(
+        scales = ZarrArray(
             name="scales",
             dtype="float16",
             inner_shape=(layout.heads, length),
@@ -228,33 +228,33 @@ class Q8Codec(MapCodec):
         )
         return (maps, scales)
 
-    def encode_layer(self, layer: np.ndarray) -> tuple[ChunkBytes, ...]:
+    def encode_layer(self, layer: np.ndarray) -> tuple[ObjectBytes, ...]:
         """Codes (zstd-compressed for q8+zstd) and scales of one layer."""
         codes, scales = q8_quantize(layer)  # (heads, L, L) uint8, (heads, L) fp16
-        code_bytes: ChunkBytes = codes.data.cast("B")
+        code_bytes: ObjectBytes = codes.data.cast("B")
         if self._zstd is not None:
             code_bytes = self._zstd.encode(codes)
         return (code_bytes, np.ascontiguousarray(scales).data.cast("B"))
 
-    def decode_into(self, layers: Sequence[Sequence[ChunkBytes]], out: np.ndarray) -> None:
+    def decode_into(self, layers: Sequence[Sequence[ObjectBytes]], out: np.ndarray) -> None:
         """Dequantise into ``out``, one layer at a time through an fp32 buffer that stays in cache."""
         _, heads, length, _ = out.shape
         values = np.empty((heads, length, length), dtype=np.float32)
         codes = np.empty((heads, length, length), dtype=np.uint8)
-        for (code_chunk, scale_chunk), dst in zip(layers, out, strict=True):
-            if len(scale_chunk) != 2 * heads * length:
-                raise ChecksumError(f"q8 scales chunk has {len(scale_chunk)} bytes, expected {2 * heads * length}")
+        for (stored_codes, stored_scales), dst in zip(layers, out, strict=True):
+            if len(stored_scales) != 2 * heads * length:
+                raise ChecksumError(f"q8 scales have {len(stored_scales)} bytes, expected {2 * heads * length}")
             if self._zstd is None:
-                if len(code_chunk) != codes.size:
-                    raise ChecksumError(f"q8 codes chunk has {len(code_chunk)} bytes, expected {codes.size}")
-                layer_codes = np.frombuffer(code_chunk, dtype=np.uint8).reshape(heads, length, length)
+                if len(stored_codes) != codes.size:
+                    raise ChecksumError(f"q8 codes have {len(stored_codes)} bytes, expected {codes.size}")
+                layer_codes = np.frombuffer(stored_codes, dtype=np.uint8).reshape(heads, length, length)
             else:
                 try:
-                    self._zstd.decode(code_chunk, out=codes)
+                    self._zstd.decode(stored_codes, out=codes)
                 except (RuntimeError, ValueError) as exc:
-                    raise ChecksumError(f"q8 codes chunk does not decode to {codes.size} bytes: {exc}") from None
+                    raise ChecksumError(f"q8 codes do not decode to {codes.size} bytes: {exc}") from None
                 layer_codes = codes
-            scales = np.frombuffer(scale_chunk, dtype="<f2").reshape(heads, length)
+            scales = np.frombuffer(stored_scales, dtype="<f2").reshape(heads, length)
             np.multiply(layer_codes, scales.astype(np.float32)[..., None], out=values)  # (heads, L, L)
             cast_into(dst, values)
 

@@ -31,9 +31,9 @@ _CRC_TAIL = struct.Struct("<I")
 
 @dataclass(frozen=True, slots=True)
 class EntryRecord:
-    """What makes an entry visible: written in the same transaction as its chunks.
+    """What makes an entry visible: written in the same transaction as its stored objects.
 
-    ``crcs`` holds one crc32c per stored chunk, layer-major (for each layer, one
+    ``crcs`` holds one crc32c per stored object (``zarr_layout``), layer-major (for each layer, one
     per zarr array of the codec). The record carries its own crc32c as a trailer.
     """
 
@@ -43,7 +43,7 @@ class EntryRecord:
     created: float
     token_hash: TokenHash
     crcs: tuple[int, ...]
-    nbytes: int  # stored bytes of all chunks (maps and outputs)
+    nbytes: int  # stored bytes of all its objects (maps and outputs)
     outputs_crc: int | None
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (length,) uint32
@@ -148,7 +148,7 @@ def check_map_record(state: NamespaceState, record: EntryRecord, n_arrays: int) 
 
     Raises:
         MapsNotStoredError: the entry stores outputs only (written back for the exact tier).
-        ChecksumError: the record lists another number of chunk crcs than the layout has chunks.
+        ChecksumError: the record lists another number of crcs than the layout has stored objects.
     """
     if not record.crcs and record.outputs_crc is not None:
         raise MapsNotStoredError(
@@ -157,6 +157,6 @@ def check_map_record(state: NamespaceState, record: EntryRecord, n_arrays: int) 
         )
     if len(record.crcs) != state.layout.layers * n_arrays:
         raise ChecksumError(
-            f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} chunk crcs,"
+            f"entry {record.id} of namespace {state.name!r}: record has {len(record.crcs)} crcs,"
             f" expected {state.layout.layers * n_arrays}"
         )

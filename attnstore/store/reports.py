@@ -147,7 +147,7 @@ class CorruptEntry:
 
     namespace: str
     id: int
-    reason: str  # e.g. "layer 3 maps chunk: crc32c mismatch"
+    reason: str  # e.g. "layer 3 maps: crc32c mismatch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,25 +160,36 @@ class CorruptChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkCheck:
+    """What verify found of the chunk tier's entries (``store.chunks``): each one's record and layers' crc32c."""
+
+    checked: int = 0
+    corrupt: tuple[CorruptChunk, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class VerifyReport:
-    """Result of walking every entry and chunk of the store."""
+    """Result of walking the store: its map entries and their stored objects, its prefix blocks, its chunks.
+
+    A stored object is what one key holds of an entry's arrays (one per array, slot and, for maps, layer:
+    ``zarr_layout``'s storage unit); ``chunks`` is the chunk tier's own check.
+    """
 
     entries_checked: int
-    chunks_checked: int
+    objects_checked: int
     corrupt: tuple[CorruptEntry, ...]
-    orphan_chunks: int  # chunk keys no live entry owns (invisible; compaction drops them)
+    orphan_objects: int  # stored objects no live entry owns (invisible; compaction drops them)
     seconds: float
     # damage not tied to one entry: the database's structure, a projector failing its checksum, a corrupt
     # prefix block (named by its chain hash)
     problems: tuple[str, ...] = ()
     prefix_blocks_checked: int = 0
-    chunk_entries_checked: int = 0
-    corrupt_chunks: tuple[CorruptChunk, ...] = ()
+    chunks: ChunkCheck = ChunkCheck()
 
     @property
     def ok(self) -> bool:
         """True when no entry or chunk is corrupt and the store shows no other damage (orphans are harmless)."""
-        return not self.corrupt and not self.problems and not self.corrupt_chunks
+        return not self.corrupt and not self.problems and not self.chunks.corrupt
 
     def corrupt_ids(self, namespace: str) -> list[int]:
         """Ids of the corrupt entries of ``namespace``."""
@@ -211,7 +222,7 @@ class CompactReport:
     old_generation: str
     new_generation: str
     entries: int  # live entries copied (ids unchanged)
-    orphan_chunks_dropped: int
+    orphan_objects_dropped: int
     bytes_before: int  # data file size before
     bytes_after: int  # data file size after
     seconds: float

@@ -1,5 +1,8 @@
 """The zarr v3 hierarchy of a store: node paths, metadata documents, chunk keys.
 
+zarr's word for its storage unit, the chunk, is used only here: the rest of the store calls one chunk
+a stored object (``ZarrArray.object_key``), since a chunk there is the chunk tier's (a stored prompt segment).
+
 Layout (one hierarchy per store, one group per namespace)::
 
     zarr.json                              root group
@@ -53,8 +56,8 @@ def node_key(path: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkedArray:
-    """One zarr array of a length bucket, one chunk per (slot, layer) or per slot."""
+class ZarrArray:
+    """One zarr array of a length bucket, one chunk (a stored object) per (slot, layer) or per slot."""
 
     name: str  # "maps", "scales", "outputs"
     dtype: ArrayDtype
@@ -69,7 +72,7 @@ class ChunkedArray:
         return f"{namespace}/{self.name}/L{length}"
 
     @property
-    def chunk_nbytes(self) -> int:
+    def object_nbytes(self) -> int:
         """Decoded size of one chunk in bytes."""
         n = 2 if self.dtype == "float16" else 1
         for dim in self.inner_shape:
@@ -98,7 +101,7 @@ class ChunkedArray:
         }
         return json.dumps(doc).encode()
 
-    def chunk_keys(self, namespace: str, length: int, slot: int, layers: int) -> list[bytes]:
+    def object_keys(self, namespace: str, length: int, slot: int, layers: int) -> list[bytes]:
         """Chunk keys of one slot, in layer order (one key if not per layer)."""
         zeros = "/0" * len(self.inner_shape)
         prefix = f"{self.path(namespace, length)}/c/{slot}/"
@@ -106,13 +109,13 @@ class ChunkedArray:
             return [(prefix.rstrip("/") + zeros).encode()]
         return [f"{prefix}{layer}{zeros}".encode() for layer in range(layers)]
 
-    def chunk_key(self, namespace: str, length: int, slot: int, layer: int) -> bytes:
+    def object_key(self, namespace: str, length: int, slot: int, layer: int) -> bytes:
         """Chunk key of one (slot, layer)."""
         zeros = "/0" * len(self.inner_shape)
         return f"{self.path(namespace, length)}/c/{slot}/{layer}{zeros}".encode()
 
 
-def parse_chunk_key(key: bytes | str) -> tuple[str, str, int, int] | None:
+def parse_object_key(key: bytes | str) -> tuple[str, str, int, int] | None:
     """``(namespace, array, length, slot)`` of a chunk key, or None for a metadata key."""
     text = key if isinstance(key, str) else bytes(key).decode()
     m = _CHUNK_KEY_RE.match(text)
@@ -121,9 +124,9 @@ def parse_chunk_key(key: bytes | str) -> tuple[str, str, int, int] | None:
     return m["ns"], m["array"], int(m["length"]), int(m["slot"])
 
 
-def outputs_array(length: int, hidden: int) -> ChunkedArray:
+def outputs_array(length: int, hidden: int) -> ZarrArray:
     """The exact-tier array of a bucket: final outputs ``(capacity, L, hidden)`` fp16."""
-    return ChunkedArray(
+    return ZarrArray(
         name="outputs",
         dtype="float16",
         inner_shape=(length, hidden),

@@ -56,7 +56,7 @@ def test_backup_under_live_ingest_is_a_consistent_store_that_verifies(tmp_path: 
         daemon.stop()
     with LmdbMapStore.open(tmp_path / "copy", readonly=True) as copy:
         report = copy.verify()
-        assert report.ok and report.orphan_chunks == 0
+        assert report.ok and report.orphan_objects == 0
         copied = {e.id: e for e in copy.entries("ns")}
         by_hash = {make_entry(LAYOUT, LENGTH, s).token_hash: s for s in after}
         assert set(before.values()) <= set(copied)  # everything committed before the copy began

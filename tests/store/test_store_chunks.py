@@ -154,9 +154,9 @@ def test_a_damaged_chunk_fails_its_read_naming_it_and_verify_names_it(store, mak
         store.chunks.read("ns", chunks[1].key)
     assert np.array_equal(store.chunks.read_layer("ns", chunks[1].key, 1), chunks[1].kv[1])  # other layers sound
     report = store.verify()
-    assert not report.ok and report.chunk_entries_checked == 2
-    assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("ns", chunks[1].key.hex())]
-    assert "layer 2" in report.corrupt_chunks[0].reason and report.to_dict()["corrupt_chunks"]
+    assert not report.ok and report.chunks.checked == 2
+    assert [(c.namespace, c.key) for c in report.chunks.corrupt] == [("ns", chunks[1].key.hex())]
+    assert "layer 2" in report.chunks.corrupt[0].reason and report.to_dict()["chunks"]["corrupt"]
 
 
 def test_a_damaged_chunk_record_fails_reads_is_not_matched_is_named_by_verify_and_deletes(store, make_store):
@@ -170,9 +170,9 @@ def test_a_damaged_chunk_record_fails_reads_is_not_matched_is_named_by_verify_an
     assert store.chunks.lengths("ns", [c.key for c in chunks]) == [5, None]  # computed where a prompt needs it
     assert store.chunks.writer_of("ns", chunks[1].key) == (True, None)  # stored, its writer unknown
     report = store.verify()
-    assert not report.ok and report.chunk_entries_checked == 2
-    assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("ns", chunks[1].key.hex())]
-    assert "record is damaged" in report.corrupt_chunks[0].reason
+    assert not report.ok and report.chunks.checked == 2
+    assert [(c.namespace, c.key) for c in report.chunks.corrupt] == [("ns", chunks[1].key.hex())]
+    assert "record is damaged" in report.chunks.corrupt[0].reason
     assert store.chunks.delete("ns", [chunks[1].key]) == 1
     assert store.verify().ok and store.stats().chunk_bytes == CHUNK_BYTES  # its layers went with it
     assert np.array_equal(store.chunks.read("ns", chunks[0].key), chunks[0].kv)

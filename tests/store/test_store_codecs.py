@@ -88,5 +88,5 @@ def test_codec_arrays_describe_standard_zarr_arrays():
     maps, scales = codec_for("q8+zstd").arrays(small_layout("q8+zstd"), 16)
     assert (maps.name, maps.dtype, scales.name, scales.dtype) == ("maps", "uint8", "scales", "float16")
     assert [c["name"] for c in maps.zarr_codecs] == ["bytes", "zstd"]
-    assert maps.chunk_key("ns", 16, 12, 3) == b"ns/maps/L16/c/12/3/0/0/0"
-    assert scales.chunk_key("ns", 16, 12, 3) == b"ns/scales/L16/c/12/3/0/0"
+    assert maps.object_key("ns", 16, 12, 3) == b"ns/maps/L16/c/12/3/0/0/0"
+    assert scales.object_key("ns", 16, 12, 3) == b"ns/scales/L16/c/12/3/0/0"

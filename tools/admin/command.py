@@ -223,7 +223,8 @@ def _verify(args: argparse.Namespace) -> int:
     with _connect(args) as remote:
         report = remote.verify(timeout=args.timeout)
     _table(
-        ["entries_checked", "chunks_checked", "corrupt", "orphan_chunks", "seconds"],
+        # the reply's chunks_checked and orphan_chunks count stored objects (the wire's names, and the JSON's)
+        ["entries_checked", "objects_checked", "corrupt", "orphan_objects", "seconds"],
         [(report.entries_checked, report.chunks_checked, len(report.corrupt), report.orphan_chunks,
           f"{report.seconds:.2f}")],
     )

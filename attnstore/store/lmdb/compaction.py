@@ -56,7 +56,7 @@ from attnstore.store.lmdb.records import (
 )
 from attnstore.store.lmdb.settings import StoreSettings
 from attnstore.store.reports import CompactReport
-from attnstore.store.zarr_layout import node_key, parse_chunk_key
+from attnstore.store.zarr_layout import node_key, parse_object_key
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class CompactCounts:
     """What one compaction copied and dropped."""
 
     entries: int
-    orphan_chunks_dropped: int
+    orphan_objects_dropped: int
 
 
 def compact_into(
@@ -159,7 +159,7 @@ def compact_into(
             with txn.cursor(db=sdb.zarr) as cursor:
                 for raw_key, value in cursor.iternext():
                     key = bytes(raw_key)
-                    if parse_chunk_key(key) is not None:
+                    if parse_object_key(key) is not None:
                         total_chunks += 1
                     elif not _ARRAY_META_RE.match(key):
                         writer.put(key, value, ddb.zarr)
@@ -173,7 +173,7 @@ def compact_into(
         writer.abort()
         raise
     dst.env.sync(True)
-    return CompactCounts(entries=entries, orphan_chunks_dropped=total_chunks - copied)
+    return CompactCounts(entries=entries, orphan_objects_dropped=total_chunks - copied)
 
 
 def write_next_generation(
@@ -230,8 +230,8 @@ def _copy_namespace(
                 writer.put(length_key(name, length, entry_id), b"", ddb.lengths)
                 continue
             for array in state.all_arrays(length):
-                old_keys = array.chunk_keys(name, length, record.slot, layers)
-                new_keys = array.chunk_keys(name, length, slot, layers)
+                old_keys = array.object_keys(name, length, record.slot, layers)
+                new_keys = array.object_keys(name, length, slot, layers)
                 for old_key, new_key in zip(old_keys, new_keys, strict=True):
                     value = txn.get(old_key, db=sdb.zarr)
                     if value is not None:
@@ -291,7 +291,7 @@ def compact_live(
             old_generation=old.name,
             new_generation=new.name,
             entries=counts.entries,
-            orphan_chunks_dropped=counts.orphan_chunks_dropped,
+            orphan_objects_dropped=counts.orphan_objects_dropped,
             bytes_before=old.file_bytes(),
             bytes_after=new.file_bytes(),
             seconds=time.perf_counter() - start,

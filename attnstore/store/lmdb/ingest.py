@@ -102,13 +102,13 @@ def write_entry(
         assert entry.maps is not None
         chunks = state.codec.encode_layer(entry.maps[layer])  # one per array
         for array, chunk in zip(arrays, chunks, strict=True):
-            txn.put(array.chunk_key(name, length, slot, layer), chunk, db=db.zarr)
+            txn.put(array.object_key(name, length, slot, layer), chunk, db=db.zarr)
             crcs.append(crc32c.crc32c(chunk))
             nbytes += len(chunk)
     outputs_crc = None
     if entry.outputs is not None:
         chunk = entry.outputs.data.cast("B")
-        (key,) = state.outputs(length).chunk_keys(name, length, slot, layers)
+        (key,) = state.outputs(length).object_keys(name, length, slot, layers)
         txn.put(key, chunk, db=db.zarr)
         outputs_crc = crc32c.crc32c(chunk)
         nbytes += len(chunk)
@@ -251,7 +251,7 @@ def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, en
         return _delete_corrupt_record(txn, db, name, entry_id)
     length = record.length
     for array in state.all_arrays(length):
-        for chunk_key in array.chunk_keys(name, length, record.slot, state.layout.layers):
+        for chunk_key in array.object_keys(name, length, record.slot, state.layout.layers):
             txn.delete(chunk_key, db=db.zarr)
     txn.delete(key, db=db.entries)
     txn.delete(key, db=db.hits)

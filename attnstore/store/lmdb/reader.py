@@ -1,8 +1,8 @@
-"""The read path: chunk bytes straight from LMDB into one contiguous buffer, and per-bucket statistics.
+"""The read path: stored objects' bytes straight from LMDB into one contiguous buffer, and per-bucket statistics.
 
 Everything here runs inside one read transaction opened with ``buffers=True``
 on the calling thread: ``txn.get`` returns a memoryview into LMDB's map (no
-copy), each chunk is checked against its crc32c and decoded straight into its
+copy), each stored object is checked against its crc32c and decoded straight into its
 slice of the caller's buffer. zarr's async machinery is never involved.
 """
 
@@ -38,7 +38,7 @@ from attnstore.store.lmdb.records import (
 )
 from attnstore.store.lmdb.settings import StoreSettings
 from attnstore.store.reports import BucketStats, DramStats, NamespaceStats, StoreStats, with_chunk_usage
-from attnstore.store.zarr_layout import ChunkedArray
+from attnstore.store.zarr_layout import ZarrArray
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def decode_layers(
     out: np.ndarray,
     helper: Executor | None = None,
 ) -> None:
-    """Decode the listed layers of one entry into ``out``, checking every chunk's crc32c.
+    """Decode the listed layers of one entry into ``out``, checking every stored object's crc32c.
 
     Args:
         txn: read transaction opened with ``buffers=True``.
@@ -138,7 +138,7 @@ def decode_layers(
             the calling thread does the other half.
 
     Raises:
-        ChecksumError: a chunk is missing, fails its crc32c or does not decode.
+        ChecksumError: a layer's stored object is missing, fails its crc32c or does not decode.
     """
     arrays = state.arrays(record.length)
     n_arrays = len(arrays)
@@ -147,60 +147,60 @@ def decode_layers(
     name, length, slot = state.name, record.length, record.slot
     if codec.raw_fp16:
         (array,) = arrays
-        chunks = []
+        stored_objects = []
         for i, layer in enumerate(layers):
-            chunk = txn.get(array.chunk_key(name, length, slot, layer), db=db.zarr)
-            if chunk is None:
+            stored = txn.get(array.object_key(name, length, slot, layer), db=db.zarr)
+            if stored is None:
                 raise _missing_error(state, record, layer, array.name)
-            chunks.append((i, layer, chunk))
-        _check_and_copy(state, record, array, chunks, out, helper)
+            stored_objects.append((i, layer, stored))
+        _check_and_copy(state, record, array, stored_objects, out, helper)
         return
     per_layer = []
     for layer in layers:
-        layer_chunks = []
+        layer_objects = []
         for k, array in enumerate(arrays):
-            chunk = txn.get(array.chunk_key(name, length, slot, layer), db=db.zarr)
-            if chunk is None:
+            stored = txn.get(array.object_key(name, length, slot, layer), db=db.zarr)
+            if stored is None:
                 raise _missing_error(state, record, layer, array.name)
-            if crc32c.crc32c(chunk) != record.crcs[layer * n_arrays + k]:
+            if crc32c.crc32c(stored) != record.crcs[layer * n_arrays + k]:
                 raise _crc_error(state, record, layer, array.name)
-            layer_chunks.append(chunk)
-        per_layer.append(layer_chunks)
+            layer_objects.append(stored)
+        per_layer.append(layer_objects)
     codec.decode_into(per_layer, out)
 
 
 def _check_and_copy(
     state: NamespaceState,
     record: EntryRecord,
-    array: ChunkedArray,
-    chunks: list[tuple[int, int, memoryview]],
+    array: ZarrArray,
+    stored_objects: list[tuple[int, int, memoryview]],
     out: np.ndarray,
     helper: Executor | None,
 ) -> None:
-    # The chunk is the fp16 bytes: checked in LMDB's map (which pulls it into
+    # The stored object is the fp16 bytes: checked in LMDB's map (which pulls it into
     # cache), then one copy into the buffer, no codec call. crc32c and numpy's
     # copy release the GIL, so two threads halve the time of a large entry.
     dst = out.reshape(-1).view(np.uint8)
-    size = array.chunk_nbytes
+    size = array.object_nbytes
 
     def run(part: list[tuple[int, int, memoryview]]) -> None:
-        for i, layer, chunk in part:
-            if crc32c.crc32c(chunk) != record.crcs[layer]:
+        for i, layer, stored in part:
+            if crc32c.crc32c(stored) != record.crcs[layer]:
                 raise _crc_error(state, record, layer, array.name)
-            if len(chunk) != size:
+            if len(stored) != size:
                 raise ChecksumError(
-                    f"entry {record.id} of namespace {state.name!r}: layer {layer} chunk has {len(chunk)} bytes,"
+                    f"entry {record.id} of namespace {state.name!r}: layer {layer} has {len(stored)} bytes,"
                     f" expected {size}"
                 )
-            np.copyto(dst[i * size : (i + 1) * size], np.frombuffer(chunk, dtype=np.uint8))
+            np.copyto(dst[i * size : (i + 1) * size], np.frombuffer(stored, dtype=np.uint8))
 
-    if helper is None or len(chunks) < 2 or len(chunks) * size < _PARALLEL_BYTES:
-        run(chunks)
+    if helper is None or len(stored_objects) < 2 or len(stored_objects) * size < _PARALLEL_BYTES:
+        run(stored_objects)
         return
-    half = len(chunks) // 2
-    future = helper.submit(run, chunks[half:])
+    half = len(stored_objects) // 2
+    future = helper.submit(run, stored_objects[half:])
     try:
-        run(chunks[:half])
+        run(stored_objects[:half])
     finally:
         # The memoryviews die with the transaction: never return while the helper reads them.
         wait([future])
@@ -208,12 +208,12 @@ def _check_and_copy(
 
 
 def _missing_error(state: NamespaceState, record: EntryRecord, layer: int, array: str) -> ChecksumError:
-    return ChecksumError(f"entry {record.id} of namespace {state.name!r}: layer {layer} {array} chunk is missing")
+    return ChecksumError(f"entry {record.id} of namespace {state.name!r}: layer {layer} {array} are missing")
 
 
 def _crc_error(state: NamespaceState, record: EntryRecord, layer: int, array: str) -> ChecksumError:
     return ChecksumError(
-        f"entry {record.id} of namespace {state.name!r}: layer {layer} {array} chunk fails its crc32c check"
+        f"entry {record.id} of namespace {state.name!r}: layer {layer} {array} fail their crc32c check"
     )
 
 
@@ -221,18 +221,18 @@ def read_outputs(txn: lmdb.Transaction, db: Databases, state: NamespaceState, re
     """The entry's final outputs ``(L, hidden)`` fp16 (a copy), or None if it has none.
 
     Raises:
-        ChecksumError: the outputs chunk is missing or fails its crc32c.
+        ChecksumError: the outputs are missing or fail their crc32c.
     """
     if record.outputs_crc is None:
         return None
     array = state.outputs(record.length)
-    (key,) = array.chunk_keys(state.name, record.length, record.slot, 1)
-    chunk = txn.get(key, db=db.zarr)
-    if chunk is None or crc32c.crc32c(chunk) != record.outputs_crc or len(chunk) != array.chunk_nbytes:
+    (key,) = array.object_keys(state.name, record.length, record.slot, 1)
+    stored = txn.get(key, db=db.zarr)
+    if stored is None or crc32c.crc32c(stored) != record.outputs_crc or len(stored) != array.object_nbytes:
         raise ChecksumError(
-            f"entry {record.id} of namespace {state.name!r}: outputs chunk is missing or fails its crc32c check"
+            f"entry {record.id} of namespace {state.name!r}: outputs are missing or fail their crc32c check"
         )
-    return np.frombuffer(chunk, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)
+    return np.frombuffer(stored, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)
 
 
 def namespace_stats(

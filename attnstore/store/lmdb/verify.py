@@ -1,4 +1,4 @@
-"""Verify: walk every entry and chunk of a generation and report what is damaged.
+"""Verify: walk every entry, stored object, prefix block and chunk of a generation and report what is damaged.
 
 Besides each entry's checksums, verify checks the database's own structure: it
 walks every sub-database key by key and compares the keys it reached with the
@@ -28,8 +28,8 @@ from attnstore.store.lmdb.env import DB_NAMES, Generation, items_with_prefix
 from attnstore.store.lmdb.live import LiveGeneration
 from attnstore.store.lmdb.prefix_blocks import prefix_problems
 from attnstore.store.lmdb.records import BucketRecord, decode_u64, hash_key, length_key, ns_prefix, split_entry_key
-from attnstore.store.reports import CorruptChunk, CorruptEntry, VerifyReport
-from attnstore.store.zarr_layout import ChunkedArray, parse_chunk_key
+from attnstore.store.reports import ChunkCheck, CorruptEntry, VerifyReport
+from attnstore.store.zarr_layout import ZarrArray, parse_object_key
 
 # Reasons listed per corrupt entry at most (the first ones say enough).
 _MAX_REASONS = 3
@@ -38,20 +38,20 @@ _MAX_REASONS = 3
 def _check_entry(
     txn: lmdb.Transaction, gen: Generation, state: NamespaceState, record: EntryRecord
 ) -> tuple[list[str], int]:
-    """Problems of one entry (its chunks, see ``entry_check``, and its index keys) and the number of chunks
-    checked."""
+    """Problems of one entry (its stored objects, see ``entry_check``, and its index keys) and the number of
+    objects checked."""
     db, name, length = gen.db, state.name, record.length
-    keys = {array.name: array.chunk_keys(name, length, record.slot, state.layout.layers)
+    keys = {array.name: array.object_keys(name, length, record.slot, state.layout.layers)
             for array in state.arrays(length)}
 
-    def chunk(array: ChunkedArray, layer: int) -> bytes | memoryview | None:
+    def read(array: ZarrArray, layer: int) -> bytes | memoryview | None:
         return txn.get(keys[array.name][layer], db=db.zarr)
 
     outputs = None
     if record.outputs_crc is not None:
-        (key,) = state.outputs(length).chunk_keys(name, length, record.slot, 1)
+        (key,) = state.outputs(length).object_keys(name, length, record.slot, 1)
         outputs = txn.get(key, db=db.zarr)
-    problems, checked = entry_problems(state, record, chunk, outputs)
+    problems, checked = entry_problems(state, record, read, outputs)
     found = txn.get(hash_key(name, record.token_hash), db=db.hashes)
     if found is None or decode_u64(found) != record.id:
         problems.append("exact-tier index does not point to the entry")
@@ -105,21 +105,21 @@ def _write_probe(live: LiveGeneration) -> tuple[str, ...]:
 
 
 def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> VerifyReport:
-    """Check every record, chunk checksum and index key of ``gen`` in one snapshot.
+    """Check every record, stored object's checksum and index key of ``gen`` in one snapshot.
 
     Args:
         gen: the generation to walk.
         states: every namespace of ``gen`` by name.
 
     Returns:
-        The corrupt entries (with reasons) and the count of orphan chunks.
+        The corrupt entries (with reasons) and the count of orphan objects.
     """
     start = time.perf_counter()
     corrupt: list[CorruptEntry] = []
     problems: list[str] = []
-    counts = [0, 0, 0]  # entries, chunks, orphans: kept by the walk when it fails part way
-    blocks_checked = chunks_checked = 0
-    corrupt_chunks: list[CorruptChunk] = []
+    counts = [0, 0, 0]  # entries, stored objects, orphans: kept by the walk when it fails part way
+    blocks_checked = 0
+    chunk_check = ChunkCheck()
     try:
         with gen.env.begin(buffers=True) as txn:
             _walk_entries(txn, gen, states, corrupt, counts)
@@ -127,19 +127,19 @@ def verify_generation(gen: Generation, states: dict[str, NamespaceState]) -> Ver
             problems += _projector_problems(txn, gen)
             blocks_checked, block_problems = prefix_problems(txn, gen.db.prefix)
             problems += block_problems
-            chunks_checked, corrupt_chunks = chunk_findings(txn, gen.db.chunks)
+            checked, corrupt_chunks = chunk_findings(txn, gen.db.chunks)
+            chunk_check = ChunkCheck(checked, tuple(corrupt_chunks))
     except (lmdb.Error, AttnStoreError) as exc:
         problems.append(f"the database cannot be walked ({type(exc).__name__}: {exc}): it is damaged")
     return VerifyReport(
         entries_checked=counts[0],
-        chunks_checked=counts[1],
+        objects_checked=counts[1],
         corrupt=tuple(corrupt),
-        orphan_chunks=counts[2],
+        orphan_objects=counts[2],
         seconds=time.perf_counter() - start,
         problems=tuple(problems),
         prefix_blocks_checked=blocks_checked,
-        chunk_entries_checked=chunks_checked,
-        corrupt_chunks=tuple(corrupt_chunks),
+        chunks=chunk_check,
     )
 
 
@@ -147,7 +147,7 @@ def _walk_entries(
     txn: lmdb.Transaction, gen: Generation, states: dict[str, NamespaceState], corrupt: list[CorruptEntry],
     counts: list[int],
 ) -> None:
-    """Check every entry's record, chunks and index keys; count orphan chunks."""
+    """Check every entry's record, stored objects and index keys; count orphan objects."""
     live: set[tuple[str, str, int, int]] = set()  # (namespace, array, length, slot)
     for name in namespace_names(txn, gen.db):
         state = states[name]
@@ -169,8 +169,8 @@ def _walk_entries(
                 if problems:
                     corrupt.append(CorruptEntry(name, entry_id, "; ".join(problems[:_MAX_REASONS])))
     with txn.cursor(db=gen.db.zarr) as cursor:
-        for chunk_key in cursor.iternext(keys=True, values=False):
-            parsed = parse_chunk_key(bytes(chunk_key))
+        for object_key in cursor.iternext(keys=True, values=False):
+            parsed = parse_object_key(bytes(object_key))
             if parsed is not None and parsed not in live:
                 counts[2] += 1
 

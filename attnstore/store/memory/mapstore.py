@@ -58,6 +58,7 @@ from attnstore.store.namespace_rules import (
 from attnstore.store.reports import (
     NO_DRAM,
     BucketStats,
+    ChunkCheck,
     CompactReport,
     CorruptEntry,
     FeaturesReport,
@@ -423,13 +424,12 @@ class MemoryMapStore(MapStoreBase):
                     for layer, chunks in enumerate(entry.chunks):
                         checked += len(chunks)
                         if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
-                            corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} chunk: crc32c mismatch"))
+                            corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} maps: crc32c mismatch"))
                             break
             blocks, problems = self._prefixes.problems()
             chunk_entries, corrupt_chunks = self._chunks.findings()
         return VerifyReport(entries, checked, tuple(corrupt), 0, time.perf_counter() - start, tuple(problems),
-                            prefix_blocks_checked=blocks, chunk_entries_checked=chunk_entries,
-                            corrupt_chunks=tuple(corrupt_chunks))
+                            prefix_blocks_checked=blocks, chunks=ChunkCheck(chunk_entries, tuple(corrupt_chunks)))
 
     def stats(self) -> StoreStats:
         """See :meth:`MapStoreBase.stats`."""

@@ -18,7 +18,7 @@ from attnstore.store.entry_check import entry_problems
 from attnstore.store.eviction import EntryCandidate, least_recent_first, plan_eviction
 from attnstore.store.redis.chunks import walks as chunk_walks
 from attnstore.store.redis.connection import RedisConnection, translated
-from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys, decode_record, hash_chunk
+from attnstore.store.redis.keys import OUTPUTS_FIELD, RECORD_FIELD, StoreKeys, decode_record, hash_object
 from attnstore.store.reports import (
     BucketStats,
     CompactReport,
@@ -148,14 +148,14 @@ def records(connection: RedisConnection, keys: StoreKeys, namespace: str, ids: S
 def verify(
     connection: RedisConnection, keys: StoreKeys, states: dict[str, NamespaceState], forget_missing: ForgetMissing
 ) -> VerifyReport:
-    """Check every registered entry's chunks against their crc32cs (see ``MapStoreBase.verify``).
+    """Check every registered entry's stored objects against their crc32cs (see ``MapStoreBase.verify``).
 
     Entries Redis evicted are forgotten, not reported corrupt; entry keys no registered entry
-    owns are counted as orphans (``orphan_chunks``).
+    owns are counted as orphans (``orphan_objects``).
     """
     start = time.perf_counter()
     corrupt: list[CorruptEntry] = []
-    entries = chunks = orphans = 0
+    entries = objects = orphans = 0
     for name, state in sorted(states.items()):
         registered: set[int] = set()
         for page in id_pages(connection, keys.namespace(name).ids):
@@ -177,13 +177,13 @@ def verify(
                 except (ChecksumError, EntryNotFoundError) as exc:
                     corrupt.append(CorruptEntry(name, entry_id, f"record: {exc}"))
                     continue
-                chunk = partial(hash_chunk, fields)
-                problems, checked = entry_problems(state, record, chunk, fields.get(OUTPUTS_FIELD))
-                chunks += checked
+                read = partial(hash_object, fields)
+                problems, checked = entry_problems(state, record, read, fields.get(OUTPUTS_FIELD))
+                objects += checked
                 if problems:
                     corrupt.append(CorruptEntry(name, entry_id, problems[0]))
         orphans += sum(1 for entry_id in entry_ids_stored(connection, keys, name) if entry_id not in registered)
-    return VerifyReport(entries, chunks, tuple(corrupt), orphans, time.perf_counter() - start)
+    return VerifyReport(entries, objects, tuple(corrupt), orphans, time.perf_counter() - start)
 
 
 def entry_ids_stored(connection: RedisConnection, keys: StoreKeys, namespace: str) -> Iterator[int]:

@@ -35,20 +35,20 @@ A namespace's chunks live on its shard, so one script stores a call's chunks tog
 
 ``{P/ns/17}:entry`` -- one entry, one HASH (one key: Redis evicts a whole entry or nothing)::
 
-    record             EntryRecord bytes (id, length, created, token hash, chunk crc32cs, token ids)
-    maps/<layer>       chunk bytes of zarr array <ns>/maps/L<length>, chunk (17, layer, 0, 0, 0)
-    scales/<layer>     q8 codecs: chunk bytes of <ns>/scales/L<length>, chunk (17, layer, 0, 0)
-    outputs            chunk bytes of <ns>/outputs/L<length>, chunk (17, 0, 0)
+    record             EntryRecord bytes (id, length, created, token hash, its objects' crc32cs, token ids)
+    maps/<layer>       the stored object of zarr array <ns>/maps/L<length> at (17, layer, 0, 0, 0)
+    scales/<layer>     q8 codecs: the stored object of <ns>/scales/L<length> at (17, layer, 0, 0)
+    outputs            the stored object of <ns>/outputs/L<length> at (17, 0, 0)
 
 An entry's keys hash to its own slot, so entries spread over every shard while
-one entry is one read on one shard. The chunk bytes are exactly those the LMDB
+one entry is one read on one shard. The stored objects are exactly those the LMDB
 backend stores for the same entry (same codecs, ``zarr_layout``). Feature
 vectors live with the namespace's index keys, not in the record: a projector
 replacement drops them all in the one script that stores the new projector.
 
 Each entry's hash is written and read here too (``encode_entry``, ``decode_record``, ``decode_layers``):
-the chunk bytes and the record are those every persistent backend stores (``codecs``,
-``store.entry_record``), the entry id standing for the zarr slot; every chunk is
+the stored objects and the record are those every persistent backend stores (``codecs``,
+``store.entry_record``), the entry id standing for the zarr slot; every object is
 checked against its crc32c on the way out.
 """
 
@@ -64,14 +64,14 @@ from attnstore.errors import ChecksumError, EntryNotFoundError
 from attnstore.store.arrays import NamespaceState
 from attnstore.store.entry_record import EntryRecord, check_map_record
 from attnstore.store.validate import PreparedEntry
-from attnstore.store.zarr_layout import ChunkedArray
+from attnstore.store.zarr_layout import ZarrArray
 
 RECORD_FIELD = b"record"
 OUTPUTS_FIELD = b"outputs"
 
 
-def chunk_field(array: str, layer: int) -> bytes:
-    """Field of one layer's chunk of ``array`` ("maps" or "scales") in an entry's hash."""
+def object_field(array: str, layer: int) -> bytes:
+    """Field of one layer's stored object of ``array`` ("maps" or "scales") in an entry's hash."""
     return f"{array}/{layer}".encode()
 
 
@@ -216,15 +216,15 @@ Fields = Mapping[bytes, bytes]
 def encode_entry(
     state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
 ) -> tuple[EntryRecord, dict[bytes, bytes]]:
-    """The entry's record and every field of its hash (an outputs-only entry has no chunk fields and no crcs)."""
+    """The entry's record and every field of its hash (an outputs-only entry has no map fields and no crcs)."""
     fields: dict[bytes, bytes] = {}
     crcs: list[int] = []
     arrays = state.arrays(entry.length)
     for layer in range(state.layout.layers if entry.maps is not None else 0):
         assert entry.maps is not None
-        for array, chunk in zip(arrays, state.codec.encode_layer(entry.maps[layer]), strict=True):
-            data = bytes(chunk)
-            fields[chunk_field(array.name, layer)] = data
+        for array, stored in zip(arrays, state.codec.encode_layer(entry.maps[layer]), strict=True):
+            data = bytes(stored)
+            fields[object_field(array.name, layer)] = data
             crcs.append(crc32c.crc32c(data))
     outputs_crc = None
     if entry.outputs is not None:
@@ -266,14 +266,14 @@ def decode_record(state: NamespaceState, entry_id: int, raw: bytes | None) -> En
     return record
 
 
-def hash_chunk(fields: Fields, array: ChunkedArray, layer: int) -> bytes | None:
-    """One layer's chunk of ``array`` among an entry's hash fields (what verify checks); None where missing."""
-    return fields.get(chunk_field(array.name, layer))
+def hash_object(fields: Fields, array: ZarrArray, layer: int) -> bytes | None:
+    """One layer's stored object of ``array`` among an entry's hash fields (what verify checks); None where missing."""
+    return fields.get(object_field(array.name, layer))
 
 
 def layer_fields(state: NamespaceState, layer: int) -> list[bytes]:
-    """The fields of one layer's chunks (one per codec array), in array order."""
-    return [chunk_field(array.name, layer) for array in state.codec.arrays(state.layout, 1)]
+    """The fields of one layer's stored objects (one per codec array), in array order."""
+    return [object_field(array.name, layer) for array in state.codec.arrays(state.layout, 1)]
 
 
 def decode_layers(
@@ -283,41 +283,41 @@ def decode_layers(
 
     Raises:
         MapsNotStoredError: the entry stores outputs only (written back for the exact tier).
-        ChecksumError: a chunk is missing, fails its crc32c or does not decode.
+        ChecksumError: a layer's stored object is missing, fails its crc32c or does not decode.
     """
     arrays = state.arrays(record.length)
     n_arrays = len(arrays)
     check_map_record(state, record, n_arrays)
     per_layer = []
     for layer in layers:
-        chunks = []
+        stored_objects = []
         for k, array in enumerate(arrays):
-            chunk = fields.get(chunk_field(array.name, layer))
-            if chunk is None:
+            stored = fields.get(object_field(array.name, layer))
+            if stored is None:
                 raise ChecksumError(
-                    f"entry {record.id} of namespace {state.name!r}: layer {layer} {array.name} chunk is missing"
+                    f"entry {record.id} of namespace {state.name!r}: layer {layer} {array.name} are missing"
                 )
-            if crc32c.crc32c(chunk) != record.crcs[layer * n_arrays + k]:
+            if crc32c.crc32c(stored) != record.crcs[layer * n_arrays + k]:
                 raise ChecksumError(
-                    f"entry {record.id} of namespace {state.name!r}: layer {layer} {array.name} chunk"
-                    " fails its crc32c check"
+                    f"entry {record.id} of namespace {state.name!r}: layer {layer} {array.name}"
+                    " fail their crc32c check"
                 )
-            chunks.append(chunk)
-        per_layer.append(chunks)
+            stored_objects.append(stored)
+        per_layer.append(stored_objects)
     state.codec.decode_into(per_layer, out)
 
 
-def decode_outputs(state: NamespaceState, record: EntryRecord, chunk: bytes | None) -> np.ndarray | None:
+def decode_outputs(state: NamespaceState, record: EntryRecord, stored: bytes | None) -> np.ndarray | None:
     """The entry's outputs ``(L, hidden)`` fp16, or None if it was stored without.
 
     Raises:
-        ChecksumError: the outputs chunk is missing, fails its crc32c or has the wrong size.
+        ChecksumError: the outputs are missing, fail their crc32c or have the wrong size.
     """
     if record.outputs_crc is None:
         return None
-    expected = state.outputs(record.length).chunk_nbytes
-    if chunk is None or crc32c.crc32c(chunk) != record.outputs_crc or len(chunk) != expected:
+    expected = state.outputs(record.length).object_nbytes
+    if stored is None or crc32c.crc32c(stored) != record.outputs_crc or len(stored) != expected:
         raise ChecksumError(
-            f"entry {record.id} of namespace {state.name!r}: outputs chunk is missing or fails its crc32c check"
+            f"entry {record.id} of namespace {state.name!r}: outputs are missing or fail their crc32c check"
         )
-    return np.frombuffer(chunk, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)
+    return np.frombuffer(stored, dtype="<f2").reshape(record.length, state.layout.hidden).astype(np.float16)

@@ -62,6 +62,7 @@ from attnstore.store.redis.urls import RedisLocation, RedisSettings
 from attnstore.store.redis.watch import StoreWatch
 from attnstore.store.reports import (
     NO_DRAM,
+    ChunkCheck,
     CompactReport,
     FeaturesReport,
     IngestReport,
@@ -472,7 +473,7 @@ class RedisMapStore(MapStoreBase):
         states = {info.name: self._state(info.name) for info in self.list_namespaces()}
         report = admin.verify(self._redis, self._keys, states, self._forget_missing)
         checked, corrupt = chunk_walks.findings(self._redis, self._keys, sorted(states))
-        report = dataclasses.replace(report, chunk_entries_checked=checked, corrupt_chunks=tuple(corrupt))
+        report = dataclasses.replace(report, chunks=ChunkCheck(checked, tuple(corrupt)))
         if not report.ok:
             logger.warning("verify of %s found %s corrupt entries", self.location.display, len(report.corrupt))
         return report

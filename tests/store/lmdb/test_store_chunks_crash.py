@@ -50,7 +50,7 @@ def _check_store(
     assert stats.chunk_entries == len(keys)
     assert stats.chunk_bytes == sum(expected_chunk(key).kv.nbytes for key in keys)
     report = store.verify()
-    assert report.ok and report.chunk_entries_checked == len(keys), report
+    assert report.ok and report.chunks.checked == len(keys), report
     return committed
 
 

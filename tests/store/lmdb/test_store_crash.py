@@ -87,7 +87,7 @@ def _check_store(store: LmdbMapStore, log: _Log) -> None:
         _check_entry(store, name, entry_id, k)
     log.max_id = max([log.max_id] + [i for (_, i) in live])
     report = store.verify()
-    assert report.ok and report.orphan_chunks == 0, report
+    assert report.ok and report.orphan_objects == 0, report
     assert store.stats().entries == len(live)
 
 

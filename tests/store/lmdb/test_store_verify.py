@@ -48,7 +48,7 @@ def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(t
     _flip_byte_on_disk(tmp_path / "s", chunk[: min(len(chunk), 4096)])
 
     with DramCache(LmdbMapStore.open(tmp_path / "s"), dram_bytes=1 << 30) as store:
-        with pytest.raises(ChecksumError, match=f"entry {ids[1]} .*layer 1 maps chunk fails its crc32c"):
+        with pytest.raises(ChecksumError, match=f"entry {ids[1]} .*layer 1 maps fail their crc32c"):
             store.read_maps("ns", ids[1])
         with pytest.raises(ChecksumError):
             store.read_layer("ns", ids[1], 1)
@@ -58,7 +58,7 @@ def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(t
         report = store.verify()
         assert not report.ok
         assert report.corrupt_ids("ns") == [ids[1]]
-        assert "layer 1 maps chunk: crc32c mismatch" in report.corrupt[0].reason
+        assert "layer 1 maps: crc32c mismatch" in report.corrupt[0].reason
         assert store.delete("ns", [ids[1]]) == 1
         assert store.verify().ok
 
@@ -75,7 +75,7 @@ def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_p
     chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
     _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
     with LmdbMapStore.open(tmp_path / "s") as store:
-        with pytest.raises(ChecksumError, match=f"layer {layer} maps chunk fails its crc32c"):
+        with pytest.raises(ChecksumError, match=f"layer {layer} maps fail their crc32c"):
             store.read_maps("ns", entry_id)
 
 
@@ -104,13 +104,13 @@ def test_outputs_corruption_and_missing_chunks_are_reported(tmp_path):
     with LmdbMapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match="outputs"):
             store.read_outputs("ns", a)
-        with pytest.raises(ChecksumError, match="layer 2 maps chunk is missing"):
+        with pytest.raises(ChecksumError, match="layer 2 maps are missing"):
             store.read_maps("ns", b)
         reasons = {c.id: c.reason for c in store.verify().corrupt}
-        assert "outputs" in reasons[a] and "layer 2 maps chunk is missing" in reasons[b]
+        assert "outputs" in reasons[a] and "layer 2 maps are missing" in reasons[b]
 
 
-def test_orphan_chunks_are_invisible_counted_by_verify_and_dropped_by_compaction(tmp_path):
+def test_orphan_objects_are_invisible_counted_by_verify_and_dropped_by_compaction(tmp_path):
     layout = small_layout()
     with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
@@ -118,10 +118,10 @@ def test_orphan_chunks_are_invisible_counted_by_verify_and_dropped_by_compaction
         with store._live.write() as (gen, txn):  # white-box: a staged chunk whose record never committed
             txn.put(b"ns/maps/L8/c/7/0/0/0/0", b"\x00" * 256, db=gen.db.zarr)
         report = store.verify()
-        assert report.ok and report.orphan_chunks == 1
+        assert report.ok and report.orphan_objects == 1
         assert [e.id for e in store.entries("ns")] == [entry_id]
-        assert store.compact().orphan_chunks_dropped == 1
-        assert store.verify().orphan_chunks == 0
+        assert store.compact().orphan_objects_dropped == 1
+        assert store.verify().orphan_objects == 0
 
 
 def test_verify_counts_every_chunk(tmp_path):
@@ -129,7 +129,7 @@ def test_verify_counts_every_chunk(tmp_path):
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout("q8"))
         store.ingest("ns", [make_entry(small_layout("q8"), 8, seed=s) for s in range(2)])
         report = store.verify()
-    assert (report.entries_checked, report.chunks_checked) == (2, 2 * (3 * 2 + 1))
+    assert (report.entries_checked, report.objects_checked) == (2, 2 * (3 * 2 + 1))
     assert report.to_dict()["ok"] is True
 
 

@@ -46,11 +46,11 @@ def test_an_entry_hash_written_but_never_registered_is_invisible_and_compaction_
     orphan = _write_unregistered(store, seed=2)
     assert store.find_by_hash("ns", make_entry(small_layout(), 6, seed=2).token_hash) is None
     assert [e.id for e in store.entries("ns")] == [kept] and store.stats().entries == 1
-    assert store.verify().orphan_chunks == 1
+    assert store.verify().orphan_objects == 1
     report = store.compact()
-    assert (report.entries, report.orphan_chunks_dropped) == (1, 1)
+    assert (report.entries, report.orphan_objects_dropped) == (1, 1)
     assert not store._redis.client.exists(store._keys.entry("ns", orphan))
-    assert store.verify().orphan_chunks == 0
+    assert store.verify().orphan_objects == 0
     expected = make_entry(small_layout(), 6, seed=1).maps.astype(np.float16)
     np.testing.assert_array_equal(store.read_maps("ns", kept), expected)
 
@@ -59,7 +59,7 @@ def test_compaction_leaves_unregistered_hashes_younger_than_the_grace_period(red
     with RedisMapStore.open(redis_server.url(), create=True) as young:  # default grace: 300 s
         young.create_namespace("ns", model="tiny", fingerprint="f" * 64, layout=small_layout())
         orphan = _write_unregistered(young, seed=3)
-        assert young.compact().orphan_chunks_dropped == 0
+        assert young.compact().orphan_objects_dropped == 0
         assert young._redis.client.exists(young._keys.entry("ns", orphan))
 
 
@@ -68,7 +68,7 @@ def test_verify_names_a_corrupt_chunk_and_forgets_an_entry_redis_evicted(store):
     store._redis.client.hset(store._keys.entry("ns", ids[0]), "maps/1", b"\x00" * 16)
     store._redis.client.delete(store._keys.entry("ns", ids[1]))  # what a volatile-lru eviction does
     report = store.verify()
-    assert [(c.id, c.reason) for c in report.corrupt] == [(ids[0], "layer 1 maps chunk: crc32c mismatch")]
+    assert [(c.id, c.reason) for c in report.corrupt] == [(ids[0], "layer 1 maps: crc32c mismatch")]
     assert report.entries_checked == 2
     assert [e.id for e in store.entries("ns")] == [ids[0], ids[2]]  # the evicted one is forgotten
     assert store.stats().evicted_entries == 1

@@ -112,7 +112,7 @@ def test_a_damaged_chunk_leaves_its_prompts_to_the_other_tiers_computed_in_full_
         assert torch.allclose(got, full, atol=1e-4)
     with AttnStoreService.open(store) as service:
         report = service.verify()
-    assert [(c.namespace, c.key) for c in report.corrupt_chunks] == [("default", damaged.hex())]
+    assert [(c.namespace, c.key) for c in report.chunks.corrupt] == [("default", damaged.hex())]
 
 
 def test_chunks_a_node_computed_are_written_back_and_a_fresh_cache_finds_them(decoder, full, tmp_path):
