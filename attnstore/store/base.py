@@ -508,7 +508,7 @@ class MapStoreBase(ABC):
         raise self._lacks("compact()", "compaction (supports_compaction)")
 
     def verify(self) -> VerifyReport:
-        """Check every entry's chunks against their checksums and every projector against its own; list
+        """Check every entry's stored objects against their checksums and every projector against its own; list
         the corrupt entries, and damage not tied to one entry (``VerifyReport.problems``). Never raises
         for damage it finds.
 

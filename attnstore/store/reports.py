@@ -67,7 +67,7 @@ class BucketStats:
 
     length: int
     entries: int
-    stored_bytes: int  # encoded chunk bytes (maps and outputs)
+    stored_bytes: int  # encoded bytes of the stored objects (maps and outputs)
     raw_bytes: int  # the same data as plain fp16
     capacity: int  # slots of the bucket's zarr arrays
 
@@ -105,7 +105,7 @@ class StoreStats:
     generation: str  # live generation directory name ("memory" for MemoryMapStore)
     format_version: int
     entries: int
-    stored_bytes: int  # live entries' chunk bytes; what max_bytes caps
+    stored_bytes: int  # live entries' stored objects' bytes; what max_bytes caps
     raw_bytes: int
     file_bytes: int  # size of the live generation's data file (reclaimed by compaction)
     map_size: int  # LMDB map size (address space reserved)

@@ -1,8 +1,8 @@
 """Copies of a generation: compaction (its live entries densely into a new one) and backup.
 
 Ids, records, hit counters, namespaces and projectors carry over unchanged;
-entries get new dense slots per length bucket, chunk bytes are copied verbatim
-(so their checksums still hold), and orphan chunks are left behind. The new
+entries get new dense slots per length bucket, their stored objects are copied verbatim
+(so their checksums still hold), and orphan objects are left behind. The new
 generation is invisible until the caller swaps ``CURRENT``.
 
 A compaction first checks that the disk has room for the copy, and a disk that
@@ -135,7 +135,7 @@ def compact_into(
         txn_bytes: bytes written per transaction into ``dst``.
 
     Returns:
-        Counts of entries copied and orphan chunks dropped.
+        Counts of entries copied and orphan objects dropped.
 
     Raises:
         lmdb.MapFullError: ``dst`` ran out of map size (the caller translates it).
@@ -155,12 +155,12 @@ def compact_into(
                     with txn.cursor(db=source) as cursor:
                         for raw_key, value in cursor.iternext():
                             writer.put(bytes(raw_key), value, dest)
-            total_chunks = 0
+            total_objects = 0
             with txn.cursor(db=sdb.zarr) as cursor:
                 for raw_key, value in cursor.iternext():
                     key = bytes(raw_key)
                     if parse_object_key(key) is not None:
-                        total_chunks += 1
+                        total_objects += 1
                     elif not _ARRAY_META_RE.match(key):
                         writer.put(key, value, ddb.zarr)
             entries = copied = 0
@@ -173,7 +173,7 @@ def compact_into(
         writer.abort()
         raise
     dst.env.sync(True)
-    return CompactCounts(entries=entries, orphan_objects_dropped=total_chunks - copied)
+    return CompactCounts(entries=entries, orphan_objects_dropped=total_objects - copied)
 
 
 def write_next_generation(
@@ -225,7 +225,8 @@ def _copy_namespace(
                 record = EntryRecord.from_bytes(raw_record)
             except ChecksumError:
                 # Slot unknown: keep the record (verify keeps reporting it, the id stays taken).
-                logger.warning("compaction keeps corrupt record of entry %s in %r without its chunks", entry_id, name)
+                logger.warning("compaction keeps corrupt record of entry %s in %r without its stored objects",
+                               entry_id, name)
                 writer.put(key, raw_record, ddb.entries)
                 writer.put(length_key(name, length, entry_id), b"", ddb.lengths)
                 continue

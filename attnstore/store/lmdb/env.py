@@ -210,8 +210,8 @@ class Databases:
     hashes: DbHandle  # ns NUL token hash -> id (exact tier)
     hits: DbHandle  # ns NUL id -> HitRecord
     buckets: DbHandle  # ns NUL L -> BucketRecord
-    zarr: DbHandle  # zarr key -> zarr.json or chunk bytes
-    # ns NUL kind ... -> prefix layout, block records and chunks (prefix_blocks.py); None in a read-only
+    zarr: DbHandle  # zarr key -> zarr.json or a stored object (``zarr_layout``)
+    # ns NUL kind ... -> prefix layout, block records and parts (prefix_blocks.py); None in a read-only
     # opening of a store written before prefix blocks existed (it has none)
     prefix: DbHandle | None = None
     # ns NUL kind ... -> chunk layout, records and layers (lmdb.chunks.keys); None as ``prefix`` is

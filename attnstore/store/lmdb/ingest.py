@@ -1,6 +1,6 @@
 """The write path, inside one write transaction: add, delete, hit flush, byte-cap eviction.
 
-Two-phase ingest: an entry's chunks go in first, its record last, all in one
+Two-phase ingest: an entry's stored objects (``zarr_layout``) go in first, its record last, all in one
 LMDB transaction. Readers find entries through their record only, so nothing of
 an entry is visible before the commit, and a crash (even SIGKILL) before the
 commit leaves no trace: LMDB discards the uncommitted pages.
@@ -81,7 +81,7 @@ def raw_nbytes(state: NamespaceState, length: int, has_outputs: bool, has_maps: 
 def write_entry(
     txn: lmdb.Transaction, db: Databases, state: NamespaceState, entry: PreparedEntry, entry_id: int, now: float
 ) -> EntryRecord:
-    """Write one entry: chunks first, adjacent, then its record and index keys.
+    """Write one entry: its stored objects first, adjacent, then its record and index keys.
 
     Returns:
         The entry's record.
@@ -97,21 +97,21 @@ def write_entry(
     crcs: list[int] = []
     nbytes = 0
     arrays = state.arrays(length)
-    # An outputs-only entry (written back for the exact tier) has no map chunks: crcs stays empty.
+    # An outputs-only entry (written back for the exact tier) has no maps: crcs stays empty.
     for layer in range(layers if entry.maps is not None else 0):
         assert entry.maps is not None
-        chunks = state.codec.encode_layer(entry.maps[layer])  # one per array
-        for array, chunk in zip(arrays, chunks, strict=True):
-            txn.put(array.object_key(name, length, slot, layer), chunk, db=db.zarr)
-            crcs.append(crc32c.crc32c(chunk))
-            nbytes += len(chunk)
+        stored_objects = state.codec.encode_layer(entry.maps[layer])  # one per array
+        for array, stored in zip(arrays, stored_objects, strict=True):
+            txn.put(array.object_key(name, length, slot, layer), stored, db=db.zarr)
+            crcs.append(crc32c.crc32c(stored))
+            nbytes += len(stored)
     outputs_crc = None
     if entry.outputs is not None:
-        chunk = entry.outputs.data.cast("B")
+        stored = entry.outputs.data.cast("B")
         (key,) = state.outputs(length).object_keys(name, length, slot, layers)
-        txn.put(key, chunk, db=db.zarr)
-        outputs_crc = crc32c.crc32c(chunk)
-        nbytes += len(chunk)
+        txn.put(key, stored, db=db.zarr)
+        outputs_crc = crc32c.crc32c(stored)
+        nbytes += len(stored)
     record = EntryRecord(
         id=entry_id,
         slot=slot,
@@ -239,7 +239,7 @@ def drop_features(txn: lmdb.Transaction, db: Databases, namespace: str) -> int:
 
 
 def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, entry_id: int) -> int | None:
-    """Delete one entry (chunks, record, index keys, hits); returns its stored bytes, None if absent."""
+    """Delete one entry (stored objects, record, index keys, hits); returns its stored bytes, None if absent."""
     name = state.name
     key = entry_key(name, entry_id)
     raw = txn.get(key, db=db.entries)
@@ -251,8 +251,8 @@ def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, en
         return _delete_corrupt_record(txn, db, name, entry_id)
     length = record.length
     for array in state.all_arrays(length):
-        for chunk_key in array.object_keys(name, length, record.slot, state.layout.layers):
-            txn.delete(chunk_key, db=db.zarr)
+        for object_key in array.object_keys(name, length, record.slot, state.layout.layers):
+            txn.delete(object_key, db=db.zarr)
     txn.delete(key, db=db.entries)
     txn.delete(key, db=db.hits)
     txn.delete(length_key(name, length, entry_id), db=db.lengths)
@@ -272,7 +272,7 @@ def delete_entry(txn: lmdb.Transaction, db: Databases, state: NamespaceState, en
 
 
 def _delete_corrupt_record(txn: lmdb.Transaction, db: Databases, name: str, entry_id: int) -> int:
-    # Without a readable record the slot is unknown: its chunks become orphans
+    # Without a readable record the slot is unknown: its stored objects become orphans
     # (invisible, dropped by compaction) and bucket totals stay as they were.
     key = entry_key(name, entry_id)
     txn.delete(key, db=db.entries)
@@ -281,7 +281,8 @@ def _delete_corrupt_record(txn: lmdb.Transaction, db: Databases, name: str, entr
         stale = [k for k, _ in items_with_prefix(cursor, ns_prefix(name)) if split_length_key(k)[1] == entry_id]
     for k in stale:
         txn.delete(k, db=db.lengths)
-    logger.warning("deleted entry %s of namespace %r whose record was corrupt; its chunks are orphans", entry_id, name)
+    logger.warning("deleted entry %s of namespace %r whose record was corrupt; its stored objects are orphans",
+                   entry_id, name)
     return 0
 
 

@@ -80,7 +80,7 @@ class _Entry:
     feature: np.ndarray | None
     token_ids: np.ndarray | None
     writer: str | None
-    chunks: list[tuple[bytes, ...]]  # per layer, one per codec array
+    objects: list[tuple[bytes, ...]]  # per layer, one stored object per codec array (as ``zarr_layout``'s)
     crcs: list[tuple[int, ...]]
     outputs: bytes | None
     outputs_crc: int | None
@@ -205,19 +205,19 @@ class MemoryMapStore(MapStoreBase):
                 if existing is not None:
                     stored = ns.entries[existing]
                     # An outputs-only entry never takes a feature: it has no maps to replay.
-                    if stored.feature is None and stored.chunks and p.feature is not None and existing not in added:
+                    if stored.feature is None and stored.objects and p.feature is not None and existing not in added:
                         stored.feature = p.feature
                         featured.append(existing)
                     ids.append(existing)
                     continue
                 maps = p.maps
-                chunks = [] if maps is None else [  # an outputs-only entry has no map chunks
+                objects = [] if maps is None else [  # an outputs-only entry has no maps
                     tuple(bytes(c) for c in state.codec.encode_layer(maps[layer]))
                     for layer in range(state.layout.layers)
                 ]
                 outputs = None if p.outputs is None else p.outputs.tobytes()
-                nbytes = sum(len(c) for layer in chunks for c in layer) + (len(outputs) if outputs else 0)
-                raw = (state.layout.map_nbytes(p.length) if chunks else 0) + (
+                nbytes = sum(len(c) for layer in objects for c in layer) + (len(outputs) if outputs else 0)
+                raw = (state.layout.map_nbytes(p.length) if objects else 0) + (
                     state.layout.outputs_nbytes(p.length) if outputs else 0
                 )
                 entry = _Entry(
@@ -228,8 +228,8 @@ class MemoryMapStore(MapStoreBase):
                     feature=p.feature,
                     token_ids=p.token_ids,
                     writer=p.writer,
-                    chunks=chunks,
-                    crcs=[tuple(crc32c.crc32c(c) for c in layer) for layer in chunks],
+                    objects=objects,
+                    crcs=[tuple(crc32c.crc32c(c) for c in layer) for layer in objects],
                     outputs=outputs,
                     outputs_crc=None if outputs is None else crc32c.crc32c(outputs),
                     nbytes=nbytes,
@@ -254,7 +254,7 @@ class MemoryMapStore(MapStoreBase):
             check_projector_version(ns.info, projector_version)
             live = [(i, row) for i, row in zip(entry_ids, features, strict=True) if i in ns.entries]
             for entry_id, _ in live:
-                if not ns.entries[entry_id].chunks:
+                if not ns.entries[entry_id].objects:
                     raise outputs_only_feature_error(namespace, entry_id)
             for entry_id, row in live:
                 ns.entries[entry_id].feature = row.copy()
@@ -295,19 +295,19 @@ class MemoryMapStore(MapStoreBase):
         return evicted
 
     def _decode(self, ns: _Namespace, entry: _Entry, layers: Iterable[int], out: np.ndarray) -> None:
-        if not entry.chunks:
+        if not entry.objects:
             raise MapsNotStoredError(
                 f"entry {entry.id} of namespace {ns.info.name!r} stores outputs only (written back for the exact"
                 " tier): it has no maps to replay"
             )
         per_layer = []
         for layer in layers:
-            chunks = entry.chunks[layer]
-            if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
+            stored = entry.objects[layer]
+            if tuple(crc32c.crc32c(c) for c in stored) != entry.crcs[layer]:
                 raise ChecksumError(
                     f"entry {entry.id} of namespace {ns.info.name!r}: layer {layer} fails its crc32c check"
                 )
-            per_layer.append(chunks)
+            per_layer.append(stored)
         ns.state.codec.decode_into(per_layer, out)
 
     def read_maps(self, namespace: str, entry_id: int) -> np.ndarray:
@@ -355,7 +355,7 @@ class MemoryMapStore(MapStoreBase):
             feature=entry.feature,
             nbytes=entry.nbytes,
             token_ids=entry.token_ids,
-            has_maps=bool(entry.chunks),
+            has_maps=bool(entry.objects),
             writer=entry.writer,
         )
 
@@ -413,7 +413,7 @@ class MemoryMapStore(MapStoreBase):
         return CompactReport("memory", "memory", entries, 0, 0, 0, 0.0)
 
     def verify(self) -> VerifyReport:
-        """Check every chunk's crc32c."""
+        """Check every stored object's crc32c, every prefix block's and every chunk's."""
         start = time.perf_counter()
         corrupt = []
         checked = entries = 0
@@ -421,9 +421,9 @@ class MemoryMapStore(MapStoreBase):
             for name, ns in sorted(self._namespaces.items()):
                 for entry in ns.entries.values():
                     entries += 1
-                    for layer, chunks in enumerate(entry.chunks):
-                        checked += len(chunks)
-                        if tuple(crc32c.crc32c(c) for c in chunks) != entry.crcs[layer]:
+                    for layer, stored in enumerate(entry.objects):
+                        checked += len(stored)
+                        if tuple(crc32c.crc32c(c) for c in stored) != entry.crcs[layer]:
                             corrupt.append(CorruptEntry(name, entry.id, f"layer {layer} maps: crc32c mismatch"))
                             break
             blocks, problems = self._prefixes.problems()

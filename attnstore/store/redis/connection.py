@@ -262,7 +262,7 @@ class RetryingClient:
 
 
 # redis-py names the command of a failed pipeline with all its arguments: for an entry's HSET, kilobytes of
-# binary fp16 chunks, which would reach clients and split log lines.
+# binary fp16 maps, which would reach clients and split log lines.
 _PIPELINE_COMMAND = re.compile(r"^Command # (\d+) \((\S*).*\) of pipeline caused error: ", re.DOTALL)
 _MESSAGE_CHARS = 200
 

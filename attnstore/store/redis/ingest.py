@@ -57,7 +57,7 @@ def commit(
                 stored = raw = 0
                 if entry_id:
                     record, fields = encode_entry(state, entry, entry_id, now)
-                    # One HSET: the record and every chunk appear together; the TTL lets volatile-* policies
+                    # One HSET: the record and every stored object appear together; the TTL lets volatile-* policies
                     # evict entries and nothing else.
                     pipe.hset(store_keys.entry(namespace, entry_id), mapping=fields)
                     pipe.expire(store_keys.entry(namespace, entry_id), settings.entry_ttl_seconds)

@@ -2,7 +2,7 @@
 
 Guarantees, as the LMDB backend's where callers can see them:
 
-- **Two-phase ingest.** Each new entry's hash (record, every chunk, outputs) is
+- **Two-phase ingest.** Each new entry's hash (record, every stored object, outputs) is
   written whole by one HSET on the entry's own shard, reachable by nothing;
   then one Lua script on the namespace's shard registers the batch in its index
   keys (exact tier, ids, features, byte counts) and appends it to its log: the
