@@ -117,7 +117,7 @@ class Daemon:
 
     def _store_stats(self) -> StoreStats | None:
         service = self._service
-        return None if service is None else service.stats()
+        return None if service is None else service.store.stats()
 
     def _follower_status(self) -> FollowerStatus | None:
         service = self._service

@@ -98,4 +98,4 @@ def layer_frames(
             metrics.streamed("maps", maps.nbytes)
             yield from map_frames(maps, query_index=row.query_index, entry_id=row.entry_id, layer=layer)
     # Every layer went out: repeated hits earn a place in the DRAM cache (its admission policy).
-    service.maps_served(namespace, sorted({row.entry_id for row in live}))
+    service.store.maps_served(namespace, sorted({row.entry_id for row in live}))

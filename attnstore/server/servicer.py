@@ -253,7 +253,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             # Read-ahead: a Fetch of the map hits usually follows a Search.
             hits = [r.entry_id for r in results if r.kind == "map" and r.entry_id is not None]
             if hits:
-                service.prefetch(request.namespace, hits)
+                service.store.prefetch(request.namespace, hits)
             return pb.SearchResponse(matches=[match_to_pb(i, r) for i, r in enumerate(results)])
 
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapFrame]:
@@ -261,7 +261,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             service.check_fingerprint(request.namespace, request.fingerprint)
             self._check_count("Fetch", len(request.entry_ids), "entries")
             # Unknown ids end the call before any frame is sent.
-            stored = [service.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
+            stored = [service.store.entry(request.namespace, int(entry_id)).length for entry_id in request.entry_ids]
             rows = [
                 MapRow(i, int(entry_id), request.length or length)
                 for i, (entry_id, length) in enumerate(zip(request.entry_ids, stored, strict=True))
@@ -315,7 +315,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             # (The DRAM cache's queue holds a few thousand anyway.)
             self._check_count("Prefetch", len(request.entry_ids), "ids")
             service.get_namespace(request.namespace)
-            report = service.prefetch(request.namespace, [int(i) for i in request.entry_ids])
+            report = service.store.prefetch(request.namespace, [int(i) for i in request.entry_ids])
             if report.unknown:
                 # One line per call, not per id: a client sending unknown ids must not flood the log.
                 log.info("event=prefetch_unknown namespace=%s unknown=%d", request.namespace, report.unknown)
@@ -441,7 +441,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
 
     def Verify(self, request: pb.VerifyRequest, context: grpc.ServicerContext) -> pb.VerifyResponse:
         with self._call("Verify", context) as service:
-            report = service.verify()
+            report = service.store.verify()
             log.info(
                 "event=verified entries=%d corrupt=%d problems=%d",
                 report.entries_checked, len(report.corrupt), len(report.problems),
@@ -483,7 +483,7 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._call("Stats", context) as service:
             # A scoped token sees its namespaces only, and no store-wide counter (they sum every namespace's).
-            return stats_to_pb(service.stats(), service.write_backs.stats(), service.admission.stats(),
+            return stats_to_pb(service.store.stats(), service.write_backs.stats(), service.admission.stats(),
                                admit_after=service.admission.config.admit_after,
                                scope=self._callers(context).namespaces)
 

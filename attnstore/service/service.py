@@ -29,7 +29,7 @@ from attnstore.errors import (
 from attnstore.index import Candidate, FaissIndex, VectorIndex
 from attnstore.projector.blob import gate_from_projector
 from attnstore.projector.gate import FidelityGate
-from attnstore.protocol.records import EntryInfo, NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
+from attnstore.protocol.records import NamespaceInfo, NamespaceLayout, NewEntry, TokenLimits
 from attnstore.service.admission import Admission, AdmissionConfig
 from attnstore.service.chunks import ServiceChunks
 from attnstore.service.derived_features import DerivedFeatures
@@ -42,10 +42,10 @@ from attnstore.service.prefixes import ServicePrefixes
 from attnstore.service.quarantine import ObjectKind, Quarantine, QuarantinedObject, check_kind, quarantined_now
 from attnstore.service.queries import MISS, IngestResult, MatchResult, Query
 from attnstore.service.write_back import WriteBackCounter, WriteBackResult, WrittenRow, write_rows
-from attnstore.store import CompactReport, MapStoreBase, StoreStats, VerifyReport
+from attnstore.store import CompactReport, MapStoreBase
 from attnstore.store.namespace_rules import check_projector_version
 from attnstore.store.opening import open_store
-from attnstore.store.reports import FeaturesReport, PrefetchReport
+from attnstore.store.reports import FeaturesReport
 
 if TYPE_CHECKING:
     from attnstore.store.redis.connection import RedisStats
@@ -57,7 +57,10 @@ class AttnStoreService:
     Reads of maps go straight to the store (many threads at once); index
     searches and updates are serialised by ``NamespaceIndexes``. Its parts over the
     same store: ``prefixes`` (the prefix tier), ``chunks`` (the chunk tier) and
-    ``monitoring`` (what the daemon watches).
+    ``monitoring`` (what the daemon watches). What the store answers alone (an entry,
+    its outputs, prefetch, the DRAM cache's admission, verify, stats) callers ask of
+    ``store``: a method here does what the store alone cannot (keep the indexes, the
+    gate, admission and quarantine in step with it).
     """
 
     def __init__(
@@ -167,11 +170,15 @@ class AttnStoreService:
         return self.admission
 
     def get_namespace(self, name: str) -> NamespaceInfo:
-        """The namespace called ``name``; raises NamespaceNotFoundError."""
+        """The namespace called ``name``; raises NamespaceNotFoundError.
+
+        The store's answer, kept here beside ``create_namespace``, ``drop_namespace`` and ``set_projector``
+        (which must go through the service to keep its indexes in step): namespaces are the service's surface,
+        read and written in one place by the servicer, the daemon and embedded mode."""
         return self._store.get_namespace(name)
 
     def list_namespaces(self) -> list[NamespaceInfo]:
-        """Every namespace, sorted by name."""
+        """Every namespace, sorted by name (the store's answer, kept here as ``get_namespace`` is)."""
         return self._store.list_namespaces()
 
     def drop_namespace(self, name: str) -> None:
@@ -362,22 +369,6 @@ class AttnStoreService:
         maps = self._store.read_maps(namespace, entry_id)
         return self._crop(namespace, entry_id, maps, length)
 
-    def read_outputs(self, namespace: str, entry_id: int) -> np.ndarray | None:
-        """An entry's stored final outputs ``(L, hidden)`` fp16, or None."""
-        return self._store.read_outputs(namespace, entry_id)
-
-    def prefetch(self, namespace: str, entry_ids: Iterable[int]) -> PrefetchReport:
-        """Queue entries for loading into the DRAM cache; reports how many were queued and how many are unknown."""
-        return self._store.prefetch(namespace, entry_ids)
-
-    def maps_served(self, namespace: str, entry_ids: Iterable[int]) -> None:
-        """Entries whose maps were just streamed to a client (the store's DRAM cache may admit them)."""
-        self._store.maps_served(namespace, entry_ids)
-
-    def entry(self, namespace: str, entry_id: int) -> EntryInfo:
-        """Metadata of one live entry."""
-        return self._store.entry(namespace, entry_id)
-
     # ---- quarantine ---------------------------------------------------------
 
     def report_mismatch(
@@ -534,14 +525,6 @@ class AttnStoreService:
     def rebuild_indexes(self) -> None:
         """Rebuild every namespace's index from the stored feature vectors."""
         self._indexes.rebuild()
-
-    def verify(self) -> VerifyReport:
-        """Check every stored chunk against its checksum."""
-        return self._store.verify()
-
-    def stats(self) -> StoreStats:
-        """Store statistics (entries, bytes, codec ratios, DRAM cache, evictions)."""
-        return self._store.stats()
 
     def close(self) -> None:
         """Stop following the store's log, close the store (flushes hit counters). Idempotent."""

@@ -62,7 +62,7 @@ def test_rpcs_fetches_and_ingests_are_counted() -> None:
 def test_store_figures_are_read_at_scrape_time_and_absent_without_a_store() -> None:
     service = memory_service()
     current = [None]
-    metrics = DaemonMetrics(stats=lambda: current[0] and current[0].stats())
+    metrics = DaemonMetrics(stats=lambda: current[0] and current[0].store.stats())
     assert not any(name.startswith("attnstore_dram") for name, _ in _samples(metrics))
     current[0] = service
     service.ingest("ns", FP, [make_entry(LAYOUT, 5, seed) for seed in (1, 2)])

@@ -348,7 +348,7 @@ def test_unexpected_exception_is_internal_and_logged_with_its_traceback(caplog: 
     def broken() -> None:
         raise RuntimeError("boom in stats")
 
-    service.stats = broken  # type: ignore[method-assign]
+    service.store.stats = broken  # type: ignore[method-assign]
     with served(service) as (_, remote), caplog.at_level(logging.ERROR, logger="attnstore.protocol.status_codes"):
         with pytest.raises(grpc.RpcError) as caught:
             remote.stub.Stats(pb.StatsRequest())

@@ -52,7 +52,7 @@ def test_exact_tier_answers_before_the_index() -> None:
     query = Query(feature=np.array([9, 9, 9, 9], dtype=np.float32), length=5, token_hash=(1).to_bytes(32, "little"))
     (match,) = service.lookup("ns", FP, [query], max_distance=0.1)
     assert (match.kind, match.entry_id, match.distance) == ("exact", entry_id, 0.0)
-    np.testing.assert_array_equal(service.read_outputs("ns", entry_id), np.full((5, HIDDEN), 1, np.float16))
+    np.testing.assert_array_equal(service.store.read_outputs("ns", entry_id), np.full((5, HIDDEN), 1, np.float16))
 
 
 @pytest.mark.parametrize("claimed", [4, 6, 2**32 - 1])

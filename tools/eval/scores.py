@@ -199,7 +199,7 @@ def _store_stats(store_url: str, namespace: str) -> dict[str, object]:
     from attnstore.service import AttnStoreService
 
     with AttnStoreService.open(store_url[len("local:"):], readonly=True) as service:
-        stats = service.stats()
+        stats = service.store.stats()
     for ns in stats.namespaces:
         if ns.name == namespace:
             return {"entries": ns.entries, "bytes": ns.stored_bytes}

@@ -78,7 +78,7 @@ def test_second_build_reuses_the_projector_and_adds_only_new_rows(minilm_model, 
     report = build_namespace(minilm_model, texts, service, config(), progress=False)
     assert report.train is None and report.entries == 20 and report.duplicates == 44
     assert service.get_namespace("ns").projector == blob
-    assert service.stats().entries == 60
+    assert service.store.stats().entries == 60
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_a_failed_build_leaves_the_store_as_it_was(minilm_model, tmp_path):
         # Without the embedding layer (~47 MB): this store is 2 MiB so that the builds below fill it.
         build_namespace(minilm_model, texts[:20], service,
                         BuildConfig(namespace="kept", train=_QUICK, embedding_layer=False), progress=False)
-        kept = service.stats().entries
+        kept = service.store.stats().entries
         # One entry per transaction: the store fills up part way through the ingest.
         with pytest.raises(StoreFullError):
             build_namespace(minilm_model, texts * 3, service, config(ingest_bytes=1), progress=False)
@@ -106,10 +106,10 @@ def test_a_failed_build_leaves_the_store_as_it_was(minilm_model, tmp_path):
             build_namespace(minilm_model, [t.upper() for t in texts] * 3, service,
                             BuildConfig(namespace="kept", train=_QUICK, ingest_bytes=1), progress=False)
         assert [n.name for n in service.list_namespaces()] == ["kept"]
-        assert service.stats().entries == kept
+        assert service.store.stats().entries == kept
     with AttnStoreService.open(path) as reopened:
-        assert reopened.verify().corrupt == ()
-        assert reopened.stats().entries == kept
+        assert reopened.store.verify().corrupt == ()
+        assert reopened.store.stats().entries == kept
 
 
 def test_build_command_prints_the_summary(minilm_model, tmp_path, capsys):

@@ -160,7 +160,7 @@ def test_a_build_killed_mid_run_leaves_only_whole_correct_chunks_and_the_next_on
             # share (1 of 1,152 values by 2e-6 here), so within two fp16 steps; a torn chunk is far off.
             for key in visible:
                 np.testing.assert_allclose(service.chunks.read("default", key), want[key], rtol=2e-3, atol=2e-5)
-            report = service.verify()
+            report = service.store.verify()
             assert report.ok, report
         visible_before = len(visible)
     report = build_chunks_into(decoder, texts, str(store), ChunkBuildConfig(instruction=INSTRUCTION), progress=False)

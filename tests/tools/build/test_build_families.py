@@ -52,7 +52,7 @@ def test_a_built_store_serves_rows_equal_to_sentence_transformers(family: str, t
     adapter = family not in WITHOUT_ADAPTER
     with AttnStoreService.open(store) as service:
         namespace = service.get_namespace("default")
-        assert service.stats().entries == len(CORPUS)
+        assert service.store.stats().entries == len(CORPUS)
         assert (namespace.projector is not None) is adapter
         assert namespace.projector is None or has_embedding_layer(namespace.projector)
     expected = SentenceTransformer(str(folder), device="cpu").encode(QUERIES)

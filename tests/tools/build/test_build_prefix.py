@@ -36,7 +36,7 @@ def test_build_stores_each_prompts_blocks_once_and_a_second_build_runs_no_prompt
         assert layout.block_size == 8 and layout.dtype == "float32"
         ids = [decoder.tokenizer(p)["input_ids"] for p in prompts]
         distinct = {h for row in ids for h in chain_hashes(row, 8)}
-        assert report.prefix.blocks == len(distinct) == service.stats().prefix_blocks
+        assert report.prefix.blocks == len(distinct) == service.store.stats().prefix_blocks
         assert all(service.store.prefixes.match("default", chain_hashes(row, 8)) == len(row) // 8 for row in ids)
         again = build_namespace(decoder, prompts, service, config, progress=False)
         assert again.prefix.prompts == 0 and again.prefix.blocks == 0

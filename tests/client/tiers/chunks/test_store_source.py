@@ -111,7 +111,7 @@ def test_a_damaged_chunk_leaves_its_prompts_to_the_other_tiers_computed_in_full_
         assert dict(cache.last_stats.fallbacks) == {"checksum": 2} and cache.last_stats.chunks_captured == 0
         assert torch.allclose(got, full, atol=1e-4)
     with AttnStoreService.open(store) as service:
-        report = service.verify()
+        report = service.store.verify()
     assert [(c.namespace, c.key) for c in report.chunks.corrupt] == [("default", damaged.hex())]
 
 

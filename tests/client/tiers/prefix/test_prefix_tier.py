@@ -71,7 +71,7 @@ def test_a_corrupt_block_computes_that_row_normally_as_a_fallback_and_verify_nam
         assert torch.allclose(got, want, atol=2e-5)
     assert cache.last_row_kinds == ("fallback", "fallback", "prefix")
     assert cache.last_stats.fallbacks == {"checksum": 2}
-    assert any(bad.hex() in problem for problem in service.verify().problems)
+    assert any(bad.hex() in problem for problem in service.store.verify().problems)
 
 
 class _Outage(LocalConnection):
