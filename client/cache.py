@@ -667,7 +667,7 @@ class AttnCache(SentenceTransformerAPI):
         _, prompt_length = self.head.tokenize([first_text], prompt_text)
         segments = None if prompt_text is not None or isinstance(self.head, PromptEolHead) else partial(
             segment_tokens, self.loaded.tokenizer, max_length=self.head.max_length)
-        source = TextRows(rows, lambda chunk: self.head.tokenize(chunk, prompt_text)[0], segments)
+        source = TextRows(rows, lambda batch: self.head.tokenize(batch, prompt_text)[0], segments)
         if output_value == "token_embeddings":
             states = RowStates(len(rows))
             self.run(source, states, batch_size=batch_size, show_progress_bar=show_progress_bar)

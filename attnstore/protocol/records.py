@@ -91,7 +91,7 @@ class NamespaceLayout:
     hidden: int  # width of the stored final outputs (exact tier)
     feature_dim: int = 128  # projector output dimension
     dtype: MapDtype = "float16"  # stored map dtype; maps are computed in fp32
-    codec: Codec = "fp16"  # chunk encoding; q8 variants are lossy and opt-in
+    codec: Codec = "fp16"  # how stored maps are encoded; q8 variants are lossy and opt-in
 
     def __post_init__(self) -> None:
         for name in ("layers", "heads", "hidden", "feature_dim"):

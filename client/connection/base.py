@@ -168,7 +168,7 @@ class MapStream(ABC):
 
 
 class PrefixStream(ABC):
-    """The stored prefixes of chosen rows, one chunk at a time as the forward asks for it.
+    """The stored prefixes of chosen rows, one part (a layer, or the hidden states) at a time as the forward asks.
 
     Attributes:
         bytes_fetched: array bytes received so far.

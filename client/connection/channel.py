@@ -16,7 +16,7 @@ from attnstore.errors import ConfigError
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the daemon's default; chunks are at most 4 MiB
+DEFAULT_MAX_MESSAGE_BYTES = 8 << 20  # the daemon's default; frames are at most 4 MiB
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnStore"].full_name
 
 

@@ -290,13 +290,13 @@ class _LocalPrefix(PrefixStream):
         self._block_size = block_size
         self._rows = rows
 
-    def _read(self, row: int, chunk: int) -> np.ndarray:
+    def _read(self, row: int, part: int) -> np.ndarray:
         start = time.perf_counter()
         try:
-            array = self._service.prefixes.read(self._namespace, self._block_size, self._rows[row], chunk)
+            array = self._service.prefixes.read(self._namespace, self._block_size, self._rows[row], part)
         except AttnStoreError as exc:
             cause = "checksum" if cause_of(exc) == "checksum" else "row_error"
-            raise MapsUnavailableError(f"row {row}: prefix chunk {chunk}: {exc}", row=row, cause=cause) from exc
+            raise MapsUnavailableError(f"row {row}: prefix part {part}: {exc}", row=row, cause=cause) from exc
         self.bytes_fetched += array.nbytes
         self.fetch_seconds += time.perf_counter() - start
         return array

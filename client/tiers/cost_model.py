@@ -229,7 +229,7 @@ class CostModel:
             band = self._bands.setdefault(self.band_of(length), _Band())
             worth = band.worth(length)
             # Until the band's figures exist (no forward timed, or nothing asked), its first min_samples
-            # rows are what they are estimated from: asking every row of a fresh process's first chunk
+            # rows are what they are estimated from: asking every row of a fresh process's first window
             # cost the logs call 713 lookups for 68 hits. Exploration goes on meanwhile.
             ask = (
                 band.sent_total < self.settings.min_samples

@@ -202,16 +202,16 @@ def _run_model(
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))  # batches pad little
     bar = tqdm(total=len(rows), desc="features", unit="entry", disable=not config.progress)
     for start in range(0, len(order), config.batch_size):
-        chunk = order[start : start + config.batch_size]
-        batch = batch_from_ids([rows[i].ids for i in chunk], pad)
-        for i, source in zip(chunk, adapter.feature_source(batch), strict=True):
+        batch_rows = order[start : start + config.batch_size]
+        batch = batch_from_ids([rows[i].ids for i in batch_rows], pad)
+        for i, source in zip(batch_rows, adapter.feature_source(batch), strict=True):
             sources[i] = source
         if scratch is not None:
             hidden = adapter.forward(batch)  # (B, P, hidden)
-            for row, i in enumerate(chunk):
+            for row, i in enumerate(batch_rows):
                 outputs[i] = scratch / f"{rows[i].entry_id}.out.npy"
                 np.save(outputs[i], hidden[row, : batch.lengths[row]].to(torch.float16).numpy())
-        bar.update(len(chunk))
+        bar.update(len(batch_rows))
     bar.close()
     return [s for s in sources if s is not None], outputs
 

@@ -33,7 +33,7 @@ MISSING: dict[str, str] = {
     "donfig": "zarr's configuration",
     "google-crc32c": "zarr's checksums",
     "numcodecs": "the store's codecs",
-    "crc32c": "the wire's chunk checksums",
+    "crc32c": "the wire's frame checksums",
     "redis": "the Redis backend (imported by the store package)",
     "PyJWT": "redis's dependency",
     "grpcio-health-checking": "the daemon's health service",

@@ -286,17 +286,17 @@ def _replay_cosines(
     order = sorted(range(len(pairs)), key=lambda k: len(ids[pairs[k][0]]))  # batches of similar length
     bar = tqdm(total=len(pairs), desc="calibrate", unit="query", disable=not config.progress)
     for start in range(0, len(order), config.batch_size):
-        chunk = order[start : start + config.batch_size]
-        batch = batch_from_ids([ids[pairs[k][0]] for k in chunk], pad)
-        replay = {row: maps[pairs[k][1]] for row, k in enumerate(chunk)}  # (layers, heads, L, L) each
+        batch_rows = order[start : start + config.batch_size]
+        batch = batch_from_ids([ids[pairs[k][0]] for k in batch_rows], pad)
+        replay = {row: maps[pairs[k][1]] for row, k in enumerate(batch_rows)}  # (layers, heads, L, L) each
         hidden = adapter.forward(batch, replay)  # (B, P, hidden)
-        for row, k in enumerate(chunk):
+        for row, k in enumerate(batch_rows):
             length = batch.lengths[row]
             own = outputs[pairs[k][0]].float()  # (L, hidden)
             mine = hidden[row, :length]  # (L, hidden)
             pooled = (mine[-1], own[-1]) if adapter.causal else (mine.mean(dim=0), own.mean(dim=0))
             cosines[k] = float(F.cosine_similarity(pooled[0], pooled[1], dim=0))
-        bar.update(len(chunk))
+        bar.update(len(batch_rows))
     bar.close()
     return cosines
 

@@ -47,8 +47,8 @@ logger = logging.getLogger(__name__)
 MIN_CORPUS = 16
 # Queries per block when mining neighbours by the cheap estimate.
 _MINING_BLOCK = 1024
-# Elements of the fp32 difference tensor per chunk in ``map_distances`` (64 MB).
-_CHUNK_ELEMENTS = 16 * 1024 * 1024
+# Elements of the fp32 difference tensor per block in ``map_distances`` (64 MB).
+_BLOCK_ELEMENTS = 16 * 1024 * 1024
 
 
 def map_distances(
@@ -80,10 +80,10 @@ def map_distances(
     m = min(length, stored)
     query = query_maps[..., :m, :m].to(torch.float32)  # (layers, heads, m, m)
     per_item = query.numel()
-    chunk = max(1, _CHUNK_ELEMENTS // per_item)
+    per_block = max(1, _BLOCK_ELEMENTS // per_item)
     tv = []
-    for start in range(0, candidate_maps.shape[0], chunk):
-        block = candidate_maps[start : start + chunk, ..., :m, :m].to(torch.float32)  # (c, layers, heads, m, m)
+    for start in range(0, candidate_maps.shape[0], per_block):
+        block = candidate_maps[start : start + per_block, ..., :m, :m].to(torch.float32)  # (c, layers, heads, m, m)
         rows = 0.5 * (block - query).abs().sum(dim=-1)  # (c, layers, heads, m)
         tv.append(rows.mean(dim=(1, 2, 3)).double())
     if not tv:

@@ -118,12 +118,12 @@ class BatchVariant(Variant):
         retrieval = inline = 0.0
         map_hits = layer_replays = 0
         for start in range(0, len(order), queries.batch_size):
-            chunk = order[start : start + queries.batch_size]
-            run = self.run(batch_from_ids([ids[k] for k in chunk], queries.pad_id))
+            batch_rows = order[start : start + queries.batch_size]
+            run = self.run(batch_from_ids([ids[k] for k in batch_rows], queries.pad_id))
             pooled = head.embed(run.hidden, 0).float().cpu().numpy()  # (B, dim)
             if embeddings.shape[1] == 0:
                 embeddings = np.zeros((len(indices), pooled.shape[1]), dtype=np.float32)
-            embeddings[chunk] = pooled
+            embeddings[batch_rows] = pooled
             retrieval += run.retrieval_s
             inline += run.inline_s
             map_hits += run.map_hits

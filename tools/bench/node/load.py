@@ -25,8 +25,8 @@ async def warm_up(url: str, model: str, texts: list[str], requests: int = 8) -> 
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=_TIMEOUT_S)
     try:
         for k in range(requests):
-            chunk = texts[k * 8 : k * 8 + 8] or texts[:8]
-            await client.embeddings.create(model=model, input=chunk)
+            batch = texts[k * 8 : k * 8 + 8] or texts[:8]
+            await client.embeddings.create(model=model, input=batch)
     finally:
         await client.close()
 

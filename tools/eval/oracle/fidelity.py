@@ -132,12 +132,12 @@ def prepare_queries(
     ordered = sorted(rows, key=lambda row: len(row[1]))
     bar = tqdm(total=len(ordered), desc="capture queries", unit="query", disable=not progress)
     for start in range(0, len(ordered), batch_size):
-        chunk = ordered[start : start + batch_size]
-        batch = batch_from_ids([ids for _, ids, _ in chunk], tokenizer.pad_token_id)
+        batch_rows = ordered[start : start + batch_size]
+        batch = batch_from_ids([ids for _, ids, _ in batch_rows], tokenizer.pad_token_id)
         sources = adapter.feature_source(batch)
         capture = adapter.capture(batch)
         full = adapter.forward(batch)  # (B, P, hidden): the unpatched model, the baseline
-        for b, (index, ids, multiple_choice) in enumerate(chunk):
+        for b, (index, ids, multiple_choice) in enumerate(batch_rows):
             hidden = full[b, : len(ids)]  # (L, hidden)
             key = token_hash(ids)
             queries[index] = EvalQuery(
@@ -151,7 +151,7 @@ def prepare_queries(
                 reference=pooled_output(hidden, causal=adapter.causal),
                 answer=_answer(adapter, hidden, letters) if multiple_choice else None,
             )
-        bar.update(len(chunk))
+        bar.update(len(batch_rows))
     bar.close()
     return [queries[i] for i in sorted(queries)], SkippedQueries(empty=empty, too_long=too_long)
 

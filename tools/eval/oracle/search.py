@@ -122,8 +122,8 @@ def _bucket_blocks(service: AttnStoreService, namespace: str, length: int) -> It
     size = max(1, _BLOCK_BYTES // per_entry)
     ids = [e.id for e in service.store.entries(namespace, length)]
     for start in range(0, len(ids), size):
-        chunk = ids[start : start + size]
-        yield chunk, torch.from_numpy(np.stack([service.store.read_maps(namespace, i) for i in chunk]))
+        block_ids = ids[start : start + size]
+        yield block_ids, torch.from_numpy(np.stack([service.store.read_maps(namespace, i) for i in block_ids]))
 
 
 def projector_picks(
@@ -205,10 +205,10 @@ def entry_sources(
     for length, entry_ids in sorted(by_length.items()):
         parts = []
         for start in range(0, len(entry_ids), batch_size):
-            chunk = entry_ids[start : start + batch_size]
-            batch = batch_from_ids([found[i] for i in chunk], tokenizer.pad_token_id)
+            block_ids = entry_ids[start : start + batch_size]
+            batch = batch_from_ids([found[i] for i in block_ids], tokenizer.pad_token_id)
             parts.append(torch.stack(adapter.feature_source(batch)))  # (b, L, hidden)
-            bar.update(len(chunk))
+            bar.update(len(block_ids))
         result_ids[length] = np.array(entry_ids, dtype=np.int64)
         result_sources[length] = torch.cat(parts)
     bar.close()
