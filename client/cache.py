@@ -678,24 +678,6 @@ class AttnCache(SentenceTransformerAPI):
         tokens = None if pooled.states is None else pooled.states.result()
         return shape_outputs(pooled.result(), tokens, options, single=single)
 
-    def embed_ids(
-        self, ids: Sequence[Sequence[int]], *, batch_size: int = 32, show_progress_bar: bool | None = None,
-        prompt_length: int = 0,
-    ) -> torch.Tensor:
-        """Sentence embeddings ``(n, dim)`` of token rows the caller made (``head.tokenize``); sets ``last_stats``.
-
-        ``encode`` for callers that tokenize themselves (the evaluation harness runs the
-        same rows through several methods): each forward's rows are pooled as it ends.
-
-        Raises:
-            ConfigError: an empty row, or ``batch_size`` < 1.
-        """
-        if not ids:
-            return torch.zeros((0, self.head.dimension), device=self.device)
-        pooled = Pooled(len(ids), partial(self.head.pool_rows, prompt_length=prompt_length))
-        self.run(TokenRows(ids), pooled, batch_size=batch_size, show_progress_bar=show_progress_bar)
-        return pooled.result()
-
     def hidden_states(
         self, ids: Sequence[Sequence[int]], *, batch_size: int = 32, show_progress_bar: bool | None = None
     ) -> list[torch.Tensor]:

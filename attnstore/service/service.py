@@ -346,7 +346,10 @@ class AttnStoreService:
         """Each query's most probable candidate under ``gate`` and its probability, hit or not.
 
         What a gated lookup decides on (it serves the pick when the probability reaches
-        ``gate.cutoff``); for evaluations, which need the pick of a miss too.
+        ``gate.cutoff``); for evaluations, which need the pick of a miss too. Only the oracle evaluation
+        (``attnstore_tools.eval.oracle.search``) calls it; it stays on the service because it searches the
+        service's own indexes (private, their searches serialised by ``NamespaceIndexes``) with the function
+        a gated lookup uses, so the tool scores what the daemon would serve.
 
         Raises:
             as ``lookup``.

@@ -384,7 +384,9 @@ class Adapter(ABC):
 
         For forwards outside this library (the evaluation harness's planned forwards): ``row_maps`` and
         ``replay_rows`` are the parts a layer is made of; rows that ``call`` sends through ``original`` are the
-        model's own.
+        model's own. Only ``attnstore_tools.eval.planned`` calls it; it stays on the adapter because it patches
+        the adapter's attention modules (``_patched``, ``_run``: no code outside ``adapters/`` names a model's
+        modules) and a family that cannot patch refuses it by name (``generic``, ``modernbert``).
 
         Returns:
             ``(B, P, hidden)`` last hidden states; pad positions hold no meaning.

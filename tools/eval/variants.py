@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ from torch import nn
 from attnstore_client.adapters import Adapter
 from attnstore_client.adapters.batch import Batch, batch_from_ids
 from attnstore_client.cache import AttnCache
+from attnstore_client.call.sinks import Pooled
+from attnstore_client.call.sources import TokenRows
 from attnstore_client.sentence.heads import SentenceHead
 from attnstore_client.tiers.cost_model import CostModel
 
@@ -173,8 +176,7 @@ class CacheVariant(Variant):
             self.cache.max_distance = self._threshold
         self.cache.local_tier.clear()
         # One call of the rows, streamed: each forward is pooled as it ends (the cache's head is ``head``'s kind).
-        embeddings = self.cache.embed_ids(queries.tokenized(indices), batch_size=queries.batch_size,
-                                          show_progress_bar=False)
+        embeddings = embed_ids(self.cache, queries.tokenized(indices), batch_size=queries.batch_size)
         stats = self.cache.last_stats
         kinds = self.cache.last_row_kinds
         return CallRun(
@@ -271,3 +273,20 @@ class AttentionTimer:
     def _stop(self, module: nn.Module, args: object, output: object) -> None:
         with self._lock:
             self.seconds += time.perf_counter() - self._started.pop((threading.get_ident(), id(module)))
+
+
+def embed_ids(cache: AttnCache, ids: Sequence[Sequence[int]], *, batch_size: int) -> torch.Tensor:
+    """Sentence embeddings ``(n, dim)`` of token rows tokenized once (``Queries.tokenized``); sets ``cache.last_stats``.
+
+    ``AttnCache.encode`` for rows the harness runs through several methods: ``cache.run`` with the library's
+    token-row source and pooling sink, each forward's rows pooled as it ends. It lives here, not on
+    ``AttnCache``: only this harness needs it, and it calls the cache's public ``run`` only.
+
+    Raises:
+        ConfigError: an empty row, or ``batch_size`` < 1.
+    """
+    if not ids:
+        return torch.zeros((0, cache.head.dimension), device=cache.device)
+    pooled = Pooled(len(ids), partial(cache.head.pool_rows, prompt_length=0))
+    cache.run(TokenRows(ids), pooled, batch_size=batch_size, show_progress_bar=False)
+    return pooled.result()
