@@ -201,6 +201,12 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
     # ---- serving ------------------------------------------------------------
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> Iterator[pb.LookupResponse]:
+        """Matches, then the exact hits' outputs, then (``want_maps``) the map hits' maps.
+
+        The client library asks it for the exact tier (outputs only, ``exact_request``); its map tier asks
+        Search and FetchMaps. Lookup with maps, one call for a whole batch, serves the load bench
+        (``attnstore_tools.bench.load``) and older clients: kept for wire compatibility.
+        """
         with self._call("Lookup", context) as service:
             namespace = request.namespace
             start = time.perf_counter()
@@ -257,6 +263,12 @@ class AttnStoreServicer(pb_grpc.AttnStoreServicer):
             return pb.SearchResponse(matches=[match_to_pb(i, r) for i, r in enumerate(results)])
 
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.MapFrame]:
+        """Named entries' maps, in layer order; an unknown id ends the call before any frame.
+
+        It serves the admin tools (``admin train-projector`` reads stored rows' maps,
+        ``attnstore_tools.admin.train_projector.fetch_maps``); a node's map tier asks FetchMaps, whose rows
+        fail alone. Kept for wire compatibility; the client library has no method for it.
+        """
         with self._call("Fetch", context) as service:
             service.check_fingerprint(request.namespace, request.fingerprint)
             self._check_count("Fetch", len(request.entry_ids), "entries")

@@ -26,7 +26,6 @@ from attnstore.protocol.requests import LookupResult, assembled_lookup, ingest_r
 from attnstore.protocol.status_codes import error_from_rpc
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.protocol.v1 import attnstore_pb2_grpc as pb_grpc
-from attnstore.protocol.wire import FrameAssembler
 from attnstore_client.connection.channel import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET, open_channel, several_daemons
 from attnstore_client.connection.resend import STREAM_RETRIES, StreamResend, guarded_stream, read_whole
 
@@ -195,32 +194,6 @@ class DaemonClient:
     def search(self, request: pb.SearchRequest, timeout: float | None = None) -> list[pb.Match]:
         """Matches only, no maps."""
         return list(self.unary(self._stub.Search, request, timeout).matches)
-
-    def fetch(
-        self,
-        namespace: str,
-        fingerprint: str,
-        entry_ids: Sequence[int],
-        *,
-        length: int = 0,
-        timeout: float | None = None,
-    ) -> list[np.ndarray]:
-        """Maps ``(layers, heads, L, L)`` of each id, cropped to ``length`` (0 = stored length)."""
-        request = pb.FetchRequest(
-            namespace=namespace, fingerprint=fingerprint, entry_ids=list(entry_ids), length=length
-        )
-
-        def read(left: float | None) -> list[np.ndarray]:
-            assembler = FrameAssembler(max_array_bytes=1 << 40)
-            layers: dict[int, dict[int, np.ndarray]] = {}
-            for frame in guarded_stream(self._stub.Fetch(request, metadata=self._metadata, timeout=left), left):
-                done = assembler.add(frame)
-                if done is not None:
-                    (index, layer), array = done
-                    layers.setdefault(index, {})[int(layer)] = array
-            return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
-
-        return self.read_stream(read, timeout)
 
     def prefetch(self, namespace: str, entry_ids: Sequence[int]) -> pb.PrefetchResponse:
         """Queue entries for the DRAM cache; the reply says how many were queued and how many ids are unknown."""

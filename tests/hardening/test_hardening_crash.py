@@ -25,6 +25,7 @@ from attnstore.protocol.requests import ingest_requests, lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore.store import NamespaceLayout, NewEntry
 from attnstore_client.connection.daemon import DaemonClient
+from attnstore_tools.admin.train_projector import fetch_maps
 from tests.support.daemon import DaemonProcess
 from tests.support.server_fixtures import FP, LAYOUT
 from tests.support.stores import make_entry
@@ -117,7 +118,7 @@ def _check_restarted(remote: DaemonClient, writers: _Writers) -> dict[int, int]:
     assert not _exact_ids(remote, writers.open_stream_seeds), "an uncommitted stream's entry is visible"
     assert remote.stats().entries == len(stored)
     ids = list(stored.values())
-    maps = remote.fetch("ns", FP, ids)
+    maps = fetch_maps(remote, "ns", FP, ids)
     for seed, array in zip(stored, maps, strict=True):
         np.testing.assert_array_equal(array, _entry(seed).maps.astype(np.float16))
     report = remote.verify()

@@ -27,6 +27,7 @@ from attnstore.server.config import DaemonConfig
 from attnstore.server.daemon import Daemon
 from attnstore.store import NewEntry
 from attnstore_client.connection.daemon import DaemonClient
+from attnstore_tools.admin.train_projector import fetch_maps
 from tests.support.daemon import DaemonProcess
 from tests.support.pause import paused
 from tests.support.server_fixtures import FP, LAYOUT
@@ -75,7 +76,7 @@ def test_full_store_refuses_ingest_with_resource_exhausted_and_stays_readable(tm
             assert len(stored) >= 10
             assert remote.health() == "SERVING"
             assert remote.stats().entries == len(stored)
-            maps = remote.fetch("ns", FP, list(stored.values()))
+            maps = fetch_maps(remote, "ns", FP, list(stored.values()))
             for seed, array in zip(stored, maps, strict=True):
                 np.testing.assert_array_equal(array, make_entry(LAYOUT, 32, seed).maps.astype(np.float16))
             report = remote.verify()
@@ -113,7 +114,7 @@ def test_full_disk_refuses_ingest_and_compaction_with_resource_exhausted_and_the
                 remote.compact()  # before: SIGBUS (exit 135) on a 100% full disk, INTERNAL with 2 MB free
             assert remote.health() == "SERVING" and remote.verify().entries_checked == len(stored)
             np.testing.assert_array_equal(
-                remote.fetch("ns", FP, [stored[0]])[0], make_entry(LAYOUT, 64, 0).maps.astype(np.float16)
+                fetch_maps(remote, "ns", FP, [stored[0]])[0], make_entry(LAYOUT, 64, 0).maps.astype(np.float16)
             )
         assert daemon.stop() == 0, daemon.log()
         assert "Traceback" not in daemon.log()

@@ -19,6 +19,7 @@ from attnstore.protocol.records import LookupBatch
 from attnstore.protocol.requests import lookup_request
 from attnstore.protocol.v1 import attnstore_pb2 as pb
 from attnstore_client.connection.daemon import DaemonClient
+from attnstore_tools.admin.train_projector import fetch_maps
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
 from tests.support.redis_servers import RedisServer, unique_prefix
 from tests.support.server_fixtures import FP, LAYOUT, LIMITS
@@ -56,7 +57,7 @@ def test_redis_restarted_empty_and_refilled_serves_the_new_entries_not_the_daemo
             old = _fill(admin, [0, 1, 2, 3])
             assert _map_hits(reader, [0, 1, 2, 3]) == old
             for _ in range(3):  # served three times: in the DRAM cache from the second serve on
-                reader.fetch("ns", FP, [old[0]])
+                fetch_maps(reader, "ns", FP, [old[0]])
             wait_until(lambda: reader.stats().dram_entries >= 1, 30.0, what="entry 1 in the DRAM cache")
             redis.kill()
             redis.restart()
@@ -64,7 +65,7 @@ def test_redis_restarted_empty_and_refilled_serves_the_new_entries_not_the_daemo
                        poll=0.1)  # each check ingests
             wait_until(lambda: _map_hits(reader, [10, 11, 12, 13]) == old, 30.0, what="the new entries searchable")
             assert _map_hits(reader, [0, 1, 2, 3]) == [None] * 4  # nothing of the old index is left
-            (maps,) = reader.fetch("ns", FP, [old[0]])
+            (maps,) = fetch_maps(reader, "ns", FP, [old[0]])
             np.testing.assert_array_equal(maps, make_entry(LAYOUT, LENGTH, 10).maps.astype(np.float16))
             assert _metric(daemon, "attnstore_redis_store_resets_total") >= 1
             assert reader.health() == "SERVING"

@@ -35,6 +35,7 @@ from attnstore.protocol.wire import map_frames
 from attnstore.server.config import ServerLimits
 from attnstore.service import AttnStoreService
 from attnstore.store import NewEntry
+from attnstore_tools.admin.train_projector import fetch_maps
 from tests.support.server_fixtures import FP, LAYOUT, memory_service, served
 from tests.support.stores import make_entry
 from tests.support.wait import wait_until
@@ -171,11 +172,11 @@ def test_fetch_streams_cropped_maps_and_refuses_unknown_ids_and_wrong_fingerprin
     entries = _entries(1, 2)
     with served(memory_service()) as (_, remote):
         ids = remote.ingest("ns", FP, entries).entry_ids
-        maps = remote.fetch("ns", FP, [ids[1], ids[0]], length=4)
+        maps = fetch_maps(remote, "ns", FP, [ids[1], ids[0]], length=4)
         with pytest.raises(EntryNotFoundError):
-            remote.fetch("ns", FP, [ids[0], 999])
+            fetch_maps(remote, "ns", FP, [ids[0], 999])
         with pytest.raises(FingerprintMismatchError):
-            remote.fetch("ns", "0" * 64, ids)
+            fetch_maps(remote, "ns", "0" * 64, ids)
     np.testing.assert_array_equal(maps[0], entries[1].maps.astype(np.float16)[..., :4, :4])
     np.testing.assert_array_equal(maps[1], entries[0].maps.astype(np.float16)[..., :4, :4])
 

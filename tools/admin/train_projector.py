@@ -39,9 +39,12 @@ from tqdm.auto import tqdm
 from attnstore.errors import CorpusError, EntryNotFoundError, FingerprintMismatchError
 from attnstore.protocol.messages import layout_from_pb
 from attnstore.protocol.records import NamespaceLayout
+from attnstore.protocol.v1 import attnstore_pb2 as pb
+from attnstore.protocol.wire import FrameAssembler
 from attnstore_client.adapters import Adapter, adapter_for
 from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.connection.daemon import DaemonClient
+from attnstore_client.connection.resend import guarded_stream
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel, load_model
 from attnstore_client.projector import Projector
@@ -181,15 +184,44 @@ def _fetch(
 ) -> Iterator[tuple[_Row, np.ndarray]]:
     """Each row's ``(layers, heads, L, L)`` maps; rows whose entry went away since the listing are skipped."""
     try:
-        yield from zip(group, remote.fetch(namespace, fingerprint, [r.entry_id for r in group]), strict=True)
+        yield from zip(group, fetch_maps(remote, namespace, fingerprint, [r.entry_id for r in group]), strict=True)
     except EntryNotFoundError:
         # A Fetch naming a gone id sends nothing: read the group one by one to keep the others.
         for row in group:
             try:
-                (maps,) = remote.fetch(namespace, fingerprint, [row.entry_id])
+                (maps,) = fetch_maps(remote, namespace, fingerprint, [row.entry_id])
             except EntryNotFoundError:
                 continue
             yield row, maps
+
+
+def fetch_maps(
+    remote: DaemonClient, namespace: str, fingerprint: str, entry_ids: Sequence[int], *, length: int = 0,
+    timeout: float | None = None,
+) -> list[np.ndarray]:
+    """Maps ``(layers, heads, L, L)`` of each id, cropped to ``length`` (0 = stored length), by the Fetch RPC.
+
+    Fetch serves the admin tools, this command first: one unknown id fails the whole call (a node's map tier
+    asks FetchMaps, whose rows fail alone), so it is read here, beside its caller, not on ``DaemonClient``.
+    A stream broken by a daemon going away is sent again, whole (``DaemonClient.read_stream``).
+
+    Raises:
+        EntryNotFoundError: an id is not stored (nothing is returned).
+        FingerprintMismatchError, NamespaceNotFoundError: as every read.
+    """
+    request = pb.FetchRequest(namespace=namespace, fingerprint=fingerprint, entry_ids=list(entry_ids), length=length)
+
+    def read(left: float | None) -> list[np.ndarray]:
+        assembler = FrameAssembler(max_array_bytes=1 << 40)
+        layers: dict[int, dict[int, np.ndarray]] = {}
+        for frame in guarded_stream(remote.stub.Fetch(request, metadata=remote.metadata, timeout=left), left):
+            done = assembler.add(frame)
+            if done is not None:
+                (index, layer), array = done
+                layers.setdefault(index, {})[int(layer)] = array
+        return [np.stack([layers[i][j] for j in sorted(layers[i])]) for i in range(len(entry_ids))]
+
+    return remote.read_stream(read, timeout)
 
 
 def _run_model(
