@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from attnstore_tools.build.namespace_layout import exact_tier_layout, token_limi
 from tests.support.adapters import save_tiny_decoder
 from tests.support.caches import tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.wait import wait_until
 
 INSTRUCTION = "classify the sentiment of each review"
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "north", "field", "cloud", "good", "bad"]
@@ -119,13 +119,15 @@ def _killed_build(decoder_folder, store, corpus, after: int) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 120
+    def passed() -> bool:
+        if child.poll() is not None:
+            raise AssertionError(f"the build ended before {after} chunks: {seen.decode(errors='replace')[-2000:]}")
+        done = [int(n) for n in re.findall(rb"chunks:[^|\r\n]*\|[^|\r\n]*\| *(\d+)/\d+", bytes(seen))]
+        return bool(done) and max(done) >= after
+
     try:
-        while time.monotonic() < deadline and child.poll() is None:
-            done = [int(n) for n in re.findall(rb"chunks:[^|\r\n]*\|[^|\r\n]*\| *(\d+)/\d+", bytes(seen))]
-            if done and max(done) >= after:
-                break
-            time.sleep(0.01)
+        wait_until(passed, 120, lambda: f"the build's progress past {after} chunks: {bytes(seen)[-500:]!r}",
+                   poll=0.01)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
