@@ -6,10 +6,10 @@ FetchPrefix) whose daemon dies after that ends UNAVAILABLE. Over several daemons
 calls (Ingest, WriteBack, Delete) are never sent again mid-stream.
 
 Two shapes of reader share the loop: :func:`read_whole` receives a stream on the calling thread and drops
-what a broken attempt delivered (``DaemonClient``'s Lookup and entry listings, the admin tools' Fetch); :class:`ResendingStream`
-receives one on a reader thread for a forward that consumes it as it arrives (FetchMaps in ``remote``,
-FetchPrefix in ``remote_prefix``): what a broken attempt delivered stays, and the reader skips it when the new
-stream repeats it.
+what a broken attempt delivered (``DaemonClient``'s Lookup and entry listings, the admin tools' Fetch);
+:class:`ResendingStream` receives one on a reader thread for a forward that consumes it as it arrives
+(FetchMaps in ``remote``, FetchPrefix in ``remote_prefix``): what a broken attempt delivered stays, and the
+reader skips it when the new stream repeats it.
 """
 
 from __future__ import annotations
