@@ -1,7 +1,7 @@
-"""A real ``attnstore node`` on a model without an adapter (issue 49, item 2): a tiny random ``electra``
-sentence-transformers folder over an exact-tier namespace. Its warm-up and calls run the model's own forward
-(padded, length-sorted), its ``/v1/embeddings`` and ``/embed`` answers equal ``SentenceTransformer.encode``, repeats
-are served by the exact tier, and ``/v1/models`` says which tiers it has and why the others are absent."""
+"""A real ``attnstore node`` on a model without an adapter (issue 49, item 2): a tiny random ``electra`` and
+``deberta-v2`` sentence-transformers folder over an exact-tier namespace. Its warm-up and calls run the model's own
+forward (padded, length-sorted), its ``/v1/embeddings`` and ``/embed`` answers equal ``SentenceTransformer.encode``,
+repeats are served by the exact tier, and ``/v1/models`` says which tiers it has and why the others are absent."""
 
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ from tests.support.nodes import API_KEY, NodeProcess, tiny_store
 TEXTS = ["A man is playing a guitar.", "hi", "The quick brown fox jumps over the lazy dog again and again.",
          "Failed password for invalid user admin from 10.0.0.1 port 22 ssh2", "ok then", "hi"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-WHY = "no adapter for model_type 'electra': map replay, packed forwards, prefix and chunk tiers need one"
+WHY = "no adapter for model_type {!r}: map replay, packed forwards, prefix and chunk tiers need one"
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_family("electra", tmp_path_factory.mktemp("electra") / "model", pooling="mean")
+@pytest.fixture(scope="module", params=["electra", "deberta-v2"])
+def folder(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    return save_tiny_family(request.param, tmp_path_factory.mktemp(request.param) / "model", pooling="mean")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,9 @@ def test_embeddings_equal_sentence_transformers_and_repeats_are_exact_hits(node:
     assert "runs through its own forward: exact tiers and write-back only" in node.log()
 
 
-def test_models_route_says_which_tiers_the_node_has_and_why_not_the_others(node: NodeProcess) -> None:
+def test_models_route_says_which_tiers_the_node_has_and_why_not_the_others(node: NodeProcess, folder: Path) -> None:
     (model,) = httpx.get(f"{node.url}/v1/models", headers=HEADERS).raise_for_status().json()["data"]
+    why = WHY.format(load_model(str(folder)).model.config.model_type)
     assert model["tiers"] == ["exact"]
-    assert model["absent_tiers"]["maps"] == model["absent_tiers"]["prefix"] == WHY
-    assert model["absent_tiers"]["packed"].startswith(WHY)
+    assert model["absent_tiers"]["maps"] == model["absent_tiers"]["prefix"] == why
+    assert model["absent_tiers"]["packed"].startswith(why)
