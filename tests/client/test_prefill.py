@@ -113,7 +113,7 @@ def test_a_repeated_text_whose_first_occurrence_copies_an_earlier_row_is_answere
     np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
 
 
-def test_repeats_of_token_duplicates_are_answered_across_chunks_in_any_order(bert, service) -> None:
+def test_repeats_of_token_duplicates_are_answered_across_windows_in_any_order(bert, service) -> None:
     # batch_size 1: a window of the stream is 16 rows, so the copies and their roots fall in different windows.
     # Capitalised words are all [UNK]: "W7 w3 w4" and "W9 w3 w4" are one row, each text repeated many times.
     rests = [text.split(" ", 1)[1] for text in sentences(6, seed=31, min_words=3, max_words=3)]
@@ -178,10 +178,10 @@ def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_o
     assert cache.last_stats.rows_by_kind() == {kind: cache.last_row_kinds.count(kind) for kind in ROW_KINDS}
 
 
-def test_a_call_larger_than_a_chunk_answers_copies_across_chunks_and_keeps_input_order(bert, service) -> None:
+def test_a_call_larger_than_a_window_answers_copies_across_windows_and_keeps_input_order(bert, service) -> None:
     cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
     distinct = sentences(40, seed=31, min_words=2, max_words=9)
-    texts = distinct + distinct[::-1] + distinct[:7]  # 87 rows; a chunk is 16 batches of 2 rows
+    texts = distinct + distinct[::-1] + distinct[:7]  # 87 rows; a window is 16 batches of 2 rows
     embeddings = cache.encode(texts, batch_size=2)
     np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
     stats = cache.last_stats

@@ -258,11 +258,11 @@ def test_the_daemon_going_away_mid_write_back_loses_no_committed_entry(tmp_path:
             report = admin.verify()
             assert not report.corrupt and not report.store_problems
             for start in range(0, len(committed), 500):
-                chunk = committed[start : start + 500]
-                hashes = [protocol_keys.token_hash(rows[i][0]) for i in chunk]
-                result = admin.lookup(exact_request("default", fingerprint, hashes, [12] * len(chunk)))
-                assert len(result.outputs) == len(chunk)
-                for k, i in enumerate(chunk):
+                batch = committed[start : start + 500]
+                hashes = [protocol_keys.token_hash(rows[i][0]) for i in batch]
+                result = admin.lookup(exact_request("default", fingerprint, hashes, [12] * len(batch)))
+                assert len(result.outputs) == len(batch)
+                for k, i in enumerate(batch):
                     np.testing.assert_array_equal(result.outputs[k], rows[i][1].astype(np.float16))
             assert report.entries_checked >= len(committed)
     finally:

@@ -1,4 +1,4 @@
-"""Faults a running daemon must survive: a full store, a corrupted chunk, a stalled server, a dead thread.
+"""Faults a running daemon must survive: a full store, a corrupted map entry, a stalled server, a dead thread.
 
 Real daemon subprocesses on real LMDB stores, except the dead-thread test,
 which runs the real ``Daemon`` in this process so it can reach the thread.
@@ -134,14 +134,14 @@ def _flip_byte_of(store: Path, needle: bytes) -> None:
     (data_file,) = store.glob("*/data.mdb")
     content = data_file.read_bytes()
     offsets = [m.start() for m in re.finditer(re.escape(needle), content)]
-    assert offsets, "the chunk is not in the file"
+    assert offsets, "the stored object is not in the file"
     with data_file.open("r+b") as f:
         for offset in offsets:
             f.seek(offset + len(needle) // 2)
             f.write(bytes([content[offset + len(needle) // 2] ^ 0x40]))
 
 
-def test_corrupted_chunk_is_never_streamed_and_verify_reports_it(daemon: DaemonProcess) -> None:
+def test_corrupted_map_entry_is_never_streamed_and_verify_reports_it(daemon: DaemonProcess) -> None:
     good, bad = make_entry(LAYOUT, 16, 500), make_entry(LAYOUT, 16, 501)
     with daemon.client() as remote:
         good_id, bad_id = remote.ingest("ns", FP, [good, bad]).entry_ids

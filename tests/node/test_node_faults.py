@@ -103,8 +103,8 @@ def _answer_until_closed(conn: socket.socket, within: float) -> tuple[bytes, flo
     conn.settimeout(within)
     received = b""
     try:
-        while chunk := conn.recv(65536):
-            received += chunk
+        while piece := conn.recv(65536):
+            received += piece
     except (ConnectionResetError, TimeoutError):
         pass
     return received, time.monotonic() - started

@@ -17,7 +17,7 @@ from attnstore.protocol.status_codes import ERROR_CLASS_KEY, error_from_rpc, sta
         (errors.NamespaceExistsError("exists"), grpc.StatusCode.ALREADY_EXISTS),
         (errors.FingerprintMismatchError("other model"), grpc.StatusCode.FAILED_PRECONDITION),
         (errors.MapShapeError("bad shape"), grpc.StatusCode.INVALID_ARGUMENT),
-        (errors.WireFormatError("bad chunk"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.WireFormatError("bad frame"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.VectorIndexError("NaN"), grpc.StatusCode.INVALID_ARGUMENT),
         (errors.ConfigError("bad layout"), grpc.StatusCode.INVALID_ARGUMENT),
         (ValueError("plain"), grpc.StatusCode.INVALID_ARGUMENT),

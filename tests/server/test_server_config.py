@@ -37,7 +37,7 @@ def test_invalid_settings_are_refused_with_the_bad_value_named(options: dict, ma
         DaemonConfig(store=Path("s"), **options)
 
 
-def test_limits_must_be_positive_and_carry_a_chunk() -> None:
+def test_limits_must_be_positive_and_carry_a_frame() -> None:
     with pytest.raises(ConfigError, match="max_workers"):
         ServerLimits(max_workers=0)
     with pytest.raises(ConfigError, match="4 MiB frame"):

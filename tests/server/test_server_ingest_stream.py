@@ -36,8 +36,8 @@ def test_layers_split_into_parts_are_put_back_together() -> None:
     staging = IngestStaging(LAYOUT, max_bytes=1 << 20)
     staging.add(pb.IngestRequest(entry=pb.EntryBegin(length=9, token_hash=entry.token_hash)))
     for layer in range(LAYOUT.layers):
-        for chunk in map_frames(entry.maps[layer], query_index=0, entry_id=0, layer=layer, max_bytes=100):
-            staging.add(pb.IngestRequest(maps=chunk))
+        for frame in map_frames(entry.maps[layer], query_index=0, entry_id=0, layer=layer, max_bytes=100):
+            staging.add(pb.IngestRequest(maps=frame))
     staging.add(pb.IngestRequest(commit=pb.IngestCommit()))
     np.testing.assert_array_equal(staging.entries()[0].maps, entry.maps)
 
@@ -45,10 +45,10 @@ def test_layers_split_into_parts_are_put_back_together() -> None:
 def test_huge_entry_is_refused_before_memory_is_allocated() -> None:
     staging = IngestStaging(LAYOUT, max_bytes=1 << 20)
     staging.add(pb.IngestRequest(entry=pb.EntryBegin(length=2_000_000, token_hash=b"h" * 32)))
-    (chunk,) = map_frames(np.zeros((2, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
-    chunk.shape[:] = [2, 2_000_000, 2_000_000]  # 16 TB if it were allocated
+    (frame,) = map_frames(np.zeros((2, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
+    frame.shape[:] = [2, 2_000_000, 2_000_000]  # 16 TB if it were allocated
     with pytest.raises(RequestLimitError, match="limit of 1048576 bytes"):
-        staging.add(pb.IngestRequest(maps=chunk))
+        staging.add(pb.IngestRequest(maps=frame))
 
 
 def test_the_limit_counts_every_entry_of_the_stream() -> None:

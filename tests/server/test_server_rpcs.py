@@ -60,7 +60,7 @@ def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
 
 
 class _FailingReads(AttnStoreService):
-    """Reads of one entry fail from a given layer on (a corrupt chunk)."""
+    """Reads of one entry fail from a given layer on (a corrupt stored object)."""
 
     bad_entry = -1
     bad_from_layer = 0
@@ -114,9 +114,9 @@ def test_unreadable_entry_mid_stream_drops_only_its_row_with_a_row_error() -> No
         service.bad_entry, service.bad_from_layer = ids[0], 1
         messages = list(remote.iter_lookup(_request(entries)))
         result = remote.lookup(_request(entries))
-    chunks = [(m.maps.query_index, m.maps.layer) for m in messages if m.WhichOneof("body") == "maps"]
-    assert (0, 0) in chunks and not any(q == 0 and layer > 0 for q, layer in chunks)
-    assert sorted(layer for q, layer in chunks if q == 1) == list(range(LAYOUT.layers))
+    frames = [(m.maps.query_index, m.maps.layer) for m in messages if m.WhichOneof("body") == "maps"]
+    assert (0, 0) in frames and not any(q == 0 and layer > 0 for q, layer in frames)
+    assert sorted(layer for q, layer in frames if q == 1) == list(range(LAYOUT.layers))
     (error,) = [m.error for m in messages if m.WhichOneof("body") == "error"]
     assert (error.query_index, error.entry_id, error.code) == (0, ids[0], "DATA_LOSS") and "crc32c" in error.message
     assert set(result.maps) == {1} and set(result.row_errors) == {0}
@@ -231,7 +231,7 @@ def _stream(entry: NewEntry, *, drop: str = "", extra: list[pb.IngestRequest] | 
     ("case", "match"),
     [
         ("no_begin", "start with an IngestBegin"),
-        ("chunk_first", "before any EntryBegin"),
+        ("frame_first", "before any EntryBegin"),
         ("missing_layer", "incomplete"),
         ("wrong_shape", "does not fit the layout"),
         ("after_commit", "after its commit"),
@@ -243,7 +243,7 @@ def test_malformed_ingest_streams_write_nothing(case: str, match: str) -> None:
     messages = _stream(entry)
     if case == "no_begin":
         messages = messages[1:]
-    elif case == "chunk_first":
+    elif case == "frame_first":
         messages = [messages[0], *messages[2:]]
     elif case == "missing_layer":
         messages = [m for m in messages if not (m.WhichOneof("body") == "maps" and m.maps.layer == 2)]
@@ -265,9 +265,9 @@ def test_malformed_ingest_streams_write_nothing(case: str, match: str) -> None:
 def test_ingest_stream_over_its_staging_limit_is_resource_exhausted_before_allocating() -> None:
     limits = ServerLimits(max_ingest_bytes=10_000)
     huge = pb.EntryBegin(length=1_000_000, token_hash=b"h" * 32)
-    (chunk,) = map_frames(np.zeros((LAYOUT.heads, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
-    chunk.shape[:] = [LAYOUT.heads, 1_000_000, 1_000_000]
-    messages = [next(ingest_requests("ns", FP, [])), pb.IngestRequest(entry=huge), pb.IngestRequest(maps=chunk)]
+    (frame,) = map_frames(np.zeros((LAYOUT.heads, 2, 2), np.float16), query_index=0, entry_id=0, layer=0)
+    frame.shape[:] = [LAYOUT.heads, 1_000_000, 1_000_000]
+    messages = [next(ingest_requests("ns", FP, [])), pb.IngestRequest(entry=huge), pb.IngestRequest(maps=frame)]
     with served(memory_service(), limits=limits) as (_, remote):
         with pytest.raises(grpc.RpcError) as caught:
             remote.stub.Ingest(iter(messages))

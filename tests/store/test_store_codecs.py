@@ -63,7 +63,7 @@ def test_q8_codes_are_smaller_and_zstd_shrinks_causal_maps():
     assert sizes["zstd"] < sizes["fp16"]
 
 
-def test_a_truncated_chunk_raises_checksum_error():
+def test_a_truncated_stored_object_raises_checksum_error():
     codec = codec_for("fp16")
     out = np.empty((1, 2, 4, 4), dtype=np.float16)
     with pytest.raises(ChecksumError, match="bytes"):

@@ -23,10 +23,10 @@ def read_lines(fd: int, until_ready: bool, timeout: float = 30.0) -> list[str]:
             break
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         assert ready, "the child made no progress (deadlocked after the previous kill?)"
-        chunk = os.read(fd, 65536)
-        if not chunk:
+        piece = os.read(fd, 65536)
+        if not piece:
             break
-        buffer += chunk
+        buffer += piece
     return [line for line in buffer.decode().split("\n") if line]
 
 

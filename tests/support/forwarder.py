@@ -12,7 +12,7 @@ import threading
 from types import TracebackType
 from typing import Self
 
-_CHUNK = 1 << 16
+_READ_BYTES = 1 << 16
 
 
 class Forwarder:
@@ -64,7 +64,7 @@ class Forwarder:
 def _pump(reader: socket.socket, writer: socket.socket) -> None:
     """Copy ``reader`` to ``writer`` until either closes."""
     try:
-        while data := reader.recv(_CHUNK):
+        while data := reader.recv(_READ_BYTES):
             writer.sendall(data)
     except OSError:
         pass

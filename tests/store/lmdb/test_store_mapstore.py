@@ -180,7 +180,7 @@ def test_concurrent_readers_see_intact_entries_while_a_writer_ingests(tmp_path):
         assert not errors
 
 
-def test_an_entrys_chunks_are_adjacent_in_key_order(tmp_path):
+def test_an_entrys_stored_objects_are_adjacent_in_key_order(tmp_path):
     layout = small_layout()
     with _open(tmp_path / "s") as store:
         ns = _with_namespace(store)

@@ -5,7 +5,7 @@ The writer is a forked child (``tests.support.crashes.run_until_killed``) runnin
 chains of prefix blocks, several blocks a call. After each kill: every chain a
 committed call reached reads back whole and identical, the blocks of the call
 in flight are all visible or none is, a lookup of a chain stops at the end of
-what committed, no record or chunk of an uncommitted call is stored, and verify
+what committed, no record or part of an uncommitted call is stored, and verify
 is clean. Last, a daemon started on the store serves the same chains.
 """
 
@@ -84,7 +84,7 @@ def _check_store(store: LmdbMapStore, log: _Log) -> None:
     for chain_hash in lost:
         with pytest.raises(EntryNotFoundError):
             store.prefixes.read_layer(NAMESPACE, [chain_hash], 0)
-    stats = store.stats()  # no record, and no chunk without its record, of an uncommitted call
+    stats = store.stats()  # no record, and no part without its record, of an uncommitted call
     assert stats.prefix_blocks == len(log.committed)
     assert stats.prefix_bytes == len(log.committed) * LAYOUT.block_bytes
     report = store.verify()

@@ -1,4 +1,4 @@
-"""A damaged chunk or record is never served: reads raise ChecksumError, verify lists the entry."""
+"""A damaged stored object or record is never served: reads raise ChecksumError, verify lists the entry."""
 
 from __future__ import annotations
 
@@ -37,15 +37,15 @@ def _flip_byte_on_disk(root: Path, needle: bytes) -> None:
 
 
 @pytest.mark.parametrize("codec", ["fp16", "zstd"])
-def test_a_flipped_byte_in_a_chunk_raises_on_read_and_verify_reports_the_entry(tmp_path, codec):
+def test_a_flipped_byte_in_a_stored_object_raises_on_read_and_verify_reports_the_entry(tmp_path, codec):
     layout = small_layout(codec)
     entries = [make_entry(layout, 40, seed=s) for s in range(3)]
     with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         ids = store.ingest("ns", entries).entry_ids
     layer_1 = np.ascontiguousarray(entries[1].maps[1].astype(np.float16))  # (heads, L, L)
-    chunk = layer_1.tobytes() if codec == "fp16" else Zstd(level=ZSTD_LEVEL).encode(layer_1)
-    _flip_byte_on_disk(tmp_path / "s", chunk[: min(len(chunk), 4096)])
+    stored = layer_1.tobytes() if codec == "fp16" else Zstd(level=ZSTD_LEVEL).encode(layer_1)
+    _flip_byte_on_disk(tmp_path / "s", stored[: min(len(stored), 4096)])
 
     with DramCache(LmdbMapStore.open(tmp_path / "s"), dram_bytes=1 << 30) as store:
         with pytest.raises(ChecksumError, match=f"entry {ids[1]} .*layer 1 maps fail their crc32c"):
@@ -72,8 +72,8 @@ def test_a_flipped_byte_in_a_large_entry_raises_from_either_reading_thread(tmp_p
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         [entry_id] = store.ingest("ns", [entry]).entry_ids
         np.testing.assert_array_equal(store.read_maps("ns", entry_id), entry.maps.astype(np.float16))
-    chunk = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
-    _flip_byte_on_disk(tmp_path / "s", chunk[:4096])
+    stored = np.ascontiguousarray(entry.maps[layer].astype(np.float16)).tobytes()
+    _flip_byte_on_disk(tmp_path / "s", stored[:4096])
     with LmdbMapStore.open(tmp_path / "s") as store:
         with pytest.raises(ChecksumError, match=f"layer {layer} maps fail their crc32c"):
             store.read_maps("ns", entry_id)
@@ -92,13 +92,13 @@ def test_a_flipped_byte_in_an_entry_record_is_detected(tmp_path):
         assert store.verify().corrupt_ids("ns") == [entry_id]
 
 
-def test_outputs_corruption_and_missing_chunks_are_reported(tmp_path):
+def test_outputs_corruption_and_missing_objects_are_reported(tmp_path):
     layout = small_layout()
     entry = make_entry(layout, 8, seed=1)
     with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         a, b = store.ingest("ns", [entry, make_entry(layout, 8, seed=2)]).entry_ids
-        with store._live.write() as (gen, txn):  # white-box: remove one chunk of b behind the store's back
+        with store._live.write() as (gen, txn):  # white-box: remove one stored object of b behind the store's back
             assert txn.delete(b"ns/maps/L8/c/1/2/0/0/0", db=gen.db.zarr)
     _flip_byte_on_disk(tmp_path / "s", entry.outputs.astype(np.float16).tobytes())
     with LmdbMapStore.open(tmp_path / "s") as store:
@@ -115,7 +115,7 @@ def test_orphan_objects_are_invisible_counted_by_verify_and_dropped_by_compactio
     with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=layout)
         (entry_id,) = store.ingest("ns", [make_entry(layout, 8, seed=1)]).entry_ids
-        with store._live.write() as (gen, txn):  # white-box: a staged chunk whose record never committed
+        with store._live.write() as (gen, txn):  # white-box: a staged object whose record never committed
             txn.put(b"ns/maps/L8/c/7/0/0/0/0", b"\x00" * 256, db=gen.db.zarr)
         report = store.verify()
         assert report.ok and report.orphan_objects == 1
@@ -124,7 +124,7 @@ def test_orphan_objects_are_invisible_counted_by_verify_and_dropped_by_compactio
         assert store.verify().orphan_objects == 0
 
 
-def test_verify_counts_every_chunk(tmp_path):
+def test_verify_counts_every_stored_object(tmp_path):
     with LmdbMapStore.open(tmp_path / "s", create=True) as store:
         store.create_namespace("ns", model="tiny", fingerprint="fp", layout=small_layout("q8"))
         store.ingest("ns", [make_entry(small_layout("q8"), 8, seed=s) for s in range(2)])

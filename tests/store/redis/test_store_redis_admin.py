@@ -63,7 +63,7 @@ def test_compaction_leaves_unregistered_hashes_younger_than_the_grace_period(red
         assert young._redis.client.exists(young._keys.entry("ns", orphan))
 
 
-def test_verify_names_a_corrupt_chunk_and_forgets_an_entry_redis_evicted(store):
+def test_verify_names_a_corrupt_entry_and_forgets_an_entry_redis_evicted(store):
     ids = store.ingest("ns", [make_entry(small_layout(), 6, seed=s) for s in range(3)]).entry_ids
     store._redis.client.hset(store._keys.entry("ns", ids[0]), "maps/1", b"\x00" * 16)
     store._redis.client.delete(store._keys.entry("ns", ids[1]))  # what a volatile-lru eviction does

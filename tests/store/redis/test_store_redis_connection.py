@@ -73,7 +73,7 @@ def test_a_pipelines_refused_command_is_named_without_its_arguments_bytes() -> N
 
 def test_redis_full_while_writing_is_a_store_full_error_saying_what_was_written_and_what_to_do() -> None:
     with pytest.raises(StoreFullError) as refused, translated("writing entries into 'ns'"):
-        raise _pipeline_error(("HSET", b"key", "chunk", b"\x00\xff" * 1000))
+        raise _pipeline_error(("HSET", b"key", "maps/0", b"\x00\xff" * 1000))
     message = str(refused.value)
     assert message.startswith("Redis is full while writing entries into 'ns' (HSET (command 1 of a pipeline): ")
     assert message.isprintable() and "\\x" not in message and "maxmemory-policy volatile-lru" in message

@@ -24,7 +24,7 @@ from attnstore.protocol.prefix import PrefixBlock, PrefixLayout, chain_hashes
 from attnstore.store import LmdbMapStore
 from tests.support.stores import small_layout
 
-# 4 layers of 8 KiB (two pages each, so every chunk overflows a page) and 4 KiB of hidden states per block.
+# 4 layers of 8 KiB (two pages each, so every part overflows a page) and 4 KiB of hidden states per block.
 LAYOUT = PrefixLayout(block_size=16, layers=4, kv_heads=2, head_dim=32, hidden=64, dtype="float32")
 NAMESPACE = "ns"
 FINGERPRINT = "f" * 64
