@@ -49,10 +49,10 @@ def main() -> None:
     on.encode(lines[-CALL_ROWS:])  # warm-up
     off.encode(lines[-CALL_ROWS:])
     for k in range(CALLS):
-        chunk = lines[k * CALL_ROWS : (k + 1) * CALL_ROWS]
+        call_lines = lines[k * CALL_ROWS : (k + 1) * CALL_ROWS]
         for name, cache in ((("on", on), ("off", off)) if k % 2 == 0 else (("off", off), ("on", on))):
             start = time.perf_counter()
-            cache.encode(chunk, batch_size=32)
+            cache.encode(call_lines, batch_size=32)
             times[name].append(time.perf_counter() - start)
             assert cache.last_stats.exact_hits == 0, cache.last_stats
     assert on.write_back is not None

@@ -124,6 +124,23 @@ def parse_object_key(key: bytes | str) -> tuple[str, str, int, int] | None:
     return m["ns"], m["array"], int(m["length"]), int(m["slot"])
 
 
+def slot_ids_metadata(length: int, capacity: int) -> bytes:
+    """``zarr.json`` of the computed ``<ns>/entry_ids/L<L>`` array (``lmdb.zarr_store``): each slot's entry id."""
+    doc = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [capacity],
+        "data_type": "uint64",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(capacity, 1)]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0,
+        "codecs": [dict(_BYTES_LE)],
+        "attributes": {"description": f"entry id stored in each slot of maps/L{length}; 0: unused slot"},
+        "dimension_names": ["slot"],
+    }
+    return json.dumps(doc).encode()
+
+
 def outputs_array(length: int, hidden: int) -> ZarrArray:
     """The exact-tier array of a bucket: final outputs ``(capacity, L, hidden)`` fp16."""
     return ZarrArray(

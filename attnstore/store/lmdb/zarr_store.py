@@ -15,7 +15,6 @@ records at read time (nothing of it is stored), one array per bucket::
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -29,13 +28,12 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from attnstore.store.entry_record import EntryRecord
 from attnstore.store.lmdb.env import Databases, DbHandle, Generation, read_current
 from attnstore.store.lmdb.records import BucketRecord, bucket_key, entry_key, split_length_key
-from attnstore.store.zarr_layout import group_metadata
+from attnstore.store.zarr_layout import group_metadata, slot_ids_metadata
 
 if TYPE_CHECKING:
     import zarr
 
 SLOTS_ARRAY = "entry_ids"
-_BYTES_LE = {"name": "bytes", "configuration": {"endian": "little"}}
 _SLOTS_GROUP_RE = re.compile(rf"^(?P<ns>[^/]+)/{SLOTS_ARRAY}/zarr\.json$")
 _SLOTS_NODE_RE = re.compile(rf"^(?P<ns>[^/]+)/{SLOTS_ARRAY}/L(?P<length>\d+)/(?P<leaf>zarr\.json|c/0)$")
 
@@ -96,19 +94,7 @@ class _SlotArrays:
 
     @staticmethod
     def _metadata(length: int, capacity: int) -> bytes:
-        doc = {
-            "zarr_format": 3,
-            "node_type": "array",
-            "shape": [capacity],
-            "data_type": "uint64",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(capacity, 1)]}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": 0,
-            "codecs": [_BYTES_LE],
-            "attributes": {"description": f"entry id stored in each slot of maps/L{length}; 0: unused slot"},
-            "dimension_names": ["slot"],
-        }
-        return json.dumps(doc).encode()
+        return slot_ids_metadata(length, capacity)
 
 
 def _slice(size: int, byte_range: ByteRequest | None) -> slice:
