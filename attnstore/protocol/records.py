@@ -259,7 +259,7 @@ class EntryInfo:
     hits: int  # times served, including hits not yet flushed to disk
     last_hit: float  # unix time of the last hit; 0.0 if never hit
     feature: np.ndarray | None = field(compare=False)  # (feature_dim,) float32
-    nbytes: int  # stored bytes of the entry's chunks (maps and outputs)
+    nbytes: int  # stored bytes of the entry's stored objects (maps and outputs)
     token_ids: np.ndarray | None = field(default=None, compare=False)  # (L,) uint32; None if not stored
     has_maps: bool = True  # False: outputs only (written back for the exact tier), never searched or replayed
     writer: str | None = None  # the name of the token that wrote it back (None: an admin ingested it)

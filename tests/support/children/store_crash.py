@@ -21,7 +21,7 @@ LAYOUTS: dict[str, NamespaceLayout] = {"plain": small_layout("fp16"), "packed": 
 
 
 def crash_entry(namespace: str, k: int) -> NewEntry:
-    """Entry number ``k`` of ``namespace``: lengths 4..48 so some chunks overflow a page.
+    """Entry number ``k`` of ``namespace``: lengths 4..48 so some stored objects overflow a page.
 
     fp16 input keeps the child free of torch ops (a forked child must not start
     thread pools its parent may have started).
