@@ -198,7 +198,7 @@ class AttnStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Lookup(self, request, context):
-        """Serving: matches first, then map chunks (or stored outputs for exact hits).
+        """Serving: matches first, then map frames (or stored outputs for exact hits).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
