@@ -207,6 +207,22 @@ class RedisClusterServers:
             return False
         return info.get("role") == "master" or info.get("master_link_status") == "up"
 
+    def wait_replicated(self, key: str, timeout: float = 30.0) -> None:
+        """Wait until every replica of ``key``'s master has what that master held when this was called: replication
+        is asynchronous, so a write acknowledged a moment ago may not be on a replica yet."""
+        master = self.master_of(key)
+        with master.client() as client:
+            target = int(client.info("replication")["master_repl_offset"])
+
+        def caught_up() -> bool:
+            with master.client() as client:
+                info = client.info("replication")
+            replicas = [value for name, value in info.items() if name.startswith("slave") and isinstance(value, dict)]
+            return bool(replicas) and all(int(replica["offset"]) >= target for replica in replicas)
+
+        wait_until(caught_up, timeout, f"the replicas of {master.address} (master of {key!r}) at offset {target}",
+                   poll=0.05)
+
     def master_of(self, key: str) -> RedisServer:
         """The server that is master of ``key``'s hash slot now."""
         with RedisCluster(host="127.0.0.1", port=self.live()[0].port) as client:

@@ -70,7 +70,9 @@ def test_killing_the_namespaces_master_mid_load_costs_latency_not_errors_and_no_
             # The load is under way: ingests committed and read back.
             wait_until(lambda: errors or (len(committed) >= 5 and reads[0] > 0), 60,
                        lambda: f"5 ingests committed and read back (committed {len(committed)}, reads {reads[0]})")
-            victim = cluster.master_of(store._keys.namespace("ns").info)
+            namespace_key = store._keys.namespace("ns").info
+            cluster.wait_replicated(namespace_key)  # the namespace itself on the replica that will take over
+            victim = cluster.master_of(namespace_key)
             victim.kill()
             killed_at = len(committed)
             # The replica takes over about 2 s later (cluster-node-timeout 2000 ms), then ingests resume: wait for
