@@ -205,6 +205,16 @@ class Adapter(ABC):
         """What this adapter can do beyond the model's own forward (``adapters.capabilities``): the tiers ask it."""
         return FULL
 
+    def _require_layout(self, missing: Sequence[str], layout: str, supported: str) -> None:
+        """Refuse a model whose attention modules lack what the family's ``layout`` needs (``missing``, by name).
+
+        Raises:
+            UnsupportedModelError: ``missing`` is not empty; the message names the module type and what it lacks.
+        """
+        if missing:
+            raise UnsupportedModelError(f"{type(self._modules[0]).__name__} lacks {layout} (missing {list(missing)});"
+                                        f" supported: {supported}")
+
     def decoder_steps(self) -> DecoderSteps:
         """The model's forward one step at a time (``adapters.steps``), for the chunk tier's fused forward.
 

@@ -101,12 +101,8 @@ class BertAdapter(Adapter):
                 f"{config.model_type} configured as a decoder (is_decoder=True); supported: bidirectional encoders"
             )
         super().__init__(loaded)
-        missing = [name for name in _LAYOUT_ATTRIBUTES if not hasattr(self._modules[0], name)]
-        if missing:
-            raise UnsupportedModelError(
-                f"{type(self._modules[0]).__name__} lacks the BERT attention layout (missing {missing}); "
-                "supported: BERT, RoBERTa, XLM-RoBERTa"
-            )
+        self._require_layout([name for name in _LAYOUT_ATTRIBUTES if not hasattr(self._modules[0], name)],
+                             "the BERT attention layout", "BERT, RoBERTa, XLM-RoBERTa")
 
     @property
     def _encoder(self) -> _BertModel:

@@ -16,7 +16,6 @@ from typing import Protocol, cast
 import torch
 from torch import nn
 
-from attnstore.errors import UnsupportedModelError
 from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
@@ -64,12 +63,8 @@ class DistilBertAdapter(Adapter):
 
     def __init__(self, loaded: LoadedModel) -> None:
         super().__init__(loaded)
-        missing = [name for name in _LAYOUT_ATTRIBUTES if not hasattr(self._modules[0], name)]
-        if missing:
-            raise UnsupportedModelError(
-                f"{type(self._modules[0]).__name__} lacks DistilBERT's attention layout (missing {missing}); "
-                "supported: DistilBertSelfAttention"
-            )
+        self._require_layout([name for name in _LAYOUT_ATTRIBUTES if not hasattr(self._modules[0], name)],
+                             "DistilBERT's attention layout", "DistilBertSelfAttention")
 
     @property
     def _encoder(self) -> _DistilBertModel:

@@ -76,11 +76,9 @@ class Gemma3Adapter(LlamaAdapter):
         first = self._modules[0]
         missing = [name for name in _NORMS if not isinstance(getattr(first, name, None), nn.Module)]
         config = self.model.config
-        if missing or not hasattr(config, "layer_types"):
-            raise UnsupportedModelError(
-                f"{type(first).__name__} lacks Gemma 3's query and key norms or layer types (missing"
-                f" {missing or ['layer_types']}); supported: Gemma 3 text models"
-            )
+        if not hasattr(config, "layer_types"):
+            missing.append("layer_types")
+        self._require_layout(missing, "Gemma 3's query and key norms or layer types", "Gemma 3 text models")
         bidirectional = bool(getattr(config, "use_bidirectional_attention", False))
         if bidirectional == self.causal:
             raise UnsupportedModelError(

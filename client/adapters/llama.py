@@ -76,12 +76,9 @@ class LlamaAdapter(Adapter):
         super().__init__(loaded)
         first = self._modules[0]
         missing = [name for name in _LAYOUT_ATTRIBUTES if not hasattr(first, name)]
-        rotary = getattr(importlib.import_module(type(first).__module__), "apply_rotary_pos_emb", None)
-        if missing or rotary is None:
-            raise UnsupportedModelError(
-                f"{type(first).__name__} lacks the Llama attention layout "
-                f"(missing {missing or ['apply_rotary_pos_emb']}); supported: Llama, Mistral, Qwen2"
-            )
+        rotary: Any = getattr(importlib.import_module(type(first).__module__), "apply_rotary_pos_emb", None)
+        self._require_layout(missing + ["apply_rotary_pos_emb"] * (rotary is None), "the Llama attention layout",
+                             "Llama, Mistral, Qwen2")
         self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotary
         config = self.model.config
         # Mistral's window is the config's; Qwen2 and Qwen3 set one only with use_sliding_window.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -94,12 +94,9 @@ class ModernBertAdapter(Adapter):
         super().__init__(loaded)
         first = self._modules[0]
         missing = [name for name in _LAYOUT_ATTRIBUTES if not isinstance(getattr(first, name, None), nn.Module)]
-        rotary = getattr(importlib.import_module(type(first).__module__), "apply_rotary_pos_emb", None)
-        if missing or rotary is None:
-            raise UnsupportedModelError(
-                f"{type(first).__name__} lacks ModernBERT's attention layout "
-                f"(missing {missing or ['apply_rotary_pos_emb']}); supported: ModernBertAttention"
-            )
+        rotary: Any = getattr(importlib.import_module(type(first).__module__), "apply_rotary_pos_emb", None)
+        self._require_layout(missing + ["apply_rotary_pos_emb"] * (rotary is None), "ModernBERT's attention layout",
+                             "ModernBertAttention")
         self._rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotary
         config = self.model.config
         types = list(config.layer_types)

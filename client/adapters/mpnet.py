@@ -20,7 +20,6 @@ from typing import Protocol, cast
 import torch
 from torch import nn
 
-from attnstore.errors import UnsupportedModelError
 from attnstore.projector.embedding_layer import EmbeddingLayer
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.adapters.batch import Batch
@@ -76,11 +75,7 @@ class MPNetAdapter(Adapter):
         missing = [name for name in _LAYOUT_ATTRIBUTES if not hasattr(self._modules[0], name)]
         if not hasattr(self.model.encoder, "compute_position_bias"):
             missing.append("encoder.compute_position_bias")
-        if missing:
-            raise UnsupportedModelError(
-                f"{type(self._modules[0]).__name__} lacks MPNet's attention layout (missing {missing}); "
-                "supported: MPNetSelfAttention"
-            )
+        self._require_layout(missing, "MPNet's attention layout", "MPNetSelfAttention")
 
     @property
     def _encoder(self) -> _MPNetModel:

@@ -17,7 +17,6 @@ from typing import Protocol, cast
 import torch
 from torch import nn
 
-from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters.llama import LlamaAdapter
 from attnstore_client.models import LoadedModel
 
@@ -37,11 +36,8 @@ class Qwen3Adapter(LlamaAdapter):
     def __init__(self, loaded: LoadedModel) -> None:
         super().__init__(loaded)
         first = self._modules[0]
-        missing = [name for name in _NORMS if not isinstance(getattr(first, name, None), nn.Module)]
-        if missing:
-            raise UnsupportedModelError(
-                f"{type(first).__name__} lacks Qwen3's query and key norms (missing {missing}); supported: Qwen3"
-            )
+        self._require_layout([name for name in _NORMS if not isinstance(getattr(first, name, None), nn.Module)],
+                             "Qwen3's query and key norms", "Qwen3")
 
     def norm_heads(
         self, module: nn.Module, query: torch.Tensor, key: torch.Tensor
