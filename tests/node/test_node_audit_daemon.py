@@ -20,11 +20,6 @@ from tests.support.daemon import ADMIN_TOKEN, OTHER_WRITE_TOKEN, WRITE_TOKEN, Da
 from tests.support.nodes import NodeProcess, save_tiny_bert
 
 
-def _metric(node: NodeProcess, name: str) -> float:
-    lines = httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
-
-
 def test_a_node_auditing_every_hit_catches_a_poisoned_row_and_answers_the_computed_one(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     loaded = save_tiny_bert(folder)
@@ -49,12 +44,13 @@ def test_a_node_auditing_every_hit_catches_a_poisoned_row_and_answers_the_comput
                            args=("--token", OTHER_WRITE_TOKEN, "--audit-rate", "1", "--no-warmup",
                                  "--max-wait-ms", "1")).start()
         body = {"model": str(folder), "input": [victim], "encoding_format": "float"}
-        answer = httpx.post(f"{node.url}/v1/embeddings", json=body, timeout=60).json()["data"][0]["embedding"]
+        with node.counting():
+            answer = httpx.post(f"{node.url}/v1/embeddings", json=body, timeout=60).json()["data"][0]["embedding"]
         expected = plain_hidden(loaded, [victim])[0].mean(dim=0)
         cosine = torch.nn.functional.cosine_similarity(torch.tensor(answer), expected, dim=0).item()
         assert cosine >= 0.9999
-        assert (_metric(node, "attnstore_node_audited_rows_total"),
-                _metric(node, "attnstore_node_audit_mismatches_total")) == (1, 1)
+        assert (node.metric("attnstore_node_audited_rows_total"),
+                node.metric("attnstore_node_audit_mismatches_total")) == (1, 1)
         assert "event=audit_mismatch" in node.log() and "writer=node-a" in node.log()
         with daemon.client(ADMIN_TOKEN) as admin:
             (held,) = admin.list_quarantine("default")

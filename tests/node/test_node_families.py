@@ -6,7 +6,6 @@ build stored). The other classes have theirs: BERT's and RoBERTa's, MPNet's and 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import httpx
@@ -50,9 +49,7 @@ def _build(folder: Path, lines: list[str], workdir: Path, *args: str) -> str:
 
 
 def _rows_of(node: NodeProcess, tier: str) -> float:
-    text = httpx.get(f"{node.url}/metrics", timeout=10).text
-    match = re.search(rf'^attnstore_node_rows_total{{tier="{tier}"}} (\S+)$', text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    return node.metric(f'attnstore_node_rows_total{{tier="{tier}"}}')
 
 
 @pytest.mark.parametrize(("family", "pooling"), [("distilbert", "mean"), ("modernbert", "cls")])
@@ -64,8 +61,9 @@ def test_an_encoder_node_over_a_built_store_answers_as_sentence_transformers(
     node = NodeProcess(str(folder), _build(folder, CORPUS, tmp_path), tmp_path, keys=True,
                        args=("--no-warmup", "--max-wait-ms", "20")).start()
     try:
-        answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
-                            headers=HEADERS, timeout=60).raise_for_status().json()
+        with node.counting():
+            answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
+                                headers=HEADERS, timeout=60).raise_for_status().json()
         vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
         assert _cosines(vectors, expected).min() >= 0.9999
         assert _rows_of(node, "store_exact") == 3, node.log()  # the corpus's three lines, served from the store
@@ -79,9 +77,10 @@ def test_a_qwen3_node_over_a_built_store_scores_as_the_plain_forward(tmp_path: P
     node = NodeProcess(str(folder), store, tmp_path, keys=True, args=("--no-warmup", "--max-wait-ms", "20")).start()
     try:
         items = ITEMS[16:]  # not in the corpus: their query's blocks are
-        answer = httpx.post(f"{node.url}/v1/score", json={"query": QUERY, "items": items, "label_token_ids": LABELS},
-                            headers=HEADERS, timeout=120)
-        assert answer.status_code == 200, answer.text
+        with node.counting():
+            answer = httpx.post(f"{node.url}/v1/score", json={"query": QUERY, "items": items,
+                                                              "label_token_ids": LABELS}, headers=HEADERS, timeout=120)
+            assert answer.status_code == 200, answer.text
         tokenizer = AutoTokenizer.from_pretrained(folder)
         reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         with torch.inference_mode():
@@ -101,8 +100,9 @@ def test_an_embeddinggemma_node_over_a_built_store_answers_as_sentence_transform
     node = NodeProcess(str(folder), _build(folder, CORPUS, tmp_path), tmp_path, keys=True,
                        args=("--no-warmup", "--max-wait-ms", "20")).start()
     try:
-        answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
-                            headers=HEADERS, timeout=60).raise_for_status().json()
+        with node.counting():
+            answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
+                                headers=HEADERS, timeout=60).raise_for_status().json()
         vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
         assert vectors.shape == expected.shape == (len(TEXTS), 32)
         assert _cosines(vectors, expected).min() >= 0.9999
@@ -119,9 +119,10 @@ def test_a_gemma3_node_over_a_built_store_scores_as_the_plain_forward(tmp_path: 
     node = NodeProcess(str(folder), store, tmp_path, keys=True, args=("--no-warmup", "--max-wait-ms", "20")).start()
     try:
         items = ITEMS[14:]
-        answer = httpx.post(f"{node.url}/v1/score", json={"query": QUERY, "items": items, "label_token_ids": LABELS},
-                            headers=HEADERS, timeout=120)
-        assert answer.status_code == 200, answer.text
+        with node.counting():
+            answer = httpx.post(f"{node.url}/v1/score", json={"query": QUERY, "items": items,
+                                                              "label_token_ids": LABELS}, headers=HEADERS, timeout=120)
+            assert answer.status_code == 200, answer.text
         tokenizer = AutoTokenizer.from_pretrained(folder)
         reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         with torch.inference_mode():

@@ -43,16 +43,15 @@ def node(tmp_path_factory: pytest.TempPathFactory, folder: Path):
 
 def test_embeddings_equal_sentence_transformers_and_repeats_are_exact_hits(node: NodeProcess, folder: Path) -> None:
     expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
-    for _ in range(3):  # computed, computed and kept (the exact tier keeps a row offered twice), then served
-        answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
-                            headers=HEADERS, timeout=60).raise_for_status().json()
-        vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
-        assert _cosines(vectors, expected).min() >= 0.9999
-    embed = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS}, headers=HEADERS, timeout=60)
-    assert _cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
-    metrics = httpx.get(f"{node.url}/metrics", timeout=10).text
-    exact = [line for line in metrics.splitlines() if line.startswith("attnstore_node_rows_total") and "exact" in line]
-    assert exact and float(exact[0].split()[-1]) >= 5, metrics
+    with node.counting(4):
+        for _ in range(3):  # computed, computed and kept (the exact tier keeps a row offered twice), then served
+            answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
+                                headers=HEADERS, timeout=60).raise_for_status().json()
+            vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
+            assert _cosines(vectors, expected).min() >= 0.9999
+        embed = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS}, headers=HEADERS, timeout=60)
+        assert _cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
+    assert node.metric('attnstore_node_rows_total{tier="local_exact"}') >= 5, node.log()
     assert "runs through its own forward: exact tiers and write-back only" in node.log()
 
 

@@ -121,13 +121,6 @@ def test_concurrent_requests_with_colliding_inputs_each_get_their_own_texts_rows
         assert _cosines(np.array(rows, np.float32), expected).min() >= 0.9999, (route, texts)
 
 
-def _metric(node: NodeProcess, name: str) -> float:
-    for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
-
-
 def _many() -> list[str]:
     """A's 600 long lines (about 20,600 minilm tokens)."""
     generator = random.Random(7)
@@ -153,29 +146,29 @@ def test_a_request_cancelled_mid_call_still_leaves_its_shared_rows_to_the_other_
     node = sharing_node
     many = _many()
     shared = [many[3], many[300].upper(), many[599], "a text only B sends"]
-    begun = _metric(node, "attnstore_node_batch_wait_seconds_count")
-    calls = _metric(node, "attnstore_node_call_requests_count")
-    merged = _metric(node, "attnstore_node_call_requests_sum")
-    cancelled = _metric(node, "attnstore_node_cancelled_requests_total")
+    begun = node.metric("attnstore_node_batch_wait_seconds_count")
+    calls = node.metric("attnstore_node_call_requests_count")
+    merged = node.metric("attnstore_node_call_requests_sum")
+    cancelled = node.metric("attnstore_node_cancelled_requests_total")
     body = json.dumps({"model": "minilm", "input": many}).encode()
     answer: list[httpx.Response] = []
     with socket.create_connection(("127.0.0.1", node.port)) as gone:
         gone.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         # A first: B is sent once A is queued, where A's call waits for it (the node's token budget).
-        wait_until(lambda: _metric(node, "attnstore_node_queue_requests") >= 1, 60, "A queued")
+        wait_until(lambda: node.metric("attnstore_node_queue_requests") >= 1, 60, "A queued")
         other = threading.Thread(target=lambda: answer.append(httpx.post(
             f"{node.url}/v1/embeddings", json={"model": "minilm", "input": shared}, timeout=120)))
         other.start()
-        wait_until(lambda: _metric(node, "attnstore_node_batch_wait_seconds_count") >= begun + 2, 60,
+        wait_until(lambda: node.metric("attnstore_node_batch_wait_seconds_count") >= begun + 2, 60,
                    "A's and B's call begun")
     # A's client is gone while the call runs.
     other.join(120)
     assert answer and answer[0].status_code == 200, answer
     vectors = np.array([item["embedding"] for item in answer[0].json()["data"]], np.float32)
     assert _cosines(vectors, minilm_model.sentence_transformer.encode(shared)).min() >= 0.9999
-    wait_until(lambda: _metric(node, "attnstore_node_cancelled_requests_total") >= cancelled + 1, 60,
+    wait_until(lambda: node.metric("attnstore_node_cancelled_requests_total") >= cancelled + 1, 60,
                "A's disconnect seen (its request cancelled)")
-    wait_until(lambda: _metric(node, "attnstore_node_call_requests_count") >= calls + 1, 60, "the call counted")
-    assert _metric(node, "attnstore_node_call_requests_count") == calls + 1  # one call, of both requests:
-    assert _metric(node, "attnstore_node_call_requests_sum") == merged + 2  # B's rows were A's too
+    wait_until(lambda: node.metric("attnstore_node_call_requests_count") >= calls + 1, 60, "the call counted")
+    assert node.metric("attnstore_node_call_requests_count") == calls + 1  # one call, of both requests:
+    assert node.metric("attnstore_node_call_requests_sum") == merged + 2  # B's rows were A's too

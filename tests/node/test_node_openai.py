@@ -90,13 +90,13 @@ def test_bad_requests_get_their_4xx_and_an_openai_error_body(node, options: dict
     key = options.pop("api_key", API_KEY)
     model = options.pop("model", "minilm")
     bad = openai.OpenAI(base_url=f"{node.url}/v1", api_key=key, max_retries=0)
-    before = _metric(node, "attnstore_node_inputs_total")
+    before = node.metric("attnstore_node_inputs_total")
     with pytest.raises(error) as refused:
         bad.embeddings.create(model=model, **options)
     body = refused.value.response.json()
     assert body["error"]["code"] == code and body["error"]["message"]
     assert body["error"]["type"] == "invalid_request_error"
-    assert _metric(node, "attnstore_node_inputs_total") == before  # nothing served for it
+    assert node.metric("attnstore_node_inputs_total") == before  # nothing served for it
 
 
 def test_tei_embed_over_httpx_normalises_and_refuses_overlong_inputs(node, minilm_model) -> None:
@@ -114,14 +114,6 @@ def test_tei_embed_over_httpx_normalises_and_refuses_overlong_inputs(node, minil
 
 def test_the_forwards_compute_no_more_than_their_real_tokens_and_health_needs_no_key(node) -> None:
     assert httpx.get(f"{node.url}/health", timeout=10).json()["status"] == "ok"
-    real = _metric(node, "attnstore_node_forward_tokens_total")
+    real = node.metric("attnstore_node_forward_tokens_total")
     assert real > 0
-    assert _metric(node, "attnstore_node_forwarded_tokens_total") <= 1.05 * real
-
-
-def _metric(node: NodeProcess, name: str) -> float:
-    for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
-
+    assert node.metric("attnstore_node_forwarded_tokens_total") <= 1.05 * real

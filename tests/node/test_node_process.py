@@ -33,11 +33,11 @@ def test_a_client_that_disconnects_frees_its_queued_rows(node: NodeProcess, mode
     with socket.create_connection(("127.0.0.1", node.port)) as conn:
         conn.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        wait_until(lambda: _metric(node, "attnstore_node_queue_requests") >= 1, 30, "the request queued")
-    wait_until(lambda: _metric(node, "attnstore_node_freed_rows_total") >= 3, 30,
+        wait_until(lambda: node.metric("attnstore_node_queue_requests") >= 1, 30, "the request queued")
+    wait_until(lambda: node.metric("attnstore_node_freed_rows_total") >= 3, 30,
                "the disconnected request's 3 rows taken out of the queue")
-    assert _metric(node, "attnstore_node_cancelled_requests_total") == 1
-    assert _metric(node, "attnstore_node_queue_rows") == 0
+    assert node.metric("attnstore_node_cancelled_requests_total") == 1
+    assert node.metric("attnstore_node_queue_rows") == 0
 
 
 def test_sigterm_during_load_answers_every_request_in_flight_and_exits_0(node: NodeProcess, model) -> None:
@@ -55,7 +55,7 @@ def test_sigterm_during_load_answers_every_request_in_flight_and_exits_0(node: N
     senders = [threading.Thread(target=send, args=(seed,)) for seed in range(8)]
     for sender in senders:
         sender.start()
-    wait_until(lambda: _metric(node, "attnstore_node_queue_requests") >= 8, 30, "the 8 requests queued")
+    wait_until(lambda: node.metric("attnstore_node_queue_requests") >= 8, 30, "the 8 requests queued")
     assert node.process is not None
     node.process.send_signal(signal.SIGTERM)
     for sender in senders:
@@ -66,13 +66,6 @@ def test_sigterm_during_load_answers_every_request_in_flight_and_exits_0(node: N
     assert code == 0, node.log()
     assert "event=draining signal=SIGTERM" in node.log()
     assert not node.ready_file.exists()
-
-
-def _metric(node: NodeProcess, name: str) -> float:
-    for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
 
 
 def test_a_node_whose_namespace_is_missing_exits_2(tmp_path: Path, model) -> None:

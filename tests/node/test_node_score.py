@@ -5,7 +5,6 @@ their 4xx before anything is queued."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import httpx
@@ -66,38 +65,34 @@ def post(node: NodeProcess, route: str, body: dict, **kwargs) -> httpx.Response:
     return httpx.post(f"{node.url}{route}", json=body, headers=kwargs.pop("headers", AUTH), timeout=120, **kwargs)
 
 
-def metric(node: NodeProcess, name: str) -> float:
-    text = httpx.get(f"{node.url}/metrics", timeout=10).text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 @pytest.mark.parametrize("softmax", [False, True])
 def test_scores_of_64_items_equal_the_plain_forward_and_compute_the_query_once(node, decoder, softmax) -> None:
     labels = [1037, 1038, 2003]
-    before = (metric(node, "attnstore_node_forward_tokens_total"), metric(node, "attnstore_node_distinct_tokens_total"))
-    answer = post(node, "/v1/score", {"model": str(decoder[0]), "query": QUERY + str(softmax), "items": ITEMS,
-                                      "label_token_ids": labels, "apply_softmax": softmax})
-    assert answer.status_code == 200, answer.text
+    before = (node.metric("attnstore_node_forward_tokens_total"), node.metric("attnstore_node_distinct_tokens_total"))
+    with node.counting():
+        answer = post(node, "/v1/score", {"model": str(decoder[0]), "query": QUERY + str(softmax), "items": ITEMS,
+                                          "label_token_ids": labels, "apply_softmax": softmax})
+        assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["object"] == "scoring" and body["model"] == str(decoder[0])
     rows = text_rows(decoder, [QUERY + str(softmax) + item for item in ITEMS])
     expected = reference_scores(decoder, rows, labels, softmax)
     assert np.abs(np.array(body["scores"]) - expected).max() < TOLERANCE
     assert body["usage"]["prompt_tokens"] == sum(map(len, rows))
-    forwarded = metric(node, "attnstore_node_forward_tokens_total") - before[0]
-    distinct = metric(node, "attnstore_node_distinct_tokens_total") - before[1]
+    forwarded = node.metric("attnstore_node_forward_tokens_total") - before[0]
+    distinct = node.metric("attnstore_node_distinct_tokens_total") - before[1]
     assert 0 < forwarded <= 1.05 * distinct, (forwarded, distinct)
 
 
 def test_rows_whose_prefix_is_stored_are_served_from_it_and_equal_the_plain_forward(node, decoder) -> None:
     labels = [1037, 1038]
-    before = metric(node, 'attnstore_node_rows_total{tier="prefix"}')
-    answer = post(node, "/v1/score", {"query": STORED_QUERY, "items": ITEMS[:3], "label_token_ids": labels})
-    assert answer.status_code == 200, answer.text
+    before = node.metric('attnstore_node_rows_total{tier="prefix"}')
+    with node.counting():
+        answer = post(node, "/v1/score", {"query": STORED_QUERY, "items": ITEMS[:3], "label_token_ids": labels})
+        assert answer.status_code == 200, answer.text
     expected = reference_scores(decoder, text_rows(decoder, [STORED_QUERY + item for item in ITEMS[:3]]), labels, False)
     assert np.abs(np.array(answer.json()["scores"]) - expected).max() < TOLERANCE
-    assert metric(node, 'attnstore_node_rows_total{tier="prefix"}') - before == 3
+    assert node.metric('attnstore_node_rows_total{tier="prefix"}') - before == 3
 
 
 def test_token_id_queries_and_item_first_join_as_sglang_does(node, decoder) -> None:

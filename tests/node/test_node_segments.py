@@ -7,7 +7,6 @@ node process would double the file's time, its start being most of it)."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Sequence
 
@@ -81,9 +80,7 @@ def post(node: NodeProcess, route: str, body: dict) -> httpx.Response:
 
 
 def chunk_rows(node: NodeProcess) -> float:
-    text = httpx.get(f"{node.url}/metrics", timeout=10).text
-    match = re.search(r'^attnstore_node_rows_total\{tier="chunk"\} (\S+)$', text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    return node.metric('attnstore_node_rows_total{tier="chunk"}')
 
 
 def label_ids(decoder) -> list[int]:
@@ -135,9 +132,10 @@ def test_score_segments_are_fused_from_stored_chunks_as_the_python_api_fuses_the
 ) -> None:
     labels = label_ids(decoder)
     before = chunk_rows(node)
-    answer = post(node, "/v1/score", {"query": QUERY, "segments": SEGMENTS, "items": ITEMS,
-                                      "label_token_ids": labels, "apply_softmax": softmax})
-    assert answer.status_code == 200, answer.text
+    with node.counting():
+        answer = post(node, "/v1/score", {"query": QUERY, "segments": SEGMENTS, "items": ITEMS,
+                                          "label_token_ids": labels, "apply_softmax": softmax})
+        assert answer.status_code == 200, answer.text
     assert chunk_rows(node) - before == len(ITEMS)
     states = reference.last_hidden_states([[*SEGMENTS, item] for item in ITEMS])
     assert reference.last_row_kinds == ("chunk",) * len(ITEMS) and reference.last_stats.chunks_captured == 0
@@ -150,8 +148,9 @@ def test_classify_fuses_the_inputs_in_segments_and_computes_the_others_whole(nod
     text = "".join(prompt)
     before = chunk_rows(node)
     # The same text twice: in segments (fused), then whole (the plain forward's answer, never the fused one).
-    answer = post(node, "/v1/classify", {"input": [text, text], "segments": [prompt, None], "labels": LABELS})
-    assert answer.status_code == 200, answer.text
+    with node.counting():
+        answer = post(node, "/v1/classify", {"input": [text, text], "segments": [prompt, None], "labels": LABELS})
+        assert answer.status_code == 200, answer.text
     assert chunk_rows(node) - before == 1
     probs = np.array([row["probs"] for row in answer.json()["data"]])
     fused = reference.score_choices([prompt], choices=LABELS).probabilities

@@ -20,14 +20,6 @@ from tests.support.nodes import NodeProcess, save_tiny_bert, save_tiny_llama
 from tests.support.wait import wait_until
 
 
-def _rows_by_tier(node: NodeProcess) -> dict[str, float]:
-    rows = {}
-    for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("attnstore_node_rows_total{"):
-            rows[line.split('"')[1]] = float(line.split()[-1])
-    return rows
-
-
 def test_a_line_computed_through_one_node_is_an_exact_hit_through_the_other(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     loaded = save_tiny_bert(folder)
@@ -42,26 +34,21 @@ def test_a_line_computed_through_one_node_is_an_exact_hit_through_the_other(tmp_
             nodes.append(NodeProcess(str(folder), f"grpc://{daemon.target}", tmp_path / name, args=args).start())
         line = sentences(1, seed=5)[0]
         body = {"model": str(folder), "input": [line], "encoding_format": "float"}
-        first = httpx.post(f"{nodes[0].url}/v1/embeddings", json=body, timeout=60).json()
-        assert _rows_by_tier(nodes[0])["computed"] == 1
+        with nodes[0].counting():
+            first = httpx.post(f"{nodes[0].url}/v1/embeddings", json=body, timeout=60).json()
+        assert nodes[0].metric('attnstore_node_rows_total{tier="computed"}') == 1
         with daemon.client(READ_TOKEN) as reader:  # write-back is off the request's path: wait for it to land
             wait_until(lambda: reader.stats().written_back_entries >= 1, 30, "the computed row written back")
-        second = httpx.post(f"{nodes[1].url}/v1/embeddings", json=body, timeout=60).json()
-        rows = _rows_by_tier(nodes[1])
-        assert (rows["store_exact"], rows["computed"]) == (1, 0)
+        with nodes[1].counting():
+            second = httpx.post(f"{nodes[1].url}/v1/embeddings", json=body, timeout=60).json()
+        assert (nodes[1].metric('attnstore_node_rows_total{tier="store_exact"}'),
+                nodes[1].metric('attnstore_node_rows_total{tier="computed"}')) == (1, 0)
         np.testing.assert_allclose(second["data"][0]["embedding"], first["data"][0]["embedding"], atol=2e-3)  # fp16
         assert [node.stop() for node in nodes] == [0, 0]
     finally:
         for node in nodes:
             node.kill()
         assert daemon.stop() == 0, daemon.log()
-
-
-def _metric(node: NodeProcess, name: str) -> float:
-    for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_through_the_other(tmp_path: Path) -> None:
@@ -95,12 +82,13 @@ def test_a_query_prefix_computed_through_one_node_is_served_from_the_store_throu
             wait_until(lambda: reader.prefix_layout("default") is not None and reader.match_prefix(
                 "default", fingerprint, DEFAULT_BLOCK_SIZE, [chain], timeout=10)[0], 30,
                 lambda: f"the query's prefix written back; the daemon's log:\n{daemon.log()[-3000:]}", poll=0.05)
-        before = _metric(nodes[1], "attnstore_node_forward_tokens_total")
-        second = httpx.post(f"{nodes[1].url}/v1/score", timeout=120,
-                            json={"query": query, "items": items[4:6], "label_token_ids": labels})
-        assert second.status_code == 200, second.text
-        assert _metric(nodes[1], 'attnstore_node_rows_total{tier="prefix"}') == len(rows)
-        forwarded = _metric(nodes[1], "attnstore_node_forward_tokens_total") - before
+        before = nodes[1].metric("attnstore_node_forward_tokens_total")
+        with nodes[1].counting():
+            second = httpx.post(f"{nodes[1].url}/v1/score", timeout=120,
+                                json={"query": query, "items": items[4:6], "label_token_ids": labels})
+            assert second.status_code == 200, second.text
+        assert nodes[1].metric('attnstore_node_rows_total{tier="prefix"}') == len(rows)
+        forwarded = nodes[1].metric("attnstore_node_forward_tokens_total") - before
         query_tokens = len(tokenizer(query)["input_ids"])
         assert forwarded < 0.5 * query_tokens * len(rows), (forwarded, query_tokens)
         reference = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()

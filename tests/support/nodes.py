@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
+
+import httpx
 
 from attnstore.protocol.records import NamespaceLayout
 from attnstore.service import AttnStoreService
@@ -23,6 +27,8 @@ from tests.support.caches import tiny_loaded
 from tests.support.wait import wait_until
 
 API_KEY = "node-key-0123456789abcdef"
+# Requests the ended calls held, in all: the counter a call's own metrics are counted beside (node/batcher.py).
+_COUNTED_REQUESTS = "attnstore_node_call_requests_sum"
 _LOG_TAIL_CHARS = 6000
 
 
@@ -149,6 +155,23 @@ class NodeProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+    def metric(self, sample: str) -> float:
+        """One sample of the node's ``/metrics``, named as exposed with its labels (for instance
+        ``attnstore_node_rows_total{tier="prefix"}``); 0 when the node exposes no such sample."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    @contextmanager
+    def counting(self, requests: int = 1, timeout: float = 60.0) -> Iterator[None]:
+        """Around ``requests`` requests that the node queues: on leaving, wait until the calls that served them
+        are counted. Rows reach their request as they are served, so an answer can arrive a moment before its
+        call's metrics (rows by tier, forward tokens) are; a test reading those after an answer waits here."""
+        before = self.metric(_COUNTED_REQUESTS)
+        yield
+        wait_until(lambda: self.metric(_COUNTED_REQUESTS) >= before + requests, timeout,
+                   f"the node's calls counting {requests} more request(s)")
 
     def log(self) -> str:
         """The node's log so far."""
