@@ -1,13 +1,18 @@
 """The node's HTTP routes (an ASGI app on Starlette): embeddings in OpenAI's and TEI's schemas, decoder scoring in
-SGLang's and vLLM's, health, metrics.
+SGLang's and vLLM's, reranking in TEI's and Cohere's, TEI's tokenizer routes, health, metrics.
 
 - ``POST /v1/embeddings`` (OpenAI), ``POST /embed`` (text-embeddings-inference),
   ``POST /v1/score`` (SGLang), ``POST /v1/classify`` (vLLM; ``scoring``),
-  ``GET /v1/models``: need an API key when the node has a key file
+  ``POST /rerank`` (TEI's, or vLLM's and Jina's with ``documents``),
+  ``POST /v1/rerank`` and ``POST /v2/rerank`` (Cohere's; ``rerank``),
+  ``POST /`` and ``POST /invocations`` (TEI's and SageMaker's: what the model
+  does, as TEI routes them: ``/embed`` for an embedding model, ``/rerank`` for a
+  decoder reranker), ``POST /tokenize``, ``POST /decode``, ``GET /info`` (TEI's;
+  ``tokens``), ``GET /v1/models``: need an API key when the node has a key file
   (``Authorization: Bearer KEY``);
-- ``GET /health``: 200 once the model is loaded, 503 while it loads or the node
-  drains; the store does not count (an unreachable store only means every row is
-  computed);
+- ``GET /health`` (and ``GET /``, as TEI's): 200 once the model is loaded, 503
+  while it loads or the node drains; the store does not count (an unreachable
+  store only means every row is computed);
 - ``GET /metrics``: Prometheus text (``metrics``).
 
 Every refusal is an OpenAI-style JSON error (``errors``) with its 4xx status,
@@ -37,10 +42,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from attnstore_client.rerank import RerankTemplate
 from attnstore_node.auth import KeyCheck
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.metrics import CONTENT_TYPE, OTHER_ROUTE, NodeMetrics
+from attnstore_node.rerank import parse_rerank, prompts_of, rerank_response
 from attnstore_node.schema import (
     EmbedRequest,
     ModelInfo,
@@ -51,6 +58,7 @@ from attnstore_node.schema import (
     tei_response,
 )
 from attnstore_node.scoring import classify_response, parse_classify, parse_score, score_response
+from attnstore_node.tokens import info_response, parse_decode, parse_tokenize
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +71,10 @@ class NodeState:
     """What the routes share: the embedder, the keys, the limits, the metrics, and whether the node drains."""
 
     def __init__(self, embedder: Embedder, keys: KeyCheck, limits: RequestLimits, metrics: NodeMetrics,
-                 labels: tuple[str, ...] | None = None) -> None:
+                 labels: tuple[str, ...] | None = None, reranker: RerankTemplate = RerankTemplate()) -> None:
         self.embedder = embedder
         self.labels = labels  # ``/v1/classify``'s labels when a request names none
+        self.reranker = reranker  # a decoder's rerank prompt
         self.keys = keys
         self.limits = limits
         self.metrics = metrics
@@ -73,7 +82,8 @@ class NodeState:
 
 
 def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: RequestLimits = RequestLimits(),
-               metrics: NodeMetrics | None = None, labels: tuple[str, ...] | None = None) -> Starlette:
+               metrics: NodeMetrics | None = None, labels: tuple[str, ...] | None = None,
+               reranker: RerankTemplate = RerankTemplate()) -> Starlette:
     """The node's ASGI app around ``embedder``, which it starts and stops with its lifespan.
 
     Args:
@@ -83,9 +93,10 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
         metrics: the node's metrics (the batcher's, so that ``/metrics`` shows both).
         labels: ``/v1/classify``'s labels when a request gives none (words of one token each; None: requests
             must give them).
+        reranker: a decoder's rerank prompt and answer words (Qwen3-Reranker's by default).
     """
     state = NodeState(embedder, keys or KeyCheck(None), limits, metrics or NodeMetrics(),
-                      None if labels is None else tuple(labels))
+                      None if labels is None else tuple(labels), reranker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -104,8 +115,16 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
         Route("/v1/score", _served_route(state, "/v1/score", _scoring_work(state, classify=False)), methods=["POST"]),
         Route("/v1/classify", _served_route(state, "/v1/classify", _scoring_work(state, classify=True)),
               methods=["POST"]),
+        *(Route(path, _served_route(state, path, _rerank_work(state, path)), methods=["POST"])
+          for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
+        *(Route(path, _served_route(state, path, _by_kind(state, path)), methods=["POST"])
+          for path in ("/", "/invocations")),
+        Route("/tokenize", _served_route(state, "/tokenize", _tokenize_work(state)), methods=["POST"]),
+        Route("/decode", _served_route(state, "/decode", _decode_work(state)), methods=["POST"]),
+        Route("/info", _info_route(state), methods=["GET"]),
         Route("/v1/models", _models_route(state), methods=["GET"]),
         Route("/health", _health_route(state), methods=["GET"]),
+        Route("/", _health_route(state), methods=["GET"]),
         Route("/metrics", _metrics_route(state), methods=["GET"]),
     ]
     paths = {route.path for route in routes}
@@ -197,6 +216,55 @@ def _scoring_work(state: NodeState, *, classify: bool) -> Work:
             words = tuple(str(label) for label in parsed.labels)
             return classify_response(scored.vectors, words, scored.tokens, model.name), len(parsed.prompts)
         return score_response(scored.vectors, scored.tokens, model.name), len(parsed.prompts)
+
+    return work
+
+
+def _rerank_work(state: NodeState, route: str) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse_rerank(body, state.limits, model, route=route)
+        template = state.reranker
+        scored = await _until_disconnect(request, state.embedder.score(
+            prompts_of(parsed, template), template.labels, softmax=True,
+            max_input_tokens=state.limits.max_input_tokens))
+        if scored is None:
+            return None
+        return rerank_response(scored.vectors, parsed, scored.tokens, model.name), len(parsed.documents)
+
+    return work
+
+
+def kind_of(model: ModelInfo) -> str:
+    """What the model's ``POST /`` does, as TEI routes it: ``"rerank"`` for a decoder (a reranker here),
+    ``"embed"`` otherwise."""
+    return "rerank" if model.decoder else "embed"
+
+
+def _by_kind(state: NodeState, route: str) -> Work:
+    """TEI's ``POST /`` (and SageMaker's ``/invocations``): the model's own route's work."""
+    works = {"embed": _embedding_work(state, parse_tei, _tei_answer), "rerank": _rerank_work(state, route)}
+
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        return await works[kind_of(model)](request, body, model)
+
+    return work
+
+
+def _tokenize_work(state: NodeState) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse_tokenize(body, state.limits, model)
+        rows = await state.embedder.tokenize(parsed.texts, add_special_tokens=parsed.add_special_tokens,
+                                             prompt_name=parsed.prompt_name)
+        return [[token.as_json() for token in row] for row in rows], len(parsed.texts)
+
+    return work
+
+
+def _decode_work(state: NodeState) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse_decode(body, state.limits, model)
+        texts = await state.embedder.decode(parsed.rows, skip_special_tokens=parsed.skip_special_tokens)
+        return texts, len(parsed.rows)
 
     return work
 
@@ -301,6 +369,18 @@ def _models_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
         return JSONResponse({"object": "list", "data": [
             {"id": model.name, "object": "model", "created": 0, "owned_by": "attnstore", "tiers": list(model.tiers),
              "absent_tiers": dict(model.absent_tiers), "prompts": list(model.prompts)}]})
+
+    return endpoint
+
+
+def _info_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            state.keys.check(request.headers.get("authorization"))
+            model = _ready_model(state)
+        except ApiError as error:
+            return _error(error)
+        return JSONResponse(info_response(model, state.limits, kind_of(model)))
 
     return endpoint
 

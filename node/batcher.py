@@ -41,6 +41,7 @@ from attnstore_node.schema import Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
 from attnstore_node.tokenization import TokenizedRequest
+from attnstore_node.tokens import Token
 from attnstore_node.warmup import IDLE_SECONDS, WarmUp
 
 log = logging.getLogger(__name__)
@@ -107,9 +108,7 @@ class Batcher(Embedder):
     async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
                     prompt_name: str | None = None) -> Embedded:
         """See :meth:`Embedder.embed`: tokenized and held to its limits first, then queued."""
-        model = self._model
-        if model is None or self._unavailable():
-            raise _unavailable()
+        model = self._serving()
         try:
             request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens,
                                                    prompt_name=prompt_name)
@@ -120,15 +119,42 @@ class Batcher(Embedder):
     async def score(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,
                     max_input_tokens: int) -> Embedded:
         """See :meth:`Embedder.score`: tokenized and held to its limits first, then queued with the embeddings."""
-        model = self._model
-        if model is None or self._unavailable():
-            raise _unavailable()
+        model = self._serving()
         try:
             request = await model.tokenizer.submit_scoring(prompts, labels, softmax=softmax,
                                                            max_input_tokens=max_input_tokens)
         except RuntimeError:  # the tokenizer's thread was shut down: the node stops
             raise _unavailable() from None
         return await self._queued(request)
+
+    async def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool,
+                       prompt_name: str | None = None) -> list[list[Token]]:
+        """See :meth:`Embedder.tokenize`: on the request tokenizer's thread, never queued."""
+        model = self._serving()
+        try:
+            return await model.tokenizer.submit_tokens(texts, add_special_tokens=add_special_tokens,
+                                                       prompt_name=prompt_name)
+        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
+            raise _unavailable() from None
+
+    async def decode(self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        """See :meth:`Embedder.decode`: on the request tokenizer's thread, never queued."""
+        model = self._serving()
+        try:
+            return await model.tokenizer.submit_decode(rows, skip_special_tokens=skip_special_tokens)
+        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
+            raise _unavailable() from None
+
+    def _serving(self) -> ServedModel:
+        """The served model while the node serves.
+
+        Raises:
+            ApiError: 503 while it loads, stops or after it stopped.
+        """
+        model = self._model
+        if model is None or self._unavailable():
+            raise _unavailable()
+        return model
 
     async def _queued(self, request: TokenizedRequest) -> Embedded:
         """``request`` queued, and its answer once its call served every row."""

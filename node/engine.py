@@ -16,6 +16,7 @@ import numpy as np
 
 from attnstore_node.errors import ApiError
 from attnstore_node.schema import Input, ModelInfo
+from attnstore_node.tokens import Token
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +78,21 @@ class Embedder(ABC):
         """
         raise ApiError(400, f"{type(self).__name__} does not score; this server serves /v1/embeddings",
                        "unsupported_route")
+
+    async def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool,
+                       prompt_name: str | None = None) -> list[list[Token]]:
+        """Each text's tokens as the model's tokenizer makes them, after the prompt ``prompt_name`` names (None:
+        none), with their character spans (``tokens``).
+
+        Raises:
+            ApiError: 400 when this embedder has no tokenizer to show; 500 and 503 as :meth:`embed`.
+        """
+        raise ApiError(400, f"{type(self).__name__} does not tokenize for clients", "unsupported_route")
+
+    async def decode(self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        """Each row of token ids as text.
+
+        Raises:
+            ApiError: 400 when this embedder has no tokenizer to show; 500 and 503 as :meth:`embed`.
+        """
+        raise ApiError(400, f"{type(self).__name__} does not decode for clients", "unsupported_route")

@@ -20,7 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -29,8 +30,10 @@ from attnstore_client.call.sources import segment_tokens
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.schema import Input
 from attnstore_node.scoring import SegmentedPrompt
+from attnstore_node.tokens import Token
 
 log = logging.getLogger(__name__)
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +83,33 @@ class RequestTokenizer:
         return await loop.run_in_executor(self._worker, self._or_500, self.tokenize_scoring, prompts, labels, softmax,
                                           max_input_tokens)
 
+    async def submit_tokens(self, texts: Sequence[str], *, add_special_tokens: bool,
+                            prompt_name: str | None) -> list[list[Token]]:
+        """``/tokenize``'s tokens of ``texts`` (see :meth:`tokens`), on the worker thread.
+
+        Raises:
+            ApiError: 500 when tokenizing fails.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._or_500, self.tokens, texts, add_special_tokens,
+                                          prompt_name)
+
+    async def submit_decode(self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        """``rows`` decoded on the worker thread.
+
+        Raises:
+            ApiError: 500 when decoding fails.
+        """
+        tokenizer = self._cache.adapter.loaded.tokenizer
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._or_500, partial(
+            tokenizer.batch_decode, skip_special_tokens=skip_special_tokens), [list(row) for row in rows])
+
     def close(self) -> None:
         """Stop the worker thread once what was submitted is done."""
         self._worker.shutdown(wait=True)
 
-    def _or_500(self, tokenize: Callable[..., TokenizedRequest], *args: Any) -> TokenizedRequest:
+    def _or_500(self, tokenize: Callable[..., _Result], *args: Any) -> _Result:
         try:
             return tokenize(*args)
         except ApiError:
@@ -131,6 +156,26 @@ class RequestTokenizer:
             segments.append(lengths)
         return TokenizedRequest(tuple(rows), (0,) * len(rows), sum(len(row) for row in rows), ids, softmax,
                                 tuple(segments) if segmented else ())
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool, prompt_name: str | None) -> list[list[Token]]:
+        """Each text's tokens after the model's prompt ``prompt_name`` (None: none), uncut: ids, spans in the text
+        (the prompt's included) and whether special, as TEI's ``/tokenize`` shows them."""
+        tokenizer = self._cache.adapter.loaded.tokenizer
+        prompt = self._cache.head.resolve_prompt(None, prompt_name) if prompt_name is not None else None
+        whole = [f"{prompt}{text}" if prompt else text for text in texts]
+        encoded = tokenizer(whole, add_special_tokens=add_special_tokens, return_offsets_mapping=True,
+                            return_special_tokens_mask=True, verbose=False)
+        out: list[list[Token]] = []
+        for text, ids, spans, specials in zip(whole, encoded["input_ids"], encoded["offset_mapping"],
+                                              encoded["special_tokens_mask"], strict=True):
+            row = []
+            for token_id, (start, stop), special in zip(ids, spans, specials, strict=True):
+                if special:
+                    row.append(Token(token_id, str(tokenizer.convert_ids_to_tokens(token_id)), True, None, None))
+                else:
+                    row.append(Token(token_id, text[start:stop], False, start, stop))
+            out.append(row)
+        return out
 
     def tokenize(self, inputs: Sequence[Input], truncate: bool, max_input_tokens: int,
                  prompt_name: str | None = None) -> TokenizedRequest:
