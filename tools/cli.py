@@ -24,7 +24,8 @@ _GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bench": (
         "benchmarks: print a table and write JSON",
         ("bench.store", "bench.replay", "bench.search", "bench.load", "bench.service", "bench.stream",
-         "bench.prefix", "bench.encode", "bench.node.command", "bench.node.burst", "bench.score", "bench.gpu"),
+         "bench.prefix", "bench.encode", "bench.node.command", "bench.node.burst", "bench.score", "bench.rerank",
+         "bench.gpu"),
     ),
     "eval": (
         "evaluation: tasks against the full model, the oracle comparison and its corpora",

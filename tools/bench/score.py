@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -203,8 +203,15 @@ class Server:
                 self.process.wait()
 
 
-async def run_clients(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
-    """``bodies`` posted by ``clients`` concurrent clients; latencies, answers and errors."""
+def _score_answer(body: Any) -> Any:
+    return body["scores"]
+
+
+async def run_clients(url: str, bodies: list[dict[str, Any]], clients: int, *, route: str = "/v1/score",
+                      items: str = "items", read: Callable[[Any], Any] = _score_answer) -> dict[str, Any]:
+    """``bodies`` posted to ``route`` by ``clients`` concurrent clients; latencies, each answer as ``read`` takes it
+    from the JSON (its scores per item, in the request's order) and errors; items/s counts each body's
+    ``items``."""
     import httpx
 
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -220,9 +227,9 @@ async def run_clients(url: str, bodies: list[dict[str, Any]], clients: int) -> d
             index = queue.get_nowait()
             begun = time.perf_counter()
             try:
-                answer = await http.post(f"{url}/v1/score", json=bodies[index], timeout=1800)
+                answer = await http.post(f"{url}{route}", json=bodies[index], timeout=1800)
                 answer.raise_for_status()
-                scores[index] = answer.json()["scores"]
+                scores[index] = read(answer.json())
             except httpx.HTTPStatusError as exc:
                 log.warning("request %d failed: %s %s", index, exc.response.status_code, exc.response.text[:300])
                 errors += 1
@@ -235,8 +242,8 @@ async def run_clients(url: str, bodies: list[dict[str, Any]], clients: int) -> d
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients)) as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
     seconds = time.perf_counter() - started
-    items = sum(len(body["items"]) for body in bodies)
-    return {"clients": clients, "seconds": seconds, "items_per_s": items / seconds, "errors": errors,
+    count = sum(len(body[items]) for body in bodies)
+    return {"clients": clients, "seconds": seconds, "items_per_s": count / seconds, "errors": errors,
             "p50_ms": 1000 * float(np.percentile(latencies, 50)), "p99_ms": 1000 * float(np.percentile(latencies, 99)),
             "scores": scores}
 
