@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -43,6 +43,7 @@ from attnstore_client.models import LoadedModel, load_model, move_model, resolve
 from attnstore_client.namespace import NamespaceReader
 from attnstore_client.prefill import Prefill
 from attnstore_client.resilience import CircuitBreaker
+from attnstore_client.sentence import cross_encoder
 from attnstore_client.sentence.compat import Embeddings, SentenceTransformerAPI
 from attnstore_client.sentence.heads import PROMPT_EOL, PromptEolHead, sentence_head
 from attnstore_client.sentence.outputs import OutputOptions, OutputValue, Precision, check_keywords, shape_outputs
@@ -735,6 +736,73 @@ class AttnCache(SentenceTransformerAPI):
         """
         run = partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar)
         return last_states(self.loaded.tokenizer, prompts, self.head.max_length, run)
+
+    # ---- cross-encoders: scored text pairs ----------------------------------------
+
+    def predict(
+        self,
+        sentences_pairs: cross_encoder.Pair | Sequence[cross_encoder.Pair],
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable[..., Any] | None = None,
+        apply_softmax: bool = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+    ) -> Any:
+        """Score (query, document) pairs, as sentence-transformers' ``CrossEncoder.predict`` does for this model.
+
+        The model is a sequence-classification one (``*ForSequenceClassification``, or a ``CrossEncoder`` folder);
+        each pair is one row of the call, keyed by its tokens (and token types), served by the exact tiers where
+        they hold it (``sentence.cross_encoder``).
+
+        Args:
+            sentences_pairs: one pair or a list of pairs of strings.
+            batch_size, show_progress_bar: as for ``encode``.
+            activation_fn: applied to the logits; None: the model's (its folder's, else Sigmoid for one label).
+            apply_softmax: a softmax over the labels after the activation (models of several labels).
+            convert_to_numpy: a numpy array (else a list of tensors).
+            convert_to_tensor: one tensor (wins over ``convert_to_numpy``).
+
+        Returns:
+            ``(n,)`` scores for a model of one label, ``(n, num_labels)`` for several; one pair's alone for one pair.
+
+        Raises:
+            UnsupportedModelError: the model has no classifier head.
+            ConfigError: no pairs, or a pair that is not two strings.
+        """
+        pairs, single = cross_encoder.listed_pairs(sentences_pairs, "predict()")
+        run = partial(self.run, batch_size=batch_size, show_progress_bar=show_progress_bar)
+        logits = cross_encoder.score_pairs(self.loaded, pairs, self.head.max_length, run, "predict()")
+        return cross_encoder.finish_scores(
+            logits, cross_encoder.classifier_of(self.loaded, "predict()"), activation_fn=activation_fn,
+            apply_softmax=apply_softmax, convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+            single=single)
+
+    def rank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        return_documents: bool = False,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable[..., Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rank documents for a query, as ``CrossEncoder.rank`` does: ``predict`` on the (query, document) pairs.
+
+        Returns:
+            ``{"corpus_id", "score"}`` per document (and ``"text"`` with ``return_documents``), best first, the first
+            ``top_k`` (None: all).
+
+        Raises:
+            UnsupportedModelError: the model has no classifier head.
+            ConfigError: a model of several labels, no documents, or a query or document that is not a string.
+        """
+        classifier = cross_encoder.classifier_of(self.loaded, "rank()")
+        pairs = cross_encoder.rank_pairs(query, documents, classifier, "rank()")
+        scores = self.predict(pairs, batch_size=batch_size, show_progress_bar=show_progress_bar,
+                              activation_fn=activation_fn, convert_to_tensor=True)
+        return cross_encoder.ranked(scores.tolist(), documents, top_k=top_k, return_documents=return_documents)
 
     # ---- one call ---------------------------------------------------------------
 

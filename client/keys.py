@@ -55,13 +55,19 @@ def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     return Fingerprint(digest.hexdigest())
 
 
-def token_hash(token_ids: Sequence[int] | torch.Tensor | np.ndarray) -> TokenHash:
+def token_hash(token_ids: Sequence[int] | torch.Tensor | np.ndarray, token_types: Sequence[int] = ()) -> TokenHash:
     """The exact-tier key of one row's token ids (no padding): ``protocol.keys.token_hash`` of them, a tensor
     (on any device) taken to the CPU first.
+
+    ``token_types``: the row's token types when it is a text pair of a model with them (BERT's segments), which
+    change its outputs: they go into the key as an extra key, so a pair never shares a key with the one text of
+    the same ids (a text may hold a literal ``[SEP]``).
 
     Raises:
         ValueError: the ids are not one row.
     """
     if isinstance(token_ids, torch.Tensor):
         token_ids = token_ids.detach().cpu().numpy()
+    if any(token_types):
+        return keys.token_hash(token_ids, extra_keys=("token_types", bytes(bytearray(token_types))))
     return keys.token_hash(token_ids)

@@ -19,7 +19,10 @@ family with an adapter (``SUPPORTED_MODEL_TYPES``) gets every tier; any other
 forward (``adapters.generic``), never a refusal. A folder with a
 sentence-transformers configuration (``modules.json``, as all-MiniLM-L6-v2's)
 is loaded by sentence-transformers, so
-its pooling, normalisation, prompts and ``max_seq_length`` come with it. Every
+its pooling, normalisation, prompts and ``max_seq_length`` come with it. A
+sequence-classification folder (its config's architecture ``*ForSequenceClassification``,
+or a sentence-transformers ``CrossEncoder`` folder) loads as its base model with its
+classifier head beside it (``LoadedModel.classifier``; ``sentence.cross_encoder``). Every
 model comes back in eval mode, in fp32.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -42,6 +46,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
@@ -54,6 +59,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from attnstore.errors import ConfigError, UnsupportedModelError
+from attnstore_client.classifier import SequenceClassifier
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -109,7 +115,9 @@ class LoadedModel:
     eval mode, fp32. ``lm_head`` is the decoder's output head (for logits) and
     ``None`` for encoders. ``sentence_transformer`` is the model's
     sentence-transformers pipeline when its folder has one (``model`` is then its
-    transformer module's model, the same object).
+    transformer module's model, the same object). ``classifier`` is a
+    sequence-classification model's head over ``model``'s last hidden states (a
+    cross-encoder's), None for other models.
     """
 
     name: str
@@ -117,6 +125,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     lm_head: torch.nn.Module | None
     sentence_transformer: SentenceTransformer | None = None
+    classifier: SequenceClassifier | None = None
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -168,10 +177,13 @@ def load_model(
             ``default_model_cache()``).
 
     Returns:
-        The base model, its tokenizer and, for decoders, the output head.
+        The base model, its tokenizer and, for decoders, the output head; for a sequence-classification folder
+        its classifier head instead.
 
     Raises:
         ConfigError: unknown alias, missing path or bad ``attn_implementation``.
+        UnsupportedModelError: a sentence-transformers ``CrossEncoder`` folder whose model is not a
+            ``*ForSequenceClassification`` one.
     """
     if attn_implementation not in _ATTN_IMPLEMENTATIONS:
         raise ConfigError(
@@ -192,6 +204,8 @@ def load_model(
         # A model without an adapter, or without an sdpa kernel (MPNet), keeps transformers' own choice of kernel
         # (sdpa where the model has it: not every model does, and asking for it where it does not is an error).
         common["attn_implementation"] = attn_implementation
+    if not gguf_kwargs and (_is_sequence_classifier(config) or _is_cross_encoder_folder(folder)):
+        return _load_sequence_classifier(name_or_path, folder, config, common)
     if (folder / "modules.json").is_file() and not gguf_kwargs:
         return _load_sentence_transformer(name_or_path, folder, common)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **gguf_kwargs)
@@ -272,6 +286,69 @@ def _load_sentence_transformer(name: str, folder: Path, model_kwargs: Mapping[st
     return LoadedModel(name=name, model=base, tokenizer=pipeline.tokenizer, lm_head=None, sentence_transformer=pipeline)
 
 
+def _is_sequence_classifier(config: PretrainedConfig) -> bool:
+    """Whether the config names a sequence-classification model (``BertForSequenceClassification``...)."""
+    return any(name.endswith("ForSequenceClassification") for name in (config.architectures or ()))
+
+
+def _is_cross_encoder_folder(folder: Path) -> bool:
+    """Whether ``folder`` was saved by sentence-transformers' ``CrossEncoder``."""
+    settings = folder / "config_sentence_transformers.json"
+    if not settings.is_file():
+        return False
+    try:
+        return json.loads(settings.read_text()).get("model_type") == "CrossEncoder"
+    except (OSError, ValueError):
+        return False
+
+
+def _load_sequence_classifier(
+    name: str, folder: Path, config: PretrainedConfig, model_kwargs: Mapping[str, object]
+) -> LoadedModel:
+    """A sequence-classification model: its base model, which the adapters run, and its head beside it.
+
+    Raises:
+        UnsupportedModelError: a ``CrossEncoder`` folder whose model is not a ``*ForSequenceClassification`` one
+            (a causal model scored by its ``yes``/``no`` logits), or whose modules are not its transformer alone.
+    """
+    if not _is_sequence_classifier(config):
+        raise UnsupportedModelError(
+            f"model {name!r}: a CrossEncoder folder of {config.architectures}; supported: a *ForSequenceClassification"
+            " model (a causal model scored by its yes/no logits is not)")
+    modules = folder / "modules.json"
+    if modules.is_file() and [entry.get("path") for entry in json.loads(modules.read_text())] != [""]:
+        raise UnsupportedModelError(f"model {name!r}: a CrossEncoder folder with modules beyond its transformer"
+                                    f" ({modules}); supported: the transformer alone")
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, config=config, **model_kwargs)
+    model.eval()
+    base = getattr(model, model.base_model_prefix, None)
+    if not isinstance(base, PreTrainedModel):
+        raise UnsupportedModelError(f"model {name!r}: {type(model).__name__} has no base model at"
+                                    f" .{model.base_model_prefix}")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as for decoders above: right padding is never seen
+    saved = _saved_settings(folder)
+    activation, max_length = saved.get("activation_fn"), saved.get("max_seq_length")
+    classifier = SequenceClassifier(model, activation_fn=activation if isinstance(activation, str) else None,
+                                    max_length=max_length if isinstance(max_length, int) else None)
+    return LoadedModel(name=name, model=base, tokenizer=tokenizer, lm_head=None, classifier=classifier)
+
+
+def _saved_settings(folder: Path) -> dict[str, object]:
+    """What a ``CrossEncoder`` folder saved beside the model: its activation (``config_sentence_transformers.json``)
+    and ``max_seq_length`` (``sentence_bert_config.json``); {} for a plain transformers folder."""
+    found: dict[str, object] = {}
+    for name, key in (("config_sentence_transformers.json", "activation_fn"),
+                      ("sentence_bert_config.json", "max_seq_length")):
+        path = folder / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get(key)
+            if value is not None:
+                found[key] = value
+    return found
+
+
 def _has_sdpa(config: PretrainedConfig) -> bool:
     """Whether transformers' model of ``config`` has an sdpa attention kernel (asking one that has none fails)."""
     model_class = MODEL_MAPPING.get(type(config), None)
@@ -324,3 +401,5 @@ def move_model(loaded: LoadedModel, device: torch.device) -> None:
     module.to(device)
     if loaded.lm_head is not None:
         loaded.lm_head.to(device)
+    if loaded.classifier is not None:
+        loaded.classifier.model.to(device)  # type: ignore[arg-type]  # transformers types .to by its own overloads

@@ -116,13 +116,13 @@ class Prefill:
         for position, tokens in window.rows:
             if not len(tokens.ids):
                 raise ConfigError(f"row {position} has no tokens; every row needs at least one")
-            key = token_hash(tokens.ids)
+            key = token_hash(tokens.ids, tokens.token_types)
             # With the chunk tier on, a prompt's segments decide what it is fused from: the same ids cut into other
             # segments (or given as a plain text) are another row.
             same = key + repr(tokens.segments).encode() if call.settings.chunks is not None else key
             root = first.setdefault(same, position)
             if root == position:
-                rows.append(Row(position, tokens.ids, key, tokens.segments))
+                rows.append(Row(position, tokens.ids, key, tokens.segments, tokens.token_types))
             else:
                 roots[position] = root
                 copies.append(position)

@@ -99,6 +99,9 @@ class Adapter(ABC):
     family: ClassVar[Literal["llama", "bert", "generic"]]
     causal: ClassVar[bool]
     attention_path: ClassVar[str]
+    # Whether its forwards feed a batch's token types to the model (BERT's segments of a text pair); a family that
+    # does not refuses a batch that has them (``_check_token_types``) rather than computing it as one segment.
+    takes_token_types: ClassVar[bool] = False
 
     def __init__(self, loaded: LoadedModel) -> None:
         config = loaded.model.config
@@ -173,8 +176,20 @@ class Adapter(ABC):
 
     def _run(self, batch: Batch) -> torch.Tensor:
         """The model's own forward on the batch; returns ``(B, P, hidden)`` last hidden states."""
-        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        types = {} if batch.token_type_ids is None else {"token_type_ids": batch.token_type_ids}
+        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **types)
         return output.last_hidden_state  # (B, P, hidden)
+
+    def _check_token_types(self, batch: Batch | PackedBatch) -> None:
+        """Refuse a batch with token types where this family's forwards would drop them (``takes_token_types``).
+
+        Raises:
+            UnsupportedModelError: the batch has token types and the family takes none.
+        """
+        if batch.token_type_ids is not None and not self.takes_token_types:
+            raise UnsupportedModelError(
+                f"{self.loaded.name!r} ({self.family}, model_type {self.model.config.model_type!r}): its adapter does"
+                " not feed token types (a text pair's segments) to the model; families that do: bert, generic")
 
     def _project_out(self, module: nn.Module, context: torch.Tensor) -> torch.Tensor:
         """What the module returns for a context ``(..., T, H*d)``: the context itself, unless the family's module
@@ -256,6 +271,7 @@ class Adapter(ABC):
             torch.empty((self.num_layers, self.num_heads, length, length), dtype=torch.float32)
             for length in batch.lengths
         ]
+        self._check_token_types(batch)
         with torch.no_grad(), self._patched(Capturing(batch.lengths, captured)):
             hidden = self._run(batch)  # (B, P, hidden)
         return Capture(
@@ -337,6 +353,7 @@ class Adapter(ABC):
 
     def _forward(self, batch: Batch, replay: dict[int, ReplayMaps], keeping: Keeping | None = None) -> torch.Tensor:
         check_replay(replay, batch.lengths, layers=self.num_layers, heads=self.num_heads, causal=self.causal)
+        self._check_token_types(batch)
         with torch.inference_mode():
             if not replay and keeping is None:
                 return self._run(batch)
@@ -364,6 +381,7 @@ class Adapter(ABC):
         Raises:
             MapShapeError: as ``forward_keeping``.
         """
+        self._check_token_types(batch)
         fused = self._fused_linears()
         tokens = batch.tokens
         if fused is not None:  # oneDNN keeps a kernel per token count: round it once, with filler rows

@@ -25,11 +25,14 @@ class Batch:
 
     ``input_ids`` and ``attention_mask`` are ``(B, P)`` long tensors with
     ``P = max(lengths)``; row ``b`` holds ``lengths[b]`` real tokens then padding.
+    ``token_type_ids`` is ``(B, P)`` long where some row is a text pair of a model with
+    token types (BERT's segments), else None (every token of type 0).
     """
 
     input_ids: torch.Tensor  # (B, P) long
     attention_mask: torch.Tensor  # (B, P) long, 1 on real tokens
     lengths: tuple[int, ...]
+    token_type_ids: torch.Tensor | None = None  # (B, P) long, 0 on pad positions
 
     @property
     def size(self) -> int:
@@ -45,19 +48,23 @@ class Batch:
         """The same batch with its tensors on ``device`` (itself when they are there already)."""
         if self.input_ids.device == torch.device(device):
             return self
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.lengths)
+        types = None if self.token_type_ids is None else self.token_type_ids.to(device)
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.lengths, types)
 
     def row_ids(self, row: int) -> torch.Tensor:
         """Return row ``row``'s real token ids, ``(lengths[row],)``, a view."""
         return self.input_ids[row, : self.lengths[row]]
 
 
-def batch_from_ids(rows: Sequence[Sequence[int]], pad_id: int) -> Batch:
+def batch_from_ids(
+    rows: Sequence[Sequence[int]], pad_id: int, token_types: Sequence[Sequence[int]] | None = None
+) -> Batch:
     """Right-pad token id rows into a batch.
 
     Args:
         rows: one token id sequence per row, each non-empty.
         pad_id: id written into pad positions.
+        token_types: per row its token type ids, as long as the row, or empty (all 0); None: no row has any.
 
     Returns:
         The batch, rows in input order.
@@ -76,7 +83,13 @@ def batch_from_ids(rows: Sequence[Sequence[int]], pad_id: int) -> Batch:
     for b, row in enumerate(rows):
         input_ids[b, : lengths[b]] = torch.as_tensor(list(row), dtype=torch.long)
         attention_mask[b, : lengths[b]] = 1
-    return Batch(input_ids=input_ids, attention_mask=attention_mask, lengths=lengths)
+    types = None
+    if token_types is not None and any(token_types):
+        types = torch.zeros((len(rows), padded), dtype=torch.long)  # (B, P)
+        for b, row_types in enumerate(token_types):
+            if row_types:
+                types[b, : lengths[b]] = torch.as_tensor(list(row_types), dtype=torch.long)
+    return Batch(input_ids=input_ids, attention_mask=attention_mask, lengths=lengths, token_type_ids=types)
 
 
 def group_by_length(

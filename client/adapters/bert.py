@@ -93,6 +93,7 @@ class BertAdapter(Adapter):
     family = "bert"
     causal = False
     attention_path = "attention.self"
+    takes_token_types = True
 
     def __init__(self, loaded: LoadedModel) -> None:
         config = loaded.model.config
@@ -112,7 +113,8 @@ class BertAdapter(Adapter):
         return cast("Sequence[nn.Module]", self._encoder.encoder.layer)
 
     def _embed(self, batch: Batch) -> torch.Tensor:
-        return self._encoder.embeddings(input_ids=batch.input_ids)  # (B, P, hidden)
+        # (B, P, hidden); a text pair's token types where it has them (else type 0, as the model takes None)
+        return self._encoder.embeddings(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids)
 
     def embedding_layer(self) -> EmbeddingLayer:
         """``embeddings`` (word, position, token type 0, LayerNorm), as ``_embed`` runs it."""
@@ -124,7 +126,9 @@ class BertAdapter(Adapter):
         # RoBERTa (and XLM-RoBERTa) numbers positions from its pad id + 1 (what it derives from unpadded input ids).
         first = getattr(embeddings, "padding_idx", -1) + 1
         positions = batch.position_ids[None] + first  # (1, T)
-        hidden = embeddings(input_ids=batch.input_ids[None], position_ids=positions)  # (1, T, hidden)
+        types = None if batch.token_type_ids is None else batch.token_type_ids[None]  # (1, T)
+        hidden = embeddings(input_ids=batch.input_ids[None], position_ids=positions,
+                            token_type_ids=types)  # (1, T, hidden)
         for layer in self._encoder.encoder.layer:
             hidden = layer(hidden, None)  # (1, T, hidden)
         return hidden[0]  # (T, hidden)

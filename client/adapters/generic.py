@@ -43,6 +43,7 @@ class GenericAdapter(Adapter):
     family = "generic"
     causal = False
     attention_path = ""
+    takes_token_types = True  # the model's own forward takes them (ELECTRA's, DeBERTa's segments)
 
     def __init__(self, loaded: LoadedModel) -> None:
         super().__init__(loaded)
@@ -63,7 +64,9 @@ class GenericAdapter(Adapter):
     # --- the model's own forward ------------------------------------------------------
 
     def _run(self, batch: Batch) -> torch.Tensor:
-        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **self._run_options)
+        options = self._run_options if batch.token_type_ids is None else {
+            **self._run_options, "token_type_ids": batch.token_type_ids}
+        output = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **options)
         hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
         return hidden  # (B, P, hidden)
 
@@ -87,7 +90,9 @@ class GenericAdapter(Adapter):
         if replay or keep:
             self._refuse("map replay and capture")
         rows = [batch.row(batch.input_ids, row).tolist() for row in range(batch.size)]
-        padded = batch_from_ids(rows, self._pad_id()).to(batch.input_ids.device)
+        types = None if batch.token_type_ids is None else [
+            batch.row(batch.token_type_ids, row).tolist() for row in range(batch.size)]
+        padded = batch_from_ids(rows, self._pad_id(), types).to(batch.input_ids.device)
         with torch.inference_mode():
             hidden = self._run(padded)  # (B, P, hidden)
         out = torch.cat([hidden[row, :length] for row, length in enumerate(batch.lengths)])  # (T, hidden)

@@ -48,6 +48,8 @@ class PackedBatch:
     lengths: tuple[int, ...]
     starts: tuple[int, ...]  # each row's first token in the sequence
     filler: int = 0  # the last rows are filler rows (``with_filler``), not rows of the caller's
+    # (T,) long: the token types where some row is a text pair of a model with them (BERT's segments); None: all 0
+    token_type_ids: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -63,8 +65,9 @@ class PackedBatch:
         """The same batch with its tensors on ``device`` (itself when they are there already)."""
         if self.input_ids.device == torch.device(device):
             return self
+        types = None if self.token_type_ids is None else self.token_type_ids.to(device)
         return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.lengths, self.starts,
-                           self.filler)
+                           self.filler, types)
 
     def row(self, flat: torch.Tensor, row: int) -> torch.Tensor:
         """Row ``row`` of a ``(T, ...)`` tensor laid out as this batch: ``(L, ...)``, a view."""
@@ -72,8 +75,10 @@ class PackedBatch:
         return flat[start : start + self.lengths[row]]
 
 
-def pack(rows: Sequence[Sequence[int]]) -> PackedBatch:
+def pack(rows: Sequence[Sequence[int]], token_types: Sequence[Sequence[int]] | None = None) -> PackedBatch:
     """Pack token id rows end to end, in the order given (sort them by length for few attention runs).
+
+    ``token_types``: per row its token type ids, as long as the row, or empty (all 0); None: no row has any.
 
     Raises:
         ConfigError: no rows, or an empty row.
@@ -86,7 +91,11 @@ def pack(rows: Sequence[Sequence[int]]) -> PackedBatch:
     starts = _starts(lengths)
     input_ids = torch.as_tensor([token for row in rows for token in row], dtype=torch.long)  # (T,)
     position_ids = torch.cat([torch.arange(length) for length in lengths])  # (T,)
-    return PackedBatch(input_ids, position_ids, lengths, starts)
+    types = None
+    if token_types is not None and any(token_types):
+        types = torch.as_tensor([kind for row, row_types in zip(rows, token_types, strict=True)
+                                 for kind in (row_types or [0] * len(row))], dtype=torch.long)  # (T,)
+    return PackedBatch(input_ids, position_ids, lengths, starts, token_type_ids=types)
 
 
 # Rows up to this long attend faster on the CPU as matmul, softmax, matmul than through torch's flash
@@ -111,7 +120,10 @@ def with_filler(batch: PackedBatch, tokens: int) -> PackedBatch:
     device = batch.input_ids.device
     input_ids = torch.cat([batch.input_ids, torch.zeros(tokens, dtype=torch.long, device=device)])
     positions = torch.cat([batch.position_ids, *(torch.arange(n, device=device) for n in fill)])
-    return PackedBatch(input_ids, positions, lengths, _starts(lengths), batch.filler + len(fill))
+    types = batch.token_type_ids
+    if types is not None:
+        types = torch.cat([types, torch.zeros(tokens, dtype=torch.long, device=device)])
+    return PackedBatch(input_ids, positions, lengths, _starts(lengths), batch.filler + len(fill), types)
 
 
 def _starts(lengths: Sequence[int]) -> tuple[int, ...]:

@@ -53,6 +53,10 @@ class Row:
     key: bytes  # its exact-tier key (``keys.token_hash``)
     # Token counts of its segments (instruction, chunks, question) when its prompt came in segments; () otherwise.
     segments: tuple[int, ...] = ()
+    # Its token types when it is a text pair of a model with token types (``sources.Tokenized``); () : all 0. Such
+    # a row is keyed by them too, and served by this process's exact tier and the compute tier only: a written-back
+    # row carries its ids alone, and the store's features and maps know no token types.
+    token_types: tuple[int, ...] = ()
     facts: RowFacts = field(default_factory=RowFacts, compare=False, repr=False)  # set by the tiers as it goes
 
 

@@ -28,10 +28,12 @@ Prompt = str | Sequence[str]
 
 @dataclass(frozen=True, slots=True)
 class Tokenized:
-    """A row's token ids, and its segments' token counts when its prompt came in segments."""
+    """A row's token ids, its segments' token counts when its prompt came in segments, and its token types when it
+    is a text pair of a model with token types (BERT's segment ids, 1 on the second text's tokens)."""
 
     ids: Sequence[int]
     segments: tuple[int, ...] = ()
+    token_types: tuple[int, ...] = ()  # as long as ``ids``, or empty: every token of type 0
 
 
 @dataclass(frozen=True)

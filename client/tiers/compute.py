@@ -157,7 +157,7 @@ class ComputeTier(Tier):
         outputs = hidden.to(torch.float16).cpu().numpy()  # (L, hidden), its own copy: what the store keeps
         self._local.outputs.put(self._local.key(row), outputs)
         write_back = self._context.writing_back
-        if write_back is None or not row.facts.admitted:
+        if write_back is None or not row.facts.admitted or row.token_types:  # the store keys a row by its ids alone
             return
         if maps is None:
             write_back.put(row.tokens, outputs)
@@ -184,7 +184,7 @@ class ComputeTier(Tier):
         limit = write_back.settings.max_row_map_bytes
         return {
             row.index for row in rows
-            if row.facts.admitted
+            if row.facts.admitted and not row.token_types
             and (call.namespace.projector is None or row.facts.feature is not None)
             and per_token * len(row.tokens) ** 2 <= limit
             and self._context.cost_model.replay_pays(len(row.tokens))

@@ -117,16 +117,17 @@ def run_forward(
     """
     adapter = adapter or context.adapter
     tokens = [row.tokens for row in rows]
+    types = [row.token_types for row in rows] if any(row.token_types for row in rows) else None
     started = time.perf_counter()
     if settings.packed and adapter.capabilities.can_pack:
-        packed = pack(tokens).to(context.device)
+        packed = pack(tokens, types).to(context.device)
         out, kept = adapter.forward_packed(packed, replay, keep)  # (T, hidden)
         hidden = HiddenRows(out.float(), packed.lengths, packed.starts)
         pairs = sum(length * length for length in packed.lengths)
         computed = sum(length for position, length in enumerate(packed.lengths) if position not in (replay or {}))
         total = packed.tokens
     else:
-        batch = batch_from_ids(tokens, adapter.loaded.tokenizer.pad_token_id).to(context.device)
+        batch = batch_from_ids(tokens, adapter.loaded.tokenizer.pad_token_id, types).to(context.device)
         if keep:
             out, kept = adapter.forward_keeping(batch, keep, replay)  # (B, P, hidden)
         else:

@@ -79,7 +79,8 @@ class MapTier(Tier):
         if not call.settings.maps or call.namespace.projector is None or not replayable:
             return rows
         cost_model = self._context.cost_model
-        eligible = [row for row in rows if row.facts.failed is None]
+        # A text pair with token types has no stored maps to find: the store's entries and features are of one segment.
+        eligible = [row for row in rows if row.facts.failed is None and not row.token_types]
         asked = [row for row in eligible if cost_model.should_ask(len(row.tokens))]
         call.counts.skipped += len(eligible) - len(asked)
         hits = self._search(asked, call)
