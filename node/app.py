@@ -5,9 +5,11 @@ SGLang's and vLLM's, reranking in TEI's and Cohere's, TEI's tokenizer routes, he
   ``POST /v1/score`` (SGLang), ``POST /v1/classify`` (vLLM; ``scoring``),
   ``POST /rerank`` (TEI's, or vLLM's and Jina's with ``documents``),
   ``POST /v1/rerank`` and ``POST /v2/rerank`` (Cohere's; ``rerank``),
-  ``POST /`` and ``POST /invocations`` (TEI's and SageMaker's: what the model
-  does, as TEI routes them: ``/embed`` for an embedding model, ``/rerank`` for a
-  decoder reranker), ``POST /tokenize``, ``POST /decode``, ``GET /info`` (TEI's;
+  ``POST /predict`` (TEI's) and ``POST /score`` (vLLM's pairs) for a
+  cross-encoder (``predict``), ``POST /`` and ``POST /invocations`` (TEI's and
+  SageMaker's: what the model does, as TEI routes them: ``/embed`` for an
+  embedding model, ``/rerank`` for a reranker, ``/predict`` for a classifier),
+  ``POST /tokenize``, ``POST /decode``, ``GET /info`` (TEI's;
   ``tokens``), ``GET /v1/models``: need an API key when the node has a key file
   (``Authorization: Bearer KEY``);
 - ``GET /health`` (and ``GET /``, as TEI's): 200 once the model is loaded, 503
@@ -47,7 +49,8 @@ from attnstore_node.auth import KeyCheck
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.metrics import CONTENT_TYPE, OTHER_ROUTE, NodeMetrics
-from attnstore_node.rerank import parse_rerank, prompts_of, rerank_response
+from attnstore_node.predict import pair_score_response, parse_pair_score, parse_predict, predict_response
+from attnstore_node.rerank import decoder_scores, parse_rerank, prompts_of, rerank_response
 from attnstore_node.schema import (
     EmbedRequest,
     ModelInfo,
@@ -119,6 +122,8 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
           for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
         *(Route(path, _served_route(state, path, _by_kind(state, path)), methods=["POST"])
           for path in ("/", "/invocations")),
+        Route("/predict", _served_route(state, "/predict", _predict_work(state)), methods=["POST"]),
+        Route("/score", _served_route(state, "/score", _pair_score_work(state)), methods=["POST"]),
         Route("/tokenize", _served_route(state, "/tokenize", _tokenize_work(state)), methods=["POST"]),
         Route("/decode", _served_route(state, "/decode", _decode_work(state)), methods=["POST"]),
         Route("/info", _info_route(state), methods=["GET"]),
@@ -223,26 +228,65 @@ def _scoring_work(state: NodeState, *, classify: bool) -> Work:
 def _rerank_work(state: NodeState, route: str) -> Work:
     async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
         parsed = parse_rerank(body, state.limits, model, route=route)
-        template = state.reranker
-        scored = await _until_disconnect(request, state.embedder.score(
-            prompts_of(parsed, template), template.labels, softmax=True,
+        limit = state.limits.max_input_tokens
+        if model.classes:  # a cross-encoder: each (query, document) pair through its head
+            pairs = [(parsed.query, document) for document in parsed.documents]
+            scored = await _until_disconnect(request, state.embedder.classify(
+                pairs, activation=None if parsed.raw_scores else "model", truncate=parsed.truncate,
+                max_input_tokens=limit))
+            if scored is None:
+                return None
+            scores = scored.vectors[:, 0].astype(float).tolist()
+        else:  # a decoder: each document's prompt, scored by its answer words
+            template = state.reranker
+            scored = await _until_disconnect(request, state.embedder.score(
+                prompts_of(parsed, template), template.labels, softmax=True, max_input_tokens=limit))
+            if scored is None:
+                return None
+            scores = decoder_scores(scored.vectors, parsed.raw_scores)
+        return rerank_response(scores, parsed, scored.tokens, model.name), len(parsed.documents)
+
+    return work
+
+
+def _predict_work(state: NodeState) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse_predict(body, state.limits, model)
+        scored = await _until_disconnect(request, state.embedder.classify(
+            parsed.inputs, activation=None if parsed.raw_scores else "tei", truncate=parsed.truncate,
             max_input_tokens=state.limits.max_input_tokens))
         if scored is None:
             return None
-        return rerank_response(scored.vectors, parsed, scored.tokens, model.name), len(parsed.documents)
+        return predict_response(scored.vectors, parsed, model.classes), len(parsed.inputs)
+
+    return work
+
+
+def _pair_score_work(state: NodeState) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse_pair_score(body, state.limits, model)
+        scored = await _until_disconnect(request, state.embedder.classify(
+            parsed.pairs, activation="model", truncate=True, max_input_tokens=state.limits.max_input_tokens))
+        if scored is None:
+            return None
+        return pair_score_response(scored.vectors, scored.tokens, model.name), len(parsed.pairs)
 
     return work
 
 
 def kind_of(model: ModelInfo) -> str:
-    """What the model's ``POST /`` does, as TEI routes it: ``"rerank"`` for a decoder (a reranker here),
-    ``"embed"`` otherwise."""
+    """What the model's ``POST /`` does, as TEI routes it: ``"rerank"`` for a reranker (a cross-encoder of one
+    label, or a decoder), ``"predict"`` for a classifier (a cross-encoder of several labels), ``"embed"`` for an
+    embedding model."""
+    if model.classes:
+        return "rerank" if len(model.classes) == 1 else "predict"
     return "rerank" if model.decoder else "embed"
 
 
 def _by_kind(state: NodeState, route: str) -> Work:
     """TEI's ``POST /`` (and SageMaker's ``/invocations``): the model's own route's work."""
-    works = {"embed": _embedding_work(state, parse_tei, _tei_answer), "rerank": _rerank_work(state, route)}
+    works = {"embed": _embedding_work(state, parse_tei, _tei_answer), "rerank": _rerank_work(state, route),
+             "predict": _predict_work(state)}
 
     async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
         return await works[kind_of(model)](request, body, model)

@@ -37,7 +37,7 @@ from attnstore_node.heap import HeapTrimmer
 from attnstore_node.metrics import NodeMetrics
 from attnstore_node.model import ServedModel, load_model
 from attnstore_node.queue import QueueFullError, TicketQueue
-from attnstore_node.schema import Input, ModelInfo
+from attnstore_node.schema import Activation, Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
 from attnstore_node.tokenization import TokenizedRequest
@@ -123,6 +123,17 @@ class Batcher(Embedder):
         try:
             request = await model.tokenizer.submit_scoring(prompts, labels, softmax=softmax,
                                                            max_input_tokens=max_input_tokens)
+        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
+            raise _unavailable() from None
+        return await self._queued(request)
+
+    async def classify(self, inputs: Sequence[Input | tuple[str, str]], *, activation: Activation | None,
+                       truncate: bool, max_input_tokens: int) -> Embedded:
+        """See :meth:`Embedder.classify`: tokenized and held to its limits first, then queued with the others."""
+        model = self._serving()
+        try:
+            request = await model.tokenizer.submit_classify(inputs, activation, truncate=truncate,
+                                                            max_input_tokens=max_input_tokens)
         except RuntimeError:  # the tokenizer's thread was shut down: the node stops
             raise _unavailable() from None
         return await self._queued(request)
@@ -244,7 +255,8 @@ class Batcher(Embedder):
         live = self._queue.begin(batch)
         if not live:
             return
-        rows, sink = call_ends(live, cache.head.pool, cache.adapter.loaded.lm_head)
+        loaded = cache.adapter.loaded
+        rows, sink = call_ends(live, cache.head.pool, loaded.lm_head, loaded.classifier)
         self.metrics.max_batch_tokens.set(budget)
         try:
             stats = cache.run(rows, sink, batch_size=self.settings.batch_size, max_batch_tokens=budget,

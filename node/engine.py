@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnstore_node.errors import ApiError
-from attnstore_node.schema import Input, ModelInfo
+from attnstore_node.schema import Activation, Input, ModelInfo
 from attnstore_node.tokens import Token
 
 
@@ -77,6 +77,19 @@ class Embedder(ABC):
             asyncio.CancelledError: as :meth:`embed`.
         """
         raise ApiError(400, f"{type(self).__name__} does not score; this server serves /v1/embeddings",
+                       "unsupported_route")
+
+    async def classify(self, inputs: Sequence[Input | tuple[str, str]], *, activation: Activation | None,
+                       truncate: bool, max_input_tokens: int) -> Embedded:
+        """A cross-encoder's scores ``(n, labels)`` of ``inputs`` (text pairs, texts or token ids): its classifier
+        logits, through ``activation`` (``tokenization.Activation``; None: the logits).
+
+        Raises:
+            ApiError: 400 for an input past the limit (``truncate`` false), or when this embedder does not
+                classify; 500 and 503 as :meth:`embed`.
+            asyncio.CancelledError: as :meth:`embed`.
+        """
+        raise ApiError(400, f"{type(self).__name__} does not classify pairs; this server serves /v1/embeddings",
                        "unsupported_route")
 
     async def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool,

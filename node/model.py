@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from attnstore_client.cache import AttnCache
 from attnstore_node.schema import ModelInfo
@@ -50,9 +51,14 @@ def load_model(open_cache: Callable[[], AttnCache], name: str, *, warmup: bool) 
         vocab = int(cache.adapter.loaded.model.config.vocab_size)
         decoder = cache.adapter.loaded.lm_head is not None
         tiers = cache.tiers
+        classifier = cache.adapter.loaded.classifier
+        names: dict[Any, Any] = {} if classifier is None else dict(classifier.model.config.id2label or {})
+        classes = () if classifier is None else tuple(
+            str(names.get(k, names.get(str(k), f"LABEL_{k}"))) for k in range(classifier.num_labels))
         info = ModelInfo(name, int(cache.head.dimension), vocab, int(cache.head.max_length), decoder=decoder,
                          chunks=decoder and cache.chunks is not None, tiers=tiers.present,
-                         absent_tiers=tuple(tiers.absent.items()), prompts=tuple(sorted(cache.head.prompts)))
+                         absent_tiers=tuple(tiers.absent.items()), prompts=tuple(sorted(cache.head.prompts)),
+                         classes=classes)
     except BaseException:
         with contextlib.suppress(Exception):
             cache.close()

@@ -2,9 +2,10 @@
 vLLM and Infinity copy.
 
 - ``POST /rerank`` with ``texts`` (TEI): ``query``, ``texts``, ``raw_scores``
-  (default false), ``return_text`` (default false), ``truncate`` (accepted; a
-  prompt past the limit is refused either way, see below). The answer: a list of
-  ``{index, score}`` (with ``text`` when asked), best first.
+  (default false), ``return_text`` (default false), ``truncate`` (default false:
+  a pair past the limit is refused; a decoder's prompt is refused either way, see
+  below). The answer: a list of ``{index, score}`` (with ``text`` when asked),
+  best first.
 - ``POST /v1/rerank``, ``POST /v2/rerank`` and ``POST /rerank`` with
   ``documents`` (Cohere, Jina, vLLM): ``query``, ``documents`` (strings, or
   objects with a ``text``), ``top_n`` (default all), ``return_documents`` (default
@@ -16,11 +17,16 @@ vLLM and Infinity copy.
 Our extension to both: ``instruction``, the reranker's instruction for this
 query (a decoder's template's default otherwise).
 
-A decoder reranks each document by ``RerankTemplate``'s prompt (Qwen3-Reranker's
-by default) scored as ``/v1/score`` scores: the probability of "yes" over "yes"
-and "no" (``raw_scores``: the log-odds, log P(yes) - log P(no)). The prompt keeps
-its instruction and its answer turn whole, so a prompt past the limit is refused
-(400 ``context_length_exceeded``) rather than cut.
+Two kinds of model rerank. A cross-encoder of one label (``ModelInfo.classes``)
+scores each (query, document) pair as ``CrossEncoder.rank`` does: its logit
+through the model's activation (``raw_scores``: the logit), the pair tokenized as
+``CrossEncoder`` tokenizes it. A decoder reranks each document by
+``RerankTemplate``'s prompt (Qwen3-Reranker's by default) scored as
+``/v1/score`` scores: the probability of "yes" over "yes" and "no"
+(``raw_scores``: the log-odds, log P(yes) - log P(no)); its prompt keeps its
+instruction and its answer turn whole, so a prompt past the limit is refused
+(400 ``context_length_exceeded``) rather than cut. ``instruction`` is a decoder's
+only.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class RerankRequest:
     raw_scores: bool = False  # TEI: scores before the last activation
     return_text: bool = False  # the documents' texts in the answer
     top_n: int | None = None  # the best this many (None: all)
+    truncate: bool = False  # TEI: a cross-encoder's pair past the limit is cut (else refused)
 
 
 def parse_rerank(body: Any, limits: RequestLimits, model: ModelInfo, *, route: str) -> RerankRequest:
@@ -64,15 +71,15 @@ def parse_rerank(body: Any, limits: RequestLimits, model: ModelInfo, *, route: s
         ApiError: 400 for a malformed body, a missing or empty query or documents, a document that is not text,
             too many documents, a bad ``top_n``; 404 for another model; 400 when the model does not rerank.
     """
-    if not model.decoder:
-        raise bad_request(f"{model.name!r} does not rerank: reranking needs a decoder reranker (a model with a"
-                          " language-model head) here; this node serves /v1/embeddings", "unsupported_model",
-                          "model")
+    if not model.decoder and len(model.classes) != 1:
+        has = f"a classifier of {len(model.classes)} labels (use /predict)" if model.classes else "an embedding model"
+        raise bad_request(f"{model.name!r} does not rerank: reranking needs a cross-encoder of one label or a decoder"
+                          f" (a model with a language-model head); this one is {has}", "unsupported_model", "model")
     if isinstance(body, dict) and "texts" in body:
         fields = _object(body, _TEI_FIELDS)
         return RerankRequest("tei", _query(fields), _documents(fields.get("texts"), "texts", limits, model),
-                             _instruction(fields), raw_scores=_flag(fields, "raw_scores", False),
-                             return_text=_flag(fields, "return_text", False))
+                             _instruction(fields, model), raw_scores=_flag(fields, "raw_scores", False),
+                             return_text=_flag(fields, "return_text", False), truncate=_flag(fields, "truncate", False))
     fields = _object(body, _DOCUMENT_FIELDS)
     name = fields.get("model")
     if name is not None and name != model.name:
@@ -85,8 +92,10 @@ def parse_rerank(body: Any, limits: RequestLimits, model: ModelInfo, *, route: s
     top_n = fields.get("top_n")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise bad_request(f"'top_n' must be an integer >= 1, got {top_n!r}", "invalid_top_n", "top_n")
-    return RerankRequest("documents", _query(fields), documents, _instruction(fields),
-                         return_text=_flag(fields, "return_documents", route != "/v2/rerank"), top_n=top_n)
+    # Cohere and vLLM cut a pair past the limit (max_tokens_per_doc, truncate_prompt_tokens), as CrossEncoder does.
+    return RerankRequest("documents", _query(fields), documents, _instruction(fields, model),
+                         return_text=_flag(fields, "return_documents", route != "/v2/rerank"), top_n=top_n,
+                         truncate=True)
 
 
 def prompts_of(request: RerankRequest, template: RerankTemplate) -> list[str]:
@@ -94,14 +103,15 @@ def prompts_of(request: RerankRequest, template: RerankTemplate) -> list[str]:
     return [template.prompt(request.query, document, request.instruction) for document in request.documents]
 
 
-def rerank_response(probabilities: np.ndarray, request: RerankRequest, tokens: int, model: str) -> Any:
-    """The answer of ``request`` from each document's answer-word probabilities ``(n, 2)`` ("no", "yes"), best
-    first."""
-    yes = probabilities[:, 1].astype(np.float64)
-    if request.raw_scores:  # the log-odds the two-way softmax turns into P(yes)
-        scores = [_log(p) - _log(q) for p, q in zip(yes, probabilities[:, 0].astype(np.float64), strict=True)]
-    else:
-        scores = yes.tolist()
+def decoder_scores(probabilities: np.ndarray, raw: bool) -> list[float]:
+    """A decoder's document scores from its answer-word probabilities ``(n, 2)`` ("no", "yes"): P(yes), or
+    (``raw``) the log-odds the two-way softmax turns into it."""
+    yes, no = probabilities[:, 1].astype(np.float64), probabilities[:, 0].astype(np.float64)
+    return [_log(p) - _log(q) for p, q in zip(yes, no, strict=True)] if raw else yes.tolist()
+
+
+def rerank_response(scores: list[float], request: RerankRequest, tokens: int, model: str) -> Any:
+    """The answer of ``request`` from each document's score, best first."""
     order = sorted(range(len(scores)), key=lambda index: -scores[index])
     if request.top_n is not None:
         order = order[: request.top_n]
@@ -127,11 +137,14 @@ def _query(fields: dict[str, Any]) -> str:
     return query
 
 
-def _instruction(fields: dict[str, Any]) -> str | None:
+def _instruction(fields: dict[str, Any], model: ModelInfo) -> str | None:
     value = fields.get("instruction")
     if value is not None and not isinstance(value, str):
         raise bad_request(f"'instruction' must be a string, got {type(value).__name__}", "invalid_input",
                           "instruction")
+    if value is not None and not model.decoder:
+        raise bad_request("'instruction' is a decoder reranker's; a cross-encoder scores the query and the document"
+                          " alone", "invalid_input", "instruction")
     return value
 
 

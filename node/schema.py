@@ -32,6 +32,9 @@ from attnstore_node.errors import ApiError, bad_request
 
 Input = str | tuple[int, ...]
 EncodingFormat = Literal["float", "base64"]
+# How a cross-encoder row's logits become its scores: TEI's /predict (sigmoid for one label, else a softmax), or
+# the model's own activation, as CrossEncoder.predict applies it (rerank, vLLM's /score).
+Activation = Literal["tei", "model"]
 _OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user", "prompt_name"})
 _TEI_FIELDS = frozenset({"inputs", "normalize", "truncate", "dimensions", "prompt_name"})
 
@@ -71,6 +74,7 @@ class ModelInfo:
     tiers: tuple[str, ...] = ()  # the tiers its cache has (``AttnCache.tiers``), shown by ``/v1/models``
     absent_tiers: tuple[tuple[str, str], ...] = ()  # and the ones it lacks, each with why
     prompts: tuple[str, ...] = ()  # the names of its sentence-transformers prompts (a request's ``prompt_name``)
+    classes: tuple[str, ...] = ()  # a cross-encoder's labels, in logit order (one: a reranker); () for any other
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,10 @@ class Ticket:
         self.prompts = request.prompts  # per row, the prompt tokens its pooling leaves out
         self.labels = request.labels  # a scoring request's label token ids (None: rows are pooled)
         self.softmax = request.softmax
+        self.classify = request.classify  # a cross-encoder request: its rows' classifier scores
+        self.activation = request.activation
+        # Per row, its token types where it is a text pair of a model with token types, else ().
+        self.token_types = request.token_types or ((),) * len(request.rows)
         self.tokens = request.tokens
         self.future = future
         self.loop = future.get_loop()

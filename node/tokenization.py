@@ -27,8 +27,9 @@ from transformers import PreTrainedTokenizerBase
 
 from attnstore_client.cache import AttnCache
 from attnstore_client.call.sources import segment_tokens
+from attnstore_client.sentence.cross_encoder import PairTokenizer
 from attnstore_node.errors import ApiError, bad_request
-from attnstore_node.schema import Input
+from attnstore_node.schema import Activation, Input
 from attnstore_node.scoring import SegmentedPrompt
 from attnstore_node.tokens import Token
 
@@ -48,6 +49,11 @@ class TokenizedRequest:
     # Per row, its segments' token counts where its prompt came in segments (``SegmentedPrompt``), else ();
     # () when no row did.
     segments: tuple[tuple[int, ...], ...] = ()
+    # A cross-encoder request's rows: their classifier logits (``activation`` None), or those through an activation.
+    classify: bool = False
+    activation: Activation | None = None
+    # Per row, its token types where it is a text pair of a model with token types, else (); () when no row is.
+    token_types: tuple[tuple[int, ...], ...] = ()
 
 
 class RequestTokenizer:
@@ -104,6 +110,17 @@ class RequestTokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, self._or_500, partial(
             tokenizer.batch_decode, skip_special_tokens=skip_special_tokens), [list(row) for row in rows])
+
+    async def submit_classify(self, inputs: Sequence[Input | tuple[str, str]], activation: Activation | None, *,
+                              truncate: bool, max_input_tokens: int) -> TokenizedRequest:
+        """A cross-encoder request's rows tokenized on the worker thread (see :meth:`tokenize_classify`).
+
+        Raises:
+            ApiError: 400 for an input past the limit (``truncate`` false); 500 otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._or_500, self.tokenize_classify, inputs, activation,
+                                          truncate, max_input_tokens)
 
     def close(self) -> None:
         """Stop the worker thread once what was submitted is done."""
@@ -176,6 +193,44 @@ class RequestTokenizer:
                     row.append(Token(token_id, text[start:stop], False, start, stop))
             out.append(row)
         return out
+
+    def tokenize_classify(self, inputs: Sequence[Input | tuple[str, str]], activation: Activation | None,
+                          truncate: bool, max_input_tokens: int) -> TokenizedRequest:
+        """A cross-encoder request's rows: a pair of texts tokenized as ``CrossEncoder`` tokenizes it (a text pair,
+        ``longest_first``, token types where the model's embeddings take them), a text alone, token ids as given;
+        each held to the limit (``max_input_tokens``, the model's own first).
+
+        Raises:
+            ApiError: 400 ``context_length_exceeded`` for the first input past the limit, ``truncate`` false.
+        """
+        loaded = self._cache.adapter.loaded
+        limit = min(max_input_tokens, self._cache.head.max_length)
+        types = int(getattr(loaded.model.config, "type_vocab_size", 0) or 0) > 1
+        pairs = [item for item in inputs if isinstance(item, tuple) and item and isinstance(item[0], str)]
+        next_pair = iter(PairTokenizer(loaded.tokenizer, limit, token_types=types)(list(pairs)) if pairs else [])
+        if pairs and not truncate:
+            whole = loaded.tokenizer([p[0] for p in pairs], [p[1] for p in pairs], add_special_tokens=True)
+            for index, ids in enumerate(whole["input_ids"]):
+                if len(ids) > limit:
+                    raise bad_request(f"pair {index} has {len(ids)} tokens; the limit is {limit} (send truncate=true"
+                                      " to cut it)", "context_length_exceeded", "inputs")
+        rows: list[tuple[int, ...]] = []
+        token_types: list[tuple[int, ...]] = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, tuple) and item and isinstance(item[0], str):
+                tokenized = next(next_pair)
+                rows.append(tuple(tokenized.ids))
+                token_types.append(tuple(tokenized.token_types))
+                continue
+            single = item if isinstance(item, str) else tuple(int(v) for v in item)
+            # Cut by the tokenizer (its special tokens kept) when allowed, else whole: refused past the limit.
+            ids = (loaded.tokenizer(single, truncation=truncate, max_length=limit)["input_ids"]
+                   if isinstance(single, str) else single)
+            rows.append(self._limited(index, single, ids, truncate, max_input_tokens))
+            token_types.append(())
+        return TokenizedRequest(tuple(rows), (0,) * len(rows), sum(len(row) for row in rows), classify=True,
+                                activation=activation,
+                                token_types=tuple(token_types) if any(token_types) else ())
 
     def tokenize(self, inputs: Sequence[Input], truncate: bool, max_input_tokens: int,
                  prompt_name: str | None = None) -> TokenizedRequest:

@@ -96,8 +96,12 @@ def parse_decode(body: Any, limits: RequestLimits, model: ModelInfo) -> DecodeRe
 
 def info_response(model: ModelInfo, limits: RequestLimits, kind: str) -> dict[str, Any]:
     """TEI's ``Info`` of the served model, ``kind`` being what its ``POST /`` does, with the node's tiers."""
-    model_type: dict[str, Any] = {"embedding": {"pooling": "sentence-transformers"}} if kind == "embed" else {
-        "reranker": {"id2label": {"0": "yes"}, "label2id": {"yes": 0}}}
+    classes = model.classes or ("yes",)  # a decoder reranker's one score: P("yes")
+    labels = {"id2label": {str(k): name for k, name in enumerate(classes)},
+              "label2id": {name: k for k, name in enumerate(classes)}}
+    kinds: dict[str, dict[str, Any]] = {"embed": {"embedding": {"pooling": "sentence-transformers"}},
+                                        "rerank": {"reranker": labels}, "predict": {"classifier": labels}}
+    model_type = kinds[kind]
     return {"model_id": model.name, "model_sha": None, "model_dtype": "float32", "model_type": model_type,
             "max_concurrent_requests": None, "max_input_length": min(model.max_length, limits.max_input_tokens),
             "max_batch_tokens": None, "max_batch_requests": None, "max_client_batch_size": limits.max_inputs,

@@ -11,7 +11,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sentence_transformers import CrossEncoder
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from attnstore.errors import ConfigError, UnsupportedModelError
 from attnstore.index import ExactIndex
@@ -19,7 +18,8 @@ from attnstore.service import AttnStoreService
 from attnstore.store import MemoryMapStore
 from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
-from attnstore_client.models import load_model, resolve_model_path
+from attnstore_client.models import load_model
+from tests.support.adapters import save_tiny_cross_encoder
 from tests.support.caches import fill_namespace
 
 PAIRS = [
@@ -35,25 +35,6 @@ DOCUMENTS = [pair[1] for pair in PAIRS[:5]]
 
 WORDS = st.sampled_from(["log", "disk", "error", "node", "user", "reset", "the", "of", "capital", "[SEP]", "Paris"])
 TEXTS = st.lists(WORDS, min_size=0, max_size=12).map(" ".join)
-
-
-def _save(folder: Path, family: str, labels: int) -> Path:
-    """A tiny random ``*ForSequenceClassification`` of ``family`` with all-MiniLM-L6-v2's tokenizer, saved."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
-    shape = {"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "max_position_embeddings": 160, "num_labels": labels}
-    if family == "qwen3":
-        shape.update(num_key_value_heads=2, head_dim=8, pad_token_id=tokenizer.pad_token_id)
-    if family == "distilbert":
-        shape.update(dim=32, hidden_dim=48, n_layers=2, n_heads=4)
-    torch.manual_seed(labels + len(family))
-    model = AutoModelForSequenceClassification.from_config(AutoConfig.for_model(family, **shape)).eval()
-    with torch.no_grad():  # a head of random weights larger than its initialisation: scores that differ
-        for parameter in model.parameters():
-            parameter.mul_(3.0) if parameter.ndim == 2 else None
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def _cache(folder: Path, *, exact: bool = False) -> AttnCache:
@@ -72,7 +53,7 @@ def _cache(folder: Path, *, exact: bool = False) -> AttnCache:
                 ids=lambda param: f"{param[0]}-{param[1]}")
 def pair(request, tmp_path_factory) -> tuple[AttnCache, CrossEncoder]:
     family, labels = request.param
-    folder = _save(tmp_path_factory.mktemp(f"{family}{labels}"), family, labels)
+    folder = save_tiny_cross_encoder(tmp_path_factory.mktemp(f"{family}{labels}"), family, labels)
     cache = _cache(folder)
     yield cache, CrossEncoder(str(folder), device="cpu")
     cache.close()
@@ -145,7 +126,7 @@ def test_generated_pairs_equal_cross_encoder(bert_pair, pairs) -> None:
 
 @pytest.fixture(scope="module")
 def bert_pair(tmp_path_factory) -> tuple[AttnCache, CrossEncoder]:
-    folder = _save(tmp_path_factory.mktemp("bert-fuzz"), "bert", 1)
+    folder = save_tiny_cross_encoder(tmp_path_factory.mktemp("bert-fuzz"), "bert", 1)
     cache = _cache(folder)
     yield cache, CrossEncoder(str(folder), device="cpu")
     cache.close()
@@ -165,7 +146,7 @@ def test_a_pair_never_shares_a_key_with_the_text_of_its_ids(bert_pair, request) 
 
 
 def test_a_cross_encoder_folder_loads_with_its_activation(tmp_path) -> None:
-    plain = _save(tmp_path / "plain", "bert", 1)
+    plain = save_tiny_cross_encoder(tmp_path / "plain", "bert", 1)
     saved = CrossEncoder(str(plain), device="cpu", activation_fn=torch.nn.Identity())
     saved.save(str(tmp_path / "ce"))
     reference = CrossEncoder(str(tmp_path / "ce"), device="cpu")

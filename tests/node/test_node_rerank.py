@@ -148,6 +148,20 @@ def test_a_bad_rerank_request_gets_its_4xx_naming_the_fault(node, body, status, 
     assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), answer.text
 
 
+def test_coheres_own_client_reranks_through_v2_rerank(node, decoder) -> None:
+    import cohere
+
+    client = cohere.ClientV2(api_key=API_KEY, base_url=node.url)
+    answer = client.rerank(model=str(decoder[0]), query=QUERY, documents=DOCUMENTS[:6], top_n=3)
+    expected = reference_scores(decoder, QUERY, DOCUMENTS[:6])
+    assert [result.index for result in answer.results] == list(np.argsort(-expected)[:3])
+    assert all(abs(result.relevance_score - expected[result.index]) < TOLERANCE for result in answer.results)
+    with pytest.raises(cohere.core.api_error.ApiError) as refused:
+        cohere.ClientV2(api_key="wrong", base_url=node.url).rerank(model=str(decoder[0]), query=QUERY,
+                                                                  documents=["a"])
+    assert refused.value.status_code == 401
+
+
 def test_reranking_needs_the_api_key(node) -> None:
     answer = post(node, "/v1/rerank", {"query": QUERY, "documents": ["a"]}, headers={})
     assert answer.status_code == 401

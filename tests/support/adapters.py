@@ -12,6 +12,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
     Gemma3ForCausalLM,
@@ -252,4 +253,23 @@ def save_tiny_family(family: str, folder: Path, *, hidden: int = 32, padding_sid
             layers.append(modules.Dense(width, out, bias=False, activation_function=torch.nn.Identity()))
         pipeline = SentenceTransformer(modules=[*layers, modules.Normalize()], device="cpu")
         pipeline.save(str(folder))
+    return folder
+
+
+def save_tiny_cross_encoder(folder: Path, family: str, labels: int) -> Path:
+    """A tiny random ``*ForSequenceClassification`` of ``family`` with all-MiniLM-L6-v2's tokenizer, saved."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
+    shape = {"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "max_position_embeddings": 160, "num_labels": labels}
+    if family == "qwen3":
+        shape.update(num_key_value_heads=2, head_dim=8, pad_token_id=tokenizer.pad_token_id)
+    if family == "distilbert":
+        shape.update(dim=32, hidden_dim=48, n_layers=2, n_heads=4)
+    torch.manual_seed(labels + len(family))
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.for_model(family, **shape)).eval()
+    with torch.no_grad():  # a head of random weights larger than its initialisation: scores that differ
+        for parameter in model.parameters():
+            parameter.mul_(3.0) if parameter.ndim == 2 else None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder
