@@ -9,7 +9,7 @@ SGLang's and vLLM's, reranking in TEI's and Cohere's, TEI's tokenizer routes, he
   cross-encoder (``predict``), ``POST /`` and ``POST /invocations`` (TEI's and
   SageMaker's: what the model does, as TEI routes them: ``/embed`` for an
   embedding model, ``/rerank`` for a reranker, ``/predict`` for a classifier),
-  ``POST /tokenize``, ``POST /decode``, ``GET /info`` (TEI's;
+  ``POST /embed_all`` (TEI's: every token's embedding), ``POST /tokenize``, ``POST /decode``, ``GET /info`` (TEI's;
   ``tokens``), ``GET /v1/models``: need an API key when the node has a key file
   (``Authorization: Bearer KEY``);
 - ``GET /health`` (and ``GET /``, as TEI's): 200 once the model is loaded, 503
@@ -56,6 +56,7 @@ from attnstore_node.schema import (
     ModelInfo,
     RequestLimits,
     openai_response,
+    parse_embed_all,
     parse_openai,
     parse_tei,
     tei_response,
@@ -122,6 +123,7 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
           for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
         *(Route(path, _served_route(state, path, _by_kind(state, path)), methods=["POST"])
           for path in ("/", "/invocations")),
+        Route("/embed_all", _served_route(state, "/embed_all", _embed_all_work(state)), methods=["POST"]),
         Route("/predict", _served_route(state, "/predict", _predict_work(state)), methods=["POST"]),
         Route("/score", _served_route(state, "/score", _pair_score_work(state)), methods=["POST"]),
         Route("/tokenize", _served_route(state, "/tokenize", _tokenize_work(state)), methods=["POST"]),
@@ -290,6 +292,19 @@ def _by_kind(state: NodeState, route: str) -> Work:
 
     async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
         return await works[kind_of(model)](request, body, model)
+
+    return work
+
+
+def _embed_all_work(state: NodeState) -> Work:
+    async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
+        parsed = parse_embed_all(body, state.limits, model)
+        embedded = await _until_disconnect(request, state.embedder.embed_all(
+            parsed.inputs, truncate=parsed.truncate, max_input_tokens=state.limits.max_input_tokens,
+            prompt_name=parsed.prompt_name))
+        if embedded is None:
+            return None
+        return [row.tolist() for row in embedded.rows], len(parsed.inputs)
 
     return work
 

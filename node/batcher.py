@@ -23,6 +23,7 @@ does ``/health`` (``fault``): the node no longer serves.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -126,6 +127,17 @@ class Batcher(Embedder):
         except RuntimeError:  # the tokenizer's thread was shut down: the node stops
             raise _unavailable() from None
         return await self._queued(request)
+
+    async def embed_all(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                        prompt_name: str | None = None) -> Embedded:
+        """See :meth:`Embedder.embed_all`: tokenized as :meth:`embed`'s, then queued with the others."""
+        model = self._serving()
+        try:
+            request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens,
+                                                   prompt_name=prompt_name)
+        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
+            raise _unavailable() from None
+        return await self._queued(dataclasses.replace(request, all_tokens=True))
 
     async def classify(self, inputs: Sequence[Input | tuple[str, str]], *, activation: Activation | None,
                        truncate: bool, max_input_tokens: int) -> Embedded:

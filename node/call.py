@@ -99,6 +99,8 @@ class TicketSink(Sink):
 
     def _kind(self, position: int) -> RowResult:
         ticket, index = self._owners[position]
+        if ticket.all_tokens:
+            return ("tokens", 0)
         if ticket.classify:
             return ("classify", ticket.activation)
         if ticket.labels is None:
@@ -114,6 +116,10 @@ class TicketSink(Sink):
         results: list[dict[RowResult, np.ndarray]] = [{} for _ in targets]
         for kind, rows in jobs.items():
             picked = torch.tensor(rows, device=tokens.device)
+            if kind[0] == "tokens":  # each row's own states, unpadded: (L, hidden)
+                for r in rows:
+                    results[r][kind] = tokens[r, : int(mask[r].sum())].float().cpu().numpy()
+                continue
             if kind[0] == "classify":
                 ids = [self._rows[targets[r][0]].ids for r in rows]
                 activation = kind[1]

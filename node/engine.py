@@ -25,6 +25,7 @@ class Embedded:
 
     vectors: np.ndarray  # (n, dim) float32; for a scoring request (n, labels), the label probabilities
     tokens: int  # every input's tokens, special tokens included (``usage.prompt_tokens``)
+    rows: tuple[np.ndarray, ...] = ()  # ``/embed_all``'s: per input its token embeddings (L, hidden) float32
 
 
 class Embedder(ABC):
@@ -78,6 +79,19 @@ class Embedder(ABC):
         """
         raise ApiError(400, f"{type(self).__name__} does not score; this server serves /v1/embeddings",
                        "unsupported_route")
+
+    async def embed_all(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
+                        prompt_name: str | None = None) -> Embedded:
+        """Each input's token embeddings (its last hidden states, ``Embedded.rows``), tokenized as :meth:`embed`
+        tokenizes it.
+
+        Raises:
+            ApiError: 400 as :meth:`embed`, or when this embedder does not give token embeddings; 500 and 503 as
+                :meth:`embed`.
+            asyncio.CancelledError: as :meth:`embed`.
+        """
+        raise ApiError(400, f"{type(self).__name__} does not give token embeddings; this server serves"
+                       " /v1/embeddings", "unsupported_route")
 
     async def classify(self, inputs: Sequence[Input | tuple[str, str]], *, activation: Activation | None,
                        truncate: bool, max_input_tokens: int) -> Embedded:

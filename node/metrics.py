@@ -28,7 +28,8 @@ from attnstore_client.call.rows import ROW_KINDS, RowKind
 from attnstore_client.stats import CacheStats
 
 ROUTES: tuple[str, ...] = ("/v1/embeddings", "/embed", "/v1/score", "/v1/classify", "/rerank", "/v1/rerank",
-                           "/v2/rerank", "/predict", "/score", "/", "/invocations", "/tokenize", "/decode")
+                           "/v2/rerank", "/predict", "/score", "/embed_all", "/",
+                           "/invocations", "/tokenize", "/decode")
 STATUSES: tuple[str, ...] = ("200", "400", "401", "404", "405", "408", "413", "415", "499", "500", "503")
 # The route of requests to no route of the node (404), and of those refused before their request line and headers
 # were in (400 not HTTP, 408 too slow): a path of the client's choice would make a label per path.

@@ -37,6 +37,7 @@ EncodingFormat = Literal["float", "base64"]
 Activation = Literal["tei", "model"]
 _OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user", "prompt_name"})
 _TEI_FIELDS = frozenset({"inputs", "normalize", "truncate", "dimensions", "prompt_name"})
+_EMBED_ALL_FIELDS = frozenset({"inputs", "truncate", "prompt_name"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,20 @@ def parse_tei(body: Any, limits: RequestLimits, model: ModelInfo) -> EmbedReques
         normalize=_flag(fields, "normalize", True), truncate=_flag(fields, "truncate", False),
         prompt_name=_prompt_name(fields, model),
     )
+
+
+def parse_embed_all(body: Any, limits: RequestLimits, model: ModelInfo) -> EmbedRequest:
+    """An ``/embed_all`` body (TEI's: ``inputs``, ``truncate``, ``prompt_name``), validated.
+
+    Raises:
+        ApiError: 400, as for :func:`parse_tei`.
+    """
+    fields = _object(body, _EMBED_ALL_FIELDS)
+    if "inputs" not in fields:
+        raise bad_request("'inputs' is required: a string, a list of strings or of token id lists", "missing_input",
+                          "inputs")
+    return EmbedRequest(inputs=_inputs(fields["inputs"], "inputs", limits, model),
+                        truncate=_flag(fields, "truncate", False), prompt_name=_prompt_name(fields, model))
 
 
 def shaped(vectors: np.ndarray, request: EmbedRequest) -> np.ndarray:

@@ -34,6 +34,8 @@ class Ticket:
         self.activation = request.activation
         # Per row, its token types where it is a text pair of a model with token types, else ().
         self.token_types = request.token_types or ((),) * len(request.rows)
+        self.all_tokens = request.all_tokens  # ``/embed_all``: each row's token embeddings (``token_rows``)
+        self.token_rows: list[np.ndarray | None] = [None] * len(request.rows) if request.all_tokens else []
         self.tokens = request.tokens
         self.future = future
         self.loop = future.get_loop()
@@ -46,15 +48,23 @@ class Ticket:
     def write(self, index: int, vector: np.ndarray) -> None:
         """Row ``index``'s vector is in; once every row's is, the request is answered (a row written twice
         counts once, so the answer never carries a row that was not written)."""
-        if self.vectors is None:
-            self.vectors = np.empty((len(self.rows), vector.shape[-1]), np.float32)
-        self.vectors[index] = vector
+        if self.all_tokens:
+            self.token_rows[index] = vector  # (L, hidden)
+        else:
+            if self.vectors is None:
+                self.vectors = np.empty((len(self.rows), vector.shape[-1]), np.float32)
+            self.vectors[index] = vector
         if self._written[index]:
             return
         self._written[index] = True
         self.remaining -= 1
         if self.remaining == 0:
-            self._settle(Embedded(self.vectors, self.tokens), None)
+            if self.all_tokens:
+                rows = tuple(row for row in self.token_rows if row is not None)
+                self._settle(Embedded(np.empty((len(rows), 0), np.float32), self.tokens, rows), None)
+            else:
+                assert self.vectors is not None
+                self._settle(Embedded(self.vectors, self.tokens), None)
 
     def reject(self, error: BaseException) -> None:
         """Answer the request with ``error``."""

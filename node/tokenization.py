@@ -54,6 +54,7 @@ class TokenizedRequest:
     activation: Activation | None = None
     # Per row, its token types where it is a text pair of a model with token types, else (); () when no row is.
     token_types: tuple[tuple[int, ...], ...] = ()
+    all_tokens: bool = False  # ``/embed_all``: every token's embedding, not the pooled one
 
 
 class RequestTokenizer:

@@ -76,6 +76,19 @@ def test_decode_turns_ids_back_into_text(node, minilm_model) -> None:
     assert post(node, "/decode", {"ids": ids[0], "skip_special_tokens": False}).json()[0].startswith("[CLS]")
 
 
+def test_embed_all_gives_every_tokens_embedding_as_sentence_transformers_does(node, minilm_model) -> None:
+    texts = [f"{text} (every token)" for text in TEXTS]  # computed rows: an exact hit's states are fp16
+    answer = post(node, "/embed_all", {"inputs": texts})
+    assert answer.status_code == 200, answer.text
+    expected = minilm_model.sentence_transformer.encode(texts, output_value="token_embeddings")
+    rows = answer.json()
+    assert [len(row) for row in rows] == [len(states) for states in expected]
+    for row, states in zip(rows, expected, strict=True):
+        np.testing.assert_allclose(np.array(row, np.float32), states.numpy(), atol=1e-4)
+    too_long = post(node, "/embed_all", {"inputs": "word " * 600})
+    assert (too_long.status_code, too_long.json()["error"]["code"]) == (400, "context_length_exceeded")
+
+
 @pytest.mark.parametrize(("route", "body", "code"), [
     ("/tokenize", {"inputs": []}, "invalid_input"),
     ("/tokenize", {"inputs": "a", "prompt_name": "no_such_prompt"}, "invalid_prompt_name"),
