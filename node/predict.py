@@ -8,9 +8,12 @@ states; the pairs are tokenized as ``CrossEncoder`` tokenizes them.
 - ``POST /predict`` (TEI): ``inputs`` is a text, a pair ``[text, text]``, or a
   batch of them (``[[text], [text, text], ...]``); ``raw_scores`` (default false:
   a sigmoid for a model of one label, else a softmax over the labels; true: the
-  logits); ``truncate`` (default false: an input past the limit is refused). The
-  answer, per input, every label with its score, best first: ``[{"score",
-  "label"}]`` for one input, a list of those for a batch.
+  logits); ``truncate`` (default false: an input past the limit is refused);
+  ``parameters`` as ``huggingface_hub``'s ``text_classification`` sends them
+  (``function_to_apply``: ``"none"`` is ``raw_scores``, the label count's own
+  activation is the default; ``top_k``: the best this many labels). The answer,
+  per input, every label with its score, best first: ``[{"score", "label"}]`` for
+  one input, a list of those for a batch.
 - ``POST /score`` (vLLM's, for a cross-encoder of one label): ``text_1`` (a text
   or texts) and ``text_2`` (a text or texts): one ``text_1`` against each
   ``text_2``, or pairs by position when both are lists of one length; ``model``
@@ -32,7 +35,9 @@ import numpy as np
 from attnstore_node.errors import ApiError, bad_request
 from attnstore_node.schema import ModelInfo, RequestLimits, _flag, _input, _object
 
-_PREDICT_FIELDS = frozenset({"inputs", "raw_scores", "truncate", "truncation_direction"})
+_PREDICT_FIELDS = frozenset({"inputs", "raw_scores", "truncate", "truncation_direction", "parameters"})
+# What huggingface_hub's ``InferenceClient.text_classification`` sends under ``parameters``.
+_PARAMETERS = frozenset({"function_to_apply", "top_k"})
 _SCORE_FIELDS = frozenset({"model", "text_1", "text_2", "truncate_prompt_tokens", "encoding_format", "user"})
 PredictInput = str | tuple[str, str]  # TEI's: a text, or a pair of texts
 
@@ -43,6 +48,7 @@ class PredictRequest:
     batch: bool  # a batch was given (the answer is a list per input)
     raw_scores: bool = False
     truncate: bool = False
+    top_k: int | None = None  # the best this many labels per input (None: all)
 
 
 def require_classifier(model: ModelInfo, route: str) -> None:
@@ -81,14 +87,36 @@ def parse_predict(body: Any, limits: RequestLimits, model: ModelInfo) -> Predict
     if len(inputs) > limits.max_inputs:
         raise bad_request(f"too many inputs: {len(inputs)}; the limit is {limits.max_inputs} per request",
                           "too_many_inputs", "inputs")
+    raw, top_k = _parameters(fields.get("parameters"), model, _flag(fields, "raw_scores", False))
     return PredictRequest(tuple(_sequence(item, f"inputs[{index}]", model) for index, item in enumerate(inputs)),
-                          batch, _flag(fields, "raw_scores", False), _flag(fields, "truncate", False))
+                          batch, raw, _flag(fields, "truncate", False), top_k)
+
+
+def _parameters(value: Any, model: ModelInfo, raw: bool) -> tuple[bool, int | None]:
+    """``raw_scores`` and ``top_k`` after huggingface_hub's ``parameters`` (None: none given).
+
+    Raises:
+        ApiError: 400 naming a parameter it does not know or an activation other than the model's own or none.
+    """
+    if value is None:
+        return raw, None
+    fields = _object(value, _PARAMETERS)
+    function = fields.get("function_to_apply")
+    own = "sigmoid" if len(model.classes) == 1 else "softmax"
+    if function not in (None, "none", own):
+        raise bad_request(f"'parameters.function_to_apply' must be 'none' or {own!r} (this model's own), got"
+                          f" {function!r:.40}", "invalid_parameter", "parameters")
+    top_k = fields.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise bad_request(f"'parameters.top_k' must be an integer >= 1, got {top_k!r:.40}", "invalid_parameter",
+                          "parameters")
+    return raw or function == "none", top_k
 
 
 def predict_response(scores: np.ndarray, request: PredictRequest, classes: tuple[str, ...]) -> Any:
     """TEI's answer: per input, every label with its score, best first."""
     answers = [[{"score": float(row[k]), "label": classes[k]} for k in np.argsort(-row, kind="stable")]
-               for row in scores]
+               [: request.top_k] for row in scores]
     return answers if request.batch else answers[0]
 
 

@@ -150,3 +150,18 @@ def test_a_classifier_of_several_labels_neither_reranks_nor_scores_pairs(classif
     assert (answer.status_code, answer.json()["error"]["code"]) == (400, "unsupported_model")
     assert "use /predict" in answer.json()["error"]["message"]
     assert post(node, "/score", {"text_1": QUERY, "text_2": TEXTS}).status_code == 400
+
+
+def test_huggingface_hubs_text_classification_reads_predict(classifier, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    node, reference, _ = classifier
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite's offline mode: loopback
+    client = huggingface_hub.InferenceClient(model=f"{node.url}/predict", token=API_KEY)
+    # TEI answers one input with a flat list of labels, of which the client keeps the first: the best.
+    best = client.text_classification("I like you.")
+    expected = post(node, "/predict", {"inputs": "I like you."}).json()
+    assert (best.label, round(best.score, 6)) == (expected[0]["label"], round(expected[0]["score"], 6))
+    raw = client.text_classification("I like you.", top_k=1, function_to_apply="none")
+    logits = post(node, "/predict", {"inputs": "I like you.", "raw_scores": True}).json()
+    assert (raw.label, round(raw.score, 6)) == (logits[0]["label"], round(logits[0]["score"], 6))
