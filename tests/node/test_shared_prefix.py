@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnstore_client.call.rows import Row
-from attnstore_client.tiers.prefix.shared import shared_groups
+from attnstore_client.tiers.prefix.shared import shared_groups, suffix_batches
 from attnstore_node.call import distinct_tokens
 
 token_rows = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=20)
@@ -42,3 +42,18 @@ def test_a_query_with_64_items_is_one_group_of_the_query() -> None:
     (group,) = shared_groups(rows, 64)
     assert group.length == len(query) and len(group.rows) == 64
     assert shared_groups(rows, 81) == []
+
+
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=80), st.integers(1, 16))
+def test_suffix_batches_take_every_row_once_shortest_first_within_their_padding_bound(
+    suffixes: list[int], size: int
+) -> None:
+    prefix = 5
+    rows = [Row(index, [9] * (prefix + length), bytes(index)) for index, length in enumerate(suffixes)]
+    batches = suffix_batches(rows, prefix, size, waste=0.15)
+    assert sorted(row.index for batch in batches for row in batch) == list(range(len(rows)))
+    lengths = [[len(row.tokens) - prefix for row in batch] for batch in batches]
+    assert [length for batch in lengths for length in batch] == sorted(suffixes)  # shortest first
+    for batch in lengths:
+        assert len(batch) <= size
+        assert len(batch) == 1 or len(batch) * max(batch) <= 1.15 * sum(batch)  # padded within 15% of real
