@@ -121,7 +121,7 @@ def create_app(embedder: Embedder, *, keys: KeyCheck | None = None, limits: Requ
               methods=["POST"]),
         *(Route(path, _served_route(state, path, _rerank_work(state, path)), methods=["POST"])
           for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
-        *(Route(path, _served_route(state, path, _by_kind(state, path)), methods=["POST"])
+        *(Route(path, _served_route(state, path, _root_work(state, path)), methods=["POST"])
           for path in ("/", "/invocations")),
         Route("/embed_all", _served_route(state, "/embed_all", _embed_all_work(state)), methods=["POST"]),
         Route("/predict", _served_route(state, "/predict", _predict_work(state)), methods=["POST"]),
@@ -276,7 +276,7 @@ def _pair_score_work(state: NodeState) -> Work:
     return work
 
 
-def kind_of(model: ModelInfo) -> str:
+def root_route(model: ModelInfo) -> str:
     """What the model's ``POST /`` does, as TEI routes it: ``"rerank"`` for a reranker (a cross-encoder of one
     label, or a decoder), ``"predict"`` for a classifier (a cross-encoder of several labels), ``"embed"`` for an
     embedding model."""
@@ -285,13 +285,13 @@ def kind_of(model: ModelInfo) -> str:
     return "rerank" if model.decoder else "embed"
 
 
-def _by_kind(state: NodeState, route: str) -> Work:
+def _root_work(state: NodeState, route: str) -> Work:
     """TEI's ``POST /`` (and SageMaker's ``/invocations``): the model's own route's work."""
     works = {"embed": _embedding_work(state, parse_tei, _tei_answer), "rerank": _rerank_work(state, route),
              "predict": _predict_work(state)}
 
     async def work(request: Request, body: Any, model: ModelInfo) -> tuple[Any, int] | None:
-        return await works[kind_of(model)](request, body, model)
+        return await works[root_route(model)](request, body, model)
 
     return work
 
@@ -439,7 +439,7 @@ def _info_route(state: NodeState) -> Callable[[Request], Awaitable[Response]]:
             model = _ready_model(state)
         except ApiError as error:
             return _error(error)
-        return JSONResponse(info_response(model, state.limits, kind_of(model)))
+        return JSONResponse(info_response(model, state.limits, root_route(model)))
 
     return endpoint
 

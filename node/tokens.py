@@ -94,14 +94,15 @@ def parse_decode(body: Any, limits: RequestLimits, model: ModelInfo) -> DecodeRe
                          _flag(fields, "skip_special_tokens", True))
 
 
-def info_response(model: ModelInfo, limits: RequestLimits, kind: str) -> dict[str, Any]:
-    """TEI's ``Info`` of the served model, ``kind`` being what its ``POST /`` does, with the node's tiers."""
+def info_response(model: ModelInfo, limits: RequestLimits, root: str) -> dict[str, Any]:
+    """TEI's ``Info`` of the served model, ``root`` being the route its ``POST /`` takes (``app.root_route``), with
+    the node's tiers."""
     classes = model.classes or ("yes",)  # a decoder reranker's one score: P("yes")
     labels = {"id2label": {str(k): name for k, name in enumerate(classes)},
               "label2id": {name: k for k, name in enumerate(classes)}}
-    kinds: dict[str, dict[str, Any]] = {"embed": {"embedding": {"pooling": "sentence-transformers"}},
-                                        "rerank": {"reranker": labels}, "predict": {"classifier": labels}}
-    model_type = kinds[kind]
+    model_types: dict[str, dict[str, Any]] = {"embed": {"embedding": {"pooling": "sentence-transformers"}},
+                                              "rerank": {"reranker": labels}, "predict": {"classifier": labels}}
+    model_type = model_types[root]
     return {"model_id": model.name, "model_sha": None, "model_dtype": "float32", "model_type": model_type,
             "max_concurrent_requests": None, "max_input_length": min(model.max_length, limits.max_input_tokens),
             "max_batch_tokens": None, "max_batch_requests": None, "max_client_batch_size": limits.max_inputs,

@@ -38,12 +38,12 @@ def test_a_bad_body_is_refused_naming_the_fault(parse, body, code) -> None:
     assert (refused.value.status, refused.value.code) == (400, code)
 
 
-@pytest.mark.parametrize(("kind", "model_type"), [
+@pytest.mark.parametrize(("root", "model_type"), [
     ("embed", {"embedding": {"pooling": "sentence-transformers"}}),
     ("rerank", {"reranker": {"id2label": {"0": "yes"}, "label2id": {"yes": 0}}}),
 ])
-def test_info_names_the_models_kind_and_the_limits(kind, model_type) -> None:
-    info = info_response(MODEL, LIMITS, kind)
+def test_info_names_the_models_type_by_its_root_route_and_the_limits(root, model_type) -> None:
+    info = info_response(MODEL, LIMITS, root)
     assert info["model_type"] == model_type
     assert (info["model_id"], info["max_input_length"], info["max_client_batch_size"], info["tiers"]) == (
         "m", 64, 2, ["exact"])
