@@ -27,7 +27,8 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from attnstore_client.cache import AttnCache
 from attnstore_node.budget import TokenBudget
@@ -41,11 +42,12 @@ from attnstore_node.queue import QueueFullError, TicketQueue
 from attnstore_node.schema import Activation, Input, ModelInfo
 from attnstore_node.settings import BatcherSettings
 from attnstore_node.ticket import Ticket, reject_open
-from attnstore_node.tokenization import TokenizedRequest
+from attnstore_node.tokenization import RequestTokenizer, TokenizedRequest
 from attnstore_node.tokens import Token
 from attnstore_node.warmup import IDLE_SECONDS, WarmUp
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class Batcher(Embedder):
@@ -109,62 +111,52 @@ class Batcher(Embedder):
     async def embed(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
                     prompt_name: str | None = None) -> Embedded:
         """See :meth:`Embedder.embed`: tokenized and held to its limits first, then queued."""
-        model = self._serving()
-        try:
-            request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens,
-                                                   prompt_name=prompt_name)
-        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
-            raise _unavailable() from None
+        request = await self._tokenized(lambda tokenizer: tokenizer.submit(
+            inputs, truncate=truncate, max_input_tokens=max_input_tokens, prompt_name=prompt_name))
         return await self._queued(request)
 
     async def score(self, prompts: Sequence[Input], labels: Sequence[int] | Sequence[str], *, softmax: bool,
                     max_input_tokens: int) -> Embedded:
         """See :meth:`Embedder.score`: tokenized and held to its limits first, then queued with the embeddings."""
-        model = self._serving()
-        try:
-            request = await model.tokenizer.submit_scoring(prompts, labels, softmax=softmax,
-                                                           max_input_tokens=max_input_tokens)
-        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
-            raise _unavailable() from None
+        request = await self._tokenized(lambda tokenizer: tokenizer.submit_scoring(
+            prompts, labels, softmax=softmax, max_input_tokens=max_input_tokens))
         return await self._queued(request)
 
     async def embed_all(self, inputs: Sequence[Input], *, truncate: bool, max_input_tokens: int,
                         prompt_name: str | None = None) -> Embedded:
         """See :meth:`Embedder.embed_all`: tokenized as :meth:`embed`'s, then queued with the others."""
-        model = self._serving()
-        try:
-            request = await model.tokenizer.submit(inputs, truncate=truncate, max_input_tokens=max_input_tokens,
-                                                   prompt_name=prompt_name)
-        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
-            raise _unavailable() from None
+        request = await self._tokenized(lambda tokenizer: tokenizer.submit(
+            inputs, truncate=truncate, max_input_tokens=max_input_tokens, prompt_name=prompt_name))
         return await self._queued(dataclasses.replace(request, all_tokens=True))
 
     async def classify(self, inputs: Sequence[Input | tuple[str, str]], *, activation: Activation | None,
                        truncate: bool, max_input_tokens: int) -> Embedded:
         """See :meth:`Embedder.classify`: tokenized and held to its limits first, then queued with the others."""
-        model = self._serving()
-        try:
-            request = await model.tokenizer.submit_classify(inputs, activation, truncate=truncate,
-                                                            max_input_tokens=max_input_tokens)
-        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
-            raise _unavailable() from None
+        request = await self._tokenized(lambda tokenizer: tokenizer.submit_classify(
+            inputs, activation, truncate=truncate, max_input_tokens=max_input_tokens))
         return await self._queued(request)
 
     async def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool,
                        prompt_name: str | None = None) -> list[list[Token]]:
         """See :meth:`Embedder.tokenize`: on the request tokenizer's thread, never queued."""
-        model = self._serving()
-        try:
-            return await model.tokenizer.submit_tokens(texts, add_special_tokens=add_special_tokens,
-                                                       prompt_name=prompt_name)
-        except RuntimeError:  # the tokenizer's thread was shut down: the node stops
-            raise _unavailable() from None
+        return await self._tokenized(lambda tokenizer: tokenizer.submit_tokens(
+            texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name))
 
     async def decode(self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
         """See :meth:`Embedder.decode`: on the request tokenizer's thread, never queued."""
+        return await self._tokenized(lambda tokenizer: tokenizer.submit_decode(
+            rows, skip_special_tokens=skip_special_tokens))
+
+    async def _tokenized(self, submit: Callable[[RequestTokenizer], Awaitable[_T]]) -> _T:
+        """``submit``'s work on the served model's request tokenizer, while the node serves.
+
+        Raises:
+            ApiError: 503 while the model loads, once the node stops (its tokenizer's thread shut down) or after
+                its batcher stopped; what ``submit`` raises otherwise.
+        """
         model = self._serving()
         try:
-            return await model.tokenizer.submit_decode(rows, skip_special_tokens=skip_special_tokens)
+            return await submit(model.tokenizer)
         except RuntimeError:  # the tokenizer's thread was shut down: the node stops
             raise _unavailable() from None
 
