@@ -71,7 +71,7 @@ import numpy as np
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.bench.encode import EXACT_PEERS, peer_method
-from attnstore_tools.bench.score import DATA, Server, _metric, _store, run_clients
+from attnstore_tools.bench.score import DATA, Server, _metric, _store, plot_by_clients, run_clients, speedups
 
 log = logging.getLogger(__name__)
 
@@ -270,26 +270,18 @@ def _compare(results: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def _speedups(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per client count, the node's documents/s over each baseline's and its p99 against theirs; where peers ran,
-    the fastest ``<peer>_dict`` (``fastest_peer_dict`` names it) and the node's speedup over it."""
+    """``bench score``'s speedups (the node against every other server); where peers ran, the fastest
+    ``<peer>_dict`` (``fastest_peer_dict`` names it) and the node's speedup over it."""
     by = {(row["method"], row["clients"]): row for rows in report["results"].values() for row in rows}
-    out = []
-    for (method, clients), node in sorted(by.items(), key=lambda item: item[0][1]):
-        if method != "node":
-            continue
-        line: dict[str, Any] = {"clients": clients}
-        for baseline in report["results"]:
-            other = by.get((baseline, clients))
-            if baseline != "node" and other is not None:
-                line[f"x_{baseline}"] = node["items_per_s"] / other["items_per_s"]
-                line[f"p99_vs_{baseline}"] = node["p99_ms"] / other["p99_ms"]
+    out = speedups(report)
+    for line in out:
+        clients = line["clients"]
         peers = [m for m in PEER_DICTS if (m, clients) in by]
         if peers:
             fastest = max(peers, key=lambda m: by[(m, clients)]["items_per_s"])
             line["fastest_peer_dict"] = fastest
             line["x_fastest_peer_dict"] = line[f"x_{fastest}"]
             line["p99_vs_fastest_peer_dict"] = line[f"p99_vs_{fastest}"]
-        out.append(line)
     return out
 
 
@@ -312,30 +304,6 @@ def _table(report: dict[str, Any]) -> str:
                          f" ({line['fastest_peer_dict']})")
         lines.append(f"node at {line['clients']} clients: " + ", ".join(parts))
     return "\n".join(lines)
-
-
-def _plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (items_ax, p99_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    for method, rows in report["results"].items():
-        counts = [row["clients"] for row in rows]
-        items_ax.plot(counts, [row["items_per_s"] for row in rows], "o-", label=method)
-        p99_ax.plot(counts, [row["p99_ms"] / 1000 for row in rows], "o-", label=method)
-    for ax, label in ((items_ax, "documents/s"), (p99_ax, "p99 request latency (s)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel(label)
-        ax.legend()
-    low, high = report["documents"]
-    fig.suptitle(f"bench rerank: STS-B, {low}-{high} documents per query, {report['model']}, "
-                 f"{report['threads']} torch threads per server")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -381,7 +349,10 @@ def run(args: argparse.Namespace) -> int:
     report["speedups"] = _speedups(report)
     print(_table(report))
     if args.plot is not None:
-        _plot(report, args.plot)
+        low, high = report["documents"]
+        plot_by_clients(report, args.plot, "documents/s",
+                        f"bench rerank: STS-B, {low}-{high} documents per query, {report['model']}, "
+                        f"{report['threads']} torch threads per server")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0

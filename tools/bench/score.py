@@ -355,24 +355,27 @@ def _compare(results: dict[str, list[dict[str, Any]]]) -> None:
             row["max_diff"] = float(np.abs(ours - theirs).max())
 
 
-def _speedups(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per client count, the node's items/s over each baseline's and its p99 against theirs."""
+def speedups(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per client count, the node's items/s over every other server's and its p99 against theirs
+    (``x_<server>``, ``p99_vs_<server>``); ``bench rerank``'s too."""
     by = {(row["method"], row["clients"]): row for rows in report["results"].values() for row in rows}
     out = []
-    for (method, clients), node in sorted(by.items()):
+    for (method, clients), node in sorted(by.items(), key=lambda item: item[0][1]):
         if method != "node":
             continue
         line: dict[str, Any] = {"clients": clients}
-        for baseline in ("plain", "cached"):
+        for baseline in report["results"]:
             other = by.get((baseline, clients))
-            if other is not None:
+            if baseline != "node" and other is not None:
                 line[f"x_{baseline}"] = node["items_per_s"] / other["items_per_s"]
                 line[f"p99_vs_{baseline}"] = node["p99_ms"] / other["p99_ms"]
         out.append(line)
     return out
 
 
-def _plot(report: dict[str, Any], path: Path) -> None:
+def plot_by_clients(report: dict[str, Any], path: Path, rate: str, title: str) -> None:
+    """A PNG at ``path`` of every server's ``rate`` (its items/s) and p99 latency against concurrent clients;
+    ``bench rerank``'s too."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -383,13 +386,12 @@ def _plot(report: dict[str, Any], path: Path) -> None:
         counts = [row["clients"] for row in rows]
         items_ax.plot(counts, [row["items_per_s"] for row in rows], "o-", label=method)
         p99_ax.plot(counts, [row["p99_ms"] / 1000 for row in rows], "o-", label=method)
-    for ax, label in ((items_ax, "items/s"), (p99_ax, "p99 request latency (s)")):
+    for ax, label in ((items_ax, rate), (p99_ax, "p99 request latency (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
         ax.legend()
-    fig.suptitle(f"bench score: MMLU 5-shot, {report['items']} items per request, {report['model']}, "
-                 f"{report['threads']} torch threads per server")
+    fig.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -461,10 +463,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON; returns the exit code."""
     report = bench(args)
-    report["speedups"] = _speedups(report)
+    report["speedups"] = speedups(report)
     print(_table(report))
     if args.plot is not None:
-        _plot(report, args.plot)
+        plot_by_clients(report, args.plot, "items/s",
+                        f"bench score: MMLU 5-shot, {report['items']} items per request, {report['model']}, "
+                        f"{report['threads']} torch threads per server")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
