@@ -72,6 +72,7 @@ from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.bench.encode import EXACT_PEERS, peer_method
 from attnstore_tools.bench.score import DATA, Server, _metric, _store, plot_by_clients, run_clients, speedups
+from attnstore_tools.machine import status_bytes
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     if method == "node":
                         row["computed_per_token"] = (_metric(server.url, "attnstore_node_forward_tokens_total")
                                                      - before) / tokens
+                    assert server.process is not None
+                    # The server's own high-water mark: model, runtime, caches and the load's requests.
+                    row["peak_rss_mib"] = status_bytes(server.process.pid, "VmHWM")["VmHWM"] / 2**20
                 finally:
                     server.stop()
                 row["method"], row["requests"], row["tokens"] = method, len(run_bodies), tokens
@@ -288,12 +292,12 @@ def _speedups(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _table(report: dict[str, Any]) -> str:
     lines = [report["note"]] if report.get("note") else []
     lines.append(f"{'server':14} {'clients':>7} {'requests':>8} {'docs/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-                 f"{'errors':>6} {'computed/token':>14} {'same rank':>9} {'max diff':>9}")
+                 f"{'errors':>6} {'peak MiB':>8} {'computed/token':>14} {'same rank':>9} {'max diff':>9}")
     for rows in report["results"].values():
         for row in rows:
             computed, diff = row.get("computed_per_token"), row.get("max_diff")
             lines.append(f"{row['method']:14} {row['clients']:7d} {row['requests']:8d} {row['items_per_s']:8.2f} "
-                         f"{row['p50_ms']:8.0f} {row['p99_ms']:8.0f} {row['errors']:6d} "
+                         f"{row['p50_ms']:8.0f} {row['p99_ms']:8.0f} {row['errors']:6d} {row['peak_rss_mib']:8.0f} "
                          f"{'' if computed is None else f'{computed:.3f}':>14} {str(row.get('same_ranking')):>9} "
                          f"{'' if diff is None else f'{diff:.1e}':>9}")
     for line in report["speedups"]:
