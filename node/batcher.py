@@ -273,8 +273,8 @@ class Batcher(Embedder):
         self.calls += 1
         tokens = sum(ticket.tokens for ticket in live)
         self._budget.record(len(rows), tokens)
-        self.metrics.record_call(stats, len(live), tokens, time.monotonic() - started)
         self.metrics.distinct_tokens.inc(distinct_tokens([row for ticket in live for row in ticket.rows]))
+        self.metrics.record_call(stats, len(live), tokens, time.monotonic() - started)  # last: counts the requests
         # The call checked that every row was written (Sink.check); a request still open is a bug, answered loudly.
         reject_open(live, ApiError(500, "the node did not compute every row of this request", "internal_error",
                                    type="server_error"))

@@ -110,9 +110,10 @@ class NodeMetrics:
             self.rows.labels(tier)
 
     def record_call(self, stats: CacheStats, requests: int, tokens: int, seconds: float) -> None:
-        """Count one call of ``requests`` merged requests holding ``tokens`` tokens, as its stats say."""
+        """Count one call of ``requests`` merged requests holding ``tokens`` tokens, as its stats say. The call's
+        requests are counted last, so whoever sees them counted (``attnstore_node_call_requests_sum``) sees the
+        call's rows and tokens counted too."""
         self.call_seconds.observe(seconds)
-        self.call_requests.observe(requests)
         self.batch_tokens.observe(tokens)
         for tier, count in _rows_by_label(stats).items():
             if count:
@@ -121,6 +122,7 @@ class NodeMetrics:
         self.forwarded_tokens.inc(stats.forwarded_tokens)
         self.audited.inc(stats.audited)
         self.audit_mismatches.inc(stats.audit_mismatches)
+        self.call_requests.observe(requests)
 
     def render(self) -> bytes:
         """The text exposition of every metric."""
