@@ -56,6 +56,7 @@ from attnstore_client.tiers.chunks.store_source import StoreChunkSource
 from attnstore_client.tiers.chunks.tier import ChunkTier
 from attnstore_client.tiers.compute import ComputeTier
 from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.engines import EngineChoice, EngineSelection
 from attnstore_client.tiers.forward_pool import ForwardPool
 from attnstore_client.tiers.local_exact import LocalExactTier, LocalOutputs
 from attnstore_client.tiers.map_threshold import DEFAULT_MAX_DISTANCE, map_threshold
@@ -167,6 +168,10 @@ class AttnCache(SentenceTransformerAPI):
               quantised (``attnstore build --int8`` chose them on its corpus to keep rows at cosine >= 0.99 to
               fp32; ``int8``): faster, approximate. The exact tiers keep fp32 outputs only; int8 rows are neither
               kept nor written back (rows the daemon admits are computed in fp32). Default False.
+            - engine: where computed fp32 rows that keep no maps run (``tiers.engines``): ``"torch"`` (the
+              default), ``"auto"`` (per length band the fastest of torch and the model's OpenVINO and ONNX Runtime
+              graphs, exported once, checked against torch and timed on the first computing call; ``engines``
+              shows the choice) or ``"openvino"`` / ``"onnxruntime"`` (that graph for every band).
             - memory_budget: bytes this cache may keep beyond its model and a call's result: the store's
               indexes (embedded mode), the forwards in flight and this process's exact tier, split by
               ``attnstore_client.memory.plan_memory`` (``memory`` holds the split). None (the default): each
@@ -259,11 +264,13 @@ class AttnCache(SentenceTransformerAPI):
         self.memory = self._plan_memory()
         exact_bytes = settings.exact_cache_bytes if self.memory is None else self.memory.exact_tier
         self._local = LocalExactTier(self._context, LocalOutputs(exact_bytes))
+        self._engines = (None if settings.engine == "torch"
+                         else EngineSelection(self.adapter, settings.engine, max_length=self.head.max_length))
         self._chunks = ChunkTier(self._context, chunk_source)
         self._prefill = Prefill([
             self._local, StoreExactTier(self._context, self._local),
             self._chunks, PrefixTier(self._context, self._resources.prefixes),
-            MapTier(self._context), ComputeTier(self._context, self._local),
+            MapTier(self._context), ComputeTier(self._context, self._local, self._engines),
         ])
 
     def _plan_memory(self) -> MemoryPlan | None:
@@ -384,6 +391,13 @@ class AttnCache(SentenceTransformerAPI):
                           else f"turned off: {worker.stats().disabled}" if worker.turned_off else None)
         return cache_tiers(self.adapter, self._settings, write_back_off=write_back_off,
                            has_projector=self._namespace.view.projector is not None)
+
+    @property
+    def engines(self) -> EngineChoice | None:
+        """The engine each length band of computed forwards runs on, with the timings that chose it
+        (``CacheSettings.engine``); None with ``engine="torch"`` and before the first call that computes a row.
+        ``print(cache.engines)`` shows the table."""
+        return None if self._engines is None else self._engines.choice
 
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""

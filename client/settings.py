@@ -23,6 +23,7 @@ from attnstore.errors import ConfigError
 from attnstore_client.call.settings import DEFAULT_MIN_PREFIX_TOKENS, ChunkSettings
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.tiers.cost_model import CostSettings
+from attnstore_client.tiers.engines.graphs import ENGINE_NAMES, EngineName
 from attnstore_client.tiers.write_back import WriteBackSettings
 
 if TYPE_CHECKING:
@@ -79,6 +80,12 @@ class CacheSettings:
     # Rows no tier served are computed with the linear layers the namespace's int8 plan names quantised
     # (``int8``; the plan kept its calibration rows at cosine >= 0.99). Off: fp32 rows are exact.
     int8: bool = False
+    # Where computed rows run (``engines``): the model's own torch forward; "auto", each forward's length band on
+    # the fastest of torch and the OpenVINO and ONNX Runtime graphs of the model (exported once per fingerprint,
+    # checked against torch, timed on the first computing call); or one of those graphs for every band. Rows
+    # that keep maps or run int8 stay on torch. torch by default: on the development machine's 2 cores the
+    # graphs ran within 3% of its packed forwards, not worth an export (docs/BENCHMARKS.md, "Engines").
+    engine: EngineName = "torch"
     # Bytes this cache may keep beyond its model and a call's result: the store's indexes (embedded mode), the
     # forwards in flight and this process's exact tier, split by ``attnstore_client.memory.plan_memory``. None:
     # no bound but each part's own (exact_cache_bytes; forwards of batch_size padded rows' tokens).
@@ -115,6 +122,8 @@ class CacheSettings:
             raise ConfigError(
                 f"CacheSettings: write_back must be True, False or a WriteBackSettings, got {self.write_back!r}"
             )
+        if self.engine not in ENGINE_NAMES:
+            raise ConfigError(f"CacheSettings: engine must be one of {list(ENGINE_NAMES)}, got {self.engine!r}")
         if self.chunks is not None and not isinstance(self.chunks, ChunkSettings):
             raise ConfigError(f"CacheSettings: chunks must be a ChunkSettings or None, got {self.chunks!r}")
 
@@ -152,6 +161,7 @@ class CacheOptions(TypedDict, total=False):
     side_by_side: bool
     chunks: ChunkSettings | None
     int8: bool
+    engine: EngineName
     memory_budget: int | None
     audit_rate: float
 

@@ -30,6 +30,9 @@ from attnstore_tools.admin.command import TOKEN_ENV, read_token
 from attnstore_tools.arguments import DefaultsHelpFormatter, add_audit_rate, positive_int, store_url
 from attnstore_tools.serve import parse_size
 
+# CacheSettings.engine's values (tiers.engines.graphs.ENGINE_NAMES, which imports torch: the CLI starts without it).
+ENGINES = ("torch", "auto", "openvino", "onnxruntime")
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -88,6 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--int8", action="store_true",
                    help="compute rows no tier served on the namespace's int8 plan (built with --int8): faster,"
                         " approximate (AttnCache(int8=True))")
+    p.add_argument("--engine", choices=ENGINES, default="torch",
+                   help="where computed rows run: the model's torch forward, the fastest per length band of it and"
+                        " its OpenVINO and ONNX Runtime graphs (auto; exported once, timed on the first call), or one"
+                        " graph (AttnCache(engine=...))")
     add_audit_rate(p)
     p.add_argument("--no-warmup", action="store_true", help="serve at once, without timing forwards first")
     p.add_argument("--api-key-file", type=Path,
@@ -153,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         AttnCache, args.model, store_url(args.store, tls=args.tls_ca is not None or args.tls_cert is not None),
         namespace=args.namespace, token=read_token(args, client=True), tls_ca=args.tls_ca,
         client_cert=args.tls_cert, client_key=args.tls_key, timeout=args.timeout, write_back=args.write_back,
-        device=args.device, packed=not args.padded, int8=args.int8, audit_rate=args.audit_rate, **options,
+        device=args.device, packed=not args.padded, int8=args.int8, audit_rate=args.audit_rate,
+        engine=args.engine, **options,
     )
     metrics = NodeMetrics()
     batcher = Batcher(open_cache, args.served_model_name or args.model, settings, metrics)

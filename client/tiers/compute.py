@@ -11,6 +11,11 @@ not exact); the rows the store admitted are queued for write-back (``write_back`
 each with its own fp16 copy of its outputs, so nothing a caller does to its
 results reaches the store.
 
+Engines. With ``CacheSettings.engine`` other than torch, an fp32 forward that keeps no maps runs on the engine
+its length band chose (``engines``): an exported OpenVINO or ONNX Runtime graph checked against the model's
+forward, as a right-padded batch of the forward's rows (length-sorted, so little is padded). Maps, int8 and the
+prefix and chunk tiers stay on torch.
+
 Write-back of maps. The model computes its rows with its own attention kernel
 (``sdpa``), which never materialises the probabilities, so a row's maps cost
 extra work. Only the rows that will be written back with maps pay it: the
@@ -41,6 +46,7 @@ from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
 from attnstore_client.int8 import Int8Models
 from attnstore_client.tiers.base import Tier, TierContext
+from attnstore_client.tiers.engines.selection import EngineSelection
 from attnstore_client.tiers.forwards import ForwardResult, cut, run_forward
 from attnstore_client.tiers.local_exact import LocalExactTier
 from attnstore_client.tiers.write_back import check_write_back_dtype
@@ -60,9 +66,10 @@ class ComputeTier(Tier):
 
     name: ClassVar[str] = "compute"
 
-    def __init__(self, context: TierContext, local: LocalExactTier) -> None:
+    def __init__(self, context: TierContext, local: LocalExactTier, engines: EngineSelection | None = None) -> None:
         self._context = context
         self._local = local
+        self.engines = engines  # graph engines for fp32 forwards that keep no maps (``engines``); None: torch only
         self._int8 = Int8Models(context.adapter.loaded)  # made on a call that asks for int8, kept
         self._computed_tokens = 0  # tokens of computed rows forwarded so far
         self._capturing_tokens = 0  # of those, the ones in forwards that kept maps (held to capture_share)
@@ -74,6 +81,8 @@ class ComputeTier(Tier):
         int8 = self._int8_adapter(call)
         exact_rows, int8_rows = self._by_precision(rows, call) if int8 is not None else (rows, [])
         workers = self._context.side_by_side(call.settings)
+        if self.engines is not None and exact_rows:
+            self.engines.prepare(self._context.forwards, workers)
         parts = [(self._cut(exact_rows, call, workers), None), (self._cut(int8_rows, call, workers), int8)]
         workers = min(workers, sum(len(forwards) for forwards, _ in parts))
         jobs = [partial(self._forward, forward, self._keeping(forward, keep) if adapter is None else [],
@@ -120,8 +129,12 @@ class ComputeTier(Tier):
         self, forward: list[Row], keeping: list[int], settings: CallSettings, side_by_side: int,
         adapter: Adapter | None,
     ) -> tuple[list[Row], ForwardResult, bool]:
+        graph = None
+        if adapter is None and not keeping and self.engines is not None:
+            types = any(row.token_types for row in forward)
+            graph = self.engines.graph_for([len(row.tokens) for row in forward], types)
         result = run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side,
-                             adapter=adapter)
+                             adapter=adapter, graph=graph)
         return forward, result, adapter is not None
 
     def _audit(self, forward: Sequence[Row], result: ForwardResult, call: Call) -> None:

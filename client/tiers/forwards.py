@@ -25,6 +25,7 @@ from attnstore_client.adapters.replay import ReplayMaps
 from attnstore_client.call.rows import HiddenRows, Row
 from attnstore_client.call.settings import CallSettings
 from attnstore_client.tiers.cost_model import CostModel
+from attnstore_client.tiers.engines.runtimes import GraphEngine
 
 if TYPE_CHECKING:
     from attnstore_client.tiers.base import TierContext
@@ -104,13 +105,14 @@ def _even(rows: Sequence[Row], count: int) -> list[list[Row]]:
 def run_forward(
     context: TierContext, rows: Sequence[Row], settings: CallSettings, *,
     replay: Mapping[int, ReplayMaps] | None = None, keep: Sequence[int] = (), side_by_side: int = 1,
-    adapter: Adapter | None = None,
+    adapter: Adapter | None = None, graph: GraphEngine | None = None,
 ) -> ForwardResult:
     """One forward of ``rows``: positions in ``replay`` replay those maps, positions in ``keep`` keep theirs.
 
     Run as one of ``side_by_side`` forwards at once (``forward_pool``), its time counts as that share of it:
     the wall time it takes of the call, and what the cost model weighs a map hit's saving by. ``adapter``
-    runs it instead of the model's own (the int8 model, ``int8``).
+    runs it instead of the model's own (the int8 model, ``int8``); ``graph`` runs it padded on an exported graph
+    instead (``engines``: no replay, no maps kept).
 
     Raises:
         MapsUnavailableError: a replaying row's maps stopped arriving (the caller runs it again without).
@@ -119,7 +121,16 @@ def run_forward(
     tokens = [row.tokens for row in rows]
     types = [row.token_types for row in rows] if any(row.token_types for row in rows) else None
     started = time.perf_counter()
-    if settings.packed and adapter.capabilities.can_pack:
+    if graph is not None:
+        if replay or keep:
+            raise ValueError("run_forward(): a graph engine neither replays nor keeps maps")
+        batch = batch_from_ids(tokens, adapter.loaded.tokenizer.pad_token_id, types)
+        hidden = HiddenRows(graph.forward(batch).to(context.device), batch.lengths)
+        kept: dict[int, torch.Tensor] = {}
+        padded = batch.padded_length
+        pairs = batch.size * padded * padded
+        computed = total = batch.size * padded
+    elif settings.packed and adapter.capabilities.can_pack:
         packed = pack(tokens, types).to(context.device)
         out, kept = adapter.forward_packed(packed, replay, keep)  # (T, hidden)
         hidden = HiddenRows(out.float(), packed.lengths, packed.starts)

@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
@@ -94,8 +94,12 @@ class NodeProcess:
         keys: serve with a key file holding ``API_KEY``.
     """
 
-    def __init__(self, model: str, store: str, workdir: Path, *, args: Sequence[str] = (), keys: bool = False) -> None:
+    def __init__(
+        self, model: str, store: str, workdir: Path, *, args: Sequence[str] = (), keys: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        self._env = dict(env or {})  # the node's environment beyond this process's
         self.ready_file = workdir / "node-ready.json"
         self.log_path = workdir / "node.log"
         self._command = [sys.executable, "-m", "attnstore_tools.cli", "node", "--model", model, "--store", store,
@@ -120,7 +124,7 @@ class NodeProcess:
             RuntimeError: it exited or was not ready in time (killed then); the message ends with its log.
         """
         self.ready_file.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **self._env}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(self._command, stdout=log, stderr=subprocess.STDOUT, env=env)
         process = self.process

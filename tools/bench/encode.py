@@ -8,7 +8,9 @@ embedded mode on a store built by ``attnstore build`` at its defaults
 (``attnstore``), and, when asked for, the same without its map tier
 (``attnstore_exact``: what the map tier costs or earns on the call), with ``int8=True`` (``attnstore_int8``:
 computed rows on the int8 plan ``attnstore build --int8`` chose on the stored lines) or auditing ``--audit-rate``
-of its exact hits (``attnstore_audit``: what the audit costs, beside ``attnstore``, which audits none); and, when
+of its exact hits (``attnstore_audit``: what the audit costs, beside ``attnstore``, which audits none), or with its
+compute tier on another engine (``attnstore_auto``, ``attnstore_openvino``, ``attnstore_onnxruntime``:
+``CacheSettings.engine``, its graphs exported and its choice timed in the child's untimed warm-up); and, when
 asked for, the
 peers users run
 instead (``bench.peers``, the ``peers`` extra): ONNX Runtime on the fp32 graph (``onnx_fp32``), the graph
@@ -71,8 +73,11 @@ PEER_METHODS: dict[str, PeerName] = {
 # Peers whose vectors equal the model's within fp32 rounding (O3's GELU approximation included): the baselines
 # an exact cache must beat. int8 is not one.
 EXACT_PEERS = ("onnx_fp32", "onnx_o3", "openvino")
+# AttnCache with its compute tier on another engine (``CacheSettings.engine``): method -> engine.
+ENGINE_METHODS = {"attnstore_auto": "auto", "attnstore_openvino": "openvino", "attnstore_onnxruntime": "onnxruntime"}
 METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact", "attnstore_int8",
-           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")), "attnstore_audit")
+           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")), "attnstore_audit",
+           *ENGINE_METHODS)
 DEFAULT_METHODS = METHODS[:3]
 NAMESPACE = "encode"
 _SST2_BUILD = 2_000
@@ -310,6 +315,8 @@ def _summarise(
             entry["retrieval_s"] = statistics.median(s["projection_s"] + s["lookup_s"] + s["fetch_s"] for s in stats)
             entry["stats"] = stats[0]
             entry["linear_kernels"] = runs[0]["linear_kernels"]
+            if runs[0].get("engines") is not None:
+                entry["engines"] = runs[0]["engines"]
         methods[method] = entry
     result: dict[str, Any] = {"rows": count, "methods": methods}
     embeddings = {m: np.load(scratch / f"{m}.npy") for m in reports}
@@ -390,6 +397,11 @@ def _print(result: dict[str, Any], store_bytes: int | None) -> None:
         memory = {k: v / 2**20 for k, v in entry["memory"].items()}
         print(f"  {method:24} {memory['anon_start']:12.0f} {memory['anon_peak']:10.0f} {memory['file_start']:12.0f}"
               f" {memory['file_peak']:10.0f}")
+    for method, entry in result["methods"].items():
+        if "engines" in entry:
+            bands = ", ".join(f"<={band}: {engine}" for band, engine in zip(entry["engines"]["bands"],
+                                                                           entry["engines"]["engines"], strict=True))
+            print(f"  {method} engines by forward length: {bands}")
     if "template_accuracy" in result:
         print("  template accuracy: " + ", ".join(f"{m} {a:.2%}" for m, a in result["template_accuracy"].items()))
 

@@ -3,7 +3,8 @@
     python -m attnstore_tools.bench.encode_child SPEC.json
 
 SPEC (JSON, written by ``bench.encode``): method (``sentence_transformers``, ``dict``,
-``attnstore``, ``attnstore_exact``, ``attnstore_int8``, ``attnstore_audit`` or a peer's method, see
+``attnstore``, ``attnstore_exact``, ``attnstore_int8``, ``attnstore_audit``, an engine's (``attnstore_auto``,
+``attnstore_openvino``, ``attnstore_onnxruntime``: ``bench.encode.ENGINE_METHODS``) or a peer's method, see
 ``bench.encode.PEER_METHODS``), audit_rate (the share of exact hits the cache audits; 0 when absent),
 model, threads, batch,
 device (where the model runs; default cpu), graph (a peer's exported graph),
@@ -83,9 +84,11 @@ def _model_call(
 
         return _timed_call(spec, method == "dict", encode, texts, warmup, report)
     from attnstore_client.cache import AttnCache
+    from attnstore_tools.bench.encode import ENGINE_METHODS
 
     cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"], device=device,
-                      int8=method == "attnstore_int8", audit_rate=spec.get("audit_rate", 0.0))
+                      int8=method == "attnstore_int8", audit_rate=spec.get("audit_rate", 0.0),
+                      engine=ENGINE_METHODS.get(method, "torch"))
     cache.maps = method != "attnstore_exact"
     cache.encode(warmup, batch_size=batch, show_progress_bar=False)
     cache.reset_stats()
@@ -95,6 +98,7 @@ def _model_call(
         report["seconds"] = time.perf_counter() - started
     report["stats"] = cache.last_stats.to_json_dict()
     report["linear_kernels"] = cache.adapter.linear_kernels
+    report["engines"] = None if cache.engines is None else cache.engines.to_json()
     cache.close()
     return embeddings
 

@@ -5,7 +5,8 @@ the graph optimised at O3, or the dynamically quantised int8 model that ``export
 ``export_dynamic_quantized_onnx_model`` write through optimum) or ``backend="openvino"``. optimum pins an older
 transformers than ours, so the same graphs are made here with the libraries underneath it:
 
-- ``onnx_fp32``: ``torch.onnx.export`` (the TorchScript exporter, ``dynamo=False``) of the model's transformer,
+- ``onnx_fp32``: ``torch.onnx.export`` (the TorchScript exporter, ``dynamo=False``) of the model's transformer
+  (``attnstore_client.tiers.engines.graphs.write_onnx``: the graph the compute tier's ``onnxruntime`` engine runs),
   inputs ``input_ids``, ``attention_mask`` and, where its tokenizer gives them, ``token_type_ids`` (none for MPNet or
   DistilBERT), and output ``last_hidden_state``, batch and sequence
   axes dynamic, opset 14 (optimum's default for BERT), eager attention: ONNX Runtime 1.32 fuses its six
@@ -21,7 +22,7 @@ transformers than ours, so the same graphs are made here with the libraries unde
   symmetric weights, no reduced range; optimum builds the ``ONNXQuantizer`` itself, so MatMuls whose second
   input is an activation (the attention products) are quantised too (``MatMulConstBOnly`` off);
 - ``openvino_fp32``: ``openvino.convert_model`` of the PyTorch transformer (as optimum-intel converts it), saved
-  uncompressed (fp32 weights).
+  uncompressed (fp32 weights): ``engines.graphs.write_openvino``, the compute tier's ``openvino`` engine's graph.
 
 Each graph lives under ``CACHE/<first 16 hex of the model's fingerprint>/<peer>-<versions>/``: a new model,
 weights or library version exports anew. Each is written to a temporary folder beside it and renamed into place,
@@ -33,10 +34,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal, get_args
@@ -46,6 +44,7 @@ import torch
 from attnstore.errors import ConfigError
 from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel
+from attnstore_client.tiers.engines.graphs import EXTRA_HINT, atomic_folder, require, write_onnx, write_openvino
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,6 @@ GRAPH_FILES: dict[PeerName, str] = {
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_OPSET = 14  # optimum's default for BERT-like encoders
 CACHE_ENV = "ATTNSTORE_PEERS_CACHE"
-EXTRA_HINT = "pip install -e '.[peers]' (scripts/install.sh installs it)"
 
 Progress = Callable[[str], None]
 
@@ -110,7 +108,7 @@ def export_graph(
     if peer in ("onnx_o3", "onnx_int8"):
         source = export_graph("onnx_fp32", loaded, cache_dir=cache_dir, progress=progress)
     (progress or logger.info)(f"exporting the {peer} graph of {loaded.name} to {folder} (once; reused after)")
-    with _atomic_folder(folder) as scratch:
+    with atomic_folder(folder) as scratch:
         if peer == "onnx_fp32":
             _export_onnx(loaded, scratch / GRAPH_FILES[peer])
         elif peer == "onnx_o3":
@@ -135,38 +133,6 @@ def _versions(peer: PeerName) -> str:
         raise ConfigError(f"peer {peer} needs {exc.name}: {EXTRA_HINT}") from None
 
 
-@contextmanager
-def _atomic_folder(folder: Path) -> Iterator[Path]:
-    """A scratch folder beside ``folder``, renamed to it when the block ends without error (removed otherwise);
-    if another process got there first, its folder is kept and ours dropped."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        yield scratch
-        try:
-            os.rename(scratch, folder)
-        except OSError:
-            if not folder.is_dir():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-class _LastHiddenState(torch.nn.Module):
-    """The model's transformer as a module of its input tensors to one: what the exported graphs compute."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
-        return outputs.last_hidden_state  # (B, T, hidden)
-
-
 def _example_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     """Two texts as the model's pipeline prepares them: the ``INPUT_NAMES`` (in that order) its tokenizer gives and
     its model takes (MPNet's and DistilBERT's take no token types)."""
@@ -178,28 +144,11 @@ def _example_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
 
 
 def _export_onnx(loaded: LoadedModel, path: Path) -> None:
-    _require("onnx")
-    model = loaded.model
-    # ONNX Runtime's attention fusion matches the eager attention's ops; SDPA's decomposition it may not.
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        inputs = _example_inputs(loaded)
-        names = tuple(inputs)
-        axes = {0: "batch_size", 1: "sequence_length"}
-        with torch.no_grad():
-            torch.onnx.export(
-                _LastHiddenState(model).eval(), tuple(inputs.values()), str(path),
-                input_names=list(names), output_names=["last_hidden_state"],
-                dynamic_axes={key: axes for key in (*names, "last_hidden_state")},
-                opset_version=ONNX_OPSET, do_constant_folding=True, dynamo=False,
-            )
-    finally:
-        model.set_attn_implementation(previous)
+    write_onnx(loaded.model, _example_inputs(loaded), path)
 
 
 def _optimize_o3(loaded: LoadedModel, source: Path, path: Path) -> None:
-    _require("onnxruntime")
+    require("onnxruntime")
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -217,7 +166,7 @@ def _optimize_o3(loaded: LoadedModel, source: Path, path: Path) -> None:
 
 
 def _quantize_avx2(source: Path, path: Path) -> None:
-    _require("onnxruntime")
+    require("onnxruntime")
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
@@ -230,21 +179,4 @@ def _quantize_avx2(source: Path, path: Path) -> None:
 
 
 def _convert_openvino(loaded: LoadedModel, path: Path) -> None:
-    _require("openvino")
-    import openvino
-
-    inputs = _example_inputs(loaded)
-    with torch.no_grad():
-        converted = openvino.convert_model(
-            _LastHiddenState(loaded.model).eval(), example_input=inputs,
-            input=[(key, [-1, -1], openvino.Type.i64) for key in inputs],
-        )
-    openvino.save_model(converted, str(path), compress_to_fp16=False)
-
-
-def _require(module: str) -> None:
-    """Raises ConfigError naming the extra when ``module`` is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"the peers need {module}: {EXTRA_HINT}")
+    write_openvino(loaded.model, _example_inputs(loaded), path)

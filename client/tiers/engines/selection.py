@@ -1,0 +1,136 @@
+"""The compute tier's engines for one cache: exported, checked and timed on the first call that computes a row.
+
+``CacheSettings.engine``: ``"torch"`` (the default) runs every forward on the model's own torch forward and
+exports nothing; ``"auto"`` exports the model to every graph engine whose libraries are installed and runs each
+length band on the fastest (``choice``); ``"openvino"`` or ``"onnxruntime"`` runs every band on that graph (a
+call raises if it cannot be exported or fails its check). Graphs run on the CPU only: on another device every
+forward is torch's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import cast
+
+import torch
+
+from attnstore.errors import ConfigError
+from attnstore_client.adapters.base import Adapter
+from attnstore_client.tiers.engines.choice import TORCH, EngineChoice, choose_engines
+from attnstore_client.tiers.engines.graphs import (
+    EXTRA_HINT,
+    GRAPH_ENGINES,
+    EngineName,
+    GraphEngineName,
+    export_graph,
+    installed,
+    model_folder,
+    versions_of,
+)
+from attnstore_client.tiers.engines.runtimes import GraphEngine, open_engine
+from attnstore_client.tiers.forward_pool import ForwardPool
+
+log = logging.getLogger(__name__)
+
+
+class EngineSelection:
+    """Which engine runs each computed forward of one cache.
+
+    Args:
+        adapter: the model's adapter.
+        requested: ``CacheSettings.engine``.
+        max_length: the longest row a call gives.
+        cache_dir: where graphs are exported (default: ``graphs.default_cache_dir()``).
+    """
+
+    def __init__(self, adapter: Adapter, requested: EngineName, *, max_length: int, cache_dir: Path | None = None):
+        self.requested = requested
+        self._adapter = adapter
+        self._max_length = max_length
+        self._cache_dir = cache_dir
+        self._lock = threading.Lock()
+        self._choice: EngineChoice | None = None
+        self._graphs: dict[str, GraphEngine] = {}
+
+    @property
+    def choice(self) -> EngineChoice | None:
+        """The engine of each length band, once chosen (None before the first computing call, and with
+        ``engine="torch"``)."""
+        return self._choice
+
+    def prepare(self, pool: ForwardPool, side_by_side: int) -> None:
+        """Export, check and time the engines, once (later calls return at once).
+
+        Raises:
+            ConfigError: ``engine`` names one graph and it could not be exported, loaded or checked.
+        """
+        if self.requested == TORCH or self._choice is not None:
+            return
+        with self._lock:
+            if self._choice is not None:
+                return
+            device = next(self._adapter.model.parameters()).device
+            if device.type != "cpu":
+                raise ConfigError(f"engine={self.requested!r}: graph engines run on the CPU, the model is on {device}"
+                                  " (engine='torch' runs it there)")
+            names = GRAPH_ENGINES if self.requested == "auto" else (cast(GraphEngineName, self.requested),)
+            saved = self._saved(side_by_side)
+            refused: dict[str, str] = {}
+            graphs = []
+            for name in names:
+                if not installed(name):
+                    refused[name] = f"not installed ({EXTRA_HINT})"
+                    continue
+                try:
+                    graph = export_graph(name, self._adapter.loaded, cache_dir=self._cache_dir)
+                    graphs.append(open_engine(name, graph, threads=torch.get_num_threads()))
+                except Exception as exc:  # an exporter's or runtime's own error: the rows run on torch
+                    refused[name] = f"its export or loading failed: {exc!r}"
+                    log.warning("engine %s refused for %s: %r", name, self._adapter.loaded.name, exc)
+            only = None if self.requested == "auto" else self.requested
+            choice = _read_choice(saved)
+            if choice is None or set(choice.seconds) != {TORCH, *(graph.name for graph in graphs)}:
+                choice = choose_engines(self._adapter, graphs, pool, side_by_side=side_by_side,
+                                        max_length=self._max_length, only=only, refused=refused)
+                _write_choice(saved, choice)
+            self._choice = choice
+            self._graphs = {graph.name: graph for graph in graphs}
+
+    def _saved(self, side_by_side: int) -> Path:
+        """Where the choice is kept for this model, request, machine's threads and library versions: each
+        graph's check and timings run once, not on every start."""
+        parts = (part for name in GRAPH_ENGINES if installed(name) for part in versions_of(name).split("-"))
+        versions = "-".join(dict.fromkeys(parts))  # each package once
+        name = (f"choice-{self.requested}-threads{torch.get_num_threads()}-side{side_by_side}"
+                f"-length{self._max_length}-{versions}.json")
+        return model_folder(self._adapter.loaded, self._cache_dir) / name
+
+    def graph_for(self, lengths: Sequence[int], token_types: bool) -> GraphEngine | None:
+        """The graph that runs a forward of rows ``lengths`` long (with token types or not); None: torch."""
+        if self._choice is None or not lengths:
+            return None
+        graph = self._graphs.get(self._choice.engine_for(max(lengths)))
+        if graph is None or (token_types and not graph.takes_token_types):
+            return None
+        return graph
+
+
+def _read_choice(path: Path) -> EngineChoice | None:
+    """The choice kept at ``path``; None when there is none or it cannot be read (it is made again)."""
+    try:
+        return EngineChoice.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_choice(path: Path, choice: EngineChoice) -> None:
+    """Keep ``choice`` at ``path``, whole or not at all (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(json.dumps(choice.to_json(), indent=1), encoding="utf-8")
+    os.replace(scratch, path)

@@ -1,0 +1,74 @@
+"""Graph export (``tiers.engines.graphs``) and the runtimes that run the graphs (``tiers.engines.runtimes``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnstore.errors import ConfigError
+from attnstore_client.adapters import adapter_for
+from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.models import LoadedModel
+from attnstore_client.tiers.engines.graphs import ENGINE_NAMES, GRAPH_ENGINES, export_graph, graph_path
+from attnstore_client.tiers.engines.runtimes import open_engine
+from tests.support.caches import tiny_loaded
+
+pytest.importorskip("openvino")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def bert() -> LoadedModel:
+    return tiny_loaded("bert")
+
+
+@pytest.mark.parametrize("engine", GRAPH_ENGINES)
+def test_a_graph_computes_the_models_last_hidden_states_on_a_padded_batch(
+    engine: str, bert: LoadedModel, tmp_path: Path
+) -> None:
+    graph = open_engine(engine, export_graph(engine, bert, cache_dir=tmp_path), threads=1)
+    batch = batch_from_ids([[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15]], bert.tokenizer.pad_token_id)
+    with torch.inference_mode():
+        expected = adapter_for(bert).forward(batch)
+    got = graph.forward(batch)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    for row, length in enumerate(batch.lengths):
+        torch.testing.assert_close(got[row, :length], expected[row, :length], atol=1e-5, rtol=1e-5)
+
+
+def test_a_graph_is_exported_once_and_read_from_the_cache_after(bert: LoadedModel, tmp_path: Path) -> None:
+    lines: list[str] = []
+    first = export_graph("onnxruntime", bert, cache_dir=tmp_path, progress=lines.append)
+    again = export_graph("onnxruntime", bert, cache_dir=tmp_path, progress=lines.append)
+    assert first == again == graph_path("onnxruntime", bert, cache_dir=tmp_path) and first.is_file()
+    assert len(lines) == 1 and "onnxruntime" in lines[0]
+    assert not [path for path in first.parent.parent.iterdir() if path.name.startswith(".")]  # no scratch left
+
+
+def test_another_models_weights_export_to_another_folder(bert: LoadedModel, tmp_path: Path) -> None:
+    other = tiny_loaded("bert", seed=1)
+    assert graph_path("openvino", bert, cache_dir=tmp_path) != graph_path("openvino", other, cache_dir=tmp_path)
+
+
+def test_an_unknown_engine_is_refused_naming_the_engines(bert: LoadedModel, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'tensorrt' is not one of"):
+        export_graph("tensorrt", bert, cache_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'tensorrt' is not one of"):
+        open_engine("tensorrt", tmp_path / "model.onnx", threads=1)  # type: ignore[arg-type]
+
+
+def test_rows_with_token_types_are_refused_by_a_graph_that_takes_none(tmp_path: Path) -> None:
+    distilbert = tiny_loaded("distilbert")  # takes no token types
+    graph = open_engine("onnxruntime", export_graph("onnxruntime", distilbert, cache_dir=tmp_path), threads=1)
+    assert not graph.takes_token_types
+    batch = batch_from_ids([[5, 6, 7]], 0, token_types=[[0, 1, 1]])
+    with pytest.raises(ConfigError, match="token types"):
+        graph.forward(batch)
+
+
+def test_the_nodes_engine_option_offers_every_engine() -> None:
+    from attnstore_tools.node import ENGINES
+
+    assert ENGINES == ENGINE_NAMES
