@@ -130,7 +130,7 @@ class ComputeTier(Tier):
         adapter: Adapter | None,
     ) -> tuple[list[Row], ForwardResult, bool]:
         graph = None
-        if adapter is None and not keeping and self.engines is not None:
+        if adapter is None and not keeping and self.engines is not None and self._context.device.type == "cpu":
             types = any(row.token_types for row in forward)
             graph = self.engines.graph_for([len(row.tokens) for row in forward], types)
         result = run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side,

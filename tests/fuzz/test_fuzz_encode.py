@@ -90,6 +90,11 @@ def caches(daemon: DaemonProcess, minilm_model: LoadedModel) -> Iterator[dict[st
         # cut by it, the exact tier capped by it.
         "embedded, small memory budget": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always,
                                                    memory_budget=_SMALL_BUDGET),
+        # Computed rows on the model's exported graphs (``tiers.engines``), every band: held to the same floor.
+        "embedded, openvino engine": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always,
+                                               engine="openvino"),
+        "embedded, onnxruntime engine": AttnCache(minilm_model, f"local:{store}", max_distance=1e-6, cost=always,
+                                                  engine="onnxruntime"),
     }
     yield opened
     for cache in opened.values():
@@ -228,13 +233,14 @@ def _check_call(cache: AttnCache, reference: SentenceTransformer, texts: list[st
 
 
 CONFIGURATIONS = ("embedded", "embedded, no local tier", "embedded, maps only", "daemon, write-back",
-                  "daemon, audit every hit", "embedded, small memory budget")
+                  "daemon, audit every hit", "embedded, small memory budget", "embedded, openvino engine",
+                  "embedded, onnxruntime engine")
 
 
 def test_every_row_of_a_colliding_call_equals_sentence_transformers(
     caches: dict[str, AttnCache], reference: SentenceTransformer, tally: Tally, daemon: DaemonProcess
 ) -> None:
-    @fuzz_settings(fast_examples=40)
+    @fuzz_settings(fast_examples=48)
     @given(texts=colliding_calls(MAX_ROWS), opts=options, where=st.sampled_from(CONFIGURATIONS))
     def check(texts: list[str], opts: Options, where: str) -> None:
         # sentence-transformers cannot stack quantised token rows of unequal lengths into one tensor

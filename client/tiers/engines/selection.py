@@ -21,7 +21,7 @@ import torch
 
 from attnstore.errors import ConfigError
 from attnstore_client.adapters.base import Adapter
-from attnstore_client.tiers.engines.choice import TORCH, EngineChoice, choose_engines
+from attnstore_client.tiers.engines.choice import TORCH, EngineChoice, bands_up_to, choose_engines
 from attnstore_client.tiers.engines.graphs import (
     EXTRA_HINT,
     GRAPH_ENGINES,
@@ -76,8 +76,12 @@ class EngineSelection:
                 return
             device = next(self._adapter.model.parameters()).device
             if device.type != "cpu":
-                raise ConfigError(f"engine={self.requested!r}: graph engines run on the CPU, the model is on {device}"
-                                  " (engine='torch' runs it there)")
+                reason = f"graph engines run on the CPU, the model is on {device}"
+                if self.requested != "auto":
+                    raise ConfigError(f"engine={self.requested!r}: {reason} (engine='torch' runs it there)")
+                bands = bands_up_to(self._max_length)
+                self._choice = EngineChoice(bands, (TORCH,) * len(bands), refused=dict.fromkeys(GRAPH_ENGINES, reason))
+                return
             names = GRAPH_ENGINES if self.requested == "auto" else (cast(GraphEngineName, self.requested),)
             saved = self._saved(side_by_side)
             refused: dict[str, str] = {}
