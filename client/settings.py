@@ -83,8 +83,8 @@ class CacheSettings:
     # Where computed rows run (``engines``): the model's own torch forward; "auto", each forward's length band on
     # the fastest of torch and the OpenVINO and ONNX Runtime graphs of the model (exported once per fingerprint,
     # checked against torch, timed on the first computing call); or one of those graphs for every band. Rows
-    # that keep maps or run int8 stay on torch. torch by default: on the development machine's 2 cores the
-    # graphs ran within 3% of its packed forwards, not worth an export (docs/BENCHMARKS.md, "Engines").
+    # that keep maps or run int8 stay on torch. torch by default: on the development machine's 2 cores a call
+    # of 8,000 log lines ran 8% slower on OpenVINO (padded batches) than on torch (docs/BENCHMARKS.md, "Engines").
     engine: EngineName = "torch"
     # Bytes this cache may keep beyond its model and a call's result: the store's indexes (embedded mode), the
     # forwards in flight and this process's exact tier, split by ``attnstore_client.memory.plan_memory``. None:

@@ -103,7 +103,8 @@ class EngineSelection:
                                         max_length=self._max_length, only=only, refused=refused)
                 _write_choice(saved, choice)
             self._choice = choice
-            self._graphs = {graph.name: graph for graph in graphs}
+            # Only the graphs some band runs stay loaded: each holds its own copy of the weights.
+            self._graphs = {graph.name: graph for graph in graphs if graph.name in choice.engines}
 
     def _saved(self, side_by_side: int) -> Path:
         """Where the choice is kept for this model, request, machine's threads and library versions: each
