@@ -102,8 +102,11 @@ class NodeProcess:
         self._env = dict(env or {})  # the node's environment beyond this process's
         self.ready_file = workdir / "node-ready.json"
         self.log_path = workdir / "node.log"
+        # No sampled audit unless a test asks for one (a later --audit-rate in ``args`` wins): the node's default
+        # audits 1% of served rows at random, computing them whole, so a test counting rows by tier would read one
+        # fewer now and then (CI read 3 of 4 prefix rows).
         self._command = [sys.executable, "-m", "attnstore_tools.cli", "node", "--model", model, "--store", store,
-                         "--listen", "127.0.0.1:0", "--ready-file", str(self.ready_file), *args]
+                         "--listen", "127.0.0.1:0", "--ready-file", str(self.ready_file), "--audit-rate", "0", *args]
         if keys:
             key_file = workdir / "keys.txt"
             key_file.write_text(f"# test keys\ntests {API_KEY}\n", encoding="utf-8")
