@@ -226,8 +226,10 @@ def test_dead_prefetch_thread_turns_health_not_serving_and_is_logged(
         with DaemonClient(info["address"], timeout=10) as remote:
             remote.create_namespace("ns", model="tiny-synthetic", fingerprint=FP, layout=LAYOUT)
             (entry_id,) = remote.ingest("ns", FP, [entry]).entry_ids
-            remote.prefetch("ns", [entry_id])  # starts the worker
-            worker = next(t for t in threading.enumerate() if t.name == "attnstore-prefetch")
+            # This daemon's worker: a store another test of this process left open may have its own running.
+            others = {t for t in threading.enumerate() if t.name == "attnstore-prefetch"}
+            remote.prefetch("ns", [entry_id])  # starts the worker (before the call returns)
+            (worker,) = (t for t in threading.enumerate() if t.name == "attnstore-prefetch" and t not in others)
             assert remote.health() == "SERVING"
             _raise_in_thread(worker, SystemExit)
             remote.stub.Prefetch(pb.PrefetchRequest(namespace="ns", entry_ids=[entry_id + 1]),
