@@ -399,6 +399,12 @@ class AttnCache(SentenceTransformerAPI):
         ``print(cache.engines)`` shows the table."""
         return None if self._engines is None else self._engines.choice
 
+    @property
+    def int8_engines(self) -> EngineChoice | None:
+        """The engine each length band of int8 rows runs on (``int8=True``, engine ``auto`` or ``openvino``, a
+        plan with graph layers); None while they run on torch's int8 model."""
+        return None if self._engines is None else self._engines.int8_choice
+
     def to(self, device: str | torch.device) -> AttnCache:
         """Move the model (and what replays into it) to ``device``; returns self."""
         self.device = resolve_device(device)

@@ -36,6 +36,10 @@ class Int8Plan:
         share: the share that did, with every layer of ``linears`` quantised.
         rows: calibration rows.
         flops_share: the share of the linear layers' multiply-adds per token that ``linears`` hold.
+        graph_linears: the linear layers an OpenVINO graph runs in int8 (``attnstore_client.tiers.engines.int8``:
+            its activations quantised per group of values, finer than torch's, keep more layers faithful); empty
+            when none kept the target (or the build had no OpenVINO).
+        graph_share: the share of the calibration rows that kept ``fidelity`` on that graph.
     """
 
     linears: tuple[str, ...]
@@ -44,11 +48,15 @@ class Int8Plan:
     share: float
     rows: int
     flops_share: float
+    graph_linears: tuple[str, ...] = ()
+    graph_share: float = 0.0
 
     def __post_init__(self) -> None:
-        if not all(isinstance(name, str) and name for name in self.linears):
-            raise ConfigError(f"Int8Plan: linears must be module names, got {self.linears!r}")
-        for name in ("fidelity", "target", "share", "flops_share"):
+        for field in ("linears", "graph_linears"):
+            names = getattr(self, field)
+            if not all(isinstance(name, str) and name for name in names):
+                raise ConfigError(f"Int8Plan: {field} must be module names, got {names!r}")
+        for name in ("fidelity", "target", "share", "flops_share", "graph_share"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ConfigError(f"Int8Plan: {name} must be in [0, 1], got {value!r}")
@@ -68,6 +76,7 @@ class Int8Plan:
         """
         try:
             record = json.loads(text)
-            return cls(**{**record, "linears": tuple(record["linears"])})
+            return cls(**{**record, "linears": tuple(record["linears"]),
+                          "graph_linears": tuple(record.get("graph_linears", ()))})
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(f"Int8Plan: malformed plan ({exc})") from None

@@ -138,6 +138,38 @@ def group_by_length(
     return forwards[::-1]
 
 
+def within_padding(
+    lengths: Sequence[int], *, waste: float, max_rows: int | None = None, max_tokens: int | None = None,
+) -> list[slice]:
+    """Split rows, in their order, into consecutive padded batches: a batch is closed before the row that would
+    pad it past ``waste`` of its real tokens, or give it more than ``max_rows`` rows or ``max_tokens`` tokens
+    padded (a longer row goes alone).
+
+    A padded batch runs every row at its longest row's length; sorted rows (either way) keep each batch's
+    spread of lengths, and so its padding, small.
+
+    Raises:
+        ConfigError: ``waste < 0``, or ``max_rows`` or ``max_tokens`` below 1.
+    """
+    if waste < 0 or (max_rows is not None and max_rows < 1) or (max_tokens is not None and max_tokens < 1):
+        raise ConfigError(f"within_padding(): waste must be >= 0 and max_rows, max_tokens >= 1; got {waste},"
+                          f" {max_rows}, {max_tokens}")
+    batches: list[slice] = []
+    start = real = longest = 0
+    for end, length in enumerate(lengths):
+        rows, padded = end - start + 1, max(longest, length)
+        if end > start and ((max_rows is not None and rows > max_rows)
+                            or (max_tokens is not None and rows * padded > max_tokens)
+                            or rows * padded > (1 + waste) * (real + length)):
+            batches.append(slice(start, end))
+            start, real, padded = end, 0, length
+        real += length
+        longest = padded
+    if start < len(lengths):
+        batches.append(slice(start, len(lengths)))
+    return batches
+
+
 def tokenize(
     tokenizer: PreTrainedTokenizerBase,
     texts: Sequence[str],

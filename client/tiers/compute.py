@@ -13,8 +13,10 @@ results reaches the store.
 
 Engines. With ``CacheSettings.engine`` other than torch, an fp32 forward that keeps no maps runs on the engine
 its length band chose (``engines``): an exported OpenVINO or ONNX Runtime graph checked against the model's
-forward, as a right-padded batch of the forward's rows (length-sorted, so little is padded). Maps, int8 and the
-prefix and chunk tiers stay on torch.
+forward, as a right-padded batch. The rows of a graph's bands are cut into such batches by length
+(``within_padding``: at most ``GRAPH_PADDING`` of a batch's tokens padded, the room of a packed forward at most),
+not packed. int8 rows run on the namespace's int8 OpenVINO graph where its plan names one and its bands chose it
+(``EngineSelection.prepare_int8``). Maps and the prefix and chunk tiers stay on torch.
 
 Write-back of maps. The model computes its rows with its own attention kernel
 (``sdpa``), which never materialises the probabilities, so a row's maps cost
@@ -41,6 +43,7 @@ import torch
 
 from attnstore.errors import ConfigError
 from attnstore_client.adapters.base import Adapter
+from attnstore_client.adapters.batch import within_padding
 from attnstore_client.call.rows import Row
 from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
@@ -59,6 +62,10 @@ log = logging.getLogger(__name__)
 # with AVX-512 (docs/BENCHMARKS.md, "Encode"). It is the room of sentence-transformers' batch of 32 rows of 64
 # tokens. Replay forwards keep the padded batch's room: the maps they hold grow with their tokens.
 LEAST_TOKENS = 2048
+# The padding a graph's batch may run beyond its rows' tokens (``within_padding``): the logs' 4,246 computed rows
+# ran alike at 2% and 5% (13.3 s on OpenVINO, 2 streams, batches of up to 1,024 tokens, 1% padded), and cutting
+# fewer, longer batches did not pay (2,048 tokens: 13.8 s).
+GRAPH_PADDING = 0.05
 
 
 class ComputeTier(Tier):
@@ -83,7 +90,12 @@ class ComputeTier(Tier):
         workers = self._context.side_by_side(call.settings)
         if self.engines is not None and exact_rows:
             self.engines.prepare(self._context.forwards, workers)
-        parts = [(self._cut(exact_rows, call, workers), None), (self._cut(int8_rows, call, workers), int8)]
+        if self.engines is not None and int8 is not None and int8_rows and self._context.device.type == "cpu":
+            plan = call.namespace.projector.int8 if call.namespace.projector is not None else None
+            if plan is not None:
+                self.engines.prepare_int8(plan, int8, self._context.forwards, workers)
+        parts = [(self._cut_by_engine(exact_rows, call, workers, int8=False), None),
+                 (self._cut_by_engine(int8_rows, call, workers, int8=True), int8)]
         workers = min(workers, sum(len(forwards) for forwards, _ in parts))
         jobs = [partial(self._forward, forward, self._keeping(forward, keep) if adapter is None else [],
                         call.settings, workers, adapter)
@@ -105,6 +117,24 @@ class ComputeTier(Tier):
             return []
         ordered = sorted(rows, key=lambda row: -len(row.tokens))
         return cut(ordered, call.settings, self._context.cost_model, side_by_side=workers, least_tokens=LEAST_TOKENS)
+
+    def _cut_by_engine(self, rows: Sequence[Row], call: Call, workers: int, *, int8: bool) -> list[list[Row]]:
+        """``rows`` (fp32's, or int8's) cut into forwards: those of the bands a graph runs into padded batches of
+        rows of near lengths (``GRAPH_PADDING``), the others as ``_cut`` cuts them."""
+        engines = self.engines
+        if engines is None or not rows:
+            return self._cut(rows, call, workers)
+        on_graph = engines.int8_runs_on_graph if int8 else engines.runs_on_graph
+        graph_rows = sorted((row for row in rows if on_graph(len(row.tokens))), key=lambda row: -len(row.tokens))
+        if not graph_rows:
+            return self._cut(rows, call, workers)
+        graphed = {id(row) for row in graph_rows}
+        longest = len(graph_rows[0].tokens)
+        # Together the forwards side by side hold a packed forward's least room (1,024 tokens each on 2 streams).
+        room = max(call.settings.batch_size * longest, LEAST_TOKENS) // workers
+        batches = within_padding([len(row.tokens) for row in graph_rows], waste=GRAPH_PADDING, max_tokens=room)
+        return [*(graph_rows[part] for part in batches),
+                *self._cut([row for row in rows if id(row) not in graphed], call, workers)]
 
     def _int8_adapter(self, call: Call) -> Adapter | None:
         """The int8 model's adapter when the call asks for int8 and its namespace has a plan (a store not read yet
@@ -130,9 +160,12 @@ class ComputeTier(Tier):
         adapter: Adapter | None,
     ) -> tuple[list[Row], ForwardResult, bool]:
         graph = None
-        if adapter is None and not keeping and self.engines is not None and self._context.device.type == "cpu":
-            types = any(row.token_types for row in forward)
-            graph = self.engines.graph_for([len(row.tokens) for row in forward], types)
+        if not keeping and self.engines is not None and self._context.device.type == "cpu":
+            lengths, types = [len(row.tokens) for row in forward], any(row.token_types for row in forward)
+            if adapter is None:
+                graph = self.engines.graph_for(lengths, types)
+            else:  # the int8 model's forward: the int8 graph, where its plan has one and it was chosen
+                graph = self.engines.int8_graph_for(lengths, types)
         result = run_forward(self._context, forward, settings, keep=keeping, side_by_side=side_by_side,
                              adapter=adapter, graph=graph)
         return forward, result, adapter is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -19,10 +20,20 @@ PLAN = Int8Plan(("encoder.layer.0.attention.self.query", "encoder.layer.1.output
 
 def test_a_plan_survives_json_unchanged() -> None:
     assert Int8Plan.from_json(PLAN.to_json()) == PLAN
+    with_graph = dataclasses.replace(PLAN, graph_linears=PLAN.linears, graph_share=1.0)
+    assert Int8Plan.from_json(with_graph.to_json()) == with_graph
+
+
+def test_a_plan_written_before_graph_layers_reads_with_none() -> None:
+    record = json.loads(PLAN.to_json())
+    del record["graph_linears"], record["graph_share"]
+    plan = Int8Plan.from_json(json.dumps(record))
+    assert (plan.graph_linears, plan.graph_share) == ((), 0.0) and plan.linears == PLAN.linears
 
 
 @pytest.mark.parametrize(("field", "value"), [("share", 1.5), ("fidelity", -0.1), ("target", float("nan")),
-                                              ("rows", 0), ("linears", ("",))])
+                                              ("rows", 0), ("linears", ("",)),
+                                              ("graph_linears", (3,)), ("graph_share", 2.0)])
 def test_a_plan_with_a_bad_value_is_refused_naming_it(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         dataclasses.replace(PLAN, **{field: value})

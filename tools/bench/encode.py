@@ -7,7 +7,9 @@ misses encoded in one call: what a user writes first); ``AttnCache.encode`` in
 embedded mode on a store built by ``attnstore build`` at its defaults
 (``attnstore``), and, when asked for, the same without its map tier
 (``attnstore_exact``: what the map tier costs or earns on the call), with ``int8=True`` (``attnstore_int8``:
-computed rows on the int8 plan ``attnstore build --int8`` chose on the stored lines) or auditing ``--audit-rate``
+computed rows on the int8 plan ``attnstore build --int8`` chose on the stored lines; ``attnstore_int8_auto``,
+``attnstore_int8_openvino``: the same with engine ``auto`` or ``openvino``, whose int8 rows may run on the plan's
+int8 OpenVINO graph) or auditing ``--audit-rate``
 of its exact hits (``attnstore_audit``: what the audit costs, beside ``attnstore``, which audits none), or with its
 compute tier on another engine (``attnstore_auto``, ``attnstore_openvino``, ``attnstore_onnxruntime``:
 ``CacheSettings.engine``, its graphs exported and its choice timed in the child's untimed warm-up); and, when
@@ -75,9 +77,11 @@ PEER_METHODS: dict[str, PeerName] = {
 EXACT_PEERS = ("onnx_fp32", "onnx_o3", "openvino")
 # AttnCache with its compute tier on another engine (``CacheSettings.engine``): method -> engine.
 ENGINE_METHODS = {"attnstore_auto": "auto", "attnstore_openvino": "openvino", "attnstore_onnxruntime": "onnxruntime"}
+# AttnCache with ``int8=True`` on each engine its int8 rows may run on: method -> engine.
+INT8_METHODS = {"attnstore_int8": "torch", "attnstore_int8_auto": "auto", "attnstore_int8_openvino": "openvino"}
 METHODS = ("sentence_transformers", "dict", "attnstore", "attnstore_exact", "attnstore_int8",
            *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")), "attnstore_audit",
-           *ENGINE_METHODS)
+           *ENGINE_METHODS, "attnstore_int8_auto", "attnstore_int8_openvino")
 DEFAULT_METHODS = METHODS[:3]
 NAMESPACE = "encode"
 _SST2_BUILD = 2_000
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     # Exported (or found in the cache) first: a missing peers extra is said before the store is built.
     graphs = peer_graphs(args.model, methods, args.peers_cache or default_cache_dir())
     # Only AttnCache reads the store: a run of the other methods builds none.
-    store = (built_store(args.model, stored, work, int8="attnstore_int8" in methods)
+    store = (built_store(args.model, stored, work, int8=bool(set(INT8_METHODS) & set(methods)))
              if any(m.startswith("attnstore") for m in methods) else None)
     store_bytes = None if store is None else sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
     embeddings_path = stored_embeddings(args.model, stored, work, threads=args.threads, batch=args.batch)
@@ -208,7 +212,8 @@ def built_store(model: str, stored: list[str], work: Path, *, int8: bool = False
     digest = hashlib.sha256(json.dumps([model, stored]).encode()).hexdigest()[:16]
     store = work / f"store-{digest}"
     corpus = work / "build.jsonl"
-    for extra, marker in (((), work / f"store-{digest}.built"), (("--int8",), work / f"store-{digest}.int8")):
+    # The int8 marker names the plan's kind: a plan made before plans named graph layers is made again.
+    for extra, marker in (((), work / f"store-{digest}.built"), (("--int8",), work / f"store-{digest}.int8-graph")):
         if marker.exists() or (extra and not int8):
             continue
         corpus.parent.mkdir(parents=True, exist_ok=True)
@@ -315,8 +320,9 @@ def _summarise(
             entry["retrieval_s"] = statistics.median(s["projection_s"] + s["lookup_s"] + s["fetch_s"] for s in stats)
             entry["stats"] = stats[0]
             entry["linear_kernels"] = runs[0]["linear_kernels"]
-            if runs[0].get("engines") is not None:
-                entry["engines"] = runs[0]["engines"]
+            for key in ("engines", "int8_engines"):
+                if runs[0].get(key) is not None:
+                    entry[key] = runs[0][key]
         methods[method] = entry
     result: dict[str, Any] = {"rows": count, "methods": methods}
     embeddings = {m: np.load(scratch / f"{m}.npy") for m in reports}
@@ -398,10 +404,11 @@ def _print(result: dict[str, Any], store_bytes: int | None) -> None:
         print(f"  {method:24} {memory['anon_start']:12.0f} {memory['anon_peak']:10.0f} {memory['file_start']:12.0f}"
               f" {memory['file_peak']:10.0f}")
     for method, entry in result["methods"].items():
-        if "engines" in entry:
-            bands = ", ".join(f"<={band}: {engine}" for band, engine in zip(entry["engines"]["bands"],
-                                                                           entry["engines"]["engines"], strict=True))
-            print(f"  {method} engines by forward length: {bands}")
+        for key, rows in (("engines", ""), ("int8_engines", "int8 ")):
+            if entry.get(key):
+                bands = ", ".join(f"<={band}: {engine}" for band, engine in zip(entry[key]["bands"],
+                                                                               entry[key]["engines"], strict=True))
+                print(f"  {method} {rows}engines by forward length: {bands}")
     if "template_accuracy" in result:
         print("  template accuracy: " + ", ".join(f"{m} {a:.2%}" for m, a in result["template_accuracy"].items()))
 

@@ -84,11 +84,11 @@ def _model_call(
 
         return _timed_call(spec, method == "dict", encode, texts, warmup, report)
     from attnstore_client.cache import AttnCache
-    from attnstore_tools.bench.encode import ENGINE_METHODS
+    from attnstore_tools.bench.encode import ENGINE_METHODS, INT8_METHODS
 
+    engine = ENGINE_METHODS.get(method) or INT8_METHODS.get(method) or "torch"
     cache = AttnCache(loaded, f"local:{spec['store']}", namespace=spec["namespace"], device=device,
-                      int8=method == "attnstore_int8", audit_rate=spec.get("audit_rate", 0.0),
-                      engine=ENGINE_METHODS.get(method, "torch"))
+                      int8=method in INT8_METHODS, audit_rate=spec.get("audit_rate", 0.0), engine=engine)
     cache.maps = method != "attnstore_exact"
     cache.encode(warmup, batch_size=batch, show_progress_bar=False)
     cache.reset_stats()
@@ -99,6 +99,7 @@ def _model_call(
     report["stats"] = cache.last_stats.to_json_dict()
     report["linear_kernels"] = cache.adapter.linear_kernels
     report["engines"] = None if cache.engines is None else cache.engines.to_json()
+    report["int8_engines"] = None if cache.int8_engines is None else cache.int8_engines.to_json()
     cache.close()
     return embeddings
 

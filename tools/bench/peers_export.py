@@ -31,20 +31,24 @@ so a reader sees a whole graph or none, and two processes exporting at once both
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal, get_args
 
-import torch
-
 from attnstore.errors import ConfigError
-from attnstore_client.keys import model_fingerprint
 from attnstore_client.models import LoadedModel
-from attnstore_client.tiers.engines.graphs import EXTRA_HINT, atomic_folder, require, write_onnx, write_openvino
+from attnstore_client.tiers.engines.graphs import (
+    GraphEngineName,
+    atomic_folder,
+    example_inputs,
+    model_folder,
+    require,
+    versions_of,
+    write_onnx,
+    write_openvino,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +61,6 @@ GRAPH_FILES: dict[PeerName, str] = {
     "onnx_int8": "model_qint8_avx2.onnx",
     "openvino_fp32": "openvino_model.xml",
 }
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-ONNX_OPSET = 14  # optimum's default for BERT-like encoders
 CACHE_ENV = "ATTNSTORE_PEERS_CACHE"
 
 Progress = Callable[[str], None]
@@ -101,7 +103,8 @@ def export_graph(
     peer = check_peer(name)
     if loaded.sentence_transformer is None:
         raise ConfigError(f"peer {peer}: model {loaded.name!r} has no sentence-transformers configuration")
-    folder = _model_dir(loaded, cache_dir) / f"{peer}-{_versions(peer)}"
+    engine: GraphEngineName = "openvino" if peer == "openvino_fp32" else "onnxruntime"
+    folder = model_folder(loaded, cache_dir or default_cache_dir()) / f"{peer}-{versions_of(engine)}"
     graph = folder / GRAPH_FILES[peer]
     if graph.is_file():
         return graph
@@ -120,31 +123,8 @@ def export_graph(
     return graph
 
 
-def _model_dir(loaded: LoadedModel, cache_dir: Path | None) -> Path:
-    return (cache_dir or default_cache_dir()) / model_fingerprint(loaded.model, loaded.tokenizer)[:16]
-
-
-def _versions(peer: PeerName) -> str:
-    """The library versions a graph depends on, in its folder's name: a new one exports anew."""
-    packages = ("torch", "openvino") if peer == "openvino_fp32" else ("torch", "onnx", "onnxruntime")
-    try:
-        return "-".join(f"{package}{version(package)}" for package in packages)
-    except PackageNotFoundError as exc:
-        raise ConfigError(f"peer {peer} needs {exc.name}: {EXTRA_HINT}") from None
-
-
-def _example_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
-    """Two texts as the model's pipeline prepares them: the ``INPUT_NAMES`` (in that order) its tokenizer gives and
-    its model takes (MPNet's and DistilBERT's take no token types)."""
-    pipeline = loaded.sentence_transformer
-    assert pipeline is not None
-    features = pipeline.preprocess(["an example input", "a second, longer example input for the export"])
-    taken = inspect.signature(loaded.model.forward).parameters
-    return {key: features[key] for key in INPUT_NAMES if key in features and key in taken}
-
-
 def _export_onnx(loaded: LoadedModel, path: Path) -> None:
-    write_onnx(loaded.model, _example_inputs(loaded), path)
+    write_onnx(loaded.model, example_inputs(loaded), path)
 
 
 def _optimize_o3(loaded: LoadedModel, source: Path, path: Path) -> None:
@@ -179,4 +159,4 @@ def _quantize_avx2(source: Path, path: Path) -> None:
 
 
 def _convert_openvino(loaded: LoadedModel, path: Path) -> None:
-    write_openvino(loaded.model, _example_inputs(loaded), path)
+    write_openvino(loaded.model, example_inputs(loaded), path)

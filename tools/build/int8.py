@@ -13,10 +13,16 @@ chosen on a seeded sample of the corpus, greedily:
 
 What each step kept is the frontier (multiply-adds in int8 against the share of rows kept faithful), reported
 beside the plan. The output compared is the model's sentence-transformers embedding (what ``encode`` returns).
+
+Then the plan's graph layers (``Int8Plan.graph_linears``), where OpenVINO and NNCF are installed: the model's
+OpenVINO graph with every candidate in int8 (``attnstore_client.tiers.engines.int8``: activations quantised per
+group of values, which keeps more layers faithful than torch's per-call scale), checked on the same sample
+against the same target; if it misses it, the plan's own layers on the graph; if those miss it too, none.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
+import torch
 from sentence_transformers import SentenceTransformer
 from torch import nn
 from tqdm.auto import tqdm
@@ -31,8 +38,14 @@ from tqdm.auto import tqdm
 from attnstore.errors import ConfigError
 from attnstore.projector.int8_plan import Int8Plan
 from attnstore_client.adapters import adapter_for
+from attnstore_client.adapters.batch import batch_from_ids
 from attnstore_client.int8 import int8_candidates, linear_flops, quantized_linear
 from attnstore_client.models import LoadedModel
+from attnstore_client.tiers.engines.graphs import EXTRA_HINT
+from attnstore_client.tiers.engines.int8 import DYNAMIC_GROUP, export_int8_graph, int8_installed
+from attnstore_client.tiers.engines.runtimes import OpenVinoEngine
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -151,9 +164,53 @@ def calibrate_int8(
     plan = None
     if chosen:
         order = {name: k for k, name in enumerate(candidates)}
-        plan = Int8Plan(tuple(sorted(chosen, key=order.__getitem__)), config.fidelity, config.target, best_share,
-                        len(sample), linear_flops(fp32, chosen) / total)
+        ordered = tuple(sorted(chosen, key=order.__getitem__))
+        graph_linears, graph_share = _graph_layers(loaded, pipeline, sample, reference, (tuple(candidates), ordered),
+                                                   config)
+        plan = Int8Plan(ordered, config.fidelity, config.target, best_share, len(sample),
+                        linear_flops(fp32, chosen) / total, graph_linears, graph_share)
     return Int8Report(plan, tuple(frontier), time.perf_counter() - started, 2 * len(candidates) + 1, alone)
+
+
+def _graph_layers(
+    loaded: LoadedModel, pipeline: SentenceTransformer, sample: Sequence[str], reference: np.ndarray,
+    tries: Sequence[tuple[str, ...]], config: Int8Config,
+) -> tuple[tuple[str, ...], float]:
+    """The first of ``tries`` whose OpenVINO int8 graph keeps ``config.target`` of ``sample`` at cosine >=
+    ``config.fidelity`` to ``reference``, and that share; ((), 0.0) when none does or OpenVINO is not installed."""
+    if not int8_installed():
+        log.info("int8 plan: no graph layers (OpenVINO and NNCF are not installed: %s)", EXTRA_HINT)
+        return (), 0.0
+    for linears in tries:
+        graph = OpenVinoEngine(export_int8_graph(loaded, linears), threads=torch.get_num_threads(),
+                               dynamic_group=DYNAMIC_GROUP)
+        share = float(np.mean(np.sum(graph_embeddings(pipeline, graph, sample, config.batch_size) * reference,
+                                     axis=1) >= config.fidelity))
+        log.info("int8 graph with %d linear layers: %.1f%% of %d rows at cosine >= %s", len(linears), 100 * share,
+                 len(sample), config.fidelity)
+        if share >= config.target:
+            return linears, share
+    return (), 0.0
+
+
+def graph_embeddings(
+    pipeline: SentenceTransformer, graph: OpenVinoEngine, texts: Sequence[str], batch_size: int
+) -> np.ndarray:
+    """``texts``' normalised embeddings with ``graph`` as the pipeline's transformer (its other modules as they
+    are: pooling, Dense, normalisation)."""
+    vectors = []
+    for start in range(0, len(texts), batch_size):
+        features = pipeline.tokenize(list(texts[start : start + batch_size]))
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"],
+                                                                strict=True)]
+        batch = batch_from_ids(rows, pipeline.tokenizer.pad_token_id)  # right-padded, as a graph runs rows
+        out: dict[str, torch.Tensor] = {"token_embeddings": graph.forward(batch),
+                                        "attention_mask": batch.attention_mask}
+        with torch.inference_mode():
+            for module in list(pipeline)[1:]:
+                out = module(out)
+        vectors.append(torch.nn.functional.normalize(out["sentence_embedding"].float(), dim=-1).numpy())
+    return np.concatenate(vectors)
 
 
 def format_int8(report: Int8Report) -> list[str]:
@@ -166,4 +223,7 @@ def format_int8(report: Int8Report) -> list[str]:
         f"int8 plan: {len(plan.linears)} linear layers ({plan.flops_share:.0%} of the linear multiply-adds) in int8,"
         f" {plan.share:.1%} of {plan.rows} calibration rows at cosine >= {plan.fidelity}"
         f" (target {plan.target:.1%}); {report.seconds:.0f} s",
+        f"int8 graph (OpenVINO): {len(plan.graph_linears)} linear layers in int8, {plan.graph_share:.1%} of the rows"
+        f" at cosine >= {plan.fidelity}" if plan.graph_linears else
+        "int8 graph (OpenVINO): none (not installed, or no graph kept the target)",
     ]

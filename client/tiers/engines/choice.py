@@ -3,8 +3,8 @@
 Each graph is first checked against the model's own forward on a padded batch of four random rows (every real
 position within ``CHECK_TOLERANCE`` of torch's last hidden state, relative to its largest value): a graph that
 fails is refused, with its reason, and never runs a row. Then each engine runs forwards of ``tokens`` tokens of
-rows of each band's length: torch as the compute tier runs it (packed, ``side_by_side`` forwards at once on the
-forward pool, one thread each), a graph as one padded forward on all the threads. A band's engine is the fastest
+rows of each band's length as the compute tier runs them, ``side_by_side`` forwards at once on the forward pool:
+torch's packed on one thread each, a graph's padded on its streams (``runtimes``). A band's engine is the fastest
 (median of ``repeats`` timings after one warm-up); torch keeps a band unless a graph is ``MARGIN`` faster, since
 torch's rows can also keep maps and run int8 in the same forwards. The choice is made once per cache (the first
 call that computes a row) and kept; ``str(choice)`` reads as a table.
@@ -94,6 +94,7 @@ def bands_up_to(max_length: int) -> tuple[int, ...]:
 def choose_engines(
     adapter: Adapter, graphs: Sequence[GraphEngine], pool: ForwardPool, *, side_by_side: int, max_length: int,
     only: str | None = None, tokens: int = 1024, repeats: int = 2, refused: Mapping[str, str] | None = None,
+    check: bool = True,
 ) -> EngineChoice:
     """Check ``graphs`` against ``adapter``'s forward, time every engine per band, and choose (module docstring).
 
@@ -107,6 +108,8 @@ def choose_engines(
         tokens: tokens per timed forward.
         repeats: timings per engine and band (their median is compared).
         refused: graphs that could not be exported or loaded, and why (kept in the choice).
+        check: check each graph against ``adapter`` (False: an int8 graph, whose fidelity its plan measured on the
+            corpus: it is not ``adapter``'s int8 within fp32 rounding).
 
     Raises:
         ConfigError: ``only`` names a graph that was refused or not given.
@@ -114,7 +117,7 @@ def choose_engines(
     refusals = dict(refused or {})
     checked = []
     for graph in graphs:
-        reason = check_graph(adapter, graph)
+        reason = check_graph(adapter, graph) if check else None
         if reason is None:
             checked.append(graph)
         else:
@@ -125,9 +128,21 @@ def choose_engines(
             raise ConfigError(f"engine={only!r}: {refusals.get(only, 'no such graph was loaded')}")
         checked = [graph for graph in checked if graph.name == only]
     bands = bands_up_to(max_length)
-    seconds = {TORCH: _time_torch(adapter, pool, side_by_side, bands, tokens, repeats)}
+    pad = adapter.loaded.tokenizer.pad_token_id
+
+    def torch_forward(rows: list[list[int]]) -> None:
+        with torch.inference_mode():
+            if adapter.capabilities.can_pack:
+                adapter.forward_packed(pack(rows))
+            else:
+                adapter.forward(batch_from_ids(rows, pad))
+
+    seconds = {TORCH: _timed(adapter, torch_forward, pool, side_by_side, bands, tokens, repeats)}
     for graph in checked:
-        seconds[graph.name] = _time_graph(adapter, graph, bands, tokens, repeats)
+        def graph_forward(rows: list[list[int]], graph: GraphEngine = graph) -> None:
+            graph.forward(batch_from_ids(rows, pad))
+
+        seconds[graph.name] = _timed(adapter, graph_forward, pool, side_by_side, bands, tokens, repeats)
     engines: list[str] = []
     for i in range(len(bands)):
         if only is not None:
@@ -168,49 +183,26 @@ def _random_rows(adapter: Adapter, lengths: Sequence[int], seed: int) -> list[li
     return [torch.randint(low, vocab, (length,), generator=generator).tolist() for length in lengths]
 
 
-def _time_torch(
-    adapter: Adapter, pool: ForwardPool, side_by_side: int, bands: Sequence[int], tokens: int, repeats: int
+def _timed(
+    adapter: Adapter, forward: Callable[[list[list[int]]], object], pool: ForwardPool, side_by_side: int,
+    bands: Sequence[int], tokens: int, repeats: int,
 ) -> tuple[float, ...]:
-    def forward(rows: list[list[int]]) -> None:
-        with torch.inference_mode():
-            if adapter.capabilities.can_pack:
-                adapter.forward_packed(pack(rows))
-            else:
-                adapter.forward(batch_from_ids(rows, adapter.loaded.tokenizer.pad_token_id))
+    """Per band, the median seconds per thousand tokens of ``tokens`` tokens of the band's rows, run as
+    ``side_by_side`` forwards at once on ``pool`` (after one untimed run)."""
 
-    def run(band: int) -> None:
-        rows = _band_rows(adapter, band, tokens)
+    def run(rows: list[list[int]]) -> None:
         shares = [rows[i::side_by_side] for i in range(side_by_side) if rows[i::side_by_side]]
         for _ in pool.run([partial(forward, share) for share in shares], len(shares)):
             pass
 
-    return _timed(run, bands, tokens, repeats)
-
-
-def _time_graph(
-    adapter: Adapter, graph: GraphEngine, bands: Sequence[int], tokens: int, repeats: int
-) -> tuple[float, ...]:
-    pad = adapter.loaded.tokenizer.pad_token_id
-
-    def run(band: int) -> None:
-        graph.forward(batch_from_ids(_band_rows(adapter, band, tokens), pad))
-
-    return _timed(run, bands, tokens, repeats)
-
-
-def _band_rows(adapter: Adapter, band: int, tokens: int) -> list[list[int]]:
-    return _random_rows(adapter, [band] * max(1, tokens // band), seed=band)
-
-
-def _timed(run: Callable[[int], None], bands: Sequence[int], tokens: int, repeats: int) -> tuple[float, ...]:
-    """Per band, the median seconds per thousand tokens of ``run(band)`` after one untimed run."""
     medians = []
     for band in bands:
-        run(band)
+        rows = _random_rows(adapter, [band] * max(1, tokens // band), seed=band)
+        run(rows)
         times = []
         for _ in range(repeats):
             started = time.perf_counter()
-            run(band)
+            run(rows)
             times.append(time.perf_counter() - started)
-        medians.append(statistics.median(times) * 1000 / (max(1, tokens // band) * band))
+        medians.append(statistics.median(times) * 1000 / (len(rows) * band))
     return tuple(medians)

@@ -1,10 +1,11 @@
 """An exported graph (``graphs``) in its runtime, on the CPU: right-padded batches in, last hidden states out.
 
-OpenVINO is compiled with ``threads`` inference threads, the latency hint and fp32 inference asked for (its CPU
-default is bf16 where the CPU has it: not the model's rows). ONNX Runtime runs a CPU session of ``threads`` intra-op
-threads and one inter-op thread at its default graph optimisations. Neither is thread-safe per request, so a
-forward holds the engine's lock: forwards run side by side (``forward_pool``) take turns on a graph, each with all
-its threads.
+Forwards run side by side as torch's do (``forward_pool``): ``streams`` at once, each on its share of ``threads``.
+OpenVINO is compiled with ``threads`` inference threads in ``streams`` streams and fp32 inference asked for (its CPU
+default is bf16 where the CPU has it: not the model's rows); each thread that runs a forward has its own infer
+request (a request is not thread-safe; the compiled model runs one per stream at once). ONNX Runtime runs one CPU
+session of ``threads / streams`` intra-op threads at its default graph optimisations, whose ``run`` several threads
+may call at once.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ class GraphEngine(ABC):
     Args:
         graph: the graph file (``export_graph``).
         threads: the runtime's threads (the torch threads the model's forwards use).
+        streams: forwards run at once (``TierContext.side_by_side``), each on ``threads / streams`` threads.
     """
 
     name: GraphEngineName
 
-    def __init__(self, graph: Path, *, threads: int) -> None:
-        if threads < 1:
-            raise ConfigError(f"{type(self).__name__}(): threads must be >= 1, got {threads}")
+    def __init__(self, graph: Path, *, threads: int, streams: int = 1) -> None:
+        if threads < 1 or not 1 <= streams <= threads:
+            raise ConfigError(f"{type(self).__name__}(): threads must be >= 1 and streams within 1..threads, got"
+                              f" {threads} threads, {streams} streams")
         self.graph = graph
         self.threads = threads
-        self._lock = threading.Lock()
+        self.streams = streams
 
     @property
     @abstractmethod
@@ -56,8 +59,7 @@ class GraphEngine(ABC):
         types = batch.token_type_ids if batch.token_type_ids is not None else torch.zeros_like(batch.input_ids)
         given = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "token_type_ids": types}
         inputs = {name: given[name].cpu().numpy() for name in self.input_names}
-        with self._lock:
-            hidden = self._run(inputs)
+        hidden = self._run(inputs)
         return torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))
 
     @abstractmethod
@@ -66,25 +68,30 @@ class GraphEngine(ABC):
 
 
 class OpenVinoEngine(GraphEngine):
-    """An OpenVINO graph compiled for the CPU."""
+    """An OpenVINO graph compiled for the CPU; ``dynamic_group``: an int8 graph's activations quantised per that
+    many values as it runs (``engines.int8``)."""
 
     name: GraphEngineName = "openvino"
 
-    def __init__(self, graph: Path, *, threads: int) -> None:
-        super().__init__(graph, threads=threads)
+    def __init__(self, graph: Path, *, threads: int, streams: int = 1, dynamic_group: int = 0) -> None:
+        super().__init__(graph, threads=threads, streams=streams)
         import openvino
 
-        config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+        config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": streams, "INFERENCE_PRECISION_HINT": "f32",
+                  "DYNAMIC_QUANTIZATION_GROUP_SIZE": dynamic_group}
         self._compiled = openvino.Core().compile_model(str(graph), "CPU", config)
         self._inputs = tuple(port.get_any_name() for port in self._compiled.inputs)
-        self._request = self._compiled.create_infer_request()
+        self._requests = threading.local()  # each forwarding thread's own request
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return self._inputs
 
     def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self._request.infer(inputs)[0].copy()  # the request's buffer is reused by the next forward
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self._compiled.create_infer_request()
+        return request.infer(inputs)[0].copy()  # the request's buffer is reused by its next forward
 
 
 class OnnxRuntimeEngine(GraphEngine):
@@ -92,12 +99,12 @@ class OnnxRuntimeEngine(GraphEngine):
 
     name: GraphEngineName = "onnxruntime"
 
-    def __init__(self, graph: Path, *, threads: int) -> None:
-        super().__init__(graph, threads=threads)
+    def __init__(self, graph: Path, *, threads: int, streams: int = 1) -> None:
+        super().__init__(graph, threads=threads, streams=streams)
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = threads // streams
         options.inter_op_num_threads = 1
         self._session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         self._inputs = tuple(node.name for node in self._session.get_inputs())
@@ -110,13 +117,13 @@ class OnnxRuntimeEngine(GraphEngine):
         return self._session.run(["last_hidden_state"], inputs)[0]
 
 
-def open_engine(name: GraphEngineName, graph: Path, *, threads: int) -> GraphEngine:
-    """The engine ``name`` on ``graph``.
+def open_engine(name: GraphEngineName, graph: Path, *, threads: int, streams: int = 1) -> GraphEngine:
+    """The engine ``name`` on ``graph``, running ``streams`` forwards at once on ``threads`` threads.
 
     Raises:
-        ConfigError: an unknown engine, or threads < 1.
+        ConfigError: an unknown engine, threads < 1, or streams outside 1..threads.
     """
     engines: dict[str, type[GraphEngine]] = {"openvino": OpenVinoEngine, "onnxruntime": OnnxRuntimeEngine}
     if name not in engines:
         raise ConfigError(f"engine {name!r} is not one of {sorted(engines)}")
-    return engines[name](graph, threads=threads)
+    return engines[name](graph, threads=threads, streams=streams)

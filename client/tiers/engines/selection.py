@@ -5,6 +5,11 @@ exports nothing; ``"auto"`` exports the model to every graph engine whose librar
 length band on the fastest (``choice``); ``"openvino"`` or ``"onnxruntime"`` runs every band on that graph (a
 call raises if it cannot be exported or fails its check). Graphs run on the CPU only: on another device every
 forward is torch's.
+
+int8 rows (``int8=True``) have a choice of their own, made on the first call that computes one: with ``"auto"``
+or ``"openvino"`` and a plan that names graph layers (``Int8Plan.graph_linears``, checked at build time), the
+int8 OpenVINO graph (``engines.int8``) against torch's int8 model, per band as above (``"openvino"``: the graph
+for every band). Otherwise int8 rows stay on torch's int8 model (ONNX Runtime's int8 ran no faster than it).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import cast
 import torch
 
 from attnstore.errors import ConfigError
+from attnstore.projector.int8_plan import Int8Plan
 from attnstore_client.adapters.base import Adapter
 from attnstore_client.tiers.engines.choice import TORCH, EngineChoice, bands_up_to, choose_engines
 from attnstore_client.tiers.engines.graphs import (
@@ -32,7 +38,8 @@ from attnstore_client.tiers.engines.graphs import (
     model_folder,
     versions_of,
 )
-from attnstore_client.tiers.engines.runtimes import GraphEngine, open_engine
+from attnstore_client.tiers.engines.int8 import DYNAMIC_GROUP, export_int8_graph, int8_installed
+from attnstore_client.tiers.engines.runtimes import GraphEngine, OpenVinoEngine, open_engine
 from attnstore_client.tiers.forward_pool import ForwardPool
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,9 @@ class EngineSelection:
         self._lock = threading.Lock()
         self._choice: EngineChoice | None = None
         self._graphs: dict[str, GraphEngine] = {}
+        self._int8_layers: tuple[str, ...] | None = None  # the plan's graph layers the int8 choice was made for
+        self._int8_choice: EngineChoice | None = None
+        self._int8_graph: GraphEngine | None = None
 
     @property
     def choice(self) -> EngineChoice | None:
@@ -63,8 +73,15 @@ class EngineSelection:
         ``engine="torch"``)."""
         return self._choice
 
+    @property
+    def int8_choice(self) -> EngineChoice | None:
+        """The engine of each length band of int8 rows, once chosen (None: they run on torch's int8 model)."""
+        return self._int8_choice
+
     def prepare(self, pool: ForwardPool, side_by_side: int) -> None:
-        """Export, check and time the engines, once (later calls return at once).
+        """Export, check and time the engines, once (later calls return at once); each graph runs
+        ``side_by_side`` forwards at once (the first computing call's: later calls' forwards take turns on its
+        streams).
 
         Raises:
             ConfigError: ``engine`` names one graph and it could not be exported, loaded or checked.
@@ -92,7 +109,7 @@ class EngineSelection:
                     continue
                 try:
                     graph = export_graph(name, self._adapter.loaded, cache_dir=self._cache_dir)
-                    graphs.append(open_engine(name, graph, threads=torch.get_num_threads()))
+                    graphs.append(open_engine(name, graph, threads=torch.get_num_threads(), streams=side_by_side))
                 except Exception as exc:  # an exporter's or runtime's own error: the rows run on torch
                     refused[name] = f"its export or loading failed: {exc!r}"
                     log.warning("engine %s refused for %s: %r", name, self._adapter.loaded.name, exc)
@@ -106,14 +123,63 @@ class EngineSelection:
             # Only the graphs some band runs stay loaded: each holds its own copy of the weights.
             self._graphs = {graph.name: graph for graph in graphs if graph.name in choice.engines}
 
-    def _saved(self, side_by_side: int) -> Path:
-        """Where the choice is kept for this model, request, machine's threads and library versions: each
-        graph's check and timings run once, not on every start."""
+    def prepare_int8(self, plan: Int8Plan, int8: Adapter, pool: ForwardPool, side_by_side: int) -> None:
+        """Choose the engine of int8 rows for ``plan`` (``int8``: torch's int8 model of it), once per plan's graph
+        layers; a plan without graph layers, an engine other than ``auto`` or ``openvino``, or a model off the CPU
+        leaves them on torch.
+
+        Raises:
+            ConfigError: ``engine="openvino"`` and the plan's int8 graph could not be made (OpenVINO or NNCF
+                missing, a layer the graph lacks).
+        """
+        if self.requested not in ("auto", "openvino") or self._int8_layers == plan.graph_linears:
+            return
+        with self._lock:
+            if self._int8_layers == plan.graph_linears:
+                return
+            self._int8_choice, self._int8_graph = None, None
+            device = next(self._adapter.model.parameters()).device
+            if plan.graph_linears and device.type == "cpu" and (self.requested == "openvino" or int8_installed()):
+                graph = OpenVinoEngine(
+                    export_int8_graph(self._adapter.loaded, plan.graph_linears, cache_dir=self._cache_dir),
+                    threads=torch.get_num_threads(), streams=side_by_side, dynamic_group=DYNAMIC_GROUP)
+                saved = self._saved(side_by_side, f"int8-{graph.graph.parent.name}")
+                choice = _read_choice(saved)
+                if choice is None:
+                    # The graph's fidelity was checked when the plan was made, on the corpus's own rows.
+                    choice = choose_engines(int8, [graph], pool, side_by_side=side_by_side,
+                                            max_length=self._max_length, only=None if self.requested == "auto"
+                                            else "openvino", check=False)
+                    _write_choice(saved, choice)
+                self._int8_choice = choice
+                self._int8_graph = graph if choice.uses_graphs else None
+            self._int8_layers = plan.graph_linears
+
+    def _saved(self, side_by_side: int, kind: str = "") -> Path:
+        """Where the choice is kept for this model, request, machine's threads and library versions (and
+        ``kind``: an int8 graph's): each graph's check and timings run once, not on every start."""
         parts = (part for name in GRAPH_ENGINES if installed(name) for part in versions_of(name).split("-"))
         versions = "-".join(dict.fromkeys(parts))  # each package once
-        name = (f"choice-{self.requested}-threads{torch.get_num_threads()}-side{side_by_side}"
-                f"-length{self._max_length}-{versions}.json")
+        name = (f"choice-{self.requested}{'-' + kind if kind else ''}-threads{torch.get_num_threads()}"
+                f"-side{side_by_side}-length{self._max_length}-{versions}.json")
         return model_folder(self._adapter.loaded, self._cache_dir) / name
+
+    def int8_runs_on_graph(self, length: int) -> bool:
+        """Whether an int8 row ``length`` tokens long is in a band the int8 graph runs."""
+        choice = self._int8_choice
+        return self._int8_graph is not None and choice is not None and choice.engine_for(length) != TORCH
+
+    def int8_graph_for(self, lengths: Sequence[int], token_types: bool) -> GraphEngine | None:
+        """The int8 graph when it runs a forward of int8 rows ``lengths`` long; None: torch's int8 model."""
+        graph = self._int8_graph
+        if graph is None or not lengths or not self.int8_runs_on_graph(max(lengths)):
+            return None
+        return None if token_types and not graph.takes_token_types else graph
+
+    def runs_on_graph(self, length: int) -> bool:
+        """Whether a row ``length`` tokens long is in a band a graph runs (the compute tier cuts its forwards
+        padded, as a graph runs them)."""
+        return self._choice is not None and self._choice.engine_for(length) in self._graphs
 
     def graph_for(self, lengths: Sequence[int], token_types: bool) -> GraphEngine | None:
         """The graph that runs a forward of rows ``lengths`` long (with token types or not); None: torch."""

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from attnstore.errors import UnsupportedModelError
 from attnstore_client.adapters import Adapter
-from attnstore_client.adapters.batch import batch_from_ids
+from attnstore_client.adapters.batch import batch_from_ids, within_padding
 from attnstore_client.call.rows import HiddenRows, Row
 from attnstore_client.call.state import Call
 from attnstore_client.tiers.prefix.tier import forward_with_past
@@ -137,24 +137,15 @@ def _serve_group(
 
 def suffix_batches(rows: Sequence[Row], prefix: int, size: int, waste: float = PADDING_WASTE) -> list[list[Row]]:
     """``rows`` cut into batches for their suffixes' forwards (the tokens after ``prefix``): shortest first, at most
-    ``size`` rows each, a batch closed before the row whose length would pad it past ``waste`` of its real tokens.
+    ``size`` rows each, a batch closed before the row whose length would pad it past ``waste`` of its real tokens
+    (``within_padding``).
 
     A batch pads every suffix to its longest, and a reranker's documents (a query's rows) differ in length by 2x
     or more: in one batch, 67% more tokens ran than the rows held (SmolLM2, 408 reranking rows of 20-45 tokens).
     """
-    batches: list[list[Row]] = []
-    batch: list[Row] = []
-    real = 0
-    for row in sorted(rows, key=lambda row: len(row.tokens)):
-        length = len(row.tokens) - prefix  # the longest of the batch so far: rows come shortest first
-        if batch and (len(batch) >= size or (len(batch) + 1) * length > (1 + waste) * (real + length)):
-            batches.append(batch)
-            batch, real = [], 0
-        batch.append(row)
-        real += length
-    if batch:
-        batches.append(batch)
-    return batches
+    ordered = sorted(rows, key=lambda row: len(row.tokens))
+    cuts = within_padding([len(row.tokens) - prefix for row in ordered], waste=waste, max_rows=size)
+    return [ordered[part] for part in cuts]
 
 
 def _keys_values(layer: object) -> tuple[torch.Tensor, torch.Tensor]:

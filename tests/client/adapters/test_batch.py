@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnstore.errors import ConfigError
-from attnstore_client.adapters.batch import batch_from_ids, group_by_length, tokenize
+from attnstore_client.adapters.batch import batch_from_ids, group_by_length, tokenize, within_padding
 
 
 def test_batch_from_ids_pads_on_the_right_and_keeps_lengths():
@@ -73,3 +75,34 @@ def test_group_by_length_refuses_unsorted_lengths_and_no_room_for_a_row():
         group_by_length([3, 5], 4)
     with pytest.raises(ConfigError, match="max_rows must be >= 1, got 0"):
         group_by_length([5], 0)
+
+
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=80), waste=st.sampled_from([0.0, 0.05, 0.15]),
+       max_rows=st.none() | st.integers(1, 40), max_tokens=st.none() | st.integers(1, 4096),
+       longest_first=st.booleans())
+def test_padded_batches_take_every_row_once_in_order_within_their_bounds(
+    lengths: list[int], waste: float, max_rows: int | None, max_tokens: int | None, longest_first: bool
+) -> None:
+    lengths = sorted(lengths, reverse=longest_first)
+    batches = within_padding(lengths, waste=waste, max_rows=max_rows, max_tokens=max_tokens)
+    assert [i for part in batches for i in range(len(lengths))[part]] == list(range(len(lengths)))
+    for part in batches:
+        rows = lengths[part]
+        if len(rows) == 1:  # a row alone may be past any bound
+            continue
+        padded = len(rows) * max(rows)
+        assert padded <= (1 + waste) * sum(rows) + 1e-9
+        assert max_rows is None or len(rows) <= max_rows
+        assert max_tokens is None or padded <= max_tokens
+    for before, after in zip(batches, batches[1:], strict=False):  # a batch closes only at a bound
+        rows = lengths[before.start:after.start + 1]
+        padded = len(rows) * max(rows)
+        assert (padded > (1 + waste) * sum(rows) or (max_rows is not None and len(rows) > max_rows)
+                or (max_tokens is not None and padded > max_tokens))
+
+
+def test_padded_batches_refuse_a_negative_waste_and_no_room():
+    with pytest.raises(ConfigError, match="waste must be >= 0"):
+        within_padding([3], waste=-0.1)
+    with pytest.raises(ConfigError, match="max_rows, max_tokens >= 1"):
+        within_padding([3], waste=0.1, max_tokens=0)

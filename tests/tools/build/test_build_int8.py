@@ -13,8 +13,11 @@ from attnstore.projector.blob import has_embedding_layer, int8_plan_from_project
 from attnstore.service import AttnStoreService
 from attnstore_client.adapters import adapter_for
 from attnstore_client.int8 import int8_candidates, linear_flops, quantized_model
+from attnstore_client.tiers.engines.graphs import CACHE_ENV
+from attnstore_client.tiers.engines.int8 import DYNAMIC_GROUP, export_int8_graph
+from attnstore_client.tiers.engines.runtimes import OpenVinoEngine
 from attnstore_tools.build.command import BuildConfig, BuildReport, build_namespace
-from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, format_int8
+from attnstore_tools.build.int8 import Int8Config, Int8Report, calibrate_int8, format_int8, graph_embeddings
 from attnstore_tools.build.training import TrainConfig
 from tests.support.caches import tiny_loaded
 from tests.tools.build.test_build import corpus
@@ -26,7 +29,9 @@ _SMALL = Int8Config(rows=16, target=0.9)
 @pytest.fixture(scope="module")
 def built(minilm_model, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AttnStoreService, BuildReport]]:
     """A store whose namespace ``ns`` a build filled with an int8 plan (the projector's own calibration skipped)."""
-    with AttnStoreService.open(tmp_path_factory.mktemp("int8") / "store", create=True) as service:
+    with pytest.MonkeyPatch.context() as patch, \
+            AttnStoreService.open(tmp_path_factory.mktemp("int8") / "store", create=True) as service:
+        patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("engines")))  # the int8 graph checked, not ~/.cache's
         config = BuildConfig(namespace="ns", train=_QUICK, calibration=None, int8=_SMALL)
         yield service, build_namespace(minilm_model, corpus(), service, config, progress=False)
 
@@ -56,6 +61,26 @@ def test_the_plan_keeps_the_target_share_of_the_sample_faithful(minilm_model, bu
         transformer.model = fp32
     cosines = np.sum(int8 * reference, axis=1)
     assert np.mean(cosines >= plan.fidelity) >= 0.8 and not np.allclose(int8, reference, atol=1e-5)
+
+
+def test_the_plans_graph_layers_keep_the_target_on_the_openvino_graph(minilm_model, built) -> None:
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    report = built[1].int8
+    assert report is not None and report.plan is not None
+    plan = report.plan
+    # Every candidate or the plan's own layers, whichever first kept the target (on log-like text, every one).
+    candidates = tuple(int8_candidates(adapter_for(minilm_model)))
+    assert plan.graph_linears in (candidates, plan.linears) and plan.graph_share >= _SMALL.target
+    assert f"int8 graph (OpenVINO): {len(plan.graph_linears)} linear layers" in format_int8(report)[1]
+    # The graph, run apart from the calibration, keeps what the plan says on the corpus.
+    pipeline = minilm_model.sentence_transformer
+    texts = sorted(set(corpus()))
+    graph = OpenVinoEngine(export_int8_graph(minilm_model, plan.graph_linears), threads=1,
+                           dynamic_group=DYNAMIC_GROUP)
+    cosines = np.sum(graph_embeddings(pipeline, graph, texts, 8) * pipeline.encode(texts, normalize_embeddings=True),
+                     axis=1)
+    assert np.mean(cosines >= plan.fidelity) >= 0.8 and cosines.min() < 0.99999  # int8: close, not equal
 
 
 def test_a_model_without_a_sentence_transformers_pipeline_has_no_int8_plan() -> None:

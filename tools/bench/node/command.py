@@ -5,7 +5,9 @@ client count (so no point inherits another's cache):
 
 - ``attnstore``: ``attnstore node`` over an embedded store built by ``attnstore
   build`` at its defaults from the 8 Loghub systems' first 1,000 lines each
-  (kept under ``--work-dir`` and reused);
+  (kept under ``--work-dir`` and reused); ``attnstore_openvino``,
+  ``attnstore_onnxruntime`` and ``attnstore_auto``: the same node with its
+  compute tier on that engine (``attnstore node --engine``);
 - ``sentence_transformers``: the node's own HTTP app answering each request with
   ``SentenceTransformer.encode`` (``bench.node.server``);
 - ``dict``: the same with a dict cache in front, holding the stored lines'
@@ -23,11 +25,11 @@ N clients (``--clients``), each an ``AsyncOpenAI`` client sending its next reque
 once its last is answered (``client.embeddings.create``; no retries, so every
 failure counts). Per server and N: rows/s over the run, p50 and p99 request
 latency, errors, and the CPU seconds of the server and of the clients' process;
-for the node also its ``/metrics``: rows by tier, requests per call, tokens per
+for each node also its ``/metrics``: rows by tier, requests per call, tokens per
 call, and the tokens its forwards ran against the real tokens they held. Every
 server's fidelity: the share of the rows it answered at cosine >= 0.99 to
 sentence-transformers' own vectors of them, and the lowest cosine. The node's
-speedups are against every other server, and against the fastest exact peer
+speedups are against every other server, and each node's against the fastest exact peer
 behind a dict (the fastest of ``onnx_fp32_dict``, ``onnx_o3_dict`` and
 ``openvino_dict`` that ran: int8 is not exact).
 """
@@ -50,6 +52,7 @@ from typing import Any
 from attnstore.errors import ConfigError
 from attnstore_tools.arguments import documented_parser
 from attnstore_tools.bench.encode import (
+    ENGINE_METHODS,
     EXACT_PEERS,
     NAMESPACE,
     PEER_METHODS,
@@ -65,8 +68,10 @@ from attnstore_tools.corpus import DATA_HELP, data_dir
 from attnstore_tools.machine import cpu_model
 from attnstore_tools.output import write_json
 
+# The node's servers: server -> its compute tier's engine (``attnstore node --engine``).
+NODES = {"attnstore": "torch", **ENGINE_METHODS}
 SERVERS = ("attnstore", "sentence_transformers", "dict",
-           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")))
+           *(f"{peer}{suffix}" for peer in PEER_METHODS for suffix in ("", "_dict")), *ENGINE_METHODS)
 DEFAULT_SERVERS = ("attnstore", "sentence_transformers", "dict", "onnx_o3", "onnx_o3_dict", "onnx_int8_dict",
                    "openvino_dict")
 EXACT_PEER_DICTS = tuple(f"{peer}_dict" for peer in EXACT_PEERS)
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     root = data_dir(args.data_dir)
     stored, queries, _, _ = load_data("logs", root)
     work = args.work_dir / "logs"
-    store = built_store(args.model, stored, work) if "attnstore" in servers else None
+    store = built_store(args.model, stored, work) if set(servers) & set(NODES) else None
     embeddings = (stored_embeddings(args.model, stored, work, threads=args.threads, batch=32)
                   if any(s == "dict" or s.endswith("_dict") for s in servers) else None)
     graphs = peer_graphs(args.model, servers, args.peers_cache or default_cache_dir(), bench="node")
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             for server in servers:
                 command = _command(args, server, store, scratch, embeddings, graphs)
                 result = _measure(command, scratch / f"{server}-{clients}", args.model, requests, clients, warmup,
-                                  metrics=server == "attnstore")
+                                  metrics=server in NODES)
                 result.update(_fidelity(result.pop("vectors"), requests, reference))
                 point["servers"][server] = result
                 _print_line(clients, server, point["servers"][server])
@@ -189,11 +194,11 @@ def _command(
     graphs: dict[PeerName, Path],
 ) -> list[str]:
     ready = scratch / f"{server}-ready.json"
-    if server == "attnstore":
+    if server in NODES:
         assert store is not None
         return [sys.executable, "-m", "attnstore_tools.cli", "node", "--model", args.model, "--store",
                 f"local:{store}", "--namespace", NAMESPACE, "--listen", "127.0.0.1:0", "--ready-file", str(ready),
-                "--threads", str(args.threads), *args.node_args.split()]
+                "--threads", str(args.threads), "--engine", NODES[server], *args.node_args.split()]
     method = "dict" if server == "dict" or server.endswith("_dict") else "encode"
     command = [sys.executable, "-m", "attnstore_tools.bench.node.server", "--method", method, "--model", args.model,
                "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--threads", str(args.threads)]
@@ -282,21 +287,28 @@ def _node_metrics(url: str) -> dict[str, Any]:
 
 
 def _ratios(point: dict[str, Any]) -> None:
-    """The node's rows/s and p99 against every other server's, and against the fastest exact peer's behind a
-    dict (``fastest_exact_peer_dict`` names it)."""
+    """The node's rows/s and p99 against every other server's, and each node's (``NODES``) against the fastest
+    exact peer's behind a dict (``fastest_exact_peer_dict`` names it; a node on another engine keeps its ratios
+    in ``engines``)."""
     servers = point["servers"]
     node = servers.get("attnstore")
-    if node is None:
-        return
-    for base in [s for s in servers if s != "attnstore"]:
-        point[f"rows_per_s_vs_{base}"] = node["rows_per_s"] / servers[base]["rows_per_s"]
-        point[f"p99_vs_{base}"] = node["p99_ms"] / servers[base]["p99_ms"]
+    if node is not None:
+        for base in [s for s in servers if s != "attnstore"]:
+            point[f"rows_per_s_vs_{base}"] = node["rows_per_s"] / servers[base]["rows_per_s"]
+            point[f"p99_vs_{base}"] = node["p99_ms"] / servers[base]["p99_ms"]
     peers = [s for s in EXACT_PEER_DICTS if s in servers]
-    if peers:
-        fastest = max(peers, key=lambda s: servers[s]["rows_per_s"])
-        point["fastest_exact_peer_dict"] = fastest
-        point["rows_per_s_vs_fastest_exact_peer_dict"] = point[f"rows_per_s_vs_{fastest}"]
-        point["p99_vs_fastest_exact_peer_dict"] = point[f"p99_vs_{fastest}"]
+    if not peers:
+        return
+    fastest = max(peers, key=lambda s: servers[s]["rows_per_s"])
+    point["fastest_exact_peer_dict"] = fastest
+    for name in [s for s in NODES if s in servers]:
+        ours, theirs = servers[name], servers[fastest]
+        ratios = {"rows_per_s_vs_fastest_exact_peer_dict": ours["rows_per_s"] / theirs["rows_per_s"],
+                  "p99_vs_fastest_exact_peer_dict": ours["p99_ms"] / theirs["p99_ms"]}
+        if name == "attnstore":
+            point.update(ratios)
+        else:
+            point.setdefault("engines", {})[name] = ratios
 
 
 def _print_line(clients: int, server: str, r: dict[str, Any]) -> None:
@@ -326,6 +338,9 @@ def _print_summary(report: dict[str, Any]) -> None:
             parts.append(f"| node: {node['requests_per_call'] or 0:.1f} requests and {node['tokens_per_call'] or 0:.0f}"
                          f" tokens per call, forwarded/real tokens {node['forwarded_per_real_token'] or 0:.3f},"
                          f" rows by tier {({k: int(v) for k, v in node['rows_by_tier'].items() if v})}")
+        for name, ratios in point.get("engines", {}).items():
+            parts.append(f"| {name}: rows/s {ratios['rows_per_s_vs_fastest_exact_peer_dict']:.2f}x"
+                         f" {point['fastest_exact_peer_dict']} (p99 {ratios['p99_vs_fastest_exact_peer_dict']:.2f}x)")
         if len(parts) > 1:  # a run without the node has no speedups to give
             print("  " + " ".join(parts))
 

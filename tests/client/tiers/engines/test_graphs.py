@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,22 @@ def test_a_graph_computes_the_models_last_hidden_states_on_a_padded_batch(
     assert got.shape == expected.shape and got.dtype == torch.float32
     for row, length in enumerate(batch.lengths):
         torch.testing.assert_close(got[row, :length], expected[row, :length], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("engine", GRAPH_ENGINES)
+def test_forwards_run_at_once_on_a_graphs_streams_each_get_their_own_rows(
+    engine: str, bert: LoadedModel, tmp_path: Path
+) -> None:
+    graph = open_engine(engine, export_graph(engine, bert, cache_dir=tmp_path), threads=2, streams=2)
+    pad = bert.tokenizer.pad_token_id
+    batches = [batch_from_ids([[5 + i + j for j in range(3 + 5 * i)]] * (1 + i % 3), pad) for i in range(8)]
+    alone = [graph.forward(batch) for batch in batches]
+    with ThreadPoolExecutor(2) as pool:  # two threads, each its own infer request or run, at once
+        together = list(pool.map(graph.forward, batches))
+    for one, other in zip(alone, together, strict=True):
+        torch.testing.assert_close(one, other, atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match="streams within 1..threads, got 1 threads, 2 streams"):
+        open_engine(engine, export_graph(engine, bert, cache_dir=tmp_path), threads=1, streams=2)
 
 
 def test_a_graph_is_exported_once_and_read_from_the_cache_after(bert: LoadedModel, tmp_path: Path) -> None:
