@@ -44,6 +44,9 @@ from attnstore_client.tiers.forward_pool import ForwardPool
 
 log = logging.getLogger(__name__)
 
+# How choices are timed, in a kept choice's name: a choice timed another way is timed again (2: graphs on streams).
+TIMING = 2
+
 
 class EngineSelection:
     """Which engine runs each computed forward of one cache.
@@ -161,7 +164,7 @@ class EngineSelection:
         parts = (part for name in GRAPH_ENGINES if installed(name) for part in versions_of(name).split("-"))
         versions = "-".join(dict.fromkeys(parts))  # each package once
         name = (f"choice-{self.requested}{'-' + kind if kind else ''}-threads{torch.get_num_threads()}"
-                f"-side{side_by_side}-length{self._max_length}-{versions}.json")
+                f"-side{side_by_side}-length{self._max_length}-{versions}-timed{TIMING}.json")
         return model_folder(self._adapter.loaded, self._cache_dir) / name
 
     def int8_runs_on_graph(self, length: int) -> bool:
