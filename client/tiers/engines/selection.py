@@ -27,7 +27,13 @@ import torch
 from attnstore.errors import ConfigError
 from attnstore.projector.int8_plan import Int8Plan
 from attnstore_client.adapters.base import Adapter
-from attnstore_client.tiers.engines.choice import TORCH, EngineChoice, bands_up_to, choose_engines
+from attnstore_client.tiers.engines.choice import (
+    TORCH,
+    EngineChoice,
+    bands_up_to,
+    check_int8_graph,
+    choose_engines,
+)
 from attnstore_client.tiers.engines.graphs import (
     EXTRA_HINT,
     GRAPH_ENGINES,
@@ -133,7 +139,8 @@ class EngineSelection:
 
         Raises:
             ConfigError: ``engine="openvino"`` and the plan's int8 graph could not be made (OpenVINO or NNCF
-                missing, a layer the graph lacks).
+                missing, a layer the graph lacks) or fails its check (``check_int8_graph``; with ``auto`` the
+                int8 rows stay on torch).
         """
         if self.requested not in ("auto", "openvino") or self._int8_layers == plan.graph_linears:
             return
@@ -146,16 +153,24 @@ class EngineSelection:
                 graph = OpenVinoEngine(
                     export_int8_graph(self._adapter.loaded, plan.graph_linears, cache_dir=self._cache_dir),
                     threads=torch.get_num_threads(), streams=side_by_side, dynamic_group=DYNAMIC_GROUP)
-                saved = self._saved(side_by_side, f"int8-{graph.graph.parent.name}")
-                choice = _read_choice(saved)
-                if choice is None:
-                    # The graph's fidelity was checked when the plan was made, on the corpus's own rows.
-                    choice = choose_engines(int8, [graph], pool, side_by_side=side_by_side,
-                                            max_length=self._max_length, only=None if self.requested == "auto"
-                                            else "openvino", check=False)
-                    _write_choice(saved, choice)
-                self._int8_choice = choice
-                self._int8_graph = graph if choice.uses_graphs else None
+                reason = check_int8_graph(self._adapter, graph, plan.fidelity)
+                if reason is not None:
+                    if self.requested == "openvino":
+                        raise ConfigError(f"engine='openvino', int8: the plan's int8 graph {graph.graph}: {reason}")
+                    log.warning("int8 graph refused for %s (int8 rows stay on torch): %s", self._adapter.loaded.name,
+                                reason)
+                else:
+                    saved = self._saved(side_by_side, f"int8-{graph.graph.parent.name}")
+                    choice = _read_choice(saved)
+                    if choice is None:
+                        # Checked above as an int8 graph (its plan measured it on the corpus): not against the
+                        # torch int8 model's states, which are another quantisation's.
+                        choice = choose_engines(int8, [graph], pool, side_by_side=side_by_side,
+                                                max_length=self._max_length,
+                                                only=None if self.requested == "auto" else "openvino", check=False)
+                        _write_choice(saved, choice)
+                    self._int8_choice = choice
+                    self._int8_graph = graph if choice.uses_graphs else None
             self._int8_layers = plan.graph_linears
 
     def _saved(self, side_by_side: int, kind: str = "") -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.int8 import int8_candidates
 from attnstore_client.models import LoadedModel
+from attnstore_client.tiers.engines.choice import check_int8_graph
 from attnstore_client.tiers.engines.graphs import CACHE_ENV
 from attnstore_client.tiers.engines.int8 import DYNAMIC_GROUP, export_int8_graph
 from attnstore_client.tiers.engines.runtimes import OpenVinoEngine
@@ -135,3 +137,27 @@ def test_torch_and_onnxruntime_keep_int8_rows_on_torch(bert: LoadedModel) -> Non
         with AttnCache(bert, _connection(bert, plan), maps=False, int8=True, engine=engine) as cache:
             cache.encode(TEXTS, batch_size=4)
             assert cache.last_stats.int8_rows == 12 and cache.int8_engines is None, engine
+
+
+def test_an_int8_graph_of_other_weights_fails_its_check_and_an_explicit_engine_says_why(
+    bert: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # a cache of its own: its graph is replaced below
+    other = tiny_loaded("bert", seed=1)
+    linears = tuple(int8_candidates(adapter_for(other)))
+    foreign = export_int8_graph(other, linears, cache_dir=tmp_path)
+    reason = check_int8_graph(adapter_for(bert), OpenVinoEngine(foreign, threads=1, dynamic_group=DYNAMIC_GROUP), 0.99)
+    assert reason is not None and "cosine" in reason
+    own = export_int8_graph(bert, linears, cache_dir=tmp_path)
+    assert check_int8_graph(adapter_for(bert), OpenVinoEngine(own, threads=1, dynamic_group=DYNAMIC_GROUP), 0.99) \
+        is None
+    for name in ("openvino_model.xml", "openvino_model.bin"):  # bert's int8 graph overwritten by the other's
+        shutil.copyfile(foreign.parent / name, own.parent / name)
+    plan = _plan(bert, linears)
+    with AttnCache(bert, _connection(bert, plan), maps=False, int8=True, engine="openvino") as cache:
+        with pytest.raises(ConfigError, match="the plan's int8 graph .*cosine"):
+            cache.encode(TEXTS, batch_size=4)
+    with AttnCache(bert, _connection(bert, plan), maps=False, int8=True, engine="auto") as cache:
+        got = cache.encode(TEXTS, batch_size=4)  # auto: the int8 rows stay on torch's int8 model
+        assert cache.last_stats.int8_rows == 12 and cache.int8_engines is None
+    assert _cosines(got[4:], _mean_pooled(bert, TEXTS[4:])).min() > 0.99
