@@ -182,10 +182,14 @@ def _graph_layers(
         log.info("int8 plan: no graph layers (OpenVINO and NNCF are not installed: %s)", EXTRA_HINT)
         return (), 0.0
     for linears in tries:
-        graph = OpenVinoEngine(export_int8_graph(loaded, linears), threads=torch.get_num_threads(),
-                               dynamic_group=DYNAMIC_GROUP)
-        share = float(np.mean(np.sum(graph_embeddings(pipeline, graph, sample, config.batch_size) * reference,
-                                     axis=1) >= config.fidelity))
+        try:
+            graph = OpenVinoEngine(export_int8_graph(loaded, linears), threads=torch.get_num_threads(),
+                                   dynamic_group=DYNAMIC_GROUP)
+            vectors = graph_embeddings(pipeline, graph, sample, config.batch_size)
+        except Exception as exc:  # the graph is optional: a model OpenVINO cannot take keeps its torch plan
+            log.warning("int8 plan: no graph layers (the model's OpenVINO int8 graph failed: %r)", exc)
+            return (), 0.0
+        share = float(np.mean(np.sum(vectors * reference, axis=1) >= config.fidelity))
         log.info("int8 graph with %d linear layers: %.1f%% of %d rows at cosine >= %s", len(linears), 100 * share,
                  len(sample), config.fidelity)
         if share >= config.target:

@@ -112,3 +112,16 @@ def test_build_stores_the_plan_in_a_new_namespace_and_adds_it_to_an_existing_one
     assert report.entries == 0 and report.int8 is not None and report.int8.plan is not None
     stored = service.get_namespace("other").projector
     assert int8_plan_from_projector(stored) == report.int8.plan and has_embedding_layer(stored)
+
+
+def test_a_model_openvino_cannot_take_keeps_its_torch_plan_with_no_graph_layers(
+    minilm_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("this architecture does not convert")
+
+    monkeypatch.setattr("attnstore_tools.build.int8.export_int8_graph", refused)
+    report = calibrate_int8(minilm_model, corpus(), Int8Config(rows=8, rank_rows=4, target=0.5), progress=False)
+    assert report.plan is not None and report.plan.linears  # the build goes on with its torch plan
+    assert (report.plan.graph_linears, report.plan.graph_share) == ((), 0.0)
+    assert "int8 graph (OpenVINO): none" in format_int8(report)[1]
