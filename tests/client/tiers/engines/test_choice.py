@@ -25,11 +25,6 @@ pytest.importorskip("openvino")
 pytest.importorskip("onnxruntime")
 
 
-@pytest.fixture(scope="module")
-def bert() -> LoadedModel:
-    return tiny_loaded("bert")
-
-
 def test_a_graph_of_the_model_passes_its_check_and_one_of_other_weights_is_refused(
     bert: LoadedModel, tmp_path: Path
 ) -> None:

@@ -20,11 +20,6 @@ pytest.importorskip("openvino")
 pytest.importorskip("onnxruntime")
 
 
-@pytest.fixture(scope="module")
-def bert() -> LoadedModel:
-    return tiny_loaded("bert")
-
-
 @pytest.mark.parametrize("engine", GRAPH_ENGINES)
 def test_a_graph_computes_the_models_last_hidden_states_on_a_padded_batch(
     engine: str, bert: LoadedModel, tmp_path: Path

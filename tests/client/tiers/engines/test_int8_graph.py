@@ -34,21 +34,6 @@ TEXTS = sentences(16, seed=7, max_words=30)
 STORED = TEXTS[:4]
 
 
-@pytest.fixture(scope="module")
-def bert() -> LoadedModel:
-    return tiny_loaded("bert")
-
-
-@pytest.fixture(scope="module")
-def graphs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("engines")
-
-
-@pytest.fixture(autouse=True)
-def _engines_cache(graphs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(CACHE_ENV, str(graphs))
-
-
 def _plan(loaded: LoadedModel, graph_linears: tuple[str, ...]) -> Int8Plan:
     attention = tuple(name for name in int8_candidates(adapter_for(loaded)) if ".attention." in name)
     return Int8Plan(attention, fidelity=0.99, target=0.995, share=1.0, rows=8, flops_share=0.5,

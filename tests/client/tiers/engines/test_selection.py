@@ -18,29 +18,13 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.compute import GRAPH_PADDING
-from attnstore_client.tiers.engines.graphs import CACHE_ENV
-from tests.support.caches import WORDS, capture_entries, plain_hidden, sentences, tiny_loaded
+from tests.support.caches import WORDS, capture_entries, plain_hidden, sentences
 
 pytest.importorskip("openvino")
 pytest.importorskip("onnxruntime")
 
 TEXTS = sentences(24, seed=5, max_words=30)
 STORED = TEXTS[:4]
-
-
-@pytest.fixture(scope="module")
-def bert() -> LoadedModel:
-    return tiny_loaded("bert")
-
-
-@pytest.fixture(scope="module")
-def graphs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("engines")
-
-
-@pytest.fixture(autouse=True)
-def _engines_cache(graphs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(CACHE_ENV, str(graphs))
 
 
 def _connection(loaded: LoadedModel) -> LocalConnection:
