@@ -5,9 +5,14 @@
 The dict and AttnCache compute the same distinct rows of that call (the held-out
 lines no stored line equals), so AttnCache's margin is only in how fast those rows
 run. In one process, warm, interleaved: sentence-transformers' ``encode`` of those
-rows (``batch_size`` 32, what the dict runs) and AttnCache's packed forwards of them
-(32 rows a forward, longest first). Prints the medians and the GFLOP/s at
-all-MiniLM-L6-v2's 21.2 MFLOP a token (its linear layers); ``--json`` writes them.
+rows (``batch_size`` 32, what the dict runs), AttnCache's packed forwards of them
+(32 rows a forward, longest first), the same as the compute tier runs them now
+(forwards of at least ``LEAST_TOKENS`` side by side, one thread each) and, with
+``--engines``, on each installed graph engine as the compute tier runs it (its
+streams side by side, right-padded batches of at most 1,024 tokens: unpadded, one
+token count a batch, and within ``GRAPH_PADDING``). Prints the medians and the
+GFLOP/s at all-MiniLM-L6-v2's 21.2 MFLOP a token (its linear layers); ``--json``
+writes them.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from attnstore_client.adapters import adapter_for
+from attnstore_client.adapters.batch import Batch, within_padding
 from attnstore_client.adapters.packed import pack
 from attnstore_client.models import load_model
+from attnstore_client.tiers.compute import GRAPH_PADDING, LEAST_TOKENS
+from attnstore_client.tiers.engines.graphs import GRAPH_ENGINES, export_graph, installed
+from attnstore_client.tiers.engines.runtimes import open_engine
+from attnstore_client.tiers.forward_pool import ForwardPool
 from attnstore_tools.bench.encode import load_data
 from attnstore_tools.corpus import data_dir
 
@@ -35,6 +46,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--engines", action="store_true", help="also each installed graph engine's forwards")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     stored, queries, _, _ = load_data("logs", data_dir(None))
@@ -56,7 +68,26 @@ def main() -> None:
     def encode() -> None:
         model.encode(misses, batch_size=32, show_progress_bar=False)
 
-    methods: dict[str, Callable[[], None]] = {"sentence_transformers_encode": encode, "packed_forwards": packed}
+    pool = ForwardPool()
+    side_by_side = _least_tokens(ids, LEAST_TOKENS)
+
+    def packed_side_by_side() -> None:
+        def forward(rows: list[list[int]]) -> None:
+            with torch.inference_mode():
+                adapter.forward_packed(pack(rows))
+        for _ in pool.run([lambda rows=rows: forward(rows) for rows in side_by_side], args.threads):
+            pass
+
+    methods: dict[str, Callable[[], None]] = {"sentence_transformers_encode": encode, "packed_forwards": packed,
+                                              "packed_side_by_side": packed_side_by_side}
+    for name in (GRAPH_ENGINES if args.engines else ()):
+        if not installed(name):
+            continue
+        engine = open_engine(name, export_graph(name, loaded), threads=args.threads, streams=args.threads)
+        for label, waste in (("unpadded", 0.0), ("padded", GRAPH_PADDING)):
+            batches = [_batch(ids[part]) for part in within_padding([len(row) for row in ids], waste=waste,
+                                                                   max_tokens=LEAST_TOKENS // args.threads)]
+            methods[f"{name}_{label}"] = partial(_run_all, pool, engine.forward, batches, args.threads)
     seconds: dict[str, list[float]] = {name: [] for name in methods}
     for run in methods.values():  # warm-up: every shape built once
         run()
@@ -65,6 +96,7 @@ def main() -> None:
             started = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - started)
+    pool.close()
     report: dict = {"rows": len(misses), "tokens": tokens, "threads": args.threads, "methods": {}}
     lines = []
     for name, runs in seconds.items():
@@ -78,6 +110,32 @@ def main() -> None:
         print(line)  # noqa: T201 (a measurement script prints its figures)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+
+def _least_tokens(ids: list[list[int]], least: int) -> list[list[list[int]]]:
+    """``ids`` in order, cut into forwards of at least ``least`` tokens (the last may hold fewer)."""
+    forwards: list[list[list[int]]] = [[]]
+    for row in ids:
+        if sum(map(len, forwards[-1])) >= least:
+            forwards.append([])
+        forwards[-1].append(row)
+    return forwards
+
+
+def _batch(rows: list[list[int]]) -> Batch:
+    """``rows`` right-padded to the longest."""
+    padded = max(map(len, rows))
+    input_ids = torch.zeros(len(rows), padded, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for index, row in enumerate(rows):
+        input_ids[index, :len(row)] = torch.tensor(row)
+        mask[index, :len(row)] = 1
+    return Batch(input_ids, mask, tuple(map(len, rows)))
+
+
+def _run_all(pool: ForwardPool, forward: Callable[[Batch], torch.Tensor], batches: list[Batch], workers: int) -> None:
+    for _ in pool.run([partial(forward, batch) for batch in batches], workers):
+        pass
 
 
 if __name__ == "__main__":
