@@ -398,6 +398,15 @@ class Adapter(ABC):
         wanted = onednn_pays() if self.fused_linears == "auto" else self.fused_linears
         return "onednn" if wanted and fused_linears_available(self.model) else "torch"
 
+    def release_fused_linears(self) -> None:
+        """Run packed forwards on torch's own linear kernels from now on, and give back oneDNN's reordered copy of
+        the weights (``adapters.fused``: as large as the linear layers). For a model whose computed rows a graph
+        engine runs (``tiers.engines.selection``): its own forwards are then only the maps', too few to pay for a
+        second copy of its weights. A forward running on the copy keeps it until it ends."""
+        with self._fused_lock:
+            self.fused_linears = False
+            self._fused = None
+
     def _fused_linears(self) -> FusedLinears | None:
         """oneDNN's linear kernels for packed forwards, where they are there and wanted (``linear_kernels``)."""
         if self.linear_kernels != "onednn":

@@ -25,7 +25,7 @@ from attnstore_client.projector import Projector, ProjectorConfig
 from attnstore_client.resilience import BreakerPolicy, RetryPolicy
 from attnstore_client.settings import CacheOptions, CacheSettings
 from attnstore_client.stats import CacheStats
-from tests.support.caches import capture_entries, fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.caches import capture_entries, fill_namespace, mean_pooled, plain_hidden, sentences, tiny_loaded
 from tests.support.daemon import READ_TOKEN, DaemonProcess
 from tests.support.server_fixtures import served
 from tests.support.wait import wait_until
@@ -56,16 +56,12 @@ def bert_service(bert) -> AttnStoreService:
     return service
 
 
-def _mean_pooled(loaded, texts) -> np.ndarray:
-    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
-
-
 @pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("stream", [True, False])
 def test_encode_equals_the_plain_model_on_hits_and_misses(bert, bert_service, exact: bool, stream: bool) -> None:
     cache = AttnCache(bert, LocalConnection("local:memory", bert_service), exact=exact, stream=stream)
     embeddings = cache.encode(TEXTS, batch_size=4)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, TEXTS), atol=TOLERANCE)
     stats = cache.last_stats
     assert (stats.exact_hits, stats.map_hits) == ((6, 0) if exact else (0, 6))
     assert stats.misses == 4 and stats.fallback_rows == 0 and stats.hit_rate == 0.6
@@ -74,7 +70,7 @@ def test_encode_equals_the_plain_model_on_hits_and_misses(bert, bert_service, ex
 def test_encode_over_grpc_equals_the_plain_model_and_counts_bytes(bert, bert_service) -> None:
     with served(bert_service) as (_, remote), AttnCache(bert, f"grpc://{remote.target}", exact=False) as cache:
         embeddings = cache.encode(TEXTS, batch_size=4)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, TEXTS), atol=TOLERANCE)
     stats = cache.last_stats
     assert stats.map_hits == 6 and stats.misses == 4
     maps_bytes = sum(3 * 4 * len(t.split()) ** 2 * 2 for t in STORED)  # layers x heads x L^2 fp16
@@ -182,7 +178,7 @@ def test_a_namespace_without_projector_serves_exact_hits_and_nothing_is_projecte
     service.create_namespace("default", model="tiny-bert", fingerprint=captured.fingerprint, layout=captured.layout)
     service.ingest("default", captured.fingerprint, captured.entries)
     cache = AttnCache(bert, LocalConnection("local:memory", service))
-    np.testing.assert_allclose(cache.encode(TEXTS, batch_size=4), _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    np.testing.assert_allclose(cache.encode(TEXTS, batch_size=4), mean_pooled(bert, TEXTS), atol=TOLERANCE)
     stats = cache.last_stats
     assert (stats.exact_hits, stats.map_hits, stats.misses) == (6, 0, 4) and stats.projection_s == 0
 
@@ -227,7 +223,7 @@ def test_outage_falls_back_to_compute_and_the_breaker_stops_asking(bert, bert_se
                           retry=RetryPolicy(attempts=2, initial_backoff=0.01),
                           breaker=BreakerPolicy(failure_threshold=2, reset_after=60.0))
         server.stop(0)  # the daemon goes away after the client connected
-        expected = _mean_pooled(bert, TEXTS)
+        expected = mean_pooled(bert, TEXTS)
         for _ in range(2):
             np.testing.assert_allclose(cache.encode(TEXTS, batch_size=10), expected, atol=TOLERANCE)
             assert cache.last_stats.fallbacks == {"unavailable": 10}
@@ -264,7 +260,7 @@ def test_half_open_breaker_uses_the_store_again_once_it_is_back(bert, tmp_path: 
                    poll=0.25)
         embeddings = encoded[-1]
         assert cache.last_stats.exact_hits == 6
-        np.testing.assert_allclose(embeddings, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+        np.testing.assert_allclose(embeddings, mean_pooled(bert, TEXTS), atol=TOLERANCE)
     finally:
         cache.close()
         daemon.stop()
@@ -291,7 +287,7 @@ def test_a_corrupt_stored_layer_is_a_checksum_fallback_with_correct_outputs(bert
         fill_namespace(service, bert, STORED)
     maps = adapter_for(bert).capture(tokenize(bert.tokenizer, [STORED[2]])).maps[0]  # (layers, H, L, L)
     _flip_layer_bytes(path, maps[1].numpy())
-    expected = _mean_pooled(bert, TEXTS)
+    expected = mean_pooled(bert, TEXTS)
     if over == "local":
         with AttnCache(bert, f"local:{path}", exact=False) as cache:
             embeddings = cache.encode(TEXTS, batch_size=10)
@@ -306,7 +302,7 @@ def test_a_corrupt_stored_layer_is_a_checksum_fallback_with_correct_outputs(bert
 def test_a_client_follows_a_replaced_projector_without_being_recreated(bert) -> None:
     service = _memory_service()
     fill_namespace(service, bert, STORED)
-    expected = _mean_pooled(bert, TEXTS)
+    expected = mean_pooled(bert, TEXTS)
     with served(service) as (_, remote):
         cache = AttnCache(bert, f"grpc://{remote.target}", exact=False, max_distance=1e-6)
         cache.encode(TEXTS, batch_size=10)

@@ -27,6 +27,7 @@ from attnstore_tools.build.command import BuildConfig, build_namespace, format_r
 from tests.support.adapters import save_tiny_family
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
 from tests.support.nodes import tiny_store
+from tests.support.vectors import row_cosines
 
 FAMILIES = ("deberta-v2", "electra")
 TEXTS = [
@@ -38,10 +39,6 @@ TEXTS = [
     "the quick brown fox",
 ]
 WHY = "no adapter for model_type {!r}: map replay, packed forwards, prefix and chunk tiers need one"
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -71,7 +68,7 @@ def test_computed_rows_and_exact_hits_equal_sentence_transformers(
         assert lines == [f"model {str(family[1])!r} runs through its own forward: exact tiers and write-back only"
                          f" ({WHY.format(family[0])})"]
         first = cache.encode(TEXTS, batch_size=4)
-        assert _cosines(first, expected).min() >= 0.9999
+        assert row_cosines(first, expected).min() >= 0.9999
         stats = cache.last_stats
         assert (stats.misses, stats.deduplicated, stats.map_hits, stats.forwarded_tokens > stats.forward_tokens) == (
             5, 1, 0, True)  # padded, length-sorted forwards: padding is forwarded
@@ -79,7 +76,7 @@ def test_computed_rows_and_exact_hits_equal_sentence_transformers(
         second = cache.encode(TEXTS[::-1], batch_size=4)  # ... and serves every row from then on
         assert cache.last_stats.exact_hits == 5 and cache.last_stats.misses == 0
         assert set(cache.last_row_kinds) == {"exact"}
-        assert _cosines(second, expected[::-1]).min() >= 0.9999
+        assert row_cosines(second, expected[::-1]).min() >= 0.9999
 
 
 def test_cache_tiers_says_what_is_absent_and_why(family: tuple[str, Path], loaded: LoadedModel, tmp_path: Path) -> None:
@@ -118,7 +115,7 @@ def test_build_makes_an_exact_tier_store_the_cache_serves(
     with AttnCache(str(family[1]), store=f"local:{tmp_path / 'store'}", exact_cache_bytes=0) as cache:
         served = cache.encode(TEXTS)
         assert cache.last_stats.exact_hits == 5 and cache.last_stats.local_hits == 0
-        assert _cosines(served, expected).min() >= 0.9999
+        assert row_cosines(served, expected).min() >= 0.9999
     with AttnStoreService.open(tmp_path / "store") as service:  # a second build adds only what is new
         again = build_namespace(loaded, [*TEXTS, "one more line"], service, BuildConfig(), progress=False)
     assert (again.entries, again.duplicates) == (1, 6)
@@ -147,12 +144,12 @@ def test_write_back_through_a_real_daemon_serves_another_cache_from_the_stores_e
         writer.write_back.flush(30.0)
         written = writer.write_back.stats()
     assert (written.stored, written.maps_stored, written.queued_maps) == (5, 0, 0)  # outputs only: no maps to keep
-    assert _cosines(computed, expected).min() >= 0.9999
+    assert row_cosines(computed, expected).min() >= 0.9999
     with AttnCache(str(family[1]), store=url, namespace=namespace, token=READ_TOKEN, exact_cache_bytes=0) as reader:
         served = reader.encode(TEXTS)
         stats = reader.last_stats
     assert (stats.exact_hits, stats.local_hits, stats.misses) == (5, 0, 0)
-    assert _cosines(served, expected).min() >= 0.9999
+    assert row_cosines(served, expected).min() >= 0.9999
 
 
 def test_a_decoder_without_an_adapter_scores_through_its_own_forward(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ from attnstore_client.connection.local import LocalConnection
 from attnstore_client.int8 import int8_candidates, linear_flops, quantized_model
 from attnstore_client.models import LoadedModel
 from attnstore_tools.build.namespace_layout import token_limits
-from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
+from tests.support.caches import capture_entries, fill_namespace, mean_pooled, sentences, tiny_loaded
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.vectors import row_cosines
 
 TEXTS = sentences(12, seed=3)
 STORED = TEXTS[:4]
@@ -36,24 +37,12 @@ def _attention_linears(loaded: LoadedModel) -> tuple[str, ...]:
 
 def _service(loaded: LoadedModel, plan: Int8Plan | None) -> AttnStoreService:
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
-    captured = capture_entries(loaded, STORED)
-    service.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint, layout=captured.layout)
-    service.ingest("default", captured.fingerprint, captured.entries)
-    captured.projector.int8 = plan
-    service.set_projector("default", captured.projector.to_safetensors_bytes())
+    fill_namespace(service, loaded, STORED, int8=plan)
     return service
 
 
 def _plan(linears: tuple[str, ...]) -> Int8Plan:
     return Int8Plan(linears, fidelity=0.99, target=0.995, share=1.0, rows=8, flops_share=0.5)
-
-
-def _mean_pooled(loaded: LoadedModel, texts: list[str]) -> np.ndarray:
-    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def test_the_candidates_are_the_linear_layers_inside_the_blocks(bert: LoadedModel) -> None:
@@ -89,10 +78,10 @@ def test_int8_rows_are_close_to_fp32_counted_and_kept_nowhere(bert: LoadedModel)
         first = cache.encode(TEXTS, batch_size=4)
         stats = cache.last_stats
         assert (stats.exact_hits, stats.misses, stats.int8_rows) == (4, 8, 8)
-        expected = _mean_pooled(bert, TEXTS)
+        expected = mean_pooled(bert, TEXTS)
         np.testing.assert_allclose(first[:4], expected[:4], atol=2e-3)  # exact hits: the stored fp32 outputs
         assert not np.allclose(first[4:], expected[4:], atol=1e-5)  # computed in int8 ...
-        assert _cosines(first[4:], expected[4:]).min() > 0.99  # ... and close
+        assert row_cosines(first[4:], expected[4:]).min() > 0.99  # ... and close
         cache.encode(TEXTS, batch_size=4)
         again = cache.last_stats
         assert (again.local_hits, again.int8_rows) == (0, 8)  # no int8 row entered this process's exact tier
@@ -123,7 +112,7 @@ def test_rows_the_daemon_admits_are_computed_in_fp32_and_written_back_exact(bert
                                    layout=captured.layout, projector=captured.projector.to_safetensors_bytes(),
                                    limits=token_limits(bert))  # what write-back checks token ids against
             admin.ingest("default", captured.fingerprint, captured.entries)
-        url, expected = f"grpc://{daemon.target}", _mean_pooled(bert, TEXTS)
+        url, expected = f"grpc://{daemon.target}", mean_pooled(bert, TEXTS)
         with AttnCache(bert, url, token=WRITE_TOKEN, write_back=True, maps=False, int8=True) as writer:
             written = writer.encode(TEXTS, batch_size=4)
             assert (writer.last_stats.misses, writer.last_stats.int8_rows) == (8, 0)  # every miss admitted: fp32

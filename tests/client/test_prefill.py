@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-import torch
 
 from attnstore.index import ExactIndex
 from attnstore.protocol.records import LookupBatch
@@ -27,7 +26,7 @@ from attnstore_client.tiers import compute
 from attnstore_client.tiers.cost_model import CostSettings
 from attnstore_client.tiers.write_back import WriteBackSettings
 from attnstore_tools.admin.cold_start import create_exact_namespace
-from tests.support.caches import fill_namespace, plain_hidden, sentences, tiny_loaded
+from tests.support.caches import fill_namespace, mean_pooled, sentences, tiny_loaded
 
 TEXTS = sentences(12, seed=11)
 STORED = TEXTS[:4]
@@ -64,10 +63,6 @@ def service(bert) -> AttnStoreService:
     return service
 
 
-def _mean_pooled(loaded, texts) -> np.ndarray:
-    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
-
-
 def _forward_sizes(cache: AttnCache) -> list[tuple[int, int]]:
     """Records (rows, rows replaying) of every forward the cache's adapter runs, packed or padded."""
     calls: list[tuple[int, int]] = []
@@ -93,7 +88,7 @@ def test_identical_rows_in_one_call_are_computed_once_and_every_copy_answered(be
     cache = AttnCache(bert, connection, exact_cache_bytes=0)
     forwards = _forward_sizes(cache)
     embeddings = cache.encode(texts, batch_size=8)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, texts), atol=TOLERANCE)
     stats = cache.last_stats
     assert (stats.rows, stats.deduplicated, stats.misses) == (6, 3, 3)
     assert connection.exact_rows == [3] and sum(rows for rows, _ in forwards) == 3
@@ -110,7 +105,7 @@ def test_a_repeated_text_whose_first_occurrence_copies_an_earlier_row_is_answere
     assert cache.last_row_kinds == ("miss",) * 3
     np.testing.assert_array_equal(embeddings[1], embeddings[0])
     np.testing.assert_array_equal(embeddings[2], embeddings[0])
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, texts), atol=TOLERANCE)
 
 
 def test_repeats_of_token_duplicates_are_answered_across_windows_in_any_order(bert, service) -> None:
@@ -122,7 +117,7 @@ def test_repeats_of_token_duplicates_are_answered_across_windows_in_any_order(be
     cache = AttnCache(bert, CountingConnection(service), exact_cache_bytes=0)
     embeddings = cache.encode(texts, batch_size=1)
     assert all(cache.last_row_kinds)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, texts), atol=TOLERANCE)
 
 
 def test_the_local_tier_answers_a_call_repeated_a_third_time_without_asking_the_store(bert, service) -> None:
@@ -137,7 +132,7 @@ def test_the_local_tier_answers_a_call_repeated_a_third_time_without_asking_the_
     assert cache.last_stats.local_hits == cache.last_stats.exact_hits == len(TEXTS)
     assert cache.last_stats.forward_s == 0.0
     np.testing.assert_allclose(again, first, atol=TOLERANCE)
-    np.testing.assert_allclose(again, _mean_pooled(bert, TEXTS), atol=TOLERANCE)
+    np.testing.assert_allclose(again, mean_pooled(bert, TEXTS), atol=TOLERANCE)
     assert cache.local_tier.stats().entries == len(TEXTS)
 
 
@@ -155,7 +150,7 @@ def test_exact_hits_are_answered_by_hash_before_anything_is_projected_or_searche
     cache = AttnCache(bert, connection, exact_cache_bytes=0)
     forwards = _forward_sizes(cache)
     embeddings = cache.encode(STORED)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, STORED), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, STORED), atol=TOLERANCE)
     assert cache.last_stats.exact_hits == len(STORED)
     assert connection.searched_rows == [] and cache.last_stats.projection_s == 0.0 and forwards == []
 
@@ -170,7 +165,7 @@ def test_map_hits_replay_in_packed_forwards_of_their_own_and_misses_compute_in_o
     cache.side_by_side = False  # forwards one at a time, cut as this pins (side by side they share the room)
     forwards = _forward_sizes(cache)
     embeddings = cache.encode(texts, batch_size=4)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, texts), atol=TOLERANCE)
     assert (cache.last_stats.map_hits, cache.last_stats.misses) == (3, 6)
     # One forward of the 3 hits, all replaying; the 6 misses in forwards of at most 4 rows, none replaying.
     assert forwards == [(3, 3), (4, 0), (2, 0)]
@@ -183,7 +178,7 @@ def test_a_call_larger_than_a_window_answers_copies_across_windows_and_keeps_inp
     distinct = sentences(40, seed=31, min_words=2, max_words=9)
     texts = distinct + distinct[::-1] + distinct[:7]  # 87 rows; a window is 16 batches of 2 rows
     embeddings = cache.encode(texts, batch_size=2)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, texts), atol=TOLERANCE)
     stats = cache.last_stats
     assert (stats.rows, stats.deduplicated, stats.misses) == (87, 47, 40)
     assert cache.last_row_kinds == ("miss",) * 87
@@ -233,7 +228,7 @@ def test_once_forward_times_are_fitted_short_rows_skip_the_padding_of_long_ones_
     forwards.clear()
     texts = sentences(6, seed=23, min_words=2, max_words=2) + sentences(2, seed=24, min_words=40, max_words=40)
     embeddings = cache.encode(texts, batch_size=8)
-    np.testing.assert_allclose(embeddings, _mean_pooled(bert, texts), atol=TOLERANCE)
+    np.testing.assert_allclose(embeddings, mean_pooled(bert, texts), atol=TOLERANCE)
     assert [rows for rows, _ in forwards] == [2, 6]
 
 
@@ -248,7 +243,7 @@ def test_packed_and_padded_forwards_give_the_same_embeddings(bert, service) -> N
     padded = cache.encode(texts, batch_size=8)
     assert cache.last_stats.forward_tokens == tokens < cache.last_stats.forwarded_tokens
     np.testing.assert_allclose(packed, padded, atol=1e-5)
-    np.testing.assert_allclose(packed, _mean_pooled(bert, texts), atol=1e-5)
+    np.testing.assert_allclose(packed, mean_pooled(bert, texts), atol=1e-5)
 
 
 def test_an_all_miss_workload_stops_asking_for_maps_after_the_warm_up_and_explores_a_small_share(bert) -> None:

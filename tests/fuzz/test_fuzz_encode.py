@@ -37,6 +37,7 @@ from attnstore_client.models import LoadedModel, resolve_model_path
 from attnstore_client.tiers.cost_model import CostSettings
 from tests.support.caches import capture_entries
 from tests.support.daemon import ADMIN_TOKEN, WRITE_TOKEN, DaemonProcess
+from tests.support.vectors import row_cosines
 
 pytestmark = pytest.mark.real_model
 
@@ -139,18 +140,9 @@ def _numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def _cosines(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-    """Cosine of each row of ``ours`` to the same row of ``theirs``; 1 where both are zero."""
-    ours, theirs = ours.astype(np.float64), theirs.astype(np.float64)
-    norms = np.linalg.norm(ours, axis=-1) * np.linalg.norm(theirs, axis=-1)
-    dots = (ours * theirs).sum(axis=-1)
-    return np.where(norms == 0, np.where(np.abs(ours - theirs).max(axis=-1) == 0, 1.0, 0.0), dots / np.where(
-        norms == 0, 1.0, norms))
-
-
 def _check_floats(ours: np.ndarray, theirs: np.ndarray, kinds: tuple[str, ...], texts: list[str]) -> None:
     assert ours.shape == theirs.shape
-    cosines = _cosines(ours, theirs)
+    cosines = row_cosines(ours, theirs)
     for row, (cosine, kind) in enumerate(zip(cosines, kinds, strict=True)):
         floor = MAPPED if kind == "map" else COMPUTED
         assert cosine >= floor, f"row {row} ({kind}, {texts[row]!r}): cosine {cosine:.6f} < {floor}"
@@ -265,4 +257,4 @@ def test_the_issue_s_three_row_call_returns_three_equal_vectors(
         assert all(cache.last_row_kinds), (where, cache.last_row_kinds)
         np.testing.assert_array_equal(vectors[0], vectors[1])
         np.testing.assert_array_equal(vectors[1], vectors[2])
-        assert _cosines(vectors, reference.encode(texts)).min() >= COMPUTED
+        assert row_cosines(vectors, reference.encode(texts)).min() >= COMPUTED

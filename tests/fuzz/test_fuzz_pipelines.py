@@ -51,6 +51,7 @@ from attnstore_tools.build.namespace_layout import exact_tier_layout
 from tests.support.adapters import save_tiny_family
 from tests.support.caches import capture_entries, plain_hidden
 from tests.support.daemon import ADMIN_TOKEN, READ_TOKEN, DaemonProcess
+from tests.support.vectors import row_cosines
 
 pytestmark = pytest.mark.real_model
 
@@ -231,14 +232,6 @@ paths = st.builds(Path_, where=st.sampled_from(("embedded", "embedded", "daemon"
                   batch_size=st.sampled_from((2, 5, 32)))
 
 
-def _cosines(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-    ours, theirs = ours.astype(np.float64), theirs.astype(np.float64)
-    norms = np.linalg.norm(ours, axis=-1) * np.linalg.norm(theirs, axis=-1)
-    dots = (ours * theirs).sum(axis=-1)
-    same = np.abs(ours - theirs).max(axis=-1) <= 1e-6
-    return np.where(norms == 0, np.where(same, 1.0, 0.0), dots / np.where(norms == 0, 1.0, norms))
-
-
 def _reference(pipeline: Pipeline, model: SentenceTransformer, texts: list[str], batch_size: int) -> np.ndarray:
     if pipeline.padding_side == "left" and pipeline.family in POSITIONS_IGNORE_MASK:
         alone = {text: model.encode([text], show_progress_bar=False)[0] for text in set(texts)}
@@ -273,7 +266,8 @@ def test_every_row_of_every_configured_pipeline_equals_sentence_transformers(
             ours = cache.encode(texts, batch_size=path.batch_size, show_progress_bar=False)
             kinds = cache.last_row_kinds
         assert ours.shape == reference.shape, (ours.shape, reference.shape)
-        for row, (cosine, kind) in enumerate(zip(_cosines(ours, reference), kinds, strict=True)):
+        cosines = row_cosines(ours, reference, zero_tolerance=1e-6)
+        for row, (cosine, kind) in enumerate(zip(cosines, kinds, strict=True)):
             floor = MAPPED if kind == "map" else COMPUTED
             assert cosine >= floor, f"{pipeline} {path}: row {row} ({kind}, {texts[row]!r}) cosine {cosine:.6f}"
         tally.count("pipelines", f"{pipeline} {path}", kinds)
@@ -298,7 +292,7 @@ def test_a_left_padding_pipeline_gives_each_row_its_own_vector_in_a_call_of_many
             ours = cache.encode(texts)
             kinds = cache.last_row_kinds
         assert ("exact" in kinds) == exact and ("miss" in kinds)
-        cosines = _cosines(ours, reference)
+        cosines = row_cosines(ours, reference, zero_tolerance=1e-6)
         assert all(cosine >= (MAPPED if kind == "map" else COMPUTED) for cosine, kind in zip(cosines, kinds,
                                                                                               strict=True)), (
             kinds, cosines)
@@ -332,7 +326,7 @@ def test_a_gemma3_pipeline_serves_exact_map_and_computed_rows_equal_to_sentence_
         ours = cache.encode(texts)
         kinds = cache.last_row_kinds
     assert ("exact" in kinds) == exact and "map" in kinds and "miss" in kinds, kinds
-    cosines = _cosines(ours, reference)
+    cosines = row_cosines(ours, reference, zero_tolerance=1e-6)
     floors = [MAPPED if kind == "map" else COMPUTED for kind in kinds]
     assert all(cosine >= floor for cosine, floor in zip(cosines, floors, strict=True)), (kinds, cosines)
 
@@ -357,6 +351,6 @@ def test_a_modernbert_pipeline_serves_exact_map_and_computed_rows_equal_to_sente
         ours = cache.encode(texts)
         kinds = cache.last_row_kinds
     assert ("exact" in kinds) == exact and "map" in kinds and "miss" in kinds, kinds
-    cosines = _cosines(ours, reference)
+    cosines = row_cosines(ours, reference, zero_tolerance=1e-6)
     floors = [MAPPED if kind == "map" else COMPUTED for kind in kinds]
     assert all(cosine >= floor for cosine, floor in zip(cosines, floors, strict=True)), (kinds, cosines)

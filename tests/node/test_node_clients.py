@@ -28,6 +28,7 @@ from langchain_openai import OpenAIEmbeddings
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 
 from tests.support.nodes import API_KEY, NodeProcess, tiny_store
+from tests.support.vectors import row_cosines
 
 pytestmark = pytest.mark.real_model
 
@@ -68,14 +69,10 @@ def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 def _assert_reference(vectors, expected: np.ndarray) -> None:
     vectors = np.asarray(vectors, np.float32)
     assert vectors.shape == expected.shape
-    assert _cosines(vectors, expected).min() >= 0.9999
+    assert row_cosines(vectors, expected).min() >= 0.9999
 
 
 def _keep(node: NodeProcess, texts: list[str]) -> None:

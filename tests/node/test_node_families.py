@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from attnstore_tools.cli import main
 from tests.support.adapters import save_tiny_family
 from tests.support.nodes import API_KEY, NodeProcess
+from tests.support.vectors import row_cosines
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 CORPUS = [f"Failed password for {user} from 10.0.0.{host} port 22 ssh2"
@@ -32,10 +33,6 @@ QUERY = "Here are questions with their answers . " + " ".join(rng.choice(WORDS, 
 ITEMS = [f" item {i} " + " ".join(rng.choice(WORDS, size=int(rng.integers(2, 6)))) for i in range(20)]
 LABELS = [1037, 1038, 2003]
 TOLERANCE = 1e-4
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def _build(folder: Path, lines: list[str], workdir: Path, *args: str) -> str:
@@ -65,7 +62,7 @@ def test_an_encoder_node_over_a_built_store_answers_as_sentence_transformers(
             answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
                                 headers=HEADERS, timeout=60).raise_for_status().json()
         vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
-        assert _cosines(vectors, expected).min() >= 0.9999
+        assert row_cosines(vectors, expected).min() >= 0.9999
         assert _rows_of(node, "store_exact") == 3, node.log()  # the corpus's three lines, served from the store
     finally:
         assert node.stop() == 0, node.log()
@@ -105,7 +102,7 @@ def test_an_embeddinggemma_node_over_a_built_store_answers_as_sentence_transform
                                 headers=HEADERS, timeout=60).raise_for_status().json()
         vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
         assert vectors.shape == expected.shape == (len(TEXTS), 32)
-        assert _cosines(vectors, expected).min() >= 0.9999
+        assert row_cosines(vectors, expected).min() >= 0.9999
         assert _rows_of(node, "store_exact") == 3, node.log()  # the corpus's three lines, served from the store
     finally:
         assert node.stop() == 0, node.log()

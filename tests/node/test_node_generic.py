@@ -15,15 +15,12 @@ from sentence_transformers import SentenceTransformer
 from attnstore_client.models import load_model
 from tests.support.adapters import save_tiny_family
 from tests.support.nodes import API_KEY, NodeProcess, tiny_store
+from tests.support.vectors import row_cosines
 
 TEXTS = ["A man is playing a guitar.", "hi", "The quick brown fox jumps over the lazy dog again and again.",
          "Failed password for invalid user admin from 10.0.0.1 port 22 ssh2", "ok then", "hi"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 WHY = "no adapter for model_type {!r}: map replay, packed forwards, prefix and chunk tiers need one"
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.fixture(scope="module", params=["electra", "deberta-v2"])
@@ -48,9 +45,9 @@ def test_embeddings_equal_sentence_transformers_and_repeats_are_exact_hits(node:
             answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": str(folder)},
                                 headers=HEADERS, timeout=60).raise_for_status().json()
             vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
-            assert _cosines(vectors, expected).min() >= 0.9999
+            assert row_cosines(vectors, expected).min() >= 0.9999
         embed = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS}, headers=HEADERS, timeout=60)
-        assert _cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
+        assert row_cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
     assert node.metric('attnstore_node_rows_total{tier="local_exact"}') >= 5, node.log()
     assert "runs through its own forward: exact tiers and write-back only" in node.log()
 

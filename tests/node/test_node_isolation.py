@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.nodes import NodeProcess, tiny_store
+from tests.support.vectors import row_cosines
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real_model
@@ -53,10 +54,6 @@ def node(tmp_path_factory: pytest.TempPathFactory, minilm_model):
     assert process.stop() == 0, process.log()
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 @pytest.fixture(scope="module")
 def reference(minilm_model) -> dict[str, np.ndarray]:
     """Each text of the pool sent alone to the plain model (``SentenceTransformer.encode``, which truncates)."""
@@ -82,7 +79,7 @@ def test_a_refused_request_never_hands_its_texts_to_another_client_in_100_of_100
     assert [(a.status_code, a.json()["error"]["code"]) for a, _ in answers] == [(400, "context_length_exceeded")] * 100
     assert [b.status_code for _, b in answers] == [200] * 100
     vectors = np.array([b.json()["data"][0]["embedding"] for _, b in answers], np.float32)
-    assert _cosines(vectors, expected).min() >= 0.9999
+    assert row_cosines(vectors, expected).min() >= 0.9999
     tokens = [len(row) for row in minilm_model.sentence_transformer.tokenizer(own)["input_ids"]]
     assert [b.json()["usage"]["prompt_tokens"] for _, b in answers] == tokens
 
@@ -118,7 +115,7 @@ def test_concurrent_requests_with_colliding_inputs_each_get_their_own_texts_rows
         assert answer.status_code == 200, answer.text
         rows = answer.json() if route == "/embed" else [item["embedding"] for item in answer.json()["data"]]
         expected = np.stack([reference[text] for text in texts])
-        assert _cosines(np.array(rows, np.float32), expected).min() >= 0.9999, (route, texts)
+        assert row_cosines(np.array(rows, np.float32), expected).min() >= 0.9999, (route, texts)
 
 
 def _many() -> list[str]:
@@ -166,7 +163,7 @@ def test_a_request_cancelled_mid_call_still_leaves_its_shared_rows_to_the_other_
     other.join(120)
     assert answer and answer[0].status_code == 200, answer
     vectors = np.array([item["embedding"] for item in answer[0].json()["data"]], np.float32)
-    assert _cosines(vectors, minilm_model.sentence_transformer.encode(shared)).min() >= 0.9999
+    assert row_cosines(vectors, minilm_model.sentence_transformer.encode(shared)).min() >= 0.9999
     wait_until(lambda: node.metric("attnstore_node_cancelled_requests_total") >= cancelled + 1, 60,
                "A's disconnect seen (its request cancelled)")
     wait_until(lambda: node.metric("attnstore_node_call_requests_count") >= calls + 1, 60, "the call counted")

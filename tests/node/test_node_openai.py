@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.support.nodes import API_KEY, NodeProcess, tiny_store
+from tests.support.vectors import row_cosines
 
 pytestmark = pytest.mark.real_model
 
@@ -41,16 +42,12 @@ def client(node: NodeProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0)
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 def test_embeddings_equal_sentence_transformers_and_usage_counts_tokens(client, minilm_model) -> None:
     pipeline = minilm_model.sentence_transformer
     answer = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
     vectors = np.array([item.embedding for item in answer.data], np.float32)
     expected = pipeline.encode(TEXTS)
-    assert _cosines(vectors, expected).min() >= 0.9999
+    assert row_cosines(vectors, expected).min() >= 0.9999
     tokens = sum(len(row) for row in pipeline.tokenizer(TEXTS)["input_ids"])
     assert (answer.usage.prompt_tokens, answer.usage.total_tokens) == (tokens, tokens)
     assert [item.index for item in answer.data] == list(range(len(TEXTS)))
@@ -104,7 +101,7 @@ def test_tei_embed_over_httpx_normalises_and_refuses_overlong_inputs(node, minil
     answer = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS[:2]}, headers=headers, timeout=60)
     vectors = np.array(answer.json(), np.float32)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    assert _cosines(vectors, minilm_model.sentence_transformer.encode(TEXTS[:2])).min() >= 0.9999
+    assert row_cosines(vectors, minilm_model.sentence_transformer.encode(TEXTS[:2])).min() >= 0.9999
     long = " ".join(["word"] * 400)
     refused = httpx.post(f"{node.url}/embed", json={"inputs": long}, headers=headers, timeout=60)
     assert (refused.status_code, refused.json()["error"]["code"]) == (400, "context_length_exceeded")

@@ -12,13 +12,10 @@ from sentence_transformers import SentenceTransformer
 from attnstore_client.models import load_model
 from tests.support.adapters import save_tiny_family
 from tests.support.nodes import API_KEY, NodeProcess, tiny_store
+from tests.support.vectors import row_cosines
 
 TEXTS = ["A man is playing a guitar.", "hi", "The quick brown fox jumps over the lazy dog again and again.",
          "A cat sits.", "Stocks fell sharply today in early trading.", "ok then", "hi"]
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.mark.parametrize(("family", "pooling"), [("qwen2", "lasttoken"), ("qwen2", "mean"), ("roberta", "mean"),
@@ -38,9 +35,9 @@ def test_a_left_padding_pipeline_s_rows_equal_sentence_transformers_through_the_
         answer = httpx.post(f"{node.url}/v1/embeddings", json={"input": TEXTS, "model": name}, headers=headers,
                             timeout=60).raise_for_status().json()
         vectors = np.array([item["embedding"] for item in answer["data"]], np.float32)
-        assert _cosines(vectors, expected).min() >= 0.9999
+        assert row_cosines(vectors, expected).min() >= 0.9999
         embed = httpx.post(f"{node.url}/embed", json={"inputs": TEXTS}, headers=headers, timeout=60)
-        assert _cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
+        assert row_cosines(np.array(embed.raise_for_status().json(), np.float32), expected).min() >= 0.9999
     finally:
         assert node.stop() == 0, node.log()
 

@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from attnstore.projector.int8_plan import Int8Plan
 from attnstore.service import AttnStoreService
 from attnstore.store import NamespaceLayout, NewEntry
 from attnstore_client.adapters import adapter_for
@@ -91,11 +92,14 @@ def fill_namespace(
     *,
     namespace: str = "default",
     outputs: bool = True,
+    int8: Int8Plan | None = None,
 ) -> Projector:
-    """Create ``namespace`` in an open service and ingest ``texts`` captured with ``loaded``; returns the projector."""
+    """Create ``namespace`` in an open service and ingest ``texts`` captured with ``loaded``; returns the projector
+    (with ``int8`` as its int8 plan)."""
     captured = capture_entries(loaded, texts, outputs=outputs)
     service.create_namespace(namespace, model=loaded.name, fingerprint=captured.fingerprint, layout=captured.layout)
     service.ingest(namespace, captured.fingerprint, captured.entries)
+    captured.projector.int8 = int8
     service.set_projector(namespace, captured.projector.to_safetensors_bytes())
     return captured.projector
 
@@ -105,3 +109,8 @@ def plain_hidden(loaded: LoadedModel, texts: Sequence[str]) -> list[torch.Tensor
     batch = tokenize(loaded.tokenizer, list(texts))
     out = adapter_for(loaded).forward(batch)  # (B, P, hidden)
     return [out[row, :length] for row, length in enumerate(batch.lengths)]
+
+
+def mean_pooled(loaded: LoadedModel, texts: Sequence[str]) -> np.ndarray:
+    """Each text's mean of its last hidden states from the plain model, ``(n, hidden)``."""
+    return torch.stack([hidden.mean(dim=0) for hidden in plain_hidden(loaded, texts)]).numpy()

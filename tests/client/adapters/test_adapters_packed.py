@@ -130,6 +130,16 @@ def test_onednn_linear_kernels_give_the_same_outputs_and_leave_the_model_as_it_w
     assert not any("forward" in module.__dict__ for module in adapter.model.modules())  # nothing left patched
 
 
+def test_released_onednn_kernels_leave_forwards_on_torchs_own_with_the_same_outputs(adapter: Adapter, rows) -> None:
+    packed = pack(rows)
+    adapter.fused_linears = True
+    fused, _ = adapter.forward_packed(packed)
+    adapter.release_fused_linears()
+    assert adapter.linear_kernels == "torch" and adapter._fused is None  # the reordered weights given back
+    plain, _ = adapter.forward_packed(packed)
+    assert adapter._fused is None and max_diff(fused, plain) < 1e-5
+
+
 def test_fused_linears_see_few_token_counts_and_pad_little() -> None:
     counts = range(1, 8193)
     assert len({padded_tokens(tokens) for tokens in counts}) <= 96  # oneDNN keeps a kernel per shape

@@ -18,6 +18,7 @@ from attnstore_tools.bench.peers_export import export_graph
 from attnstore_tools.cli import main as cli_main
 from tests.support.adapters import save_tiny_family
 from tests.support.data import small_data
+from tests.support.vectors import row_cosines
 
 for _module in ("onnx", "onnxruntime", "openvino"):
     pytest.importorskip(_module, reason=f"{_module} is not installed: the peers extra (pip install -e '.[peers]')")
@@ -51,10 +52,6 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("peers-cache")
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 @pytest.mark.parametrize("name", PEERS)
 def test_each_peer_equals_the_torch_pipeline_within_its_precision(
     name: str, loaded: LoadedModel, cache: Path,
@@ -67,7 +64,7 @@ def test_each_peer_equals_the_torch_pipeline_within_its_precision(
     assert got.shape == expected.shape and got.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # the pipeline's Normalize ran
     if name == "onnx_int8":
-        assert _cosines(got, expected).min() >= 0.9
+        assert row_cosines(got, expected).min() >= 0.9
     else:
         assert np.abs(got - expected).max() <= TOLERANCE[name]
     np.testing.assert_array_equal(got[0], got[4])  # a repeat gets the same vector

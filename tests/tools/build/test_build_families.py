@@ -16,6 +16,7 @@ from attnstore.service import AttnStoreService
 from attnstore_client.cache import AttnCache
 from attnstore_tools.cli import main
 from tests.support.adapters import save_tiny_family
+from tests.support.vectors import row_cosines
 
 # model_type: the pooling its users' sentence-transformers pipelines take (decoders pool their last token).
 FAMILIES = {"bert": "cls", "roberta": "mean", "xlm-roberta": "cls", "distilbert": "mean", "mpnet": "mean",
@@ -33,10 +34,6 @@ CORPUS = [f"Failed password for {user} from 10.0.0.{host} port 22 ssh2"
 QUERIES = [CORPUS[0], CORPUS[5], "A man is playing a guitar.", "something not in the corpus at all", CORPUS[0], "ok"]
 COMPUTED_AND_EXACT = 0.9999  # cosine to sentence-transformers of a row computed here or served by an exact tier
 MAP = 0.99  # of a row whose stored maps were replayed
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -68,6 +65,6 @@ def test_a_built_store_serves_rows_equal_to_sentence_transformers(family: str, t
             kinds = cache.last_row_kinds
         if exact or adapter:
             assert ("exact" if exact else "map") in kinds and "miss" in kinds, kinds
-        cosines = _cosines(served, expected)
+        cosines = row_cosines(served, expected)
         floors = np.array([MAP if kind == "map" else COMPUTED_AND_EXACT for kind in kinds])
         assert (cosines >= floors).all(), (kinds, cosines)

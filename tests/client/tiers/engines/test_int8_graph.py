@@ -25,7 +25,8 @@ from attnstore_client.tiers.engines.choice import check_int8_graph
 from attnstore_client.tiers.engines.graphs import CACHE_ENV
 from attnstore_client.tiers.engines.int8 import DYNAMIC_GROUP, export_int8_graph
 from attnstore_client.tiers.engines.runtimes import OpenVinoEngine
-from tests.support.caches import capture_entries, plain_hidden, sentences, tiny_loaded
+from tests.support.caches import fill_namespace, mean_pooled, sentences, tiny_loaded
+from tests.support.vectors import row_cosines
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -42,20 +43,8 @@ def _plan(loaded: LoadedModel, graph_linears: tuple[str, ...]) -> Int8Plan:
 
 def _connection(loaded: LoadedModel, plan: Int8Plan) -> LocalConnection:
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
-    captured = capture_entries(loaded, STORED)
-    service.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint, layout=captured.layout)
-    service.ingest("default", captured.fingerprint, captured.entries)
-    captured.projector.int8 = plan
-    service.set_projector("default", captured.projector.to_safetensors_bytes())
+    fill_namespace(service, loaded, STORED, int8=plan)
     return LocalConnection("local:memory", service)
-
-
-def _mean_pooled(loaded: LoadedModel, texts: list[str]) -> np.ndarray:
-    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def test_the_int8_graph_quantises_the_named_layers_once_and_stays_close_to_fp32(
@@ -101,8 +90,8 @@ def test_int8_rows_run_on_the_plans_graph_close_to_fp32_and_kept_nowhere(engine:
             assert set(choice.engines) == {"openvino"}
         cache.encode(TEXTS, batch_size=4)
         assert cache.last_stats.local_hits == 0  # int8 rows enter no exact tier
-    expected = _mean_pooled(bert, TEXTS[4:])
-    assert not np.allclose(got[4:], expected, atol=1e-5) and _cosines(got[4:], expected).min() > 0.99
+    expected = mean_pooled(bert, TEXTS[4:])
+    assert not np.allclose(got[4:], expected, atol=1e-5) and row_cosines(got[4:], expected).min() > 0.99
 
 
 def test_a_plan_without_graph_layers_keeps_int8_rows_on_torch(bert: LoadedModel, graphs: Path) -> None:
@@ -112,7 +101,7 @@ def test_a_plan_without_graph_layers_keeps_int8_rows_on_torch(bert: LoadedModel,
         got = cache.encode(TEXTS, batch_size=4)
         assert cache.last_stats.int8_rows == 12 and cache.int8_engines is None
     assert sorted(graphs.rglob("openvino-int8-*")) == before
-    assert _cosines(got[4:], _mean_pooled(bert, TEXTS[4:])).min() > 0.99
+    assert row_cosines(got[4:], mean_pooled(bert, TEXTS[4:])).min() > 0.99
 
 
 def test_torch_and_onnxruntime_keep_int8_rows_on_torch(bert: LoadedModel) -> None:
@@ -145,4 +134,4 @@ def test_an_int8_graph_of_other_weights_fails_its_check_and_an_explicit_engine_s
     with AttnCache(bert, _connection(bert, plan), maps=False, int8=True, engine="auto") as cache:
         got = cache.encode(TEXTS, batch_size=4)  # auto: the int8 rows stay on torch's int8 model
         assert cache.last_stats.int8_rows == 12 and cache.int8_engines is None
-    assert _cosines(got[4:], _mean_pooled(bert, TEXTS[4:])).min() > 0.99
+    assert row_cosines(got[4:], mean_pooled(bert, TEXTS[4:])).min() > 0.99

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +17,7 @@ from attnstore_client.cache import AttnCache
 from attnstore_client.connection.local import LocalConnection
 from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.compute import GRAPH_PADDING
-from tests.support.caches import WORDS, capture_entries, plain_hidden, sentences
+from tests.support.caches import WORDS, fill_namespace, mean_pooled, sentences
 
 pytest.importorskip("openvino")
 pytest.importorskip("onnxruntime")
@@ -29,15 +28,8 @@ STORED = TEXTS[:4]
 
 def _connection(loaded: LoadedModel) -> LocalConnection:
     service = AttnStoreService(MemoryMapStore(), make_index=ExactIndex)
-    captured = capture_entries(loaded, STORED)
-    service.create_namespace("default", model=loaded.name, fingerprint=captured.fingerprint, layout=captured.layout)
-    service.ingest("default", captured.fingerprint, captured.entries)
-    service.set_projector("default", captured.projector.to_safetensors_bytes())
+    fill_namespace(service, loaded, STORED)
     return LocalConnection("local:memory", service)
-
-
-def _mean_pooled(loaded: LoadedModel, texts: list[str]) -> np.ndarray:
-    return torch.stack([h.mean(dim=0) for h in plain_hidden(loaded, texts)]).numpy()
 
 
 @pytest.mark.parametrize("engine", ["openvino", "onnxruntime"])
@@ -50,7 +42,7 @@ def test_rows_computed_on_a_graph_equal_the_models_own(engine: str, bert: Loaded
         assert (stats.exact_hits, stats.misses) == (4, 20)
         # The graph's batches are padded (torch's packed are not), each within GRAPH_PADDING of its rows' tokens.
         assert stats.forward_tokens <= stats.forwarded_tokens <= (1 + GRAPH_PADDING) * stats.forward_tokens
-    np.testing.assert_allclose(got[4:], _mean_pooled(bert, TEXTS[4:]), atol=1e-5)
+    np.testing.assert_allclose(got[4:], mean_pooled(bert, TEXTS[4:]), atol=1e-5)
 
 
 def test_auto_chooses_per_band_from_torch_and_the_graphs_and_keeps_the_choice(bert: LoadedModel, graphs: Path) -> None:
@@ -59,7 +51,7 @@ def test_auto_chooses_per_band_from_torch_and_the_graphs_and_keeps_the_choice(be
         choice = cache.engines
     assert choice is not None and set(choice.seconds) == {"torch", "openvino", "onnxruntime"}
     assert set(choice.engines) <= {"torch", "openvino", "onnxruntime"}
-    np.testing.assert_allclose(got[4:], _mean_pooled(bert, TEXTS[4:]), atol=1e-5)
+    np.testing.assert_allclose(got[4:], mean_pooled(bert, TEXTS[4:]), atol=1e-5)
     saved = list(graphs.glob("*/choice-auto-*.json"))
     assert len(saved) == 1
     with AttnCache(bert, _connection(bert), maps=False, engine="auto") as again:
@@ -67,11 +59,18 @@ def test_auto_chooses_per_band_from_torch_and_the_graphs_and_keeps_the_choice(be
         assert again.engines == choice  # read back, not timed again
 
 
+def test_a_named_engine_leaves_torchs_own_forwards_without_onednns_copy_of_the_weights(bert: LoadedModel) -> None:
+    with AttnCache(bert, _connection(bert), engine="openvino") as cache:  # maps on: replays run on torch
+        cache.encode(TEXTS, batch_size=4)
+        assert cache.adapter.fused_linears is False and cache.adapter.linear_kernels == "torch"
+
+
 def test_torch_is_the_default_and_exports_nothing(bert: LoadedModel, graphs: Path) -> None:
     before = sorted(graphs.rglob("*"))
     with AttnCache(bert, _connection(bert), maps=False) as cache:
         cache.encode(TEXTS)
         assert cache.settings.engine == "torch" and cache.engines is None
+        assert cache.adapter.fused_linears == "auto"  # oneDNN's kernels where they pay: torch computes the rows
         assert cache.last_stats.forwarded_tokens == cache.last_stats.forward_tokens  # packed: nothing padded
     assert sorted(graphs.rglob("*")) == before
 
@@ -91,4 +90,4 @@ def test_generated_calls_on_openvino_equal_the_models_rows(
     with AttnCache(bert, _connection(bert), maps=False, exact_cache_bytes=0, engine="openvino",
                    packed=packed) as cache:
         got = cache.encode(texts, batch_size=batch_size)
-    np.testing.assert_allclose(got, _mean_pooled(bert, texts), atol=1e-5)
+    np.testing.assert_allclose(got, mean_pooled(bert, texts), atol=1e-5)
