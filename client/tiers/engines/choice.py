@@ -143,16 +143,22 @@ def choose_engines(
             graph.forward(batch_from_ids(rows, pad))
 
         seconds[graph.name] = _timed(adapter, graph_forward, pool, side_by_side, bands, tokens, repeats)
+    choice = EngineChoice(bands, pick_engines(seconds, only), seconds, refusals)
+    log.info("engines by forward length (%s):\n%s", adapter.loaded.name, choice)
+    return choice
+
+
+def pick_engines(seconds: Mapping[str, Sequence[float]], only: str | None = None) -> tuple[str, ...]:
+    """Per band of ``seconds`` (per engine, per band, torch's among them): ``only`` where given, else the fastest
+    engine, where a graph takes a band from torch only when it is ``MARGIN`` faster."""
     engines: list[str] = []
-    for i in range(len(bands)):
+    for i in range(len(seconds[TORCH])):
         if only is not None:
             engines.append(only)
             continue
         fastest = min(seconds, key=lambda name: seconds[name][i])
         engines.append(fastest if seconds[fastest][i] < (1 - MARGIN) * seconds[TORCH][i] else TORCH)
-    choice = EngineChoice(bands, tuple(engines), seconds, refusals)
-    log.info("engines by forward length (%s):\n%s", adapter.loaded.name, choice)
-    return choice
+    return tuple(engines)
 
 
 def check_graph(adapter: Adapter, graph: GraphEngine) -> str | None:

@@ -10,11 +10,13 @@ from attnstore.errors import ConfigError
 from attnstore_client.adapters import adapter_for
 from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.engines.choice import (
+    MARGIN,
     TORCH,
     EngineChoice,
     bands_up_to,
     check_graph,
     choose_engines,
+    pick_engines,
 )
 from attnstore_client.tiers.engines.graphs import export_graph
 from attnstore_client.tiers.engines.runtimes import open_engine
@@ -77,3 +79,11 @@ def test_the_bands_end_at_the_longest_row_a_call_gives() -> None:
     assert bands_up_to(100) == (16, 32, 64, 100)
     assert bands_up_to(8) == (8,)
     assert bands_up_to(4096)[-2:] == (512, 4096)
+
+
+def test_a_graph_takes_a_band_from_torch_only_when_it_wins_by_the_margin() -> None:
+    seconds = {"torch": (1.0, 1.0, 1.0), "openvino": (1 - MARGIN / 2, 1 - 2 * MARGIN, 1.2),
+               "onnxruntime": (1.1, 1 - 1.5 * MARGIN, 1.3)}
+    assert pick_engines(seconds) == ("torch", "openvino", "torch")  # the fastest, by more than MARGIN
+    assert pick_engines(seconds, only="onnxruntime") == ("onnxruntime",) * 3
+
