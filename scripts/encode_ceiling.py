@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from attnstore_client.adapters import adapter_for
-from attnstore_client.adapters.batch import Batch, within_padding
+from attnstore_client.adapters.batch import Batch, batch_from_ids, within_padding
 from attnstore_client.adapters.packed import pack
 from attnstore_client.models import load_model
 from attnstore_client.tiers.compute import GRAPH_PADDING, LEAST_TOKENS
@@ -75,19 +75,21 @@ def main() -> None:
         def forward(rows: list[list[int]]) -> None:
             with torch.inference_mode():
                 adapter.forward_packed(pack(rows))
-        for _ in pool.run([lambda rows=rows: forward(rows) for rows in side_by_side], args.threads):
+        for _ in pool.run([partial(forward, rows) for rows in side_by_side], args.threads):
             pass
 
     methods: dict[str, Callable[[], None]] = {"sentence_transformers_encode": encode, "packed_forwards": packed,
                                               "packed_side_by_side": packed_side_by_side}
-    for name in (GRAPH_ENGINES if args.engines else ()):
-        if not installed(name):
+    for graph_engine in (GRAPH_ENGINES if args.engines else ()):
+        if not installed(graph_engine):
             continue
-        engine = open_engine(name, export_graph(name, loaded), threads=args.threads, streams=args.threads)
+        engine = open_engine(graph_engine, export_graph(graph_engine, loaded), threads=args.threads,
+                             streams=args.threads)
+        pad = loaded.tokenizer.pad_token_id
         for label, waste in (("unpadded", 0.0), ("padded", GRAPH_PADDING)):
-            batches = [_batch(ids[part]) for part in within_padding([len(row) for row in ids], waste=waste,
-                                                                   max_tokens=LEAST_TOKENS // args.threads)]
-            methods[f"{name}_{label}"] = partial(_run_all, pool, engine.forward, batches, args.threads)
+            parts = within_padding([len(row) for row in ids], waste=waste, max_tokens=LEAST_TOKENS // args.threads)
+            batches = [batch_from_ids(ids[part], pad) for part in parts]
+            methods[f"{graph_engine}_{label}"] = partial(_run_all, pool, engine.forward, batches, args.threads)
     seconds: dict[str, list[float]] = {name: [] for name in methods}
     for run in methods.values():  # warm-up: every shape built once
         run()
@@ -120,17 +122,6 @@ def _least_tokens(ids: list[list[int]], least: int) -> list[list[list[int]]]:
             forwards.append([])
         forwards[-1].append(row)
     return forwards
-
-
-def _batch(rows: list[list[int]]) -> Batch:
-    """``rows`` right-padded to the longest."""
-    padded = max(map(len, rows))
-    input_ids = torch.zeros(len(rows), padded, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for index, row in enumerate(rows):
-        input_ids[index, :len(row)] = torch.tensor(row)
-        mask[index, :len(row)] = 1
-    return Batch(input_ids, mask, tuple(map(len, rows)))
 
 
 def _run_all(pool: ForwardPool, forward: Callable[[Batch], torch.Tensor], batches: list[Batch], workers: int) -> None:
