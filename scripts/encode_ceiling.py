@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from attnstore_client.adapters import adapter_for
-from attnstore_client.adapters.batch import Batch, batch_from_ids, within_padding
+from attnstore_client.adapters.batch import batch_from_ids, within_padding
 from attnstore_client.adapters.packed import pack
 from attnstore_client.models import load_model
 from attnstore_client.tiers.compute import GRAPH_PADDING, LEAST_TOKENS
@@ -37,6 +38,8 @@ from attnstore_client.tiers.engines.runtimes import open_engine
 from attnstore_client.tiers.forward_pool import ForwardPool
 from attnstore_tools.bench.encode import load_data
 from attnstore_tools.corpus import data_dir
+
+T = TypeVar("T")
 
 FLOP_PER_TOKEN = 6 * 2 * (4 * 384 * 384 + 2 * 384 * 1536)  # all-MiniLM-L6-v2's linear layers
 
@@ -71,15 +74,13 @@ def main() -> None:
     pool = ForwardPool()
     side_by_side = _least_tokens(ids, LEAST_TOKENS)
 
-    def packed_side_by_side() -> None:
-        def forward(rows: list[list[int]]) -> None:
-            with torch.inference_mode():
-                adapter.forward_packed(pack(rows))
-        for _ in pool.run([partial(forward, rows) for rows in side_by_side], args.threads):
-            pass
+    def packed_forward(rows: list[list[int]]) -> None:
+        with torch.inference_mode():
+            adapter.forward_packed(pack(rows))
 
-    methods: dict[str, Callable[[], None]] = {"sentence_transformers_encode": encode, "packed_forwards": packed,
-                                              "packed_side_by_side": packed_side_by_side}
+    methods: dict[str, Callable[[], None]] = {
+        "sentence_transformers_encode": encode, "packed_forwards": packed,
+        "packed_side_by_side": partial(_run_all, pool, packed_forward, side_by_side, args.threads)}
     for graph_engine in (GRAPH_ENGINES if args.engines else ()):
         if not installed(graph_engine):
             continue
@@ -124,8 +125,9 @@ def _least_tokens(ids: list[list[int]], least: int) -> list[list[list[int]]]:
     return forwards
 
 
-def _run_all(pool: ForwardPool, forward: Callable[[Batch], torch.Tensor], batches: list[Batch], workers: int) -> None:
-    for _ in pool.run([partial(forward, batch) for batch in batches], workers):
+def _run_all(pool: ForwardPool, forward: Callable[[T], object], inputs: list[T], workers: int) -> None:
+    """``forward`` of every input, ``workers`` side by side on ``pool`` (as the compute tier runs its forwards)."""
+    for _ in pool.run([partial(forward, one) for one in inputs], workers):
         pass
 
 

@@ -86,4 +86,3 @@ def test_a_graph_takes_a_band_from_torch_only_when_it_wins_by_the_margin() -> No
                "onnxruntime": (1.1, 1 - 1.5 * MARGIN, 1.3)}
     assert pick_engines(seconds) == ("torch", "openvino", "torch")  # the fastest, by more than MARGIN
     assert pick_engines(seconds, only="onnxruntime") == ("onnxruntime",) * 3
-
