@@ -31,11 +31,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from attnstore_client.cache import AttnCache
+from attnstore_client.heap import HeapTrimmer
 from attnstore_node.budget import TokenBudget
 from attnstore_node.call import call_ends, distinct_tokens
 from attnstore_node.engine import Embedded, Embedder
 from attnstore_node.errors import ApiError
-from attnstore_node.heap import HeapTrimmer
 from attnstore_node.metrics import NodeMetrics
 from attnstore_node.model import ServedModel, load_model
 from attnstore_node.queue import QueueFullError, TicketQueue

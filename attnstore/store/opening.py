@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnstore.errors import ConfigError
+from attnstore.protocol.mapped_pages import drop_mapped_pages
 from attnstore.store.base import MapStoreBase
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.dram.settings import DEFAULT_DRAM_BYTES
-from attnstore.store.lmdb.env import drop_mapped_pages
 from attnstore.store.lmdb.mapstore import open_lmdb_store
 from attnstore.store.memory.mapstore import MemoryMapStore
 from attnstore.store.redis.urls import is_redis_url
@@ -38,7 +38,7 @@ class OpenedStore:
     store: MapStoreBase
     redis_stats: Callable[[], RedisStats] | None  # the Redis client's figures; None for a store not on Redis
     # Drops the store's pages this process's reads mapped (a read-only LMDB store's, see
-    # ``lmdb.env.drop_mapped_pages``; nothing for the other backends): after the indexes' build, and as reads go on.
+    # ``protocol.mapped_pages``; nothing for the other backends): after the indexes' build, and as reads go on.
     drop_mapped: Callable[[], None]
 
 
@@ -80,7 +80,7 @@ def open_store(
 
     def drop_mapped() -> None:
         if readonly:
-            drop_mapped_pages(folder)  # what the reads mapped in, unasked (see ``lmdb.env.drop_mapped_pages``)
+            drop_mapped_pages(folder)  # what the reads mapped in, unasked (see ``protocol.mapped_pages``)
 
     return OpenedStore(store, None, drop_mapped)
 

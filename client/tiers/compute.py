@@ -9,7 +9,8 @@ computed row enters this process's exact tier (``LocalOutputs``, fp16, only
 what the plain model computed: replayed rows are within the maps' fidelity,
 not exact); the rows the store admitted are queued for write-back (``write_back``),
 each with its own fp16 copy of its outputs, so nothing a caller does to its
-results reaches the store.
+results reaches the store. After each window's forwards what they freed goes back to the system once the
+process's heap has grown past a slack (``attnstore_client.heap.HeapBound``).
 
 Engines. With ``CacheSettings.engine`` other than torch, an fp32 forward that keeps no maps runs on the engine
 its length band chose (``engines``): an exported OpenVINO or ONNX Runtime graph checked against the model's
@@ -47,6 +48,7 @@ from attnstore_client.adapters.batch import within_padding
 from attnstore_client.call.rows import Row
 from attnstore_client.call.settings import CallSettings
 from attnstore_client.call.state import Call
+from attnstore_client.heap import HeapBound
 from attnstore_client.int8 import Int8Models
 from attnstore_client.tiers.base import Tier, TierContext
 from attnstore_client.tiers.engines.selection import EngineSelection
@@ -80,10 +82,12 @@ class ComputeTier(Tier):
         self._int8 = Int8Models(context.adapter.loaded)  # made on a call that asks for int8, kept
         self._computed_tokens = 0  # tokens of computed rows forwarded so far
         self._capturing_tokens = 0  # of those, the ones in forwards that kept maps (held to capture_share)
+        self._heap = HeapBound()  # what the forwards freed, back to the system past a slack (``heap``)
 
     def serve(self, rows: list[Row], call: Call) -> list[Row]:
         """See :meth:`Tier.serve`; leaves no row open."""
         self._check_dtype()
+        self._heap.check()  # the first call's sets the level the slack is counted from
         keep = self._maps_to_keep(rows, call)
         int8 = self._int8_adapter(call)
         exact_rows, int8_rows = self._by_precision(rows, call) if int8 is not None else (rows, [])
@@ -109,6 +113,9 @@ class ComputeTier(Tier):
             elif call.settings.exact:
                 for position, row in enumerate(forward):
                     self._keep_outputs(row, result.hidden.row(position), result.kept.get(position), call)
+        if self.engines is not None:
+            self.engines.drop_mapped_pages()  # the embedding rows the graphs' forwards read (``engines.runtimes``)
+        self._heap.check()
         return []
 
     def _cut(self, rows: Sequence[Row], call: Call, workers: int) -> list[list[Row]]:

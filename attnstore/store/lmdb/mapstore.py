@@ -29,6 +29,7 @@ from attnstore.errors import (
     StoreOpenError,
     shown,
 )
+from attnstore.protocol.mapped_pages import drop_mapped_pages
 from attnstore.protocol.records import (
     FORMAT_VERSION,
     EntryInfo,
@@ -49,7 +50,6 @@ from attnstore.store.lmdb.chunks.calls import LmdbChunks
 from attnstore.store.lmdb.compaction import compact_live
 from attnstore.store.lmdb.env import (
     Generation,
-    drop_mapped_pages,
     remove_unused_generations,
     stale_generations,
 )
@@ -378,7 +378,7 @@ class LmdbMapStore(MapStoreBase):
             with self._live.read() as (gen, txn):
                 page, start = entry_page(txn, gen.db, namespace, length, start, _PAGE)
             if self._settings.readonly:
-                # Reading a page of records faults in the maps around them (``env.drop_mapped_pages``): given
+                # Reading a page of records faults in the maps around them (``protocol.mapped_pages``): given
                 # back page by page, a scan of a large store (the indexes' build at open) never holds much of it.
                 drop_mapped_pages(gen.path)
             yield from (self._info(namespace, record, hits.hits, hits.last_hit) for record, hits in page)

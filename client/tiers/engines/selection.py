@@ -140,6 +140,7 @@ class EngineSelection:
             self._graphs = {graph.name: graph for graph in graphs if graph.name in choice.engines}
             if TORCH not in choice.engines:
                 self._adapter.release_fused_linears()
+            self.drop_mapped_pages()  # what the timing's forwards read
 
     def prepare_int8(self, plan: Int8Plan, int8: Adapter, pool: ForwardPool, side_by_side: int) -> None:
         """Choose the engine of int8 rows for ``plan`` (``int8``: torch's int8 model of it), once per plan's graph
@@ -182,7 +183,14 @@ class EngineSelection:
                     self._int8_graph = graph if choice.uses_graphs else None
                     if TORCH not in choice.engines:
                         int8.release_fused_linears()
+                    graph.drop_mapped_pages()  # what the timing's forwards read
             self._int8_layers = plan.graph_linears
+
+    def drop_mapped_pages(self) -> None:
+        """Give back the resident pages of the loaded graphs' files the forwards since the last time read
+        (``GraphEngine.drop_mapped_pages``): the compute tier's, after each window's forwards."""
+        for graph in [*self._graphs.values(), *([self._int8_graph] if self._int8_graph is not None else [])]:
+            graph.drop_mapped_pages()
 
     def _saved(self, side_by_side: int, kind: str = "") -> Path:
         """Where the choice is kept for this model, request, machine's threads and library versions (and

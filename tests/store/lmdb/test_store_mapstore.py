@@ -21,6 +21,7 @@ from attnstore.errors import (
 from attnstore.store import LmdbMapStore, MapStoreBase
 from attnstore.store.dram.cache import DramCache
 from attnstore.store.lmdb.env import list_generations, read_current
+from tests.support.mapped import resident_bytes
 from tests.support.stores import make_entry, small_layout
 
 
@@ -216,20 +217,6 @@ def test_a_store_directory_removed_while_open_refuses_writes_and_is_never_recrea
     assert not (tmp_path / "s").exists()
 
 
-def _resident_under(folder) -> int:
-    """Bytes of this process's resident pages in mappings of data files under ``folder`` (Linux ``smaps``; the
-    lock file is mapped writable and stays)."""
-    prefix, total, inside = str(folder.resolve()) + "/", 0, False
-    with open("/proc/self/smaps", encoding="utf-8") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if fields and "-" in fields[0] and not fields[0].endswith(":"):
-                inside = len(fields) >= 6 and fields[5].startswith(prefix) and fields[5].endswith("data.mdb")
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * 1024
-    return total
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mapped pages are read from /proc/self/smaps")
 def test_a_scan_of_a_read_only_store_leaves_none_of_its_pages_mapped_in_the_process(tmp_path):
     with _open(tmp_path / "s") as store:
@@ -237,6 +224,6 @@ def test_a_scan_of_a_read_only_store_leaves_none_of_its_pages_mapped_in_the_proc
         ids = store.ingest(ns, [make_entry(small_layout(), 40, seed=k) for k in range(600)]).entry_ids
     with LmdbMapStore.open(tmp_path / "s", readonly=True) as store:
         store.read_maps(ns, ids[0])  # a read maps pages, and nothing gives them back
-        assert _resident_under(tmp_path / "s") > 0
+        assert resident_bytes(tmp_path / "s", "data.mdb") > 0
         assert len(list(store.entries(ns))) == 600  # the scan drops what each page of records mapped
-        assert _resident_under(tmp_path / "s") == 0
+        assert resident_bytes(tmp_path / "s", "data.mdb") == 0

@@ -24,7 +24,7 @@ from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.engines.choice import check_int8_graph
 from attnstore_client.tiers.engines.graphs import CACHE_ENV
 from attnstore_client.tiers.engines.int8 import DYNAMIC_GROUP, export_int8_graph
-from attnstore_client.tiers.engines.runtimes import OpenVinoEngine
+from attnstore_client.tiers.engines.runtimes import INT8_RUNTIME_CACHE, OpenVinoEngine
 from tests.support.caches import fill_namespace, mean_pooled, sentences, tiny_loaded
 from tests.support.vectors import row_cosines
 
@@ -59,6 +59,8 @@ def test_the_int8_graph_quantises_the_named_layers_once_and_stays_close_to_fp32(
                if op.get_type_name() == "Constant"}
     assert "u8" in weights  # int8 weights (asymmetric: unsigned, with zero points)
     engine = OpenVinoEngine(path, threads=1, dynamic_group=DYNAMIC_GROUP)
+    # The runtime state of a few batch shapes kept, not of 5,000: an int8 graph keeps about 1 MiB a shape.
+    assert engine.config["CPU_RUNTIME_CACHE_CAPACITY"] == INT8_RUNTIME_CACHE
     batch = batch_from_ids([[5 + i for i in range(n)] for n in (7, 30, 12)], bert.tokenizer.pad_token_id)
     with torch.inference_mode():
         expected = adapter_for(bert).forward(batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from attnstore_client.connection.local import LocalConnection
 from attnstore_client.models import LoadedModel
 from attnstore_client.tiers.compute import GRAPH_PADDING
 from tests.support.caches import WORDS, fill_namespace, mean_pooled, sentences
+from tests.support.mapped import resident_bytes
 
 pytest.importorskip("openvino")
 pytest.importorskip("onnxruntime")
@@ -63,6 +65,13 @@ def test_a_named_engine_leaves_torchs_own_forwards_without_onednns_copy_of_the_w
     with AttnCache(bert, _connection(bert), engine="openvino") as cache:  # maps on: replays run on torch
         cache.encode(TEXTS, batch_size=4)
         assert cache.adapter.fused_linears is False and cache.adapter.linear_kernels == "torch"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mapped pages are read from /proc/self/smaps")
+def test_a_call_on_openvino_leaves_none_of_the_graphs_weights_file_resident(bert: LoadedModel, graphs: Path) -> None:
+    with AttnCache(bert, _connection(bert), maps=False, engine="openvino") as cache:
+        cache.encode(TEXTS, batch_size=4)  # the graph's forwards read embedding rows of the file, given back after
+        assert cache.last_stats.misses == 20 and resident_bytes(graphs, ".bin") == 0
 
 
 def test_torch_is_the_default_and_exports_nothing(bert: LoadedModel, graphs: Path) -> None:
