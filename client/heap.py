@@ -73,9 +73,12 @@ class HeapBound:
             return False
         with self._lock:
             now = anonymous_bytes()
-            if self._level is not None and now <= self._level + self.slack:
+            if self._level is None:
+                self._level = now
                 return False
-            trimmed = self._level is not None and self._trimmer.trim()
+            if now <= self._level + self.slack:
+                return False
+            trimmed = self._trimmer.trim()
             self._level = anonymous_bytes() if trimmed else now
             self.trims += int(trimmed)
             return trimmed
